@@ -1,0 +1,507 @@
+"""The device contract, and ``CudaDevice``: the contract on real CUDA.
+
+A mechanism in ``reference/`` is ordinary PyTorch code plus one ``dev``
+object whose names mirror ``torch.cuda`` (and, for what one process's
+streams cannot express, ``torch.multiprocessing``, ``torch.distributed``
+and ``torch_memory_saver``):
+
+====================================  ======================================
+contract                              on CUDA
+====================================  ======================================
+``dev.device``                        ``torch.device("cuda")``
+``dev.Stream(name=)``                 ``torch.cuda.Stream()``
+``dev.Event()``                       ``torch.cuda.Event()``
+``dev.stream(s)``                     ``torch.cuda.stream(s)``
+``dev.current_stream()``              ``torch.cuda.current_stream()``
+``dev.default_stream()``              ``torch.cuda.default_stream()``
+``dev.synchronize()``                 ``torch.cuda.synchronize()``
+``s.wait_event(e)``, ``s.wait_stream(o)``, ``s.synchronize()``, ``s.query()``
+``e.record(s=None)``, ``e.wait(s=None)``, ``e.query()``, ``e.synchronize()``
+``dev.Process(target, args, name=)``  ``torch.multiprocessing`` (spawn); the
+                                      child runs ``target(dev, *args)``;
+                                      device tensors in ``args`` travel by
+                                      CUDA IPC
+``dev.Value(typecode, init)``         ``ctx.Value`` (``.value``)
+``dev.Queue()``                       ``ctx.Queue`` (``put``/``get``)
+``dev.sleep(units)``                  ``time.sleep`` (1 unit = 1 ms)
+``dev.all_gather_into_tensor(...)``   ``torch.distributed`` (NCCL); returns
+                                      a work handle with ``wait()``
+``dev.memory_saver``                  ``torch_memory_saver``: ``region()``,
+                                      ``pause()``, ``resume()``, ``disable()``
+====================================  ======================================
+
+Tensors are made with ``device=dev.device`` and ``pin_memory=True`` and
+copied with ``t.copy_(src, non_blocking=True)``; nothing else changes
+between backends, and a mechanism never asks which one it runs on.
+
+Schedules (``reference.schedule``) are realized by counting operations per
+actor the same way on both backends: :func:`op_kind` decides which aten ops
+are stream operations (a kernel or a copy; views and bare allocations are
+not), and every contract call that can block or publish is a host step.
+``CudaDevice`` stalls a stream with ``torch.cuda._sleep`` enqueued just
+before the delayed operation (calibrated at run time) and a host actor with
+``time.sleep`` before the delayed step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import pickle
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, Protocol
+
+import attrs
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from reference.schedule import Schedule
+
+aten = torch.ops.aten
+
+OpKind = Literal["view", "alloc", "meta", "op"]
+
+#: Allocation without a kernel: no stream operation on either backend.
+_ALLOC_OPS = frozenset(
+    {
+        aten.empty.memory_format,
+        aten.empty_strided.default,
+        aten.empty_like.default,
+        aten.new_empty.default,
+        aten.new_empty_strided.default,
+    }
+)
+#: Bookkeeping calls that launch nothing.
+_META_OPS = frozenset(
+    {
+        aten.record_stream.default,
+        aten.is_pinned.default,
+        aten._pin_memory.default,
+        aten.set_.source_Storage_storage_offset,
+        aten.set_.source_Tensor,
+    }
+)
+
+
+@functools.cache
+def op_kind(func: torch._ops.OpOverload) -> OpKind:
+    """How an aten op counts: a view, a bare allocation, bookkeeping, or a stream op."""
+    if func in _ALLOC_OPS:
+        return "alloc"
+    if func in _META_OPS:
+        return "meta"
+    returns = func._schema.returns
+    if returns and returns[0].alias_info is not None and not returns[0].alias_info.is_write:
+        return "view"
+    return "op"
+
+
+# ---------------------------------------------------------------------------
+# The contract, as protocols (for readers and type checkers).
+
+
+class StreamLike(Protocol):
+    name: str
+
+    def wait_event(self, event: Any) -> None: ...
+    def wait_stream(self, stream: Any) -> None: ...
+    def synchronize(self) -> None: ...
+    def query(self) -> bool: ...
+
+
+class EventLike(Protocol):
+    def record(self, stream: Any = None) -> None: ...
+    def wait(self, stream: Any = None) -> None: ...
+    def query(self) -> bool: ...
+    def synchronize(self) -> None: ...
+
+
+class WorkLike(Protocol):
+    def wait(self) -> None: ...
+    def is_completed(self) -> bool: ...
+
+
+class ValueLike(Protocol):
+    value: Any
+
+
+class ProcessLike(Protocol):
+    def start(self) -> None: ...
+    def join(self) -> None: ...
+
+
+class Device(Protocol):
+    """What a mechanism may use. ``SimDevice`` and ``CudaDevice`` both provide it."""
+
+    device: torch.device
+
+    def Stream(self, name: str | None = None) -> Any: ...
+    def Event(self) -> Any: ...
+    def stream(self, s: Any) -> contextlib.AbstractContextManager[Any]: ...
+    def current_stream(self) -> Any: ...
+    def default_stream(self) -> Any: ...
+    def synchronize(self) -> None: ...
+    def Process(self, target: Callable[..., Any], args: tuple[Any, ...] = (), name: str = "worker") -> Any: ...
+    def Value(self, typecode: str, init: Any) -> Any: ...
+    def Queue(self) -> Any: ...
+    def sleep(self, units: float) -> None: ...
+
+
+@attrs.frozen
+class Run:
+    """What one run of a program produced: its return value and the backend's reports."""
+
+    result: Any
+    reports: tuple[Any, ...] = ()
+    #: operations counted per actor, as the schedule counts them
+    op_counts: dict[str, int] = attrs.field(factory=dict)
+    #: delays of the schedule that never fired (their operation never came)
+    unfired: tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------------------
+# CudaDevice
+
+
+def calibrate_sleep_cycles_per_ms(samples: int = 3) -> float:
+    """Measure how many ``torch.cuda._sleep`` cycles make one millisecond on this GPU."""
+    torch.cuda.synchronize()
+    cycles = 10_000_000
+    rates = []
+    for _ in range(samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        rates.append(cycles / start.elapsed_time(end))
+    rates.sort()
+    return rates[len(rates) // 2]
+
+
+class _Counter:
+    """Counts operations per actor and stalls the delayed ones (the CUDA side of a schedule)."""
+
+    def __init__(self, schedule: Schedule | None, cycles_per_ms: float) -> None:
+        self.delays: dict[str, dict[int, int]] = {}
+        if schedule is not None:
+            for d in schedule.delays:
+                self.delays.setdefault(d.actor, {})[d.index] = d.units
+        self.counts: dict[str, int] = {}
+        self.fired: set[tuple[str, int]] = set()
+        self.cycles_per_ms = cycles_per_ms
+
+    def next(self, actor: str) -> int:
+        """Count one operation of ``actor``; return the units it must be stalled first."""
+        k = self.counts.get(actor, 0)
+        self.counts[actor] = k + 1
+        units = self.delays.get(actor, {}).get(k, 0)
+        if units:
+            self.fired.add((actor, k))
+        return units
+
+    def unfired(self) -> tuple[str, ...]:
+        return tuple(
+            f"{a}#{k}+{u}" for a, ds in self.delays.items() for k, u in ds.items() if (a, k) not in self.fired
+        )
+
+
+class CudaStream:
+    """A named ``torch.cuda.Stream`` whose calls count as host steps."""
+
+    def __init__(self, dev: CudaDevice, raw: torch.cuda.Stream, name: str) -> None:
+        self.dev, self.raw, self.name = dev, raw, name
+
+    def wait_event(self, event: CudaEvent) -> None:
+        self.dev._host_step()
+        self.raw.wait_event(event.raw)
+
+    def wait_stream(self, stream: CudaStream) -> None:
+        self.dev._host_step()
+        self.raw.wait_stream(stream.raw)
+
+    def synchronize(self) -> None:
+        self.dev._host_step()
+        self.raw.synchronize()
+
+    def query(self) -> bool:
+        self.dev._host_step()
+        return bool(self.raw.query())
+
+    def record_event(self, event: CudaEvent | None = None) -> CudaEvent:
+        event = event or self.dev.Event()
+        event.record(self)
+        return event
+
+    def __repr__(self) -> str:
+        return f"CudaStream({self.name!r})"
+
+
+class CudaEvent:
+    def __init__(self, dev: CudaDevice) -> None:
+        self.dev, self.raw = dev, torch.cuda.Event()
+
+    def record(self, stream: CudaStream | None = None) -> None:
+        self.dev._host_step()
+        self.raw.record((stream or self.dev.current_stream()).raw)
+
+    def wait(self, stream: CudaStream | None = None) -> None:
+        (stream or self.dev.current_stream()).wait_event(self)
+
+    def query(self) -> bool:
+        self.dev._host_step()
+        return bool(self.raw.query())
+
+    def synchronize(self) -> None:
+        self.dev._host_step()
+        self.raw.synchronize()
+
+
+class CudaValue:
+    """A shared ``multiprocessing`` value; each access is a host step of the accessing actor."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    @property
+    def value(self) -> Any:
+        _current_cuda_device()._host_step()
+        return self.raw.value
+
+    @value.setter
+    def value(self, v: Any) -> None:
+        _current_cuda_device()._host_step()
+        self.raw.value = v
+
+
+class CudaQueue:
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    def put(self, item: Any) -> None:
+        _current_cuda_device()._host_step()
+        self.raw.put(item)
+
+    def get(self, timeout: float | None = None) -> Any:
+        _current_cuda_device()._host_step()
+        return self.raw.get(timeout=timeout)
+
+
+class CudaProcess:
+    """A spawned worker process; ``start`` and ``join`` are host steps of the caller."""
+
+    def __init__(self, dev: CudaDevice, raw: Any) -> None:
+        self.dev, self.raw = dev, raw
+
+    def start(self) -> None:
+        self.dev._host_step()
+        self.raw.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.dev._host_step()
+        self.raw.join(timeout)
+
+    def is_alive(self) -> bool:
+        return bool(self.raw.is_alive())
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.raw.exitcode  # type: ignore[no-any-return]
+
+
+class CudaWork:
+    """An async collective's handle: ``wait()`` makes the current stream wait for it."""
+
+    def __init__(self, dev: CudaDevice, raw: Any) -> None:
+        self.dev, self.raw = dev, raw
+
+    def wait(self) -> None:
+        self.dev._host_step()
+        self.raw.wait()
+
+    def is_completed(self) -> bool:
+        self.dev._host_step()
+        return bool(self.raw.is_completed())
+
+
+_CURRENT: list[CudaDevice] = []
+
+
+def _current_cuda_device() -> CudaDevice:
+    if not _CURRENT:
+        raise RuntimeError("no CudaDevice is running in this process")
+    return _CURRENT[-1]
+
+
+class _CountingMode(TorchDispatchMode):
+    """Counts stream operations and host steps as the simulator does, and injects the delays."""
+
+    def __init__(self, dev: CudaDevice) -> None:
+        super().__init__()
+        self.dev = dev
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if op_kind(func) == "op" and _touches_device_or_pinned(args, kwargs):
+            self.dev._host_step()
+            self.dev._stream_step()
+        return func(*args, **kwargs)
+
+
+def _touches_device_or_pinned(args: Any, kwargs: Any) -> bool:
+    flat = torch.utils._pytree.tree_leaves((args, kwargs))
+    for x in flat:
+        if isinstance(x, torch.Tensor) and (x.is_cuda or (x.device.type == "cpu" and x.is_pinned())):
+            return True
+        if isinstance(x, torch.device) and x.type == "cuda":
+            return True
+    return False
+
+
+class CudaDevice:
+    """The device contract on real CUDA, realizing a schedule's delays.
+
+    ``CudaDevice(schedule).run(program, *args)`` runs ``program(dev, *args)`` in
+    this process (actor ``host``), counting operations like the simulator and
+    stalling the ones the schedule delays.
+    """
+
+    device = torch.device("cuda")
+
+    def __init__(
+        self,
+        schedule: Schedule | None = None,
+        *,
+        actor: str = "host",
+        cycles_per_ms: float | None = None,
+    ) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("CudaDevice needs a CUDA GPU")
+        self.schedule = schedule
+        self.actor = actor
+        self.cycles_per_ms = cycles_per_ms or calibrate_sleep_cycles_per_ms()
+        self.counter = _Counter(schedule, self.cycles_per_ms)
+        self._names: dict[int, str] = {}
+        self._streams = 0
+        self._prefix = "" if actor == "host" else f"{actor}."
+        self._names[torch.cuda.default_stream().stream_id] = f"{self._prefix}default"
+        self._mp: Any = None
+        self._memory_saver: Any = None
+
+    # -- running a program ---------------------------------------------------
+    def run(self, program: Callable[..., Any], *args: Any) -> Run:
+        _CURRENT.append(self)
+        try:
+            with _CountingMode(self):
+                result = program(self, *args)
+            torch.cuda.synchronize()
+        finally:
+            _CURRENT.pop()
+        return Run(result=result, op_counts=dict(self.counter.counts), unfired=self.counter.unfired())
+
+    def _host_step(self) -> None:
+        units = self.counter.next(self.actor)
+        if units:
+            time.sleep(units * 1e-3)
+
+    def _stream_step(self) -> None:
+        units = self.counter.next(self._name_of(torch.cuda.current_stream()))
+        if units:
+            torch.cuda._sleep(int(units * self.cycles_per_ms))
+
+    def _name_of(self, raw: torch.cuda.Stream) -> str:
+        name = self._names.get(raw.stream_id)
+        if name is None:
+            self._streams += 1
+            name = self._names[raw.stream_id] = f"{self._prefix}s{self._streams}"
+        return name
+
+    def _wrap(self, raw: torch.cuda.Stream) -> CudaStream:
+        return CudaStream(self, raw, self._name_of(raw))
+
+    # -- streams and events --------------------------------------------------
+    def Stream(self, name: str | None = None) -> CudaStream:
+        raw = torch.cuda.Stream()
+        if name is not None:
+            self._names[raw.stream_id] = self._prefix + name
+        return self._wrap(raw)
+
+    def Event(self) -> CudaEvent:
+        return CudaEvent(self)
+
+    @contextlib.contextmanager
+    def stream(self, s: CudaStream) -> Iterator[CudaStream]:
+        with torch.cuda.stream(s.raw):
+            yield s
+
+    def current_stream(self) -> CudaStream:
+        return self._wrap(torch.cuda.current_stream())
+
+    def default_stream(self) -> CudaStream:
+        return self._wrap(torch.cuda.default_stream())
+
+    def synchronize(self) -> None:
+        self._host_step()
+        torch.cuda.synchronize()
+
+    # -- host actors -----------------------------------------------------------
+    def _ctx(self) -> Any:
+        if self._mp is None:
+            import torch.multiprocessing as mp
+
+            self._mp = mp.get_context("spawn")
+        return self._mp
+
+    def Process(self, target: Callable[..., Any], args: tuple[Any, ...] = (), name: str = "worker") -> Any:
+        payload = pickle.dumps((self.schedule, self.cycles_per_ms, target, ()))
+        # Device tensors and shared values travel as Process arguments (CUDA IPC, shared memory).
+        return CudaProcess(self, self._ctx().Process(target=_child_entry, args=(payload, name, args), name=name))
+
+    def Value(self, typecode: str, init: Any) -> CudaValue:
+        return CudaValue(self._ctx().Value(typecode, init))
+
+    def Queue(self) -> CudaQueue:
+        return CudaQueue(self._ctx().Queue())
+
+    def sleep(self, units: float) -> None:
+        self._host_step()
+        time.sleep(units * 1e-3)
+
+    # -- collectives -------------------------------------------------------------
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = True) -> Any:
+        import torch.distributed as dist
+
+        self._host_step()
+        self._stream_step()
+        work = dist.all_gather_into_tensor(output, input, async_op=async_op)
+        return CudaWork(self, work) if async_op else None
+
+    @property
+    def rank(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_rank() if dist.is_initialized() else 0
+
+    @property
+    def world_size(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_world_size() if dist.is_initialized() else 1
+
+    # -- the pausable memory pool -------------------------------------------------
+    @property
+    def memory_saver(self) -> Any:
+        if self._memory_saver is None:
+            from torch_memory_saver import torch_memory_saver
+
+            self._memory_saver = torch_memory_saver
+        return self._memory_saver
+
+
+def _child_entry(payload: bytes, name: str, args: tuple[Any, ...]) -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    schedule, cycles, target, _ = pickle.loads(payload)
+    dev = CudaDevice(schedule, actor=name, cycles_per_ms=cycles)
+    dev.run(target, *args)

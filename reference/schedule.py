@@ -1,0 +1,153 @@
+"""Schedules: the interleaving of one run, in a form both backends realize.
+
+A schedule names a program (``offload_reload/racy``), that program's
+configuration (``kib=16``) and a short list of delays, each "stall actor A
+before its k-th operation by d units". Actors are host actors (``host``,
+``worker0``, ``rank1``) and streams (``default``, ``d2h``, ``worker0.d2h``).
+One unit is one millisecond of GPU time; the simulator's cost model is in
+the same unit (see ``simdevice.config``).
+
+The text form is one line that round-trips::
+
+    offload_reload/racy:kib=16,work=1:d2h#0+3,host#2+1
+
+Fields are separated by ``:``; the configuration and the delays may be
+empty (``offload_reload/correct``, ``offload_reload/racy::d2h#0+3``).
+
+This module is shared by ``reference.device.CudaDevice`` and
+``simdevice.SimDevice``: it is the contract between the two machines.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import attrs
+
+ActorName = str
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
+_DELAY_RE = re.compile(rf"^({_NAME})#(\d+)\+(\d+)$")
+_TARGET_RE = re.compile(rf"^({_NAME})/({_NAME})$")
+_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_VALUE_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+class ScheduleError(ValueError):
+    """A schedule string or value that cannot be used; the message is one line."""
+
+
+def _check_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not re.fullmatch(_NAME, value):
+        raise ScheduleError(f"bad {attribute.name} {value!r}: use letters, digits, '_', '.', '-'")
+
+
+def _check_nonneg(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < 0:
+        raise ScheduleError(f"{attribute.name} must be >= 0, got {value}")
+
+
+def _check_positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < 1:
+        raise ScheduleError(f"{attribute.name} must be >= 1, got {value}")
+
+
+@attrs.frozen(order=True)
+class Delay:
+    """Stall ``actor`` by ``units`` just before its ``index``-th operation (counted from 0)."""
+
+    actor: ActorName = attrs.field(validator=_check_name)
+    index: int = attrs.field(validator=_check_nonneg)
+    units: int = attrs.field(validator=_check_positive)
+
+    def __str__(self) -> str:
+        return f"{self.actor}#{self.index}+{self.units}"
+
+    @classmethod
+    def parse(cls, text: str) -> Delay:
+        m = _DELAY_RE.match(text.strip())
+        if not m:
+            raise ScheduleError(f"bad delay {text!r}: expected ACTOR#INDEX+UNITS, e.g. d2h#0+3")
+        return cls(m.group(1), int(m.group(2)), int(m.group(3)))
+
+
+def _config_items(value: Iterable[tuple[str, str]] | dict[str, object]) -> tuple[tuple[str, str], ...]:
+    pairs = value.items() if isinstance(value, dict) else value
+    items = tuple(sorted((str(k), _config_text(v)) for k, v in pairs))
+    for k, v in items:
+        if not _KEY_RE.match(k):
+            raise ScheduleError(f"bad configuration key {k!r}")
+        if not _VALUE_RE.match(v):
+            raise ScheduleError(f"bad value {v!r} for configuration key {k!r}")
+    keys = [k for k, _ in items]
+    if len(set(keys)) != len(keys):
+        raise ScheduleError(f"configuration key repeated in {keys}")
+    return items
+
+
+def _config_text(v: object) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+def _delays(value: Iterable[Delay]) -> tuple[Delay, ...]:
+    delays = tuple(sorted(value))
+    seen = {(d.actor, d.index) for d in delays}
+    if len(seen) != len(delays):
+        raise ScheduleError("two delays name the same actor and operation")
+    return delays
+
+
+@attrs.frozen
+class Schedule:
+    """One replayable interleaving: program, variant, configuration, delays."""
+
+    program: str = attrs.field(validator=_check_name)
+    variant: str = attrs.field(validator=_check_name)
+    config: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_config_items)
+    delays: tuple[Delay, ...] = attrs.field(default=(), converter=_delays)
+
+    @property
+    def target(self) -> str:
+        return f"{self.program}/{self.variant}"
+
+    def config_dict(self) -> dict[str, str]:
+        return dict(self.config)
+
+    def delays_for(self, actor: ActorName) -> dict[int, int]:
+        """The delays of one actor, as {operation index: units}."""
+        return {d.index: d.units for d in self.delays if d.actor == actor}
+
+    def __str__(self) -> str:
+        cfg = ",".join(f"{k}={v}" for k, v in self.config)
+        dl = ",".join(str(d) for d in self.delays)
+        if dl:
+            return f"{self.target}:{cfg}:{dl}"
+        if cfg:
+            return f"{self.target}:{cfg}"
+        return self.target
+
+    @classmethod
+    def parse(cls, text: str) -> Schedule:
+        text = text.strip()
+        if not text:
+            raise ScheduleError("empty schedule: expected PROGRAM/VARIANT[:CONFIG[:DELAYS]]")
+        fields = text.split(":")
+        if len(fields) > 3:
+            raise ScheduleError(f"bad schedule {text!r}: more than three ':'-separated fields")
+        m = _TARGET_RE.match(fields[0])
+        if not m:
+            raise ScheduleError(f"bad schedule target {fields[0]!r}: expected PROGRAM/VARIANT")
+        config: list[tuple[str, str]] = []
+        if len(fields) > 1 and fields[1]:
+            for item in fields[1].split(","):
+                key, eq, value = item.partition("=")
+                if not eq or not key or not value:
+                    raise ScheduleError(f"bad configuration item {item!r}: expected KEY=VALUE")
+                config.append((key.strip(), value.strip()))
+        delays = []
+        if len(fields) > 2 and fields[2]:
+            delays = [Delay.parse(item) for item in fields[2].split(",")]
+        return cls(m.group(1), m.group(2), config, delays)

@@ -1,0 +1,5 @@
+import sys
+
+from simdevice.cli import main
+
+sys.exit(main())

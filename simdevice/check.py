@@ -1,0 +1,196 @@
+"""Run schedules and judge them; find and shrink failing schedules with Hypothesis.
+
+:func:`execute` runs one schedule on the simulator (or on CUDA) and returns an
+:class:`Outcome`. :func:`check_variant` asks Hypothesis for a schedule under
+which a variant fails: for a clean variant any report or wrong value is a
+failure; for a bug variant the search is for corruption (a stale read, a
+deadlock, an illegal access, a host error or wrong values: what a GPU would
+show), and the race detector's verdict on the default schedule is recorded
+beside it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis.errors import NoSuchExample
+
+from reference.device import Run
+from reference.schedule import Schedule
+from simdevice.config import SimConfig
+from simdevice.device import SimDevice
+from simdevice.programs import REGISTRY, Program, resolve
+from simdevice.report import Race, summarize
+from simdevice.strategies import schedules
+
+
+@attrs.frozen
+class Outcome:
+    schedule: Schedule
+    run: Run
+    #: what the value oracle found wrong
+    problems: tuple[str, ...]
+    backend: str = "sim"
+
+    @property
+    def races(self) -> tuple[Race, ...]:
+        return tuple(r for r in self.run.reports if isinstance(r, Race))
+
+    @property
+    def corruption(self) -> tuple[Any, ...]:
+        return tuple(r for r in self.run.reports if not isinstance(r, Race))
+
+    @property
+    def corrupted(self) -> bool:
+        """Wrong values or a report a GPU would show (anything but a race)."""
+        return bool(self.problems or self.corruption)
+
+    @property
+    def clean(self) -> bool:
+        return not self.problems and not self.run.reports
+
+    def verdict(self) -> str:
+        parts = []
+        if self.problems:
+            parts.append("wrong values")
+        if self.run.reports:
+            parts.append(summarize(self.run.reports))
+        return "; ".join(parts) if parts else "clean"
+
+    def text(self) -> str:
+        lines = [f'schedule "{self.schedule}" on {self.backend}: {self.verdict()}']
+        lines += [f"  {p}" for p in self.problems]
+        lines += [f"  {r}" for r in self.run.reports]
+        if self.run.unfired:
+            lines.append(f"  note: delays never applied (their operation never came): {', '.join(self.run.unfired)}")
+        lines.append(f'  replay: simdevice replay "{self.schedule}" [--gpu]')
+        return "\n".join(lines)
+
+
+def gpu_config(program: Program, config: Any, byte_scale: int) -> Any:
+    """The configuration a GPU run uses: sizes scaled as the simulator's cost model scales them."""
+    scaled = {k: getattr(config, k) * byte_scale for k in program.size_keys}
+    return attrs.evolve(config, **scaled)
+
+
+def execute(schedule: Schedule, backend: str = "sim", sim_config: SimConfig | None = None) -> Outcome:
+    """Run one schedule; ScheduleError if it names no known program, variant or actor."""
+    load_all()
+    program, config = resolve(schedule)
+    if backend == "sim":
+        dev: Any = SimDevice(schedule, sim_config)
+    else:
+        from reference.device import CudaDevice
+
+        dev = CudaDevice(schedule)
+        config = gpu_config(program, config, (sim_config or SimConfig()).byte_scale)
+    run = dev.run(program.body, schedule.variant, config)
+    problems: tuple[str, ...] = ()
+    if run.result is not None or not run.reports:
+        problems = tuple(program.oracle(config, run.result)) if run.result is not None else ("no result",)
+    return Outcome(schedule, run, problems, backend)
+
+
+@attrs.frozen
+class Finding:
+    """What ``simdevice check`` found for one variant."""
+
+    program: str
+    variant: str
+    #: "clean" or "bug"
+    expect: str
+    #: whether a failing schedule was found
+    found: bool
+    examples: int
+    #: the shrunk failing schedule, or None
+    schedule: str | None
+    #: what the failing schedule shows
+    summary: str
+    #: whether the race detector flags the default schedule
+    race_at_default: bool
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.found == (self.expect == "bug")
+
+    def as_dict(self) -> dict[str, Any]:
+        d = attrs.asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+def check_variant(
+    program: Program,
+    variant: str,
+    max_examples: int = 200,
+    budget_s: float | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Finding:
+    expect = "clean" if variant in program.clean else "bug"
+    start = time.monotonic()
+    count = [0]
+
+    def fails(s: Schedule) -> bool:
+        if budget_s is not None and time.monotonic() - start > budget_s:
+            return False
+        count[0] += 1
+        if progress:
+            progress(count[0])
+        out = execute(s)
+        return out.corrupted if expect == "bug" else not out.clean
+
+    found: Schedule | None
+    try:
+        found = find(
+            schedules(program, variant),
+            fails,
+            settings=settings(
+                max_examples=max_examples,
+                database=None,
+                derandomize=True,
+                deadline=None,
+                phases=(Phase.generate, Phase.shrink),
+                suppress_health_check=list(HealthCheck),
+            ),
+        )
+    except NoSuchExample:
+        found = None
+    default = execute(Schedule(program.name, variant))
+    race = bool(default.races)
+    if found is None and expect == "bug" and race:
+        found = default.schedule  # the race detector flags it whatever the timing
+    summary = execute(found).verdict() if found is not None else "clean"
+    return Finding(
+        program=program.name,
+        variant=variant,
+        expect=expect,
+        found=found is not None,
+        examples=count[0],
+        schedule=str(found) if found is not None else None,
+        summary=summary,
+        race_at_default=race,
+        seconds=round(time.monotonic() - start, 2),
+    )
+
+
+def load_all() -> None:
+    """Import every program module so that it registers itself."""
+    import importlib
+    import pkgutil
+
+    import simdevice.mechanisms
+
+    for m in pkgutil.iter_modules(simdevice.mechanisms.__path__):
+        importlib.import_module(f"simdevice.mechanisms.{m.name}")
+
+
+def programs(names: list[str] | None = None) -> list[Program]:
+    load_all()
+    if not names:
+        return list(REGISTRY.values())
+    return [REGISTRY[n] for n in names]

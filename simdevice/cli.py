@@ -1,0 +1,198 @@
+"""The ``simdevice`` command line: ``check``, ``replay``, ``list``.
+
+Exit codes: 0 as expected (check: every clean variant clean and every known
+bug found; replay: the run is clean), 1 otherwise (check: a surprise;
+replay: the run shows a failure), 2 for bad input (a one-line message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, NoReturn
+
+from reference.schedule import Schedule, ScheduleError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"simdevice: error: {message} (see simdevice --help)\n")
+
+
+def _fail(message: str) -> int:
+    print(f"simdevice: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="simdevice",
+        description="Find, shrink and replay data races in GPU offload protocols on a simulated device.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    c = sub.add_parser(
+        "check",
+        help="fuzz every known program: clean variants must stay clean, known bugs must be found",
+        description="Fuzz every known program variant with Hypothesis and print what was found. "
+        "Exit 0 when every clean variant is clean and every known bug is found.",
+    )
+    c.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    c.add_argument("--examples", type=int, default=150, metavar="N", help="schedules per variant (default 150)")
+    c.add_argument(
+        "--budget", type=float, default=None, metavar="SECONDS", help="stop searching a variant after this long"
+    )
+    c.add_argument("--program", action="append", metavar="NAME", help="check only this program (repeatable)")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+    r = sub.add_parser(
+        "replay",
+        help="run one schedule and explain what happened",
+        description='Run one schedule, e.g. simdevice replay "offload_reload/racy::d2h#0+1". '
+        "Exit 0 when the run is clean, 1 when it shows a failure.",
+    )
+    r.add_argument("schedule", help="a schedule line as printed by check or a failing test")
+    r.add_argument("--gpu", action="store_true", help="run it on the CUDA GPU instead of the simulator")
+    r.add_argument("--trials", type=int, default=1, metavar="N", help="repeat N times and report the rate")
+    r.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    r.add_argument("--trace", action="store_true", help="print every host step and stream operation (simulator)")
+
+    sub.add_parser("list", help="list the known programs, their variants and actors")
+    return p
+
+
+def _progress(quiet: bool) -> Any:
+    def show(label: str, n: int) -> None:
+        if not quiet and sys.stderr.isatty():
+            print(f"\r  {label}: {n} schedules", end="", file=sys.stderr, flush=True)
+
+    return show
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from simdevice.check import check_variant, programs
+    from simdevice.programs import REGISTRY
+
+    if args.examples < 1:
+        return _fail(f"--examples must be >= 1, got {args.examples}")
+    if args.budget is not None and args.budget <= 0:
+        return _fail(f"--budget must be > 0 seconds, got {args.budget}")
+    progs = programs(None)
+    if args.program:
+        unknown = [n for n in args.program if n not in REGISTRY]
+        if unknown:
+            return _fail(f"unknown program {unknown[0]!r}; known: {', '.join(sorted(REGISTRY))}")
+        progs = programs(args.program)
+    show = _progress(args.quiet or args.json)
+    findings = []
+    started = time.monotonic()
+    for prog in progs:
+        for variant in prog.variants:
+            label = f"{prog.name}/{variant}"
+            if not args.quiet:
+                print(f"checking {label} ...", file=sys.stderr, flush=True)
+            f = check_variant(prog, variant, args.examples, args.budget, lambda n, lb=label: show(lb, n))
+            if not args.quiet and sys.stderr.isatty():
+                print("\r", end="", file=sys.stderr)
+            if not args.quiet:
+                verdict = "ok" if f.ok else "UNEXPECTED"
+                print(f"  {verdict}: {'found' if f.found else 'clean'} after {f.examples} schedules, {f.seconds}s",
+                      file=sys.stderr, flush=True)
+            findings.append(f)
+    ok = all(f.ok for f in findings)
+    if args.json:
+        print(json.dumps({"ok": ok, "seconds": round(time.monotonic() - started, 2),
+                          "results": [f.as_dict() for f in findings]}, indent=2))
+    else:
+        _table(findings)
+        print(f"\n{'all as expected' if ok else 'NOT as expected'}: "
+              f"{sum(f.ok for f in findings)}/{len(findings)} variants, {time.monotonic() - started:.1f}s")
+    return 0 if ok else 1
+
+
+def _table(findings: list[Any]) -> None:
+    rows = [("program/variant", "expect", "result", "examples", "race@default", "shrunk schedule / what it shows")]
+    for f in findings:
+        what = f"{f.schedule}  ({f.summary})" if f.schedule else "-"
+        rows.append((f"{f.program}/{f.variant}", f.expect, "found" if f.found else "clean", str(f.examples),
+                     "yes" if f.race_at_default else "no", what))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5])
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from simdevice.check import execute, programs
+    from simdevice.programs import resolve
+
+    programs(None)
+    if args.trials < 1:
+        return _fail(f"--trials must be >= 1, got {args.trials}")
+    try:
+        schedule = Schedule.parse(args.schedule)
+        resolve(schedule)
+    except ScheduleError as e:
+        return _fail(str(e))
+    backend = "sim"
+    if args.gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            return _fail("--gpu needs a CUDA GPU, and torch sees none on this machine")
+        backend = "cuda"
+    outcomes = [execute(schedule, backend) for _ in range(args.trials)]
+    bad = sum(not o.clean for o in outcomes)
+    if args.json:
+        print(json.dumps({
+            "schedule": str(schedule), "backend": backend, "trials": args.trials, "failed": bad,
+            "verdicts": [o.verdict() for o in outcomes],
+            "reports": [str(r) for r in outcomes[0].run.reports], "problems": list(outcomes[0].problems),
+        }, indent=2))
+    else:
+        print(outcomes[0].text())
+        if args.trials > 1:
+            print(f"{bad}/{args.trials} trials failed")
+        if args.trace and backend == "sim":
+            from simdevice.device import SimDevice
+
+            prog, config = resolve(schedule)
+            dev = SimDevice(schedule)
+            dev.run(prog.body, schedule.variant, config)
+            for t, actor, what in dev.trace:
+                print(f"  {t / 1e6:10.3f}  {actor:<16} {what}")
+    return 1 if bad else 0
+
+
+def cmd_list() -> int:
+    from simdevice.check import programs
+
+    for p in programs(None):
+        print(f"{p.name}: {p.doc}")
+        for v in p.clean:
+            print(f"  {v} (must be clean)")
+        for v, why in p.buggy.items():
+            print(f"  {v} (known bug: {why})")
+        print(f"  actors: {', '.join(p.actors)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "check":
+            return cmd_check(args)
+        if args.command == "replay":
+            return cmd_replay(args)
+        if args.command == "list":
+            return cmd_list()
+    except KeyboardInterrupt:
+        print("simdevice: interrupted", file=sys.stderr)
+        return 130
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The simulator's cost model, in integer nanoseconds of virtual time.
+
+One schedule unit is one millisecond (``UNIT_NS``), as on the GPU. Tensors in
+the simulator are small CPU tensors; ``byte_scale`` says how many real bytes
+one simulated byte stands for, so that a 16 KiB simulated activation costs
+what a 16 MiB one costs on an H200-class machine (about 50 GB/s over the
+host link, about 3 TB/s to device memory). Only ratios matter for which
+interleavings happen; the defaults keep those ratios close to the GPU's.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+UNIT_NS = 1_000_000
+
+
+def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"SimConfig.{attribute.name} must be > 0, got {value}")
+
+
+@attrs.frozen
+class SimConfig:
+    #: real bytes per simulated byte
+    byte_scale: int = attrs.field(default=1024, validator=_positive)
+    #: host link bandwidth (pinned copies), bytes per ns (= GB/s)
+    copy_bytes_per_ns: int = attrs.field(default=50, validator=_positive)
+    #: device memory bandwidth seen by kernels, bytes per ns
+    kernel_bytes_per_ns: int = attrs.field(default=3000, validator=_positive)
+    #: smallest kernel or copy
+    launch_ns: int = attrs.field(default=5_000, validator=_positive)
+    #: one host step (a launch, a query, a shared-value access)
+    host_step_ns: int = attrs.field(default=5_000, validator=_positive)
+    #: a run in which nothing but polling happens for this long is a deadlock
+    stall_horizon_ns: int = attrs.field(default=1_000 * UNIT_NS, validator=_positive)
+    #: hard bound on host steps in one run
+    max_host_steps: int = attrs.field(default=200_000, validator=_positive)
+
+    def copy_ns(self, nbytes: int) -> int:
+        return max(self.launch_ns, nbytes * self.byte_scale // self.copy_bytes_per_ns)
+
+    def kernel_ns(self, nbytes: int) -> int:
+        return max(self.launch_ns, nbytes * self.byte_scale // self.kernel_bytes_per_ns)
