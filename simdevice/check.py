@@ -178,8 +178,14 @@ def check_variant(
     )
 
 
+_LOADED: list[bool] = []
+
+
 def load_all() -> None:
-    """Import every program module so that it registers itself."""
+    """Import every program module so that it registers itself (once)."""
+    if _LOADED:
+        return
+    _LOADED.append(True)
     import importlib
     import pkgutil
 
