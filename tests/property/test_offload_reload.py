@@ -1,0 +1,67 @@
+"""The demonstration program: offload then reload, in a racy and a correct form.
+
+The same property checks both: the correct form holds it under every schedule;
+for the racy form Hypothesis finds a schedule that breaks it, shrinks it, and
+the printed schedule replays to the same reports.
+"""
+
+from hypothesis import HealthCheck, find, given, settings
+
+from reference.schedule import Schedule
+from simdevice.check import Outcome, execute
+from simdevice.programs import REGISTRY
+from simdevice.strategies import schedules
+
+PROGRAM = REGISTRY["offload_reload"]
+
+
+def reload_equals_offload(s: Schedule) -> Outcome:
+    """The property: no report of any kind, and every reloaded value equals the offloaded one."""
+    out = execute(s)
+    assert out.problems == ()
+    assert out.run.reports == ()
+    return out
+
+
+@given(schedules(PROGRAM, "correct"))
+def test_correct_form_is_clean_under_every_schedule(s: Schedule) -> None:
+    reload_equals_offload(s)
+
+
+def _breaks_property(s: Schedule) -> bool:
+    try:
+        reload_equals_offload(s)
+    except AssertionError:
+        return True
+    return False
+
+
+def test_race_detector_flags_the_racy_form_whatever_the_timing() -> None:
+    racy = execute(Schedule("offload_reload", "racy"))
+    assert [r.kind for r in racy.run.reports] == ["race", "race"]
+    assert racy.problems == ()  # the compute work outlasts the copy: no corruption without a stall
+    assert execute(Schedule("offload_reload", "correct")).clean
+
+
+def test_hypothesis_finds_and_shrinks_a_corrupting_schedule_that_replays() -> None:
+    found = find(
+        schedules(PROGRAM, "racy"),
+        lambda s: execute(s).corrupted,
+        settings=settings(max_examples=150, database=None, derandomize=True, deadline=None,
+                          suppress_health_check=list(HealthCheck)),
+    )
+    assert str(found) == "offload_reload/racy::d2h#0+1"
+    first = execute(found)
+    replayed = execute(Schedule.parse(str(found)))
+    assert first.run.reports == replayed.run.reports
+    assert first.problems == replayed.problems
+    assert sorted({r.kind for r in replayed.run.reports}) == ["race", "stale-read"]
+    assert replayed.problems == ("iteration 0: 4096 of 4096 reloaded values differ from the offloaded ones",)
+    assert _breaks_property(found)  # the property the correct form holds is the one this schedule breaks
+
+
+def test_the_stall_needed_is_what_the_cost_model_says() -> None:
+    # work: 4 kernels over a 16x scratch buffer outlast the D2H by less than one unit
+    assert not execute(Schedule.parse("offload_reload/racy:work=4")).corrupted
+    assert execute(Schedule.parse("offload_reload/racy:work=0")).corrupted
+    assert not execute(Schedule.parse("offload_reload/racy::default#0+5")).corrupted
