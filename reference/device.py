@@ -178,7 +178,7 @@ def calibrate_sleep_cycles_per_ms(samples: int = 3) -> float:
         end.synchronize()
         rates.append(cycles / start.elapsed_time(end))
     rates.sort()
-    return rates[len(rates) // 2]
+    return float(rates[len(rates) // 2])
 
 
 class _Counter:

@@ -26,7 +26,7 @@ from simdevice.streams import EventRecord, SimStream, StreamOp
 from simdevice.tensor import SimMode, TensorOps
 
 
-class Stream:
+class StreamHandle:
     """A simulated stream handle (``torch.cuda.Stream``)."""
 
     def __init__(self, dev: SimDevice, s: SimStream) -> None:
@@ -36,11 +36,11 @@ class Stream:
     def name(self) -> str:
         return self._s.name
 
-    def wait_event(self, event: Event) -> None:
+    def wait_event(self, event: EventHandle) -> None:
         self._dev._sched.host_step(f"{self.name}.wait_event")
         self._dev._wait_marker(self._s, event._rec, "event")
 
-    def wait_stream(self, other: Stream) -> None:
+    def wait_stream(self, other: StreamHandle) -> None:
         sched = self._dev._sched
         sched.host_step(f"{self.name}.wait_stream({other.name})")
         o = other._s
@@ -57,13 +57,13 @@ class Stream:
             return True
         return False
 
-    def record_event(self, event: Event | None = None) -> Event:
-        event = event or Event(self._dev)
+    def record_event(self, event: EventHandle | None = None) -> EventHandle:
+        event = event or EventHandle(self._dev)
         event.record(self)
         return event
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Stream) and other._s is self._s
+        return isinstance(other, StreamHandle) and other._s is self._s
 
     def __hash__(self) -> int:
         return id(self._s)
@@ -72,21 +72,21 @@ class Stream:
         return f"<simulated stream {self.name}>"
 
 
-class Event:
+class EventHandle:
     """A simulated event (``torch.cuda.Event``)."""
 
     def __init__(self, dev: SimDevice) -> None:
         self._dev = dev
         self._rec: EventRecord | None = None
 
-    def record(self, stream: Stream | None = None) -> None:
+    def record(self, stream: StreamHandle | None = None) -> None:
         sched = self._dev._sched
         a = sched.host_step("event.record")
         s = stream._s if stream is not None else a.current_stream
         self._rec = EventRecord(s, s.enqueued, s.clock.copy())
         sched.progress()
 
-    def wait(self, stream: Stream | None = None) -> None:
+    def wait(self, stream: StreamHandle | None = None) -> None:
         (stream or self._dev.current_stream()).wait_event(self)
 
     def query(self) -> bool:
@@ -106,7 +106,7 @@ class Event:
             a.clock.join(rec.clock)
 
 
-class Value:
+class SharedValue:
     """A value shared between simulated processes (``multiprocessing.Value``)."""
 
     def __init__(self, dev: SimDevice, typecode: str, init: Any) -> None:
@@ -131,7 +131,7 @@ class Value:
             sched.changed()
 
 
-class Queue:
+class SharedQueue:
     """A queue between simulated processes (``multiprocessing.Queue``); items carry clocks."""
 
     def __init__(self, dev: SimDevice) -> None:
@@ -158,7 +158,7 @@ class Queue:
         return not self._items
 
 
-class Process:
+class ProcessHandle:
     """A spawned simulated process: a host actor with its own streams (``mp.Process``)."""
 
     def __init__(self, dev: SimDevice, target: Callable[..., Any], args: tuple[Any, ...], name: str) -> None:
@@ -240,15 +240,15 @@ class SimDevice:
         return self._sched.now / UNIT_NS
 
     # -- streams and events ----------------------------------------------------------------
-    def Stream(self, name: str | None = None) -> Stream:
+    def Stream(self, name: str | None = None) -> StreamHandle:
         a = self._sched.current()
-        return Stream(self, self._sched.new_stream(a, name or f"s{len(a.streams)}"))
+        return StreamHandle(self, self._sched.new_stream(a, name or f"s{len(a.streams)}"))
 
-    def Event(self) -> Event:
-        return Event(self)
+    def Event(self) -> EventHandle:
+        return EventHandle(self)
 
     @contextlib.contextmanager
-    def stream(self, s: Stream) -> Iterator[Stream]:
+    def stream(self, s: StreamHandle) -> Iterator[StreamHandle]:
         a = self._sched.current()
         a.stream_stack.append(s._s)
         try:
@@ -256,13 +256,13 @@ class SimDevice:
         finally:
             a.stream_stack.pop()
 
-    def current_stream(self) -> Stream:
-        return Stream(self, self._sched.current().current_stream)
+    def current_stream(self) -> StreamHandle:
+        return StreamHandle(self, self._sched.current().current_stream)
 
-    def default_stream(self) -> Stream:
+    def default_stream(self) -> StreamHandle:
         a = self._sched.current()
         assert a.default_stream is not None
-        return Stream(self, a.default_stream)
+        return StreamHandle(self, a.default_stream)
 
     def synchronize(self) -> None:
         a = self._sched.host_step("synchronize")
@@ -287,19 +287,21 @@ class SimDevice:
         self._sched.enqueue(s, marker)
 
     # -- host actors ---------------------------------------------------------------------------
-    def Process(self, target: Callable[..., Any], args: tuple[Any, ...] = (), name: str = "worker") -> Process:
-        return Process(self, target, args, name)
+    def Process(self, target: Callable[..., Any], args: tuple[Any, ...] = (), name: str = "worker") -> ProcessHandle:
+        return ProcessHandle(self, target, args, name)
 
-    def Value(self, typecode: str, init: Any) -> Value:
-        return Value(self, typecode, init)
+    def Value(self, typecode: str, init: Any) -> SharedValue:
+        return SharedValue(self, typecode, init)
 
-    def Queue(self) -> Queue:
-        return Queue(self)
+    def Queue(self) -> SharedQueue:
+        return SharedQueue(self)
 
     def sleep(self, units: float) -> None:
         a = self._sched.host_step(f"sleep({units})")
         a.time += int(units * UNIT_NS)
 
     # -- collectives ------------------------------------------------------------------------------
-    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = True) -> SimWork | None:
+    def all_gather_into_tensor(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool = True
+    ) -> SimWork | None:
         return all_gather_into_tensor(self, output, input, async_op)

@@ -107,12 +107,15 @@ class Deadlock:
     #: (actor, what it waits for), in actor order
     waits: tuple[tuple[str, str], ...]
     time_ns: int
+    #: why the run was judged stuck, when it is not plain (e.g. a step bound)
+    reason: str = ""
 
     kind = "deadlock"
 
     def __str__(self) -> str:
         inner = "; ".join(f"{a} waits for {w}" for a, w in self.waits)
-        return f"deadlock at {fmt_time(self.time_ns)}: {inner}"
+        reason = f"{self.reason}; " if self.reason else ""
+        return f"deadlock at {fmt_time(self.time_ns)}: {reason}{inner}"
 
 
 @attrs.frozen

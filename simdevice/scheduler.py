@@ -37,7 +37,7 @@ from simdevice.streams import SimStream, StreamOp
 _COMPLETE, _START, _HOST = 0, 1, 2
 
 
-class SimAbort(BaseException):  # noqa: N818 -- not an error of the program: the run is being torn down
+class SimAbort(BaseException):
     """Raised inside actor threads to unwind them when the run ends early."""
 
 
@@ -352,10 +352,7 @@ class Scheduler:
         return tuple(waits)
 
     def _deadlock(self, why: str | None = None) -> None:
-        waits = self._waits()
-        if why:
-            waits = ((why, ""),) + waits if not waits else waits
-        self.memory.reports.append(Deadlock(waits=waits, time_ns=self.now))
+        self.memory.reports.append(Deadlock(waits=self._waits(), time_ns=self.now, reason=why or ""))
         self._abort()
 
     def _abort(self) -> None:

@@ -16,7 +16,9 @@ from simdevice.programs import Program
 MAX_UNITS = 50
 
 
-def delays(actors: tuple[str, ...], max_index: int, max_units: int = MAX_UNITS, max_delays: int = 3) -> st.SearchStrategy[list[Delay]]:
+def delays(
+    actors: tuple[str, ...], max_index: int, max_units: int = MAX_UNITS, max_delays: int = 3
+) -> st.SearchStrategy[list[Delay]]:
     """Up to ``max_delays`` delays on distinct (actor, operation) pairs."""
     one = st.builds(
         Delay,

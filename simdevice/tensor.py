@@ -66,9 +66,10 @@ _INPUT_NOT_READ = frozenset(
 _WRITE_ONLY_SELF = frozenset({aten.copy_.default, aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default})
 
 #: frames of the simulator itself, torch and the standard library: never the program's source line
-_SKIP_FILES = tuple(
-    f"/simdevice/{m}.py" for m in ("tensor", "scheduler", "device", "collectives", "memsaver", "memory", "streams")
-) + ("/torch/", "/reference/device.py", "<frozen", "/contextlib.py", "/threading.py")
+_SKIP_FILES = (
+    *(f"/simdevice/{m}.py" for m in ("tensor", "scheduler", "device", "collectives", "memsaver", "memory", "streams")),
+    *("/torch/", "/reference/device.py", "<frozen", "/contextlib.py", "/threading.py"),
+)
 
 
 def _user_source() -> str:
@@ -101,7 +102,7 @@ class SimTensor(torch.Tensor):
         )
         r._data = data
         r._st = st
-        return r
+        return r  # type: ignore[no-any-return]
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
@@ -315,11 +316,13 @@ class TensorOps:
 
         # Outputs: the mutated arguments, or fresh allocations shaped by the meta kernel.
         host_out: torch.Tensor | None = None
+        outputs: list[torch.Tensor] = []
+        result: Any = None
         if not any("Tensor" in str(r.type) for r in func._schema.returns):
-            outputs, result = [], None  # a host value (.item(), equal): the host will wait for it
+            pass  # a host value (.item(), equal): the host will wait for it
         elif written:
-            outputs: list[torch.Tensor] = written
-            result: Any = args[0] if func._schema.returns else None
+            outputs = written
+            result = args[0] if func._schema.returns else None
             if len(written) > 1 or (func._schema.returns and not isinstance(result, torch.Tensor)):
                 result = written if len(written) > 1 else written[0]
         else:

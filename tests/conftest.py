@@ -11,7 +11,13 @@ _common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, Hea
 
 settings.register_profile("dev", max_examples=60, **_common)
 settings.register_profile(
-    "ci", parent=settings.get_profile("ci"), max_examples=60, print_blob=True, database=None, derandomize=True, **_common
+    "ci",
+    parent=settings.get_profile("ci"),
+    max_examples=60,
+    print_blob=True,
+    database=None,
+    derandomize=True,
+    **_common,
 )
 settings.register_profile("thorough", max_examples=2000, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))

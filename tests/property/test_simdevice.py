@@ -217,7 +217,7 @@ def test_a_worker_process_shares_device_memory_and_hands_back_values() -> None:
         p.join()
         return got
 
-    out, reports, dev = run(program)
+    _, reports, dev = run(program)
     # the worker's stream is not ordered after the trainer's fill: a cross-process race, as on CUDA IPC
     assert kinds(reports) == ["race"]
     assert {"host", "worker0", "default", "worker0.default"} <= set(dev._sched.actors) | set(dev._sched.streams)
@@ -308,7 +308,7 @@ def test_simulated_tensors_are_unusable_outside_a_run_but_can_be_peeked() -> Non
 
     t, _, _ = run(program)
     assert torch.equal(peek(t), torch.full((4,), 5.0))
-    with pytest.raises(RuntimeError, match="outside SimDevice.run"):
+    with pytest.raises(RuntimeError, match=r"outside SimDevice\.run"):
         t + 1
 
 
@@ -316,7 +316,7 @@ def test_fresh_device_memory_is_poisoned() -> None:
     def program(dev: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.empty(4, device=dev.device).cpu(), torch.empty(4, dtype=torch.int32, device=dev.device).cpu()
 
-    (f, i), reports, _ = run(program)
+    (f, i), _, _ = run(program)
     assert torch.isnan(f).all()
     assert (i == torch.iinfo(torch.int32).max).all()
 
