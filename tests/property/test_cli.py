@@ -1,0 +1,97 @@
+"""The command line as a user meets it: exit codes, one-line errors, JSON, replay."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from simdevice.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_replay_of_a_failing_schedule_explains_it_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "offload_reload/racy::d2h#0+1"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == (
+        'schedule "offload_reload/racy::d2h#0+1" on sim: wrong values; 2 race, 1 stale-read'
+    )
+    assert "stale by 1 write" in out
+    assert out.splitlines()[-1] == '  replay: simdevice replay "offload_reload/racy::d2h#0+1" [--gpu]'
+
+
+def test_replay_of_a_clean_schedule_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "offload_reload/correct::d2h#0+1", "--trials", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith('schedule "offload_reload/correct::d2h#0+1" on sim: clean')
+    assert "0/2 trials failed" in out
+
+
+def test_replay_json_and_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "offload_reload/racy::d2h#0+1", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["failed"] == 1
+    assert doc["verdicts"] == ["wrong values; 2 race, 1 stale-read"]
+    assert main(["replay", "offload_reload/correct", "--trace"]) == 0
+    assert "start copy_ (D2H) #0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["replay", "offload_reload"], "bad schedule target 'offload_reload': expected PROGRAM/VARIANT"),
+        (["replay", "nope/racy"], "unknown program 'nope'"),
+        (["replay", "offload_reload/racy::gpu#0+1"], "delay gpu#0+1 names actor 'gpu'"),
+        (["replay", "offload_reload/racy", "--trials", "0"], "--trials must be >= 1, got 0"),
+        (["check", "--examples", "0"], "--examples must be >= 1, got 0"),
+        (["check", "--budget", "-1"], "--budget must be > 0 seconds, got -1.0"),
+        (["check", "--program", "nope"], "unknown program 'nope'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"simdevice: error: {message}")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown where there is no GPU")
+def test_gpu_replay_without_a_gpu_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "offload_reload/racy", "--gpu"]) == 2
+    assert capsys.readouterr().err == "simdevice: error: --gpu needs a CUDA GPU, and torch sees none on this machine\n"
+
+
+def test_check_json_reports_every_variant(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--json", "--examples", "30", "--program", "offload_reload"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is True
+    by_variant = {r["variant"]: r for r in doc["results"]}
+    assert by_variant["correct"]["found"] is False
+    assert by_variant["correct"]["examples"] == 30
+    assert by_variant["racy"]["found"] is True
+    assert by_variant["racy"]["schedule"] == "offload_reload/racy::d2h#0+1"
+    assert set(by_variant["racy"]) >= {"program", "variant", "expect", "found", "examples", "schedule", "summary"}
+
+
+def test_list_names_programs_variants_and_actors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "offload_reload: " in out
+    assert "  racy (known bug: the reload does not wait for the event recorded after the D2H)" in out
+    assert "  actors: host, default, d2h" in out
+
+
+def test_the_installed_command_prints_no_traceback() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "simdevice", "replay", "a/b:c:d:e"], capture_output=True, text=True,
+                       env=env, cwd=ROOT, check=False)
+    assert p.returncode == 2
+    assert p.stderr == "simdevice: error: bad schedule 'a/b:c:d:e': more than three ':'-separated fields\n"
+    p = subprocess.run([sys.executable, "-m", "simdevice", "frobnicate"], capture_output=True, text=True, env=env,
+                       cwd=ROOT, check=False)
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr
