@@ -128,6 +128,8 @@ class Memory:
             lw = cell.last_write
             if lw is not None and lw.actor != access.actor and not clock.happens_before(lw.actor, lw.epoch):
                 self._race(access, lw)
+            # A later read by the same actor subsumes its earlier ones (program order), so keep one per actor.
+            cell.reads = [r for r in cell.reads if r.actor != access.actor]
             cell.reads.append(access)
             if expected and expected[-1][2] == cell.issued and expected[-1][1] == lo:
                 expected[-1] = (expected[-1][0], hi, cell.issued)

@@ -1,0 +1,88 @@
+"""Simulator throughput and time-to-find for the demonstration program.
+
+Run: ``PYTHONPATH=. python benchmarks/bench_simdevice.py [--seeds 20] [--runs 200]``. Prints medians;
+nothing here is asserted anywhere. Figures measured on the project's 2-core CPU machine go in notes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+from hypothesis import HealthCheck, find, given, settings
+
+from reference.schedule import Schedule
+from simdevice.check import execute
+from simdevice.device import SimDevice
+from simdevice.programs import REGISTRY, resolve
+from simdevice.strategies import schedules
+
+
+def per_operation(runs: int) -> tuple[float, float, float]:
+    """Median µs per simulated operation (host steps + stream operations), runs/s and operations per run."""
+    s = Schedule.parse("offload_reload/correct")
+    prog, cfg = resolve(s)
+    times, ops = [], 0
+    for _ in range(runs):
+        dev = SimDevice(s)
+        t0 = time.perf_counter()
+        r = dev.run(prog.body, s.variant, cfg)
+        times.append(time.perf_counter() - t0)
+        ops = sum(r.op_counts.values())
+    med = statistics.median(times)
+    return med / ops * 1e6, 1 / med, ops
+
+
+def schedules_per_second_with_hypothesis(n: int) -> float:
+    count = [0]
+
+    @settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(schedules(REGISTRY["offload_reload"], "correct"))
+    def prop(s: Schedule) -> None:
+        count[0] += 1
+        assert execute(s).clean
+
+    t0 = time.perf_counter()
+    prop()
+    return count[0] / (time.perf_counter() - t0)
+
+
+def time_to_find(seeds: int) -> tuple[float, float, set[str]]:
+    times, examples, found = [], [], set()
+    for seed in range(seeds):
+        calls = [0]
+
+        def fails(s: Schedule) -> bool:
+            calls[0] += 1
+            return execute(s).corrupted
+
+        t0 = time.perf_counter()
+        s = find(
+            schedules(REGISTRY["offload_reload"], "racy"),
+            fails,
+            settings=settings(max_examples=1000, database=None, deadline=None, suppress_health_check=list(HealthCheck)),
+            random=random.Random(seed),
+        )
+        times.append(time.perf_counter() - t0)
+        examples.append(calls[0])
+        found.add(str(s))
+    return statistics.median(times), statistics.median(examples), found
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--runs", type=int, default=200)
+    args = ap.parse_args()
+    us, rps, ops = per_operation(args.runs)
+    print(f"offload_reload/correct: {ops} operations per run; median {us:.1f} us per operation, {rps:.1f} runs/s")
+    print(f"with Hypothesis generating: {schedules_per_second_with_hypothesis(args.runs):.1f} schedules/s")
+    t, ex, found = time_to_find(args.seeds)
+    print(f"find+shrink offload_reload/racy: median {t:.2f} s, median {ex:.0f} schedules over {args.seeds} seeds; "
+          f"shrunk to {sorted(found)}")
+
+
+if __name__ == "__main__":
+    main()
