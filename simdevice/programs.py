@@ -54,6 +54,8 @@ class Program:
     config_space: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
     #: configuration keys that are sizes: a GPU run multiplies them by ``SimConfig.byte_scale``
     size_keys: tuple[str, ...] = ()
+    #: drawn configurations must pass this (e.g. to leave out a documented limitation); None: all pass
+    config_filter: Callable[[dict[str, str]], bool] | None = None
 
     @property
     def variants(self) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ import these to fuzz their own programs registered in ``simdevice.programs``.
 
 from __future__ import annotations
 
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from reference.schedule import Delay, Schedule
@@ -34,6 +35,8 @@ def _configs(draw: st.DrawFn, program: Program) -> dict[str, str]:
     cfg = {}
     for key, values in sorted(program.config_space.items()):
         cfg[key] = draw(st.sampled_from(values))
+    if program.config_filter is not None:
+        assume(program.config_filter(cfg))
     return cfg
 
 
