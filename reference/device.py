@@ -24,6 +24,7 @@ contract                              on CUDA
 ``dev.Value(typecode, init)``         ``ctx.Value`` (``.value``)
 ``dev.Queue()``                       ``ctx.Queue`` (``put``/``get``)
 ``dev.sleep(units)``                  ``time.sleep`` (1 unit = 1 ms)
+``dev.empty_cache()``                 ``torch.cuda.empty_cache()``
 ``dev.all_gather_into_tensor(...)``   ``torch.distributed`` (NCCL); returns
                                       a work handle with ``wait()``
 ``dev.memory_saver``                  ``torch_memory_saver``: ``region()``,
@@ -147,6 +148,7 @@ class Device(Protocol):
     def Value(self, typecode: str, init: Any) -> Any: ...
     def Queue(self) -> Any: ...
     def sleep(self, units: float) -> None: ...
+    def empty_cache(self) -> None: ...
 
 
 @attrs.frozen
@@ -468,6 +470,10 @@ class CudaDevice:
     def sleep(self, units: float) -> None:
         self._host_step()
         time.sleep(units * 1e-3)
+
+    def empty_cache(self) -> None:
+        self._host_step()
+        torch.cuda.empty_cache()
 
     # -- collectives -------------------------------------------------------------
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = True) -> Any:

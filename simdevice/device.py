@@ -300,6 +300,11 @@ class SimDevice:
         a = self._sched.host_step(f"sleep({units})")
         a.time += int(units * UNIT_NS)
 
+    def empty_cache(self) -> None:
+        """Release the caching allocator's free segments (``torch.cuda.empty_cache``)."""
+        self._sched.host_step("empty_cache")
+        self.memory_saver.empty_cache()
+
     # -- collectives ------------------------------------------------------------------------------
     def all_gather_into_tensor(
         self, output: torch.Tensor, input: torch.Tensor, async_op: bool = True

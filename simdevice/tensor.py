@@ -163,12 +163,18 @@ class TensorOps:
         self._meta_cache: dict[Any, Any] = {}
         #: called with every new device storage (the memory saver tags and maps it)
         self.on_alloc: Callable[[Storage], None] | None = None
+        #: the caching allocator: bytes shaped like a tensor, as (tensor data, an alias for the storage
+        #: record that does not keep the tensor's bytes alive); None: fresh CPU bytes for every allocation
+        self.allocate: Callable[[torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     # -- storages ---------------------------------------------------------------------
     def _new_device(self, like: torch.Tensor, process: str) -> SimTensor:
-        data = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype)
+        if self.allocate is not None:
+            data, record = self.allocate(like, process)
+        else:
+            data = record = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype)
         _poison(data)
-        st = self.memory.register(data, "device", process)
+        st = self.memory.register(record, "device", process)
         if self.on_alloc is not None:
             self.on_alloc(st)
         return SimTensor(data, st)
