@@ -11,8 +11,9 @@ beside it.
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -20,7 +21,7 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import NoSuchExample
 
 from reference.device import Run
-from reference.schedule import Schedule
+from reference.schedule import Delay, Schedule
 from simdevice.config import SimConfig
 from simdevice.device import SimDevice
 from simdevice.programs import REGISTRY, Program, resolve
@@ -179,6 +180,48 @@ def check_variant(
 
 
 _LOADED: list[bool] = []
+
+
+def all_schedules(
+    program: Program, variant: str, max_delays: int = 1, units: tuple[int, ...] = (1, 5, 20)
+) -> Iterator[Schedule]:
+    """Every schedule of at most ``max_delays`` delays with stalls from ``units``, over every configuration
+    of the program's configuration space (the bounded exhaustive mode)."""
+    keys = sorted(program.config_space)
+    combos = itertools.product(*(program.config_space[k] for k in keys))
+    configs = [dict(zip(keys, combo, strict=True)) for combo in combos]
+    if program.config_filter is not None:
+        configs = [c for c in configs if program.config_filter(c)]
+    slots = [(a, k) for a in program.actors for k in range(program.max_index + 1)]
+    for cfg in configs:
+        for n in range(max_delays + 1):
+            for chosen in itertools.combinations(slots, n):
+                for stalls in itertools.product(units, repeat=n):
+                    delays = [Delay(a, k, u) for (a, k), u in zip(chosen, stalls, strict=True)]
+                    yield Schedule(program.name, variant, cfg, delays)
+
+
+def exhaust(
+    program: Program,
+    variant: str,
+    max_delays: int = 1,
+    units: tuple[int, ...] = (1, 5, 20),
+    progress: Callable[[int], None] | None = None,
+) -> tuple[int, Outcome | None]:
+    """Run every bounded schedule; return how many ran and the first that failed (None: all passed).
+
+    A failure is what ``check_variant`` counts: corruption for a bug variant, any report for a clean one.
+    """
+    expect_bug = variant not in program.clean
+    n = 0
+    for s in all_schedules(program, variant, max_delays, units):
+        n += 1
+        if progress:
+            progress(n)
+        out = execute(s)
+        if (out.corrupted if expect_bug else not out.clean):
+            return n, out
+    return n, None
 
 
 def load_all() -> None:

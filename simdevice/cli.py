@@ -58,6 +58,18 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the outcome as JSON")
     r.add_argument("--trace", action="store_true", help="print every host step and stream operation (simulator)")
 
+    e = sub.add_parser(
+        "exhaust",
+        help="run every schedule of at most K delays (bounded exhaustive mode)",
+        description="Run every schedule of one variant with at most K delays, each stall one of --units, "
+        "over the program's whole configuration space. Exit 0 when none fails (a clean variant) "
+        "or one fails (a bug variant): 1 otherwise.",
+    )
+    e.add_argument("target", help="PROGRAM/VARIANT, e.g. offload_reload/correct")
+    e.add_argument("--delays", type=int, default=1, metavar="K", help="at most K delays per schedule (default 1)")
+    e.add_argument("--units", default="1,5,20", metavar="U,U,..", help="stall sizes in units (default 1,5,20)")
+    e.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
     sub.add_parser("list", help="list the known programs, their variants and actors")
     return p
 
@@ -164,6 +176,37 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_exhaust(args: argparse.Namespace) -> int:
+    from simdevice.check import exhaust, programs
+    from simdevice.programs import resolve
+
+    programs(None)
+    try:
+        units = tuple(int(u) for u in args.units.split(","))
+    except ValueError:
+        return _fail(f"--units must be integers separated by commas, got {args.units!r}")
+    if not units or min(units) < 1:
+        return _fail(f"--units must be >= 1, got {args.units!r}")
+    if not 0 <= args.delays <= 4:
+        return _fail(f"--delays must be in 0..4, got {args.delays}")
+    try:
+        prog, _ = resolve(Schedule.parse(args.target))
+    except ScheduleError as e:
+        return _fail(str(e))
+    variant = Schedule.parse(args.target).variant
+    show = _progress(args.quiet)
+    n, failed = exhaust(prog, variant, args.delays, units, lambda k: show(args.target, k))
+    if not args.quiet and sys.stderr.isatty():
+        print("\r", end="", file=sys.stderr)
+    expect_bug = variant not in prog.clean
+    if failed is None:
+        print(f"{args.target}: clean over all {n} schedules of at most {args.delays} delays of {args.units} units")
+    else:
+        print(f"{args.target}: fails at schedule {n}:")
+        print(failed.text())
+    return 0 if (failed is not None) == expect_bug else 1
+
+
 def cmd_list() -> int:
     from simdevice.check import programs
 
@@ -185,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_check(args)
         if args.command == "replay":
             return cmd_replay(args)
+        if args.command == "exhaust":
+            return cmd_exhaust(args)
         if args.command == "list":
             return cmd_list()
     except KeyboardInterrupt:

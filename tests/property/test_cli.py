@@ -95,3 +95,14 @@ def test_the_installed_command_prints_no_traceback() -> None:
                        cwd=ROOT, check=False)
     assert p.returncode == 2
     assert "Traceback" not in p.stderr
+
+
+def test_exhaust_reports_clean_and_found(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["exhaust", "offload_reload/correct", "--units", "1", "-q"]) == 0
+    assert capsys.readouterr().out == (
+        "offload_reload/correct: clean over all 22 schedules of at most 1 delays of 1 units\n"
+    )
+    assert main(["exhaust", "offload_reload/racy", "--units", "1", "-q"]) == 0
+    assert 'schedule "offload_reload/racy::d2h#0+1" on sim' in capsys.readouterr().out
+    assert main(["exhaust", "offload_reload/racy", "--delays", "9"]) == 2
+    assert capsys.readouterr().err == "simdevice: error: --delays must be in 0..4, got 9\n"

@@ -5,10 +5,11 @@ for the racy form Hypothesis finds a schedule that breaks it, shrinks it, and
 the printed schedule replays to the same reports.
 """
 
+import pytest
 from hypothesis import HealthCheck, find, given, settings
 
 from reference.schedule import Schedule
-from simdevice.check import Outcome, execute
+from simdevice.check import Outcome, execute, exhaust
 from simdevice.programs import REGISTRY
 from simdevice.strategies import schedules
 
@@ -65,3 +66,22 @@ def test_the_stall_needed_is_what_the_cost_model_says() -> None:
     assert not execute(Schedule.parse("offload_reload/racy:work=4")).corrupted
     assert execute(Schedule.parse("offload_reload/racy:work=0")).corrupted
     assert not execute(Schedule.parse("offload_reload/racy::default#0+5")).corrupted
+
+
+def test_correct_form_is_clean_over_every_single_delay_schedule() -> None:
+    n, failed = exhaust(PROGRAM, "correct", max_delays=1, units=(1, 5, 20))
+    assert (n, failed) == (64, None)  # 3 actors x 7 operations x 3 stalls, plus the empty schedule
+
+
+def test_exhaustive_mode_finds_the_racy_form() -> None:
+    _, failed = exhaust(PROGRAM, "racy", max_delays=1, units=(1, 5, 20))
+    assert failed is not None
+    assert str(failed.schedule) == "offload_reload/racy::d2h#0+1"
+
+
+@pytest.mark.slow
+def test_correct_form_is_clean_over_every_two_delay_schedule() -> None:
+    n, failed = exhaust(PROGRAM, "correct", max_delays=2, units=(1, 5, 20))
+    assert failed is None
+    slots = 3 * 7
+    assert n == 1 + slots * 3 + (slots * (slots - 1) // 2) * 9
