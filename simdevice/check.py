@@ -54,6 +54,11 @@ class Outcome:
     def clean(self) -> bool:
         return not self.problems and not self.run.reports
 
+    def assert_clean(self) -> None:
+        """Fail with the whole explanation and the replay line unless the run is clean."""
+        if not self.clean:
+            raise AssertionError(self.text())
+
     def verdict(self) -> str:
         parts = []
         if self.problems:

@@ -19,8 +19,7 @@ PROGRAM = REGISTRY["offload_reload"]
 def reload_equals_offload(s: Schedule) -> Outcome:
     """The property: no report of any kind, and every reloaded value equals the offloaded one."""
     out = execute(s)
-    assert out.problems == ()
-    assert out.run.reports == ()
+    out.assert_clean()  # on failure: every report and the line that replays the schedule
     return out
 
 
