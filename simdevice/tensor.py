@@ -113,6 +113,9 @@ class SimTensor(torch.Tensor):
             "use simdevice.peek(t) to read one after the run"
         )
 
+    def tolist(self) -> Any:  # torch refuses tolist() on subclasses; on CUDA it is a synchronizing D2H
+        return self.cpu().tolist()
+
     def __repr__(self) -> str:  # never syncs: printing must not change the schedule
         return f"SimTensor({tuple(self.shape)}, {self.dtype}, {self._st.label})"
 
@@ -359,11 +362,13 @@ class TensorOps:
         inputs = [x for x in flat if isinstance(x, torch.Tensor) and id(x) not in not_read]
         staged: dict[int, torch.Tensor] = {}
         for x in inputs:
-            if not isinstance(x, SimTensor) and self.memory.lookup(x) is None:
-                if x.dim() > 0 and not is_copy:
-                    raise RuntimeError(
-                        f"{name}: expected all tensors on the device, got a host tensor of shape {tuple(x.shape)}"
-                    )
+            if isinstance(x, SimTensor):
+                continue
+            if x.dim() > 0 and not is_copy:  # as on CUDA: only copies cross devices
+                raise RuntimeError(
+                    f"{name}: expected all tensors on the device, got a host tensor of shape {tuple(x.shape)}"
+                )
+            if self.memory.lookup(x) is None:
                 staged[id(x)] = x.clone()
 
         # Happens-before: the op is ordered after what its stream and its host did before.

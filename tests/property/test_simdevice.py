@@ -151,14 +151,16 @@ def test_copy_from_pageable_memory_reads_the_source_at_issue() -> None:
 
 
 def test_item_and_cpu_wait_for_the_stream() -> None:
-    def program(dev: Any) -> tuple[float, float]:
+    def program(dev: Any) -> tuple[float, float, list[float], bool]:
         x = torch.arange(N, dtype=torch.float32, device=dev.device)
-        return (x * 2).sum().item(), float(x[5:6].cpu()[0])
+        return (x * 2).sum().item(), float(x[5:6].cpu()[0]), x[:3].tolist(), bool((x > N - 2).any())
 
-    (total, five), reports, _ = run(program)
+    (total, five, head, big), reports, _ = run(program)
     assert reports == ()
     assert total == float(sum(range(N)) * 2)
     assert five == 5.0
+    assert head == [0.0, 1.0, 2.0]
+    assert big is True
 
 
 # -- views alias ----------------------------------------------------------------------------------
