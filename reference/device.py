@@ -478,11 +478,69 @@ class CudaDevice:
     # -- collectives -------------------------------------------------------------
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = True) -> Any:
         import torch.distributed as dist
+        from torch.utils._python_dispatch import _disable_current_modes
 
         self._host_step()
-        self._stream_step()
-        work = dist.all_gather_into_tensor(output, input, async_op=async_op)
-        return CudaWork(self, work) if async_op else None
+        # counted on NCCL's stream, as the simulator counts it (not on the caller's stream)
+        units = self.counter.next(f"{self._prefix}nccl")
+        launch = torch.cuda.current_stream()
+        if units:
+            # stall NCCL alone: it waits for the stream it is launched from, which sleeps after the caller's work
+            launch = torch.cuda.Stream()
+            launch.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(launch):
+                torch.cuda._sleep(int(units * self.cycles_per_ms))
+        with torch.cuda.stream(launch), _disable_current_modes():
+            work = CudaWork(self, dist.all_gather_into_tensor(output, input, async_op=True))
+        if async_op:
+            return work
+        work.wait()  # a host step, as in the simulator
+        return None
+
+    def spawn_ranks(self, fn: Callable[..., Any], world_size: int, args: tuple[Any, ...] = ()) -> list[Any]:
+        """Run ``fn(dev, *args)`` as actors ``rank0..`` of one NCCL group, a process per GPU; return the results.
+
+        A world of one runs in this process (its own counter; this one's counting paused meanwhile).
+        """
+        self._host_step()
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        if world_size == 1:
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            _init_nccl_group(0, 1, None)
+            child = CudaDevice(self.schedule, actor="rank0", cycles_per_ms=self.cycles_per_ms)
+            with _disable_current_modes():
+                run = child.run(fn, *args)
+            self.counter.counts.update(child.counter.counts)
+            self.counter.fired |= child.counter.fired
+            return [run.result]
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        ctx = self._ctx()
+        results = ctx.Queue()
+        payload = pickle.dumps((self.schedule, self.cycles_per_ms, fn, args))
+        procs = [
+            ctx.Process(target=_rank_entry, args=(payload, r, world_size, port, results), name=f"rank{r}")
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        out: dict[int, Any] = {}
+        try:
+            for _ in procs:
+                r, result, counts, fired, error = results.get(timeout=600)
+                if error:
+                    raise RuntimeError(f"rank{r} failed: {error}")
+                out[r] = result
+                self.counter.counts.update(counts)
+                self.counter.fired |= fired
+        finally:
+            for p in procs:
+                p.join(timeout=60)
+        return [out[r] for r in range(world_size)]
 
     @property
     def rank(self) -> int:
@@ -504,6 +562,37 @@ class CudaDevice:
 
             self._memory_saver = torch_memory_saver
         return self._memory_saver
+
+
+def _init_nccl_group(rank: int, world_size: int, port: int | None) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size:
+            raise RuntimeError(f"a process group of {dist.get_world_size()} ranks exists; asked for {world_size}")
+        return
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    if port is None:
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+
+
+def _rank_entry(payload: bytes, rank: int, world_size: int, port: int, results: Any) -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    schedule, cycles, fn, args = pickle.loads(payload)
+    try:
+        _init_nccl_group(rank, world_size, port)
+        dev = CudaDevice(schedule, actor=f"rank{rank}", cycles_per_ms=cycles)
+        run = dev.run(fn, *args)
+        results.put((rank, run.result, dict(dev.counter.counts), set(dev.counter.fired), ""))
+    except Exception as e:  # the parent raises it; a silent child would leave it waiting
+        results.put((rank, None, {}, set(), f"{type(e).__name__}: {e}"))
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _child_entry(payload: bytes, name: str, args: tuple[Any, ...]) -> None:

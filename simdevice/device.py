@@ -18,7 +18,7 @@ import torch
 from reference.device import Run
 from reference.schedule import Schedule
 from simdevice.clock import VectorClock
-from simdevice.collectives import SimWork, all_gather_into_tensor
+from simdevice.collectives import SimWork, World, all_gather_into_tensor, rank_of, spawn_ranks, world_size_of
 from simdevice.config import UNIT_NS, SimConfig
 from simdevice.memsaver import SimMemorySaver
 from simdevice.scheduler import HostActor, Scheduler
@@ -200,8 +200,8 @@ class SimDevice:
         self._sched = Scheduler(self.config, schedule)
         self._ops = TensorOps(self._sched)
         self.memory_saver = SimMemorySaver(self)
-        self.rank = 0
-        self.world_size = 1
+        #: rank actors (and solo actors) -> their process group (see simdevice.collectives)
+        self._worlds: dict[str, World] = {}
         self._ran = False
 
     # -- running -------------------------------------------------------------------------
@@ -306,6 +306,18 @@ class SimDevice:
         self.memory_saver.empty_cache()
 
     # -- collectives ------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return rank_of(self)
+
+    @property
+    def world_size(self) -> int:
+        return world_size_of(self)
+
+    def spawn_ranks(self, fn: Callable[..., Any], world_size: int, args: tuple[Any, ...] = ()) -> list[Any]:
+        """Run ``fn(dev, *args)`` as host actors ``rank0..``, one process group; return their results."""
+        return spawn_ranks(self, fn, world_size, args)
+
     def all_gather_into_tensor(
         self, output: torch.Tensor, input: torch.Tensor, async_op: bool = True
     ) -> SimWork | None:
