@@ -1,0 +1,376 @@
+"""Parameter readiness for prefetching consumers (``reference.param_readiness``), and multi-rank collectives.
+
+- The simulated all-gather across 1..3 ranks: values, completion only once
+  every rank issued it, a deadlock when ranks disagree, races when a reader
+  does not wait the handle.
+- FIXED on the simulator: for every configuration (ranks 1..3, layers 2..4,
+  bucket sizes, iterations 1..3, overlap on/off, eager/lazy first gather,
+  evaluation with the hooks disabled) and schedule, no report and every
+  forward read sees this iteration's weights. The same property is shown to
+  catch every bug variant, found by Hypothesis within 150 examples, whose
+  shrunk schedule replays to the same reports.
+- The readiness callback's own rules, on a host-only stand-in device where a
+  gather lands when its handle is waited: idempotent, never "not dispatched
+  but has a handle", never starts a gather with the hooks removed or during a
+  graph capture, never gathers twice into one buffer in one iteration, a dead
+  wrapper is a no-op, re-wrapping removes stale callbacks, dedupe by identity.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import strategies as st
+
+import reference.param_readiness as pr
+from reference.schedule import Schedule
+from simdevice.check import Outcome, check_variant, execute, load_all
+from simdevice.device import SimDevice
+from simdevice.report import Deadlock, Race, StaleRead
+from simdevice.strategies import schedules
+
+load_all()
+from simdevice.mechanisms.param_readiness import PROGRAM  # noqa: E402  (registered by load_all)
+
+_FIND = settings(
+    max_examples=150,
+    database=None,
+    derandomize=True,
+    deadline=None,
+    phases=(Phase.generate, Phase.shrink),
+    suppress_health_check=list(HealthCheck),
+)
+
+#: the shrunk counterexample of each bug variant (default budget, derandomized); the GPU test replays them
+SHRUNK = {
+    "param-prefetch-no-ready": (
+        "param_readiness/param-prefetch-no-ready:bucket=1,eager=0,evaluate=0,iters=1,layers=2,overlap=1,ranks=1"
+    ),
+    "param-ready-skips-undispatched": (
+        "param_readiness/param-ready-skips-undispatched:bucket=1,eager=0,evaluate=0,iters=1,layers=2,overlap=1,ranks=1"
+    ),
+    "param-no-drain-on-disable": (
+        "param_readiness/param-no-drain-on-disable:bucket=2,eager=1,evaluate=1,iters=1,layers=2,overlap=1,ranks=1"
+    ),
+}
+
+
+# ---------------------------------------------------------------------------
+# Collectives across ranks in one simulation.
+
+
+def _gather_rank(dev: Any, n: int, wait: bool) -> Any:
+    inp = torch.empty(n, device=dev.device)
+    inp.copy_(torch.full((n,), float(dev.rank + 1)))
+    out = torch.zeros(n * dev.world_size, device=dev.device)
+    work = dev.all_gather_into_tensor(out, inp)
+    if wait:
+        work.wait()
+    got = out.cpu()
+    return got, dev.now_units
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_all_gather_across_ranks_gives_every_rank_every_shard(world: int) -> None:
+    run = SimDevice().run(lambda dev: dev.spawn_ranks(_gather_rank, world, (4, True)))
+    want = torch.arange(1, world + 1).float().repeat_interleave(4)
+    assert run.reports == ()
+    assert [torch.equal(got, want) for got, _ in run.result] == [True] * world
+
+
+def test_all_gather_completes_only_once_every_rank_issued_it() -> None:
+    # rank1's host stalls 20 units before its gather: rank0's wait must hold its reader until then
+    run = SimDevice(Schedule.parse("x/y::rank1#2+20")).run(lambda dev: dev.spawn_ranks(_gather_rank, 2, (4, True)))
+    assert run.reports == ()
+    (got0, t0), _ = run.result
+    assert torch.equal(got0, torch.tensor([1.0] * 4 + [2.0] * 4))
+    assert t0 >= 20
+
+
+def test_a_reader_that_does_not_wait_the_handle_races_and_reads_stale() -> None:
+    run = SimDevice(Schedule.parse("x/y::rank1#2+20")).run(lambda dev: dev.spawn_ranks(_gather_rank, 2, (4, False)))
+    kinds = sorted({r.kind for r in run.reports})
+    assert kinds == ["race", "stale-read"]
+    assert torch.equal(run.result[0][0], torch.zeros(8))
+
+
+def _uneven_rank(dev: Any) -> None:
+    out, inp = torch.zeros(2, device=dev.device), torch.zeros(1, device=dev.device)
+    for _ in range(1 + dev.rank):  # rank1 issues a second gather that rank0 never joins
+        dev.all_gather_into_tensor(out, inp).wait()
+    dev.synchronize()
+
+
+def test_ranks_that_disagree_on_the_collectives_deadlock_instead_of_hanging() -> None:
+    run = SimDevice().run(lambda dev: dev.spawn_ranks(_uneven_rank, 2))
+    [report] = run.reports
+    assert isinstance(report, Deadlock)
+    assert "every rank's send of collective 1 (2 ranks)" in str(report)
+
+
+# ---------------------------------------------------------------------------
+# The mechanism on the simulator.
+
+
+def forward_reads_are_fresh(s: Schedule) -> Outcome:
+    """The property: no report of any kind, and every forward read saw this iteration's weights."""
+    out = execute(s)
+    assert out.problems == ()
+    assert out.run.reports == ()
+    return out
+
+
+def _breaks(s: Schedule) -> bool:
+    try:
+        forward_reads_are_fresh(s)
+    except AssertionError:
+        return True
+    return False
+
+
+@given(schedules(PROGRAM, "FIXED"))
+def test_fixed_forward_reads_are_fresh_under_every_schedule(s: Schedule) -> None:
+    forward_reads_are_fresh(s)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        "ranks=3,layers=4,bucket=1,iters=3,overlap=1,eager=1,evaluate=1",
+        "ranks=3,layers=4,bucket=4,iters=3,overlap=1,eager=0,evaluate=1",
+        "ranks=2,layers=3,bucket=2,iters=2,overlap=0,eager=0,evaluate=1",
+    ],
+)
+def test_fixed_is_clean_at_the_largest_configurations(cfg: str) -> None:
+    forward_reads_are_fresh(Schedule.parse(f"param_readiness/FIXED:{cfg}"))
+
+
+@pytest.mark.parametrize("variant", sorted(SHRUNK))
+def test_hypothesis_finds_each_bug_and_the_shrunk_schedule_replays(variant: str) -> None:
+    finding = check_variant(PROGRAM, variant, max_examples=150)
+    assert finding.found
+    assert finding.schedule == SHRUNK[variant]
+    found = Schedule.parse(finding.schedule)
+    first, replayed = execute(found), execute(Schedule.parse(str(found)))
+    assert [type(r) for r in first.run.reports] == [type(r) for r in replayed.run.reports]
+    assert first.problems == replayed.problems
+    assert replayed.corrupted
+    assert _breaks(found)  # the property FIXED holds is the one this schedule breaks
+
+
+def test_overlap_off_hides_every_bug() -> None:
+    # published synchronously after the step: nothing is ever in flight for a consumer to outrun
+    for variant in SHRUNK:
+        s = Schedule.parse(f"param_readiness/{variant}:overlap=0,eager=1,evaluate=1,ranks=2")
+        assert execute(s).clean
+
+
+def test_a_stalled_gather_is_what_the_unready_prefetch_outruns() -> None:
+    stalled = "eager=1,evaluate=0,iters=1,layers=2,ranks=1:rank0.nccl#0+2"
+    bug = execute(Schedule.parse(f"param_readiness/param-prefetch-no-ready:{stalled}"))
+    assert sorted({r.kind for r in bug.run.reports}) == ["race", "stale-read"]
+    assert bug.problems[0] == (
+        "rank 0 iteration 0 forward: layer 0 read 16384 of 16384 weights of another version (off by [-1] steps)"
+    )
+    assert execute(Schedule.parse(f"param_readiness/FIXED:{stalled}")).clean
+
+
+def test_report_text_is_pinned() -> None:
+    out = execute(Schedule.parse("param_readiness/param-prefetch-no-ready:eager=1,layers=2,ranks=1:rank0.nccl#0+2"))
+    stale = [str(r) for r in out.run.reports if isinstance(r, StaleRead)]
+    race = [str(r) for r in out.run.reports if isinstance(r, Race)]
+    expected_stale = (
+        "stale read: copy_ on stream rank0.prefetch #0 (reference/param_readiness.py:343) read device#1[0:65536] "
+        "at t=5.374; it saw copy_ (H2D) on stream rank0.default #0 (reference/param_readiness.py:135); "
+        "stale by 1 write: expected the data of all_gather (receive) on stream rank0.nccl "
+        "(reference/param_readiness.py:166)"
+    )
+    expected_race = (
+        "race: copy_ on stream rank0.prefetch #0 (reference/param_readiness.py:343) reads device#1[0:65536], "
+        "which all_gather (receive) on stream rank0.nccl (reference/param_readiness.py:166) wrote; "
+        "no happens-before edge orders them"
+    )
+    assert stale[0] == expected_stale
+    assert race[0] == expected_race
+
+
+# ---------------------------------------------------------------------------
+# The callback's rules on a host-only stand-in device.
+
+
+class _Work:
+    """A gather in flight: its data lands when the handle is waited (the worst case a GPU allows)."""
+
+    def __init__(self, dev: _HostDev, out: torch.Tensor, inp: torch.Tensor) -> None:
+        self.dev, self.out, self.inp = dev, out, inp
+
+    def wait(self) -> None:
+        self.out.copy_(self.inp)
+        self.dev.waits += 1
+
+
+class _HostDev:
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.gathers = 0
+        self.waits = 0
+
+    def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool = True) -> Any:
+        self.gathers += 1
+        work = _Work(self, out, inp)
+        if not async_op:
+            work.wait()
+            return None
+        return work
+
+
+def _wrap(fixes: pr.Fixes = pr.FIXED, layers: int = 4, bucket: int = 1, overlap: bool = True) -> Any:
+    dev = _HostDev()
+    params = [pr.Param(f"layer{i}.weight", 8) for i in range(layers)]
+    ddp = pr.DistributedDataParallel(dev, params, bucket, overlap, fixes)
+    for b in ddp.buckets:
+        b.load(0)
+    return dev, params, ddp
+
+
+_ACTIONS = st.lists(
+    st.one_of(
+        st.tuples(st.sampled_from(["hook", "ensure", "capture"]), st.integers(0, 3)),
+        st.tuples(st.sampled_from(["disable", "enable", "step", "eager"]), st.just(0)),
+    ),
+    max_size=14,
+)
+
+
+def callback_rules_hold(fixes: pr.Fixes, actions: list[tuple[str, int]]) -> None:
+    """The callback's invariants after every action of a random driver (raises AssertionError)."""
+    dev, params, ddp = _wrap(fixes, bucket=1)
+    version = 0
+    for act, i in actions:
+        g = ddp.group_of[id(params[i])]
+        before = dev.gathers
+        if act == "hook":
+            ddp.forward_pre_hook(params[i])
+        elif act == "ensure":
+            pr.ensure_params_ready([params[i]])
+            if ddp.hooks_installed:
+                assert g.state == pr.PUBLISHED
+            if g.state == pr.PUBLISHED:
+                assert torch.equal(params[i].data, pr.weight_values(version, ddp.buckets[i].start, 8))
+            else:
+                assert dev.gathers == before  # hooks removed: the callback never starts a gather
+            counts = (dev.gathers, dev.waits)
+            pr.ensure_params_ready([params[i]])
+            assert (dev.gathers, dev.waits) == counts  # idempotent
+        elif act == "capture":
+            with ddp.graph_capture():
+                pr.ensure_params_ready([params[i]])
+            assert dev.gathers == before
+        elif act == "disable":
+            ddp.disable_forward_pre_hook(param_sync=False)
+            assert all(x.state != pr.IN_FLIGHT for x in ddp.groups)
+        elif act == "enable":
+            ddp.enable_forward_pre_hook()
+        elif act == "step":
+            if any(x.state == pr.IN_FLIGHT for x in ddp.groups):
+                continue  # backward waits the gathers it reads; not the callback's business
+            ddp.finish_grad_sync()
+            ddp.optimizer_step()
+            version += 1
+        elif act == "eager" and ddp.hooks_installed:
+            ddp.start_param_sync()
+        for x in ddp.groups:
+            assert x.param_gather_dispatched or x.param_gather_handle is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(_ACTIONS)
+def test_fixed_callback_rules_hold_for_any_driver(actions: list[tuple[str, int]]) -> None:
+    callback_rules_hold(pr.FIXED, actions)
+
+
+@pytest.mark.parametrize("variant", ["param-ready-skips-undispatched", "param-no-drain-on-disable"])
+def test_callback_rules_catch_the_callback_bugs(variant: str) -> None:
+    def breaks(actions: list[tuple[str, int]]) -> bool:
+        try:
+            callback_rules_hold(pr.VARIANTS[variant], actions)
+        except AssertionError:
+            return True
+        return False
+
+    found = find(_ACTIONS, breaks, settings=_FIND)
+    assert found == {
+        "param-ready-skips-undispatched": [("ensure", 0)],
+        "param-no-drain-on-disable": [("hook", 0), ("disable", 0)],  # the hook chained group 1
+    }[variant]
+
+
+def test_hot_path_does_nothing_on_a_published_group() -> None:
+    dev, params, ddp = _wrap()
+    pr.ensure_params_ready([params[0]])
+    counts = (dev.gathers, dev.waits)
+    for _ in range(3):
+        pr.ensure_params_ready(params[:1])
+    assert (dev.gathers, dev.waits) == counts
+    assert ddp.groups[0].state == pr.PUBLISHED
+
+
+def test_in_flight_chains_only_while_the_hooks_own_the_schedule() -> None:
+    _, params, ddp = _wrap()
+    ddp.start_param_sync()
+    pr.ensure_params_ready([params[0]])
+    assert [g.state for g in ddp.groups] == [pr.PUBLISHED, pr.IN_FLIGHT, pr.UNDISPATCHED, pr.UNDISPATCHED]
+    _, params, ddp = _wrap()
+    ddp.start_param_sync()
+    ddp.hooks_installed = False  # hooks gone without the drain: the callback finishes, but starts nothing more
+    pr.ensure_params_ready([params[0]])
+    assert [g.state for g in ddp.groups] == [pr.PUBLISHED, pr.UNDISPATCHED, pr.UNDISPATCHED, pr.UNDISPATCHED]
+
+
+def test_a_dropped_wrapper_leaves_callbacks_that_do_nothing() -> None:
+    dev, params, ddp = _wrap()
+    del ddp
+    gc.collect()
+    pr.ensure_params_ready(params)
+    assert dev.gathers == 0
+
+
+def test_rewrap_removes_callbacks_the_new_wrapper_does_not_publish() -> None:
+    dev, params, first = _wrap(layers=3)
+    old = [getattr(p, pr.PARAM_READY_ATTR) for p in params]
+    again = pr.DistributedDataParallel(dev, params, 3, True, pr.FIXED)
+    new = [getattr(p, pr.PARAM_READY_ATTR) for p in params]
+    assert all(n is new[0] for n in new)  # one group now: one callback
+    assert not any(n is o for n, o in zip(new, old, strict=True))
+    pr.DistributedDataParallel(dev, params, 1, False, pr.FIXED)  # publishes synchronously: nothing to call
+    assert [hasattr(p, pr.PARAM_READY_ATTR) for p in params] == [False] * 3
+    assert len(first.groups) == 3  # the first wrapper is alive: its callbacks were replaced, not dead
+    assert len(again.groups) == 1
+
+
+def test_ensure_runs_each_distinct_callback_once_in_order() -> None:
+    calls: list[str] = []
+
+    def cb(name: str) -> Any:
+        return lambda: calls.append(name)
+
+    a, b, c = cb("a"), cb("b"), cb("c")
+    params = [pr.Param(str(i), 1) for i in range(6)]
+    for p, f in zip(params, [a, b, a, b, b, c], strict=True):
+        setattr(p, pr.PARAM_READY_ATTR, f)
+    pr.ensure_params_ready([*params, pr.Param("plain", 1)])
+    assert calls == ["a", "b", "c"]
+
+
+def test_two_gathers_into_one_buffer_in_one_iteration_are_refused() -> None:
+    _, _, ddp = _wrap()
+    ddp.start_param_sync()
+    with pytest.raises(AssertionError, match="a second all-gather into one buffer"):
+        ddp.groups[0].start_param_sync()
+    with pytest.raises(AssertionError, match="not dispatched but has a handle"):
+        ddp.finish_grad_sync()
