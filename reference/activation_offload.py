@@ -44,8 +44,9 @@ The simulated device runs this module's autograd route as is: its tensors
 are wrapper subclasses, ``saved_tensors_hooks`` receive them and backward runs
 on the calling host actor. Not modelled: the simulator never frees or reuses
 device memory, so "a source activation freed before its D2H read it" cannot
-show there (groups here keep their sources until the reload, see
-``_sources``).
+show there (groups here keep their sources until ``reset()``, see
+``_sources``; after an evaluation pass that release can come while the D2H
+still runs, which only spoils bytes nobody reloads).
 
 Checked by ``tests/property/test_activation_offload.py`` (simulator) and
 ``tests/gpu/test_activation_offload_gpu.py`` (CUDA).
@@ -54,6 +55,7 @@ Checked by ``tests/property/test_activation_offload.py`` (simulator) and
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -472,14 +474,21 @@ class TrainConfig:
     check: int = attrs.field(default=1, validator=_in(0, 1))
     #: use the offload manager at all (0: the plain model, for the benchmark's baseline)
     offload: int = attrs.field(default=1, validator=_in(0, 1))
+    #: varies every value: repeated GPU trials must not find the last trial's bytes in a recycled pinned block
+    seed: int = attrs.field(default=0, validator=_in(0, 1 << 20))
 
 
 LR = 0.05
 
 
 def host_values(cfg: TrainConfig, seed: float) -> torch.Tensor:
-    """Deterministic host values: different for every (seed), so a stale buffer never looks right."""
-    n = cfg.kib * 256
+    """Deterministic host values, different for every seed, so a stale buffer never looks right (cached: never
+    modify the result)."""
+    return _host_values(cfg.kib * 256, seed + 13.0 * cfg.seed)
+
+
+@functools.lru_cache(maxsize=32)
+def _host_values(n: int, seed: float) -> torch.Tensor:
     return torch.sin(torch.arange(n, dtype=torch.float32) * (0.001 + 0.0007 * seed) + seed)
 
 

@@ -1,0 +1,87 @@
+"""Activation offload on a real GPU: the schedules the simulator shrank corrupt before the fix, never after.
+
+Run on a CUDA machine: ``python -m pytest -q -s tests/gpu/test_activation_offload_gpu.py``. Sizes scale by
+1024 on the GPU (``size_keys``): ``kib=64`` is a 64 MiB activation, two per group, so 128 MiB per group.
+Each case prints ``RATE <variant> <schedule> corrupted K/N``. Every trial gets its own ``seed`` so a pinned
+block recycled from the last trial never already holds the right bytes. A ``Chunk mismatch`` raised by
+backward counts as corruption (on CUDA it is an exception, on the simulator a host-error report).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from reference.schedule import Schedule
+from simdevice.check import execute
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+pytestmark = pytest.mark.gpu
+
+TRIALS = 20
+
+#: shrunk by tests/property/test_activation_offload.py (check_variant, 150 examples), plus the upstream
+#: regression's stall of d2h_stream before the commit's copy
+PINNED = {
+    "offload-inline-no-wait": [
+        "activation_offload/offload-inline-no-wait:evalfirst=0,frac=0,iters=1,layers=1,mb=1,warmup=1",
+        "activation_offload/offload-inline-no-wait:layers=2,mb=2,iters=1:d2h#0+20",
+    ],
+    "offload-queue-empty-cursor": [
+        "activation_offload/offload-queue-empty-cursor:evalfirst=0,frac=0,iters=1,layers=2,mb=1,warmup=0",
+    ],
+}
+
+#: FIXED under the same schedules, and a few larger configurations (fewer trials: they take longer)
+FIXED_CASES = [
+    (text.replace(f"/{variant}:", "/FIXED:"), TRIALS) for variant, texts in PINNED.items() for text in texts
+] + [
+    ("activation_offload/FIXED:layers=3,mb=2,iters=2,frac=50", 3),
+    ("activation_offload/FIXED:layers=2,mb=3,iters=2,frac=100,warmup=0:h2d#0+10", 3),
+    ("activation_offload/FIXED:layers=2,mb=2,iters=2,frac=0,evalfirst=1", 3),
+]
+
+
+def _with_seed(text: str, seed: int) -> Schedule:
+    s = Schedule.parse(text)
+    return Schedule(s.program, s.variant, (*s.config, ("seed", str(seed))), s.delays)
+
+
+def corrupted(text: str, trials: int) -> int:
+    bad = 0
+    start = time.monotonic()
+    for trial in range(trials):
+        try:
+            out = execute(_with_seed(text, trial + 1), backend="cuda")
+        except AssertionError as e:
+            if "Chunk mismatch" not in str(e):
+                raise
+            bad += 1
+            continue
+        if out.corrupted:
+            bad += 1
+        elif out.run.result is not None and out.schedule.variant == "FIXED":
+            waits, reloads = out.run.result["waits"], out.run.result["reloads"]
+            prefetched = {(r.pass_index, r.chunk, r.group) for r in reloads if r.path == "prefetch"}
+            # the wait-count properties are host-side bookkeeping: they must hold on CUDA too
+            assert not [w for w in waits if w.event == "offload" and not w.offloaded]
+            assert not [w for w in waits if w.stream == "compute" and w.event == "offload"
+                        and (w.pass_index, w.chunk, w.group) in prefetched]
+    torch.cuda.synchronize()
+    print(f"RATE {Schedule.parse(text).variant} {text} corrupted {bad}/{trials} "
+          f"({time.monotonic() - start:.1f}s; torch {torch.__version__}, {torch.cuda.get_device_name()})")
+    return bad
+
+
+@pytest.mark.parametrize("text", [t for texts in PINNED.values() for t in texts])
+def test_shrunk_bug_schedule_corrupts_on_gpu(text: str) -> None:
+    assert corrupted(text, TRIALS) >= 1
+
+
+@pytest.mark.parametrize(("text", "trials"), FIXED_CASES)
+def test_fixed_never_corrupts_on_gpu(text: str, trials: int) -> None:
+    assert corrupted(text, trials) == 0
