@@ -1,0 +1,123 @@
+"""Benchmark of the memory-saver guard: CPU time-to-find per variant, GPU pause/resume figures.
+
+CPU (always): for each bug variant of ``memsaver_guard``, over several seeds,
+how many schedules Hypothesis runs before the first failing one, and the
+seconds to find it (no shrinking). Also schedules per second on FIXED.
+
+GPU (when CUDA and ``torch_memory_saver`` are present): pause and resume time
+and the device memory released for a 1-8 GiB region, in the hook mode given
+by ``--hook-mode`` (``preload`` re-executes this script with ``LD_PRELOAD``
+set to the package's preload library).
+
+Run: ``PYTHONPATH=. python benchmarks/bench_memsaver.py [--seeds 5] [--gpu-only] [--hook-mode preload]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis.errors import NoSuchExample
+
+from reference.schedule import Schedule
+from simdevice.check import execute, programs
+from simdevice.strategies import schedules
+
+
+def cpu(seeds: int) -> None:
+    (program,) = programs(["memsaver_guard"])
+    for variant in program.buggy:
+        counts, secs = [], []
+        for seed in range(seeds):
+            n = [0]
+
+            def fails(s: Schedule, n: list[int] = n) -> bool:
+                n[0] += 1
+                return execute(s).corrupted
+
+            start = time.perf_counter()
+            try:
+                find(
+                    schedules(program, variant),
+                    fails,
+                    settings=settings(
+                        max_examples=150,
+                        database=None,
+                        deadline=None,
+                        phases=(Phase.generate,),
+                        suppress_health_check=list(HealthCheck),
+                    ),
+                    random=random.Random(seed),
+                )
+            except NoSuchExample:
+                n[0] = -1
+            counts.append(n[0])
+            secs.append(time.perf_counter() - start)
+        print(
+            f"CPU {variant}: schedules to first failure {counts} (median {statistics.median(counts)}), "
+            f"seconds median {statistics.median(secs):.3f}"
+        )
+    s = Schedule.parse("memsaver_guard/FIXED:cycles=3")
+    start, runs = time.perf_counter(), 0
+    while time.perf_counter() - start < 2:
+        execute(s)
+        runs += 1
+    print(f"CPU FIXED cycles=3: {runs / (time.perf_counter() - start):.1f} schedules/s")
+
+
+def gpu(hook_mode: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("GPU: no CUDA device, skipped")
+        return
+    try:
+        import torch_memory_saver
+    except ImportError:
+        print("GPU: torch_memory_saver not installed (pip extra 'gpu'), skipped")
+        return
+    from torch_memory_saver.utils import get_binary_path_from_package
+
+    if hook_mode == "preload" and "torch_memory_saver" not in os.environ.get("LD_PRELOAD", ""):
+        lib = str(get_binary_path_from_package("torch_memory_saver_hook_mode_preload"))
+        env = dict(os.environ, LD_PRELOAD=lib)
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    saver = torch_memory_saver.torch_memory_saver
+    saver.hook_mode = hook_mode
+    for gib in (1, 2, 4, 8):
+        with saver.region(tag=f"bench{gib}"):
+            x = torch.ones(gib << 30, dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        free0, _ = torch.cuda.mem_get_info()
+        t0 = time.perf_counter()
+        saver.pause(f"bench{gib}")
+        t1 = time.perf_counter()
+        free1, _ = torch.cuda.mem_get_info()
+        saver.resume(f"bench{gib}")
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        print(
+            f"GPU {hook_mode} {gib} GiB: pause {1e3 * (t1 - t0):.1f} ms, resume {1e3 * (t2 - t1):.1f} ms, "
+            f"released {(free1 - free0) / (1 << 30):.2f} GiB"
+        )
+        del x
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--gpu-only", action="store_true")
+    ap.add_argument("--hook-mode", default="preload", choices=("preload", "torch"))
+    a = ap.parse_args()
+    if not a.gpu_only:
+        cpu(a.seeds)
+    gpu(a.hook_mode)
+
+
+if __name__ == "__main__":
+    main()

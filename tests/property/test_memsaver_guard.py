@@ -1,0 +1,312 @@
+"""Properties of the memory-saver guard (``reference.memsaver_guard``) and the pausable pool, on the simulator.
+
+FIXED holds every property under every drawn schedule and configuration;
+each property is shown to catch a named bug variant (or, for the two the
+named variants cannot break, a mutant written here); each bug variant is
+found by Hypothesis within the default budget and its shrunk schedule
+replays to the same report kind. The pool's own semantics (reuse, pause,
+resume, backup, disable, free while paused) are checked on small programs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given
+
+import reference.memsaver_guard as mg
+from reference.schedule import Schedule
+from simdevice.check import check_variant, execute, load_all
+from simdevice.device import SimDevice
+from simdevice.memsaver import LibraryFixes, SimMemorySaver
+from simdevice.programs import resolve
+from simdevice.report import HostError, IllegalAccess
+from simdevice.strategies import schedules
+from simdevice.tensor import peek
+
+load_all()
+from simdevice.mechanisms.memsaver_guard import PROGRAM  # noqa: E402  (registered by load_all)
+
+
+class Observed:
+    """One run of the lifecycle, with the memory saver it ran on."""
+
+    def __init__(self, text: str, updater: type[mg.WeightUpdater] | None = None) -> None:
+        self.schedule = Schedule.parse(text)
+        _, self.cfg = resolve(self.schedule)
+        self.dev = SimDevice(self.schedule)
+        fixes = mg.VARIANTS[self.schedule.variant]
+        self.dev.memory_saver.fixes = LibraryFixes(release_paused_once=fixes.release_paused_once)
+        original = mg.WeightUpdater
+        if updater is not None:
+            mg.WeightUpdater = updater  # type: ignore[misc]
+        try:
+            self.run = self.dev.run(mg.run_lifecycle, fixes, self.cfg)
+        finally:
+            mg.WeightUpdater = original  # type: ignore[misc]
+        self.record: mg.SyncRecord | None = self.run.result
+        self.ms: SimMemorySaver = self.dev.memory_saver
+        self.problems = mg.oracle(self.cfg, self.record) if self.record is not None else ["no result"]
+
+
+# -- the properties FIXED must hold, each a predicate on one run -----------------------------------
+
+
+def no_report_right_values(o: Observed) -> bool:
+    return not o.run.reports and not o.problems
+
+
+def nothing_served_from_paused_segments(o: Observed) -> bool:
+    return o.ms.allocator.served_paused == []
+
+
+def every_handle_released_once(o: Observed) -> bool:
+    """No double release (it would raise), and every handle a pause or a free released is distinct."""
+    return not any(isinstance(r, HostError) for r in o.run.reports) and len(o.ms.released) == len(
+        set(o.ms.released)
+    )
+
+
+def guard_entered_as_the_fix_says(o: Observed) -> bool:
+    """Offload on: one guard per connection attempt made asleep and one per transfer; offload off: none."""
+    if o.record is None:
+        return False
+    if not o.cfg.offload:
+        return o.record.guard_entries == 0 and o.ms.disable_entries == 0
+    asleep_connects = o.record.connects + o.record.failed_connects - (0 if o.cfg.reconnect else 1)
+    return o.record.guard_entries == asleep_connects + o.record.transfers == o.ms.disable_entries
+
+
+def guard_exited_and_no_transfer_after_failure(o: Observed) -> bool:
+    return (
+        o.record is not None
+        and o.record.guard_entries == o.record.guard_exits
+        and not any(o.ms._tags.values())  # every region and disable() context was left
+        and not any("transfers" in p or "updates completed" in p for p in o.problems)
+    )
+
+
+PROPERTIES = [
+    no_report_right_values,
+    nothing_served_from_paused_segments,
+    every_handle_released_once,
+    guard_entered_as_the_fix_says,
+    guard_exited_and_no_transfer_after_failure,
+]
+
+
+@given(schedules(PROGRAM, "FIXED"))
+def test_fixed_holds_every_property(s: Schedule) -> None:
+    o = Observed(str(s))
+    failed = [p.__name__ for p in PROPERTIES if not p(o)]
+    assert failed == [], f"{s}: {failed}\n{o.problems}\n" + "\n".join(map(str, o.run.reports))
+
+
+# -- each property catches a named bug variant (or a mutant) ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prop", "variant"),
+    [
+        (no_report_right_values, "memsaver-connect-unguarded"),
+        (no_report_right_values, "memsaver-free-while-paused-twice"),
+        (nothing_served_from_paused_segments, "memsaver-connect-unguarded"),
+        (every_handle_released_once, "memsaver-free-while-paused-twice"),
+        (guard_entered_as_the_fix_says, "memsaver-connect-unguarded"),
+    ],
+)
+def test_property_catches_the_variant(prop: Any, variant: str) -> None:
+    assert not prop(Observed(f"memsaver_guard/{variant}"))
+
+
+def test_served_from_paused_is_caught_even_without_a_fitting_use() -> None:
+    # the handshake is too big for any cached block: no illegal access, but the guard is still missing
+    o = Observed("memsaver_guard/memsaver-connect-unguarded:conn_kib=64,drop=0,cycles=1")
+    assert nothing_served_from_paused_segments(o)
+    assert not guard_entered_as_the_fix_says(o)
+
+
+class _TransferAfterFailure(mg.WeightUpdater):
+    """A mutant: swallows a failed connection and transfers anyway."""
+
+    def update_weights(self, engine: mg.RolloutEngine, generation: int) -> None:
+        with contextlib.suppress(ConnectionError):
+            super().update_weights(engine, generation)
+        if self.record.failed_connects and self.record.transfers == 0:
+            with self._safe_allocations():
+                self._transfer(engine)
+
+
+class _GuardLeaksOnError(mg.WeightUpdater):
+    """A mutant: the guard is not exited when the connection raises."""
+
+    @contextlib.contextmanager
+    def _safe_allocations(self) -> Iterator[None]:
+        if not self.cfg.offload:
+            yield
+            return
+        self.record.guard_entries += 1
+        with self.dev.memory_saver.disable():
+            yield
+        self.record.guard_exits += 1
+
+
+@pytest.mark.parametrize("mutant", [_TransferAfterFailure, _GuardLeaksOnError])
+def test_guard_exit_and_no_transfer_properties_catch_mutants(mutant: type[mg.WeightUpdater]) -> None:
+    assert guard_exited_and_no_transfer_after_failure(Observed("memsaver_guard/FIXED:fail=1"))
+    assert not guard_exited_and_no_transfer_after_failure(Observed("memsaver_guard/FIXED:fail=1", mutant))
+
+
+# -- Hypothesis finds each bug variant; the shrunk schedule replays ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variant", "kind"),
+    [("memsaver-connect-unguarded", IllegalAccess), ("memsaver-free-while-paused-twice", HostError)],
+)
+def test_variant_found_and_replays(variant: str, kind: type) -> None:
+    finding = check_variant(PROGRAM, variant, max_examples=150)
+    assert finding.found
+    assert finding.schedule is not None
+    first = execute(Schedule.parse(finding.schedule))
+    again = execute(Schedule.parse(str(Schedule.parse(finding.schedule))))
+    assert any(isinstance(r, kind) for r in first.run.reports)
+    assert [type(r) for r in again.run.reports] == [type(r) for r in first.run.reports]
+    assert [str(r) for r in again.run.reports] == [str(r) for r in first.run.reports]
+
+
+def test_no_bug_without_offload_or_reconnect() -> None:
+    for cfg in ("offload=0", "reconnect=0", "offload=0,reconnect=0"):
+        assert execute(Schedule.parse(f"memsaver_guard/memsaver-connect-unguarded:{cfg},drop=0")).clean
+
+
+def test_report_text_is_pinned() -> None:
+    src = inspect.getsource(mg).splitlines()
+    line = next(i + 1 for i, t in enumerate(src) if "mine.copy_(sent)" in t)
+    out = execute(Schedule.parse("memsaver_guard/memsaver-connect-unguarded:cycles=1"))
+    expected = (
+        f"illegal access: copy_ (H2D) on stream default #11 (reference/memsaver_guard.py:{line}) writes "
+        "device#8[0:2048] of device#8, which memory_saver.pause('train') at t=0.248 unmapped "
+        "(block seg#2+8192, handed out again from the caching allocator's free list while paused)"
+    )
+    assert str(out.run.reports[0]) == expected
+    twice = execute(Schedule.parse("memsaver_guard/memsaver-free-while-paused-twice:cycles=1"))
+    assert str(twice.run.reports[0]).startswith(
+        "host error: host raised RuntimeError: memory saver released handle h2 of seg#3 twice "
+        "(pause of seg#3, then free of seg#3 while paused): the driver refuses the second release"
+    )
+
+
+# -- the pausable pool itself ------------------------------------------------------------------------
+
+
+def sim(body: Any) -> tuple[SimDevice, Any]:
+    dev = SimDevice()
+    run = dev.run(body)
+    return dev, run
+
+
+def test_freed_block_is_reused_in_its_pool_only() -> None:
+    def body(dev: Any) -> Any:
+        ms = dev.memory_saver
+        with ms.region("train"):
+            a = torch.zeros(1024, device=dev.device)
+            a_at = a._data.data_ptr()
+            del a
+            b = torch.zeros(1024, device=dev.device)
+            with ms.disable():
+                c = torch.zeros(1024, device=dev.device)
+        return a_at, b._data.data_ptr(), c._data.data_ptr(), b, c
+
+    dev, run = sim(body)
+    a_at, b_at, c_at, _, _ = run.result
+    alloc = dev.memory_saver.allocator
+    assert (a_at, alloc.reused) == (b_at, 1)
+    assert c_at != b_at
+    assert [s.pool for s in alloc.pools[None]] == [None]
+
+
+@pytest.mark.parametrize("backup", [False, True])
+def test_pause_keeps_addresses_and_contents_only_with_backup(backup: bool) -> None:
+    def body(dev: Any) -> Any:
+        ms = dev.memory_saver
+        with ms.region("train", enable_cpu_backup=backup):
+            w = torch.full((256,), 3.0, device=dev.device)
+        dev.synchronize()
+        at = w._data.data_ptr()
+        ms.pause("train")
+        ms.resume("train")
+        return at, w._data.data_ptr(), w.cpu(), w
+
+    _, run = sim(body)
+    before, after, values, w = run.result
+    assert before == after
+    assert not run.reports
+    assert torch.equal(values, torch.full((256,), 3.0)) == backup
+    assert backup or bool(torch.isnan(peek(w)).all())
+
+
+def test_access_while_paused_names_allocation_pause_and_access() -> None:
+    def body(dev: Any) -> Any:
+        ms = dev.memory_saver
+        with ms.region("train"):
+            w = torch.zeros(256, device=dev.device)
+        dev.synchronize()
+        ms.pause("train")
+        w.add_(1)
+        return w
+
+    _, run = sim(body)
+    line = inspect.getsourcelines(body)[1] + 6
+    assert [str(r) for r in run.reports] == [
+        f"illegal access: add_ on stream default #1 (property/test_memsaver_guard.py:{line}) {verb} "
+        "device#1[0:1024] of device#1, which memory_saver.pause('train') at t=0.010 unmapped (block seg#1+0)"
+        for verb in ("reads", "writes")
+    ]
+
+
+def test_allocation_in_paused_region_comes_from_cache_or_fresh_segment() -> None:
+    def body(dev: Any) -> Any:
+        ms = dev.memory_saver
+        with ms.region("train"):
+            keep = torch.zeros(1024, device=dev.device)  # 4 KiB in a 20 KiB segment: 16 KiB stay cached
+            dev.synchronize()
+            ms.pause("train")
+            cached = torch.empty(512, device=dev.device)  # fits the cached rest: unmapped from birth
+            fresh = torch.empty(64 * 1024, device=dev.device)  # fits nothing: a fresh, mapped segment
+            cached.fill_(1)
+            fresh.fill_(1)
+            with ms.disable():
+                ordinary = torch.ones(512, device=dev.device)
+            ms.resume("train")
+        return keep, cached, fresh, ordinary
+
+    dev, run = sim(body)
+    assert [type(r) for r in run.reports] == [IllegalAccess]
+    assert "device#2" in str(run.reports[0])
+    assert len(dev.memory_saver.allocator.served_paused) == 1
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+def test_free_while_paused_releases_each_handle_once(fixed: bool) -> None:
+    def body(dev: Any) -> Any:
+        dev.memory_saver.fixes = LibraryFixes(release_paused_once=fixed)
+        ms = dev.memory_saver
+        with ms.region("train"):
+            x = torch.zeros(64 * 1024, device=dev.device)
+        dev.synchronize()
+        ms.pause("train")
+        del x
+        dev.empty_cache()
+        return sorted(ms.released.values())
+
+    _, run = sim(body)
+    if fixed:
+        assert (run.reports, run.result) == ((), ["pause of seg#1"])
+    else:
+        assert [type(r) for r in run.reports] == [HostError]
