@@ -72,7 +72,7 @@ POLL_UNITS = 1
 #: a real run must not hang a test: give up after this many polls (the simulator reports a deadlock long before)
 MAX_POLLS = 60_000
 #: how long the trainer waits for a worker's dump at the end of training (seconds; the simulator never waits)
-DUMP_TIMEOUT_S = 300.0
+DUMP_TIMEOUT_S = 120.0
 
 
 @attrs.frozen
@@ -362,6 +362,9 @@ class ZeroCostCheckpointManager:
         shutil.rmtree(self.dump_dir, ignore_errors=True)
 
     def _poll(self, polls: int, what: str) -> None:
+        dead = [w.index for w in self.workers if not w.process.is_alive()]
+        if dead:
+            raise RuntimeError(f"waiting for {what}, but worker{dead[0]} has exited")
         if polls >= MAX_POLLS:
             raise TimeoutError(f"gave up waiting for {what} after {polls} polls")
         self.dev.sleep(POLL_UNITS)
