@@ -310,3 +310,11 @@ def test_free_while_paused_releases_each_handle_once(fixed: bool) -> None:
         assert (run.reports, run.result) == ((), ["pause of seg#1"])
     else:
         assert [type(r) for r in run.reports] == [HostError]
+
+
+def test_gpu_schedules_behave_in_the_simulator_as_on_the_gpu() -> None:
+    gpu = "act_kib=128,bucket_kib=16,conn_kib=8,drop=0,kib=64"  # tests/gpu/test_memsaver_guard_gpu.py
+    bug = execute(Schedule.parse(f"memsaver_guard/memsaver-connect-unguarded:{gpu}"))
+    assert isinstance(bug.run.reports[0], IllegalAccess)
+    for extra in ("", ",fail=1", ",offload=0", ",cycles=3,reconnect=0"):
+        assert execute(Schedule.parse(f"memsaver_guard/FIXED:{gpu}{extra}")).clean

@@ -1,0 +1,213 @@
+"""The memory-saver guard on a real GPU with the real ``torch_memory_saver``.
+
+The unguarded variant must hit an illegal memory access (each run in its own
+process, so the suite survives the dead CUDA context); FIXED must complete
+with the engine holding exactly the trainer's weights. Sizes: the pinned
+schedule's sizes are scaled by 1024, i.e. 64 MiB of weights and of optimizer
+state, 128 MiB of gradients and of per-step activations (freed each step,
+cached in the paused pool), an 8 MiB connection handshake and 16 MiB buckets.
+
+Installing ``torch_memory_saver`` (pip extra ``gpu``) where nothing can be
+fetched: on a machine with pip, in the repository root,
+``python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
+--implementation cp --platform manylinux2014_x86_64 -d .whl torch-memory-saver``
+(0.0.10 here; ``/.whl/`` is git-ignored), carry ``.whl`` to the GPU machine and
+``python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+&& export PYTHONPATH=/tmp/site:$PYTHONPATH``. It needs numpy (present there).
+
+Hook modes (see docs/memsaver.md): the test tries, in order, ``preload``
+(``LD_PRELOAD`` of the package's preload library, the library's default),
+``torch`` (a CUDA pluggable allocator in a ``MemPool``), and both again with
+``disable()`` given a pool that lives as long as the process
+(``-keep-pool``), and uses the first in which FIXED completes cleanly. It
+also probes the abort seen with 0.0.10 in hook mode ``torch``: a tensor
+allocated inside ``disable()`` while paused that outlives the ``disable()``
+block, against one freed inside it. Every outcome is printed (``RATE``,
+``MODE``, ``PROBE`` lines) for docs/memsaver.md.
+
+Run: ``python -m pytest -q -s tests/gpu/test_memsaver_guard_gpu.py`` (about 1-2 minutes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUG = "memsaver_guard/memsaver-connect-unguarded:act_kib=128,bucket_kib=16,conn_kib=8,drop=0,kib=64"
+FIXED = BUG.replace("memsaver-connect-unguarded", "FIXED")
+FIXED_MORE = [FIXED, FIXED + ",fail=1", FIXED + ",offload=0", FIXED + ",cycles=3,reconnect=0"]
+MODES = ["preload", "torch", "preload-keep-pool", "torch-keep-pool"]
+TRIALS = 3
+ILLEGAL = re.compile(r"illegal (memory access|address)", re.IGNORECASE)
+
+
+def _preload_library() -> str:
+    from torch_memory_saver.utils import get_binary_path_from_package
+
+    return str(get_binary_path_from_package("torch_memory_saver_hook_mode_preload"))
+
+
+def child(mode: str, *args: str, timeout: int = 120) -> tuple[str, str]:
+    """Run this file as a child in ``mode``; return (outcome, output tail)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_NCCL_AVOID_RECORD_STREAMS="1", NCCL_NVLS_ENABLE="0")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    if mode.startswith("preload"):
+        env["LD_PRELOAD"] = _preload_library()
+    try:
+        p = subprocess.run(
+            [sys.executable, __file__, mode, *args], env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return "timeout", ""
+    out = p.stdout + p.stderr
+    if ILLEGAL.search(out):
+        return "illegal-memory-access", out[-2000:]
+    if "INTERNAL ASSERT" in out:
+        return "internal-assert", out[-2000:]
+    results = [line[7:] for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+    if p.returncode == 0 and results:
+        return results[-1], out[-2000:]
+    return f"crash rc={p.returncode}", out[-2000:]
+
+
+needs_saver = pytest.mark.skipif(
+    importlib.util.find_spec("torch_memory_saver") is None, reason="torch_memory_saver not installed (extra 'gpu')"
+)
+
+
+@pytest.fixture(scope="module")
+def working_mode() -> str:
+    for mode in MODES:
+        outcome, tail = child(mode, "fixed", *FIXED_MORE)
+        print(f"MODE {mode}: FIXED {outcome}")
+        if outcome == "clean":
+            return mode
+        print(tail)
+    pytest.fail("FIXED completed cleanly in no hook mode")
+
+
+@needs_saver
+def test_fixed_completes_and_weights_are_equal(working_mode: str) -> None:
+    bad = 0
+    for _ in range(TRIALS):
+        outcome, tail = child(working_mode, "fixed", *FIXED_MORE)
+        bad += outcome != "clean"
+        if outcome != "clean":
+            print(tail)
+    print(f"RATE FIXED {FIXED} (+fail, offload=0, reconnect=0) [{working_mode}] corrupted {bad}/{TRIALS}")
+    assert bad == 0
+
+
+@needs_saver
+def test_unguarded_connection_hits_illegal_memory_access(working_mode: str) -> None:
+    hits = 0
+    for _ in range(TRIALS):
+        outcome, tail = child(working_mode, "run", BUG)
+        hits += outcome == "illegal-memory-access"
+        if outcome != "illegal-memory-access":
+            print(f"  outcome {outcome}\n{tail}")
+    print(f"RATE memsaver-connect-unguarded {BUG} [{working_mode}] corrupted {hits}/{TRIALS}")
+    assert hits >= 1
+
+
+@needs_saver
+@pytest.mark.parametrize("mode", ["torch", "preload"])
+@pytest.mark.parametrize("order", ["freed-inside", "outlives-disable"])
+def test_probe_allocation_inside_disable_while_paused(mode: str, order: str) -> None:
+    outcome, tail = child(mode, "probe", order)
+    print(f"PROBE {mode} {order}: {outcome}")
+    if outcome != "ok":
+        print(tail)
+
+
+# -- the child ----------------------------------------------------------------------------------
+
+
+def _setup(mode: str) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch_memory_saver
+    from torch_memory_saver import entrypoint
+
+    saver = torch_memory_saver.torch_memory_saver
+    saver.hook_mode = mode.replace("-keep-pool", "")
+    if mode.endswith("-keep-pool"):
+        import contextlib
+
+        keep: dict[str, object] = {}
+
+        @contextlib.contextmanager
+        def disable(self, dispose_mem_pool_after_use=True):  # type: ignore[no-untyped-def]
+            # an ordinary pool that outlives every disable(): tensors made inside may die later
+            pool = keep.setdefault("pool", torch.cuda.MemPool())
+            self._binary_wrapper.cdll.tms_set_interesting_region(False)
+            try:
+                with torch.cuda.use_mem_pool(pool):
+                    yield
+            finally:
+                self._binary_wrapper.cdll.tms_set_interesting_region(True)
+
+        entrypoint._TorchMemorySaverImpl.disable = disable
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    # NCCL's own buffers are made now, outside any region: a pause must not take them
+    x = torch.ones(1024, device="cuda")
+    out = torch.empty(1024, device="cuda")
+    dist.all_gather_into_tensor(out, x)
+    torch.cuda.synchronize()
+
+
+def _probe(order: str) -> None:
+    import torch
+    import torch_memory_saver
+
+    saver = torch_memory_saver.torch_memory_saver
+    with saver.region("probe"):
+        w = torch.ones(64 << 20, dtype=torch.uint8, device="cuda")
+        tmp = torch.ones(128 << 20, dtype=torch.uint8, device="cuda")
+        del tmp
+        torch.cuda.synchronize()
+        saver.pause("probe")
+        with saver.disable():
+            x = torch.ones(8 << 20, dtype=torch.uint8, device="cuda")
+            total = int(x.sum())
+            if order == "freed-inside":
+                del x
+        torch.cuda.synchronize()
+        if order == "outlives-disable":
+            del x
+        y = torch.ones(1 << 20, dtype=torch.uint8, device="cuda")  # the allocator runs again after the free
+        del y
+        torch.cuda.synchronize()
+        saver.resume("probe")
+        del w
+    print(f"RESULT {'ok' if total == 8 << 20 else 'wrong'}")
+
+
+def _main() -> None:
+    mode, what, *args = sys.argv[1:]
+    _setup(mode)
+    if what == "probe":
+        _probe(args[0])
+        return
+    from reference.schedule import Schedule
+    from simdevice.check import execute
+
+    verdicts = []
+    for text in args:
+        out = execute(Schedule.parse(text), backend="cuda")
+        verdicts.append({"schedule": text, "clean": out.clean, "problems": list(out.problems)})
+        print(json.dumps(verdicts[-1]))
+    print(f"RESULT {'clean' if all(v['clean'] for v in verdicts) else 'corrupted'}")
+
+
+if __name__ == "__main__":
+    _main()
