@@ -534,7 +534,7 @@ class CudaDevice:
                 r, result, counts, fired, error = results.get(timeout=600)
                 if error:
                     raise RuntimeError(f"rank{r} failed: {error}")
-                out[r] = result
+                out[r] = pickle.loads(result)
                 self.counter.counts.update(counts)
                 self.counter.fired |= fired
         finally:
@@ -585,9 +585,10 @@ def _rank_entry(payload: bytes, rank: int, world_size: int, port: int, results: 
         _init_nccl_group(rank, world_size, port)
         dev = CudaDevice(schedule, actor=f"rank{rank}", cycles_per_ms=cycles)
         run = dev.run(fn, *args)
-        results.put((rank, run.result, dict(dev.counter.counts), set(dev.counter.fired), ""))
+        # plain bytes: a shared-memory tensor would need this process alive until the parent opened it
+        results.put((rank, pickle.dumps(run.result), dict(dev.counter.counts), set(dev.counter.fired), ""))
     except Exception as e:  # the parent raises it; a silent child would leave it waiting
-        results.put((rank, None, {}, set(), f"{type(e).__name__}: {e}"))
+        results.put((rank, pickle.dumps(None), {}, set(), f"{type(e).__name__}: {e}"))
     finally:
         import torch.distributed as dist
 

@@ -45,6 +45,11 @@ Known bugs (named variants; the fixes are the ``Fixes`` flags below):
   skips the group because it is dispatched; (3) the evaluation forward reads
   the bucket while the gather is still writing it.
 
+Not modelled: backward and activation recompute (upstream calls the callback
+on forward gathers only, and its recompute exclusion covers only the FP8
+path), FP8 parameter gathers that reuse the gradient buffer, and real CUDA
+graph capture (``graph_capture`` sets the flag the guard reads).
+
 Checked by ``tests/property/test_param_readiness.py`` (simulator) and
 ``tests/gpu/test_param_readiness_gpu.py`` (CUDA, NCCL).
 """
@@ -100,6 +105,7 @@ def weight_values(version: int, start: int, n: int) -> torch.Tensor:
 class Param:
     """A model parameter; once wrapped, ``data`` is a view into its bucket's buffer."""
 
+    # the last slot is PARAM_READY_ATTR: a slot, so an unpublished parameter has no callback at all
     __slots__ = ("__weakref__", "data", "name", "numel", "param_ready_callback")
 
     def __init__(self, name: str, numel: int) -> None:
@@ -162,7 +168,7 @@ class BucketGroup:
             raise AssertionError(f"bucket group {self.index}: a second all-gather into one buffer in one iteration")
         ddp = self.ddp
         async_op = ddp.overlap and not force_sync
-        # async_op=False: the collective's work.wait() is taken inside the call
+        # wait (inside the call when not async_op): nothing may read the bucket before the gather wrote it
         handles = [ddp.dev.all_gather_into_tensor(b.buffer, b.main_shard, async_op=async_op) for b in self.buckets]
         self.param_gather_dispatched = True
         self.param_gather_handle = handles if async_op else None
@@ -422,6 +428,7 @@ def train(dev: Any, fixes: Fixes, model: Model) -> torch.Tensor:
                 seen[row, i].copy_(w.data)
             ddp.enable_forward_pre_hook()
             row += 1
+    # wait (.cpu() synchronizes): the host reads what forward saw only once compute has copied it all
     return seen.cpu()
 
 

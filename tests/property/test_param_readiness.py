@@ -184,14 +184,14 @@ def test_report_text_is_pinned() -> None:
     stale = [str(r) for r in out.run.reports if isinstance(r, StaleRead)]
     race = [str(r) for r in out.run.reports if isinstance(r, Race)]
     expected_stale = (
-        "stale read: copy_ on stream rank0.prefetch #0 (reference/param_readiness.py:343) read device#1[0:65536] "
-        "at t=5.374; it saw copy_ (H2D) on stream rank0.default #0 (reference/param_readiness.py:135); "
+        "stale read: copy_ on stream rank0.prefetch #0 (reference/param_readiness.py:349) read device#1[0:65536] "
+        "at t=5.374; it saw copy_ (H2D) on stream rank0.default #0 (reference/param_readiness.py:141); "
         "stale by 1 write: expected the data of all_gather (receive) on stream rank0.nccl "
-        "(reference/param_readiness.py:166)"
+        "(reference/param_readiness.py:172)"
     )
     expected_race = (
-        "race: copy_ on stream rank0.prefetch #0 (reference/param_readiness.py:343) reads device#1[0:65536], "
-        "which all_gather (receive) on stream rank0.nccl (reference/param_readiness.py:166) wrote; "
+        "race: copy_ on stream rank0.prefetch #0 (reference/param_readiness.py:349) reads device#1[0:65536], "
+        "which all_gather (receive) on stream rank0.nccl (reference/param_readiness.py:172) wrote; "
         "no happens-before edge orders them"
     )
     assert stale[0] == expected_stale

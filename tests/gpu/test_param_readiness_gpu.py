@@ -1,0 +1,78 @@
+"""Parameter readiness on a real GPU: NCCL with a world of one, a prefetch stream, 64 MiB per layer.
+
+The shrunk counterexamples the simulator found (and the same configurations
+with NCCL stalled 2 ms before its gather) must read stale weights at least
+once over the trials; FIXED must never. Run on a CUDA machine:
+
+    NCCL_NVLS_ENABLE=0 python -m pytest -q -s tests/gpu/test_param_readiness_gpu.py
+
+Each case prints ``RATE <variant> <schedule> corrupted K/N``; record the lines
+in docs/confirmations.md. Sizes: ``kib=64`` per layer in the simulator is
+64 MiB per layer here (``SimConfig.byte_scale``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+from reference.schedule import Schedule
+from simdevice.check import execute
+
+TRIALS = 20
+
+_LAZY = "bucket=1,eager=0,evaluate=0,iters=1,layers=2,overlap=1,ranks=1"
+_EAGER = "bucket=1,eager=1,evaluate=0,iters=1,layers=2,overlap=1,ranks=1"
+_EVAL = "bucket=2,eager=1,evaluate=1,iters=1,layers=2,overlap=1,ranks=1"
+
+BUGGY = [
+    # shrunk by Hypothesis (tests/property/test_param_readiness.py: SHRUNK)
+    f"param_readiness/param-prefetch-no-ready:{_LAZY}",
+    f"param_readiness/param-ready-skips-undispatched:{_LAZY}",
+    f"param_readiness/param-no-drain-on-disable:{_EVAL}",
+    # the gather in flight, NCCL stalled 2 ms: the prefetch (or the evaluation) outruns it
+    f"param_readiness/param-prefetch-no-ready:{_EAGER}:rank0.nccl#0+2",
+    f"param_readiness/param-no-drain-on-disable:{_EVAL}:rank0.nccl#1+2",
+]
+
+CLEAN = [
+    f"param_readiness/FIXED:{_LAZY}",
+    f"param_readiness/FIXED:{_EAGER}:rank0.nccl#0+2",
+    f"param_readiness/FIXED:{_EVAL}:rank0.nccl#1+2",
+    f"param_readiness/FIXED:{_LAZY}:rank0.default#2+2",
+    "param_readiness/FIXED:bucket=2,eager=1,evaluate=1,iters=3,layers=4,overlap=1,ranks=1:rank0.nccl#2+2",
+]
+
+
+def rate(text: str) -> int:
+    s = Schedule.parse(text)
+    bad = sum(execute(s, backend="cuda").corrupted for _ in range(TRIALS))
+    print(
+        f"RATE {s.variant} {text} corrupted {bad}/{TRIALS} "
+        f"(torch {torch.__version__}, {torch.cuda.get_device_name()})"
+    )
+    return bad
+
+
+@pytest.mark.parametrize("text", BUGGY)
+def test_bug_variant_reads_stale_weights_on_the_gpu(text: str) -> None:
+    assert rate(text) >= 1
+
+
+@pytest.mark.parametrize("text", CLEAN)
+def test_fixed_never_reads_stale_weights_on_the_gpu(text: str) -> None:
+    assert rate(text) == 0
+
+
+def test_cuda_counts_operations_as_the_simulator_does() -> None:
+    s = Schedule.parse(f"param_readiness/FIXED:{_EVAL}")
+    sim, gpu = execute(s), execute(s, backend="cuda")
+    assert gpu.run.unfired == ()
+    assert {k: v for k, v in sim.run.op_counts.items() if v} == {k: v for k, v in gpu.run.op_counts.items() if v}
