@@ -224,19 +224,22 @@ class WeightUpdater:
     def connect_rollout_engines(self, fail: bool) -> None:
         """The connection handshake: an object all-gather, whose tensors are allocated on the device."""
         self.attempts += 1
-        n = self.cfg.conn_kib * 256
-        sent = torch.arange(n, dtype=torch.float32) + 1000 * self.attempts
-        mine = torch.empty(n, dtype=torch.float32, device=self.dev.device)
-        mine.copy_(sent)
-        gathered = torch.empty(n, dtype=torch.float32, device=self.dev.device)
-        work = self.dev.all_gather_into_tensor(gathered, mine, async_op=True)
-        # wait: the gathered handshake must land before the host reads it
-        work.wait()
-        self.record.handshakes.append(bool(torch.equal(gathered.cpu(), sent)))
+        self.record.handshakes.append(self._handshake(float(1000 * self.attempts)))
+        # the handshake's tensors died with _handshake, inside the guard: an exception's traceback would
+        # otherwise keep them alive past disable(), whose pool is gone by then
         if fail:
             self.record.failed_connects += 1
             raise ConnectionError("a rollout engine refused the connection")
         self.record.connects += 1
+
+    def _handshake(self, token: float) -> bool:
+        n = self.cfg.conn_kib * 256
+        mine = torch.full((n,), token, dtype=torch.float32, device=self.dev.device)
+        gathered = torch.empty(n, dtype=torch.float32, device=self.dev.device)
+        work = self.dev.all_gather_into_tensor(gathered, mine, async_op=True)
+        # wait: the gathered handshake must land before the host reads it
+        work.wait()
+        return bool(torch.equal(gathered.cpu(), torch.full((n,), token)))
 
     def _barrier(self) -> None:
         # wait: barrier: no rank sends weights before every rank's connection is up (world size 1: drain)

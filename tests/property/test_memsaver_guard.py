@@ -187,10 +187,10 @@ def test_no_bug_without_offload_or_reconnect() -> None:
 
 def test_report_text_is_pinned() -> None:
     src = inspect.getsource(mg).splitlines()
-    line = next(i + 1 for i, t in enumerate(src) if "mine.copy_(sent)" in t)
+    line = next(i + 1 for i, t in enumerate(src) if "mine = torch.full(" in t)
     out = execute(Schedule.parse("memsaver_guard/memsaver-connect-unguarded:cycles=1"))
     expected = (
-        f"illegal access: copy_ (H2D) on stream default #11 (reference/memsaver_guard.py:{line}) writes "
+        f"illegal access: full on stream default #11 (reference/memsaver_guard.py:{line}) writes "
         "device#8[0:2048] of device#8, which memory_saver.pause('train') at t=0.248 unmapped "
         "(block seg#2+8192, handed out again from the caching allocator's free list while paused)"
     )
