@@ -223,6 +223,7 @@ def zcc_worker(
     bounds = chunk_bounds(storage.numel(), chunks)
     save_step, kind, next_chunk = 0, "", 0
     while True:
+        # wait: a task carries the trainer's progress; the D2H it asks for must not start before the step ended
         task = tasks.get()
         if task[0] == EXIT:
             return
@@ -300,6 +301,7 @@ class ZeroCostCheckpointManager:
     def get_idle_worker_for_saving(self) -> ZccWorker:
         assert self.global_step != 0, "a snapshot is never requested for step 0"
         polls = 0
+        # wait: a worker still copying or dumping must not take a new snapshot into the mirror it reads from
         while True:
             for w in self.workers:
                 if w.status.value == IDLE:
@@ -350,6 +352,7 @@ class ZeroCostCheckpointManager:
         while self.current_worker is not None and self.current_pipeline_hook_step < self.pipeline_hooks_steps:
             self.zcc_pipeline_hook()
         self.sync_offload_status()
+        # wait: the dumps are read back only once their files are written
         dumped = [self.results.get(timeout=DUMP_TIMEOUT_S) for _ in self.requests]
         for w in self.workers:
             w.tasks.put((EXIT,))
@@ -392,6 +395,7 @@ class ZeroCostCheckpointCallback:
         self.manager.zcc_pipeline_hook()
 
     def on_optimizer_begin(self) -> None:
+        # wait: the optimizer step writes the buffers the snapshot in flight may still be copying (backstop)
         self.manager.sync_offload_status()
 
     def on_step_end(self, state: TrainerState) -> None:
