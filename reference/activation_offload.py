@@ -54,9 +54,7 @@ Checked by ``tests/property/test_activation_offload.py`` (simulator) and
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -212,7 +210,7 @@ class ChunkOffloadHandler:
             for buf in group._buffers:
                 pool.give_back(buf)
             group._tensors, group._sources, group._buffers = [], [], []
-            group._reload_scheduled = False
+            group._reload_scheduled = group.offload = False
             if clear_latches:
                 group.reload_pending = False  # offloaded, never reloaded: its event is stale from now on
         self._offloaded_group_index = 0
@@ -324,10 +322,6 @@ class ActivationOffloadManager:
             self._log(group, "compute", "reload", "commit")
             # wait: compute must not read the group's tensors before their H2D landed
             self.compute_stream.wait_event(group._reload_event)
-        if not self.fixes.latch_keys_wait:
-            self._log(group, "compute", "offload", "commit")
-            # wait: (unconditional arm) the group's D2H, whether or not it ran in this pass
-            self.compute_stream.wait_event(group._offload_event)
 
     def tensor_pop(self, tag: Any) -> torch.Tensor:
         """Unpack hook: the saved tensor, reloaded inline on the compute stream if nobody prefetched it."""
@@ -407,11 +401,6 @@ class ActivationOffloadManager:
             WaitRecord(stream, event, group.handler.chunk, group.name, self.pass_index, group.offload,
                        group._reload_scheduled, path)
         )
-
-    @contextlib.contextmanager
-    def saved_tensors_hooks(self) -> Iterator[None]:
-        with torch.autograd.graph.saved_tensors_hooks(self.tensor_push, self.tensor_pop):
-            yield
 
 
 class GroupStart(torch.autograd.Function):
@@ -512,6 +501,7 @@ def train(dev: Any, fixes: Fixes, cfg: TrainConfig) -> dict[str, Any]:
     manager = ActivationOffloadManager(dev, fixes, names, cfg.frac / 100, bool(cfg.warmup)) if cfg.offload else None
     pairs: list[tuple[str, torch.Tensor, torch.Tensor]] = []
 
+    # The manager's hooks, wrapped to remember (pushed, popped) pairs for the end-of-run comparison.
     def pack(t: torch.Tensor) -> Any:
         tag = manager.tensor_push(t) if manager else t
         return tag, (t if cfg.check and isinstance(tag, TensorTag) else None)
