@@ -30,12 +30,12 @@ TRIALS = int(os.environ.get("ZCC_GPU_TRIALS", "10"))
 
 #: the shrunk counterexamples of tests/property/test_zcc.py (TORN there), which tear the snapshot in the simulator
 PINNED = {
-    "zcc-frozen-step": "zcc/zcc-frozen-step::worker0#12+1",
-    "zcc-late-barrier": "zcc/zcc-late-barrier::worker0#0+1",
+    "zcc-frozen-step": "zcc/zcc-frozen-step:chunks=1,ema=0,mutate=1,save=1,steps=3,workers=1:worker0.d2h#1+1",
+    "zcc-late-barrier": "zcc/zcc-late-barrier:chunks=1,ema=0,mutate=1,save=1,steps=3,workers=1:worker0#0+1",
 }
 #: the fixed protocol under the same stalls, and with several workers and chunks
 FIXED_CASES = [
-    "zcc/FIXED::worker0#12+1",
+    "zcc/FIXED::worker0.d2h#1+1",
     "zcc/FIXED:chunks=2,steps=4,workers=2,mutate=0:worker0#0+1",
 ]
 #: the documented gaps: the fixed protocol still tears here (measured, not asserted)

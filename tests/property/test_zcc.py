@@ -27,8 +27,8 @@ from simdevice.mechanisms.zcc import PROGRAM, in_documented_gap  # noqa: E402  (
 
 #: counterexamples whose snapshot is torn in values (not only flagged), replayed on the GPU too
 TORN = {
-    "zcc-frozen-step": "zcc/zcc-frozen-step::worker0#12+1",
-    "zcc-late-barrier": "zcc/zcc-late-barrier::worker0#0+1",
+    "zcc-frozen-step": "zcc/zcc-frozen-step:chunks=1,ema=0,mutate=1,save=1,steps=3,workers=1:worker0.d2h#1+1",
+    "zcc-late-barrier": "zcc/zcc-late-barrier:chunks=1,ema=0,mutate=1,save=1,steps=3,workers=1:worker0#0+1",
 }
 
 _FIND = settings(
@@ -124,8 +124,6 @@ def _narrow(**config: str) -> Program:
 @pytest.mark.parametrize(
     ("prop", "variant", "config"),
     [
-        (snapshots_right, "zcc-late-barrier", {"mutate": "1", "chunks": "1", "ema": "0"}),
-        (snapshots_right, "zcc-frozen-step", {"mutate": "1", "chunks": "1", "ema": "0"}),
         (no_deadlock, "zcc-no-step-begin-guard", {}),
         (ordered, "zcc-late-barrier", {}),
         (echoes_right, "zcc-frozen-step", {}),
@@ -159,18 +157,17 @@ def test_torn_counterexample_tears_values(variant: str) -> None:
     out = run(TORN[variant])
     assert out.problems, out.text()
     assert all("differs from the buffers at the end of step" in p for p in out.problems)
-    assert run(TORN[variant].replace(variant, "FIXED")).clean
+    assert run(TORN[variant].replace(f"/{variant}:", "/FIXED:")).clean
 
 
-def test_torn_search_shrinks_to_one_small_delay() -> None:
-    found = find(
-        schedules(_narrow(mutate="1", chunks="1", ema="0"), "zcc-late-barrier"),
-        lambda s: bool(execute(s).problems),
-        settings=_FIND,
-    )
-    assert len(found.delays) == 1
-    assert found.delays[0].units == 1
-    assert run(str(found)).problems
+@pytest.mark.parametrize("variant", list(TORN))
+def test_torn_search_shrinks_to_the_pinned_schedule(variant: str) -> None:
+    """``snapshots_right`` catches both safety bugs; the search (narrowed to one chunk and a step-begin
+    mutation, where the bugs live) shrinks to the schedules pinned in TORN."""
+    found = find(schedules(_narrow(mutate="1", chunks="1", ema="0"), variant),
+                 lambda s: not snapshots_right(execute(s)), settings=_FIND)
+    assert TORN[variant] == str(found)
+    assert not snapshots_right(run(str(found)))
 
 
 def test_no_guard_deadlock_text_is_pinned() -> None:
