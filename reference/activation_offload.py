@@ -44,9 +44,9 @@ The simulated device runs this module's autograd route as is: its tensors
 are wrapper subclasses, ``saved_tensors_hooks`` receive them and backward runs
 on the calling host actor. Not modelled: the simulator never frees or reuses
 device memory, so "a source activation freed before its D2H read it" cannot
-show there (groups here keep their sources until ``reset()``, see
-``_sources``; after an evaluation pass that release can come while the D2H
-still runs, which only spoils bytes nobody reloads).
+show there (groups keep their sources until ``reset()``, see ``_sources``;
+there the compute stream waits for the D2H of a group nobody reloaded, as
+after a forward-only evaluation pass, before they are dropped).
 
 Checked by ``tests/property/test_activation_offload.py`` (simulator) and
 ``tests/gpu/test_activation_offload_gpu.py`` (CUDA).
@@ -112,7 +112,7 @@ class WaitRecord:
     offloaded: bool
     #: whether a prefetch had already scheduled this group's reload in this pass
     prefetched: bool
-    path: str  # "inline", "prefetch" or "commit"
+    path: str  # "inline", "prefetch", "commit" or "reset"
 
 
 @attrs.frozen
@@ -391,6 +391,11 @@ class ActivationOffloadManager:
     def reset(self) -> None:
         """End of a pass (training iteration or forward-only evaluation): rewind cursors, end warmup."""
         for handler in self.handlers:
+            for group in handler.offload_groups:
+                if group.reload_pending and group._sources:
+                    self._log(group, "compute", "offload", "reset")
+                    # wait: dropped sources go back to compute's pool, and a D2H nobody reloaded may still read them
+                    self.compute_stream.wait_event(group._offload_event)
             handler.reset(self.pool, self.fixes.reset_clears_latch)
         self._cur_forward, self._cur_backward, self._cur_group = -1, 0, None
         self.is_warmup = False
@@ -543,6 +548,7 @@ def train(dev: Any, fixes: Fixes, cfg: TrainConfig) -> dict[str, Any]:
                 w.grad = None
         if manager:
             manager.reset()
+    # wait: the comparison and the weights must see every copy and kernel of the last pass landed
     dev.synchronize()
     # A resident tensor comes back as itself; only copies that went through a pinned buffer are compared.
     mismatches = [label for label, pushed, popped in pairs if popped is not pushed and not torch.equal(pushed, popped)]

@@ -197,9 +197,12 @@ def test_pre_fix_never_prefetches_in_warmup_and_fix_does() -> None:
 def test_latch_keeps_stale_events_out_of_steady_state() -> None:
     """Groups offloaded by an evaluation pass and never reloaded: the next pass must not wait on them."""
     s = "activation_offload/{}:evalfirst=1,frac=0,layers=2,mb=2,iters=1"
-    stale = {v: [w for w in run(Schedule.parse(s.format(v))).run.result["waits"] if w.event == "offload"]
+    waits = {v: run(Schedule.parse(s.format(v))).run.result["waits"]
              for v in ("FIXED", "reset-keeps-latch", "unconditional-wait")}
+    stale = {v: [w for w in ws if w.event == "offload" and not w.offloaded] for v, ws in waits.items()}
     assert stale["FIXED"] == []
+    # what FIXED does wait for: the evaluation's D2Hs, once, before reset() drops their sources
+    assert [(w.pass_index, w.path) for w in waits["FIXED"] if w.event == "offload"] == [(0, "reset")] * 4
     assert {(w.pass_index, w.offloaded) for w in stale["reset-keeps-latch"]} == {(1, False)}
     assert len(stale["reset-keeps-latch"]) == 2 * 2  # one per group and chunk
     assert all(not w.offloaded for w in stale["unconditional-wait"])
