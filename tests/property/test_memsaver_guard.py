@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 from hypothesis import given
+from hypothesis import strategies as st
 
 import reference.memsaver_guard as mg
 from reference.schedule import Schedule
@@ -318,3 +320,88 @@ def test_gpu_schedules_behave_in_the_simulator_as_on_the_gpu() -> None:
     assert isinstance(bug.run.reports[0], IllegalAccess)
     for extra in ("", ",fail=1", ",offload=0", ",cycles=3,reconnect=0"):
         assert execute(Schedule.parse(f"memsaver_guard/FIXED:{gpu}{extra}")).clean
+
+
+# -- the pool under random programs ---------------------------------------------------------------
+
+_OP = st.one_of(
+    st.tuples(st.just("alloc"), st.sampled_from([256, 1024, 4096, 16384]), st.booleans()),
+    st.tuples(st.just("free"), st.integers(0, 7)),
+    st.tuples(st.just("write"), st.integers(0, 7)),
+    st.tuples(st.sampled_from(["pause", "resume", "empty_cache"])),
+)
+
+
+def pool_program(ops: list[tuple[Any, ...]], pick: int, fixes: LibraryFixes) -> list[str]:
+    """Run a random program on the pool; what it finds wrong (an empty list when all holds)."""
+
+    def body(dev: Any) -> list[str]:
+        dev.memory_saver.fixes = fixes
+        ms, live, bad = dev.memory_saver, [], []  # live: [tensor, in_region, value, address]
+        paused = False
+        with ms.region("train", enable_cpu_backup=True):
+            for op in ops:
+                if op[0] == "alloc":
+                    with contextlib.nullcontext() if op[2] else ms.disable():
+                        # empty: in a paused region the block may be unmapped, so no write yet
+                        live.append([torch.empty(op[1], device=dev.device), op[2], 0.0, 0])
+                    live[-1][3] = live[-1][0]._data.data_ptr()
+                elif op[0] == "free" and live:
+                    del live[op[1] % len(live)]  # the last reference: the block goes back to the cache
+                elif op[0] == "write" and live and not (paused and live[op[1] % len(live)][1]):
+                    live[op[1] % len(live)][2] += 1
+                    live[op[1] % len(live)][0].fill_(live[op[1] % len(live)][2])
+                elif op[0] == "pause" and not paused:
+                    dev.synchronize()
+                    ms.pause("train")
+                    paused = True
+                elif op[0] == "resume" and paused:
+                    ms.resume("train")
+                    paused = False
+                elif op[0] == "empty_cache":
+                    dev.empty_cache()
+            if paused:
+                ms.resume("train")
+            spans = sorted((e[0]._data.data_ptr(), e[0]._data.data_ptr() + 4 * e[0].numel()) for e in live)
+            bad += [f"overlap at {a}" for (_, a), (b, _) in itertools.pairwise(spans) if b < a]
+            for t, _, value, at in live:
+                if t._data.data_ptr() != at:
+                    bad.append("an allocation moved")
+                # a tensor made while its region was paused, and never written, holds poison
+                if value and not torch.equal(t.cpu(), torch.full((t.numel(),), value)):
+                    bad.append(f"an allocation lost its value {value}")
+        return bad
+
+    dev = SimDevice(Schedule.parse(f"memsaver_guard/FIXED:pick={pick}"))
+    run = dev.run(body)
+    released = list(dev.memory_saver.released)
+    return [str(r) for r in run.reports] + (run.result or []) + (
+        ["a handle released twice"] if len(set(released)) != len(released) else []
+    )
+
+
+@given(st.lists(_OP, max_size=24), st.integers(0, 2))
+def test_pool_keeps_addresses_values_and_handles(ops: list[tuple[Any, ...]], pick: int) -> None:
+    """Live allocations never overlap, keep their address and (backed up) values; each handle is released once."""
+    assert pool_program(ops, pick, LibraryFixes()) == []
+
+
+def test_pool_property_catches_free_while_paused_twice() -> None:
+    ops = [("alloc", 16384, True), ("write", 0), ("pause",), ("free", 0), ("empty_cache",)]
+    assert pool_program(ops, 0, LibraryFixes()) == []
+    assert "released handle h1 of seg#1 twice" in pool_program(ops, 0, LibraryFixes(release_paused_once=False))[0]
+
+
+def test_pick_chooses_among_fitting_blocks() -> None:
+    def body(dev: Any) -> Any:
+        a = torch.zeros(16 * 1024, device=dev.device)  # 64 KiB segment
+        b = torch.zeros(8 * 1024, device=dev.device)  # 32 KiB segment
+        at = {"a": a._data.data_ptr(), "b": b._data.data_ptr()}
+        dev.synchronize()  # queued work holds its tensors: only then are both blocks free
+        del a, b
+        c = torch.zeros(1024, device=dev.device)
+        return next(k for k, v in at.items() if v == c._data.data_ptr()), c
+
+    chosen = {pick: SimDevice(Schedule.parse(f"memsaver_guard/FIXED:pick={pick}")).run(body).result[0]
+              for pick in (0, 1)}
+    assert chosen == {0: "b", 1: "a"}  # best fit first; the schedule may choose the other
