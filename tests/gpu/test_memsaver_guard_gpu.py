@@ -55,12 +55,21 @@ def _preload_library() -> str:
     return str(get_binary_path_from_package("torch_memory_saver_hook_mode_preload"))
 
 
+def _cuda_lib_dirs() -> list[str]:
+    import torch
+
+    site = Path(torch.__file__).resolve().parents[1]
+    return sorted({str(p.parent) for p in site.glob("nvidia/**/libcudart.so*")} | {str(site / "torch" / "lib")})
+
+
 def child(mode: str, *args: str, timeout: int = 120) -> tuple[str, str]:
     """Run this file as a child in ``mode``; return (outcome, output tail)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_NCCL_AVOID_RECORD_STREAMS="1", NCCL_NVLS_ENABLE="0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     if mode.startswith("preload"):
         env["LD_PRELOAD"] = _preload_library()
+        # the preloaded library needs the CUDA runtime that torch's wheels carry, before torch loads it
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*_cuda_lib_dirs(), env.get("LD_LIBRARY_PATH", "")])
     try:
         p = subprocess.run(
             [sys.executable, __file__, mode, *args], env=env, capture_output=True, text=True, timeout=timeout
@@ -167,6 +176,19 @@ def _setup(mode: str) -> None:
     out = torch.empty(1024, device="cuda")
     dist.all_gather_into_tensor(out, x)
     torch.cuda.synchronize()
+    # a mode whose hook is not in place would pause nothing, and every schedule would look clean
+    with saver.region("setup-check"):
+        held = torch.ones(256 << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    free0, _ = torch.cuda.mem_get_info()
+    saver.pause("setup-check")
+    free1, _ = torch.cuda.mem_get_info()
+    saver.resume("setup-check")
+    del held
+    if free1 - free0 < 128 << 20:
+        print(f"RESULT saver-inactive (pause released {(free1 - free0) >> 20} MiB of 256)")
+        sys.stdout.flush()
+        os._exit(0)
 
 
 def _probe(order: str) -> None:
