@@ -38,19 +38,20 @@ from simdevice.mechanisms.memsaver_guard import PROGRAM  # noqa: E402  (register
 class Observed:
     """One run of the lifecycle, with the memory saver it ran on."""
 
-    def __init__(self, text: str, updater: type[mg.WeightUpdater] | None = None) -> None:
+    def __init__(
+        self, text: str, updater: type[mg.WeightUpdater] | None = None, trainer: type[mg.Trainer] | None = None
+    ) -> None:
         self.schedule = Schedule.parse(text)
         _, self.cfg = resolve(self.schedule)
         self.dev = SimDevice(self.schedule)
         fixes = mg.VARIANTS[self.schedule.variant]
         self.dev.memory_saver.fixes = LibraryFixes(release_paused_once=fixes.release_paused_once)
-        original = mg.WeightUpdater
-        if updater is not None:
-            mg.WeightUpdater = updater  # type: ignore[misc]
+        originals = mg.WeightUpdater, mg.Trainer
+        mg.WeightUpdater, mg.Trainer = updater or mg.WeightUpdater, trainer or mg.Trainer  # type: ignore[misc]
         try:
             self.run = self.dev.run(mg.run_lifecycle, fixes, self.cfg)
         finally:
-            mg.WeightUpdater = original  # type: ignore[misc]
+            mg.WeightUpdater, mg.Trainer = originals  # type: ignore[misc]
         self.record: mg.SyncRecord | None = self.run.result
         self.ms: SimMemorySaver = self.dev.memory_saver
         self.problems = mg.oracle(self.cfg, self.record) if self.record is not None else ["no result"]
@@ -162,6 +163,21 @@ class _GuardLeaksOnError(mg.WeightUpdater):
 def test_guard_exit_and_no_transfer_properties_catch_mutants(mutant: type[mg.WeightUpdater]) -> None:
     assert guard_exited_and_no_transfer_after_failure(Observed("memsaver_guard/FIXED:fail=1"))
     assert not guard_exited_and_no_transfer_after_failure(Observed("memsaver_guard/FIXED:fail=1", mutant))
+
+
+class _PauseWithoutWait(mg.Trainer):
+    """A mutant: pauses with the offload copy and the step's kernels still queued."""
+
+    def sleep(self) -> None:
+        self.host_weights.copy_(self.weights, non_blocking=True)
+        self.dev.memory_saver.pause(mg.TAG)
+        self.asleep = True
+
+
+def test_the_wait_before_pause_is_needed() -> None:
+    bad = Observed("memsaver_guard/FIXED:drop=0", trainer=_PauseWithoutWait)
+    assert not no_report_right_values(bad)
+    assert any(isinstance(r, IllegalAccess) for r in bad.run.reports)
 
 
 # -- Hypothesis finds each bug variant; the shrunk schedule replays ---------------------------------
