@@ -20,6 +20,7 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import NoSuchExample
@@ -85,7 +86,11 @@ def gpu(hook_mode: str) -> None:
 
     if hook_mode == "preload" and "torch_memory_saver" not in os.environ.get("LD_PRELOAD", ""):
         lib = str(get_binary_path_from_package("torch_memory_saver_hook_mode_preload"))
-        env = dict(os.environ, LD_PRELOAD=lib)
+        site = Path(torch.__file__).resolve().parents[1]
+        # the preloaded library needs the CUDA runtime that torch's wheels carry
+        libs = sorted({str(p.parent) for p in site.glob("nvidia/**/libcudart.so*")} | {str(site / "torch" / "lib")})
+        paths = os.pathsep.join([*libs, os.environ.get("LD_LIBRARY_PATH", "")])
+        env = dict(os.environ, LD_PRELOAD=lib, LD_LIBRARY_PATH=paths)
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
     saver = torch_memory_saver.torch_memory_saver
     saver.hook_mode = hook_mode
