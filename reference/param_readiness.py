@@ -57,6 +57,7 @@ Checked by ``tests/property/test_param_readiness.py`` (simulator) and
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -99,7 +100,13 @@ VARIANTS = {
 
 def weight_values(version: int, start: int, n: int) -> torch.Tensor:
     """The weights at flat bucket positions ``start..start+n`` after ``version`` optimizer steps."""
-    return (torch.arange(start, start + n) % _PERIOD).float() + version * STEP
+    return _pattern(start, n) + version * STEP
+
+
+@functools.lru_cache(maxsize=32)
+def _pattern(start: int, n: int) -> torch.Tensor:
+    # cached: on a GPU a layer is 64 MiB, and every trial loads and checks the same positions
+    return (torch.arange(start, start + n) % _PERIOD).float()
 
 
 class Param:

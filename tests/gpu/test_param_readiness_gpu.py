@@ -76,3 +76,20 @@ def test_cuda_counts_operations_as_the_simulator_does() -> None:
     sim, gpu = execute(s), execute(s, backend="cuda")
     assert gpu.run.unfired == ()
     assert {k: v for k, v in sim.run.op_counts.items() if v} == {k: v for k, v in gpu.run.op_counts.items() if v}
+
+
+TWO_RANKS = "bucket=1,eager=1,evaluate=0,iters=1,layers=2,overlap=1,ranks=2"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="two ranks need two GPUs")
+def test_two_ranks_one_per_gpu() -> None:
+    # fewer trials: each run spawns two processes and builds an NCCL group
+    trials = 3
+    bug = Schedule.parse(f"param_readiness/param-prefetch-no-ready:{TWO_RANKS}:rank1.nccl#0+2")
+    fixed = Schedule.parse(f"param_readiness/FIXED:{TWO_RANKS}:rank1.nccl#0+2")
+    bad = sum(execute(bug, backend="cuda").corrupted for _ in range(trials))
+    clean_bad = sum(execute(fixed, backend="cuda").corrupted for _ in range(trials))
+    print(f"RATE {bug.variant} {bug} corrupted {bad}/{trials}")
+    print(f"RATE {fixed.variant} {fixed} corrupted {clean_bad}/{trials}")
+    assert bad >= 1
+    assert clean_bad == 0

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import reference.param_readiness as pr
 from reference.schedule import Schedule
-from simdevice.check import Outcome, check_variant, execute, load_all
+from simdevice.check import Outcome, check_variant, execute, exhaust, load_all
 from simdevice.device import SimDevice
 from simdevice.report import Deadlock, Race, StaleRead
 from simdevice.strategies import schedules
@@ -137,6 +137,20 @@ def test_fixed_forward_reads_are_fresh_under_every_schedule(s: Schedule) -> None
     forward_reads_are_fresh(s)
 
 
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=None)
+@given(schedules(PROGRAM, "FIXED"))
+def test_fixed_forward_reads_are_fresh_thorough(s: Schedule) -> None:
+    forward_reads_are_fresh(s)
+
+
+@pytest.mark.slow
+def test_fixed_is_clean_over_every_single_delay_schedule() -> None:
+    n, failed = exhaust(PROGRAM, "FIXED", max_delays=1, units=(1, 5, 20))
+    assert failed is None
+    assert n == 1 + len(PROGRAM.actors) * (PROGRAM.max_index + 1) * 3
+
+
 @pytest.mark.parametrize(
     "cfg",
     [
@@ -184,14 +198,14 @@ def test_report_text_is_pinned() -> None:
     stale = [str(r) for r in out.run.reports if isinstance(r, StaleRead)]
     race = [str(r) for r in out.run.reports if isinstance(r, Race)]
     expected_stale = (
-        "stale read: copy_ on stream rank0.prefetch #0 (reference/param_readiness.py:349) read device#1[0:65536] "
-        "at t=5.374; it saw copy_ (H2D) on stream rank0.default #0 (reference/param_readiness.py:141); "
+        "stale read: copy_ on stream rank0.prefetch #0 (reference/param_readiness.py:356) read device#1[0:65536] "
+        "at t=5.374; it saw copy_ (H2D) on stream rank0.default #0 (reference/param_readiness.py:148); "
         "stale by 1 write: expected the data of all_gather (receive) on stream rank0.nccl "
-        "(reference/param_readiness.py:172)"
+        "(reference/param_readiness.py:179)"
     )
     expected_race = (
-        "race: copy_ on stream rank0.prefetch #0 (reference/param_readiness.py:349) reads device#1[0:65536], "
-        "which all_gather (receive) on stream rank0.nccl (reference/param_readiness.py:172) wrote; "
+        "race: copy_ on stream rank0.prefetch #0 (reference/param_readiness.py:356) reads device#1[0:65536], "
+        "which all_gather (receive) on stream rank0.nccl (reference/param_readiness.py:179) wrote; "
         "no happens-before edge orders them"
     )
     assert stale[0] == expected_stale
