@@ -233,6 +233,13 @@ class PinnedPool:
         self.allocated += 1
         return torch.empty(like.shape, dtype=like.dtype, pin_memory=True)
 
+    def reserve(self, shape: tuple[int, ...], dtype: torch.dtype, count: int) -> None:
+        """Allocate ``count`` buffers now. Allocating page-locked memory (``cudaHostAlloc``) synchronizes the
+        whole device, so a pool that grows between a D2H and the work after it would serialize them."""
+        for _ in range(count):
+            self.allocated += 1
+            self.give_back(torch.empty(shape, dtype=dtype, pin_memory=True))
+
     def give_back(self, buf: torch.Tensor) -> None:
         self._free.setdefault((tuple(buf.shape), buf.dtype), []).append(buf)
 
@@ -504,6 +511,9 @@ def train(dev: Any, fixes: Fixes, cfg: TrainConfig) -> dict[str, Any]:
         w.copy_(1.0 + 0.25 * host_values(cfg, 100.0 + k))
         weights.append(w.requires_grad_(True))
     manager = ActivationOffloadManager(dev, fixes, names, cfg.frac / 100, bool(cfg.warmup)) if cfg.offload else None
+    if manager is not None:
+        # Up front, as frameworks do: one pass offloads at most two tensors per group.
+        manager.pool.reserve((cfg.kib * 256,), torch.float32, 2 * cfg.layers * cfg.mb)
     pairs: list[tuple[str, torch.Tensor, torch.Tensor]] = []
 
     # The manager's hooks, wrapped to remember (pushed, popped) pairs for the end-of-run comparison.
