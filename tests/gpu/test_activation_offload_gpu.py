@@ -33,12 +33,17 @@ pytestmark = pytest.mark.gpu
 
 TRIALS = 20
 
-#: shrunk by tests/property/test_activation_offload.py (check_variant, 150 examples), plus the upstream
-#: regression's stall of d2h_stream before the commit's copy
+#: shrunk by tests/property/test_activation_offload.py (check_variant, 150 examples); for the inline bug
+#: also that schedule at upstream's 256 MiB per group (kib=128), and the upstream regression's stall of
+#: d2h_stream before the commit's copy. A variant passes when one of its schedules corrupts at least once: an
+#: H200 may run the copies of one direction pair in submission order (docs/confirmations.md, the
+#: demonstration's ``racy:work=0``), and then only a stalled D2H lets the inline H2D overtake it.
 PINNED = {
     "offload-inline-no-wait": [
         "activation_offload/offload-inline-no-wait:evalfirst=0,frac=0,iters=1,layers=1,mb=1,warmup=1",
-        "activation_offload/offload-inline-no-wait:layers=2,mb=2,iters=1:d2h#0+20",
+        "activation_offload/offload-inline-no-wait:evalfirst=0,frac=0,iters=1,kib=128,layers=1,mb=1,warmup=1",
+        "activation_offload/offload-inline-no-wait:layers=2,mb=1,iters=1:d2h#0+20",
+        "activation_offload/offload-inline-no-wait:layers=2,mb=2,iters=1:d2h#0+50",
     ],
     "offload-queue-empty-cursor": [
         "activation_offload/offload-queue-empty-cursor:evalfirst=0,frac=0,iters=1,layers=2,mb=1,warmup=0",
@@ -48,6 +53,7 @@ PINNED = {
 #: FIXED under the same schedules, and a few larger configurations (fewer trials: they take longer)
 FIXED_CASES = [
     (text.replace(f"/{variant}:", "/FIXED:"), TRIALS) for variant, texts in PINNED.items() for text in texts
+    if "kib=128" not in text
 ] + [
     ("activation_offload/FIXED:layers=3,mb=2,iters=2,frac=50", 3),
     ("activation_offload/FIXED:layers=2,mb=3,iters=2,frac=100,warmup=0:h2d#0+10", 3),
@@ -89,9 +95,10 @@ def corrupted(text: str, trials: int) -> int:
     return bad
 
 
-@pytest.mark.parametrize("text", [t for texts in PINNED.values() for t in texts])
-def test_shrunk_bug_schedule_corrupts_on_gpu(text: str) -> None:
-    assert corrupted(text, TRIALS) >= 1
+@pytest.mark.parametrize("variant", sorted(PINNED))
+def test_shrunk_bug_schedule_corrupts_on_gpu(variant: str) -> None:
+    rates = [corrupted(text, TRIALS) for text in PINNED[variant]]
+    assert max(rates) >= 1, rates
 
 
 @pytest.mark.parametrize(("text", "trials"), FIXED_CASES)
