@@ -111,6 +111,8 @@ def spawn_ranks(dev: SimDevice, fn: Callable[..., Any], world_size: int, args: t
         raise ValueError(f"spawn_ranks: world_size must be >= 1, got {world_size}")
     sched = dev._sched
     parent = sched.host_step(f"spawn_ranks({world_size})")
+    if "rank0" in sched.actors:
+        raise RuntimeError("spawn_ranks: one world per simulated run (actors rank0.. already exist)")
     world = World(world_size)
     actors: list[HostActor] = []
     for r in range(world_size):
