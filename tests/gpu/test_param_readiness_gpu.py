@@ -47,7 +47,7 @@ CLEAN = [
     f"param_readiness/FIXED:{_EAGER}:rank0.nccl#0+2",
     f"param_readiness/FIXED:{_EVAL}:rank0.nccl#1+2",
     f"param_readiness/FIXED:{_LAZY}:rank0.default#2+2",
-    "param_readiness/FIXED:bucket=2,eager=1,evaluate=1,iters=3,layers=4,overlap=1,ranks=1:rank0.nccl#2+2",
+    "param_readiness/FIXED:bucket=2,eager=1,evaluate=1,iters=2,layers=4,overlap=1,ranks=1:rank0.nccl#2+2",
 ]
 
 
