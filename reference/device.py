@@ -292,10 +292,14 @@ class CudaQueue:
 
 
 class CudaProcess:
-    """A spawned worker process; ``start`` and ``join`` are host steps of the caller."""
+    """A spawned worker process; ``start`` and ``join`` are host steps of the caller.
 
-    def __init__(self, dev: CudaDevice, raw: Any) -> None:
-        self.dev, self.raw = dev, raw
+    At ``join`` the child's operation counts and fired delays join the caller's, so that a run
+    reports delays on a worker's actors as applied (or not) as the simulator does.
+    """
+
+    def __init__(self, dev: CudaDevice, raw: Any, counts: Any = None) -> None:
+        self.dev, self.raw, self.counts = dev, raw, counts
 
     def start(self) -> None:
         self.dev._host_step()
@@ -304,6 +308,15 @@ class CudaProcess:
     def join(self, timeout: float | None = None) -> None:
         self.dev._host_step()
         self.raw.join(timeout)
+        if self.counts is not None and self.raw.exitcode is not None:
+            import queue
+
+            try:
+                counts, fired = self.counts.get(timeout=1.0)
+            except queue.Empty:  # the child died before it could tell
+                return
+            self.dev.counter.counts.update(counts)
+            self.dev.counter.fired |= fired
 
     def is_alive(self) -> bool:
         return bool(self.raw.is_alive())
@@ -458,8 +471,10 @@ class CudaDevice:
 
     def Process(self, target: Callable[..., Any], args: tuple[Any, ...] = (), name: str = "worker") -> Any:
         payload = pickle.dumps((self.schedule, self.cycles_per_ms, target, ()))
+        counts = self._ctx().Queue()
         # Device tensors and shared values travel as Process arguments (CUDA IPC, shared memory).
-        return CudaProcess(self, self._ctx().Process(target=_child_entry, args=(payload, name, args), name=name))
+        raw = self._ctx().Process(target=_child_entry, args=(payload, name, args, counts), name=name)
+        return CudaProcess(self, raw, counts)
 
     def Value(self, typecode: str, init: Any) -> CudaValue:
         return CudaValue(self._ctx().Value(typecode, init))
@@ -596,8 +611,12 @@ def _rank_entry(payload: bytes, rank: int, world_size: int, port: int, results: 
             dist.destroy_process_group()
 
 
-def _child_entry(payload: bytes, name: str, args: tuple[Any, ...]) -> None:
+def _child_entry(payload: bytes, name: str, args: tuple[Any, ...], counts: Any = None) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     schedule, cycles, target, _ = pickle.loads(payload)
     dev = CudaDevice(schedule, actor=name, cycles_per_ms=cycles)
-    dev.run(target, *args)
+    try:
+        dev.run(target, *args)
+    finally:
+        if counts is not None:
+            counts.put((dict(dev.counter.counts), set(dev.counter.fired)))
