@@ -6,7 +6,7 @@ and (b) a snapshot torn in values (the kind a GPU shows), with the configuration
 bug lives for (b). Prints one line per variant with the median and the range.
 
 GPU (when CUDA is present): the training loop of ``reference.zcc`` with a matmul standing in for each
-micro-step's forward/backward, a 256 MiB fused buffer and a spawned worker, timing each step:
+micro-step's forward/backward, a 256 MiB fused buffer, three workers and a save every 8 steps, timing each step:
 
 - ``no-save``: steps with no snapshot in flight;
 - ``FIXED``: the step after a save, with the step-begin barrier (the D2H cannot overlap that step);
@@ -14,7 +14,7 @@ micro-step's forward/backward, a 256 MiB fused buffer and a spawned worker, timi
   forward/backward; unsafe when ``on_step_begin`` writes the buffers, so it runs without mutation);
 - the bare D2H of the fused buffer into pinned memory, for reference.
 
-Run: ``PYTHONPATH=. python benchmarks/bench_zcc.py [--seeds 5] [--examples 300] [--gpu-steps 40]``.
+Run: ``PYTHONPATH=. python benchmarks/bench_zcc.py [--seeds 5] [--examples 300] [--gpu-steps 48]``.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _timed_loop(dev: Any, fixes: Any, steps: int, save_every: int, kib: int, dim
         optimizer_update,
     )
 
-    cfg = ZccConfig(steps=1, save=1, workers=2, chunks=1, mutate=0, kib=kib, dump=0)
+    cfg = ZccConfig(steps=1, save=1, workers=3, chunks=1, mutate=0, kib=kib, dump=0)
     n = kib * 256
     storage = torch.empty(2 * n, dtype=torch.float32, device=dev.device)
     storage.copy_(initial_storage(n))
@@ -170,7 +170,7 @@ def gpu_figures(steps: int, kib: int, dim: int) -> None:
           f"{statistics.median(d2h) * ms:.2f} ms", flush=True)
     for name, fixes in (("FIXED", FIXED), ("late-barrier", LATE_BARRIER)):
         dev = CudaDevice()
-        times = dev.run(_timed_loop, fixes, steps, 4, kib, dim).result
+        times = dev.run(_timed_loop, fixes, steps, 8, kib, dim).result
         line = ", ".join(f"{k} {statistics.median(v) * ms:.2f} ms (n={len(v)})" for k, v in times.items() if v)
         print(f"GPU {name:12}: step time {line}", flush=True)
 
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--examples", type=int, default=300)
-    p.add_argument("--gpu-steps", type=int, default=40)
+    p.add_argument("--gpu-steps", type=int, default=48)
     p.add_argument("--kib", type=int, default=128 * 1024, help="GPU parameter size in KiB (fused buffer: twice)")
     p.add_argument("--dim", type=int, default=8192, help="GPU matmul size standing in for compute")
     p.add_argument("--no-cpu", action="store_true")

@@ -246,7 +246,7 @@ def zcc_worker(
         snapshot = mirror.clone()
         path = os.path.join(dump_dir, f"{kind}-{save_step}-worker{index}.pt")
         torch.save(snapshot, path)
-        dev.sleep(dump_units)
+        dev.sleep(dump_units)  # the disk write's duration, which the simulator cannot know
         results.put((save_step, kind, index, path))
         status.value = IDLE
 

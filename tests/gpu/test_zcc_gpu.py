@@ -59,12 +59,21 @@ def rate(variant: str, text: str) -> tuple[int, list[Outcome]]:
     return bad, outs
 
 
+def test_cuda_counts_worker_operations_as_the_simulator_does() -> None:
+    """A worker's steps and copies are counted alike on both machines, so a delay on them lands alike."""
+    s = Schedule.parse("zcc/FIXED:steps=2")
+    sim, gpu = execute(s), execute(s, backend="cuda")
+    actors = ["worker0", "worker0.d2h"]
+    assert {a: sim.run.op_counts[a] for a in actors} == {a: gpu.run.op_counts.get(a) for a in actors}
+
+
 @pytest.mark.parametrize("variant", list(PINNED))
 def test_pinned_counterexample_tears_on_gpu(variant: str) -> None:
     bad, outs = rate(variant, PINNED[variant])
     assert bad >= 1, outs[0].text()
-    # no run may fail otherwise (a worker that died, a missing dump): only torn snapshots
     for o in outs:
+        assert not o.run.unfired, o.text()  # the worker applied the delay
+        # no run may fail otherwise (a worker that died, a missing dump): only torn snapshots
         assert all("differs from the buffers" in p for p in o.problems), o.text()
 
 
@@ -72,6 +81,7 @@ def test_pinned_counterexample_tears_on_gpu(variant: str) -> None:
 def test_fixed_never_tears_on_gpu(text: str) -> None:
     bad, outs = rate("FIXED", text)
     for o in outs:
+        assert not o.run.unfired, o.text()
         assert not o.problems, o.text()
     assert bad == 0
 
