@@ -77,7 +77,7 @@ UNDISPATCHED, IN_FLIGHT, PUBLISHED = "undispatched", "in flight", "published"
 
 @attrs.frozen
 class Fixes:
-    #: the consumer calls ensure_params_ready before it reads param.data (upstream fix #6388)
+    #: the consumer calls ensure_params_ready before it reads param.data (the upstream fix)
     consumer_ensures_ready: bool = True
     #: the callback starts a gather nobody dispatched yet (not only finishes one in flight)
     ready_starts_undispatched: bool = True
