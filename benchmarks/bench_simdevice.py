@@ -35,6 +35,26 @@ def per_operation(runs: int) -> tuple[float, float, float]:
     return med / ops * 1e6, 1 / med, ops
 
 
+def marginal_per_operation(runs: int) -> float:
+    """µs per extra operation: iters=16 against iters=2 (thread start and set-up cancel out)."""
+
+    def median_run(text: str) -> tuple[float, int]:
+        s = Schedule.parse(text)
+        prog, cfg = resolve(s)
+        times, ops = [], 0
+        for _ in range(runs):
+            dev = SimDevice(s)
+            t0 = time.perf_counter()
+            r = dev.run(prog.body, s.variant, cfg)
+            times.append(time.perf_counter() - t0)
+            ops = sum(r.op_counts.values())
+        return statistics.median(times), ops
+
+    t2, o2 = median_run("offload_reload/correct:iters=2")
+    t16, o16 = median_run("offload_reload/correct:iters=16")
+    return (t16 - t2) / (o16 - o2) * 1e6
+
+
 def schedules_per_second_with_hypothesis(n: int) -> float:
     count = [0]
 
@@ -54,7 +74,7 @@ def time_to_find(seeds: int) -> tuple[float, float, set[str]]:
     for seed in range(seeds):
         calls = [0]
 
-        def fails(s: Schedule) -> bool:
+        def fails(s: Schedule, calls: list[int] = calls) -> bool:
             calls[0] += 1
             return execute(s).corrupted
 
@@ -78,6 +98,7 @@ def main() -> None:
     args = ap.parse_args()
     us, rps, ops = per_operation(args.runs)
     print(f"offload_reload/correct: {ops} operations per run; median {us:.1f} us per operation, {rps:.1f} runs/s")
+    print(f"marginal cost: {marginal_per_operation(max(20, args.runs // 4)):.1f} us per operation (iters=16 vs 2)")
     print(f"with Hypothesis generating: {schedules_per_second_with_hypothesis(args.runs):.1f} schedules/s")
     t, ex, found = time_to_find(args.seeds)
     print(f"find+shrink offload_reload/racy: median {t:.2f} s, median {ex:.0f} schedules over {args.seeds} seeds; "
