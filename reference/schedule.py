@@ -21,7 +21,7 @@ This module is shared by ``reference.device.CudaDevice`` and
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -72,8 +72,8 @@ class Delay:
         return cls(m.group(1), int(m.group(2)), int(m.group(3)))
 
 
-def _config_items(value: Iterable[tuple[str, str]] | dict[str, object]) -> tuple[tuple[str, str], ...]:
-    pairs = value.items() if isinstance(value, dict) else value
+def _config_items(value: Iterable[tuple[str, str]] | Mapping[str, object]) -> tuple[tuple[str, str], ...]:
+    pairs = value.items() if isinstance(value, Mapping) else value
     items = tuple(sorted((str(k), _config_text(v)) for k, v in pairs))
     for k, v in items:
         if not _KEY_RE.match(k):
