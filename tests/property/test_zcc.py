@@ -161,12 +161,15 @@ def test_torn_counterexample_tears_values(variant: str) -> None:
 
 
 @pytest.mark.parametrize("variant", list(TORN))
-def test_torn_search_shrinks_to_the_pinned_schedule(variant: str) -> None:
+def test_torn_search_shrinks_to_a_pinned_kind_of_schedule(variant: str) -> None:
     """``snapshots_right`` catches both safety bugs; the search (narrowed to one chunk and a step-begin
-    mutation, where the bugs live) shrinks to the schedules pinned in TORN."""
+    mutation, where the bugs live) shrinks to one stall of one unit in the configuration pinned in TORN.
+    Which actor and operation the shrinker lands on depends on the Hypothesis version (6.155 and 6.170
+    differ), so the exact line is pinned in TORN for the GPU, not here."""
     found = find(schedules(_narrow(mutate="1", chunks="1", ema="0"), variant),
                  lambda s: not snapshots_right(execute(s)), settings=_FIND)
-    assert TORN[variant] == str(found)
+    pinned = Schedule.parse(TORN[variant])
+    assert (found.config, len(found.delays), [d.units for d in found.delays]) == (pinned.config, 1, [1])
     assert not snapshots_right(run(str(found)))
 
 
