@@ -15,20 +15,15 @@ assertions: nothing here is a test.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import time
 from typing import Any
 
 import torch
-from hypothesis import HealthCheck, Phase, find, settings
-from hypothesis.errors import NoSuchExample
 
 from reference import activation_offload as ao
-from reference.schedule import Schedule
-from simdevice.check import execute, load_all
+from simdevice.check import load_all, search
 from simdevice.programs import REGISTRY
-from simdevice.strategies import schedules
 
 
 def time_to_find(variant: str, seeds: int) -> None:
@@ -36,21 +31,9 @@ def time_to_find(variant: str, seeds: int) -> None:
     program = REGISTRY["activation_offload"]
     secs, examples = [], []
     for seed in range(seeds):
-        count = [0]
-
-        def fails(s: Schedule, count: list[int] = count) -> bool:
-            count[0] += 1
-            return execute(s).corrupted
-
-        start = time.monotonic()
-        try:
-            find(schedules(program, variant), fails, random=random.Random(seed),
-                 settings=settings(max_examples=150, database=None, deadline=None, phases=(Phase.generate,),
-                                   suppress_health_check=list(HealthCheck)))
-        except NoSuchExample:
-            count[0] = -1
-        secs.append(time.monotonic() - start)
-        examples.append(count[0])
+        found = search(program, variant, shrink=False, seed=seed)
+        secs.append(found.seconds)
+        examples.append(found.examples if found.schedule is not None else -1)
     missed = sum(1 for e in examples if e < 0)
     print(f"CPU {variant}: median {statistics.median(secs):.2f}s, median {statistics.median(examples)} examples "
           f"to the first failing schedule over {seeds} seeds (max {max(secs):.2f}s; not found: {missed})")

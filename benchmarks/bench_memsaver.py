@@ -16,18 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from hypothesis import HealthCheck, Phase, find, settings
-from hypothesis.errors import NoSuchExample
-
 from reference.schedule import Schedule
-from simdevice.check import execute, programs
-from simdevice.strategies import schedules
+from simdevice.check import execute, programs, search
 
 
 def cpu(seeds: int) -> None:
@@ -35,30 +30,9 @@ def cpu(seeds: int) -> None:
     for variant in program.buggy:
         counts, secs = [], []
         for seed in range(seeds):
-            n = [0]
-
-            def fails(s: Schedule, n: list[int] = n) -> bool:
-                n[0] += 1
-                return execute(s).corrupted
-
-            start = time.perf_counter()
-            try:
-                find(
-                    schedules(program, variant),
-                    fails,
-                    settings=settings(
-                        max_examples=150,
-                        database=None,
-                        deadline=None,
-                        phases=(Phase.generate,),
-                        suppress_health_check=list(HealthCheck),
-                    ),
-                    random=random.Random(seed),
-                )
-            except NoSuchExample:
-                n[0] = -1
-            counts.append(n[0])
-            secs.append(time.perf_counter() - start)
+            found = search(program, variant, shrink=False, seed=seed)
+            counts.append(found.examples if found.schedule is not None else -1)
+            secs.append(found.seconds)
         print(
             f"CPU {variant}: schedules to first failure {counts} (median {statistics.median(counts)}), "
             f"seconds median {statistics.median(secs):.3f}"

@@ -19,15 +19,12 @@ import statistics
 import sys
 import time
 import timeit
-from random import Random
 from typing import Any
 
 import torch
-from hypothesis import HealthCheck, Phase, find, settings
-from hypothesis.errors import NoSuchExample
 
 import reference.param_readiness as pr
-from simdevice.check import check_variant, execute, load_all
+from simdevice.check import check_variant, execute, load_all, search
 
 
 class _Work:
@@ -76,33 +73,11 @@ def hot_path_ns(number: int = 200_000, repeat: int = 7) -> dict[str, float]:
 def time_to_find(variant: str, seeds: int) -> list[tuple[int, float]]:
     load_all()
     from simdevice.mechanisms.param_readiness import PROGRAM
-    from simdevice.strategies import schedules
 
     runs = []
     for seed in range(seeds):
-        count = [0]
-
-        def corrupts(s: Any, count: list[int] = count) -> bool:
-            count[0] += 1
-            return execute(s).corrupted
-
-        start = time.perf_counter()
-        try:
-            find(
-                schedules(PROGRAM, variant),
-                corrupts,
-                settings=settings(
-                    max_examples=150,
-                    database=None,
-                    deadline=None,
-                    phases=(Phase.generate,),
-                    suppress_health_check=list(HealthCheck),
-                ),
-                random=Random(seed),
-            )
-        except NoSuchExample:
-            count[0] = -1
-        runs.append((count[0], time.perf_counter() - start))
+        found = search(PROGRAM, variant, shrink=False, seed=seed)
+        runs.append((found.examples if found.schedule is not None else -1, found.seconds))
     return runs
 
 

@@ -7,22 +7,21 @@ nothing here is asserted anywhere. Figures measured on the project's 2-core CPU 
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import time
 
-from hypothesis import HealthCheck, find, given, settings
+from hypothesis import HealthCheck, given, settings
 
 from reference.schedule import Schedule
-from simdevice.check import execute
+from simdevice.check import execute, search
 from simdevice.device import SimDevice
 from simdevice.programs import REGISTRY, resolve
 from simdevice.strategies import schedules
 
 
-def per_operation(runs: int) -> tuple[float, float, float]:
-    """Median µs per simulated operation (host steps + stream operations), runs/s and operations per run."""
-    s = Schedule.parse("offload_reload/correct")
+def median_run(text: str, runs: int) -> tuple[float, int]:
+    """Median seconds of one simulated run of a schedule, and its operations (host steps + stream operations)."""
+    s = Schedule.parse(text)
     prog, cfg = resolve(s)
     times, ops = [], 0
     for _ in range(runs):
@@ -31,27 +30,19 @@ def per_operation(runs: int) -> tuple[float, float, float]:
         r = dev.run(prog.body, s.variant, cfg)
         times.append(time.perf_counter() - t0)
         ops = sum(r.op_counts.values())
-    med = statistics.median(times)
+    return statistics.median(times), ops
+
+
+def per_operation(runs: int) -> tuple[float, float, float]:
+    """Median µs per simulated operation, runs/s and operations per run."""
+    med, ops = median_run("offload_reload/correct", runs)
     return med / ops * 1e6, 1 / med, ops
 
 
 def marginal_per_operation(runs: int) -> float:
     """µs per extra operation: iters=16 against iters=2 (thread start and set-up cancel out)."""
-
-    def median_run(text: str) -> tuple[float, int]:
-        s = Schedule.parse(text)
-        prog, cfg = resolve(s)
-        times, ops = [], 0
-        for _ in range(runs):
-            dev = SimDevice(s)
-            t0 = time.perf_counter()
-            r = dev.run(prog.body, s.variant, cfg)
-            times.append(time.perf_counter() - t0)
-            ops = sum(r.op_counts.values())
-        return statistics.median(times), ops
-
-    t2, o2 = median_run("offload_reload/correct:iters=2")
-    t16, o16 = median_run("offload_reload/correct:iters=16")
+    t2, o2 = median_run("offload_reload/correct:iters=2", runs)
+    t16, o16 = median_run("offload_reload/correct:iters=16", runs)
     return (t16 - t2) / (o16 - o2) * 1e6
 
 
@@ -72,22 +63,10 @@ def schedules_per_second_with_hypothesis(n: int) -> float:
 def time_to_find(seeds: int) -> tuple[float, float, set[str]]:
     times, examples, found = [], [], set()
     for seed in range(seeds):
-        calls = [0]
-
-        def fails(s: Schedule, calls: list[int] = calls) -> bool:
-            calls[0] += 1
-            return execute(s).corrupted
-
-        t0 = time.perf_counter()
-        s = find(
-            schedules(REGISTRY["offload_reload"], "racy"),
-            fails,
-            settings=settings(max_examples=1000, database=None, deadline=None, suppress_health_check=list(HealthCheck)),
-            random=random.Random(seed),
-        )
-        times.append(time.perf_counter() - t0)
-        examples.append(calls[0])
-        found.add(str(s))
+        result = search(REGISTRY["offload_reload"], "racy", max_examples=1000, seed=seed)
+        times.append(result.seconds)
+        examples.append(result.examples)
+        found.add(str(result.schedule))
     return statistics.median(times), statistics.median(examples), found
 
 

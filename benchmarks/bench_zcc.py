@@ -20,24 +20,18 @@ Run: ``PYTHONPATH=. python benchmarks/bench_zcc.py [--seeds 5] [--examples 300] 
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 import time
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, find, settings
-from hypothesis.errors import NoSuchExample
-
-from reference.schedule import Schedule
-from simdevice.check import execute, load_all
+from simdevice.check import execute, load_all, search
 
 
 def time_to_find(variant: str, seeds: int, examples: int) -> None:
     import attrs
 
     from simdevice.mechanisms.zcc import PROGRAM
-    from simdevice.strategies import schedules
 
     narrow = dict(PROGRAM.config_space)
     narrow.update({"mutate": ("1",), "chunks": ("1",), "ema": ("0",)})
@@ -50,31 +44,11 @@ def time_to_find(variant: str, seeds: int, examples: int) -> None:
     for what, (program, fails) in searches.items():
         counts, secs, shrunk = [], [], []
         for seed in range(seeds):
-            n = [0]
-
-            def counted(s: Schedule, fails: Any = fails, n: list[int] = n) -> bool:
-                n[0] += 1
-                return bool(fails(s))
-
-            start = time.monotonic()
-            try:
-                found = find(
-                    schedules(program, variant),
-                    counted,
-                    settings=settings(
-                        max_examples=examples,
-                        database=None,
-                        deadline=None,
-                        phases=(Phase.generate,),
-                        suppress_health_check=list(HealthCheck),
-                    ),
-                    random=random.Random(seed),
-                )
-                counts.append(n[0])
-                shrunk.append(str(found))
-            except NoSuchExample:
-                counts.append(-1)
-            secs.append(time.monotonic() - start)
+            found = search(program, variant, fails, examples, shrink=False, seed=seed)
+            counts.append(found.examples if found.schedule is not None else -1)
+            if found.schedule is not None:
+                shrunk.append(str(found.schedule))
+            secs.append(found.seconds)
         ok = [c for c in counts if c >= 0]
         med = statistics.median(ok) if ok else float("nan")
         print(

@@ -12,6 +12,7 @@ beside it.
 from __future__ import annotations
 
 import itertools
+import random
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -130,6 +131,69 @@ class Finding:
         return d
 
 
+def search_settings(max_examples: int = 150, shrink: bool = True, derandomize: bool = True) -> settings:
+    """The Hypothesis settings of a schedule search: no database, no deadline, no health checks."""
+    return settings(
+        max_examples=max_examples,
+        database=None,
+        derandomize=derandomize,
+        deadline=None,
+        phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,),
+        suppress_health_check=list(HealthCheck),
+    )
+
+
+@attrs.frozen
+class Search:
+    """What one Hypothesis search for a failing schedule found."""
+
+    #: the failing schedule (shrunk, if the search shrank), or None
+    schedule: Schedule | None
+    #: schedules run, shrinking included
+    examples: int
+    seconds: float
+
+
+def search(
+    program: Program,
+    variant: str,
+    fails: Callable[[Schedule], bool] | None = None,
+    max_examples: int = 150,
+    shrink: bool = True,
+    seed: int | None = None,
+    budget_s: float | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Search:
+    """Ask Hypothesis for a schedule of ``variant`` under which ``fails`` holds (default: corruption).
+
+    ``seed=None`` searches derandomized (the same answer every time); a seed draws another search, which is
+    what time-to-find medians are made of. Past ``budget_s`` seconds every further schedule counts as passing.
+    """
+    test = fails or (lambda s: execute(s).corrupted)
+    start = time.monotonic()
+    count = [0]
+
+    def counted(s: Schedule) -> bool:
+        if budget_s is not None and time.monotonic() - start > budget_s:
+            return False
+        count[0] += 1
+        if progress:
+            progress(count[0])
+        return test(s)
+
+    found: Schedule | None
+    try:
+        found = find(
+            schedules(program, variant),
+            counted,
+            settings=search_settings(max_examples, shrink, derandomize=seed is None),
+            random=random.Random(seed) if seed is not None else None,
+        )
+    except NoSuchExample:
+        found = None
+    return Search(found, count[0], time.monotonic() - start)
+
+
 def check_variant(
     program: Program,
     variant: str,
@@ -139,33 +203,13 @@ def check_variant(
 ) -> Finding:
     expect = "clean" if variant in program.clean else "bug"
     start = time.monotonic()
-    count = [0]
 
     def fails(s: Schedule) -> bool:
-        if budget_s is not None and time.monotonic() - start > budget_s:
-            return False
-        count[0] += 1
-        if progress:
-            progress(count[0])
         out = execute(s)
         return out.corrupted if expect == "bug" else not out.clean
 
-    found: Schedule | None
-    try:
-        found = find(
-            schedules(program, variant),
-            fails,
-            settings=settings(
-                max_examples=max_examples,
-                database=None,
-                derandomize=True,
-                deadline=None,
-                phases=(Phase.generate, Phase.shrink),
-                suppress_health_check=list(HealthCheck),
-            ),
-        )
-    except NoSuchExample:
-        found = None
+    result = search(program, variant, fails, max_examples, budget_s=budget_s, progress=progress)
+    found = result.schedule
     default = execute(Schedule(program.name, variant))
     race = bool(default.races)
     if found is None and expect == "bug" and race:
@@ -176,15 +220,12 @@ def check_variant(
         variant=variant,
         expect=expect,
         found=found is not None,
-        examples=count[0],
+        examples=result.examples,
         schedule=str(found) if found is not None else None,
         summary=summary,
         race_at_default=race,
         seconds=round(time.monotonic() - start, 2),
     )
-
-
-_LOADED: list[bool] = []
 
 
 def all_schedules(
@@ -227,6 +268,9 @@ def exhaust(
         if (out.corrupted if expect_bug else not out.clean):
             return n, out
     return n, None
+
+
+_LOADED: list[bool] = []
 
 
 def load_all() -> None:

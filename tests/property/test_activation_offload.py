@@ -13,11 +13,11 @@ import inspect
 from collections.abc import Callable
 
 import pytest
-from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import find, given
 
 from reference import activation_offload as ao
 from reference.schedule import Schedule
-from simdevice.check import Outcome, check_variant, execute, load_all
+from simdevice.check import Outcome, check_variant, execute, load_all, search_settings
 from simdevice.device import SimDevice
 from simdevice.mechanisms.activation_offload import PROGRAM, body, oracle
 from simdevice.programs import REGISTRY
@@ -26,14 +26,7 @@ from simdevice.strategies import schedules
 
 load_all()
 
-FIND = settings(
-    max_examples=150,
-    database=None,
-    derandomize=True,
-    deadline=None,
-    phases=(Phase.generate, Phase.shrink),
-    suppress_health_check=list(HealthCheck),
-)
+FIND = search_settings()  # what simdevice check searches with
 
 
 def run(s: Schedule) -> Outcome:

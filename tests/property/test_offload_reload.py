@@ -6,10 +6,10 @@ the printed schedule replays to the same reports.
 """
 
 import pytest
-from hypothesis import HealthCheck, find, given, settings
+from hypothesis import find, given
 
 from reference.schedule import Schedule
-from simdevice.check import Outcome, execute, exhaust
+from simdevice.check import Outcome, execute, exhaust, search_settings
 from simdevice.programs import REGISTRY
 from simdevice.strategies import schedules
 
@@ -47,8 +47,7 @@ def test_hypothesis_finds_and_shrinks_a_corrupting_schedule_that_replays() -> No
     found = find(
         schedules(PROGRAM, "racy"),
         lambda s: execute(s).corrupted,
-        settings=settings(max_examples=150, database=None, derandomize=True, deadline=None,
-                          suppress_health_check=list(HealthCheck)),
+        settings=search_settings(),
     )
     assert str(found) == "offload_reload/racy::d2h#0+1"
     first = execute(found)

@@ -24,12 +24,12 @@ from typing import Any
 import attrs
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 import reference.param_readiness as pr
 from reference.schedule import Schedule
-from simdevice.check import Outcome, check_variant, execute, exhaust, load_all
+from simdevice.check import Outcome, check_variant, execute, exhaust, load_all, search_settings
 from simdevice.device import SimDevice
 from simdevice.report import Deadlock, Race, StaleRead
 from simdevice.strategies import schedules
@@ -37,14 +37,7 @@ from simdevice.strategies import schedules
 load_all()
 from simdevice.mechanisms.param_readiness import PROGRAM  # noqa: E402  (registered by load_all)
 
-_FIND = settings(
-    max_examples=150,
-    database=None,
-    derandomize=True,
-    deadline=None,
-    phases=(Phase.generate, Phase.shrink),
-    suppress_health_check=list(HealthCheck),
-)
+_FIND = search_settings()  # what simdevice check searches with
 
 #: the shrunk counterexample of each bug variant (default budget, derandomized); the GPU test replays them
 SHRUNK = {

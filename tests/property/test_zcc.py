@@ -12,12 +12,12 @@ import itertools
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import find, given
 from hypothesis import strategies as st
 
 from reference.schedule import Schedule
 from reference.zcc import FIXED, VARIANTS, ZccConfig, chunk_bounds, expected_states, snapshot_steps
-from simdevice.check import Outcome, check_variant, execute, load_all
+from simdevice.check import Outcome, check_variant, execute, load_all, search_settings
 from simdevice.programs import ConfigError, Program, resolve
 from simdevice.report import Deadlock, Race, StaleRead
 from simdevice.strategies import schedules
@@ -31,14 +31,7 @@ TORN = {
     "zcc-late-barrier": "zcc/zcc-late-barrier:chunks=1,ema=0,mutate=1,save=1,steps=3,workers=1:worker0#0+1",
 }
 
-_FIND = settings(
-    max_examples=150,
-    database=None,
-    derandomize=True,
-    deadline=None,
-    phases=(Phase.generate, Phase.shrink),
-    suppress_health_check=list(HealthCheck),
-)
+_FIND = search_settings()  # what simdevice check searches with
 
 
 def run(text: str) -> Outcome:
