@@ -60,6 +60,8 @@ from typing import Any
 import attrs
 import torch
 
+from reference.schedule import in_range
+
 # ---------------------------------------------------------------------------
 # Fixes and variants
 
@@ -447,36 +449,30 @@ class GroupCommit(torch.autograd.Function):
 # A small model that drives it: forward of every microbatch, then their backward, then SGD
 
 
-def _in(lo: int, hi: int) -> Any:
-    def check(_: Any, a: attrs.Attribute[int], v: int) -> None:
-        if not lo <= v <= hi:
-            raise ValueError(f"{a.name} must be in {lo}..{hi}, got {v}")
-
-    return check
 
 
 @attrs.frozen
 class TrainConfig:
     #: layers, one offload group each
-    layers: int = attrs.field(default=1, validator=_in(1, 8))
+    layers: int = attrs.field(default=1, validator=in_range(1, 8))
     #: microbatches (chunks) per iteration
-    mb: int = attrs.field(default=1, validator=_in(1, 8))
+    mb: int = attrs.field(default=1, validator=in_range(1, 8))
     #: activation_offload_fraction, in percent
-    frac: int = attrs.field(default=0, validator=_in(0, 100))
+    frac: int = attrs.field(default=0, validator=in_range(0, 100))
     #: training iterations
-    iters: int = attrs.field(default=1, validator=_in(1, 8))
+    iters: int = attrs.field(default=1, validator=in_range(1, 8))
     #: whether the first pass is a warmup (offloads every group)
-    warmup: int = attrs.field(default=1, validator=_in(0, 1))
+    warmup: int = attrs.field(default=1, validator=in_range(0, 1))
     #: a forward-only evaluation pass before training (its groups are offloaded, never reloaded)
-    evalfirst: int = attrs.field(default=0, validator=_in(0, 1))
+    evalfirst: int = attrs.field(default=0, validator=in_range(0, 1))
     #: size of each saved activation in KiB (the GPU run scales it)
-    kib: int = attrs.field(default=64, validator=_in(1, 1 << 20))
+    kib: int = attrs.field(default=64, validator=in_range(1, 1 << 20))
     #: compare every popped tensor with the pushed one at the end (keeps the pushed ones alive)
-    check: int = attrs.field(default=1, validator=_in(0, 1))
+    check: int = attrs.field(default=1, validator=in_range(0, 1))
     #: use the offload manager at all (0: the plain model, for the benchmark's baseline)
-    offload: int = attrs.field(default=1, validator=_in(0, 1))
+    offload: int = attrs.field(default=1, validator=in_range(0, 1))
     #: varies every value: repeated GPU trials must not find the last trial's bytes in a recycled pinned block
-    seed: int = attrs.field(default=0, validator=_in(0, 1 << 20))
+    seed: int = attrs.field(default=0, validator=in_range(0, 1 << 20))
 
 
 LR = 0.05

@@ -50,6 +50,8 @@ from typing import Any
 import attrs
 import torch
 
+from reference.schedule import in_range
+
 #: the memory-saver region tag of the trainer's memory
 TAG = "train"
 
@@ -72,36 +74,30 @@ VARIANTS = {
 }
 
 
-def _in(lo: int, hi: int) -> Any:
-    def check(_: Any, a: attrs.Attribute[int], v: int) -> None:
-        if not lo <= v <= hi:
-            raise ValueError(f"{a.name} must be in {lo}..{hi}, got {v}")
-
-    return check
 
 
 @attrs.frozen
 class MemsaverConfig:
     #: model size, KiB (weights and one optimizer state, float32; a GPU run reads MiB)
-    kib: int = attrs.field(default=4, validator=_in(1, 1 << 20))
+    kib: int = attrs.field(default=4, validator=in_range(1, 1 << 20))
     #: gradient buffer and per-step activations, KiB (at least ``kib``)
-    act_kib: int = attrs.field(default=32, validator=_in(1, 1 << 20))
+    act_kib: int = attrs.field(default=32, validator=in_range(1, 1 << 20))
     #: the connection handshake's device tensor, KiB
-    conn_kib: int = attrs.field(default=2, validator=_in(1, 1 << 20))
+    conn_kib: int = attrs.field(default=2, validator=in_range(1, 1 << 20))
     #: one transfer bucket, KiB
-    bucket_kib: int = attrs.field(default=2, validator=_in(1, 1 << 20))
+    bucket_kib: int = attrs.field(default=2, validator=in_range(1, 1 << 20))
     #: trainer offloading: sleep (pause) before each weight sync, wake (resume) after it
-    offload: int = attrs.field(default=1, validator=_in(0, 1))
+    offload: int = attrs.field(default=1, validator=in_range(0, 1))
     #: 1: the engines change every cycle, so each sync reconnects (asleep); 0: one connection, made awake
-    reconnect: int = attrs.field(default=1, validator=_in(0, 1))
+    reconnect: int = attrs.field(default=1, validator=in_range(0, 1))
     #: 1: the first reconnection inside update_weights raises
-    fail: int = attrs.field(default=0, validator=_in(0, 1))
+    fail: int = attrs.field(default=0, validator=in_range(0, 1))
     #: train / sleep / sync / wake cycles
-    cycles: int = attrs.field(default=2, validator=_in(1, 8))
+    cycles: int = attrs.field(default=2, validator=in_range(1, 8))
     #: 1: asleep, the trainer drops its gradient buffer and empties the allocator's cache
-    drop: int = attrs.field(default=1, validator=_in(0, 1))
+    drop: int = attrs.field(default=1, validator=in_range(0, 1))
     #: the simulated caching allocator's reuse choice among fitting free blocks (0: best fit; CUDA ignores it)
-    pick: int = attrs.field(default=0, validator=_in(0, 7))
+    pick: int = attrs.field(default=0, validator=in_range(0, 7))
 
     def __attrs_post_init__(self) -> None:
         if self.act_kib < self.kib:

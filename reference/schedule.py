@@ -21,7 +21,7 @@ This module is shared by ``reference.device.CudaDevice`` and
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
@@ -70,6 +70,16 @@ class Delay:
         if not m:
             raise ScheduleError(f"bad delay {text!r}: expected ACTOR#INDEX+UNITS, e.g. d2h#0+3")
         return cls(m.group(1), int(m.group(2)), int(m.group(3)))
+
+
+def in_range(lo: int, hi: int) -> Callable[[object, attrs.Attribute[int], int], None]:
+    """An attrs validator for a program's integer configuration field: ``lo <= value <= hi``."""
+
+    def check(_: object, a: attrs.Attribute[int], v: int) -> None:
+        if not lo <= v <= hi:
+            raise ValueError(f"{a.name} must be in {lo}..{hi}, got {v}")
+
+    return check
 
 
 def _config_items(value: Iterable[tuple[str, str]] | Mapping[str, object]) -> tuple[tuple[str, str], ...]:

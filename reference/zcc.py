@@ -63,6 +63,8 @@ from typing import Any
 import attrs
 import torch
 
+from reference.schedule import in_range
+
 #: worker status values, published through a shared value
 IDLE, OFFLOADING, DUMPING, ERROR = 0, 1, 2, 3
 #: worker tasks
@@ -102,34 +104,28 @@ VARIANTS: dict[str, Fixes] = {
 }
 
 
-def _in(lo: int, hi: int) -> Any:
-    def check(_: object, a: attrs.Attribute[int], v: int) -> None:
-        if not lo <= v <= hi:
-            raise ValueError(f"{a.name} must be in {lo}..{hi}, got {v}")
-
-    return check
 
 
 @attrs.frozen
 class ZccConfig:
     #: training steps
-    steps: int = attrs.field(default=3, validator=_in(1, 6))
+    steps: int = attrs.field(default=3, validator=in_range(1, 6))
     #: save a checkpoint every ``save`` steps
-    save: int = attrs.field(default=1, validator=_in(1, 6))
+    save: int = attrs.field(default=1, validator=in_range(1, 6))
     #: EMA-only snapshot every ``ema`` steps that are not save steps (0: never)
-    ema: int = attrs.field(default=0, validator=_in(0, 6))
+    ema: int = attrs.field(default=0, validator=in_range(0, 6))
     #: worker processes
-    workers: int = attrs.field(default=1, validator=_in(1, 3))
+    workers: int = attrs.field(default=1, validator=in_range(1, 3))
     #: ``offload_chunks`` = ``pipeline_hooks_steps`` = gradient-accumulation micro-steps
-    chunks: int = attrs.field(default=1, validator=_in(1, 3))
+    chunks: int = attrs.field(default=1, validator=in_range(1, 3))
     #: 1: an ``on_step_begin`` callback rescales the parameters in place (FP8 quantization)
-    mutate: int = attrs.field(default=1, validator=_in(0, 1))
+    mutate: int = attrs.field(default=1, validator=in_range(0, 1))
     #: 1: the trainer logs the loss with ``.item()`` before ``on_step_end`` (a host sync the fix relies on)
-    log: int = attrs.field(default=1, validator=_in(0, 1))
+    log: int = attrs.field(default=1, validator=in_range(0, 1))
     #: how long writing a dump to disk takes, in units (the simulator knows no file system)
-    dump: int = attrs.field(default=8, validator=_in(0, 1000))
+    dump: int = attrs.field(default=8, validator=in_range(0, 1000))
     #: size of the parameters in KiB (the fused buffer holds twice that: parameters and moments)
-    kib: int = attrs.field(default=128, validator=_in(1, 1 << 20))
+    kib: int = attrs.field(default=128, validator=in_range(1, 1 << 20))
 
 
 # ---------------------------------------------------------------------------

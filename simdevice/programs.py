@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 import torch
 
-from reference.schedule import Schedule, ScheduleError
+from reference.schedule import Schedule, ScheduleError, in_range
 
 
 class ConfigError(ScheduleError):
@@ -110,24 +110,18 @@ def int_config(cls: type, values: dict[str, str]) -> Any:
 # The demonstration: offload then reload.
 
 
-def _in(lo: int, hi: int) -> Callable[[Any, attrs.Attribute[int], int], None]:
-    def check(_: Any, a: attrs.Attribute[int], v: int) -> None:
-        if not lo <= v <= hi:
-            raise ConfigError(f"{a.name} must be in {lo}..{hi}, got {v}")
-
-    return check
 
 
 @attrs.frozen
 class OffloadReloadConfig:
     #: activation size in KiB (simulated; the GPU test scales it)
-    kib: int = attrs.field(default=16, validator=_in(1, 1 << 20))
+    kib: int = attrs.field(default=16, validator=in_range(1, 1 << 20))
     #: compute kernels between the offload and the reload
-    work: int = attrs.field(default=4, validator=_in(0, 64))
+    work: int = attrs.field(default=4, validator=in_range(0, 64))
     #: iterations (each with fresh activation values)
-    iters: int = attrs.field(default=2, validator=_in(1, 16))
+    iters: int = attrs.field(default=2, validator=in_range(1, 16))
     #: scratch buffer size, as a multiple of the activation
-    scratch: int = attrs.field(default=16, validator=_in(1, 1024))
+    scratch: int = attrs.field(default=16, validator=in_range(1, 1024))
 
 
 def offload_reload(dev: Any, variant: str, cfg: OffloadReloadConfig) -> list[torch.Tensor]:

@@ -13,25 +13,26 @@ from typing import Any
 import attrs
 
 from reference import param_readiness as pr
-from simdevice.programs import Program, _in, int_config, register
+from reference.schedule import in_range
+from simdevice.programs import Program, int_config, register
 
 
 @attrs.frozen
 class ParamReadinessConfig:
     #: ranks of the data-parallel group
-    ranks: int = attrs.field(default=2, validator=_in(1, 8))
-    layers: int = attrs.field(default=3, validator=_in(1, 16))
+    ranks: int = attrs.field(default=2, validator=in_range(1, 8))
+    layers: int = attrs.field(default=3, validator=in_range(1, 16))
     #: layers per bucket (one bucket per bucket group)
-    bucket: int = attrs.field(default=1, validator=_in(1, 16))
-    iters: int = attrs.field(default=2, validator=_in(1, 8))
+    bucket: int = attrs.field(default=1, validator=in_range(1, 16))
+    iters: int = attrs.field(default=2, validator=in_range(1, 8))
     #: overlap the parameter all-gather with forward (1) or gather synchronously after the step (0)
-    overlap: int = attrs.field(default=1, validator=_in(0, 1))
+    overlap: int = attrs.field(default=1, validator=in_range(0, 1))
     #: with overlap, start the first group's gather right after the step (1) or in the first pre-hook (0)
-    eager: int = attrs.field(default=0, validator=_in(0, 1))
+    eager: int = attrs.field(default=0, validator=in_range(0, 1))
     #: an evaluation forward with the hooks disabled after each step
-    evaluate: int = attrs.field(default=1, validator=_in(0, 1))
+    evaluate: int = attrs.field(default=1, validator=in_range(0, 1))
     #: one layer's weight in KiB (simulated; a GPU run multiplies it by 1024)
-    kib: int = attrs.field(default=64, validator=_in(1, 1 << 20))
+    kib: int = attrs.field(default=64, validator=in_range(1, 1 << 20))
 
     def model(self) -> pr.Model:
         return pr.Model(
