@@ -92,10 +92,20 @@ needs_saver = pytest.mark.skipif(
 )
 
 
+def fixed_outcome(mode: str) -> tuple[str, str]:
+    """Each FIXED schedule in a process of its own: on the H200 two lifecycles in one process aborted in the
+    caching allocator (docs/memsaver.md), which is not what this test is about."""
+    for text in FIXED_MORE:
+        outcome, tail = child(mode, "fixed", text)
+        if outcome != "clean":
+            return f"{outcome} ({text})", tail
+    return "clean", ""
+
+
 @pytest.fixture(scope="module")
 def working_mode() -> str:
     for mode in MODES:
-        outcome, tail = child(mode, "fixed", *FIXED_MORE)
+        outcome, tail = fixed_outcome(mode)
         print(f"MODE {mode}: FIXED {outcome}")
         if outcome == "clean":
             return mode
@@ -107,7 +117,7 @@ def working_mode() -> str:
 def test_fixed_completes_and_weights_are_equal(working_mode: str) -> None:
     bad = 0
     for _ in range(TRIALS):
-        outcome, tail = child(working_mode, "fixed", *FIXED_MORE)
+        outcome, tail = fixed_outcome(working_mode)
         bad += outcome != "clean"
         if outcome != "clean":
             print(tail)
@@ -220,6 +230,8 @@ def _probe(order: str) -> None:
 
 def _main() -> None:
     mode, what, *args = sys.argv[1:]
+    if what not in ("fixed", "run", "probe") or not args:
+        sys.exit(f"usage: {sys.argv[0]} MODE fixed|run SCHEDULE... | MODE probe ORDER")
     _setup(mode)
     if what == "probe":
         _probe(args[0])
