@@ -40,10 +40,10 @@ class StreamHandle:
         self._dev._sched.host_step(f"{self.name}.wait_event")
         self._dev._wait_marker(self._s, event._rec, "event")
 
-    def wait_stream(self, other: StreamHandle) -> None:
+    def wait_stream(self, stream: StreamHandle) -> None:
         sched = self._dev._sched
-        sched.host_step(f"{self.name}.wait_stream({other.name})")
-        o = other._s
+        sched.host_step(f"{self.name}.wait_stream({stream.name})")
+        o = stream._s
         self._dev._wait_marker(self._s, EventRecord(o, o.enqueued, o.clock.copy()), f"stream {o.name}")
 
     def synchronize(self) -> None:

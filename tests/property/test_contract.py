@@ -1,0 +1,46 @@
+"""Both backends offer the same contract, so a mechanism written once runs on either (no GPU needed)."""
+
+import inspect
+
+import pytest
+
+from reference import device as cuda
+from simdevice import collectives
+from simdevice import device as sim
+
+
+def public(obj: object) -> set[str]:
+    return {n for n in dir(obj) if not n.startswith("_")}
+
+
+def test_both_devices_provide_the_whole_protocol() -> None:
+    wanted = public(cuda.Device) - public(object)
+    assert wanted <= public(cuda.CudaDevice)
+    assert wanted <= public(sim.SimDevice(None))
+    assert public(sim.SimDevice(None)) - public(cuda.CudaDevice) <= {"trace", "now_units", "config", "schedule"}
+
+
+@pytest.mark.parametrize(
+    ("on_cuda", "on_sim"),
+    [
+        (cuda.CudaStream, sim.StreamHandle),
+        (cuda.CudaEvent, sim.EventHandle),
+        (cuda.CudaValue, sim.SharedValue),
+        (cuda.CudaQueue, sim.SharedQueue),
+        (cuda.CudaProcess, sim.ProcessHandle),
+        (cuda.CudaWork, collectives.SimWork),
+    ],
+)
+def test_handles_have_the_same_methods_and_parameters(on_cuda: type, on_sim: type) -> None:
+    assert public(on_cuda) - {"raw", "dev", "counts"} == public(on_sim) - {"name"}
+    for name in public(on_sim) & public(on_cuda):
+        a, b = getattr(on_cuda, name), getattr(on_sim, name)
+        if callable(a) and callable(b):
+            assert list(inspect.signature(a).parameters) == list(inspect.signature(b).parameters), name
+
+
+@pytest.mark.parametrize("name", ["Stream", "Event", "stream", "Process", "Value", "Queue", "sleep",
+                                  "all_gather_into_tensor", "spawn_ranks", "run"])
+def test_device_methods_take_the_same_parameters(name: str) -> None:
+    a, b = getattr(cuda.CudaDevice, name), getattr(sim.SimDevice, name)
+    assert list(inspect.signature(a).parameters) == list(inspect.signature(b).parameters)
