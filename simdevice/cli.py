@@ -62,10 +62,11 @@ def _parser() -> argparse.ArgumentParser:
         "exhaust",
         help="run every schedule of at most K delays (bounded exhaustive mode)",
         description="Run every schedule of one variant with at most K delays, each stall one of --units, "
-        "over the program's whole configuration space. Exit 0 when none fails (a clean variant) "
+        "in the configuration given (PROGRAM/VARIANT:KEY=V,...; PROGRAM/VARIANT: for the defaults) or, without "
+        "one, over the program's whole configuration space. Exit 0 when none fails (a clean variant) "
         "or one fails (a bug variant): 1 otherwise.",
     )
-    e.add_argument("target", help="PROGRAM/VARIANT, e.g. offload_reload/correct")
+    e.add_argument("target", help="PROGRAM/VARIANT[:CONFIG], e.g. offload_reload/correct or zcc/FIXED:workers=2")
     e.add_argument("--delays", type=int, default=1, metavar="K", help="at most K delays per schedule (default 1)")
     e.add_argument("--units", default="1,5,20", metavar="U,U,..", help="stall sizes in units (default 1,5,20)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -177,7 +178,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_exhaust(args: argparse.Namespace) -> int:
-    from simdevice.check import exhaust, programs
+    from simdevice.check import count_schedules, exhaust, programs
     from simdevice.programs import resolve
 
     programs(None)
@@ -190,19 +191,27 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     if not 0 <= args.delays <= 4:
         return _fail(f"--delays must be in 0..4, got {args.delays}")
     try:
-        prog, _ = resolve(Schedule.parse(args.target))
+        target = Schedule.parse(args.target)
+        prog, _ = resolve(target)
     except ScheduleError as e:
         return _fail(str(e))
-    variant = Schedule.parse(args.target).variant
+    if target.delays:
+        return _fail(f"exhaust draws the delays itself; drop them from {args.target!r}")
+    variant = target.variant
+    config = target.config_dict() if ":" in args.target else None
+    total = count_schedules(prog, args.delays, units, config)
+    if not args.quiet:
+        print(f"running {total} schedules", file=sys.stderr, flush=True)
     show = _progress(args.quiet)
-    n, failed = exhaust(prog, variant, args.delays, units, lambda k: show(args.target, k))
+    n, failed = exhaust(prog, variant, args.delays, units, lambda k: show(args.target, k), config)
     if not args.quiet and sys.stderr.isatty():
         print("\r", end="", file=sys.stderr)
     expect_bug = variant not in prog.clean
+    where = f"{target.target} ({'the configuration given' if config is not None else 'every configuration'})"
     if failed is None:
-        print(f"{args.target}: clean over all {n} schedules of at most {args.delays} delays of {args.units} units")
+        print(f"{where}: clean over all {n} schedules of at most {args.delays} delays of {args.units} units")
     else:
-        print(f"{args.target}: fails at schedule {n}:")
+        print(f"{where}: fails at schedule {n}:")
         print(failed.text())
     return 0 if (failed is not None) == expect_bug else 1
 
