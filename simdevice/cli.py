@@ -26,11 +26,21 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("simdevice")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="simdevice",
         description="Find, shrink and replay data races in GPU offload protocols on a simulated device.",
     )
+    p.add_argument("--version", action="version", version=f"simdevice {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     c = sub.add_parser(
         "check",
