@@ -195,6 +195,12 @@ def search(
     return Search(found, count[0], time.monotonic() - start)
 
 
+def counts_as_failure(program: Program, variant: str, out: Outcome) -> bool:
+    """What a search counts as found: corruption for a bug variant (what a GPU would show), any report or wrong
+    value for a clean one."""
+    return out.corrupted if variant not in program.clean else not out.clean
+
+
 def check_variant(
     program: Program,
     variant: str,
@@ -206,8 +212,7 @@ def check_variant(
     start = time.monotonic()
 
     def fails(s: Schedule) -> bool:
-        out = execute(s)
-        return out.corrupted if expect == "bug" else not out.clean
+        return counts_as_failure(program, variant, execute(s))
 
     result = search(program, variant, fails, max_examples, budget_s=budget_s, progress=progress)
     found = result.schedule
@@ -277,16 +282,15 @@ def exhaust(
 ) -> tuple[int, Outcome | None]:
     """Run every bounded schedule; return how many ran and the first that failed (None: all passed).
 
-    A failure is what ``check_variant`` counts: corruption for a bug variant, any report for a clean one.
+    A failure is what ``check_variant`` counts (:func:`counts_as_failure`).
     """
-    expect_bug = variant not in program.clean
     n = 0
     for s in all_schedules(program, variant, max_delays, units, config):
         n += 1
         if progress:
             progress(n)
         out = execute(s)
-        if (out.corrupted if expect_bug else not out.clean):
+        if counts_as_failure(program, variant, out):
             return n, out
     return n, None
 
