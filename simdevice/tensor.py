@@ -16,10 +16,11 @@ sees every aten op there:
   (shape from running the op on meta tensors, cached per signature) and the
   op's effect is applied to the backing data when the scheduler runs it:
   inputs are read when it starts, outputs written when it completes;
-- copies: to or from pinned host memory they are asynchronous; to pageable
-  host memory (``.cpu()``, ``.item()``, a plain CPU destination) the host
-  waits for the copy, as CUDA does; from pageable memory the source is read
-  at issue, as CUDA's staging does;
+- copies: to or from pinned host memory with ``non_blocking=True`` they are
+  asynchronous; without it, or to pageable host memory (``.cpu()``,
+  ``.item()``, a plain CPU destination), the host waits for the copy, as
+  CUDA does; from pageable memory the source is read at issue, as CUDA's
+  staging does;
 - plain CPU ops that touch pinned memory the simulator owns are host steps
   too, checked as host accesses.
 
@@ -123,6 +124,13 @@ class SimTensor(torch.Tensor):
 def peek(t: torch.Tensor) -> torch.Tensor:
     """The current bytes of a simulated tensor as a CPU tensor (for tests, after a run)."""
     return t._data.clone() if isinstance(t, SimTensor) else t.clone()
+
+
+def _non_blocking(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a copy op was asked for ``non_blocking=True`` (``copy_``'s third argument, or a keyword)."""
+    if func is aten.copy_.default and len(args) > 2:
+        return bool(args[2])
+    return bool(kwargs.get("non_blocking", False))
 
 
 def _poison(t: torch.Tensor) -> None:
@@ -404,8 +412,10 @@ class TensorOps:
         op.finish = self._finisher(written, outputs, box)
         self.sched.enqueue(s, op)
 
-        if not outputs or self._pageable(outputs):
-            # The host waits for results it reads itself: .cpu(), .item(), a pageable destination.
+        blocking_copy = is_copy and host_touch and not _non_blocking(func, args, kwargs)
+        if not outputs or blocking_copy or self._pageable(outputs):
+            # The host waits for results it reads itself (.cpu(), .item(), a pageable destination) and for
+            # a copy to or from host memory without non_blocking=True (CUDA synchronizes its stream then).
             pos = op.position
             self.sched.block(a, f"stream {s.name} to finish {desc} #{index}", lambda: s.completed >= pos)
             a.clock.join(s.clock)

@@ -213,7 +213,7 @@ def test_report_text_is_pinned() -> None:
     stale = [str(r) for r in out.run.reports if r.kind == "stale-read"]
     expected = (
         f"stale read: copy_ (H2D) on stream default #12 (reference/activation_offload.py:{h2d}) read "
-        f"pinned#3[0:65536] at t=4.501; it saw uninitialized memory; stale by 1 write: expected the data of "
+        f"pinned#3[0:65536] at t=4.516; it saw uninitialized memory; stale by 1 write: expected the data of "
         f"copy_ (D2H) on stream d2h #1 (reference/activation_offload.py:{d2h})"
     )
     assert stale[0] == expected

@@ -204,7 +204,7 @@ def test_report_text_is_pinned() -> None:
     race = [str(r) for r in out.run.reports if isinstance(r, Race)]
     expected_stale = (
         "stale read: copy_ on stream rank0.prefetch #0 (reference/param_readiness.py:356) read device#1[0:65536] "
-        "at t=5.374; it saw copy_ (H2D) on stream rank0.default #0 (reference/param_readiness.py:148); "
+        "at t=5.404; it saw copy_ (H2D) on stream rank0.default #0 (reference/param_readiness.py:148); "
         "stale by 1 write: expected the data of all_gather (receive) on stream rank0.nccl "
         "(reference/param_readiness.py:179)"
     )

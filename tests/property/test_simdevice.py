@@ -137,6 +137,28 @@ def test_host_read_of_pinned_memory_before_the_copy_landed_is_stale() -> None:
     assert torch.isnan(out).all()
 
 
+@pytest.mark.parametrize("how", ["d2h", "d2h positional", "h2d"])
+def test_a_pinned_copy_without_non_blocking_is_synchronous(how: str) -> None:
+    # CUDA synchronizes the stream after a copy to or from host memory unless non_blocking=True
+    def program(dev: Any) -> torch.Tensor:
+        x = torch.full((N,), 3.0, device=dev.device)
+        pinned = torch.empty(N, pin_memory=True)
+        if how == "h2d":
+            pinned.fill_(3.0)
+            x.copy_(pinned)
+            pinned.fill_(5.0)  # the host may reuse the buffer at once
+            return x.cpu()
+        if how == "d2h":
+            pinned.copy_(x)
+        else:
+            pinned.copy_(x, False)
+        return pinned.clone()
+
+    out, reports, _ = run(program)
+    assert reports == ()
+    assert torch.equal(out, torch.full((N,), 3.0))
+
+
 def test_copy_from_pageable_memory_reads_the_source_at_issue() -> None:
     def program(dev: Any) -> torch.Tensor:
         src = torch.full((N,), 1.0)

@@ -169,7 +169,7 @@ def test_torn_search_shrinks_to_a_pinned_kind_of_schedule(variant: str) -> None:
 def test_no_guard_deadlock_text_is_pinned() -> None:
     out = run("zcc/zcc-no-step-begin-guard:chunks=2")
     expected = (
-        "deadlock at t=1009.228: host waits for nothing it can see change (polling; last step: Value.get); "
+        "deadlock at t=1009.233: host waits for nothing it can see change (polling; last step: Value.get); "
         "worker0 waits for an item on a queue",
     )
     assert expected == tuple(str(r) for r in out.run.reports)
