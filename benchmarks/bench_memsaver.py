@@ -45,7 +45,7 @@ def cpu(seeds: int) -> None:
     print(f"CPU FIXED cycles=3: {runs / (time.perf_counter() - start):.1f} schedules/s")
 
 
-def gpu(hook_mode: str) -> None:
+def gpu(hook_mode: str, reps: int = 5) -> None:
     import torch
 
     if not torch.cuda.is_available():
@@ -71,18 +71,26 @@ def gpu(hook_mode: str) -> None:
     for gib in (1, 2, 4, 8):
         with saver.region(tag=f"bench{gib}"):
             x = torch.ones(gib << 30, dtype=torch.uint8, device="cuda")
-        torch.cuda.synchronize()
-        free0, _ = torch.cuda.mem_get_info()
-        t0 = time.perf_counter()
-        saver.pause(f"bench{gib}")
-        t1 = time.perf_counter()
-        free1, _ = torch.cuda.mem_get_info()
-        saver.resume(f"bench{gib}")
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
+        pauses, resumes, released = [], [], []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            free0, _ = torch.cuda.mem_get_info()
+            t0 = time.perf_counter()
+            saver.pause(f"bench{gib}")
+            t1 = time.perf_counter()
+            free1, _ = torch.cuda.mem_get_info()
+            saver.resume(f"bench{gib}")
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            pauses.append(t1 - t0)
+            resumes.append(t2 - t1)
+            released.append((free1 - free0) / (1 << 30))
+        intact = bool((x == 1).all())  # no backup asked: contents after resume are not promised
         print(
-            f"GPU {hook_mode} {gib} GiB: pause {1e3 * (t1 - t0):.1f} ms, resume {1e3 * (t2 - t1):.1f} ms, "
-            f"released {(free1 - free0) / (1 << 30):.2f} GiB"
+            f"GPU {hook_mode} {gib} GiB: pause median {1e3 * statistics.median(pauses):.1f} ms, resume median "
+            f"{1e3 * statistics.median(resumes):.1f} ms (of {reps}), released {statistics.median(released):.2f} GiB"
+            f" (contents after resume {'kept' if intact else 'not kept'})",
+            flush=True,
         )
         del x
 

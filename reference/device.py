@@ -586,11 +586,48 @@ class CudaDevice:
     # -- the pausable memory pool -------------------------------------------------
     @property
     def memory_saver(self) -> Any:
+        """``torch_memory_saver``; in a process started with ``TMS_INIT_ENABLE=1``, its process-wide form.
+
+        Started that way (``LD_PRELOAD`` of the library's preload hook, as training frameworks launch a
+        trainer that offloads), every device allocation of the process is pausable unless made inside
+        ``disable()``: the process is the region. ``region(tag)`` then opens no memory pool of its own (a
+        ``disable()`` nested in a region's pool aborts in PyTorch's allocator, docs/memsaver.md), and
+        ``pause``/``resume`` act on all of the process's pausable memory.
+        """
         if self._memory_saver is None:
             from torch_memory_saver import torch_memory_saver
 
-            self._memory_saver = torch_memory_saver
+            if os.environ.get("TMS_INIT_ENABLE") == "1":
+                self._memory_saver = ProcessWideMemorySaver(torch_memory_saver)
+            else:
+                self._memory_saver = torch_memory_saver
         return self._memory_saver
+
+
+class ProcessWideMemorySaver:
+    """``torch_memory_saver`` in a process whose every allocation is pausable (``TMS_INIT_ENABLE=1``)."""
+
+    def __init__(self, saver: Any) -> None:
+        self._saver = saver
+        self._backup = os.environ.get("TMS_INIT_ENABLE_CPU_BACKUP") == "1"
+
+    @contextlib.contextmanager
+    def region(self, tag: str = "default", enable_cpu_backup: bool = False) -> Iterator[None]:
+        if enable_cpu_backup != self._backup:
+            raise ValueError(
+                f"region({tag!r}, enable_cpu_backup={enable_cpu_backup}) in a process-wide memory saver started "
+                f"with TMS_INIT_ENABLE_CPU_BACKUP={int(self._backup)}"
+            )
+        yield
+
+    def disable(self) -> Any:
+        return self._saver.disable()
+
+    def pause(self, tag: str | None = None) -> None:
+        self._saver.pause(None)
+
+    def resume(self, tag: str | None = None) -> None:
+        self._saver.resume(None)
 
 
 def _init_nccl_group(rank: int, world_size: int, port: int | None) -> None:

@@ -148,10 +148,15 @@ class ConnectionStatus:
 
 
 class RolloutEngine:
-    """The inference engine's copy of the weights: ordinary device memory, outside the trainer's region."""
+    """The inference engine's copy of the weights, outside the trainer's region.
+
+    The engine is another process; its copy stands here in pinned host memory, which no pause of the
+    trainer touches on either backend (on CUDA the whole trainer process may be the region, see
+    ``reference.device.CudaDevice.memory_saver``).
+    """
 
     def __init__(self, dev: Any, n: int) -> None:
-        self.weights = torch.zeros(n, dtype=torch.float32, device=dev.device)
+        self.weights = torch.zeros(n, dtype=torch.float32, pin_memory=True)
 
 
 class Trainer:
@@ -260,7 +265,7 @@ class WeightUpdater:
             hi = min(src.numel(), lo + nb)
             bucket = torch.empty(hi - lo, dtype=torch.float32, device=self.dev.device)
             bucket.copy_(src[lo:hi], non_blocking=True)
-            # the broadcast to the engine (world size 1: a device copy, ordered after the bucket's H2D)
+            # the broadcast to the engine (a copy out, ordered after the bucket's H2D; it returns once done)
             engine.weights[lo:hi].copy_(bucket)
             # the bucket must die inside the guard: disable() disposes of its pool on exit
             del bucket
@@ -286,7 +291,7 @@ def run_lifecycle(dev: Any, fixes: Fixes, cfg: MemsaverConfig) -> SyncRecord:
                 record.updated.append(True)
             except ConnectionError:
                 record.updated.append(False)
-            record.received.append(engine.weights.cpu())
+            record.received.append(engine.weights.clone())
             if cfg.offload:
                 trainer.wake()
     return record

@@ -208,15 +208,15 @@ def test_report_text_is_pinned() -> None:
     line = next(i + 1 for i, t in enumerate(src) if "mine = torch.full(" in t)
     out = execute(Schedule.parse("memsaver_guard/memsaver-connect-unguarded:cycles=1"))
     expected = (
-        f"illegal access: full on stream default #11 (reference/memsaver_guard.py:{line}) writes "
+        f"illegal access: full on stream default #10 (reference/memsaver_guard.py:{line}) writes "
         "device#8[0:2048] of device#8, which memory_saver.pause('train') at t=0.248 unmapped "
-        "(block seg#2+8192, handed out again from the caching allocator's free list while paused)"
+        "(block seg#1+8192, handed out again from the caching allocator's free list while paused)"
     )
     assert str(out.run.reports[0]) == expected
     twice = execute(Schedule.parse("memsaver_guard/memsaver-free-while-paused-twice:cycles=1"))
     assert str(twice.run.reports[0]).startswith(
-        "host error: host raised RuntimeError: memory saver released handle h2 of seg#3 twice "
-        "(pause of seg#3, then free of seg#3 while paused): the driver refuses the second release"
+        "host error: host raised RuntimeError: memory saver released handle h2 of seg#2 twice "
+        "(pause of seg#2, then free of seg#2 while paused): the driver refuses the second release"
     )
 
 
