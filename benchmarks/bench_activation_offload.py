@@ -15,6 +15,7 @@ assertions: nothing here is a test.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from typing import Any
@@ -39,10 +40,12 @@ def time_to_find(variant: str, seeds: int) -> None:
           f"to the first failing schedule over {seeds} seeds (max {max(secs):.2f}s; not found: {missed})")
 
 
-def _gpu_iteration_times(iters: int = 6) -> None:
+def _gpu_iteration_times(iters: int = 6, runs: int = 5, dim: int = 4096) -> None:
+    """Per-iteration wall time of each arm, the arms interleaved run by run (side by side), the first
+    iteration of each run (warm-up pass, no offload) left out. Each layer's forward also multiplies two
+    ``dim`` x ``dim`` matrices on the compute stream, compute that the copies can overlap."""
     from reference.device import CudaDevice
 
-    cycles = None
     base = ao.TrainConfig(layers=4, mb=2, iters=iters, frac=100, warmup=1, kib=64 * 1024, check=0)
     arms: list[tuple[str, ao.Fixes, ao.TrainConfig]] = [
         ("no offload", ao.FIXED, ao.TrainConfig(**{**_fields(base), "offload": 0})),
@@ -51,17 +54,42 @@ def _gpu_iteration_times(iters: int = 6) -> None:
         ("prefetch keeps latch", ao.PREFETCH_KEEPS_LATCH, base),
         ("FIXED, fraction 0.5", ao.FIXED, ao.TrainConfig(**{**_fields(base), "frac": 50})),
     ]
-    for name, fixes, cfg in arms:
-        runs = []
-        for _ in range(3):
-            dev = CudaDevice(None, cycles_per_ms=cycles)
-            cycles = dev.cycles_per_ms
-            torch.cuda.synchronize()
-            start = time.monotonic()
-            dev.run(ao.train, fixes, cfg)
-            runs.append((time.monotonic() - start) / cfg.iters)
-        print(f"GPU iteration, {name}: median {1e3 * statistics.median(runs):.1f} ms "
-              f"(runs: {', '.join(f'{1e3 * r:.1f}' for r in runs)} ms; includes the host-to-device input copies)")
+    a = torch.randn(dim, dim, device="cuda")
+    plain_layer = ao.layer_forward
+
+    def layer_with_compute(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        torch.mm(a, a)  # stands in for the layer's matmuls: stream time the copies can overlap
+        return plain_layer(x, w)
+
+    ao.layer_forward = layer_with_compute  # type: ignore[assignment]
+    try:
+        times: dict[str, list[float]] = {name: [] for name, _, _ in arms}
+        cycles = None
+        for r in range(runs + 1):  # run 0 warms up every arm
+            for name, fixes, cfg in arms:
+                dev = CudaDevice(None, cycles_per_ms=cycles)
+                cycles = dev.cycles_per_ms
+                stamps: list[float] = []
+
+                def stamp(it: int, stamps: list[float] = stamps) -> None:
+                    torch.cuda.synchronize()
+                    stamps.append(time.perf_counter())
+
+                dev.run(ao.train, fixes, cfg, stamp)
+                if r:
+                    times[name] += [t1 - t0 for t0, t1 in itertools.pairwise(stamps)]
+    finally:
+        ao.layer_forward = plain_layer  # type: ignore[assignment]
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(8 * 10):
+        torch.mm(a, a)
+    torch.cuda.synchronize()
+    mm = (time.perf_counter() - start) / 10
+    print(f"GPU compute alone: {1e3 * mm:.1f} ms per iteration (8 layer forwards' matmuls, {dim}x{dim})")
+    for name, ts in times.items():
+        print(f"GPU iteration, {name}: median {1e3 * statistics.median(ts):.1f} ms over {len(ts)} iterations "
+              f"(min {1e3 * min(ts):.1f}, max {1e3 * max(ts):.1f}; {runs} runs x {iters - 1}, arms interleaved)")
 
 
 def _fields(cfg: ao.TrainConfig) -> dict[str, Any]:

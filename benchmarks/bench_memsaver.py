@@ -68,26 +68,28 @@ def gpu(hook_mode: str, reps: int = 5) -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
     saver = torch_memory_saver.torch_memory_saver
     saver.hook_mode = hook_mode
-    for gib in (1, 2, 4, 8):
-        with saver.region(tag=f"bench{gib}"):
+    for gib, backup in ((1, False), (2, False), (4, False), (8, False), (1, True), (8, True)):
+        tag = f"bench{gib}{'b' if backup else ''}"
+        with saver.region(tag=tag, enable_cpu_backup=backup):
             x = torch.ones(gib << 30, dtype=torch.uint8, device="cuda")
         pauses, resumes, released = [], [], []
         for _ in range(reps):
             torch.cuda.synchronize()
             free0, _ = torch.cuda.mem_get_info()
             t0 = time.perf_counter()
-            saver.pause(f"bench{gib}")
+            saver.pause(tag)
             t1 = time.perf_counter()
             free1, _ = torch.cuda.mem_get_info()
-            saver.resume(f"bench{gib}")
+            saver.resume(tag)
             torch.cuda.synchronize()
             t2 = time.perf_counter()
             pauses.append(t1 - t0)
             resumes.append(t2 - t1)
             released.append((free1 - free0) / (1 << 30))
-        intact = bool((x == 1).all())  # no backup asked: contents after resume are not promised
+        intact = bool((x == 1).all())  # without a backup the contents after resume are not promised
         print(
-            f"GPU {hook_mode} {gib} GiB: pause median {1e3 * statistics.median(pauses):.1f} ms, resume median "
+            f"GPU {hook_mode} {gib} GiB{', CPU backup' if backup else ''}: "
+            f"pause median {1e3 * statistics.median(pauses):.1f} ms, resume median "
             f"{1e3 * statistics.median(resumes):.1f} ms (of {reps}), released {statistics.median(released):.2f} GiB"
             f" (contents after resume {'kept' if intact else 'not kept'})",
             flush=True,

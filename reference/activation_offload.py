@@ -55,6 +55,7 @@ Checked by ``tests/property/test_activation_offload.py`` (simulator) and
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -498,8 +499,13 @@ def layer_forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.tanh(x * w)
 
 
-def train(dev: Any, fixes: Fixes, cfg: TrainConfig) -> dict[str, Any]:
-    """Train the small model with activation offload; return the final weights and what the checks saw."""
+def train(
+    dev: Any, fixes: Fixes, cfg: TrainConfig, on_iteration: Callable[[int], None] | None = None
+) -> dict[str, Any]:
+    """Train the small model with activation offload; return the final weights and what the checks saw.
+
+    ``on_iteration(it)``, if given, is called after each training iteration (a benchmark's clock).
+    """
     names = [f"layer{k}" for k in range(cfg.layers)]
     weights = []
     for k in range(cfg.layers + 1):
@@ -558,6 +564,8 @@ def train(dev: Any, fixes: Fixes, cfg: TrainConfig) -> dict[str, Any]:
                 w.grad = None
         if manager:
             manager.reset()
+        if on_iteration is not None:
+            on_iteration(it)
     # wait: the comparison and the weights must see every copy and kernel of the last pass landed
     dev.synchronize()
     # A resident tensor comes back as itself; only copies that went through a pinned buffer are compared.

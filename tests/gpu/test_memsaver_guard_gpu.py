@@ -85,14 +85,17 @@ def child(mode: str, *args: str, timeout: int = 120) -> tuple[str, str]:
     except subprocess.TimeoutExpired:
         return "timeout", ""
     out = p.stdout + p.stderr
+    # the first line naming the failure leads the tail: a C++ backtrace would push it out of view
+    cause = next((line for line in out.splitlines() if ILLEGAL.search(line) or "INTERNAL ASSERT" in line), "")
+    tail = (f"first error: {cause[:400]}\n" if cause else "") + out[-2000:]
     results = [line[7:] for line in p.stdout.splitlines() if line.startswith("RESULT ")]
     if results:  # the child ran to its end (it exits at once after, skipping CUDA teardown)
-        return results[-1], out[-2000:]
+        return results[-1], tail
     if ILLEGAL.search(out):
-        return "illegal-memory-access", out[-2000:]
+        return "illegal-memory-access", tail
     if "INTERNAL ASSERT" in out:
-        return "internal-assert", out[-2000:]
-    return f"crash rc={p.returncode}", out[-2000:]
+        return "internal-assert", tail
+    return f"crash rc={p.returncode}", tail
 
 
 needs_saver = pytest.mark.skipif(
@@ -143,6 +146,8 @@ def test_unguarded_connection_hits_illegal_memory_access(working_mode: str) -> N
         hits += outcome == "illegal-memory-access"
         if outcome != "illegal-memory-access":
             print(f"  outcome {outcome}\n{tail}")
+        else:
+            print(f"  {tail.splitlines()[0]}")
     print(f"RATE memsaver-connect-unguarded {BUG} [{working_mode}] corrupted {hits}/{TRIALS}")
     assert hits >= 1
 
@@ -158,7 +163,7 @@ def test_allocation_inside_disable_while_paused(working_mode: str) -> None:
         outcomes[mode, order] = outcome
         print(f"PROBE {mode} {order}: {outcome}")
         if outcome != "ok":
-            print(tail)
+            print(tail.splitlines()[0] if tail.startswith("first error") else tail)
     if (working_mode, "freed-inside") not in outcomes:
         outcomes[working_mode, "freed-inside"], tail = child(working_mode, "probe", "freed-inside")
     assert outcomes[working_mode, "freed-inside"] == "ok"
