@@ -29,6 +29,8 @@ contract                              on CUDA
                                       a work handle with ``wait()``
 ``dev.memory_saver``                  ``torch_memory_saver``: ``region()``,
                                       ``pause()``, ``resume()``, ``disable()``
+                                      (process-wide under
+                                      ``TMS_INIT_ENABLE=1``)
 ====================================  ======================================
 
 Tensors are made with ``device=dev.device`` and ``pin_memory=True`` and

@@ -226,8 +226,8 @@ class WeightUpdater:
         """The connection handshake: an object all-gather, whose tensors are allocated on the device."""
         self.attempts += 1
         self.record.handshakes.append(self._handshake(float(1000 * self.attempts)))
-        # the handshake's tensors died with _handshake, inside the guard: an exception's traceback would
-        # otherwise keep them alive past disable(), whose pool is gone by then
+        # the handshake's tensors died with _handshake, inside the guard (an exception's traceback would
+        # otherwise keep them alive past disable(), which deletes its temporary pool on exit)
         if fail:
             self.record.failed_connects += 1
             raise ConnectionError("a rollout engine refused the connection")
@@ -267,7 +267,7 @@ class WeightUpdater:
             bucket.copy_(src[lo:hi], non_blocking=True)
             # the broadcast to the engine (a copy out, ordered after the bucket's H2D; it returns once done)
             engine.weights[lo:hi].copy_(bucket)
-            # the bucket must die inside the guard: disable() disposes of its pool on exit
+            # the bucket dies inside the guard, whose temporary pool disable() deletes on exit
             del bucket
         self.record.transfers += 1
 
