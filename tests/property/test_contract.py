@@ -44,3 +44,36 @@ def test_handles_have_the_same_methods_and_parameters(on_cuda: type, on_sim: typ
 def test_device_methods_take_the_same_parameters(name: str) -> None:
     a, b = getattr(cuda.CudaDevice, name), getattr(sim.SimDevice, name)
     assert list(inspect.signature(a).parameters) == list(inspect.signature(b).parameters)
+
+
+def test_the_process_wide_memory_saver_has_the_simulated_one_s_contract() -> None:
+    from simdevice.memsaver import SimMemorySaver
+
+    for name in ("region", "disable", "pause", "resume"):
+        a, b = getattr(cuda.ProcessWideMemorySaver, name), getattr(SimMemorySaver, name)
+        assert list(inspect.signature(a).parameters) == list(inspect.signature(b).parameters), name
+
+
+def test_the_process_wide_memory_saver_pauses_the_whole_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, object]] = []
+
+    class Library:  # records what torch_memory_saver would be asked
+        def pause(self, tag: object) -> None:
+            calls.append(("pause", tag))
+
+        def resume(self, tag: object) -> None:
+            calls.append(("resume", tag))
+
+        def disable(self) -> str:
+            calls.append(("disable", None))
+            return "the library's disable()"
+
+    monkeypatch.setenv("TMS_INIT_ENABLE_CPU_BACKUP", "1")
+    saver = cuda.ProcessWideMemorySaver(Library())
+    with saver.region("train", enable_cpu_backup=True):
+        saver.pause("train")
+        assert saver.disable() == "the library's disable()"
+        saver.resume("train")
+    assert calls == [("pause", None), ("disable", None), ("resume", None)]
+    with pytest.raises(ValueError, match="TMS_INIT_ENABLE_CPU_BACKUP=1"), saver.region("train"):
+        pass
