@@ -597,13 +597,17 @@ class CudaDevice:
         ``pause``/``resume`` act on all of the process's pausable memory.
         """
         if self._memory_saver is None:
-            from torch_memory_saver import torch_memory_saver
-
-            if os.environ.get("TMS_INIT_ENABLE") == "1":
-                self._memory_saver = ProcessWideMemorySaver(torch_memory_saver)
-            else:
-                self._memory_saver = torch_memory_saver
+            self._memory_saver = load_memory_saver()
         return self._memory_saver
+
+
+def load_memory_saver() -> Any:
+    """``torch_memory_saver``, or ``ProcessWideMemorySaver`` over it in a process started with ``TMS_INIT_ENABLE=1``."""
+    from torch_memory_saver import torch_memory_saver
+
+    if os.environ.get("TMS_INIT_ENABLE") == "1":
+        return ProcessWideMemorySaver(torch_memory_saver)
+    return torch_memory_saver
 
 
 class ProcessWideMemorySaver:

@@ -173,15 +173,18 @@ def test_allocation_inside_disable_while_paused(working_mode: str) -> None:
 # -- the child ----------------------------------------------------------------------------------
 
 
-def _setup(mode: str) -> None:
+def _setup(mode: str) -> Any:
+    """Set the process up (NCCL, the hook check); return the memory saver (its hook mode is set once)."""
     import contextlib
 
     import torch
     import torch.distributed as dist
     import torch_memory_saver
 
-    saver = torch_memory_saver.torch_memory_saver
-    saver.hook_mode = "preload" if mode == "process" else mode
+    from reference.device import load_memory_saver
+
+    torch_memory_saver.torch_memory_saver.hook_mode = "preload" if mode == "process" else mode
+    saver = load_memory_saver()  # what the reference gets from CudaDevice: process-wide in mode "process"
     torch.cuda.set_device(0)
     # NCCL's own buffers are made now, as ordinary memory: a pause must not take them
     with saver.disable() if mode == "process" else contextlib.nullcontext():
@@ -192,43 +195,30 @@ def _setup(mode: str) -> None:
         torch.cuda.synchronize()
         del x, out
     # a mode whose hook is not in place would pause nothing, and every schedule would look clean
-    with _region(mode, "setup-check"):
+    with saver.region("setup-check", enable_cpu_backup=True):
         held = torch.ones(2 << 30, dtype=torch.uint8, device="cuda")  # large: other processes' use is noise
     torch.cuda.synchronize()
     free0, _ = torch.cuda.mem_get_info()
-    saver.pause(None if mode == "process" else "setup-check")
+    saver.pause("setup-check")
     free1, _ = torch.cuda.mem_get_info()
-    saver.resume(None if mode == "process" else "setup-check")
+    saver.resume("setup-check")
     del held
     if free1 - free0 < 1 << 30:
         print(f"RESULT saver-inactive (pause released {(free1 - free0) >> 20} MiB of 2048)")
         sys.stdout.flush()
         os._exit(0)
+    return saver
 
 
-def _region(mode: str, tag: str) -> Any:
-    """The library's region, or (process-wide) nothing: the whole process is the region then."""
-    import contextlib
-
-    import torch_memory_saver
-
-    if mode == "process":
-        return contextlib.nullcontext()
-    return torch_memory_saver.torch_memory_saver.region(tag, enable_cpu_backup=True)
-
-
-def _probe(mode: str, order: str) -> None:
+def _probe(saver: Any, order: str) -> None:
     import torch
-    import torch_memory_saver
 
-    saver = torch_memory_saver.torch_memory_saver
-    tag = None if mode == "process" else "probe"
-    with _region(mode, "probe"):
+    with saver.region("probe", enable_cpu_backup=True):
         w = torch.ones(64 << 20, dtype=torch.uint8, device="cuda")
         tmp = torch.ones(128 << 20, dtype=torch.uint8, device="cuda")  # freed: cached in pausable memory
         del tmp
         torch.cuda.synchronize()
-        saver.pause(tag)
+        saver.pause("probe")
         with saver.disable():
             x = torch.ones(8 << 20, dtype=torch.uint8, device="cuda")
             total = int(x.sum())
@@ -237,7 +227,7 @@ def _probe(mode: str, order: str) -> None:
         torch.cuda.synchronize()
         if order == "outlives-disable":
             del x  # freed after disable() disposed of its pool
-        saver.resume(tag)
+        saver.resume("probe")
         y = torch.ones(1 << 20, dtype=torch.uint8, device="cuda")  # the allocator runs again after the free
         restored = bool(torch.equal(w, torch.ones_like(w)))
         del y, w
@@ -249,9 +239,9 @@ def _main() -> None:
     mode, what, *args = sys.argv[1:]
     if what not in ("fixed", "run", "probe") or not args:
         sys.exit(f"usage: {sys.argv[0]} MODE fixed|run SCHEDULE... | MODE probe ORDER")
-    _setup(mode)
+    saver = _setup(mode)
     if what == "probe":
-        _probe(mode, args[0])
+        _probe(saver, args[0])
         return
     _run(args)
 
