@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from reference import activation_offload as ao
-from simdevice.check import load_all, search
-from simdevice.programs import REGISTRY
+from simdevice.programs import REGISTRY, load_all
+from simdevice.programs import activation_offload as harness
+from simdevice.search import search
 
 
 def time_to_find(variant: str, seeds: int) -> None:
@@ -44,24 +45,24 @@ def _gpu_iteration_times(iters: int = 6, runs: int = 5, dim: int = 4096) -> None
     """Per-iteration wall time of each arm, the arms interleaved run by run (side by side), the first
     iteration of each run (warm-up pass, no offload) left out. Each layer's forward also multiplies two
     ``dim`` x ``dim`` matrices on the compute stream, compute that the copies can overlap."""
-    from reference.device import CudaDevice
+    from reference.cuda import CudaDevice
 
-    base = ao.TrainConfig(layers=4, mb=2, iters=iters, frac=100, warmup=1, kib=64 * 1024, check=0)
-    arms: list[tuple[str, ao.Fixes, ao.TrainConfig]] = [
-        ("no offload", ao.FIXED, ao.TrainConfig(**{**_fields(base), "offload": 0})),
+    base = harness.TrainConfig(layers=4, mb=2, iters=iters, frac=100, warmup=1, kib=64 * 1024, check=0)
+    arms: list[tuple[str, ao.Fixes, harness.TrainConfig]] = [
+        ("no offload", ao.FIXED, harness.TrainConfig(**{**_fields(base), "offload": 0})),
         ("FIXED (latch)", ao.FIXED, base),
         ("unconditional wait", ao.UNCONDITIONAL_WAIT, base),
         ("prefetch keeps latch", ao.PREFETCH_KEEPS_LATCH, base),
-        ("FIXED, fraction 0.5", ao.FIXED, ao.TrainConfig(**{**_fields(base), "frac": 50})),
+        ("FIXED, fraction 0.5", ao.FIXED, harness.TrainConfig(**{**_fields(base), "frac": 50})),
     ]
     a = torch.randn(dim, dim, device="cuda")
-    plain_layer = ao.layer_forward
+    plain_layer = harness.layer_forward
 
     def layer_with_compute(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         torch.mm(a, a)  # stands in for the layer's matmuls: stream time the copies can overlap
         return plain_layer(x, w)
 
-    ao.layer_forward = layer_with_compute  # type: ignore[assignment]
+    harness.layer_forward = layer_with_compute  # type: ignore[assignment]
     try:
         times: dict[str, list[float]] = {name: [] for name, _, _ in arms}
         cycles = None
@@ -75,11 +76,11 @@ def _gpu_iteration_times(iters: int = 6, runs: int = 5, dim: int = 4096) -> None
                     torch.cuda.synchronize()
                     stamps.append(time.perf_counter())
 
-                dev.run(ao.train, fixes, cfg, stamp)
+                dev.run(harness.train, fixes, cfg, stamp)
                 if r:
                     times[name] += [t1 - t0 for t0, t1 in itertools.pairwise(stamps)]
     finally:
-        ao.layer_forward = plain_layer  # type: ignore[assignment]
+        harness.layer_forward = plain_layer  # type: ignore[assignment]
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(8 * 10):
@@ -92,14 +93,14 @@ def _gpu_iteration_times(iters: int = 6, runs: int = 5, dim: int = 4096) -> None
               f"(min {1e3 * min(ts):.1f}, max {1e3 * max(ts):.1f}; {runs} runs x {iters - 1}, arms interleaved)")
 
 
-def _fields(cfg: ao.TrainConfig) -> dict[str, Any]:
+def _fields(cfg: harness.TrainConfig) -> dict[str, Any]:
     import attrs
 
     return attrs.asdict(cfg)
 
 
 def _gpu_bandwidth(mib: int = 64, reps: int = 5) -> None:
-    from reference.device import CudaDevice
+    from reference.cuda import CudaDevice
 
     n = mib * (1 << 20) // 4
     nbytes = 2 * n * 4

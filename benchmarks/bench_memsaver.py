@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from reference.schedule import Schedule
-from simdevice.check import execute, programs, search
+from simdevice.search import execute, programs, search
 
 
 def cpu(seeds: int) -> None:

@@ -24,7 +24,9 @@ from typing import Any
 import torch
 
 import reference.param_readiness as pr
-from simdevice.check import check_variant, execute, load_all, search
+from simdevice.programs import load_all
+from simdevice.programs.param_readiness import load
+from simdevice.search import check_variant, execute, search
 
 
 class _Work:
@@ -52,7 +54,7 @@ def hot_path_ns(number: int = 200_000, repeat: int = 7) -> dict[str, float]:
     params = [pr.Param(f"layer{i}.weight", 16) for i in range(4)]
     ddp = pr.DistributedDataParallel(_HostDev(), params, 1, True, pr.FIXED)
     for b in ddp.buckets:
-        b.load(0)
+        load(b, 0)
     pr.ensure_params_ready(params)
     assert all(g.state == pr.PUBLISHED for g in ddp.groups)
     one = [params[1]]
@@ -72,7 +74,7 @@ def hot_path_ns(number: int = 200_000, repeat: int = 7) -> dict[str, float]:
 
 def time_to_find(variant: str, seeds: int) -> list[tuple[int, float]]:
     load_all()
-    from simdevice.mechanisms.param_readiness import PROGRAM
+    from simdevice.programs.param_readiness import PROGRAM
 
     runs = []
     for seed in range(seeds):
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:42s} {ns:7.1f} ns")
 
     load_all()
-    from simdevice.mechanisms.param_readiness import PROGRAM
+    from simdevice.programs.param_readiness import PROGRAM
 
     print(f"\ntime-to-find on CPU (generate only, {args.seeds} seeds; examples, seconds):")
     for variant in PROGRAM.buggy:

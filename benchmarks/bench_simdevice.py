@@ -13,10 +13,10 @@ import time
 from hypothesis import HealthCheck, given, settings
 
 from reference.schedule import Schedule
-from simdevice.check import execute, search
-from simdevice.device import SimDevice
+from simdevice import SimDevice
 from simdevice.programs import REGISTRY, resolve
-from simdevice.strategies import schedules
+from simdevice.search import execute, search
+from simdevice.search.strategies import schedules
 
 
 def median_run(text: str, runs: int) -> tuple[float, int]:

@@ -25,13 +25,14 @@ import sys
 import time
 from typing import Any
 
-from simdevice.check import execute, load_all, search
+from simdevice.programs import load_all
+from simdevice.search import execute, search
 
 
 def time_to_find(variant: str, seeds: int, examples: int) -> None:
     import attrs
 
-    from simdevice.mechanisms.zcc import PROGRAM
+    from simdevice.programs.zcc import PROGRAM
 
     narrow = dict(PROGRAM.config_space)
     narrow.update({"mutate": ("1",), "chunks": ("1",), "ema": ("0",)})
@@ -68,8 +69,8 @@ def _timed_loop(dev: Any, fixes: Any, steps: int, save_every: int, kib: int, dim
 
     from reference.zcc import (
         IDLE,
+        Plan,
         TrainerState,
-        ZccConfig,
         ZeroCostCheckpointCallback,
         ZeroCostCheckpointManager,
         forward_backward,
@@ -77,7 +78,7 @@ def _timed_loop(dev: Any, fixes: Any, steps: int, save_every: int, kib: int, dim
         optimizer_update,
     )
 
-    cfg = ZccConfig(steps=1, save=1, workers=3, chunks=1, mutate=0, kib=kib, dump=0)
+    cfg = Plan(steps=1, save=1, ema=0, workers=3, chunks=1, mutate=False, log=True, dump=0, numel=kib * 256)
     n = kib * 256
     storage = torch.empty(2 * n, dtype=torch.float32, device=dev.device)
     storage.copy_(initial_storage(n))
@@ -126,7 +127,7 @@ def _timed_loop(dev: Any, fixes: Any, steps: int, save_every: int, kib: int, dim
 def gpu_figures(steps: int, kib: int, dim: int) -> None:
     import torch
 
-    from reference.device import CudaDevice
+    from reference.cuda import CudaDevice
     from reference.zcc import FIXED, LATE_BARRIER
 
     n = kib * 256 * 2
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     load_all()
     if not args.no_cpu:
-        from simdevice.mechanisms.zcc import PROGRAM
+        from simdevice.programs.zcc import PROGRAM
 
         for variant in PROGRAM.buggy:
             time_to_find(variant, args.seeds, args.examples)

@@ -42,26 +42,25 @@ of that name remains after its cursor.
 
 The simulated device runs this module's autograd route as is: its tensors
 are wrapper subclasses, ``saved_tensors_hooks`` receive them and backward runs
-on the calling host actor. Not modelled: the simulator never frees or reuses
-device memory, so "a source activation freed before its D2H read it" cannot
-show there (groups keep their sources until ``reset()``, see ``_sources``;
-there the compute stream waits for the D2H of a group nobody reloaded, as
-after a forward-only evaluation pass, before they are dropped).
+on the calling host actor. Groups keep their sources until ``reset()`` (see
+``_sources``), where the compute stream first waits for the D2H of a group
+nobody reloaded (as after a forward-only evaluation pass): "a source
+activation freed before its D2H read it" cannot happen.
 
-Checked by ``tests/property/test_activation_offload.py`` (simulator) and
+The small model that drives it (the harness: configuration, training loop,
+expected weights) is ``simdevice/programs/activation_offload.py``. Checked by
+``tests/property/mechanisms/test_activation_offload.py`` (simulator) and
 ``tests/gpu/test_activation_offload_gpu.py`` (CUDA).
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
 import attrs
 import torch
 
-from reference.schedule import in_range
+from reference.contract import Device, Event
 
 # ---------------------------------------------------------------------------
 # Fixes and variants
@@ -153,8 +152,8 @@ class OffloadTensorGroup:
     name: str
     index: int
     handler: ChunkOffloadHandler
-    _offload_event: Any
-    _reload_event: Any
+    _offload_event: Event
+    _reload_event: Event
     offload: bool = False
     reload_pending: bool = False
     _tensors: list[torch.Tensor | OnHost] = attrs.Factory(list)
@@ -255,7 +254,7 @@ class ActivationOffloadManager:
     """Streams, the pinned pool, the warmup flag and the chunk handlers in forward order."""
 
     def __init__(
-        self, dev: Any, fixes: Fixes, group_names: list[str], fraction: float, warmup: bool = True
+        self, dev: Device, fixes: Fixes, group_names: list[str], fraction: float, warmup: bool = True
     ) -> None:
         self.dev = dev
         self.fixes = fixes
@@ -444,152 +443,3 @@ class GroupCommit(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         ctx.manager.on_group_commit_backward(ctx.group)
         return grad, None, None
-
-
-# ---------------------------------------------------------------------------
-# A small model that drives it: forward of every microbatch, then their backward, then SGD
-
-
-
-
-@attrs.frozen
-class TrainConfig:
-    #: layers, one offload group each
-    layers: int = attrs.field(default=1, validator=in_range(1, 8))
-    #: microbatches (chunks) per iteration
-    mb: int = attrs.field(default=1, validator=in_range(1, 8))
-    #: activation_offload_fraction, in percent
-    frac: int = attrs.field(default=0, validator=in_range(0, 100))
-    #: training iterations
-    iters: int = attrs.field(default=1, validator=in_range(1, 8))
-    #: whether the first pass is a warmup (offloads every group)
-    warmup: int = attrs.field(default=1, validator=in_range(0, 1))
-    #: a forward-only evaluation pass before training (its groups are offloaded, never reloaded)
-    evalfirst: int = attrs.field(default=0, validator=in_range(0, 1))
-    #: size of each saved activation in KiB (the GPU run scales it)
-    kib: int = attrs.field(default=64, validator=in_range(1, 1 << 20))
-    #: compare every popped tensor with the pushed one at the end (keeps the pushed ones alive)
-    check: int = attrs.field(default=1, validator=in_range(0, 1))
-    #: use the offload manager at all (0: the plain model, for the benchmark's baseline)
-    offload: int = attrs.field(default=1, validator=in_range(0, 1))
-    #: varies every value: repeated GPU trials must not find the last trial's bytes in a recycled pinned block
-    seed: int = attrs.field(default=0, validator=in_range(0, 1 << 20))
-
-
-LR = 0.05
-
-
-def host_values(cfg: TrainConfig, seed: float) -> torch.Tensor:
-    """Deterministic host values, different for every seed, so a stale buffer never looks right (cached: never
-    modify the result)."""
-    return _host_values(cfg.kib * 256, seed + 13.0 * cfg.seed)
-
-
-@functools.lru_cache(maxsize=32)
-def _host_values(n: int, seed: float) -> torch.Tensor:
-    return torch.sin(torch.arange(n, dtype=torch.float32) * (0.001 + 0.0007 * seed) + seed)
-
-
-def input_seed(it: int, mb: int) -> float:
-    return 1.0 + 7.0 * it + 3.0 * mb
-
-
-def layer_forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """One layer: its saved tensors are the input and the tanh output (the weight is a parameter)."""
-    return torch.tanh(x * w)
-
-
-def train(
-    dev: Any, fixes: Fixes, cfg: TrainConfig, on_iteration: Callable[[int], None] | None = None
-) -> dict[str, Any]:
-    """Train the small model with activation offload; return the final weights and what the checks saw.
-
-    ``on_iteration(it)``, if given, is called after each training iteration (a benchmark's clock).
-    """
-    names = [f"layer{k}" for k in range(cfg.layers)]
-    weights = []
-    for k in range(cfg.layers + 1):
-        w = torch.empty(cfg.kib * 256, device=dev.device)
-        w.copy_(1.0 + 0.25 * host_values(cfg, 100.0 + k))
-        weights.append(w.requires_grad_(True))
-    manager = ActivationOffloadManager(dev, fixes, names, cfg.frac / 100, bool(cfg.warmup)) if cfg.offload else None
-    if manager is not None:
-        # Up front, as frameworks do: one pass offloads at most two tensors per group.
-        manager.pool.reserve((cfg.kib * 256,), torch.float32, 2 * cfg.layers * cfg.mb)
-    pairs: list[tuple[str, torch.Tensor, torch.Tensor]] = []
-
-    # The manager's hooks, wrapped to remember (pushed, popped) pairs for the end-of-run comparison.
-    def pack(t: torch.Tensor) -> Any:
-        tag = manager.tensor_push(t) if manager else t
-        return tag, (t if cfg.check and isinstance(tag, TensorTag) else None)
-
-    def unpack(saved: Any) -> torch.Tensor:
-        tag, pushed = saved
-        t = manager.tensor_pop(tag) if manager else tag
-        if pushed is not None:
-            pairs.append((f"pass {manager.pass_index if manager else 0} {tag.group.name}", pushed, t))
-        return t  # type: ignore[no-any-return]
-
-    # Made before the first pass, so no forward spends host time between its D2Hs and the backward after it.
-    inputs = {(it, mb): host_values(cfg, input_seed(it, mb)) for it in range(-cfg.evalfirst, cfg.iters)
-              for mb in range(cfg.mb)}
-
-    def forward(it: int, mb: int) -> torch.Tensor:
-        x_in = torch.empty(cfg.kib * 256, device=dev.device)
-        x_in.copy_(inputs[it, mb])
-        x = x_in * weights[-1]  # an embedding, so the first group's start marker is on the gradient path
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-            for k, w in enumerate(weights[:-1]):
-                if manager is not None:
-                    group = manager.group_start(names[k])
-                    x = GroupStart.apply(x, manager, group)
-                x = layer_forward(x, w)
-                if manager is not None:
-                    x = GroupCommit.apply(x, manager, group)
-                    manager.group_commit(group)
-        return (x * x).sum()
-
-    if cfg.evalfirst:
-        for mb in range(cfg.mb):
-            forward(-1, mb)  # evaluation: the graph is dropped, nothing is reloaded
-        if manager:
-            manager.reset()
-    for it in range(cfg.iters):
-        losses = [forward(it, mb) for mb in range(cfg.mb)]
-        for loss in losses:
-            loss.backward()
-        with torch.no_grad():
-            for w in weights:
-                w.sub_(LR * w.grad)
-                w.grad = None
-        if manager:
-            manager.reset()
-        if on_iteration is not None:
-            on_iteration(it)
-    # wait: the comparison and the weights must see every copy and kernel of the last pass landed
-    dev.synchronize()
-    # A resident tensor comes back as itself; only copies that went through a pinned buffer are compared.
-    mismatches = [label for label, pushed, popped in pairs if popped is not pushed and not torch.equal(pushed, popped)]
-    return {
-        "weights": [w.detach().cpu() for w in weights],
-        "mismatches": mismatches,
-        "pops": len(pairs),
-        "waits": tuple(manager.waits) if manager else (),
-        "reloads": tuple(manager.reloads) if manager else (),
-    }
-
-
-def reference_weights(cfg: TrainConfig) -> list[torch.Tensor]:
-    """The same training on the CPU, without offload: what the weights must come out as."""
-    weights = [(1.0 + 0.25 * host_values(cfg, 100.0 + k)).requires_grad_(True) for k in range(cfg.layers + 1)]
-    for it in range(cfg.iters):
-        for mb in range(cfg.mb):
-            x = host_values(cfg, input_seed(it, mb)) * weights[-1]
-            for w in weights[:-1]:
-                x = layer_forward(x, w)
-            (x * x).sum().backward()
-        with torch.no_grad():
-            for w in weights:
-                w.sub_(LR * w.grad)
-                w.grad = None
-    return [w.detach() for w in weights]

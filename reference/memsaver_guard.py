@@ -34,10 +34,14 @@ Known bugs, each a named variant:
   region segment; 2. asleep, the trainer drops its gradient buffer and empties
   the cache, so the allocator frees a paused segment; 3. the library releases
   that segment's handle a second time: the driver refuses and the process
-  aborts. The fix is in the library, not here: the simulated library takes
-  this flag (``simdevice.memsaver.LibraryFixes``).
+  aborts. The fix is in the library, not in this protocol: the variant runs
+  FIXED on a simulated library with the bug
+  (``simdevice.runtime.memsaver.LibraryFixes``); a GPU run gets whatever
+  ``torch_memory_saver`` is installed.
 
-Checked by ``tests/property/test_memsaver_guard.py`` (simulator) and
+The configuration, expected weights and oracle are the harness,
+``simdevice/programs/memsaver_guard.py``. Checked by
+``tests/property/mechanisms/test_memsaver_guard.py`` (simulator) and
 ``tests/gpu/test_memsaver_guard_gpu.py`` (H200, real ``torch_memory_saver``).
 """
 
@@ -45,12 +49,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 import attrs
 import torch
 
-from reference.schedule import in_range
+from reference.contract import Device
 
 #: the memory-saver region tag of the trainer's memory
 TAG = "train"
@@ -60,61 +63,42 @@ TAG = "train"
 class Fixes:
     #: connection setup, reconnect bookkeeping and barrier run inside disable() too, not only the transfer
     guard_connection: bool = True
-    #: the memory-saver library frees a paused allocation without releasing its handle a second time
-    release_paused_once: bool = True
 
 
 FIXED = Fixes()
 CONNECT_UNGUARDED = Fixes(guard_connection=False)
-FREE_WHILE_PAUSED_TWICE = Fixes(release_paused_once=False)
-VARIANTS = {
-    "FIXED": FIXED,
-    "memsaver-connect-unguarded": CONNECT_UNGUARDED,
-    "memsaver-free-while-paused-twice": FREE_WHILE_PAUSED_TWICE,
-}
+#: the protocol's variants; ``memsaver-free-while-paused-twice`` is FIXED on a buggy library (see above)
+VARIANTS = {"FIXED": FIXED, "memsaver-connect-unguarded": CONNECT_UNGUARDED}
 
 
 
 
 @attrs.frozen
-class MemsaverConfig:
-    #: model size, KiB (weights and one optimizer state, float32; a GPU run reads MiB)
-    kib: int = attrs.field(default=4, validator=in_range(1, 1 << 20))
-    #: gradient buffer and per-step activations, KiB (at least ``kib``)
-    act_kib: int = attrs.field(default=32, validator=in_range(1, 1 << 20))
-    #: the connection handshake's device tensor, KiB
-    conn_kib: int = attrs.field(default=2, validator=in_range(1, 1 << 20))
-    #: one transfer bucket, KiB
-    bucket_kib: int = attrs.field(default=2, validator=in_range(1, 1 << 20))
-    #: trainer offloading: sleep (pause) before each weight sync, wake (resume) after it
-    offload: int = attrs.field(default=1, validator=in_range(0, 1))
-    #: 1: the engines change every cycle, so each sync reconnects (asleep); 0: one connection, made awake
-    reconnect: int = attrs.field(default=1, validator=in_range(0, 1))
-    #: 1: the first reconnection inside update_weights raises
-    fail: int = attrs.field(default=0, validator=in_range(0, 1))
-    #: train / sleep / sync / wake cycles
-    cycles: int = attrs.field(default=2, validator=in_range(1, 8))
-    #: 1: asleep, the trainer drops its gradient buffer and empties the allocator's cache
-    drop: int = attrs.field(default=1, validator=in_range(0, 1))
-    #: the simulated caching allocator's reuse choice among fitting free blocks (0: best fit; CUDA ignores it)
-    pick: int = attrs.field(default=0, validator=in_range(0, 7))
+class Plan:
+    """Sizes (in float32 elements) and what each cycle does."""
 
-    def __attrs_post_init__(self) -> None:
-        if self.act_kib < self.kib:
-            raise ValueError(f"act_kib ({self.act_kib}) must be at least kib ({self.kib})")
+    #: the model's weights (and one optimizer state of the same size)
+    n: int
+    #: the gradient buffer and each step's activations (at least ``n``)
+    act_n: int
+    #: the connection handshake's device tensor
+    conn_n: int
+    #: one transfer bucket
+    bucket_n: int
+    #: trainer offloading: sleep (pause) before each weight sync, wake (resume) after it
+    offload: bool
+    #: the engines change every cycle, so each sync reconnects (asleep); else one connection, made awake
+    reconnect: bool
+    #: the first reconnection inside update_weights raises
+    fail: bool
+    #: train / sleep / sync / wake cycles
+    cycles: int
+    #: asleep, the trainer drops its gradient buffer and empties the allocator's cache
+    drop: bool
 
 
 def initial_weights(n: int) -> torch.Tensor:
     return torch.arange(n, dtype=torch.float32) / 8
-
-
-def expected_weights(n: int, steps: int) -> torch.Tensor:
-    """The trainer's weights after ``steps`` training steps (the values are exact in float32)."""
-    w, m = initial_weights(n), torch.zeros(n)
-    for step in range(1, steps + 1):
-        m = m * 0.5 + float(step)
-        w = w - 0.25 * m
-    return w
 
 
 @attrs.define
@@ -155,16 +139,16 @@ class RolloutEngine:
     ``reference.device.CudaDevice.memory_saver``).
     """
 
-    def __init__(self, dev: Any, n: int) -> None:
+    def __init__(self, dev: Device, n: int) -> None:
         self.weights = torch.zeros(n, dtype=torch.float32, pin_memory=True)
 
 
 class Trainer:
     """Model, optimizer state and gradients, all allocated in the pausable region (build it inside it)."""
 
-    def __init__(self, dev: Any, cfg: MemsaverConfig) -> None:
+    def __init__(self, dev: Device, cfg: Plan) -> None:
         self.dev, self.cfg = dev, cfg
-        self.n, self.act_n = cfg.kib * 256, cfg.act_kib * 256
+        self.n, self.act_n = cfg.n, cfg.act_n
         self.weights = torch.empty(self.n, dtype=torch.float32, device=dev.device)
         self.weights.copy_(initial_weights(self.n))
         self.exp_avg = torch.zeros(self.n, dtype=torch.float32, device=dev.device)
@@ -204,7 +188,7 @@ class Trainer:
 class WeightUpdater:
     """``update_weights``: reconnect to the rollout engines when they changed, then send the weights."""
 
-    def __init__(self, dev: Any, fixes: Fixes, cfg: MemsaverConfig, trainer: Trainer, record: SyncRecord) -> None:
+    def __init__(self, dev: Device, fixes: Fixes, cfg: Plan, trainer: Trainer, record: SyncRecord) -> None:
         self.dev, self.fixes, self.cfg, self.trainer, self.record = dev, fixes, cfg, trainer, record
         self.conn_status = ConnectionStatus()
         self.attempts = 0
@@ -234,7 +218,7 @@ class WeightUpdater:
         self.record.connects += 1
 
     def _handshake(self, token: float) -> bool:
-        n = self.cfg.conn_kib * 256
+        n = self.cfg.conn_n
         mine = torch.full((n,), token, dtype=torch.float32, device=self.dev.device)
         gathered = torch.empty(n, dtype=torch.float32, device=self.dev.device)
         work = self.dev.all_gather_into_tensor(gathered, mine, async_op=True)
@@ -248,7 +232,7 @@ class WeightUpdater:
 
     def update_weights(self, engine: RolloutEngine, generation: int) -> None:
         if self.conn_status.needs_reconnect(generation):
-            fail = bool(self.cfg.fail) and self.attempts == 0
+            fail = self.cfg.fail and self.attempts == 0
             # fix: the connection's collectives allocate too: guard them, the bookkeeping and the barrier
             with self._safe_allocations() if self.fixes.guard_connection else contextlib.nullcontext():
                 self.connect_rollout_engines(fail)
@@ -260,7 +244,7 @@ class WeightUpdater:
     def _transfer(self, engine: RolloutEngine) -> None:
         # asleep, the device weights are unmapped: send the host copy made before the pause
         src = self.trainer.host_weights if self.trainer.asleep else self.trainer.weights
-        nb = self.cfg.bucket_kib * 256
+        nb = self.cfg.bucket_n
         for lo in range(0, src.numel(), nb):
             hi = min(src.numel(), lo + nb)
             bucket = torch.empty(hi - lo, dtype=torch.float32, device=self.dev.device)
@@ -272,10 +256,10 @@ class WeightUpdater:
         self.record.transfers += 1
 
 
-def run_lifecycle(dev: Any, fixes: Fixes, cfg: MemsaverConfig) -> SyncRecord:
+def run_lifecycle(dev: Device, fixes: Fixes, cfg: Plan) -> SyncRecord:
     """Train, sleep, sync, wake, ``cfg.cycles`` times; return what the syncs did."""
     record = SyncRecord()
-    engine = RolloutEngine(dev, cfg.kib * 256)
+    engine = RolloutEngine(dev, cfg.n)
     with dev.memory_saver.region(TAG, enable_cpu_backup=True):
         trainer = Trainer(dev, cfg)
         updater = WeightUpdater(dev, fixes, cfg, trainer, record)
@@ -295,28 +279,3 @@ def run_lifecycle(dev: Any, fixes: Fixes, cfg: MemsaverConfig) -> SyncRecord:
             if cfg.offload:
                 trainer.wake()
     return record
-
-
-def oracle(cfg: MemsaverConfig, record: SyncRecord) -> list[str]:
-    """What the record shows wrong: values the engine received, the guard, the transfer after a failure."""
-    problems = []
-    n = cfg.kib * 256
-    want_updated = [not (cfg.fail and cfg.reconnect and c == 0) for c in range(cfg.cycles)]
-    if record.updated != want_updated:
-        problems.append(f"updates completed per cycle {record.updated}, expected {want_updated}")
-    if record.transfers != sum(want_updated):
-        problems.append(f"{record.transfers} transfers, expected {sum(want_updated)} (none after a failed connection)")
-    if record.guard_entries != record.guard_exits:
-        problems.append(f"the guard was entered {record.guard_entries} times but exited {record.guard_exits} times")
-    if not cfg.offload and record.guard_entries:
-        problems.append(f"offloading is off but the guard was entered {record.guard_entries} times")
-    if not all(record.handshakes):
-        problems.append(f"connection handshakes returned other bytes than sent: {record.handshakes}")
-    sent = torch.zeros(n)
-    for cycle, got in enumerate(record.received):
-        if cycle < len(want_updated) and want_updated[cycle]:
-            sent = expected_weights(n, cycle + 1)
-        if not torch.equal(got, sent):
-            bad = int((got != sent).sum())
-            problems.append(f"cycle {cycle}: {bad} of {n} engine weights differ from the trainer's")
-    return problems

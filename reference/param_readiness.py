@@ -50,14 +50,15 @@ on forward gathers only, and its recompute exclusion covers only the FP8
 path), FP8 parameter gathers that reuse the gradient buffer, and real CUDA
 graph capture (``graph_capture`` sets the flag the guard reads).
 
-Checked by ``tests/property/test_param_readiness.py`` (simulator) and
+The small model that drives it (weights, training loop, oracle) is the
+harness, ``simdevice/programs/param_readiness.py``. Checked by
+``tests/property/mechanisms/test_param_readiness.py`` (simulator) and
 ``tests/gpu/test_param_readiness_gpu.py`` (CUDA, NCCL).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -65,12 +66,13 @@ from typing import Any
 import attrs
 import torch
 
+from reference.contract import Device, Work
+
 #: the attribute a backend sets on each parameter it publishes asynchronously (the contract with consumers)
 PARAM_READY_ATTR = "param_ready_callback"
 
-#: what one optimizer step adds to every weight: stale and fresh weights differ by a multiple of it
+#: what one (stand-in) optimizer step adds to every weight: stale and fresh weights differ by a multiple of it
 STEP = 2048.0
-_PERIOD = 1024
 
 UNDISPATCHED, IN_FLIGHT, PUBLISHED = "undispatched", "in flight", "published"
 
@@ -98,17 +100,6 @@ VARIANTS = {
 }
 
 
-def weight_values(version: int, start: int, n: int) -> torch.Tensor:
-    """The weights at flat bucket positions ``start..start+n`` after ``version`` optimizer steps."""
-    return _pattern(start, n) + version * STEP
-
-
-@functools.lru_cache(maxsize=32)
-def _pattern(start: int, n: int) -> torch.Tensor:
-    # cached: on a GPU a layer is 64 MiB, and every trial loads and checks the same positions
-    return (torch.arange(start, start + n) % _PERIOD).float()
-
-
 class Param:
     """A model parameter; once wrapped, ``data`` is a view into its bucket's buffer."""
 
@@ -127,7 +118,7 @@ class Param:
 class Bucket:
     """A flat buffer holding several parameters; this rank owns one shard of it."""
 
-    def __init__(self, dev: Any, params: list[Param], start: int, rank: int, world: int) -> None:
+    def __init__(self, dev: Device, params: list[Param], start: int, rank: int, world: int) -> None:
         self.params = params
         numel = sum(p.numel for p in params)
         self.shard_numel = -(-numel // world)
@@ -143,12 +134,6 @@ class Bucket:
             p.data = self.buffer[offset : offset + p.numel]
             offset += p.numel
 
-    def load(self, version: int) -> None:
-        """Buffers hold the weights of ``version - 1``; the shard was just stepped to ``version``."""
-        self.buffer.copy_(weight_values(version - 1, self.start, self.numel))
-        lo = self.rank * self.shard_numel
-        self.main_shard.copy_(weight_values(version, self.start + lo, self.shard_numel))
-
 
 class BucketGroup:
     """Buckets whose parameters are gathered together; three states, a chain to the next group."""
@@ -159,7 +144,7 @@ class BucketGroup:
         self.index = index
         self.params = [p for b in buckets for p in b.params]
         self.param_gather_dispatched = False
-        self.param_gather_handle: list[Any] | None = None
+        self.param_gather_handle: list[Work] | None = None
         #: dispatched and no handle: the hot path reads only this
         self.published = False
         self.next_param_gather_bucket_group: BucketGroup | None = None
@@ -175,10 +160,14 @@ class BucketGroup:
             raise AssertionError(f"bucket group {self.index}: a second all-gather into one buffer in one iteration")
         ddp = self.ddp
         async_op = ddp.overlap and not force_sync
-        # wait (inside the call when not async_op): nothing may read the bucket before the gather wrote it
-        handles = [ddp.dev.all_gather_into_tensor(b.buffer, b.main_shard, async_op=async_op) for b in self.buckets]
+        if async_op:
+            self.param_gather_handle = [ddp.dev.all_gather_into_tensor(b.buffer, b.main_shard) for b in self.buckets]
+        else:
+            for b in self.buckets:
+                # wait (inside the call): nothing may read the bucket before the gather wrote it
+                ddp.dev.all_gather_into_tensor(b.buffer, b.main_shard, async_op=False)
+            self.param_gather_handle = None
         self.param_gather_dispatched = True
-        self.param_gather_handle = handles if async_op else None
         self.published = not async_op
 
     def finish_param_sync(self, skip_next: bool = False) -> None:
@@ -249,7 +238,7 @@ class DistributedDataParallel:
 
     def __init__(
         self,
-        dev: Any,
+        dev: Device,
         layers: list[Param],
         bucket_layers: int,
         overlap: bool,
@@ -339,7 +328,7 @@ class DistributedDataParallel:
 class PrefetchingConsumer:
     """Copies a layer's weight on its own stream ahead of the layer's pre-hook (GTP's prefetch)."""
 
-    def __init__(self, dev: Any, layers: list[Param], fixes: Fixes) -> None:
+    def __init__(self, dev: Device, layers: list[Param], fixes: Fixes) -> None:
         self.dev, self.layers, self.fixes = dev, layers, fixes
         self.stream = dev.Stream(name="prefetch")
         self.buffers = [torch.empty(p.numel, dtype=torch.float32, device=dev.device) for p in layers]
@@ -360,100 +349,3 @@ class PrefetchingConsumer:
         # wait: compute must not read the prefetched weight before the prefetch copy landed
         self.dev.current_stream().wait_event(self.ready[i])
         return self.buffers[i]
-
-
-# ---------------------------------------------------------------------------
-# A small model, trained for a few iterations on every rank.
-
-
-@attrs.frozen
-class Model:
-    layers: int
-    bucket_layers: int
-    numel: int
-    iters: int
-    overlap: bool
-    #: start the first group's gather right after the optimizer step (else lazily, in the first pre-hook)
-    eager: bool
-    #: after each step, an evaluation forward with the hooks disabled
-    evaluate: bool
-
-    def rows(self) -> list[tuple[str, int]]:
-        """What each row of a rank's result holds: (phase, weight version expected)."""
-        out = []
-        for it in range(self.iters):
-            out.append((f"iteration {it} forward", it))
-            if self.evaluate:
-                out.append((f"evaluation after step {it + 1}", it + 1))
-        return out
-
-
-def layout(model: Model, world: int) -> list[int]:
-    """Flat bucket position of each layer's weight, as the wrapper lays the buckets out."""
-    starts, pos = [], 0
-    for i in range(0, model.layers, model.bucket_layers):
-        n = min(model.bucket_layers, model.layers - i)
-        for j in range(n):
-            starts.append(pos + j * model.numel)
-        pos += -(-(n * model.numel) // world) * world
-    return starts
-
-
-def train(dev: Any, fixes: Fixes, model: Model) -> torch.Tensor:
-    """One rank: forward passes through a prefetching consumer, resets, optimizer steps; what forward read."""
-    rank, world = dev.rank, dev.world_size
-    layers = [Param(f"layer{i}.weight", model.numel) for i in range(model.layers)]
-    ddp = DistributedDataParallel(dev, layers, model.bucket_layers, model.overlap, fixes, rank, world)
-    for b in ddp.buckets:
-        b.load(0)
-    consumer = PrefetchingConsumer(dev, layers, fixes)
-    rows = model.rows()
-    seen = torch.empty(len(rows), model.layers, model.numel, dtype=torch.float32, device=dev.device)
-
-    def after_step() -> None:
-        if model.overlap and not model.eager:
-            return  # lazy: the first pre-hook (or the consumer's callback) starts the first gather
-        ddp.start_param_sync()
-
-    after_step()
-    row = 0
-    for _ in range(model.iters):
-        for i, w in enumerate(layers):
-            if i == 0:
-                consumer.prefetch(0)
-            ddp.forward_pre_hook(w)
-            if i + 1 < len(layers):
-                consumer.prefetch(i + 1)
-            seen[row, i].copy_(consumer.consume(i))
-        row += 1
-        ddp.finish_grad_sync()
-        ddp.optimizer_step()
-        after_step()
-        if model.evaluate:
-            ddp.disable_forward_pre_hook(param_sync=True)
-            for i, w in enumerate(layers):
-                seen[row, i].copy_(w.data)
-            ddp.enable_forward_pre_hook()
-            row += 1
-    # wait (.cpu() synchronizes): the host reads what forward saw only once compute has copied it all
-    return seen.cpu()
-
-
-def problems(model: Model, world: int, results: list[torch.Tensor]) -> list[str]:
-    """What the ranks read that was not the weights of the version each phase should see."""
-    out = []
-    starts = layout(model, world)
-    for r, seen in enumerate(results):
-        for k, (phase, version) in enumerate(model.rows()):
-            for i, start in enumerate(starts):
-                want = weight_values(version, start, model.numel)
-                got = seen[k, i]
-                if not torch.equal(got, want):
-                    bad = got != want
-                    off = ((got - want) / STEP)[bad]
-                    steps = sorted({int(v) for v in off[~off.isnan()].round().tolist()})
-                    out.append(
-                        f"rank {r} {phase}: layer {i} read {int(bad.sum())} of {model.numel} weights "
-                        f"of another version (off by {steps} steps)"
-                    )
-    return out

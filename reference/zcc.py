@@ -45,16 +45,17 @@ chunk from the next step's hooks) the guard declines to wait, so a step-begin
 mutation still tears the snapshot; and the worker's D2H is ordered after the
 trainer's host, not after the trainer's own kernels: the fixed protocol relies
 on a host synchronization at the end of the step (the loss logged with
-``.item()`` here, ``ZccConfig.log``). The re-allocation of cleared parameter
+``.item()`` here, ``Plan.log``). The re-allocation of cleared parameter
 storage behind the worker's IPC handle is not modelled.
 
-Checked by ``tests/property/test_zcc.py`` (simulator) and
+The configuration, expected states and oracle are the harness,
+``simdevice/programs/zcc.py``. Checked by
+``tests/property/mechanisms/test_zcc.py`` (simulator) and
 ``tests/gpu/test_zcc_gpu.py`` (CUDA, spawned workers, CUDA IPC).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import tempfile
@@ -63,7 +64,7 @@ from typing import Any
 import attrs
 import torch
 
-from reference.schedule import in_range
+from reference.contract import Device, Process, SharedQueue, SharedValue
 
 #: worker status values, published through a shared value
 IDLE, OFFLOADING, DUMPING, ERROR = 0, 1, 2, 3
@@ -107,25 +108,31 @@ VARIANTS: dict[str, Fixes] = {
 
 
 @attrs.frozen
-class ZccConfig:
-    #: training steps
-    steps: int = attrs.field(default=3, validator=in_range(1, 6))
+class Plan:
+    """What the training loop does: how many steps, when it saves, what each step does."""
+
+    steps: int
     #: save a checkpoint every ``save`` steps
-    save: int = attrs.field(default=1, validator=in_range(1, 6))
+    save: int
     #: EMA-only snapshot every ``ema`` steps that are not save steps (0: never)
-    ema: int = attrs.field(default=0, validator=in_range(0, 6))
-    #: worker processes
-    workers: int = attrs.field(default=1, validator=in_range(1, 3))
+    ema: int
+    workers: int
     #: ``offload_chunks`` = ``pipeline_hooks_steps`` = gradient-accumulation micro-steps
-    chunks: int = attrs.field(default=1, validator=in_range(1, 3))
-    #: 1: an ``on_step_begin`` callback rescales the parameters in place (FP8 quantization)
-    mutate: int = attrs.field(default=1, validator=in_range(0, 1))
-    #: 1: the trainer logs the loss with ``.item()`` before ``on_step_end`` (a host sync the fix relies on)
-    log: int = attrs.field(default=1, validator=in_range(0, 1))
+    chunks: int
+    #: an ``on_step_begin`` callback rescales the parameters in place (FP8 quantization)
+    mutate: bool
+    #: the trainer logs the loss with ``.item()`` before ``on_step_end`` (a host sync the fix relies on)
+    log: bool
     #: how long writing a dump to disk takes, in units (the simulator knows no file system)
-    dump: int = attrs.field(default=8, validator=in_range(0, 1000))
-    #: size of the parameters in KiB (the fused buffer holds twice that: parameters and moments)
-    kib: int = attrs.field(default=128, validator=in_range(1, 1 << 20))
+    dump: int
+    #: parameters in the fused buffer (it holds twice that: parameters and moments)
+    numel: int
+
+    def is_save_step(self, step: int) -> bool:
+        return step % self.save == 0
+
+    def is_ema_step(self, step: int) -> bool:
+        return self.ema > 0 and step % self.ema == 0 and not self.is_save_step(step)
 
 
 # ---------------------------------------------------------------------------
@@ -156,42 +163,6 @@ def optimizer_update(params: torch.Tensor, moments: torch.Tensor, grads: torch.T
     grads.zero_()
 
 
-def _is_save_step(cfg: ZccConfig, step: int) -> bool:
-    return step % cfg.save == 0
-
-
-def _is_ema_step(cfg: ZccConfig, step: int) -> bool:
-    return cfg.ema > 0 and step % cfg.ema == 0 and not _is_save_step(cfg, step)
-
-
-def snapshot_steps(cfg: ZccConfig) -> list[tuple[int, str]]:
-    """The (step, kind) of every snapshot the run takes, in order."""
-    out = []
-    for step in range(1, cfg.steps + 1):
-        if _is_save_step(cfg, step):
-            out.append((step, "checkpoint"))
-        elif _is_ema_step(cfg, step):
-            out.append((step, "ema"))
-    return out
-
-
-@functools.lru_cache(maxsize=2)
-def expected_states(steps: int, chunks: int, mutate: bool, n: int) -> tuple[torch.Tensor, ...]:
-    """The fused buffer at the end of each step 0..steps, replayed on the CPU (read-only)."""
-    storage = initial_storage(n)
-    params, moments = storage[:n], storage[n:]
-    grads = torch.zeros(n, dtype=torch.float32)
-    states = [storage.clone()]
-    for _ in range(steps):
-        if mutate:
-            quantize_fp8_scale(params)
-        for _ in range(chunks):
-            forward_backward(params, grads)
-        optimizer_update(params, moments, grads)
-        states.append(storage.clone())
-    return tuple(states)
-
-
 def chunk_bounds(numel: int, chunks: int) -> list[tuple[int, int]]:
     step = -(-numel // chunks)
     return [(lo, min(lo + step, numel)) for lo in range(0, numel, step)]
@@ -202,13 +173,13 @@ def chunk_bounds(numel: int, chunks: int) -> list[tuple[int, int]]:
 
 
 def zcc_worker(
-    dev: Any,
+    dev: Device,
     index: int,
     storage: torch.Tensor,
-    tasks: Any,
-    status: Any,
-    global_step: Any,
-    results: Any,
+    tasks: SharedQueue,
+    status: SharedValue,
+    global_step: SharedValue,
+    results: SharedQueue,
     dump_dir: str,
     chunks: int,
     dump_units: int,
@@ -252,10 +223,10 @@ class ZccWorker:
     """The trainer's handle on one worker process and its shared values."""
 
     index: int
-    process: Any
-    tasks: Any
-    status: Any
-    global_step: Any
+    process: Process
+    tasks: SharedQueue
+    status: SharedValue
+    global_step: SharedValue
 
 
 # ---------------------------------------------------------------------------
@@ -263,7 +234,7 @@ class ZccWorker:
 
 
 class ZeroCostCheckpointManager:
-    def __init__(self, dev: Any, fixes: Fixes, storage: torch.Tensor, cfg: ZccConfig) -> None:
+    def __init__(self, dev: Device, fixes: Fixes, storage: torch.Tensor, cfg: Plan) -> None:
         self.dev = dev
         self.fixes = fixes
         self.offload_chunks = cfg.chunks
@@ -379,7 +350,7 @@ class ZeroCostCheckpointCallback:
     #: the fused buffer is allocated once; upstream bumps this when it re-allocates
     fused_buffer_version = 1
 
-    def __init__(self, manager: ZeroCostCheckpointManager, fixes: Fixes, cfg: ZccConfig) -> None:
+    def __init__(self, manager: ZeroCostCheckpointManager, fixes: Fixes, cfg: Plan) -> None:
         self.manager, self.fixes, self.cfg = manager, fixes, cfg
 
     def maybe_update_zcc_worker(self, state: TrainerState) -> None:
@@ -395,13 +366,13 @@ class ZeroCostCheckpointCallback:
         self.manager.sync_offload_status()
 
     def on_step_end(self, state: TrainerState) -> None:
-        if _is_save_step(self.cfg, state.global_step):
+        if self.cfg.is_save_step(state.global_step):
             self.maybe_update_zcc_worker(state)
             if self.fixes.refresh_step:
                 self.manager.global_step = state.global_step
             self.manager.request_snapshot(state.global_step, "checkpoint")
             self.manager.zcc_pipeline_hook()
-        elif _is_ema_step(self.cfg, state.global_step):
+        elif self.cfg.is_ema_step(state.global_step):
             self.maybe_update_zcc_worker(state)
             if self.fixes.refresh_step:
                 self.manager.global_step = state.global_step
@@ -413,9 +384,9 @@ class ZeroCostCheckpointCallback:
 # The training loop.
 
 
-def train(dev: Any, fixes: Fixes, cfg: ZccConfig) -> dict[str, Any]:
+def train(dev: Device, fixes: Fixes, cfg: Plan) -> dict[str, Any]:
     """Train ``cfg.steps`` steps with ZCC snapshots; return the snapshots and what the barrier saw."""
-    n = cfg.kib * 256
+    n = cfg.numel
     storage = torch.empty(2 * n, dtype=torch.float32, device=dev.device)
     storage.copy_(initial_storage(n))
     params, moments = storage[:n], storage[n:]

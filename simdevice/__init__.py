@@ -1,17 +1,24 @@
 """A simulated CUDA device that runs offload protocols deterministically under any schedule.
 
 ``SimDevice(schedule).run(program)`` runs a program written against the
-device contract (``reference.device``) in virtual time and returns its
+device contract (``reference.contract``) in virtual time and returns its
 result and reports. See README.md for the command line (``simdevice check``,
 ``simdevice replay``).
+
+Layout: ``simdevice.runtime`` is the model (execution, sync, memory,
+allocator, collectives, reports); ``simdevice.api`` (``SimDevice``) and
+``simdevice.dispatch`` (tensors) are the façade over it; ``simdevice.programs``
+holds the programs the tool knows and their harnesses; ``simdevice.search``
+runs, judges and searches schedules.
 """
 
-from reference.device import Run
+from reference.contract import Run
 from reference.schedule import Delay, Schedule, ScheduleError
-from simdevice.config import UNIT_NS, SimConfig
-from simdevice.device import SimDevice
-from simdevice.report import Access, Deadlock, HostError, IllegalAccess, Race, StaleRead
-from simdevice.tensor import SimTensor, peek
+from simdevice.api import SimDevice
+from simdevice.dispatch import SimTensor, peek
+from simdevice.runtime import UNIT_NS, Options, SimConfig
+from simdevice.runtime.memsaver import LibraryFixes
+from simdevice.runtime.reports import Access, Deadlock, HostError, IllegalAccess, Race, StaleRead
 
 __all__ = [
     "UNIT_NS",
@@ -20,6 +27,8 @@ __all__ = [
     "Delay",
     "HostError",
     "IllegalAccess",
+    "LibraryFixes",
+    "Options",
     "Race",
     "Run",
     "Schedule",

@@ -94,8 +94,8 @@ def _progress(quiet: bool) -> Any:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from simdevice.check import check_variant, programs
-    from simdevice.programs import REGISTRY
+    from simdevice.programs import REGISTRY, programs
+    from simdevice.search import check_variant
 
     if args.examples < 1:
         return _fail(f"--examples must be >= 1, got {args.examples}")
@@ -146,10 +146,10 @@ def _table(findings: list[Any]) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from simdevice.check import execute, programs
+    from simdevice.api import SimDevice
     from simdevice.programs import resolve
+    from simdevice.search import device_for, execute
 
-    programs(None)
     if args.trials < 1:
         return _fail(f"--trials must be >= 1, got {args.trials}")
     try:
@@ -177,10 +177,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if args.trials > 1:
             print(f"{bad}/{args.trials} trials failed")
         if args.trace and backend == "sim":
-            from simdevice.device import SimDevice
-
-            prog, config = resolve(schedule)
-            dev = SimDevice(schedule)
+            prog, _ = resolve(schedule)
+            dev, config = device_for(schedule)
+            assert isinstance(dev, SimDevice)
             dev.run(prog.body, schedule.variant, config)
             for t, actor, what in dev.trace:
                 print(f"  {t / 1e6:10.3f}  {actor:<16} {what}")
@@ -188,10 +187,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_exhaust(args: argparse.Namespace) -> int:
-    from simdevice.check import count_schedules, exhaust, programs
     from simdevice.programs import resolve
+    from simdevice.search import count_schedules, exhaust
 
-    programs(None)
     try:
         units = tuple(int(u) for u in args.units.split(","))
     except ValueError:
@@ -227,7 +225,7 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
 
 
 def cmd_list() -> int:
-    from simdevice.check import programs
+    from simdevice.programs import programs
 
     for p in programs(None):
         print(f"{p.name}: {p.doc}")

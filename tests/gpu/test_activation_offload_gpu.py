@@ -24,7 +24,8 @@ import pytest
 import torch
 
 from reference.schedule import Schedule
-from simdevice.check import execute
+from simdevice.programs.activation_offload import PROGRAM
+from simdevice.search import execute
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
@@ -33,26 +34,17 @@ pytestmark = pytest.mark.gpu
 
 TRIALS = 20
 
-#: shrunk by tests/property/test_activation_offload.py (check_variant, 150 examples); for the inline bug
+#: shrunk by ``simdevice check`` (check_variant, 150 examples; ``PROGRAM.pinned``, shared with the simulator's
+#: tests); for the inline bug
 #: also that schedule at upstream's 256 MiB per group (kib=128), and the upstream regression's stall of
 #: d2h_stream before the commit's copy. A variant passes when one of its schedules corrupts at least once: an
 #: H200 may run the copies of one direction pair in submission order (docs/confirmations.md, the
 #: demonstration's ``racy:work=0``), and then only a stalled D2H lets the inline H2D overtake it.
-PINNED = {
-    "offload-inline-no-wait": [
-        "activation_offload/offload-inline-no-wait:evalfirst=0,frac=0,iters=1,layers=1,mb=1,warmup=1",
-        "activation_offload/offload-inline-no-wait:evalfirst=0,frac=0,iters=1,kib=128,layers=1,mb=1,warmup=1",
-        "activation_offload/offload-inline-no-wait:layers=2,mb=1,iters=1:d2h#0+20",
-        "activation_offload/offload-inline-no-wait:layers=2,mb=2,iters=1:d2h#0+50",
-    ],
-    "offload-queue-empty-cursor": [
-        "activation_offload/offload-queue-empty-cursor:evalfirst=0,frac=0,iters=1,layers=2,mb=1,warmup=0",
-    ],
-}
+PINNED = PROGRAM.pinned
 
 #: FIXED under the same schedules, and a few larger configurations (fewer trials: they take longer)
 FIXED_CASES = [
-    (text.replace(f"/{variant}:", "/FIXED:"), TRIALS) for variant, texts in PINNED.items() for text in texts
+    (text.replace(f"/{variant}", "/FIXED"), TRIALS) for variant, texts in PINNED.items() for text in texts
     if "kib=128" not in text
 ] + [
     ("activation_offload/FIXED:layers=3,mb=2,iters=2,frac=50", 3),

@@ -181,7 +181,7 @@ def _setup(mode: str) -> Any:
     import torch.distributed as dist
     import torch_memory_saver
 
-    from reference.device import load_memory_saver
+    from reference.cuda import load_memory_saver
 
     torch_memory_saver.torch_memory_saver.hook_mode = "preload" if mode == "process" else mode
     saver = load_memory_saver()  # what the reference gets from CudaDevice: process-wide in mode "process"
@@ -248,7 +248,7 @@ def _main() -> None:
 
 def _run(args: list[str]) -> None:
     from reference.schedule import Schedule
-    from simdevice.check import execute
+    from simdevice.search import execute
 
     verdicts = []
     for text in args:

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from reference.schedule import Schedule
-from simdevice.check import execute
+from simdevice.programs.offload_reload import PROGRAM
+from simdevice.search import execute
 
 TRIALS = 20
 
@@ -21,7 +22,7 @@ def rate(text: str) -> int:
 
 
 def test_shrunk_racy_schedule_corrupts() -> None:
-    assert rate("offload_reload/racy::d2h#0+1") >= 1
+    assert rate(PROGRAM.pinned["racy"][0]) >= 1
 
 
 def test_racy_form_with_no_copy_to_hide_behind() -> None:

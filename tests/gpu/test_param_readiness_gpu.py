@@ -24,36 +24,27 @@ if not torch.cuda.is_available():
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 from reference.schedule import Schedule
-from simdevice.check import execute
+from simdevice.programs.param_readiness import PROGRAM
+from simdevice.search import execute
 
 TRIALS = 20
 
-_LAZY = "bucket=1,eager=0,evaluate=0,iters=1,layers=2,overlap=1,ranks=1"
-_EAGER = "bucket=1,eager=1,evaluate=0,iters=1,layers=2,overlap=1,ranks=1"
-_EVAL = "bucket=2,eager=1,evaluate=1,iters=1,layers=2,overlap=1,ranks=1"
+_LAZY = "evaluate=0,iters=1,layers=2,ranks=1"
+_EAGER = "eager=1,evaluate=0,iters=1,layers=2,ranks=1"
+_EVAL = "bucket=2,eager=1,iters=1,layers=2,ranks=1"
 
-#: per variant: the schedule Hypothesis shrank (tests/property/test_param_readiness.py: SHRUNK), then the same with
-#: NCCL stalled 2 ms, so the prefetch (or the evaluation) outruns a gather still in flight. On the H200 the
-#: unstalled no-drain schedule read fresh weights (0/20 twice): there the gather of a world of one is done before
-#: the evaluation reads; the stalled one is what confirms that variant.
-BUGGY = {
-    "param-prefetch-no-ready": [
-        f"param_readiness/param-prefetch-no-ready:{_LAZY}",
-        f"param_readiness/param-prefetch-no-ready:{_EAGER}:rank0.nccl#0+2",
-    ],
-    "param-ready-skips-undispatched": [f"param_readiness/param-ready-skips-undispatched:{_LAZY}"],
-    "param-no-drain-on-disable": [
-        f"param_readiness/param-no-drain-on-disable:{_EVAL}:rank0.nccl#1+2",
-        f"param_readiness/param-no-drain-on-disable:{_EVAL}",
-    ],
-}
+#: per variant: the schedule Hypothesis shrank, then the same with NCCL stalled 2 ms, so the prefetch (or the
+#: evaluation) outruns a gather still in flight (shared with the simulator's tests: ``PROGRAM.pinned``). On the
+#: H200 the unstalled no-drain schedule read fresh weights (0/20 twice): there the gather of a world of one is done
+#: before the evaluation reads; the stalled one is what confirms that variant.
+BUGGY = PROGRAM.pinned
 
 CLEAN = [
     f"param_readiness/FIXED:{_LAZY}",
     f"param_readiness/FIXED:{_EAGER}:rank0.nccl#0+2",
     f"param_readiness/FIXED:{_EVAL}:rank0.nccl#1+2",
     f"param_readiness/FIXED:{_LAZY}:rank0.default#2+2",
-    "param_readiness/FIXED:bucket=2,eager=1,evaluate=1,iters=2,layers=4,overlap=1,ranks=1:rank0.nccl#2+2",
+    "param_readiness/FIXED:bucket=2,eager=1,layers=4,ranks=1:rank0.nccl#2+2",
 ]
 
 
@@ -85,7 +76,7 @@ def test_cuda_counts_operations_as_the_simulator_does() -> None:
     assert {k: v for k, v in sim.run.op_counts.items() if v} == {k: v for k, v in gpu.run.op_counts.items() if v}
 
 
-TWO_RANKS = "bucket=1,eager=1,evaluate=0,iters=1,layers=2,overlap=1,ranks=2"
+TWO_RANKS = "eager=1,evaluate=0,iters=1,layers=2"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="two ranks need two GPUs")

@@ -19,20 +19,15 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from reference.schedule import Schedule  # noqa: E402
-from simdevice.check import Outcome, execute, load_all  # noqa: E402
+from simdevice.programs.zcc import PROGRAM  # noqa: E402
+from simdevice.search import Outcome, execute  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-load_all()
-from simdevice.mechanisms.zcc import PROGRAM  # noqa: E402
-
 TRIALS = int(os.environ.get("ZCC_GPU_TRIALS", "10"))
 
-#: the shrunk counterexamples of tests/property/test_zcc.py (TORN there), which tear the snapshot in the simulator
-PINNED = {
-    "zcc-frozen-step": "zcc/zcc-frozen-step:chunks=1,ema=0,mutate=1,save=1,steps=3,workers=1:worker0.d2h#1+1",
-    "zcc-late-barrier": "zcc/zcc-late-barrier:chunks=1,ema=0,mutate=1,save=1,steps=3,workers=1:worker0#0+1",
-}
+#: the shrunk counterexamples that tear the snapshot in the simulator (``PROGRAM.pinned``, shared with its tests)
+PINNED = {variant: texts[0] for variant, texts in PROGRAM.pinned.items()}
 #: the fixed protocol under the same stalls, and with several workers and chunks
 FIXED_CASES = [
     "zcc/FIXED::worker0.d2h#1+1",
@@ -53,7 +48,7 @@ def rate(variant: str, text: str) -> tuple[int, list[Outcome]]:
     print(
         f"RATE {variant} {text} corrupted {bad}/{TRIALS} "
         f"(torch {torch.__version__}, {torch.cuda.get_device_name()}, "
-        f"fused buffer {2 * PROGRAM.config(s.config_dict()).kib} MiB)",
+        f"fused buffer {2 * PROGRAM.parse_config(s.config_dict()).kib} MiB)",
         flush=True,
     )
     return bad, outs

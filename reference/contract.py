@@ -1,0 +1,219 @@
+"""The device contract: what a mechanism in ``reference/`` may use, with names that mirror ``torch.cuda``.
+
+A mechanism is ordinary PyTorch code plus one ``dev: Device`` object whose
+names mirror ``torch.cuda`` (and, for what one process's streams cannot
+express, ``torch.multiprocessing``, ``torch.distributed`` and
+``torch_memory_saver``):
+
+====================================  ======================================
+contract                              on CUDA (``reference.cuda``)
+====================================  ======================================
+``dev.device``                        ``torch.device("cuda")``
+``dev.Stream(name=)``                 ``torch.cuda.Stream()``
+``dev.Event()``                       ``torch.cuda.Event()``
+``dev.stream(s)``                     ``torch.cuda.stream(s)``
+``dev.current_stream()``              ``torch.cuda.current_stream()``
+``dev.default_stream()``              ``torch.cuda.default_stream()``
+``dev.synchronize()``                 ``torch.cuda.synchronize()``
+``s.wait_event(e)``, ``s.wait_stream(o)``, ``s.synchronize()``, ``s.query()``
+``e.record(s=None)``, ``e.wait(s=None)``, ``e.query()``, ``e.synchronize()``
+``dev.Process(target, args, name=)``  ``torch.multiprocessing`` (spawn); the
+                                      child runs ``target(dev, *args)``;
+                                      device tensors in ``args`` travel by
+                                      CUDA IPC
+``dev.Value(typecode, init)``         ``ctx.Value`` (``.value``)
+``dev.Queue()``                       ``ctx.Queue`` (``put``/``get``)
+``dev.sleep(units)``                  ``time.sleep`` (1 unit = 1 ms)
+``dev.empty_cache()``                 ``torch.cuda.empty_cache()``
+``dev.all_gather_into_tensor(...)``   ``torch.distributed`` (NCCL); returns
+                                      a work handle with ``wait()``
+``dev.spawn_ranks(fn, world_size)``   one NCCL process per GPU
+``dev.memory_saver``                  ``torch_memory_saver``: ``region()``,
+                                      ``pause()``, ``resume()``, ``disable()``
+                                      (process-wide under
+                                      ``TMS_INIT_ENABLE=1``)
+====================================  ======================================
+
+Tensors are made with ``device=dev.device`` and ``pin_memory=True`` and
+copied with ``t.copy_(src, non_blocking=True)``; nothing else changes
+between backends, and a mechanism never asks which one it runs on. Both
+``simdevice.SimDevice`` and ``reference.cuda.CudaDevice`` provide every
+protocol below (mypy checks it where a harness passes either as a
+``Device``; ``tests/property/tool/test_contract.py`` checks the parameters).
+
+Schedules (``reference.schedule``) are realized by counting operations per
+actor the same way on both backends: :func:`op_kind` decides which aten ops
+are stream operations (a kernel or a copy; views and bare allocations are
+not), and every contract call that can block or publish is a host step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any, Literal, Protocol, TypeAlias, overload
+
+import attrs
+import torch
+
+aten = torch.ops.aten
+
+OpKind = Literal["view", "alloc", "meta", "op"]
+
+#: Allocation without a kernel: no stream operation on either backend.
+_ALLOC_OPS = frozenset(
+    {
+        aten.empty.memory_format,
+        aten.empty_strided.default,
+        aten.empty_like.default,
+        aten.new_empty.default,
+        aten.new_empty_strided.default,
+    }
+)
+#: Bookkeeping calls that launch nothing.
+_META_OPS = frozenset(
+    {
+        aten.record_stream.default,
+        aten.is_pinned.default,
+        aten._pin_memory.default,
+        aten.set_.source_Storage_storage_offset,
+        aten.set_.source_Tensor,
+    }
+)
+
+
+@functools.cache
+def op_kind(func: torch._ops.OpOverload) -> OpKind:
+    """How an aten op counts: a view, a bare allocation, bookkeeping, or a stream op."""
+    if func in _ALLOC_OPS:
+        return "alloc"
+    if func in _META_OPS:
+        return "meta"
+    returns = func._schema.returns
+    if returns and returns[0].alias_info is not None and not returns[0].alias_info.is_write:
+        return "view"
+    return "op"
+
+
+# ---------------------------------------------------------------------------
+# The contract, as protocols: mechanisms type ``dev: Device``.
+
+
+class Event(Protocol):
+    """``torch.cuda.Event``."""
+
+    def record(self, stream: Stream | None = None) -> None: ...
+    def wait(self, stream: Stream | None = None) -> None: ...
+    def query(self) -> bool: ...
+    def synchronize(self) -> None: ...
+
+
+class Stream(Protocol):
+    """``torch.cuda.Stream``, with the name schedules call it by."""
+
+    @property
+    def name(self) -> str: ...
+    def wait_event(self, event: Event) -> None: ...
+    def wait_stream(self, stream: Stream) -> None: ...
+    def synchronize(self) -> None: ...
+    def query(self) -> bool: ...
+    def record_event(self, event: Event | None = None) -> Event: ...
+
+
+class Work(Protocol):
+    """The handle of an async collective (``torch.distributed.Work``)."""
+
+    def wait(self) -> None: ...
+    def is_completed(self) -> bool: ...
+
+
+class SharedValue(Protocol):
+    """``multiprocessing.Value``: ``.value`` reads and writes are host steps."""
+
+    @property
+    def value(self) -> Any: ...
+    @value.setter
+    def value(self, v: Any) -> None: ...
+
+
+class SharedQueue(Protocol):
+    """``multiprocessing.Queue``."""
+
+    def put(self, item: Any) -> None: ...
+    def get(self, timeout: float | None = None) -> Any: ...
+    def empty(self) -> bool: ...
+
+
+class Process(Protocol):
+    """A spawned worker process (``torch.multiprocessing``)."""
+
+    def start(self) -> None: ...
+    def join(self, timeout: float | None = None) -> None: ...
+    def is_alive(self) -> bool: ...
+    @property
+    def exitcode(self) -> int | None: ...
+
+
+class MemorySaver(Protocol):
+    """``torch_memory_saver``: pausable memory regions."""
+
+    def region(
+        self, tag: str = "default", enable_cpu_backup: bool = False
+    ) -> contextlib.AbstractContextManager[Any]: ...
+    def disable(self) -> contextlib.AbstractContextManager[Any]: ...
+    def pause(self, tag: str | None = None) -> None: ...
+    def resume(self, tag: str | None = None) -> None: ...
+
+
+# the Device protocol's methods are named after the classes they make; refer to the protocols by these names there
+_Stream: TypeAlias = Stream
+_Event: TypeAlias = Event
+_Process: TypeAlias = Process
+
+
+class Device(Protocol):
+    """What a mechanism may use. ``SimDevice`` and ``CudaDevice`` both provide it."""
+
+    device: torch.device
+
+    def Stream(self, name: str | None = None) -> _Stream: ...
+    def Event(self) -> _Event: ...
+    def stream(self, s: _Stream) -> contextlib.AbstractContextManager[Any]: ...
+    def current_stream(self) -> _Stream: ...
+    def default_stream(self) -> _Stream: ...
+    def synchronize(self) -> None: ...
+    def Process(self, target: Callable[..., Any], args: tuple[Any, ...] = (), name: str = "worker") -> _Process: ...
+    def Value(self, typecode: str, init: Any) -> SharedValue: ...
+    def Queue(self) -> SharedQueue: ...
+    def sleep(self, units: float) -> None: ...
+    def empty_cache(self) -> None: ...
+    @overload
+    def all_gather_into_tensor(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: Literal[True] = True
+    ) -> Work: ...
+    @overload
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, async_op: Literal[False]) -> None: ...
+    @overload
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, async_op: bool) -> Work | None: ...
+    def spawn_ranks(self, fn: Callable[..., Any], world_size: int, args: tuple[Any, ...] = ()) -> list[Any]: ...
+    def run(self, program: Callable[..., Any], *args: Any) -> Run: ...
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def memory_saver(self) -> MemorySaver: ...
+
+
+@attrs.frozen
+class Run:
+    """What one run of a program produced: its return value and the backend's reports."""
+
+    result: Any
+    reports: tuple[Any, ...] = ()
+    #: operations counted per actor, as the schedule counts them
+    op_counts: dict[str, int] = attrs.field(factory=dict)
+    #: delays of the schedule that never fired (their operation never came)
+    unfired: tuple[str, ...] = ()

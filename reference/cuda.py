@@ -1,0 +1,540 @@
+"""``CudaDevice``: the device contract (``reference.contract``) on real CUDA, realizing a schedule.
+
+``CudaDevice(schedule).run(program, *args)`` runs ``program(dev, *args)`` in
+this process (actor ``host``), counting operations per actor as the
+simulator does (:func:`reference.contract.op_kind`, a dispatch mode) and
+stalling the ones the schedule delays: a stream with ``torch.cuda._sleep``
+enqueued just before the delayed operation (calibrated at run time), a host
+actor with ``time.sleep`` before the delayed step. Worker processes
+(``Process``) and ranks (``spawn_ranks``) are real spawned processes sharing
+device memory over CUDA IPC and talking NCCL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from reference import contract
+from reference.contract import MemorySaver, Run, op_kind
+from reference.schedule import Schedule
+
+
+def calibrate_sleep_cycles_per_ms(samples: int = 3) -> float:
+    """Measure how many ``torch.cuda._sleep`` cycles make one millisecond on this GPU."""
+    torch.cuda.synchronize()
+    cycles = 10_000_000
+    rates = []
+    for _ in range(samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        rates.append(cycles / start.elapsed_time(end))
+    rates.sort()
+    return float(rates[len(rates) // 2])
+
+
+class _Counter:
+    """Counts operations per actor and stalls the delayed ones (the CUDA side of a schedule)."""
+
+    def __init__(self, schedule: Schedule | None, cycles_per_ms: float) -> None:
+        self.delays: dict[str, dict[int, int]] = {}
+        if schedule is not None:
+            for d in schedule.delays:
+                self.delays.setdefault(d.actor, {})[d.index] = d.units
+        self.counts: dict[str, int] = {}
+        self.fired: set[tuple[str, int]] = set()
+        self.cycles_per_ms = cycles_per_ms
+
+    def next(self, actor: str) -> int:
+        """Count one operation of ``actor``; return the units it must be stalled first."""
+        k = self.counts.get(actor, 0)
+        self.counts[actor] = k + 1
+        units = self.delays.get(actor, {}).get(k, 0)
+        if units:
+            self.fired.add((actor, k))
+        return units
+
+    def unfired(self) -> tuple[str, ...]:
+        return tuple(
+            f"{a}#{k}+{u}" for a, ds in self.delays.items() for k, u in ds.items() if (a, k) not in self.fired
+        )
+
+
+class CudaStream:
+    """A named ``torch.cuda.Stream`` whose calls count as host steps."""
+
+    def __init__(self, dev: CudaDevice, raw: torch.cuda.Stream, name: str) -> None:
+        self.dev, self.raw, self.name = dev, raw, name
+
+    def wait_event(self, event: contract.Event) -> None:
+        self.dev._host_step()
+        self.raw.wait_event(_raw_event(event))
+
+    def wait_stream(self, stream: contract.Stream) -> None:
+        self.dev._host_step()
+        self.raw.wait_stream(_raw_stream(stream))
+
+    def synchronize(self) -> None:
+        self.dev._host_step()
+        self.raw.synchronize()
+
+    def query(self) -> bool:
+        self.dev._host_step()
+        return bool(self.raw.query())
+
+    def record_event(self, event: contract.Event | None = None) -> contract.Event:
+        event = event or self.dev.Event()
+        event.record(self)
+        return event
+
+    def __repr__(self) -> str:
+        return f"CudaStream({self.name!r})"
+
+
+def _raw_stream(s: contract.Stream | None) -> torch.cuda.Stream:
+    if not isinstance(s, CudaStream):
+        raise TypeError(f"expected a stream of a CudaDevice, got {s!r}")
+    return s.raw
+
+
+def _raw_event(e: contract.Event) -> torch.cuda.Event:
+    if not isinstance(e, CudaEvent):
+        raise TypeError(f"expected an event of a CudaDevice, got {e!r}")
+    return e.raw
+
+
+class CudaEvent:
+    def __init__(self, dev: CudaDevice) -> None:
+        self.dev, self.raw = dev, torch.cuda.Event()
+
+    def record(self, stream: contract.Stream | None = None) -> None:
+        self.dev._host_step()
+        self.raw.record(_raw_stream(stream or self.dev.current_stream()))
+
+    def wait(self, stream: contract.Stream | None = None) -> None:
+        (stream or self.dev.current_stream()).wait_event(self)
+
+    def query(self) -> bool:
+        self.dev._host_step()
+        return bool(self.raw.query())
+
+    def synchronize(self) -> None:
+        self.dev._host_step()
+        self.raw.synchronize()
+
+
+class CudaValue:
+    """A shared ``multiprocessing`` value; each access is a host step of the accessing actor."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    @property
+    def value(self) -> Any:
+        _current_cuda_device()._host_step()
+        return self.raw.value
+
+    @value.setter
+    def value(self, v: Any) -> None:
+        _current_cuda_device()._host_step()
+        self.raw.value = v
+
+
+class CudaQueue:
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    def put(self, item: Any) -> None:
+        _current_cuda_device()._host_step()
+        self.raw.put(item)
+
+    def get(self, timeout: float | None = None) -> Any:
+        _current_cuda_device()._host_step()
+        return self.raw.get(timeout=timeout)
+
+    def empty(self) -> bool:
+        _current_cuda_device()._host_step()
+        return bool(self.raw.empty())
+
+
+class CudaProcess:
+    """A spawned worker process; ``start`` and ``join`` are host steps of the caller.
+
+    At ``join`` the child's operation counts and fired delays join the caller's, so that a run
+    reports delays on a worker's actors as applied (or not) as the simulator does.
+    """
+
+    def __init__(self, dev: CudaDevice, raw: Any, counts: Any = None) -> None:
+        self.dev, self.raw, self.counts = dev, raw, counts
+
+    def start(self) -> None:
+        self.dev._host_step()
+        self.raw.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.dev._host_step()
+        self.raw.join(timeout)
+        if self.counts is not None and self.raw.exitcode is not None:
+            import queue
+
+            try:
+                counts, fired = self.counts.get(timeout=1.0)
+            except queue.Empty:  # the child died before it could tell
+                return
+            self.dev.counter.counts.update(counts)
+            self.dev.counter.fired |= fired
+
+    def is_alive(self) -> bool:
+        return bool(self.raw.is_alive())
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.raw.exitcode  # type: ignore[no-any-return]
+
+
+class CudaWork:
+    """An async collective's handle: ``wait()`` makes the current stream wait for it."""
+
+    def __init__(self, dev: CudaDevice, raw: Any) -> None:
+        self.dev, self.raw = dev, raw
+
+    def wait(self) -> None:
+        self.dev._host_step()
+        self.raw.wait()
+
+    def is_completed(self) -> bool:
+        self.dev._host_step()
+        return bool(self.raw.is_completed())
+
+
+_CURRENT: list[CudaDevice] = []
+
+
+def _current_cuda_device() -> CudaDevice:
+    if not _CURRENT:
+        raise RuntimeError("no CudaDevice is running in this process")
+    return _CURRENT[-1]
+
+
+class _CountingMode(TorchDispatchMode):
+    """Counts stream operations and host steps as the simulator does, and injects the delays."""
+
+    def __init__(self, dev: CudaDevice) -> None:
+        super().__init__()
+        self.dev = dev
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if op_kind(func) == "op" and _touches_device_or_pinned(args, kwargs):
+            self.dev._host_step()
+            self.dev._stream_step()
+        return func(*args, **kwargs)
+
+
+def _touches_device_or_pinned(args: Any, kwargs: Any) -> bool:
+    flat = torch.utils._pytree.tree_leaves((args, kwargs))
+    for x in flat:
+        if isinstance(x, torch.Tensor) and (x.is_cuda or (x.device.type == "cpu" and x.is_pinned())):
+            return True
+        if isinstance(x, torch.device) and x.type == "cuda":
+            return True
+    return False
+
+
+class CudaDevice:
+    """The device contract on real CUDA, realizing a schedule's delays.
+
+    ``CudaDevice(schedule).run(program, *args)`` runs ``program(dev, *args)`` in
+    this process (actor ``host``), counting operations like the simulator and
+    stalling the ones the schedule delays.
+    """
+
+    device = torch.device("cuda")
+
+    def __init__(
+        self,
+        schedule: Schedule | None = None,
+        *,
+        actor: str = "host",
+        cycles_per_ms: float | None = None,
+    ) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("CudaDevice needs a CUDA GPU")
+        self.schedule = schedule
+        self.actor = actor
+        self.cycles_per_ms = cycles_per_ms or calibrate_sleep_cycles_per_ms()
+        self.counter = _Counter(schedule, self.cycles_per_ms)
+        self._names: dict[int, str] = {}
+        self._streams = 0
+        self._prefix = "" if actor == "host" else f"{actor}."
+        self._names[torch.cuda.default_stream().stream_id] = f"{self._prefix}default"
+        self._mp: Any = None
+        self._memory_saver: MemorySaver | None = None
+
+    # -- running a program ---------------------------------------------------
+    def run(self, program: Callable[..., Any], *args: Any) -> Run:
+        _CURRENT.append(self)
+        try:
+            with _CountingMode(self):
+                result = program(self, *args)
+            torch.cuda.synchronize()
+        finally:
+            _CURRENT.pop()
+        return Run(result=result, op_counts=dict(self.counter.counts), unfired=self.counter.unfired())
+
+    def _host_step(self) -> None:
+        units = self.counter.next(self.actor)
+        if units:
+            time.sleep(units * 1e-3)
+
+    def _stream_step(self) -> None:
+        units = self.counter.next(self._name_of(torch.cuda.current_stream()))
+        if units:
+            torch.cuda._sleep(int(units * self.cycles_per_ms))
+
+    def _name_of(self, raw: torch.cuda.Stream) -> str:
+        name = self._names.get(raw.stream_id)
+        if name is None:
+            self._streams += 1
+            name = self._names[raw.stream_id] = f"{self._prefix}s{self._streams}"
+        return name
+
+    def _wrap(self, raw: torch.cuda.Stream) -> CudaStream:
+        return CudaStream(self, raw, self._name_of(raw))
+
+    # -- streams and events --------------------------------------------------
+    def Stream(self, name: str | None = None) -> CudaStream:
+        raw = torch.cuda.Stream()
+        if name is not None:
+            self._names[raw.stream_id] = self._prefix + name
+        return self._wrap(raw)
+
+    def Event(self) -> CudaEvent:
+        return CudaEvent(self)
+
+    @contextlib.contextmanager
+    def stream(self, s: contract.Stream) -> Iterator[contract.Stream]:
+        with torch.cuda.stream(_raw_stream(s)):
+            yield s
+
+    def current_stream(self) -> CudaStream:
+        return self._wrap(torch.cuda.current_stream())
+
+    def default_stream(self) -> CudaStream:
+        return self._wrap(torch.cuda.default_stream())
+
+    def synchronize(self) -> None:
+        self._host_step()
+        torch.cuda.synchronize()
+
+    # -- host actors -----------------------------------------------------------
+    def _ctx(self) -> Any:
+        if self._mp is None:
+            import torch.multiprocessing as mp
+
+            self._mp = mp.get_context("spawn")
+        return self._mp
+
+    def Process(self, target: Callable[..., Any], args: tuple[Any, ...] = (), name: str = "worker") -> CudaProcess:
+        payload = pickle.dumps((self.schedule, self.cycles_per_ms, target, ()))
+        counts = self._ctx().Queue()
+        # Device tensors and shared values travel as Process arguments (CUDA IPC, shared memory).
+        raw = self._ctx().Process(target=_child_entry, args=(payload, name, args, counts), name=name)
+        return CudaProcess(self, raw, counts)
+
+    def Value(self, typecode: str, init: Any) -> CudaValue:
+        return CudaValue(self._ctx().Value(typecode, init))
+
+    def Queue(self) -> CudaQueue:
+        return CudaQueue(self._ctx().Queue())
+
+    def sleep(self, units: float) -> None:
+        self._host_step()
+        time.sleep(units * 1e-3)
+
+    def empty_cache(self) -> None:
+        self._host_step()
+        torch.cuda.empty_cache()
+
+    # -- collectives -------------------------------------------------------------
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = True) -> Any:
+        """A :class:`CudaWork` when ``async_op``, else None (``reference.contract.Device`` types it per form)."""
+        import torch.distributed as dist
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        self._host_step()
+        # counted on NCCL's stream, as the simulator counts it (not on the caller's stream)
+        units = self.counter.next(f"{self._prefix}nccl")
+        launch = torch.cuda.current_stream()
+        if units:
+            # stall NCCL alone: it waits for the stream it is launched from, which sleeps after the caller's work
+            launch = torch.cuda.Stream()
+            launch.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(launch):
+                torch.cuda._sleep(int(units * self.cycles_per_ms))
+        with torch.cuda.stream(launch), _disable_current_modes():
+            work = CudaWork(self, dist.all_gather_into_tensor(output, input, async_op=True))
+        if async_op:
+            return work
+        work.wait()  # a host step, as in the simulator
+        return None
+
+    def spawn_ranks(self, fn: Callable[..., Any], world_size: int, args: tuple[Any, ...] = ()) -> list[Any]:
+        """Run ``fn(dev, *args)`` as actors ``rank0..`` of one NCCL group, a process per GPU; return the results.
+
+        A world of one runs in this process (its own counter; this one's counting paused meanwhile).
+        """
+        self._host_step()
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        if world_size == 1:
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            _init_nccl_group(0, 1, None)
+            child = CudaDevice(self.schedule, actor="rank0", cycles_per_ms=self.cycles_per_ms)
+            with _disable_current_modes():
+                run = child.run(fn, *args)
+            self.counter.counts.update(child.counter.counts)
+            self.counter.fired |= child.counter.fired
+            return [run.result]
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        ctx = self._ctx()
+        results = ctx.Queue()
+        payload = pickle.dumps((self.schedule, self.cycles_per_ms, fn, args))
+        procs = [
+            ctx.Process(target=_rank_entry, args=(payload, r, world_size, port, results), name=f"rank{r}")
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        out: dict[int, Any] = {}
+        try:
+            for _ in procs:
+                r, result, counts, fired, error = results.get(timeout=600)
+                if error:
+                    raise RuntimeError(f"rank{r} failed: {error}")
+                out[r] = pickle.loads(result)
+                self.counter.counts.update(counts)
+                self.counter.fired |= fired
+        finally:
+            for p in procs:
+                p.join(timeout=60)
+        return [out[r] for r in range(world_size)]
+
+    @property
+    def rank(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_rank() if dist.is_initialized() else 0
+
+    @property
+    def world_size(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_world_size() if dist.is_initialized() else 1
+
+    # -- the pausable memory pool -------------------------------------------------
+    @property
+    def memory_saver(self) -> MemorySaver:
+        """``torch_memory_saver``; in a process started with ``TMS_INIT_ENABLE=1``, its process-wide form.
+
+        Started that way (``LD_PRELOAD`` of the library's preload hook, as training frameworks launch a
+        trainer that offloads), every device allocation of the process is pausable unless made inside
+        ``disable()``: the process is the region. ``region(tag)`` then opens no memory pool of its own (a
+        ``disable()`` nested in a region's pool aborts in PyTorch's allocator, docs/memsaver.md), and
+        ``pause``/``resume`` act on all of the process's pausable memory.
+        """
+        if self._memory_saver is None:
+            self._memory_saver = load_memory_saver()
+        return self._memory_saver
+
+
+def load_memory_saver() -> MemorySaver:
+    """``torch_memory_saver``, or ``ProcessWideMemorySaver`` over it in a process started with ``TMS_INIT_ENABLE=1``."""
+    from torch_memory_saver import torch_memory_saver
+
+    if os.environ.get("TMS_INIT_ENABLE") == "1":
+        return ProcessWideMemorySaver(torch_memory_saver)
+    return cast(MemorySaver, torch_memory_saver)
+
+
+class ProcessWideMemorySaver:
+    """``torch_memory_saver`` in a process whose every allocation is pausable (``TMS_INIT_ENABLE=1``)."""
+
+    def __init__(self, saver: Any) -> None:
+        self._saver = saver
+        self._backup = os.environ.get("TMS_INIT_ENABLE_CPU_BACKUP") == "1"
+
+    @contextlib.contextmanager
+    def region(self, tag: str = "default", enable_cpu_backup: bool = False) -> Iterator[None]:
+        if enable_cpu_backup != self._backup:
+            raise ValueError(
+                f"region({tag!r}, enable_cpu_backup={enable_cpu_backup}) in a process-wide memory saver started "
+                f"with TMS_INIT_ENABLE_CPU_BACKUP={int(self._backup)}"
+            )
+        yield
+
+    def disable(self) -> Any:
+        return self._saver.disable()
+
+    def pause(self, tag: str | None = None) -> None:
+        self._saver.pause(None)
+
+    def resume(self, tag: str | None = None) -> None:
+        self._saver.resume(None)
+
+
+def _init_nccl_group(rank: int, world_size: int, port: int | None) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size:
+            raise RuntimeError(f"a process group of {dist.get_world_size()} ranks exists; asked for {world_size}")
+        return
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    if port is None:
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+
+
+def _rank_entry(payload: bytes, rank: int, world_size: int, port: int, results: Any) -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    schedule, cycles, fn, args = pickle.loads(payload)
+    try:
+        _init_nccl_group(rank, world_size, port)
+        dev = CudaDevice(schedule, actor=f"rank{rank}", cycles_per_ms=cycles)
+        run = dev.run(fn, *args)
+        # plain bytes: a shared-memory tensor would need this process alive until the parent opened it
+        results.put((rank, pickle.dumps(run.result), dict(dev.counter.counts), set(dev.counter.fired), ""))
+    except Exception as e:  # the parent raises it; a silent child would leave it waiting
+        results.put((rank, pickle.dumps(None), {}, set(), f"{type(e).__name__}: {e}"))
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _child_entry(payload: bytes, name: str, args: tuple[Any, ...], counts: Any = None) -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    schedule, cycles, target, _ = pickle.loads(payload)
+    dev = CudaDevice(schedule, actor=name, cycles_per_ms=cycles)
+    try:
+        dev.run(target, *args)
+    finally:
+        if counts is not None:
+            counts.put((dict(dev.counter.counts), set(dev.counter.fired)))

@@ -1,0 +1,299 @@
+"""``SimDevice``: the device contract (``reference.contract``) on the simulator. Thin; mirrors ``torch.cuda``.
+
+``SimDevice(schedule).run(program, *args)`` runs ``program(dev, *args)`` as the
+host actor ``host`` in virtual time and returns a :class:`reference.contract.Run`
+whose ``reports`` hold what went wrong (races, stale reads, deadlocks,
+illegal accesses, host errors). The same schedule gives the same run.
+
+Every method here is one call into :class:`simdevice.runtime.Runtime`; the
+handles hold the runtime's objects and refuse another device's handles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from reference import contract
+from reference.contract import MemorySaver, Run
+from reference.schedule import Schedule
+from simdevice.dispatch import Dispatcher, SimMode, data_of, storage_of
+from simdevice.runtime import Options, Runtime, SimConfig
+from simdevice.runtime.collectives import Gather
+from simdevice.runtime.config import UNIT_NS
+from simdevice.runtime.execution import HostActor
+from simdevice.runtime.memsaver import SimMemorySaver
+from simdevice.runtime.reports import user_source
+from simdevice.runtime.runtime import Mailbox, SharedCell
+from simdevice.runtime.streams import EventRecord, SimStream
+
+
+class StreamHandle:
+    """A simulated stream handle (``torch.cuda.Stream``)."""
+
+    def __init__(self, dev: SimDevice, s: SimStream) -> None:
+        self._dev, self._s = dev, s
+
+    @property
+    def name(self) -> str:
+        return self._s.name
+
+    def wait_event(self, event: contract.Event) -> None:
+        self._dev.runtime.stream_wait_event(self._s, self._dev.record_of(event))
+
+    def wait_stream(self, stream: contract.Stream) -> None:
+        self._dev.runtime.stream_wait_stream(self._s, self._dev.stream_of(stream))
+
+    def synchronize(self) -> None:
+        self._dev.runtime.stream_synchronize(self._s)
+
+    def query(self) -> bool:
+        return self._dev.runtime.stream_query(self._s)
+
+    def record_event(self, event: contract.Event | None = None) -> contract.Event:
+        event = event or EventHandle(self._dev)
+        event.record(self)
+        return event
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StreamHandle) and other._s is self._s
+
+    def __hash__(self) -> int:
+        return id(self._s)
+
+    def __repr__(self) -> str:
+        return f"<simulated stream {self.name}>"
+
+
+class EventHandle:
+    """A simulated event (``torch.cuda.Event``)."""
+
+    def __init__(self, dev: SimDevice) -> None:
+        self._dev = dev
+        self._rec: EventRecord | None = None
+
+    def record(self, stream: contract.Stream | None = None) -> None:
+        dev = self._dev
+        self._rec = dev.runtime.event_record(dev.stream_of(stream) if stream is not None else None)
+
+    def wait(self, stream: contract.Stream | None = None) -> None:
+        (stream or self._dev.current_stream()).wait_event(self)
+
+    def query(self) -> bool:
+        return self._dev.runtime.event_query(self._rec)
+
+    def synchronize(self) -> None:
+        self._dev.runtime.event_synchronize(self._rec)
+
+
+class SharedValueHandle:
+    """A value shared between simulated processes (``multiprocessing.Value``)."""
+
+    def __init__(self, dev: SimDevice, typecode: str, init: Any) -> None:
+        self._dev = dev
+        self.typecode = typecode
+        self._cell = SharedCell(init)
+
+    @property
+    def value(self) -> Any:
+        return self._dev.runtime.value_get(self._cell)
+
+    @value.setter
+    def value(self, v: Any) -> None:
+        self._dev.runtime.value_set(self._cell, v)
+
+
+class SharedQueueHandle:
+    """A queue between simulated processes (``multiprocessing.Queue``)."""
+
+    def __init__(self, dev: SimDevice) -> None:
+        self._dev = dev
+        self._box = Mailbox()
+
+    def put(self, item: Any) -> None:
+        self._dev.runtime.queue_put(self._box, item)
+
+    def get(self, timeout: float | None = None) -> Any:
+        return self._dev.runtime.queue_get(self._box)
+
+    def empty(self) -> bool:
+        return self._dev.runtime.queue_empty(self._box)
+
+
+class ProcessHandle:
+    """A spawned simulated process: a host actor with its own streams (``mp.Process``)."""
+
+    def __init__(self, dev: SimDevice, target: Callable[..., Any], args: tuple[Any, ...], name: str) -> None:
+        self._dev, self._target, self._args, self.name = dev, target, args, name
+        self._actor: HostActor | None = None
+
+    def start(self) -> None:
+        dev = self._dev
+        self._actor = dev.runtime.spawn(self.name, lambda: self._target(dev, *self._args))
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._actor is None:
+            raise RuntimeError(f"process {self.name!r} joined before start()")
+        self._dev.runtime.join(self._actor)
+
+    def is_alive(self) -> bool:
+        return self._actor is not None and self._actor.state != "done"
+
+    @property
+    def exitcode(self) -> int | None:
+        return 0 if self._actor is not None and self._actor.state == "done" else None
+
+
+class SimWork:
+    """The handle of an async collective (``torch.distributed.Work``)."""
+
+    def __init__(self, dev: SimDevice, gather: Gather) -> None:
+        self._dev, self._gather = dev, gather
+
+    def wait(self) -> None:
+        self._dev.runtime.work_wait(self._gather)
+
+    def is_completed(self) -> bool:
+        return self._dev.runtime.work_is_completed(self._gather)
+
+
+class MemorySaverHandle:
+    """``torch_memory_saver`` on the simulated device's caching allocator."""
+
+    def __init__(self, model: SimMemorySaver) -> None:
+        self.model = model
+
+    def region(self, tag: str = "default", enable_cpu_backup: bool = False) -> contextlib.AbstractContextManager[Any]:
+        return self.model.region(tag, enable_cpu_backup)
+
+    def disable(self) -> contextlib.AbstractContextManager[Any]:
+        return self.model.disable()
+
+    def pause(self, tag: str | None = None) -> None:
+        self.model.pause(tag)
+
+    def resume(self, tag: str | None = None) -> None:
+        self.model.resume(tag)
+
+
+class SimDevice:
+    """The device contract on a deterministic simulated device."""
+
+    device = torch.device("meta")
+
+    def __init__(
+        self, schedule: Schedule | None = None, config: SimConfig | None = None, options: Options | None = None
+    ) -> None:
+        self.schedule = schedule
+        self.config = config or SimConfig()
+        delays = schedule.delays_for if schedule is not None else (lambda actor: {})
+        #: the model of this run (tests and tools read its allocator, streams and trace)
+        self.runtime = Runtime(self.config, delays, options or Options(), self._enter)
+        self._dispatcher = Dispatcher(self.runtime)
+        self._memory_saver = MemorySaverHandle(self.runtime.memsaver)
+
+    # -- running -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _enter(self) -> Iterator[None]:
+        with SimMode(self._dispatcher):
+            yield
+
+    def run(self, program: Callable[..., Any], *args: Any) -> Run:
+        """Run ``program(dev, *args)`` as host actor ``host``; a SimDevice runs one program once."""
+        rt = self.runtime
+        result = rt.run(lambda: program(self, *args))
+        return Run(result=result, reports=tuple(rt.reports.items), op_counts=rt.op_counts(), unfired=rt.unfired())
+
+    @property
+    def trace(self) -> list[tuple[int, str, str]]:
+        """Every host step and stream operation of the run, in virtual-time order."""
+        return self.runtime.trace
+
+    @property
+    def now_units(self) -> float:
+        return self.runtime.now / UNIT_NS
+
+    # -- this device's handles -------------------------------------------------------------
+    def stream_of(self, s: contract.Stream) -> SimStream:
+        """The runtime stream behind a handle of this device (TypeError for anything else)."""
+        if not isinstance(s, StreamHandle) or s._dev is not self:
+            raise TypeError(f"expected a stream of this SimDevice, got {s!r}")
+        return s._s
+
+    def record_of(self, e: contract.Event) -> EventRecord | None:
+        """Where an event of this device was last recorded (None: never)."""
+        if not isinstance(e, EventHandle) or e._dev is not self:
+            raise TypeError(f"expected an event of this SimDevice, got {e!r}")
+        return e._rec
+
+    # -- streams and events ----------------------------------------------------------------
+    def Stream(self, name: str | None = None) -> StreamHandle:
+        return StreamHandle(self, self.runtime.new_stream(name))
+
+    def Event(self) -> EventHandle:
+        return EventHandle(self)
+
+    @contextlib.contextmanager
+    def stream(self, s: contract.Stream) -> Iterator[contract.Stream]:
+        with self.runtime.on_stream(self.stream_of(s)):
+            yield s
+
+    def current_stream(self) -> StreamHandle:
+        return StreamHandle(self, self.runtime.current_stream())
+
+    def default_stream(self) -> StreamHandle:
+        return StreamHandle(self, self.runtime.default_stream())
+
+    def synchronize(self) -> None:
+        self.runtime.synchronize()
+
+    # -- host actors ---------------------------------------------------------------------------
+    def Process(
+        self, target: Callable[..., Any], args: tuple[Any, ...] = (), name: str = "worker"
+    ) -> ProcessHandle:
+        return ProcessHandle(self, target, args, name)
+
+    def Value(self, typecode: str, init: Any) -> SharedValueHandle:
+        return SharedValueHandle(self, typecode, init)
+
+    def Queue(self) -> SharedQueueHandle:
+        return SharedQueueHandle(self)
+
+    def sleep(self, units: float) -> None:
+        self.runtime.sleep(units)
+
+    def empty_cache(self) -> None:
+        """Release the caching allocator's free segments (``torch.cuda.empty_cache``)."""
+        self.runtime.empty_cache()
+
+    @property
+    def memory_saver(self) -> MemorySaver:
+        return self._memory_saver
+
+    # -- collectives ------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.runtime.rank()
+
+    @property
+    def world_size(self) -> int:
+        return self.runtime.world_size()
+
+    def spawn_ranks(self, fn: Callable[..., Any], world_size: int, args: tuple[Any, ...] = ()) -> list[Any]:
+        """Run ``fn(dev, *args)`` as host actors ``rank0..``, one process group; return their results."""
+        return self.runtime.spawn_ranks(world_size, lambda: fn(self, *args))
+
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = True) -> Any:
+        """A :class:`SimWork` when ``async_op``, else None (``reference.contract.Device`` types it per form)."""
+        out, inp = output.view(-1), input.reshape(-1)
+        gather = self.runtime.all_gather(
+            (storage_of(out), data_of(out)), (storage_of(inp), data_of(inp)), user_source()
+        )
+        work = SimWork(self, gather)
+        if not async_op:
+            work.wait()
+            return None
+        return work

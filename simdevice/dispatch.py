@@ -1,0 +1,475 @@
+"""Simulated device tensors: aten ops become operations on simulated streams.
+
+``SimTensor`` is a wrapper subclass reporting device ``meta`` (on the CPU
+build a wrapper that claims ``cuda`` trips device-guard checks outside the
+dispatcher; ``meta`` supports slicing, views and arithmetic). Its bytes live
+in a CPU tensor that is a view of a :class:`~simdevice.runtime.memory.Storage`.
+
+A :class:`SimMode` dispatch mode is active in every simulated host actor and
+sees every aten op there. :func:`classify` reads each op's schema once (what
+it writes, what it returns); :class:`Dispatcher` then turns the call into
+runtime calls:
+
+- views run at once on the backing data (they alias, as on a GPU);
+- allocations (``empty``) take a block from the caching allocator, filled
+  with poison (NaN, or the integer maximum), so a read of memory nobody wrote
+  is visible;
+- every other op on device data is a host step that enqueues a stream
+  operation on the actor's current stream; its output is allocated at once
+  (shape from running the op on meta tensors, cached per signature) and the
+  op's effect is applied to the backing data when the runtime runs it:
+  inputs are read when it starts, outputs written when it completes;
+- copies: to or from pinned host memory with ``non_blocking=True`` they are
+  asynchronous; without it, or to pageable host memory (``.cpu()``,
+  ``.item()``, a plain CPU destination), the host waits for the copy, as
+  CUDA does; from pageable memory the source is read at issue, as CUDA's
+  staging does;
+- plain CPU ops that touch pinned memory the simulator owns are host steps
+  too, checked as host accesses.
+
+Random ops on device data are refused: make values on the host and copy
+them, so a run depends on its schedule alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from reference.contract import OpKind, op_kind
+from simdevice.runtime import Runtime
+from simdevice.runtime.execution import HostActor
+from simdevice.runtime.memory import Ref, Storage
+from simdevice.runtime.reports import user_source
+from simdevice.runtime.streams import SimStream
+
+aten = torch.ops.aten
+META = torch.device("meta")
+CPU = torch.device("cpu")
+
+#: ops whose tensor inputs only give a shape or are fully overwritten, never read
+_INPUT_NOT_READ = frozenset(
+    {
+        aten.zeros_like.default,
+        aten.ones_like.default,
+        aten.full_like.default,
+        aten.new_zeros.default,
+        aten.new_ones.default,
+        aten.new_full.default,
+    }
+)
+#: in-place ops that overwrite their destination without reading it
+_WRITE_ONLY_SELF = frozenset({aten.copy_.default, aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default})
+_COPIES = frozenset({aten.copy_.default, aten._to_copy.default})
+
+
+@attrs.frozen
+class OpFacts:
+    """What an aten op's schema says about its tensors, read once per overload."""
+
+    kind: OpKind
+    name: str
+    #: (position, name, keyword-only) of every argument the schema marks as written
+    written: tuple[tuple[int, str, bool], ...]
+    has_returns: bool
+    #: whether a return is a tensor (else it is a host value: ``.item()``, ``equal``)
+    returns_tensor: bool
+    #: an ``.out`` overload: the written arguments are outputs, not inputs
+    out_variant: bool
+    #: which tensor arguments are not read: "all", "self" or "" (see the sets above)
+    not_read: str
+    copy: bool
+    seeded: bool
+
+
+@functools.cache
+def classify(func: torch._ops.OpOverload) -> OpFacts:
+    schema = func._schema
+    written = tuple(
+        (i, a.name, bool(a.kwarg_only))
+        for i, a in enumerate(schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    )
+    return OpFacts(
+        kind=op_kind(func),
+        name=func.__name__.split(".")[0],
+        written=written,
+        has_returns=bool(schema.returns),
+        returns_tensor=any("Tensor" in str(r.type) for r in schema.returns),
+        out_variant=schema.name.endswith("out"),
+        not_read="all" if func in _INPUT_NOT_READ else "self" if func in _WRITE_ONLY_SELF else "",
+        copy=func in _COPIES,
+        seeded=torch.Tag.nondeterministic_seeded in func.tags,
+    )
+
+
+class SimTensor(torch.Tensor):
+    """A tensor on the simulated device: a ``meta`` wrapper around CPU bytes."""
+
+    _data: torch.Tensor
+    _st: Storage
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, st: Storage) -> SimTensor:
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            data.shape,
+            strides=data.stride(),
+            storage_offset=data.storage_offset(),
+            dtype=data.dtype,
+            device=META,
+            requires_grad=False,
+        )
+        r._data = data
+        r._st = st
+        return r  # type: ignore[no-any-return]
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        raise RuntimeError(
+            f"{func} on a simulated device tensor outside SimDevice.run: "
+            "use simdevice.peek(t) to read one after the run"
+        )
+
+    def tolist(self) -> Any:  # torch refuses tolist() on subclasses; on CUDA it is a synchronizing D2H
+        return self.cpu().tolist()
+
+    def __repr__(self) -> str:  # never syncs: printing must not change the schedule
+        return f"SimTensor({tuple(self.shape)}, {self.dtype}, {self._st.label})"
+
+
+def peek(t: torch.Tensor) -> torch.Tensor:
+    """The current bytes of a simulated tensor as a CPU tensor (for tests, after a run)."""
+    return t._data.clone() if isinstance(t, SimTensor) else t.clone()
+
+
+def data_of(x: Any) -> Any:
+    """The CPU bytes behind a simulated tensor (anything else as it is)."""
+    return x._data if isinstance(x, SimTensor) else x
+
+
+def storage_of(t: torch.Tensor) -> Storage:
+    """The storage of a simulated tensor (TypeError for any other tensor)."""
+    if not isinstance(t, SimTensor):
+        raise TypeError(f"expected a tensor on the simulated device, got one on {t.device}")
+    return t._st
+
+
+def _non_blocking(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a copy op was asked for ``non_blocking=True`` (``copy_``'s third argument, or a keyword)."""
+    if func is aten.copy_.default and len(args) > 2:
+        return bool(args[2])
+    return bool(kwargs.get("non_blocking", False))
+
+
+def poison(t: torch.Tensor) -> None:
+    """Fill memory nobody wrote with values a reader cannot mistake for data (NaN, or the integer maximum)."""
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        t.fill_(math.nan)
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(torch.iinfo(t.dtype).max)
+
+
+def _is_meta_device(d: Any) -> bool:
+    return d is not None and torch.device(d).type == "meta"
+
+
+def _meta_of(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=META)
+    if isinstance(x, torch.device):
+        return META
+    return x
+
+
+def _sig(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return ("T", tuple(x.shape), tuple(x.stride()), x.dtype)
+    if isinstance(x, (list, tuple)):
+        return tuple(_sig(y) for y in x)
+    if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format)):
+        return x
+    return repr(x)
+
+
+def _written(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for i, name, kwarg_only in facts.written:
+        v = args[i] if i < len(args) and not kwarg_only else kwargs.get(name)
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out += [x for x in v if isinstance(x, torch.Tensor)]
+    return out
+
+
+class Dispatcher:
+    """Turns aten calls made inside simulated actors into runtime calls: host steps, stream operations."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.config = rt.config
+        self._meta_cache: dict[Any, Any] = {}
+
+    # -- storages ---------------------------------------------------------------------
+    def new_device(self, like: torch.Tensor, actor: str) -> SimTensor:
+        data, st = self.rt.allocate(like, actor)
+        poison(data)
+        return SimTensor(data, st)
+
+    def new_pinned(self, data: torch.Tensor, actor: str) -> torch.Tensor:
+        self.rt.register_pinned(data, actor)
+        return data
+
+    def _storage_of(self, t: torch.Tensor) -> Storage | None:
+        if isinstance(t, SimTensor):
+            return t._st
+        return self.rt.lookup_pinned(t)
+
+    def _refs(self, tensors: list[torch.Tensor]) -> list[Ref]:
+        refs = []
+        for t in tensors:
+            st = self._storage_of(t)
+            if st is not None:
+                refs.append((st, data_of(t)))
+        return refs
+
+    # -- entry point ----------------------------------------------------------------------
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        facts = classify(func)
+        flat, _ = tree_flatten((args, kwargs))
+        has_sim = any(isinstance(x, SimTensor) for x in flat)
+        if not has_sim and not _is_meta_device(kwargs.get("device")):
+            return self._host_op(func, facts, args, kwargs, flat)
+        if facts.kind == "view":
+            base = next(x for x in flat if isinstance(x, SimTensor))
+            out = func(*tree_map(data_of, args), **tree_map(data_of, kwargs))
+            return tree_map(lambda t: SimTensor(t, base._st) if isinstance(t, torch.Tensor) else t, out)
+        if facts.kind == "alloc":
+            kw = dict(tree_map(data_of, kwargs))
+            kw["device"] = CPU
+            kw.pop("pin_memory", None)
+            like = func(*tree_map(data_of, args), **kw)
+            return self.new_device(like, self.rt.current().name)
+        if facts.kind == "meta":
+            if func is aten.is_pinned.default:
+                return False
+            return None if func is aten.record_stream.default else func(*tree_map(data_of, args), **kwargs)
+        if facts.seeded:
+            raise RuntimeError(
+                f"{func}: random ops on the simulated device are not supported; "
+                "make the values on the host and copy them"
+            )
+        a = self.rt.host_step(facts.name)
+        return self.issue(a, a.current_stream, func, facts, args, kwargs, flat, user_source())
+
+    # -- host ops (no device tensor involved) -------------------------------------------------
+    def _host_op(
+        self, func: Any, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]
+    ) -> Any:
+        rt = self.rt
+        actor = rt.current_or_none()
+        if kwargs.get("pin_memory") and actor is not None:
+            kw = dict(kwargs)
+            kw["pin_memory"] = False
+            out = func(*args, **kw)
+            if facts.kind == "alloc":
+                poison(out)
+            return self.new_pinned(out, actor.name)
+        if func is aten.is_pinned.default:
+            return rt.lookup_pinned(args[0]) is not None
+        if func is aten._pin_memory.default and actor is not None:
+            return self.new_pinned(args[0].clone(), actor.name)
+        pinned = [t for t in flat if isinstance(t, torch.Tensor) and rt.lookup_pinned(t) is not None]
+        if not pinned or actor is None or facts.kind in ("view", "alloc", "meta"):
+            return func(*args, **kwargs)
+        # A host step touching pinned memory: check it as a host access, then run it now.
+        a = rt.host_step(func.__name__)
+        written = _written(facts, args, kwargs)
+        reads = [t for t in pinned if not any(t is w for w in written)]
+        rt.host_access(a, func.__name__, self._refs(reads), self._refs(written), user_source())
+        return func(*args, **kwargs)
+
+    # -- stream ops ---------------------------------------------------------------------------
+    def _meta_outputs(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if func is aten._to_copy.default:
+            x = args[0]
+            return torch.empty_strided(x.shape, x.stride(), dtype=kwargs.get("dtype") or x.dtype, device=META)
+        key = (func, _sig(args), _sig(kwargs))
+        out = self._meta_cache.get(key)
+        if out is None:
+            out = func(*tree_map(_meta_of, args), **tree_map(_meta_of, kwargs))
+            self._meta_cache[key] = out
+        return out
+
+    def _outputs(
+        self,
+        a: HostActor,
+        func: Any,
+        facts: OpFacts,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        written: list[torch.Tensor],
+    ) -> tuple[Any, list[torch.Tensor]]:
+        """The call's result and the tensors it writes: the mutated arguments, or fresh allocations."""
+        if not facts.returns_tensor:
+            return None, []  # a host value (.item(), equal): the host will wait for it
+        if written:
+            result = args[0] if facts.has_returns else None
+            if len(written) > 1 or (facts.has_returns and not isinstance(result, torch.Tensor)):
+                result = written if len(written) > 1 else written[0]
+            return result, written
+        meta = self._meta_outputs(func, args, kwargs)
+        device = kwargs.get("device")
+        if func is aten._to_copy.default and device is not None and not _is_meta_device(device):
+            host_out = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
+            poison(host_out)
+            if kwargs.get("pin_memory"):
+                self.new_pinned(host_out, a.name)
+            return host_out, [host_out]
+        result = tree_map(lambda m: self.new_device(m, a.name) if isinstance(m, torch.Tensor) else m, meta)
+        return result, [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
+
+    def _inputs(
+        self, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
+        written: list[torch.Tensor],
+    ) -> tuple[list[torch.Tensor], dict[int, torch.Tensor]]:
+        """Every tensor argument that is read, and the pageable ones staged now (read at issue, as CUDA does)."""
+        if facts.not_read == "all":
+            not_read = {id(x) for x in flat}
+        elif facts.not_read == "self":
+            not_read = {id(args[0])}
+        else:
+            not_read = {id(x) for x in written if facts.out_variant or "out" in kwargs}
+        inputs = [x for x in flat if isinstance(x, torch.Tensor) and id(x) not in not_read]
+        staged: dict[int, torch.Tensor] = {}
+        for x in inputs:
+            if isinstance(x, SimTensor):
+                continue
+            if x.dim() > 0 and not facts.copy:  # as on CUDA: only copies cross devices
+                raise RuntimeError(
+                    f"{facts.name}: expected all tensors on the device, got a host tensor of shape {tuple(x.shape)}"
+                )
+            if self.rt.lookup_pinned(x) is None:
+                staged[id(x)] = x.clone()
+        return inputs, staged
+
+    def issue(
+        self,
+        a: HostActor,
+        s: SimStream,
+        func: Any,
+        facts: OpFacts,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        flat: list[Any],
+        src: str,
+    ) -> Any:
+        """Enqueue one aten op on stream ``s`` for host actor ``a`` (its host step already taken)."""
+        written = _written(facts, args, kwargs)
+        result, outputs = self._outputs(a, func, facts, args, kwargs, written)
+        inputs, staged = self._inputs(facts, args, kwargs, flat, written)
+
+        host_touch = any(not isinstance(x, SimTensor) for x in inputs + outputs)
+        desc = facts.name
+        if facts.copy and host_touch:
+            desc += " (D2H)" if any(not isinstance(o, SimTensor) for o in outputs) else " (H2D)"
+        if host_touch:
+            duration = self.config.copy_ns(sum(o.numel() * o.element_size() for o in outputs))
+        else:
+            duration = self.config.kernel_ns(sum(x.numel() * x.element_size() for x in inputs + outputs))
+
+        # Effects: compute from the inputs as they are at start, land the outputs at completion.
+        box: dict[str, Any] = {}
+        index, rec = self.rt.enqueue(
+            a, s, desc, duration, self._refs(inputs), self._refs(outputs), src,
+            start=self._starter(func, args, kwargs, written, staged, box),
+            finish=self._finisher(written, outputs, box),
+        )
+
+        blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)
+        if not outputs or blocking_copy or self._pageable(outputs):
+            # The host waits for results it reads itself (.cpu(), .item(), a pageable destination) and for
+            # a copy to or from host memory without non_blocking=True (CUDA synchronizes its stream then).
+            self.rt.host_waits_for(a, rec, f"stream {s.name} to finish {desc} #{index}")
+            if not outputs:
+                return box["value"]
+        return result
+
+    def _pageable(self, outputs: list[torch.Tensor]) -> bool:
+        return any(not isinstance(o, SimTensor) and self.rt.lookup_pinned(o) is None for o in outputs)
+
+    def _starter(
+        self,
+        func: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        written: list[torch.Tensor],
+        staged: dict[int, torch.Tensor],
+        box: dict[str, Any],
+    ) -> Callable[[], None]:
+        written_ids = {id(w) for w in written}
+
+        def start() -> None:
+            # Inputs are read now; mutated arguments are computed on copies that land at completion.
+            copies: dict[int, torch.Tensor] = {}
+
+            def snap(x: Any) -> Any:
+                if isinstance(x, torch.Tensor):
+                    if id(x) in staged:
+                        return staged[id(x)]
+                    if id(x) in written_ids:
+                        if id(x) not in copies:
+                            copies[id(x)] = data_of(x).clone()
+                        return copies[id(x)]
+                    return data_of(x)
+                if isinstance(x, torch.device):
+                    return CPU
+                return x
+
+            real_args = tree_map(snap, args)
+            real_kwargs = tree_map(snap, kwargs)
+            if "device" in real_kwargs:
+                real_kwargs["device"] = CPU
+            real_kwargs.pop("pin_memory", None)
+            box["value"] = func(*real_args, **real_kwargs)
+            box["copies"] = copies
+
+        return start
+
+    @staticmethod
+    def _finisher(written: list[torch.Tensor], outputs: list[torch.Tensor], box: dict[str, Any]) -> Callable[[], None]:
+        def finish() -> None:
+            if written:
+                for w in written:
+                    data_of(w).copy_(box["copies"][id(w)])
+                return
+            vals = [v for v in tree_flatten(box["value"])[0] if isinstance(v, torch.Tensor)]
+            for o, v in zip(outputs, vals, strict=True):
+                data_of(o).copy_(v)
+
+        return finish
+
+
+class SimMode(TorchDispatchMode):
+    """Routes every aten op made in a simulated actor through a :class:`Dispatcher`."""
+
+    def __init__(self, ops: Dispatcher) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.ops.rt.in_engine:
+            return func(*args, **(kwargs or {}))
+        return self.ops.dispatch(func, tuple(args), dict(kwargs or {}))

@@ -1,0 +1,143 @@
+"""Programs the tool knows by name: what ``simdevice check`` and ``replay`` run.
+
+A :class:`Program` bundles a body written against the device contract, its
+variants (which must be clean, which are known bugs), the actors a schedule
+may delay, a configuration class, and a value oracle that says what the
+body's result should have been. Each module of this package is the harness
+of one protocol of ``reference/`` (its configuration, driver, expected
+values, oracle and pinned schedules) and registers it here;
+:func:`load_all` imports them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from reference.contract import Device
+from reference.schedule import Schedule, ScheduleError
+from simdevice.runtime import Options
+
+
+class ConfigError(ScheduleError):
+    """A configuration value a program cannot use."""
+
+
+@attrs.frozen
+class Program:
+    name: str
+    doc: str
+    #: variants that must be clean under every schedule
+    clean: tuple[str, ...]
+    #: known bug variants, each with a one-line description
+    buggy: dict[str, str]
+    #: actors a schedule may delay (names as counted by both backends)
+    actors: tuple[str, ...]
+    #: the configuration: an attrs class of int fields with defaults and validators
+    config: type
+    #: body(dev, variant, config) -> result
+    body: Callable[[Device, str, Any], Any]
+    #: oracle(config, result) -> problems (empty when the values are right)
+    oracle: Callable[[Any, Any], list[str]]
+    #: operation indices a drawn delay may name, per actor (0..max_index)
+    max_index: int = 8
+    #: configuration values Hypothesis may draw, per key (the first is where shrinking goes)
+    config_space: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
+    #: configuration keys that are sizes: a GPU run multiplies them by ``SimConfig.byte_scale``
+    size_keys: tuple[str, ...] = ()
+    #: drawn configurations must pass this (e.g. to leave out a documented limitation); None: all pass
+    config_filter: Callable[[dict[str, str]], bool] | None = None
+    #: how the simulated device is built for a variant and configuration (e.g. the memory-saver library's
+    #: version); None: the defaults
+    sim_options: Callable[[str, Any], Options] | None = None
+    #: per bug variant: counterexamples the GPU tests replay (each corrupts in the simulator, a quality test checks)
+    pinned: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return self.clean + tuple(self.buggy)
+
+    def parse_config(self, values: dict[str, str]) -> Any:
+        return int_config(self.config, values)
+
+    def defaults(self) -> dict[str, str]:
+        """The configuration's defaults, as text."""
+        return {f.name: str(f.default) for f in attrs.fields(self.config)}
+
+    def canonical(self, schedule: Schedule) -> Schedule:
+        """The same schedule with configuration values equal to the defaults left out."""
+        defaults = self.defaults()
+        config = tuple((k, v) for k, v in schedule.config if defaults.get(k) != v)
+        return attrs.evolve(schedule, config=config)
+
+    def options(self, variant: str, config: Any) -> Options:
+        return self.sim_options(variant, config) if self.sim_options is not None else Options()
+
+
+REGISTRY: dict[str, Program] = {}
+
+
+def register(p: Program) -> Program:
+    REGISTRY[p.name] = p
+    return p
+
+
+def resolve(schedule: Schedule) -> tuple[Program, Any]:
+    """The program and parsed configuration a schedule names; ScheduleError if it names none."""
+    load_all()
+    p = REGISTRY.get(schedule.program)
+    if p is None:
+        known = ", ".join(sorted(REGISTRY))
+        raise ScheduleError(f"unknown program {schedule.program!r}; known: {known}")
+    if schedule.variant not in p.variants:
+        raise ScheduleError(
+            f"unknown variant {schedule.variant!r} of {p.name}; known: {', '.join(p.variants)}"
+        )
+    config = p.parse_config(schedule.config_dict())
+    for d in schedule.delays:
+        if d.actor not in p.actors:
+            raise ScheduleError(
+                f"delay {d} names actor {d.actor!r}, which {p.name} does not have; actors: {', '.join(p.actors)}"
+            )
+    return p, config
+
+
+def int_config(cls: type, values: dict[str, str]) -> Any:
+    """Build an attrs configuration of int fields from text, with one-line errors."""
+    fields = {f.name for f in attrs.fields(cls)}
+    kwargs = {}
+    for k, v in values.items():
+        if k not in fields:
+            raise ConfigError(f"unknown configuration key {k!r}; known: {', '.join(sorted(fields))}")
+        try:
+            kwargs[k] = int(v)
+        except ValueError:
+            raise ConfigError(f"configuration {k}={v!r} is not an integer") from None
+    try:
+        return cls(**kwargs)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+_LOADED: list[bool] = []
+
+
+def load_all() -> None:
+    """Import every program module of this package so that it registers itself (once)."""
+    if _LOADED:
+        return
+    _LOADED.append(True)
+    names = sorted(m.name for m in pkgutil.iter_modules(__path__))
+    for name in sorted(names, key=lambda n: n != "offload_reload"):  # the demonstration first, then by name
+        importlib.import_module(f"{__name__}.{name}")
+
+
+def programs(names: list[str] | None = None) -> list[Program]:
+    load_all()
+    if not names:
+        return list(REGISTRY.values())
+    return [REGISTRY[n] for n in names]

@@ -1,0 +1,177 @@
+"""Async collectives on the simulated device, for one rank or several (``torch.distributed`` with NCCL).
+
+Ranks are host actors of one simulation: ``dev.spawn_ranks(fn, world_size)``
+starts actors ``rank0``, ``rank1``, ... each running ``fn(dev, *args)`` with
+its own streams (``rank1.default``, ``rank1.nccl``, ...) and ``dev.rank`` /
+``dev.world_size`` answering for the calling actor. A host actor that was
+not spawned as a rank (``host``, a worker) is a world of one.
+
+An all-gather on one rank is three items on that rank's communication stream
+(``nccl``, or ``rank1.nccl``), which first waits for the caller's current
+stream, as NCCL does:
+
+1. the *send*: a counted operation that reads the rank's input when it starts
+   (a schedule's ``rank1.nccl#k`` delays this one);
+2. a rendezvous marker the stream passes only once every rank of the world
+   has issued the same collective (the k-th collective of each rank matches,
+   as NCCL requires) and every rank's send has run: a rank never completes a
+   collective that a peer has not reached;
+3. the *receive*: an uncounted operation that writes the whole output from
+   the sends' data when it completes.
+
+Happens-before (:mod:`simdevice.runtime.sync`): the collective joins the
+clocks of the callers that issued it; a rank's receive carries the clocks of
+the peers that had issued it by then, and ``work.wait()`` joins all of them
+once every rank has. The ranks share no memory, so this only sharpens
+reports, never creates one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from simdevice.runtime import sync
+from simdevice.runtime.clock import VectorClock
+from simdevice.runtime.execution import Execution, HostActor
+from simdevice.runtime.memory import Accessor, Memory, Ref
+from simdevice.runtime.streams import EventRecord, SimStream, StreamOp
+
+
+class World:
+    """The ranks of one process group in one simulation, and the collectives they issued."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        #: actor name -> rank
+        self.ranks: dict[str, int] = {}
+        #: collectives issued so far, in NCCL order (the k-th of every rank is one instance)
+        self.instances: list[Collective] = []
+        self._issued: dict[int, int] = {}
+
+    def instance_for(self, rank: int) -> Collective:
+        k = self._issued.get(rank, 0)
+        self._issued[rank] = k + 1
+        while len(self.instances) <= k:
+            self.instances.append(Collective(len(self.instances), self.size))
+        return self.instances[k]
+
+
+class Collective:
+    """One all-gather across the world: who issued it, what each rank sent, the joined clock."""
+
+    def __init__(self, seq: int, size: int) -> None:
+        self.seq = seq
+        self.size = size
+        self.issued = 0
+        self.sent: dict[int, torch.Tensor] = {}
+        self.clock = VectorClock()
+
+    @property
+    def complete(self) -> bool:
+        return self.issued == self.size
+
+    def all_sent(self) -> bool:
+        return len(self.sent) == self.size
+
+
+class Gather:
+    """An async collective in flight: where its receive sits on the communication stream, and its rendezvous."""
+
+    def __init__(self, rec: EventRecord, collective: Collective) -> None:
+        self.rec, self.collective = rec, collective
+
+    def record(self) -> EventRecord:
+        """What waiting for it orders after (every caller, once every rank has issued)."""
+        return sync.work_record(self.rec, self.collective, self.collective.complete)
+
+
+class Collectives:
+    """The process groups of one run and the collectives issued on them."""
+
+    def __init__(self, execution: Execution, memory: Memory) -> None:
+        self._exec = execution
+        self._memory = memory
+        #: rank actors -> their world; an actor that is not a rank is a world of one of its own
+        self._worlds: dict[str, World] = {}
+        self._solo: dict[str, World] = {}
+
+    def world_of(self, actor: str) -> tuple[World, int]:
+        w = self._worlds.get(actor)
+        if w is not None:
+            return w, w.ranks[actor]
+        solo = self._solo.get(actor)
+        if solo is None:
+            solo = self._solo[actor] = World(1)
+            solo.ranks[actor] = 0
+        return solo, 0
+
+    def new_world(self, ranks: list[HostActor]) -> World:
+        if any(a.name in self._worlds for a in ranks):
+            raise RuntimeError("spawn_ranks: one world per simulated run (actors rank0.. already exist)")
+        world = World(len(ranks))
+        for r, a in enumerate(ranks):
+            world.ranks[a.name] = r
+            self._worlds[a.name] = world
+        return world
+
+    def _comm_stream(self, a: HostActor) -> SimStream:
+        full = "nccl" if a.name == "host" else f"{a.name}.nccl"
+        s = self._exec.streams.get(full)
+        return s if s is not None else self._exec.new_stream(a, "nccl")
+
+    def _enqueue(
+        self, s: SimStream, desc: str, counted: bool, duration: int, reads: list[Ref], writes: list[Ref], src: str
+    ) -> StreamOp:
+        """An operation on ``s`` whose accesses are checked like any kernel's."""
+        epoch = sync.device_op(s)
+        index = s.ops if counted else -1
+        if counted:
+            s.ops += 1
+        op = StreamOp(s, f"{desc} #{index}" if counted else desc, index, duration)
+        op.issued = self._memory.issue(Accessor(s.name, epoch, s.clock, desc, index, src), reads, writes)
+        return op
+
+    def all_gather(self, a: HostActor, out: Ref, inp: Ref, src: str) -> Gather:
+        """Issue ``a``'s part of an all-gather of ``inp`` (this rank's shard) into ``out`` (every rank's)."""
+        ex = self._exec
+        world, rank = self.world_of(a.name)
+        (_, data_out), (_, data_in) = out, inp
+        if data_out.numel() != data_in.numel() * world.size:
+            raise ValueError(
+                f"all_gather_into_tensor: output has {data_out.numel()} elements, "
+                f"expected {data_in.numel() * world.size}"
+            )
+        comm = self._comm_stream(a)
+        cur = a.current_stream
+        # wait: NCCL's stream must not read the input before the caller's stream produced it
+        ex.enqueue(comm, sync.stream_waits(comm, sync.record(cur), f"stream {cur.name}"))
+        coll = world.instance_for(rank)
+        coll.issued += 1
+        sync.collective_issued(coll, a, comm)
+
+        send = self._enqueue(comm, "all_gather (send)", True, ex.config.launch_ns, [inp], [], src)
+
+        def sent() -> None:
+            coll.sent[rank] = data_in.clone()
+
+        send.start = sent
+        ex.enqueue(comm, send)
+
+        rendezvous = StreamOp(
+            comm, f"every rank's send of collective {coll.seq} ({world.size} ranks)", -1, 0, ready=coll.all_sent
+        )
+        ex.enqueue(comm, rendezvous)
+
+        sync.collective_receive(comm, coll)
+        nbytes = data_out.numel() * data_out.element_size()
+        recv = self._enqueue(comm, "all_gather (receive)", False, ex.config.kernel_ns(2 * nbytes), [], [out], src)
+
+        def received() -> None:
+            data_out.copy_(torch.cat([coll.sent[q].reshape(-1) for q in range(world.size)]))
+
+        recv.finish = received
+        ex.enqueue(comm, recv)
+        if coll.complete:
+            # the last rank in: peers' comm streams may be parked at their rendezvous
+            ex.kick_all()
+        return Gather(sync.record(comm), coll)

@@ -1,0 +1,395 @@
+"""The virtual-time loop: host actors, streams, delays, deadlock detection.
+
+Host actors are Python threads that run one at a time. An actor runs its
+own code until it makes a device call (a *host step*); there it hands the
+scheduler a step at its virtual time and the scheduler processes everything
+that happens earlier (stream operations starting and completing, other
+actors' steps) in virtual-time order, ties broken by a fixed rule
+(completions, then starts, then host steps; then actor creation order).
+Streams have no threads: whichever actor holds control runs their
+operations inline, so a thread switch is paid only when the running host
+actor changes.
+
+A schedule's delay on a host actor postpones its k-th step; on a stream,
+the start of its k-th counted operation. No wall clock and no random state:
+one schedule gives one run.
+
+When no actor can move (all blocked, nothing in flight), or when nothing but
+polling has happened for ``SimConfig.stall_horizon_ns``, the run ends with a
+:class:`~simdevice.runtime.reports.Deadlock` naming what each actor waits for;
+the actors' threads are unwound with :class:`SimAbort`, so a test never hangs.
+
+This module orders *time*; what is ordered *before what* (vector clocks) is
+:mod:`simdevice.runtime.sync`'s business.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from simdevice.runtime import sync
+from simdevice.runtime.clock import VectorClock
+from simdevice.runtime.config import UNIT_NS, SimConfig
+from simdevice.runtime.memory import Memory
+from simdevice.runtime.reports import Deadlock, HostError, ReportSink, error_source
+from simdevice.runtime.streams import SimStream, StreamOp
+
+#: per actor: {operation index: units}
+Delays = Callable[[str], dict[int, int]]
+
+_COMPLETE, _START, _HOST = 0, 1, 2
+
+
+class SimAbort(BaseException):
+    """Raised inside actor threads to unwind them when the run ends early."""
+
+
+class HostActor:
+    """A host thread of one simulated process (the trainer, a worker, a rank)."""
+
+    def __init__(self, name: str, order: int, delays: dict[int, int]) -> None:
+        self.name = name
+        self.order = order
+        self.sem = threading.Semaphore(0)
+        self.thread: threading.Thread | None = None
+        self.time = 0
+        self.steps = 0
+        self.state = "new"
+        self.wait_desc = ""
+        self.wait_pred: Callable[[], bool] | None = None
+        self.last_step = "start"
+        self.clock = VectorClock()
+        self.delays = delays
+        self.fired: set[int] = set()
+        self.default_stream: SimStream | None = None
+        self.stream_stack: list[SimStream] = []
+        self.streams: list[SimStream] = []
+        self.result: Any = None
+
+    @property
+    def current_stream(self) -> SimStream:
+        assert self.default_stream is not None
+        return self.stream_stack[-1] if self.stream_stack else self.default_stream
+
+    def __repr__(self) -> str:
+        return f"<actor {self.name}>"
+
+
+class Execution:
+    """Virtual time, the host actors and the streams of one run."""
+
+    def __init__(self, config: SimConfig, delays: Delays, memory: Memory, reports: ReportSink) -> None:
+        self.config = config
+        self._delays = delays
+        self.now = 0
+        self._heap: list[tuple[int, int, int, int, Any]] = []
+        self._seq = 0
+        self.actors: dict[str, HostActor] = {}
+        self.streams: dict[str, SimStream] = {}
+        self.memory = memory
+        self.reports = reports
+        self.blocked: list[HostActor] = []
+        self.trace: list[tuple[int, str, str]] = []
+        self.finished = threading.Event()
+        self.aborting = False
+        self._lock = threading.Lock()
+        self._live = 0
+        self.last_progress = 0
+        self.host_steps = 0
+        self._local = threading.local()
+        #: True while stream operations are applied (their aten calls are not the program's)
+        self.in_engine = False
+
+    @contextlib.contextmanager
+    def device_side(self) -> Iterator[None]:
+        """Work the device does on its own bytes (a stream operation's effect, an unmap): no access of the program."""
+        prev, self.in_engine = self.in_engine, True
+        try:
+            yield
+        finally:
+            self.in_engine = prev
+
+    # -- actors and streams ------------------------------------------------------
+    def current(self) -> HostActor:
+        a: HostActor | None = getattr(self._local, "actor", None)
+        if a is None:
+            raise RuntimeError("simulated device call outside a simulated host actor (use SimDevice.run)")
+        return a
+
+    def current_or_none(self) -> HostActor | None:
+        return getattr(self._local, "actor", None)
+
+    def new_stream(self, actor: HostActor, name: str) -> SimStream:
+        full = name if actor.name == "host" else f"{actor.name}.{name}"
+        if full in self.streams or full in self.actors:
+            raise ValueError(f"a stream or actor named {full!r} already exists")
+        s = SimStream(full, actor.name, len(self.streams) + len(self.actors) + 1)
+        s.delays = self._delays(full)
+        self.streams[full] = s
+        actor.streams.append(s)
+        return s
+
+    def new_actor(self, name: str, parent: HostActor | None) -> HostActor:
+        if name in self.actors or name in self.streams:
+            raise ValueError(f"an actor or stream named {name!r} already exists")
+        a = HostActor(name, len(self.streams) + len(self.actors) + 1, self._delays(name))
+        self.actors[name] = a
+        a.default_stream = self.new_stream(a, "default")
+        if parent is not None:
+            sync.spawned(parent, a)
+            a.time = self.now + self.config.host_step_ns
+        return a
+
+    def start_actor(self, a: HostActor, body: Callable[[], Any], enter: Callable[[], Any]) -> None:
+        """Create ``a``'s thread; it runs ``body`` once the scheduler gives it its first turn."""
+
+        def main() -> None:
+            a.sem.acquire()
+            self._local.actor = a
+            try:
+                if self.aborting:
+                    raise SimAbort
+                with enter():
+                    a.state = "running"
+                    a.result = body()
+            except SimAbort:
+                pass
+            except BaseException as e:  # the program's own error: report it, end the run
+                self.reports.add(HostError(a.name, f"{type(e).__name__}: {e}", error_source(e)))
+                self._abort()
+            finally:
+                self._exit(a)
+
+        a.state = "ready"
+        a.thread = threading.Thread(target=main, name=f"sim-{a.name}", daemon=True)
+        with self._lock:
+            self._live += 1
+        self._push(a.time, _HOST, a.order, a)
+        a.thread.start()
+
+    def _exit(self, a: HostActor) -> None:
+        a.state = "done"
+        with self._lock:
+            self._live -= 1
+            last = self._live == 0
+        if self.aborting:
+            if last:
+                self.finished.set()
+            return
+        self.progress()
+        self._wake_blocked()
+        self._dispatch()
+
+    # -- the event heap -------------------------------------------------------------
+    def _push(self, t: int, prio: int, order: int, obj: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, prio, order, self._seq, obj))
+
+    def _process_stream_event(self, prio: int, s: SimStream) -> None:
+        # Stream work is the device's, not a host step: the dispatch mode lets its ops through.
+        with self.device_side():
+            self._stream_event(prio, s)
+
+    def _stream_event(self, prio: int, s: SimStream) -> None:
+        if prio == _START:
+            op = s.queue[0]
+            s.running = op
+            self.memory.start(op.issued, self.now)
+            if op.start is not None:
+                op.start()
+            self.trace.append((self.now, s.name, f"start {op.desc}"))
+            self._push(self.now + op.duration, _COMPLETE, s.order, s)
+        else:
+            op = s.queue.popleft()
+            s.running = None
+            self.memory.finish(op.issued)
+            if op.finish is not None:
+                op.finish()
+            s.completed += 1
+            s.busy = False
+            self.trace.append((self.now, s.name, f"done {op.desc}"))
+            self.progress()
+            self._wake_blocked()
+            self.kick_all()
+
+    def _pop(self) -> tuple[int, Any] | None:
+        if not self._heap:
+            return None
+        t, prio, _, _, obj = heapq.heappop(self._heap)
+        self.now = t
+        return prio, obj
+
+    def _dispatch(self) -> None:
+        """Run events until some actor's turn comes and hand it control (or end the run)."""
+        while True:
+            ev = self._pop()
+            if ev is None:
+                if any(a.state != "done" for a in self.actors.values()):
+                    self._deadlock()
+                else:
+                    self.finished.set()
+                return
+            prio, obj = ev
+            if prio == _HOST:
+                obj.sem.release()
+                return
+            self._process_stream_event(prio, obj)
+
+    def _wait_turn(self, a: HostActor) -> None:
+        while True:
+            ev = self._pop()
+            if ev is None:
+                self._deadlock()
+                raise SimAbort
+            prio, obj = ev
+            if prio == _HOST:
+                if obj is not a:
+                    obj.sem.release()
+                    a.sem.acquire()
+                if self.aborting:
+                    raise SimAbort
+                return
+            self._process_stream_event(prio, obj)
+
+    def begin(self) -> None:
+        """Called by the thread that starts a run: give the first actor its turn."""
+        self._dispatch()
+
+    def join_threads(self) -> None:
+        for a in self.actors.values():
+            if a.thread is not None:
+                a.thread.join()
+
+    # -- host steps --------------------------------------------------------------------
+    def host_step(self, desc: str) -> HostActor:
+        """One host step of the current actor at its virtual time (after its delay, if any)."""
+        a = self.current()
+        if self.aborting:
+            raise SimAbort
+        k = a.steps
+        a.steps += 1
+        self.host_steps += 1
+        delay = 0
+        if k in a.delays:
+            delay = a.delays[k] * UNIT_NS
+            a.fired.add(k)
+        self._push(a.time + delay, _HOST, a.order, a)
+        self._wait_turn(a)
+        a.time = self.now + self.config.host_step_ns
+        a.last_step = desc
+        sync.host_step(a, a.name)
+        self.trace.append((self.now, a.name, desc))
+        if self.host_steps > self.config.max_host_steps:
+            self._deadlock(f"no end after {self.config.max_host_steps} host steps")
+            raise SimAbort
+        if self.now - self.last_progress > self.config.stall_horizon_ns:
+            self._deadlock()
+            raise SimAbort
+        return a
+
+    def block(self, a: HostActor, desc: str, pred: Callable[[], bool]) -> None:
+        """Block actor ``a`` (inside its step) until ``pred()`` holds."""
+        if pred():
+            return
+        a.state = "blocked"
+        a.wait_desc = desc
+        a.wait_pred = pred
+        self.blocked.append(a)
+        self._wait_turn(a)
+        a.state = "running"
+        a.time = self.now + self.config.host_step_ns
+
+    def _wake_blocked(self) -> None:
+        for a in list(self.blocked):
+            assert a.wait_pred is not None
+            if a.wait_pred():
+                self.blocked.remove(a)
+                a.wait_pred = None
+                a.state = "ready"
+                self._push(self.now, _HOST, a.order, a)
+
+    def progress(self) -> None:
+        """Note that something other than polling happened (for the stall horizon)."""
+        self.last_progress = self.now
+
+    def changed(self) -> None:
+        """Shared state changed: blocked actors may move now."""
+        self.progress()
+        self._wake_blocked()
+
+    # -- streams ------------------------------------------------------------------------
+    def enqueue(self, s: SimStream, op: StreamOp) -> None:
+        s.queue.append(op)
+        s.enqueued += 1
+        op.position = s.enqueued
+        self.progress()
+        self.kick(s)
+
+    def kick(self, s: SimStream) -> None:
+        while not s.busy and s.queue:
+            op = s.queue[0]
+            if op.ready is not None:
+                if not op.ready():
+                    return
+                s.queue.popleft()
+                s.completed += 1
+                self.trace.append((self.now, s.name, f"pass {op.desc}"))
+                self._wake_blocked()
+                continue
+            delay = 0
+            if op.index in s.delays and op.index not in s.fired:
+                s.fired.add(op.index)
+                delay = s.delays[op.index] * UNIT_NS
+            s.busy = True
+            self._push(self.now + delay, _START, s.order, s)
+
+    def kick_all(self) -> None:
+        for s in self.streams.values():
+            self.kick(s)
+
+    # -- ending a run early ----------------------------------------------------------------
+    def _waits(self) -> tuple[tuple[str, str], ...]:
+        waits = []
+        for a in self.actors.values():
+            if a.state == "blocked":
+                waits.append((a.name, a.wait_desc))
+            elif a.state != "done":
+                waits.append((a.name, f"nothing it can see change (polling; last step: {a.last_step})"))
+        for s in self.streams.values():
+            if s.queue and not s.busy and s.queue[0].ready is not None:
+                waits.append((f"stream {s.name}", s.queue[0].desc))
+        return tuple(waits)
+
+    def _deadlock(self, why: str | None = None) -> None:
+        self.reports.add(Deadlock(waits=self._waits(), time_ns=self.now, reason=why or ""))
+        self._abort()
+
+    def _abort(self) -> None:
+        if self.aborting:
+            return
+        self.aborting = True
+        me = self.current_or_none()
+        for a in self.actors.values():
+            if a is not me and a.state != "done" and a.thread is not None:
+                a.sem.release()
+        with self._lock:
+            if self._live == 0:
+                self.finished.set()
+
+    # -- results ----------------------------------------------------------------------------
+    def unfired(self) -> tuple[str, ...]:
+        out = []
+        for name, a in self.actors.items():
+            out += [f"{name}#{k}+{u}" for k, u in a.delays.items() if k not in a.fired]
+        for name, s in self.streams.items():
+            out += [f"{name}#{k}+{u}" for k, u in s.delays.items() if k not in s.fired]
+        return tuple(sorted(out))
+
+    def op_counts(self) -> dict[str, int]:
+        counts = {name: a.steps for name, a in self.actors.items()}
+        counts.update({name: s.ops for name, s in self.streams.items()})
+        return counts

@@ -1,0 +1,259 @@
+"""Storages and byte-range shadow memory.
+
+Every device allocation and every pinned host buffer is a :class:`Storage`:
+real CPU tensor data (so a stale read returns stale values) plus a shadow
+that keeps, for each byte range, two layers:
+
+- the happens-before layer, updated when an access is *issued* (enqueued on
+  a stream, or done by a host step): the last write and the reads since, each
+  an :class:`~simdevice.report.Access` with its actor's epoch. A new access
+  that conflicts with one its clock has not seen is a :class:`Race`.
+- the version layer: every write gets a write id when issued; a range's
+  ``issued`` id is the last write the program issued to it, its ``done`` id
+  the last write whose data actually landed. A read remembers the ids issued
+  before it and compares them with the landed ones when it *executes*; a
+  difference is a :class:`StaleRead`.
+
+Views alias: a tensor's byte range is computed from its offset, sizes and
+strides within its storage (a strided view is covered by its extent).
+
+Every access goes through one function, :meth:`Memory.issue`, whoever makes
+it (a stream operation, a host step touching pinned memory, a collective);
+:meth:`Memory.start` checks what an issued access finds when it runs and
+:meth:`Memory.finish` lands its writes.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+
+import attrs
+import torch
+
+from simdevice.runtime.clock import VectorClock
+from simdevice.runtime.reports import Access, AccessKind, IllegalAccess, Race, ReportSink, StaleRead
+
+#: (lo, hi, write id) pieces of a read's expectation
+Expectation = list[tuple[int, int, int]]
+
+
+class _Cell:
+    __slots__ = ("done", "issued", "last_write", "reads")
+
+    def __init__(self) -> None:
+        self.last_write: Access | None = None
+        self.reads: list[Access] = []
+        self.issued = 0
+        self.done = 0
+
+    def split_copy(self) -> _Cell:
+        c = _Cell()
+        c.last_write, c.reads, c.issued, c.done = self.last_write, list(self.reads), self.issued, self.done
+        return c
+
+
+class Storage:
+    """One allocation: device memory, or pinned host memory registered with the simulator."""
+
+    def __init__(self, sid: int, kind: str, process: str, data: torch.Tensor) -> None:
+        self.id = sid
+        self.kind = kind
+        self.process = process
+        self.label = f"{kind}#{sid}"
+        self.data = data  # keeps the CPU bytes alive
+        self.base = data.untyped_storage().data_ptr()
+        self.nbytes = data.untyped_storage().nbytes()
+        self._bounds = [0, self.nbytes]
+        self._cells = [_Cell()]
+        #: writes by id (id 1 is writes[0])
+        self.writes: list[Access] = []
+        #: why the storage is not mapped, or None while it is
+        self.unmapped: str | None = None
+
+    def byte_range(self, t: torch.Tensor) -> tuple[int, int]:
+        """The bytes of this storage that tensor ``t`` (a view of it) covers."""
+        esize = t.element_size()
+        lo = t.data_ptr() - self.base
+        if t.numel() == 0:
+            return lo, lo
+        extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True) if s > 0)
+        return lo, lo + extent * esize
+
+    def _boundary(self, x: int) -> int:
+        i = bisect.bisect_left(self._bounds, x)
+        if i < len(self._bounds) and self._bounds[i] == x:
+            return i
+        # x falls inside cell i-1: split it
+        self._bounds.insert(i, x)
+        self._cells.insert(i, self._cells[i - 1].split_copy())
+        return i
+
+    def cells(self, lo: int, hi: int) -> Iterator[tuple[int, int, _Cell]]:
+        if hi <= lo:
+            return
+        i, j = self._boundary(lo), self._boundary(hi)
+        for k in range(i, j):
+            yield self._bounds[k], self._bounds[k + 1], self._cells[k]
+
+
+#: what an access touches: a storage and the CPU view of its bytes that the access covers
+Ref = tuple["Storage", torch.Tensor]
+
+
+@attrs.frozen
+class Accessor:
+    """Who makes an access, and where: the facts every access of one operation or host step shares."""
+
+    actor: str
+    #: ``actor``'s own vector-clock component at the access
+    epoch: int
+    #: ``actor``'s clock at the access: what happened before it
+    clock: VectorClock
+    op: str
+    #: the operation's index on its actor, as schedules count them (-1 for uncounted)
+    index: int
+    source: str
+    #: "stream" for a stream operation, "host" for a host step
+    on: str = "stream"
+
+
+class Issued:
+    """The accesses of one operation, issued: reads with the versions they expect, writes with their ids."""
+
+    __slots__ = ("reads", "writes")
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[Storage, Access, Expectation]] = []
+        self.writes: list[tuple[Storage, Access, int]] = []
+
+
+class Memory:
+    """All storages of one simulation, and the checks run against their shadows."""
+
+    def __init__(self, reports: ReportSink) -> None:
+        self.storages: dict[int, Storage] = {}
+        self._next_id = 0
+        self.reports = reports
+        self._seen_races: set[tuple[str, int, str, int, str]] = set()
+
+    # -- allocation ------------------------------------------------------------
+    def register(self, data: torch.Tensor, kind: str, process: str) -> Storage:
+        self._next_id += 1
+        st = Storage(self._next_id, kind, process, data)
+        self.storages[st.base] = st
+        return st
+
+    def forget(self, st: Storage) -> None:
+        """A storage's bytes went back to the allocator: its address may be used again."""
+        if self.storages.get(st.base) is st:
+            del self.storages[st.base]
+
+    def lookup(self, t: torch.Tensor) -> Storage | None:
+        """The pinned storage of a plain CPU tensor, if the simulator owns it."""
+        if t.device.type != "cpu":
+            return None
+        # A registered storage keeps its bytes alive, so its address cannot be reused meanwhile.
+        st = self.storages.get(t.untyped_storage().data_ptr())
+        return st if st is not None and st.kind == "pinned" else None
+
+    # -- the one way an access is made ---------------------------------------------
+    def issue(self, who: Accessor, reads: list[Ref], writes: list[Ref]) -> Issued:
+        """Record the reads and writes of one operation or host step in the happens-before layer."""
+        issued = Issued()
+        for st, data in reads:
+            acc = self._access(who, "read", st, data)
+            issued.reads.append((st, acc, self.issue_read(st, acc, who.clock)))
+        for st, data in writes:
+            acc = self._access(who, "write", st, data)
+            issued.writes.append((st, acc, self.issue_write(st, acc, who.clock)))
+        return issued
+
+    @staticmethod
+    def _access(who: Accessor, kind: AccessKind, st: Storage, data: torch.Tensor) -> Access:
+        lo, hi = st.byte_range(data)
+        return Access(who.actor, who.epoch, who.op, who.index, kind, st.label, lo, hi, who.source, 0, who.on)
+
+    def start(self, issued: Issued, now: int) -> None:
+        """The operation runs: its reads see what has landed by now; unmapped memory is an illegal access."""
+        for st, access, expected in issued.reads:
+            if self.check_mapped(st, access):
+                self.execute_read(st, access, expected, now)
+        for st, access, _ in issued.writes:
+            self.check_mapped(st, access)
+
+    def finish(self, issued: Issued) -> None:
+        """The operation completed: its writes land."""
+        for st, access, wid in issued.writes:
+            self.execute_write(st, access.lo, access.hi, wid)
+
+    # -- the happens-before layer (at issue) -------------------------------------
+    def _race(self, cur: Access, prev: Access) -> None:
+        key = (prev.actor, prev.index, cur.actor, cur.index, cur.storage)
+        if key in self._seen_races:
+            return
+        self._seen_races.add(key)
+        self.reports.add(Race(current=cur, previous=prev))
+
+    def issue_read(self, st: Storage, access: Access, clock: VectorClock) -> Expectation:
+        expected: Expectation = []
+        for lo, hi, cell in st.cells(access.lo, access.hi):
+            lw = cell.last_write
+            if lw is not None and lw.actor != access.actor and not clock.happens_before(lw.actor, lw.epoch):
+                self._race(access, lw)
+            # A later read by the same actor subsumes its earlier ones (program order), so keep one per actor.
+            cell.reads = [r for r in cell.reads if r.actor != access.actor]
+            cell.reads.append(access)
+            if expected and expected[-1][2] == cell.issued and expected[-1][1] == lo:
+                expected[-1] = (expected[-1][0], hi, cell.issued)
+            else:
+                expected.append((lo, hi, cell.issued))
+        return expected
+
+    def issue_write(self, st: Storage, access: Access, clock: VectorClock) -> int:
+        st.writes.append(access)
+        wid = len(st.writes)
+        for _, _, cell in st.cells(access.lo, access.hi):
+            lw = cell.last_write
+            if lw is not None and lw.actor != access.actor and not clock.happens_before(lw.actor, lw.epoch):
+                self._race(access, lw)
+            for r in cell.reads:
+                if r.actor != access.actor and not clock.happens_before(r.actor, r.epoch):
+                    self._race(access, r)
+            cell.last_write = access
+            cell.reads = []
+            cell.issued = wid
+        return wid
+
+    # -- the version layer (at execution) -----------------------------------------
+    def check_mapped(self, st: Storage, access: Access) -> bool:
+        if st.unmapped is None:
+            return True
+        self.reports.add(IllegalAccess(access=access, allocation=st.label, reason=st.unmapped))
+        return False
+
+    def execute_read(self, st: Storage, access: Access, expected: Expectation, now: int) -> None:
+        for elo, ehi, wid in expected:
+            for _, _, cell in st.cells(elo, ehi):
+                if cell.done != wid:
+                    self.reports.add(self._stale(st, access, wid, cell.done, now))
+                    return
+
+    def _stale(self, st: Storage, access: Access, expected: int, seen: int, now: int) -> StaleRead:
+        if seen < expected:
+            stale_by = sum(
+                1 for w in st.writes[seen:expected] if w.lo < access.hi and access.lo < w.hi
+            )
+        else:
+            stale_by = -sum(1 for w in st.writes[expected:seen] if w.lo < access.hi and access.lo < w.hi)
+        return StaleRead(
+            read=access,
+            expected=st.writes[expected - 1] if expected else None,
+            seen=st.writes[seen - 1] if seen else None,
+            stale_by=stale_by,
+            time_ns=now,
+        )
+
+    def execute_write(self, st: Storage, lo: int, hi: int, wid: int) -> None:
+        for _, _, cell in st.cells(lo, hi):
+            cell.done = wid

@@ -1,0 +1,199 @@
+"""A pausable memory pool on the simulated device (``torch_memory_saver``).
+
+The semantics of ``torch_memory_saver`` over the caching allocator of
+:mod:`simdevice.runtime.allocator`:
+
+- ``region(tag, enable_cpu_backup=False)``: allocations of the current actor
+  come from the pool of ``tag``; every new segment of it gets a physical
+  handle mapped at its addresses.
+- ``disable()``: allocations inside it come from the ordinary pool (plain
+  device memory), even inside a region.
+- ``pause(tag)``: for every segment of the tag, unmap and release its handle;
+  the addresses stay reserved, the contents are lost (poisoned with 0xFF
+  bytes, which read as NaN in floats) unless the region backs them up to host.
+  Every live storage of the segment is then unmapped: any access is an
+  :class:`~simdevice.report.IllegalAccess` naming the allocation, the pause and
+  the access.
+- The caching allocator does not know about pausing: the free blocks of a
+  paused segment stay on its free list. An allocation in the region while it
+  is paused can be served from one, and is unmapped from birth. (A request
+  that no cached block fits gets a fresh, mapped segment, as on a GPU.)
+- ``resume(tag)``: a fresh handle mapped at the same addresses; contents back
+  only with a backup.
+- Free while paused: when the allocator releases a segment
+  (``empty_cache``), the memory saver releases its handle and its addresses.
+  A paused segment's handle was already released by the pause: releasing it
+  again fails in the driver and the process aborts (a shipped bug, kept as
+  ``LibraryFixes.release_paused_once``, chosen when the simulated device is
+  made); here that raises, which the run reports as a host error.
+
+Invariant: each physical handle is released exactly once, and no access
+touches a segment while its handle is released.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import attrs
+import torch
+
+from simdevice.runtime.allocator import Block, CachingAllocator, PoolTag, Segment
+from simdevice.runtime.execution import Execution
+from simdevice.runtime.memory import Memory, Storage
+
+
+@attrs.frozen
+class LibraryFixes:
+    """Fixes inside the memory-saver library itself (the real one is whatever version is installed)."""
+
+    #: free of a paused allocation releases only its addresses: the pause already released its handle
+    release_paused_once: bool = True
+
+
+class SimMemorySaver:
+    """The memory saver's state over the caching allocator: which pool each actor allocates from, what is paused."""
+
+    def __init__(self, execution: Execution, memory: Memory, fixes: LibraryFixes, pick: int = 0) -> None:
+        self._exec = execution
+        # the library hooks the allocator's segments, as torch_memory_saver hooks cudaMalloc
+        self.allocator = CachingAllocator(memory, pick, on_segment=self._on_segment, on_release=self._on_release)
+        self.fixes = fixes
+        #: per actor: stack of active pools (a tag inside region(), None inside disable())
+        self._tags: dict[str, list[PoolTag]] = {}
+        self._paused: set[str] = set()
+        self._backup: dict[str, bool] = {}
+        self._saved: dict[int, torch.Tensor] = {}
+        self._handles = 0
+        #: handle -> what released it (each handle is released once)
+        self.released: dict[int, str] = {}
+        self.disable_entries = 0
+
+    # -- the current pool ----------------------------------------------------------------
+    def _stack(self) -> list[PoolTag]:
+        return self._tags.setdefault(self._exec.current().name, [])
+
+    def pool_of(self, actor: str | None) -> PoolTag:
+        """The pool an allocation by ``actor`` comes from (None: ordinary memory)."""
+        stack = self._tags.get(actor, []) if actor else []
+        return stack[-1] if stack else None
+
+    def open_contexts(self) -> int:
+        """How many region() and disable() contexts are entered and not yet left, over all actors."""
+        return sum(len(stack) for stack in self._tags.values())
+
+    def allocated(self, block: Block, st: Storage) -> None:
+        """A device allocation was served from ``block``: a block of a paused segment is unmapped from birth."""
+        block.storage = st
+        seg = block.segment
+        if seg.paused is not None:
+            st.unmapped = (
+                f"which {seg.paused} unmapped ({block}, handed out again from the caching allocator's free list "
+                f"while paused)"
+            )
+
+    # -- handles -----------------------------------------------------------------------
+    def _on_segment(self, seg: Segment) -> None:
+        if seg.pool is not None:
+            self._handles += 1
+            seg.handle = self._handles
+
+    def _release_handle(self, seg: Segment, handle: int, why: str) -> None:
+        first = self.released.get(handle)
+        if first is not None:
+            raise RuntimeError(
+                f"memory saver released handle h{handle} of {seg.label} twice ({first}, then {why}): "
+                "the driver refuses the second release and the process aborts"
+            )
+        self.released[handle] = why
+
+    def _on_release(self, seg: Segment) -> None:
+        if seg.pool is None:
+            return
+        why = f"free of {seg.label} while {'paused' if seg.paused else 'mapped'}"
+        handle = seg.handle if seg.handle is not None else seg.last_handle
+        # fix: a paused segment's handle went with the pause; its free releases only the addresses
+        if handle is not None and (seg.handle is not None or not self.fixes.release_paused_once):
+            self._release_handle(seg, handle, why)
+        seg.handle = None
+
+    # -- the contract ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def region(self, tag: str = "default", enable_cpu_backup: bool = False) -> Iterator[None]:
+        self._backup[tag] = enable_cpu_backup
+        self._stack().append(tag)
+        try:
+            yield
+        finally:
+            self._stack().pop()
+
+    @contextlib.contextmanager
+    def disable(self) -> Iterator[None]:
+        self.disable_entries += 1
+        self._stack().append(None)
+        try:
+            yield
+        finally:
+            self._stack().pop()
+
+    def _tags_of(self, tag: str | None) -> list[str]:
+        return [tag] if tag else [t for t in self.allocator.pools if t is not None]
+
+    def pause(self, tag: str | None = None) -> None:
+        ex = self._exec
+        ex.host_step(f"memory_saver.pause({tag})")
+        self.allocator.collect()
+        # the library's own work on segment bytes (unmap, back up) is no access by the program
+        with ex.device_side():
+            self._pause(tag)
+        ex.progress()
+
+    def _pause(self, tag: str | None) -> None:
+        for t in self._tags_of(tag):
+            self._paused.add(t)
+            why = f"memory_saver.pause({t!r}) at t={self._exec.now / 1e6:.3f}"
+            for seg in self.allocator.segments(t):
+                if seg.handle is None:
+                    continue
+                if self._backup.get(t):
+                    self._saved[seg.id] = seg.data.clone()
+                seg.data.fill_(0xFF)
+                seg.last_handle = seg.handle
+                self._release_handle(seg, seg.handle, f"pause of {seg.label}")
+                seg.handle = None
+                seg.paused = why
+                for b in self.allocator.live_blocks(seg):
+                    if b.storage is not None:
+                        b.storage.unmapped = f"which {why} unmapped ({b})"
+
+    def resume(self, tag: str | None = None) -> None:
+        ex = self._exec
+        ex.host_step(f"memory_saver.resume({tag})")
+        self.allocator.collect()
+        with ex.device_side():
+            self._resume(tag)
+        ex.progress()
+
+    def _resume(self, tag: str | None) -> None:
+        for t in self._tags_of(tag):
+            self._paused.discard(t)
+            for seg in self.allocator.segments(t):
+                if seg.paused is None:
+                    continue
+                self._handles += 1
+                seg.handle = self._handles
+                seg.paused = None
+                saved = self._saved.pop(seg.id, None)
+                if saved is not None:
+                    seg.data.copy_(saved)
+                for b in self.allocator.live_blocks(seg):
+                    if b.storage is not None:
+                        b.storage.unmapped = None
+
+    def empty_cache(self) -> None:
+        """Release the allocator's entirely free segments (``torch.cuda.empty_cache``)."""
+        self.allocator.empty_cache()
+
+    def is_paused(self, tag: str) -> bool:
+        return tag in self._paused

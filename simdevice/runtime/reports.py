@@ -1,0 +1,228 @@
+"""Structured reports of what went wrong in one simulated run, and the run's sink that collects them.
+
+Each report is an attrs value first and text second: ``str(report)`` is
+pinned by tests. Kinds:
+
+- :class:`Race`: two conflicting accesses with no happens-before edge
+  between them (schedule-independent: found whatever the timing).
+- :class:`StaleRead`: a read that, under this schedule, saw another version
+  of memory than the program issued before it (what corrupts on a GPU).
+- :class:`Deadlock`: no actor can make progress; names what each waits for.
+- :class:`IllegalAccess`: an access to unmapped (paused) memory.
+- :class:`HostError`: an exception raised by a host actor's code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Literal
+
+import attrs
+
+from simdevice.runtime.config import UNIT_NS
+
+AccessKind = Literal["read", "write"]
+
+
+def fmt_time(ns: int) -> str:
+    return f"t={ns / UNIT_NS:.3f}"
+
+
+@attrs.frozen
+class Access:
+    """One read or write of a byte range, by a stream operation or a host step."""
+
+    actor: str
+    #: epoch of ``actor`` at this access (its own vector-clock component)
+    epoch: int
+    op: str
+    #: index of the operation on its actor, as schedules count them (-1 for uncounted)
+    index: int
+    kind: AccessKind
+    storage: str
+    lo: int
+    hi: int
+    source: str
+    #: write id issued for a write; for a read, the write id the program expected to see
+    version: int
+    #: "stream" for a stream operation, "host" for a host step
+    on: str = "stream"
+
+    def where(self) -> str:
+        idx = f" #{self.index}" if self.index >= 0 else ""
+        return f"{self.op} on {self.on} {self.actor}{idx} ({self.source})"
+
+    def range(self) -> str:
+        return f"{self.storage}[{self.lo}:{self.hi}]"
+
+
+@attrs.frozen
+class Race:
+    """Conflicting accesses unordered by happens-before."""
+
+    current: Access
+    previous: Access
+
+    kind = "race"
+
+    def __str__(self) -> str:
+        c, p = self.current, self.previous
+        verb = {"read": "reads", "write": "writes"}
+        return (
+            f"race: {c.where()} {verb[c.kind]} {c.range()}, which {p.where()} "
+            f"{'wrote' if p.kind == 'write' else 'read'}; no happens-before edge orders them"
+        )
+
+
+@attrs.frozen
+class StaleRead:
+    """A read that saw a different version than the one issued before it."""
+
+    read: Access
+    #: the write the program issued last before the read (None: uninitialized memory)
+    expected: Access | None
+    #: the write whose data the read actually saw (None: uninitialized memory)
+    seen: Access | None
+    #: writes issued before the read that had not landed (negative: later writes that had)
+    stale_by: int
+    time_ns: int
+
+    kind = "stale-read"
+
+    def __str__(self) -> str:
+        r = self.read
+        seen = self.seen.where() if self.seen else "uninitialized memory"
+        expected = self.expected.where() if self.expected else "uninitialized memory"
+        if self.stale_by >= 0:
+            n = self.stale_by
+            how = f"stale by {n} write{'s' if n != 1 else ''}: expected the data of {expected}"
+        else:
+            how = f"saw a write issued after it: expected the data of {expected}"
+        return f"stale read: {r.where()} read {r.range()} at {fmt_time(self.time_ns)}; it saw {seen}; {how}"
+
+
+@attrs.frozen
+class Deadlock:
+    """Every live actor waits for something that can no longer happen."""
+
+    #: (actor, what it waits for), in actor order
+    waits: tuple[tuple[str, str], ...]
+    time_ns: int
+    #: why the run was judged stuck, when it is not plain (e.g. a step bound)
+    reason: str = ""
+
+    kind = "deadlock"
+
+    def __str__(self) -> str:
+        inner = "; ".join(f"{a} waits for {w}" for a, w in self.waits)
+        reason = f"{self.reason}; " if self.reason else ""
+        return f"deadlock at {fmt_time(self.time_ns)}: {reason}{inner}"
+
+
+@attrs.frozen
+class IllegalAccess:
+    """An access to memory that is not mapped (paused by the memory saver, or freed)."""
+
+    access: Access
+    allocation: str
+    reason: str
+
+    kind = "illegal-access"
+
+    def __str__(self) -> str:
+        a = self.access
+        return f"illegal access: {a.where()} {a.kind}s {a.range()} of {self.allocation}, {self.reason}"
+
+
+@attrs.frozen
+class HostError:
+    """Host code of an actor raised; the run stopped there."""
+
+    actor: str
+    error: str
+    source: str
+
+    kind = "host-error"
+
+    def __str__(self) -> str:
+        return f"host error: {self.actor} raised {self.error} ({self.source})"
+
+
+Report = Race | StaleRead | Deadlock | IllegalAccess | HostError
+
+
+class ReportSink:
+    """What one run reported, in the order it was found. Every part of the runtime reports here."""
+
+    def __init__(self) -> None:
+        self.items: list[Report] = []
+
+    def add(self, report: Report) -> None:
+        self.items.append(report)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def summarize(reports: tuple[Report, ...] | list[Report]) -> str:
+    """One line per report kind with its count, e.g. ``2 stale-read, 1 race``."""
+    counts: dict[str, int] = {}
+    for r in reports:
+        counts[r.kind] = counts.get(r.kind, 0) + 1
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "clean"
+
+
+# ---------------------------------------------------------------------------
+# Source lines: where the program made a call, skipping the simulator, torch and the standard library.
+
+_SIMDEVICE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: code of the project that issues operations on the program's behalf, never the program's own line; the
+#: harness under simdevice/programs/ is program code
+_OWN = (_SIMDEVICE,)
+_PROGRAM_CODE = (os.path.join(_SIMDEVICE, "programs") + os.sep,)
+_REFERENCE = os.path.join(os.path.dirname(_SIMDEVICE.rstrip(os.sep)), "reference") + os.sep
+_CONTRACT = tuple(os.path.join(_REFERENCE, m) for m in ("contract.py", "cuda.py", "device.py"))
+_LIBRARIES = ("/torch/", "<frozen", "/contextlib.py", "/threading.py")
+
+
+_INTERNAL: dict[str, bool] = {}
+
+
+def _internal(filename: str) -> bool:
+    known = _INTERNAL.get(filename)
+    if known is None:
+        path = filename if filename.startswith("<") else os.path.abspath(filename)
+        known = (path.startswith(_OWN) and not path.startswith(_PROGRAM_CODE)) or path in _CONTRACT or any(
+            s in path.replace("\\", "/") for s in _LIBRARIES
+        )
+        _INTERNAL[filename] = known
+    return known
+
+
+def user_source() -> str:
+    """The first frame outside the simulator and torch: where the program made this call (``dir/file.py:LINE``)."""
+    f = sys._getframe(1)
+    while f is not None:
+        if not _internal(f.f_code.co_filename):
+            return f"{short_path(f.f_code.co_filename)}:{f.f_lineno}"
+        f = f.f_back  # type: ignore[assignment]
+    return "?"
+
+
+def error_source(e: BaseException) -> str:
+    """Where an exception was raised: the innermost frame of its traceback."""
+    tb = e.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    if last is None:
+        return "?"
+    return f"{short_path(last.tb_frame.f_code.co_filename)}:{last.tb_lineno}"
+
+
+def short_path(path: str) -> str:
+    """The last two components of a path: enough to find a file, short enough for a report line."""
+    parts = path.replace("\\", "/").split("/")
+    return "/".join(parts[-2:])

@@ -1,0 +1,98 @@
+"""Virtual streams, events and the operations queued on streams.
+
+A stream runs its queued operations one at a time, in order. An operation
+reads its inputs when it starts and writes its outputs when it completes,
+so a concurrent reader of its output sees the old bytes until then. Event
+waits are markers in the queue: the stream does not pass one until the
+recorded work is complete. Operations are counted per stream (markers are
+not) exactly as ``reference.device.CudaDevice`` counts them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from simdevice.runtime.clock import VectorClock
+from simdevice.runtime.memory import Issued
+
+
+class StreamOp:
+    """One queued operation: a kernel, a copy, or an event-wait marker."""
+
+    __slots__ = (
+        "desc",
+        "duration",
+        "finish",
+        "index",
+        "issued",
+        "position",
+        "ready",
+        "start",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        stream: SimStream,
+        desc: str,
+        index: int,
+        duration: int,
+        start: Callable[[], Any] | None = None,
+        finish: Callable[[], None] | None = None,
+        ready: Callable[[], bool] | None = None,
+    ) -> None:
+        self.stream = stream
+        self.desc = desc
+        #: schedule index on the stream; -1 for markers
+        self.index = index
+        self.duration = duration
+        self.start = start
+        self.finish = finish
+        #: for markers: whether the stream may pass it
+        self.ready = ready
+        #: the memory accesses it makes (checked when it starts, landed when it completes)
+        self.issued = Issued()
+        self.position = 0
+
+
+class SimStream:
+    """A named virtual stream of one process."""
+
+    def __init__(self, name: str, process: str, order: int) -> None:
+        self.name = name
+        self.process = process
+        self.order = order
+        self.queue: deque[StreamOp] = deque()
+        self.busy = False
+        #: queue items enqueued / completed so far (markers included)
+        self.enqueued = 0
+        self.completed = 0
+        #: counted operations so far (the schedule's index)
+        self.ops = 0
+        #: the clock of the last enqueued item
+        self.clock = VectorClock()
+        self.delays: dict[int, int] = {}
+        self.fired: set[int] = set()
+        self.running: StreamOp | None = None
+
+    def idle(self) -> bool:
+        return self.completed == self.enqueued
+
+    def __repr__(self) -> str:
+        return f"<stream {self.name}>"
+
+
+class EventRecord:
+    """Where an event was recorded: the stream, its queue position, and its clock then."""
+
+    __slots__ = ("clock", "position", "stream")
+
+    def __init__(self, stream: SimStream, position: int, clock: VectorClock) -> None:
+        self.stream = stream
+        self.position = position
+        self.clock = clock
+
+    def done(self) -> bool:
+        return self.stream.completed >= self.position

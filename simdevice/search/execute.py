@@ -1,0 +1,101 @@
+"""Run one schedule and judge it: the :class:`Outcome` (reports, wrong values, the line that replays it).
+
+For a clean variant any report or wrong value is a failure; for a bug
+variant a search counts corruption (a stale read, a deadlock, an illegal
+access, a host error or wrong values: what a GPU would show), see
+:func:`counts_as_failure`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from reference.contract import Device, Run
+from reference.schedule import Schedule
+from simdevice.api import SimDevice
+from simdevice.programs import Program, resolve
+from simdevice.runtime import SimConfig
+from simdevice.runtime.reports import Race, summarize
+
+
+@attrs.frozen
+class Outcome:
+    schedule: Schedule
+    run: Run
+    #: what the value oracle found wrong
+    problems: tuple[str, ...]
+    backend: str = "sim"
+
+    @property
+    def races(self) -> tuple[Race, ...]:
+        return tuple(r for r in self.run.reports if isinstance(r, Race))
+
+    @property
+    def corruption(self) -> tuple[Any, ...]:
+        return tuple(r for r in self.run.reports if not isinstance(r, Race))
+
+    @property
+    def corrupted(self) -> bool:
+        """Wrong values or a report a GPU would show (anything but a race)."""
+        return bool(self.problems or self.corruption)
+
+    @property
+    def clean(self) -> bool:
+        return not self.problems and not self.run.reports
+
+    def assert_clean(self) -> None:
+        """Fail with the whole explanation and the replay line unless the run is clean."""
+        if not self.clean:
+            raise AssertionError(self.text())
+
+    def verdict(self) -> str:
+        parts = []
+        if self.problems:
+            parts.append("wrong values")
+        if self.run.reports:
+            parts.append(summarize(self.run.reports))
+        return "; ".join(parts) if parts else "clean"
+
+    def text(self) -> str:
+        lines = [f'schedule "{self.schedule}" on {self.backend}: {self.verdict()}']
+        lines += [f"  {p}" for p in self.problems]
+        lines += [f"  {r}" for r in self.run.reports]
+        if self.run.unfired:
+            lines.append(f"  note: delays never applied (their operation never came): {', '.join(self.run.unfired)}")
+        lines.append(f'  replay: simdevice replay "{self.schedule}" [--gpu]')
+        return "\n".join(lines)
+
+
+def gpu_config(program: Program, config: Any, byte_scale: int) -> Any:
+    """The configuration a GPU run uses: sizes scaled as the simulator's cost model scales them."""
+    scaled = {k: getattr(config, k) * byte_scale for k in program.size_keys}
+    return attrs.evolve(config, **scaled)
+
+
+def device_for(schedule: Schedule, backend: str = "sim", sim_config: SimConfig | None = None) -> tuple[Device, Any]:
+    """The device a schedule runs on, and the configuration its program gets there."""
+    program, config = resolve(schedule)
+    if backend == "sim":
+        return SimDevice(schedule, sim_config, program.options(schedule.variant, config)), config
+    from reference.cuda import CudaDevice
+
+    return CudaDevice(schedule), gpu_config(program, config, (sim_config or SimConfig()).byte_scale)
+
+
+def execute(schedule: Schedule, backend: str = "sim", sim_config: SimConfig | None = None) -> Outcome:
+    """Run one schedule; ScheduleError if it names no known program, variant or actor."""
+    program, _ = resolve(schedule)
+    dev, config = device_for(schedule, backend, sim_config)
+    run = dev.run(program.body, schedule.variant, config)
+    problems: tuple[str, ...] = ()
+    if run.result is not None or not run.reports:
+        problems = tuple(program.oracle(config, run.result)) if run.result is not None else ("no result",)
+    return Outcome(schedule, run, problems, backend)
+
+
+def counts_as_failure(program: Program, variant: str, out: Outcome) -> bool:
+    """What a search counts as found: corruption for a bug variant (what a GPU would show), any report or wrong
+    value for a clean one."""
+    return out.corrupted if variant not in program.clean else not out.clean

@@ -1,0 +1,213 @@
+"""Activation offload (reference/activation_offload.py) on the simulated device.
+
+FIXED must hold every property under every drawn configuration (layers 1..4,
+microbatches 1..3, fraction 0/0.5/1, iterations 1..3, warmup on/off, an
+evaluation pass first or not) and schedule. Each property is also shown to
+catch a named variant, so none of them holds vacuously: the two upstream
+bugs, and three correct-but-slower arms that only the wait counts tell apart.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import pytest
+from hypothesis import find, given
+
+from reference import activation_offload as ao
+from reference.schedule import Schedule
+from simdevice import SimDevice
+from simdevice.programs.activation_offload import PROGRAM, body, oracle
+from simdevice.search import Outcome, execute, search_settings
+from simdevice.search.strategies import schedules
+
+FIND = search_settings()  # what simdevice check searches with
+
+
+def run(s: Schedule) -> Outcome:
+    """Run a schedule of any variant in ``ao.VARIANTS`` (the slow arms are not registered programs)."""
+    if s.variant in PROGRAM.variants:
+        return execute(s)
+    cfg = PROGRAM.parse_config(s.config_dict())
+    r = SimDevice(s).run(body, s.variant, cfg)
+    problems = tuple(oracle(cfg, r.result)) if r.result is not None else ("no result",)
+    return Outcome(s, r, problems)
+
+
+# ---------------------------------------------------------------------------
+# The properties, each a predicate over one run
+
+
+def no_report(out: Outcome) -> bool:
+    """The orderings hold: no race, stale read, deadlock or host error."""
+    return not out.run.reports
+
+
+def values_right(out: Outcome) -> bool:
+    """Every popped tensor equals the pushed one and the weights equal a run without offload."""
+    return out.run.result is not None and not out.problems
+
+
+def no_chunk_mismatch(out: Outcome) -> bool:
+    return not any("Chunk mismatch" in str(r) for r in out.run.reports)
+
+
+def prefetch_adds_no_compute_wait(out: Outcome) -> bool:
+    """A prefetched group costs the compute stream one wait, on its reload event, never one on the D2H."""
+    waits = out.run.result["waits"]
+    prefetched = {(r.pass_index, r.chunk, r.group) for r in out.run.result["reloads"] if r.path == "prefetch"}
+    for key in prefetched:
+        on_compute = [w for w in waits if w.stream == "compute" and (w.pass_index, w.chunk, w.group) == key]
+        if [(w.event, w.path) for w in on_compute] != [("reload", "commit")]:
+            return False
+    return True
+
+
+def no_stale_event_wait(out: Outcome) -> bool:
+    """The latch: a group not offloaded in this pass never waits on its (stale) offload event."""
+    return not any(w.event == "offload" and not w.offloaded for w in out.run.result["waits"])
+
+
+PROPERTIES: list[Callable[[Outcome], bool]] = [
+    no_report,
+    values_right,
+    no_chunk_mismatch,
+    prefetch_adds_no_compute_wait,
+    no_stale_event_wait,
+]
+
+
+@given(schedules(PROGRAM, "FIXED"))
+def test_fixed_holds_every_property(s: Schedule) -> None:
+    out = run(s)
+    assert out.clean, out.text()
+    for prop in PROPERTIES:
+        assert prop(out), f"{prop.__name__} fails: {out.text()}"
+    cfg = PROGRAM.parse_config(s.config_dict())
+    if cfg.warmup and not cfg.evalfirst:  # a training warmup pass offloads and reloads every group
+        reloaded = sum(r.tensors for r in out.run.result["reloads"])
+        assert reloaded >= 2 * cfg.layers * cfg.mb  # so the comparison above really ran on reloaded tensors
+
+
+# Each property catches a named variant: (property, variant, a configuration that can show it).
+CATCHES = [
+    (no_report, "offload-inline-no-wait"),
+    (values_right, "offload-inline-no-wait"),
+    (no_report, "offload-queue-empty-cursor"),
+    (no_chunk_mismatch, "offload-queue-empty-cursor"),
+    (prefetch_adds_no_compute_wait, "prefetch-keeps-latch"),
+    (no_stale_event_wait, "reset-keeps-latch"),
+    (no_stale_event_wait, "unconditional-wait"),
+]
+
+
+def _fails(prop: Callable[[Outcome], bool]) -> Callable[[Schedule], bool]:
+    def fails(s: Schedule) -> bool:
+        out = run(s)
+        if out.run.result is None and prop not in (no_report, no_chunk_mismatch):
+            return False  # a wait-count property needs a finished run
+        return not prop(out)
+
+    return fails
+
+
+@pytest.mark.parametrize(("prop", "variant"), CATCHES, ids=lambda x: getattr(x, "__name__", x))
+def test_property_catches_variant(prop: Callable[[Outcome], bool], variant: str) -> None:
+    s = find(schedules(PROGRAM, variant), _fails(prop), settings=FIND)
+    again = Schedule.parse(str(s))
+    assert again == s
+    assert not prop(run(again)), str(s)
+
+
+def test_slow_arms_are_correct_under_their_shrunk_schedules() -> None:
+    """The slow arms corrupt nothing: they differ from FIXED only in the waits they spend."""
+    for variant, fixes in ao.SLOW_ARMS.items():
+        assert fixes != ao.FIXED
+        for cfg in ("evalfirst=1,frac=0,layers=2,mb=2,iters=2", "frac=100,layers=3,mb=2,iters=2,warmup=0"):
+            out = run(Schedule.parse(f"activation_offload/{variant}:{cfg}:d2h#1+20"))
+            assert out.clean, out.text()
+
+
+# ---------------------------------------------------------------------------
+# The bug variants: what shows them and what hides them (found-and-replays: tests/property/quality)
+
+
+def test_cursor_bug_needs_fraction_zero_after_warmup() -> None:
+    """The cursor bug hides while groups are queued: in warmup and at fractions 0.5 and 1."""
+    base = "activation_offload/offload-queue-empty-cursor:layers=3,mb=2"
+    assert not run(Schedule.parse(f"{base},iters=2,frac=0")).clean
+    for frac in ("50", "100"):
+        assert run(Schedule.parse(f"{base},iters=2,frac={frac}")).clean
+    assert run(Schedule.parse(f"{base},iters=1,frac=0")).clean  # only the warmup pass
+
+
+def test_inline_bug_corrupts_without_any_stall_and_fixed_waits_instead() -> None:
+    """No delay at all: the first backward group is reloaded inline while its D2H is in flight."""
+    bug = run(Schedule.parse("activation_offload/offload-inline-no-wait"))
+    assert any(r.kind == "stale-read" for r in bug.run.reports)
+    assert bug.problems
+    fixed = run(Schedule.parse("activation_offload/FIXED"))
+    assert fixed.clean
+    inline_waits = [w for w in fixed.run.result["waits"] if w.path == "inline"]
+    assert [(w.stream, w.event, w.group) for w in inline_waits] == [("compute", "offload", "layer0")]
+
+
+def test_pre_fix_never_prefetches_in_warmup_and_fix_does() -> None:
+    """Upstream saw 24 of 24 warmup reloads inline before the fix: the inline pop left the LIFO stale."""
+    cfg = "layers=4,mb=2,iters=1"
+
+    def paths(variant: str) -> list[str]:
+        out = run(Schedule.parse(f"activation_offload/{variant}:{cfg}"))
+        return [r.path for r in out.run.result["reloads"] if r.tensors]
+
+    assert set(paths("offload-inline-no-wait")) == {"inline"}
+    fixed = paths("FIXED")
+    assert fixed.count("inline") == 2  # the two tensors of the first backward group, nothing else
+    assert fixed.count("prefetch") == 4 * 2 - 1
+
+
+def test_latch_keeps_stale_events_out_of_steady_state() -> None:
+    """Groups offloaded by an evaluation pass and never reloaded: the next pass must not wait on them."""
+    s = "activation_offload/{}:evalfirst=1,frac=0,layers=2,mb=2,iters=1"
+    waits = {v: run(Schedule.parse(s.format(v))).run.result["waits"]
+             for v in ("FIXED", "reset-keeps-latch", "unconditional-wait")}
+    stale = {v: [w for w in ws if w.event == "offload" and not w.offloaded] for v, ws in waits.items()}
+    assert stale["FIXED"] == []
+    # what FIXED does wait for: the evaluation's D2Hs, once, before reset() drops their sources
+    assert [(w.pass_index, w.path) for w in waits["FIXED"] if w.event == "offload"] == [(0, "reset")] * 4
+    assert {(w.pass_index, w.offloaded) for w in stale["reset-keeps-latch"]} == {(1, False)}
+    assert len(stale["reset-keeps-latch"]) == 2 * 2  # one per group and chunk
+    assert all(not w.offloaded for w in stale["unconditional-wait"])
+
+
+def test_report_text_is_pinned() -> None:
+    src = inspect.getsource(ao).splitlines()
+
+    def line(fragment: str) -> int:
+        return next(i + 1 for i, text in enumerate(src) if fragment in text)
+
+    h2d = line("dst.copy_(t.buf, non_blocking=True)  # on the current (compute) stream")
+    d2h = line("buf.copy_(t, non_blocking=True)")
+    out = run(Schedule.parse("activation_offload/offload-inline-no-wait"))
+    stale = [str(r) for r in out.run.reports if r.kind == "stale-read"]
+    expected = (
+        f"stale read: copy_ (H2D) on stream default #12 (reference/activation_offload.py:{h2d}) read "
+        f"pinned#3[0:65536] at t=4.516; it saw uninitialized memory; stale by 1 write: expected the data of "
+        f"copy_ (D2H) on stream d2h #1 (reference/activation_offload.py:{d2h})"
+    )
+    assert stale[0] == expected
+    cursor = run(Schedule.parse("activation_offload/offload-queue-empty-cursor:layers=2,warmup=0"))
+    mismatch = line('f"Chunk mismatch: backward reached group')
+    assert [str(r) for r in cursor.run.reports] == [
+        "host error: host raised AssertionError: Chunk mismatch: backward reached group layer1 of chunk 1 "
+        f"while chunk 0 is current (reference/activation_offload.py:{mismatch - 1})"
+    ]
+
+
+def test_config_errors_are_one_line() -> None:
+    with pytest.raises(ValueError, match=r"layers must be in 1\.\.8, got 0"):
+        PROGRAM.parse_config({"layers": "0"})
+    with pytest.raises(ValueError, match="unknown configuration key 'depth'"):
+        PROGRAM.parse_config({"depth": "2"})
+

@@ -1,0 +1,404 @@
+"""The simulated device's own semantics: each synchronization primitive, copies, views, deadlocks, determinism."""
+
+import re
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reference.schedule import Delay, Schedule
+from simdevice import UNIT_NS, Deadlock, HostError, Race, SimDevice, StaleRead, peek
+
+N = 1024  # float32 elements: 4 KiB simulated, 4 MiB modelled
+
+
+def run(program: Any, *args: Any, delays: tuple[Delay, ...] = ()) -> tuple[Any, tuple[Any, ...], SimDevice]:
+    dev = SimDevice(Schedule("test", "t", (), delays))
+    r = dev.run(program, *args)
+    return r.result, r.reports, dev
+
+
+def kinds(reports: tuple[Any, ...]) -> list[str]:
+    return sorted({r.kind for r in reports})
+
+
+# -- streams and events ---------------------------------------------------------------------------
+
+
+def offload(dev: Any, sync: str) -> torch.Tensor:
+    """D2H on a side stream into pinned memory, then an H2D reload on the compute stream."""
+    x = torch.arange(N, dtype=torch.float32, device=dev.device)
+    pinned = torch.empty(N, pin_memory=True)
+    side = dev.Stream(name="side")
+    side.wait_stream(dev.current_stream())
+    ev = dev.Event()
+    with dev.stream(side):
+        pinned.copy_(x, non_blocking=True)
+        ev.record()
+    if sync == "wait_event":
+        dev.current_stream().wait_event(ev)
+    elif sync == "wait_stream":
+        dev.current_stream().wait_stream(side)
+    elif sync == "event.synchronize":
+        ev.synchronize()
+    elif sync == "stream.synchronize":
+        side.synchronize()
+    elif sync == "device.synchronize":
+        dev.synchronize()
+    y = torch.empty_like(x)
+    y.copy_(pinned, non_blocking=True)
+    return y.cpu()
+
+
+@pytest.mark.parametrize(
+    "sync", ["wait_event", "wait_stream", "event.synchronize", "stream.synchronize", "device.synchronize"]
+)
+def test_each_synchronization_orders_the_reload(sync: str) -> None:
+    out, reports, _ = run(offload, sync)
+    assert reports == ()
+    assert torch.equal(out, torch.arange(N, dtype=torch.float32))
+
+
+def test_without_synchronization_the_reload_races_and_reads_stale_data() -> None:
+    out, reports, _ = run(offload, "none")
+    assert kinds(reports) == ["race", "stale-read"]
+    assert torch.isnan(out).all()  # the pinned buffer was still uninitialized (poisoned)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["host", "default", "side"]), st.integers(0, 5), st.integers(1, 20)),
+                max_size=3, unique_by=lambda t: t[:2]))
+def test_a_synchronized_program_is_clean_under_every_schedule(raw: list[tuple[str, int, int]]) -> None:
+    delays = tuple(Delay(a, k, u) for a, k, u in raw)
+    out, reports, _ = run(offload, "wait_event", delays=delays)
+    assert reports == ()
+    assert torch.equal(out, torch.arange(N, dtype=torch.float32))
+
+
+def test_a_never_recorded_event_is_no_edge_and_no_wait() -> None:
+    def program(dev: Any) -> bool:
+        ev = dev.Event()
+        dev.current_stream().wait_event(ev)
+        ev.synchronize()
+        return bool(ev.query())
+
+    out, reports, _ = run(program)
+    assert out is True
+    assert reports == ()
+
+
+def test_event_query_is_false_in_flight_and_orders_once_true() -> None:
+    def program(dev: Any) -> tuple[bool, list[float]]:
+        x = torch.ones(N, device=dev.device)
+        pinned = torch.empty(N, pin_memory=True)
+        ev = dev.Event()
+        pinned.copy_(x, non_blocking=True)
+        ev.record()
+        first = ev.query()
+        while not ev.query():
+            dev.sleep(0.1)
+        return first, pinned[:2].tolist()
+
+    (first, values), reports, _ = run(program)
+    assert first is False
+    assert values == [1.0, 1.0]
+    assert reports == ()
+
+
+# -- copies to and from host memory ---------------------------------------------------------------
+
+
+def test_copy_to_pageable_memory_is_synchronous() -> None:
+    def program(dev: Any) -> torch.Tensor:
+        x = torch.full((N,), 3.0, device=dev.device)
+        host = torch.empty(N)
+        host.copy_(x, non_blocking=True)  # pageable destination: CUDA waits, and so do we
+        return host.clone()
+
+    out, reports, _ = run(program)
+    assert reports == ()
+    assert torch.equal(out, torch.full((N,), 3.0))
+
+
+def test_host_read_of_pinned_memory_before_the_copy_landed_is_stale() -> None:
+    def program(dev: Any) -> torch.Tensor:
+        x = torch.full((N,), 3.0, device=dev.device)
+        pinned = torch.empty(N, pin_memory=True)
+        pinned.copy_(x, non_blocking=True)
+        return pinned.clone()  # a host read, unordered with the D2H
+
+    out, reports, _ = run(program)
+    assert kinds(reports) == ["race", "stale-read"]
+    stale = next(r for r in reports if isinstance(r, StaleRead))
+    assert stale.read.on == "host"
+    assert stale.stale_by == 1
+    assert torch.isnan(out).all()
+
+
+@pytest.mark.parametrize("how", ["d2h", "d2h positional", "h2d"])
+def test_a_pinned_copy_without_non_blocking_is_synchronous(how: str) -> None:
+    # CUDA synchronizes the stream after a copy to or from host memory unless non_blocking=True
+    def program(dev: Any) -> torch.Tensor:
+        x = torch.full((N,), 3.0, device=dev.device)
+        pinned = torch.empty(N, pin_memory=True)
+        if how == "h2d":
+            pinned.fill_(3.0)
+            x.copy_(pinned)
+            pinned.fill_(5.0)  # the host may reuse the buffer at once
+            return x.cpu()
+        if how == "d2h":
+            pinned.copy_(x)
+        else:
+            pinned.copy_(x, False)
+        return pinned.clone()
+
+    out, reports, _ = run(program)
+    assert reports == ()
+    assert torch.equal(out, torch.full((N,), 3.0))
+
+
+def test_copy_from_pageable_memory_reads_the_source_at_issue() -> None:
+    def program(dev: Any) -> torch.Tensor:
+        src = torch.full((N,), 1.0)
+        y = torch.empty(N, device=dev.device)
+        y.copy_(src, non_blocking=True)
+        src.fill_(2.0)  # pageable: CUDA staged the bytes already
+        return y.cpu()
+
+    out, reports, _ = run(program)
+    assert reports == ()
+    assert torch.equal(out, torch.full((N,), 1.0))
+
+
+def test_item_and_cpu_wait_for_the_stream() -> None:
+    def program(dev: Any) -> tuple[float, float, list[float], bool]:
+        x = torch.arange(N, dtype=torch.float32, device=dev.device)
+        return (x * 2).sum().item(), float(x[5:6].cpu()[0]), x[:3].tolist(), bool((x > N - 2).any())
+
+    (total, five, head, big), reports, _ = run(program)
+    assert reports == ()
+    assert total == float(sum(range(N)) * 2)
+    assert five == 5.0
+    assert head == [0.0, 1.0, 2.0]
+    assert big is True
+
+
+# -- views alias ----------------------------------------------------------------------------------
+
+
+def test_views_alias_their_base() -> None:
+    def program(dev: Any) -> torch.Tensor:
+        flat = torch.zeros(2 * N, device=dev.device)
+        a, b = flat[:N], flat[N:].view(2, N // 2)
+        a.add_(1.0)
+        b.fill_(7.0)
+        return flat.cpu()
+
+    out, reports, _ = run(program)
+    assert reports == ()
+    assert torch.equal(out, torch.cat([torch.ones(N), torch.full((N,), 7.0)]))
+
+
+@pytest.mark.parametrize(("other", "racy"), [(slice(N, 2 * N), False), (slice(N // 2, N + N // 2), True)])
+def test_unordered_accesses_race_only_where_the_bytes_overlap(other: slice, racy: bool) -> None:
+    def program(dev: Any) -> None:
+        flat = torch.zeros(2 * N, device=dev.device)
+        side = dev.Stream(name="side")
+        side.wait_stream(dev.current_stream())
+        flat[:N].fill_(1.0)
+        with dev.stream(side):
+            flat[other].fill_(2.0)
+        dev.synchronize()
+
+    _, reports, _ = run(program)
+    assert (kinds(reports) == ["race"]) is racy
+    if racy:
+        assert reports[0].current.storage == reports[0].previous.storage == "device#1"
+
+
+# -- host actors, shared values, queues -----------------------------------------------------------
+
+
+def worker(dev: Any, buf: torch.Tensor, ready: Any, out: Any) -> None:
+    pinned = torch.empty(N, pin_memory=True)
+    pinned.copy_(buf, non_blocking=True)
+    dev.synchronize()  # wait: the D2H must land before the host reads the mirror
+    ready.value = 1
+    out.put(float(pinned.sum()))
+
+
+def test_a_worker_process_shares_device_memory_and_hands_back_values() -> None:
+    def program(dev: Any) -> float:
+        buf = torch.full((N,), 2.0, device=dev.device)
+        ready, out = dev.Value("i", 0), dev.Queue()
+        p = dev.Process(worker, (buf, ready, out), name="worker0")
+        p.start()
+        while ready.value != 1:
+            dev.sleep(0.05)
+        got = out.get()
+        p.join()
+        return got
+
+    _, reports, dev = run(program)
+    # the worker's stream is not ordered after the trainer's fill: a cross-process race, as on CUDA IPC
+    assert kinds(reports) == ["race"]
+    assert {"host", "worker0", "default", "worker0.default"} <= set(dev.runtime.op_counts())
+
+
+def test_a_worker_ordered_by_a_handshake_is_clean() -> None:
+    def program(dev: Any) -> float:
+        buf = torch.full((N,), 2.0, device=dev.device)
+        dev.synchronize()  # wait: the buffer is written before the worker may copy it
+        ready, out = dev.Value("i", 0), dev.Queue()
+        p = dev.Process(worker, (buf, ready, out), name="worker0")
+        p.start()
+        got = out.get()
+        p.join()
+        return got
+
+    out, reports, _ = run(program)
+    assert reports == ()
+    assert out == 2.0 * N
+
+
+# -- what ends a run early ------------------------------------------------------------------------
+
+
+def test_a_queue_nobody_fills_is_a_deadlock_not_a_hang() -> None:
+    def program(dev: Any) -> None:
+        dev.Queue().get()
+
+    out, reports, _ = run(program)
+    assert out is None
+    assert len(reports) == 1
+    assert isinstance(reports[0], Deadlock)
+    assert str(reports[0]) == "deadlock at t=0.000: host waits for an item on a queue"
+
+
+def test_polling_a_value_nobody_writes_is_a_deadlock() -> None:
+    def program(dev: Any) -> None:
+        v = dev.Value("i", 0)
+        while v.value == 0:
+            dev.sleep(1)
+
+    _, reports, _ = run(program)
+    assert [r.kind for r in reports] == ["deadlock"]
+    assert "host waits for nothing it can see change (polling; last step: " in str(reports[0])
+
+
+def test_a_join_on_a_blocked_worker_names_both_waits() -> None:
+    def stuck(dev: Any, q: Any) -> None:
+        q.get()
+
+    def program(dev: Any) -> None:
+        q = dev.Queue()
+        p = dev.Process(stuck, (q,), name="worker0")
+        p.start()
+        p.join()
+
+    _, reports, _ = run(program)
+    assert str(reports[0]) == (
+        "deadlock at t=0.005: host waits for process worker0 to exit; worker0 waits for an item on a queue"
+    )
+
+
+def test_an_exception_in_host_code_is_reported_with_its_line() -> None:
+    def program(dev: Any) -> None:
+        torch.zeros(4, device=dev.device)
+        raise AssertionError("Chunk mismatch")
+
+    _, reports, _ = run(program)
+    assert len(reports) == 1
+    assert isinstance(reports[0], HostError)
+    assert reports[0].error == "AssertionError: Chunk mismatch"
+    assert reports[0].source.startswith("model/test_semantics.py:")
+
+
+def test_random_ops_on_the_device_are_refused() -> None:
+    def program(dev: Any) -> None:
+        torch.randn(4, device=dev.device)
+
+    _, reports, _ = run(program)
+    assert "random ops on the simulated device are not supported" in reports[0].error
+
+
+def test_simulated_tensors_are_unusable_outside_a_run_but_can_be_peeked() -> None:
+    def program(dev: Any) -> torch.Tensor:
+        t = torch.full((4,), 5.0, device=dev.device)
+        dev.synchronize()
+        return t
+
+    t, _, _ = run(program)
+    assert torch.equal(peek(t), torch.full((4,), 5.0))
+    with pytest.raises(RuntimeError, match=r"outside SimDevice\.run"):
+        t + 1
+
+
+def test_fresh_device_memory_is_poisoned() -> None:
+    def program(dev: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.empty(4, device=dev.device).cpu(), torch.empty(4, dtype=torch.int32, device=dev.device).cpu()
+
+    (f, i), _, _ = run(program)
+    assert torch.isnan(f).all()
+    assert (i == torch.iinfo(torch.int32).max).all()
+
+
+# -- schedules: delays and determinism --------------------------------------------------------------
+
+
+def test_a_stream_delay_postpones_that_operation_by_its_units() -> None:
+    _, _, plain = run(offload, "wait_event")
+    _, _, delayed = run(offload, "wait_event", delays=(Delay("side", 0, 3),))
+
+    def start(dev: SimDevice) -> int:
+        return next(t for t, actor, what in dev.trace if actor == "side" and what.startswith("start"))
+
+    assert start(delayed) - start(plain) == 3 * UNIT_NS
+
+
+def test_a_host_delay_postpones_that_host_step() -> None:
+    _, _, plain = run(offload, "wait_event")
+    _, _, delayed = run(offload, "wait_event", delays=(Delay("host", 1, 2),))
+    host = [t for t, a, _ in plain.trace if a == "host"]
+    host_delayed = [t for t, a, _ in delayed.trace if a == "host"]
+    assert host_delayed[0] == host[0]
+    assert host_delayed[1] - host[1] == 2 * UNIT_NS
+
+
+def test_delays_that_never_fire_are_listed() -> None:
+    dev = SimDevice(Schedule("t", "t", (), [Delay("side", 99, 1)]))
+    r = dev.run(offload, "wait_event")
+    assert r.unfired == ("side#99+1",)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["host", "default", "side"]), st.integers(0, 5), st.integers(1, 20)),
+                max_size=3, unique_by=lambda t: t[:2]))
+def test_one_schedule_gives_one_run(raw: list[tuple[str, int, int]]) -> None:
+    delays = tuple(Delay(a, k, u) for a, k, u in raw)
+    out1, rep1, dev1 = run(offload, "none", delays=delays)
+    out2, rep2, dev2 = run(offload, "none", delays=delays)
+    assert dev1.trace == dev2.trace
+    assert rep1 == rep2
+    assert torch.equal(out1, out2) or (torch.isnan(out1).all() and torch.isnan(out2).all())
+
+
+def test_race_report_text() -> None:
+    _, reports, _ = run(offload, "none")
+    race = next(r for r in reports if isinstance(r, Race))
+    line = re.sub(r"test_semantics.py:\d+", "test_semantics.py:N", str(race))
+    assert line == (
+        "race: copy_ (H2D) on stream default #1 (model/test_semantics.py:N) reads pinned#2[0:4096], "
+        "which copy_ (D2H) on stream side #0 (model/test_semantics.py:N) wrote; no happens-before edge orders them"
+    )
+
+
+def test_stale_read_report_text() -> None:
+    _, reports, _ = run(offload, "none")
+    stale = next(r for r in reports if isinstance(r, StaleRead))
+    line = re.sub(r"test_semantics.py:\d+", "test_semantics.py:N", str(stale))
+    assert line == (
+        "stale read: copy_ (H2D) on stream default #1 (model/test_semantics.py:N) read pinned#2[0:4096] "
+        "at t=0.020; it saw uninitialized memory; stale by 1 write: expected the data of copy_ (D2H) on stream "
+        "side #0 (model/test_semantics.py:N)"
+    )
