@@ -70,11 +70,21 @@ class _Counter:
         )
 
 
-class CudaStream:
-    """A named ``torch.cuda.Stream`` whose calls count as host steps."""
+class CudaStream(torch.cuda.Stream):
+    """A named ``torch.cuda.Stream`` whose calls count as host steps. It is a ``torch.cuda.Stream`` over the same
+    CUDA stream, so torch's own ``t.record_stream(s)`` and ``torch.cuda.stream(s)`` accept it."""
+
+    def __new__(cls, dev: CudaDevice, raw: torch.cuda.Stream, name: str) -> CudaStream:
+        return super().__new__(  # type: ignore[no-any-return]
+            cls, stream_id=raw.stream_id, device_index=raw.device_index, device_type=raw.device_type
+        )
 
     def __init__(self, dev: CudaDevice, raw: torch.cuda.Stream, name: str) -> None:
-        self.dev, self.raw, self.name = dev, raw, name
+        self.dev, self.raw, self._name = dev, raw, name
+
+    @property
+    def name(self) -> str:
+        return self._name
 
     def wait_event(self, event: contract.Event) -> None:
         self.dev._host_step()
@@ -114,8 +124,8 @@ def _raw_event(e: contract.Event) -> torch.cuda.Event:
 
 
 class CudaEvent:
-    def __init__(self, dev: CudaDevice) -> None:
-        self.dev, self.raw = dev, torch.cuda.Event()
+    def __init__(self, dev: CudaDevice, enable_timing: bool = False) -> None:
+        self.dev, self.raw = dev, torch.cuda.Event(enable_timing=enable_timing)
 
     def record(self, stream: contract.Stream | None = None) -> None:
         self.dev._host_step()
@@ -131,6 +141,10 @@ class CudaEvent:
     def synchronize(self) -> None:
         self.dev._host_step()
         self.raw.synchronize()
+
+    def elapsed_time(self, end_event: contract.Event) -> float:
+        self.dev._host_step()
+        return float(self.raw.elapsed_time(_raw_event(end_event)))
 
 
 class CudaValue:
@@ -303,27 +317,39 @@ class CudaDevice:
             torch.cuda._sleep(int(units * self.cycles_per_ms))
 
     def _name_of(self, raw: torch.cuda.Stream) -> str:
+        """A stream's schedule name: as given, or ``s1``, ``s2``, ... (counting only unnamed streams, skipping
+        names taken), as the simulator names them."""
         name = self._names.get(raw.stream_id)
         if name is None:
-            self._streams += 1
-            name = self._names[raw.stream_id] = f"{self._prefix}s{self._streams}"
+            taken = set(self._names.values())
+            while True:
+                self._streams += 1
+                name = f"{self._prefix}s{self._streams}"
+                if name not in taken:
+                    break
+            self._names[raw.stream_id] = name
         return name
 
     def _wrap(self, raw: torch.cuda.Stream) -> CudaStream:
         return CudaStream(self, raw, self._name_of(raw))
 
     # -- streams and events --------------------------------------------------
-    def Stream(self, name: str | None = None) -> CudaStream:
-        raw = torch.cuda.Stream()
+    def Stream(self, name: str | None = None, priority: int = 0) -> CudaStream:
+        raw = torch.cuda.Stream(priority=priority)
         if name is not None:
+            if self._prefix + name in self._names.values():
+                raise ValueError(f"a stream named {self._prefix + name!r} already exists")
             self._names[raw.stream_id] = self._prefix + name
         return self._wrap(raw)
 
-    def Event(self) -> CudaEvent:
-        return CudaEvent(self)
+    def Event(self, enable_timing: bool = False) -> CudaEvent:
+        return CudaEvent(self, enable_timing)
 
     @contextlib.contextmanager
-    def stream(self, s: contract.Stream) -> Iterator[contract.Stream]:
+    def stream(self, s: contract.Stream | None) -> Iterator[contract.Stream | None]:
+        if s is None:  # as torch.cuda.stream(None): nothing changes
+            yield None
+            return
         with torch.cuda.stream(_raw_stream(s)):
             yield s
 

@@ -5,11 +5,16 @@ configuration (``kib=16``) and a short list of delays, each "stall actor A
 before its k-th operation by d units". Actors are host actors (``host``,
 ``worker0``, ``rank1``) and streams (``default``, ``d2h``, ``worker0.d2h``).
 One unit is one millisecond of GPU time; the simulator's cost model is in
-the same unit (see ``simdevice.config``).
+the same unit (see ``simdevice.runtime.config``).
+
+A schedule may also make choices the simulator would otherwise make by a
+fixed rule: ``alloc#3~1`` gives the 3rd device allocation of host actor
+``host`` (``rank1.alloc#3~1``: of ``rank1``) the second-best-fitting free
+block instead of the best (``~0``). A GPU has no such choice and ignores it.
 
 The text form is one line that round-trips::
 
-    offload_reload/racy:kib=16,work=1:d2h#0+3,host#2+1
+    offload_reload/racy:kib=16,work=1:d2h#0+3,host#2+1,alloc#1~2
 
 Fields are separated by ``:``; the configuration and the delays may be
 empty (``offload_reload/correct``, ``offload_reload/racy::d2h#0+3``).
@@ -29,6 +34,7 @@ ActorName = str
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
 _DELAY_RE = re.compile(rf"^({_NAME})#(\d+)\+(\d+)$")
+_CHOICE_RE = re.compile(rf"^({_NAME})#(\d+)~(\d+)$")
 _TARGET_RE = re.compile(rf"^({_NAME})/({_NAME})$")
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _VALUE_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -72,6 +78,25 @@ class Delay:
         return cls(m.group(1), int(m.group(2)), int(m.group(3)))
 
 
+@attrs.frozen(order=True)
+class Choice:
+    """Make allocator ``actor``'s ``index``-th allocation take the ``pick``-th best-fitting free block (from 0)."""
+
+    actor: ActorName = attrs.field(validator=_check_name)
+    index: int = attrs.field(validator=_check_nonneg)
+    pick: int = attrs.field(validator=_check_nonneg)
+
+    def __str__(self) -> str:
+        return f"{self.actor}#{self.index}~{self.pick}"
+
+    @classmethod
+    def parse(cls, text: str) -> Choice:
+        m = _CHOICE_RE.match(text.strip())
+        if not m:
+            raise ScheduleError(f"bad choice {text!r}: expected ALLOCATOR#INDEX~PICK, e.g. alloc#0~1")
+        return cls(m.group(1), int(m.group(2)), int(m.group(3)))
+
+
 def in_range(lo: int, hi: int) -> Callable[[object, attrs.Attribute[int], int], None]:
     """An attrs validator for a program's integer configuration field: ``lo <= value <= hi``."""
 
@@ -110,6 +135,13 @@ def _delays(value: Iterable[Delay]) -> tuple[Delay, ...]:
     return delays
 
 
+def _choices(value: Iterable[Choice]) -> tuple[Choice, ...]:
+    choices = tuple(sorted(value))
+    if len({(c.actor, c.index) for c in choices}) != len(choices):
+        raise ScheduleError("two choices name the same allocator and allocation")
+    return choices
+
+
 @attrs.frozen
 class Schedule:
     """One replayable interleaving: program, variant, configuration, delays."""
@@ -118,6 +150,7 @@ class Schedule:
     variant: str = attrs.field(validator=_check_name)
     config: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_config_items)
     delays: tuple[Delay, ...] = attrs.field(default=(), converter=_delays)
+    choices: tuple[Choice, ...] = attrs.field(default=(), converter=_choices)
 
     @property
     def target(self) -> str:
@@ -130,9 +163,13 @@ class Schedule:
         """The delays of one actor, as {operation index: units}."""
         return {d.index: d.units for d in self.delays if d.actor == actor}
 
+    def choices_for(self, allocator: ActorName) -> dict[int, int]:
+        """The choices of one allocator, as {allocation index: pick}."""
+        return {c.index: c.pick for c in self.choices if c.actor == allocator}
+
     def __str__(self) -> str:
         cfg = ",".join(f"{k}={v}" for k, v in self.config)
-        dl = ",".join(str(d) for d in self.delays)
+        dl = ",".join([*(str(d) for d in self.delays), *(str(c) for c in self.choices)])
         if dl:
             return f"{self.target}:{cfg}:{dl}"
         if cfg:
@@ -157,7 +194,11 @@ class Schedule:
                 if not eq or not key or not value:
                     raise ScheduleError(f"bad configuration item {item!r}: expected KEY=VALUE")
                 config.append((key.strip(), value.strip()))
-        delays = []
+        delays, choices = [], []
         if len(fields) > 2 and fields[2]:
-            delays = [Delay.parse(item) for item in fields[2].split(",")]
-        return cls(m.group(1), m.group(2), config, delays)
+            for item in fields[2].split(","):
+                if "~" in item:
+                    choices.append(Choice.parse(item))
+                else:
+                    delays.append(Delay.parse(item))
+        return cls(m.group(1), m.group(2), config, delays, choices)

@@ -30,9 +30,16 @@ from simdevice.runtime.reports import user_source
 from simdevice.runtime.runtime import Mailbox, SharedCell
 from simdevice.runtime.streams import EventRecord, SimStream
 
+#: the device type a simulated stream reports to torch (its tensors report ``meta`` too), as torch numbers it
+_META_TYPE = torch.Stream(device="meta").device_type
 
-class StreamHandle:
-    """A simulated stream handle (``torch.cuda.Stream``)."""
+
+class StreamHandle(torch.Stream):
+    """A simulated stream handle (``torch.cuda.Stream``). It is a ``torch.Stream`` (device ``meta``, its
+    ``stream_id`` the runtime's number for it), so torch's own ``t.record_stream(s)`` accepts it."""
+
+    def __new__(cls, dev: SimDevice, s: SimStream) -> StreamHandle:
+        return super().__new__(cls, stream_id=s.order, device_index=0, device_type=_META_TYPE)  # type: ignore[no-any-return]
 
     def __init__(self, dev: SimDevice, s: SimStream) -> None:
         self._dev, self._s = dev, s
@@ -71,13 +78,21 @@ class StreamHandle:
 class EventHandle:
     """A simulated event (``torch.cuda.Event``)."""
 
-    def __init__(self, dev: SimDevice) -> None:
+    def __init__(self, dev: SimDevice, enable_timing: bool = False) -> None:
         self._dev = dev
+        self._timing = enable_timing
         self._rec: EventRecord | None = None
 
     def record(self, stream: contract.Stream | None = None) -> None:
         dev = self._dev
-        self._rec = dev.runtime.event_record(dev.stream_of(stream) if stream is not None else None)
+        self._rec = dev.runtime.event_record(dev.stream_of(stream) if stream is not None else None, self._timing)
+
+    def elapsed_time(self, end_event: contract.Event) -> float:
+        """Milliseconds of virtual time from this event's completion to ``end_event``'s."""
+        end = self._dev.event_of(end_event)
+        if not (self._timing and end._timing):
+            raise RuntimeError("elapsed_time: both events must be created with enable_timing=True")
+        return self._dev.runtime.elapsed_ms(self._rec, end._rec)
 
     def wait(self, stream: contract.Stream | None = None) -> None:
         (stream or self._dev.current_stream()).wait_event(self)
@@ -179,6 +194,10 @@ class MemorySaverHandle:
         self.model.resume(tag)
 
 
+def _no_delays(actor: str) -> dict[int, int]:
+    return {}
+
+
 class SimDevice:
     """The device contract on a deterministic simulated device."""
 
@@ -189,9 +208,10 @@ class SimDevice:
     ) -> None:
         self.schedule = schedule
         self.config = config or SimConfig()
-        delays = schedule.delays_for if schedule is not None else (lambda actor: {})
+        delays = schedule.delays_for if schedule is not None else _no_delays
+        choices = schedule.choices_for if schedule is not None else _no_delays
         #: the model of this run (tests and tools read its allocator, streams and trace)
-        self.runtime = Runtime(self.config, delays, options or Options(), self._enter)
+        self.runtime = Runtime(self.config, delays, options or Options(), self._enter, choices)
         self._dispatcher = Dispatcher(self.runtime)
         self._memory_saver = MemorySaverHandle(self.runtime.memsaver)
 
@@ -223,21 +243,31 @@ class SimDevice:
             raise TypeError(f"expected a stream of this SimDevice, got {s!r}")
         return s._s
 
-    def record_of(self, e: contract.Event) -> EventRecord | None:
-        """Where an event of this device was last recorded (None: never)."""
+    def event_of(self, e: contract.Event) -> EventHandle:
+        """An event of this device (TypeError for anything else)."""
         if not isinstance(e, EventHandle) or e._dev is not self:
             raise TypeError(f"expected an event of this SimDevice, got {e!r}")
-        return e._rec
+        return e
+
+    def record_of(self, e: contract.Event) -> EventRecord | None:
+        """Where an event of this device was last recorded (None: never)."""
+        return self.event_of(e)._rec
 
     # -- streams and events ----------------------------------------------------------------
-    def Stream(self, name: str | None = None) -> StreamHandle:
+    def Stream(self, name: str | None = None, priority: int = 0) -> StreamHandle:
+        """A new stream (``priority`` is accepted as ``torch.cuda.Stream`` accepts it; the simulator has one
+        priority)."""
         return StreamHandle(self, self.runtime.new_stream(name))
 
-    def Event(self) -> EventHandle:
-        return EventHandle(self)
+    def Event(self, enable_timing: bool = False) -> EventHandle:
+        return EventHandle(self, enable_timing)
 
     @contextlib.contextmanager
-    def stream(self, s: contract.Stream) -> Iterator[contract.Stream]:
+    def stream(self, s: contract.Stream | None) -> Iterator[contract.Stream | None]:
+        """Make ``s`` current for the block; ``stream(None)`` changes nothing, as in torch."""
+        if s is None:
+            yield None
+            return
         with self.runtime.on_stream(self.stream_of(s)):
             yield s
 
@@ -289,9 +319,9 @@ class SimDevice:
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = True) -> Any:
         """A :class:`SimWork` when ``async_op``, else None (``reference.contract.Device`` types it per form)."""
         out, inp = output.view(-1), input.reshape(-1)
-        gather = self.runtime.all_gather(
-            (storage_of(out), data_of(out)), (storage_of(inp), data_of(inp)), user_source()
-        )
+        # aliases: a collective in flight does not keep its tensors allocated (the program's references do)
+        so, si = storage_of(out), storage_of(inp)
+        gather = self.runtime.all_gather((so, so.alias(data_of(out))), (si, si.alias(data_of(inp))), user_source())
         work = SimWork(self, gather)
         if not async_op:
             work.wait()

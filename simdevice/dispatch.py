@@ -51,6 +51,8 @@ from simdevice.runtime.reports import user_source
 from simdevice.runtime.streams import SimStream
 
 aten = torch.ops.aten
+#: the device type simulated streams report to torch (``torch.Stream`` numbers device types)
+_META_TYPE = torch.Stream(device="meta").device_type
 META = torch.device("meta")
 CPU = torch.device("cpu")
 
@@ -87,6 +89,8 @@ class OpFacts:
     not_read: str
     copy: bool
     seeded: bool
+    #: the output's shape depends on the input's values (``nonzero``, ``masked_select``, ``unique``)
+    dynamic: bool
 
 
 @functools.cache
@@ -107,6 +111,7 @@ def classify(func: torch._ops.OpOverload) -> OpFacts:
         not_read="all" if func in _INPUT_NOT_READ else "self" if func in _WRITE_ONLY_SELF else "",
         copy=func in _COPIES,
         seeded=torch.Tag.nondeterministic_seeded in func.tags,
+        dynamic=torch.Tag.dynamic_output_shape in func.tags,
     )
 
 
@@ -223,9 +228,10 @@ class Dispatcher:
         self._meta_cache: dict[Any, Any] = {}
 
     # -- storages ---------------------------------------------------------------------
-    def new_device(self, like: torch.Tensor, actor: str) -> SimTensor:
-        data, st = self.rt.allocate(like, actor)
-        poison(data)
+    def new_device(self, like: torch.Tensor, actor: HostActor) -> SimTensor:
+        data, st, fresh = self.rt.allocate(like, actor)
+        if fresh:  # memory nobody wrote yet; a reused block keeps its last owner's bytes, as on a GPU
+            poison(data)
         return SimTensor(data, st)
 
     def new_pinned(self, data: torch.Tensor, actor: str) -> torch.Tensor:
@@ -261,11 +267,13 @@ class Dispatcher:
             kw["device"] = CPU
             kw.pop("pin_memory", None)
             like = func(*tree_map(data_of, args), **kw)
-            return self.new_device(like, self.rt.current().name)
+            return self.new_device(like, self.rt.current())
         if facts.kind == "meta":
             if func is aten.is_pinned.default:
                 return False
-            return None if func is aten.record_stream.default else func(*tree_map(data_of, args), **kwargs)
+            if func is aten.record_stream.default:
+                return self._record_stream(args[0], args[1])
+            return func(*tree_map(data_of, args), **kwargs)
         if facts.seeded:
             raise RuntimeError(
                 f"{func}: random ops on the simulated device are not supported; "
@@ -289,6 +297,8 @@ class Dispatcher:
             return self.new_pinned(out, actor.name)
         if func is aten.is_pinned.default:
             return rt.lookup_pinned(args[0]) is not None
+        if func is aten.record_stream.default and actor is not None:
+            return None  # pinned memory is not pooled by the simulator: nothing to defer
         if func is aten._pin_memory.default and actor is not None:
             return self.new_pinned(args[0].clone(), actor.name)
         pinned = [t for t in flat if isinstance(t, torch.Tensor) and rt.lookup_pinned(t) is not None]
@@ -301,16 +311,28 @@ class Dispatcher:
         rt.host_access(a, func.__name__, self._refs(reads), self._refs(written), user_source())
         return func(*args, **kwargs)
 
+    def _record_stream(self, t: Any, stream: Any) -> None:
+        """``t.record_stream(stream)`` with a stream of this simulated device."""
+        s = self.rt.stream_by_id(stream.stream_id) if isinstance(stream, torch.Stream) else None
+        if s is None or stream.device_type != _META_TYPE:
+            raise TypeError(f"record_stream: {stream!r} is not a stream of this simulated device")
+        self.rt.record_stream(storage_of(t), s)
+
     # -- stream ops ---------------------------------------------------------------------------
     def _meta_outputs(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The outputs' shapes and dtypes, from the meta kernel (cached per signature); None when they depend on
+        the data (the meta kernel refuses, or the schema says so)."""
         if func is aten._to_copy.default:
             x = args[0]
             return torch.empty_strided(x.shape, x.stride(), dtype=kwargs.get("dtype") or x.dtype, device=META)
         key = (func, _sig(args), _sig(kwargs))
-        out = self._meta_cache.get(key)
-        if out is None:
+        if key in self._meta_cache:
+            return self._meta_cache[key]
+        try:
             out = func(*tree_map(_meta_of, args), **tree_map(_meta_of, kwargs))
-            self._meta_cache[key] = out
+        except (NotImplementedError, RuntimeError):
+            out = None  # nonzero, boolean indexing, repeat_interleave without a size: the values decide
+        self._meta_cache[key] = out
         return out
 
     def _outputs(
@@ -323,14 +345,17 @@ class Dispatcher:
         written: list[torch.Tensor],
     ) -> tuple[Any, list[torch.Tensor]]:
         """The call's result and the tensors it writes: the mutated arguments, or fresh allocations."""
-        if not facts.returns_tensor:
-            return None, []  # a host value (.item(), equal): the host will wait for it
         if written:
+            if not facts.returns_tensor:
+                return None, written  # returns nothing, writes its mutable arguments (_foreach_add_, _fused_adam_)
             result = args[0] if facts.has_returns else None
             if len(written) > 1 or (facts.has_returns and not isinstance(result, torch.Tensor)):
                 result = written if len(written) > 1 else written[0]
             return result, written
+        if not facts.returns_tensor:
+            return None, []  # nothing (an async kernel that only reads), or a host value (.item(), equal)
         meta = self._meta_outputs(func, args, kwargs)
+        assert meta is not None
         device = kwargs.get("device")
         if func is aten._to_copy.default and device is not None and not _is_meta_device(device):
             host_out = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
@@ -338,7 +363,7 @@ class Dispatcher:
             if kwargs.get("pin_memory"):
                 self.new_pinned(host_out, a.name)
             return host_out, [host_out]
-        result = tree_map(lambda m: self.new_device(m, a.name) if isinstance(m, torch.Tensor) else m, meta)
+        result = tree_map(lambda m: self.new_device(m, a) if isinstance(m, torch.Tensor) else m, meta)
         return result, [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
 
     def _inputs(
@@ -378,6 +403,8 @@ class Dispatcher:
     ) -> Any:
         """Enqueue one aten op on stream ``s`` for host actor ``a`` (its host step already taken)."""
         written = _written(facts, args, kwargs)
+        if not written and (facts.dynamic or (facts.returns_tensor and self._meta_outputs(func, args, kwargs) is None)):
+            return self._data_dependent(a, s, func, facts, args, kwargs, flat, src)
         result, outputs = self._outputs(a, func, facts, args, kwargs, written)
         inputs, staged = self._inputs(facts, args, kwargs, flat, written)
 
@@ -390,21 +417,56 @@ class Dispatcher:
         else:
             duration = self.config.kernel_ns(sum(x.numel() * x.element_size() for x in inputs + outputs))
 
-        # Effects: compute from the inputs as they are at start, land the outputs at completion.
+        # Effects: compute from the inputs as they are at start, land the outputs at completion. The closures
+        # hold aliases of the bytes, not the tensors: the program's del frees a block while an op is queued.
         box: dict[str, Any] = {}
+        alias = _Aliases()
         index, rec = self.rt.enqueue(
             a, s, desc, duration, self._refs(inputs), self._refs(outputs), src,
-            start=self._starter(func, args, kwargs, written, staged, box),
-            finish=self._finisher(written, outputs, box),
+            start=self._starter(func, alias.of(args), alias.of(kwargs), alias.all(written), staged, box),
+            finish=self._finisher(alias.all(written), alias.all(outputs), box),
         )
 
         blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)
-        if not outputs or blocking_copy or self._pageable(outputs):
-            # The host waits for results it reads itself (.cpu(), .item(), a pageable destination) and for
-            # a copy to or from host memory without non_blocking=True (CUDA synchronizes its stream then).
+        host_value = facts.has_returns and not outputs
+        if host_value or blocking_copy or self._pageable(outputs):
+            # The host waits for results it reads itself (.item(), equal, .cpu(), a pageable destination) and
+            # for a copy to or from host memory without non_blocking=True (CUDA synchronizes its stream then).
             self.rt.host_waits_for(a, rec, f"stream {s.name} to finish {desc} #{index}")
-            if not outputs:
+            if host_value:
                 return box["value"]
+        return result
+
+    def _data_dependent(
+        self,
+        a: HostActor,
+        s: SimStream,
+        func: Any,
+        facts: OpFacts,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        flat: list[Any],
+        src: str,
+    ) -> Any:
+        """An op whose output shape depends on its input values: as on CUDA, the host waits for the stream to
+        compute it (it needs the size to allocate), then the output is written on the stream."""
+        inputs, staged = self._inputs(facts, args, kwargs, flat, [])
+        duration = self.config.kernel_ns(sum(x.numel() * x.element_size() for x in inputs))
+        box: dict[str, Any] = {}
+        alias = _Aliases()
+        index, rec = self.rt.enqueue(
+            a, s, facts.name, duration, self._refs(inputs), [], src,
+            start=self._starter(func, alias.of(args), alias.of(kwargs), [], staged, box),
+        )
+        self.rt.host_waits_for(a, rec, f"stream {s.name} to finish {facts.name} #{index} (its output size)")
+        values = box["value"]
+        result = tree_map(lambda v: self.new_device(v, a) if isinstance(v, torch.Tensor) else v, values)
+        outs = [(o, v) for o, v in zip(tree_flatten(result)[0], tree_flatten(values)[0], strict=True)
+                if isinstance(o, torch.Tensor)]
+        self.rt.device_writes(s, facts.name, index, self._refs([o for o, _ in outs]), src)
+        with self.rt.device_side():
+            for o, v in outs:
+                data_of(o).copy_(v)
         return result
 
     def _pageable(self, outputs: list[torch.Tensor]) -> bool:
@@ -431,9 +493,9 @@ class Dispatcher:
                         return staged[id(x)]
                     if id(x) in written_ids:
                         if id(x) not in copies:
-                            copies[id(x)] = data_of(x).clone()
+                            copies[id(x)] = x.clone()
                         return copies[id(x)]
-                    return data_of(x)
+                    return x
                 if isinstance(x, torch.device):
                     return CPU
                 return x
@@ -453,13 +515,35 @@ class Dispatcher:
         def finish() -> None:
             if written:
                 for w in written:
-                    data_of(w).copy_(box["copies"][id(w)])
+                    w.copy_(box["copies"][id(w)])
                 return
             vals = [v for v in tree_flatten(box["value"])[0] if isinstance(v, torch.Tensor)]
             for o, v in zip(outputs, vals, strict=True):
-                data_of(o).copy_(v)
+                o.copy_(v)
 
         return finish
+
+
+class _Aliases:
+    """The bytes a queued operation will touch, as aliases that do not keep their blocks allocated: one per
+    simulated tensor (the same tensor twice is one alias); host tensors stay as they are."""
+
+    def __init__(self) -> None:
+        self._made: dict[int, torch.Tensor] = {}
+
+    def one(self, x: Any) -> Any:
+        if not isinstance(x, SimTensor):
+            return x
+        al = self._made.get(id(x))
+        if al is None:
+            al = self._made[id(x)] = x._st.alias(x._data)
+        return al
+
+    def of(self, tree: Any) -> Any:
+        return tree_map(self.one, tree)
+
+    def all(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [self.one(t) for t in tensors]
 
 
 class SimMode(TorchDispatchMode):

@@ -1,20 +1,31 @@
-"""The caching allocator of the simulated device: pools, segments, blocks, reuse.
+"""The caching allocator of the simulated device: pools, stream-ordered segments, blocks, reuse.
 
-It follows PyTorch's CUDA caching allocator closely enough for the memory
-saver's hazards to appear as they do on a GPU:
+Every device tensor comes from it. It follows PyTorch's CUDA caching
+allocator closely enough for its hazards to appear as they do on a GPU:
 
 - A *pool* per memory-saver region tag (``"train"``), plus the ordinary pool
   (tag ``None``) used outside any region and inside ``disable()``.
 - A *segment* is one underlying device allocation (one ``cudaMalloc``, one
-  memory-saver handle). Sizes scale like the real allocator's, in simulated
-  bytes (one simulated byte stands for ``SimConfig.byte_scale`` real ones):
-  requests up to 1 KiB share 2 KiB "small" segments, requests below 10 KiB get
-  a 20 KiB segment, larger ones are rounded up to 2 KiB.
+  memory-saver handle), made for the stream that was current when it was
+  needed: its blocks are only ever handed out to allocations on that stream.
+  Sizes scale like the real allocator's, in simulated bytes (one simulated
+  byte stands for ``SimConfig.byte_scale`` real ones): requests up to 1 KiB
+  share 2 KiB "small" segments, requests below 10 KiB get a 20 KiB segment,
+  larger ones are rounded up to 2 KiB. A fresh segment is poisoned where it is
+  first handed out; a reused block keeps its last owner's bytes, as on a GPU.
 - A *block* is a piece of a segment. A request takes a free block of its pool
-  (same small/large kind) that fits, splitting off the rest; a freed block goes
-  back to the free list and merges with free neighbours. The choice among the
-  fitting blocks is best fit, offset by the schedule's ``pick`` configuration
-  value (so reuse choices come from the schedule, not from memory pressure).
+  and stream (same small/large kind) that fits, splitting off the rest; a
+  freed block goes back to the free list and merges with free neighbours. The
+  choice among the fitting blocks is best fit, offset by the allocation's
+  *pick* (a schedule choice, or the run's default: reuse can be adversarial).
+- Stream order: when the program drops a tensor, its block is free as of the
+  allocating stream's position then (the free is an access of that stream:
+  another stream still reading the block is a race, see
+  :meth:`~simdevice.runtime.memory.Memory.issue_free`) and reusable at once
+  by the next allocation on that stream. Streams named with
+  ``record_stream`` defer that: the block comes back only once each of them
+  has reached the point where it was freed, and the allocation that sees it
+  back is ordered after them (it queried their events, as PyTorch does).
 - The allocator knows nothing of pausing: free blocks of a paused segment
   stay on the free list and can be handed out. Such a block is unmapped from
   birth (``Storage.unmapped``), so its first use is an illegal access.
@@ -38,7 +49,12 @@ from collections.abc import Callable
 
 import torch
 
-from simdevice.runtime.memory import Memory, Storage
+from simdevice.runtime import sync
+from simdevice.runtime.clock import VectorClock
+from simdevice.runtime.execution import HostActor
+from simdevice.runtime.memory import Accessor, Memory, Shadow, Storage
+from simdevice.runtime.reports import user_source
+from simdevice.runtime.streams import EventRecord, SimStream
 
 PoolTag = str | None
 
@@ -67,24 +83,31 @@ def segment_size(nbytes: int) -> int:
 
 
 class Block:
-    __slots__ = ("free", "nbytes", "offset", "segment", "storage")
+    __slots__ = ("free", "fresh", "nbytes", "offset", "segment", "storage", "uses")
 
-    def __init__(self, segment: Segment, offset: int, nbytes: int) -> None:
+    def __init__(self, segment: Segment, offset: int, nbytes: int, fresh: bool = True) -> None:
         self.segment, self.offset, self.nbytes = segment, offset, nbytes
         self.free = True
+        #: never handed out since its segment was made: its bytes are whatever cudaMalloc gave (poisoned)
+        self.fresh = fresh
         self.storage: Storage | None = None
+        #: streams other than the segment's that used it (``record_stream``)
+        self.uses: list[SimStream] = []
 
     def __repr__(self) -> str:
         return f"block {self.segment.label}+{self.offset}"
 
 
 class Segment:
-    """One underlying allocation: its CPU bytes, its blocks, and its memory-saver state."""
+    """One underlying allocation: its CPU bytes, its blocks, its stream, and its memory-saver state."""
 
-    def __init__(self, sid: int, pool: PoolTag, nbytes: int, small: bool) -> None:
+    def __init__(self, sid: int, pool: PoolTag, nbytes: int, small: bool, stream: SimStream | None = None) -> None:
         self.id, self.pool, self.nbytes, self.small = sid, pool, nbytes, small
+        self.stream = stream
         self.label = f"seg#{sid}"
         self.data = torch.empty(nbytes, dtype=torch.uint8)
+        #: the shadow of these bytes, shared by every allocation made here (history survives reuse)
+        self.shadow = Shadow(nbytes)
         self.blocks: list[Block] = [Block(self, 0, nbytes)]
         #: the physical handle mapped at this segment's addresses (None while paused)
         self.handle: int | None = None
@@ -102,8 +125,29 @@ class Segment:
         return len(self.blocks) == 1 and self.blocks[0].free
 
 
+class Allocation:
+    """What ``malloc`` hands out: the block, the tensor's bytes (they keep the block allocated), a second alias of
+    them for the storage record (it does not), and whether the bytes are fresh (never handed out before)."""
+
+    __slots__ = ("block", "data", "fresh", "record")
+
+    def __init__(self, block: Block, data: torch.Tensor, record: torch.Tensor, fresh: bool) -> None:
+        self.block, self.data, self.record, self.fresh = block, data, record, fresh
+
+
+class _Freed:
+    """A block whose last tensor died: where its stream (and the streams recorded with it) were then."""
+
+    __slots__ = ("block", "by", "source", "uses", "where")
+
+    def __init__(
+        self, block: Block, where: EventRecord | None, uses: list[EventRecord], by: VectorClock | None, source: str
+    ) -> None:
+        self.block, self.where, self.uses, self.by, self.source = block, where, uses, by, source
+
+
 class CachingAllocator:
-    """Pools of segments and blocks; reuse of freed blocks; ``empty_cache``."""
+    """Pools of stream-ordered segments and blocks; reuse of freed blocks; ``record_stream``; ``empty_cache``."""
 
     def __init__(
         self,
@@ -111,13 +155,18 @@ class CachingAllocator:
         pick: int = 0,
         on_segment: Callable[[Segment], None] | None = None,
         on_release: Callable[[Segment], None] | None = None,
+        current: Callable[[], HostActor | None] = lambda: None,
     ) -> None:
         self.memory = memory
+        #: the host actor running now (whoever drops a tensor frees it)
+        self._current = current
         #: offset into the best-fit order of fitting free blocks (a schedule choice)
         self.pick = pick
         self.pools: dict[PoolTag, list[Segment]] = {}
         self._segments: list[Segment] = []  # every segment ever made: keeps CPU bytes alive for the run
-        self._pending: list[Block] = []  # blocks whose last tensor died, not yet back on the free list
+        self._pending: list[_Freed] = []  # blocks whose last tensor died, not yet processed
+        self._deferred: list[_Freed] = []  # freed, waiting for the streams recorded with record_stream
+        self._by_storage: dict[int, Block] = {}  # live allocations: storage id -> block
         #: called when a new segment is made (the memory saver maps a handle) and when one is released
         self._on_segment = on_segment
         self._on_release = on_release
@@ -127,13 +176,17 @@ class CachingAllocator:
         self.reused = 0
 
     # -- allocation -----------------------------------------------------------------
-    def malloc(self, like: torch.Tensor, pool: PoolTag) -> tuple[Block, torch.Tensor, torch.Tensor]:
-        """Bytes for a new device tensor shaped like ``like`` from ``pool``: (block, tensor data, storage record)."""
-        self.collect()
+    def malloc(
+        self, like: torch.Tensor, pool: PoolTag, stream: SimStream | None = None, actor: HostActor | None = None,
+        pick: int | None = None,
+    ) -> Allocation:
+        """Bytes for a new device tensor shaped like ``like`` from ``pool``, for ``stream``. ``pick`` offsets the
+        best-fit choice among fitting blocks (default: the run's)."""
+        self.collect(actor)
         need = like.untyped_storage().nbytes()
         size = max(ROUND, _round_up(need, ROUND))
         small = size <= SMALL_REQUEST
-        block = self._take(pool, size, small)
+        block = self._take(pool, size, small, stream, self.pick if pick is None else pick)
         self.allocations += 1
         seg = block.segment
         if seg.paused is not None:
@@ -143,27 +196,52 @@ class CachingAllocator:
         record, _ = self._alias(block, need)
         # torch.frombuffer keeps its buffer object alive as long as the storage made from it (shared by every
         # view) lives: the buffer's death is the moment the program dropped the allocation
-        weakref.finalize(anchor, self._pending.append, block)
-        return block, data, record
+        weakref.finalize(anchor, self._dropped, block)
+        fresh, block.fresh = block.fresh, False
+        return Allocation(block, data, record, fresh)
+
+    def _dropped(self, block: Block) -> None:
+        """The program dropped the block's last tensor (a finalizer: record where the streams are, nothing more)."""
+        stream = block.segment.stream
+        where = sync.record(stream) if stream is not None else None
+        actor = self._current()
+        by = sync.snapshot(actor) if actor is not None else None
+        self._pending.append(_Freed(block, where, [sync.record(u) for u in block.uses], by, user_source()))
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether tensors died whose frees are not processed yet."""
+        return bool(self._pending)
+
+    def bind(self, block: Block, st: Storage) -> None:
+        """The allocation made in ``block`` is ``st``."""
+        block.storage = st
+        self._by_storage[st.id] = block
+
+    def record_stream(self, st: Storage, stream: SimStream) -> None:
+        """``t.record_stream(stream)``: the block is not reused before ``stream`` reaches the point of its free."""
+        block = self._by_storage.get(st.id)
+        if block is not None and stream is not block.segment.stream and stream not in block.uses:
+            block.uses.append(stream)
 
     def _alias(self, block: Block, need: int) -> tuple[torch.Tensor, object]:
         buf = (ctypes.c_uint8 * max(need, 1)).from_address(block.segment.address + block.offset)
         return torch.frombuffer(buf, dtype=torch.uint8)[:need], buf
 
-    def _take(self, pool: PoolTag, size: int, small: bool) -> Block:
+    def _take(self, pool: PoolTag, size: int, small: bool, stream: SimStream | None, pick: int) -> Block:
         fits = [
             b
             for seg in self.pools.get(pool, [])
-            if seg.small == small and not seg.released
+            if seg.small == small and not seg.released and seg.stream is stream
             for b in seg.blocks
             if b.free and b.nbytes >= size
         ]
         if fits:
             fits.sort(key=lambda b: (b.nbytes, b.segment.id, b.offset))
-            block = fits[self.pick % len(fits)]
+            block = fits[pick % len(fits)]
             self.reused += 1
         else:
-            seg = Segment(len(self._segments) + 1, pool, segment_size(size), small)
+            seg = Segment(len(self._segments) + 1, pool, segment_size(size), small, stream)
             self._segments.append(seg)
             self.pools.setdefault(pool, []).append(seg)
             if self._on_segment is not None:
@@ -178,27 +256,59 @@ class CachingAllocator:
         rest = block.nbytes - size
         if rest >= ROUND:
             seg = block.segment
-            tail = Block(seg, block.offset + size, rest)
+            tail = Block(seg, block.offset + size, rest, block.fresh)
             seg.blocks.insert(seg.blocks.index(block) + 1, tail)
             block.nbytes = size
 
     # -- freeing ----------------------------------------------------------------------
-    def collect(self) -> None:
-        """Put blocks whose tensors died back on their free lists (merging free neighbours)."""
+    def collect(self, actor: HostActor | None = None) -> None:
+        """Process the blocks whose tensors died (:meth:`collect_frees`); then give back the deferred ones whose
+        recorded streams are past their free, as the allocation ``actor`` is making sees them."""
+        self.collect_frees()
+        if actor is None:
+            return
+        for freed in [f for f in self._deferred if all(r.done() for r in f.uses)]:
+            self._deferred.remove(freed)
+            for r in freed.uses:
+                sync.host_observes(actor, r)  # the allocator queried the event: the host saw it done
+            self._release(freed.block)
+
+    def collect_frees(self) -> None:
+        """Each free is an access of its block's stream, checked against the other streams' pending use; then
+        the block goes back on its free list (merging free neighbours), or, with streams recorded, waits."""
         while self._pending:
-            block = self._pending.pop(0)
-            block.free = True
-            if block.storage is not None:
-                self.memory.forget(block.storage)
-                block.storage = None
-            seg = block.segment
-            i = seg.blocks.index(block)
-            if i + 1 < len(seg.blocks) and seg.blocks[i + 1].free:
-                block.nbytes += seg.blocks.pop(i + 1).nbytes
-            if i > 0 and seg.blocks[i - 1].free:
-                prev = seg.blocks[i - 1]
-                prev.nbytes += block.nbytes
-                seg.blocks.pop(i)
+            freed = self._pending.pop(0)
+            block = freed.block
+            st = block.storage
+            if st is not None and freed.where is not None:
+                where = freed.where
+                name = where.stream.name
+                clock = sync.free_point(where, freed.uses, freed.by)
+                who = Accessor(name, where.clock.get(name), clock, "free", -1, freed.source)
+                self.memory.issue_free(who, st)
+            if st is not None:
+                self._by_storage.pop(st.id, None)
+            block.storage = None
+            block.uses = []
+            if freed.uses:
+                self._deferred.append(freed)
+            else:
+                self._release(block)
+
+    @staticmethod
+    def _release(block: Block) -> None:
+        block.free = True
+        seg = block.segment
+        i = seg.blocks.index(block)
+        if i + 1 < len(seg.blocks) and seg.blocks[i + 1].free:
+            nxt = seg.blocks.pop(i + 1)
+            block.nbytes += nxt.nbytes
+            block.fresh = block.fresh and nxt.fresh
+        if i > 0 and seg.blocks[i - 1].free:
+            prev = seg.blocks[i - 1]
+            prev.nbytes += block.nbytes
+            prev.fresh = prev.fresh and block.fresh
+            seg.blocks.pop(i)
 
     def empty_cache(self) -> list[Segment]:
         """Release every entirely free segment (``torch.cuda.empty_cache``); returns them."""
@@ -220,3 +330,7 @@ class CachingAllocator:
     def live_blocks(self, seg: Segment) -> list[Block]:
         self.collect()
         return [b for b in seg.blocks if not b.free]
+
+    def deferred(self) -> int:
+        """Blocks freed but held back for the streams recorded with them."""
+        return len(self._deferred)

@@ -68,6 +68,8 @@ class HostActor:
         self.default_stream: SimStream | None = None
         self.stream_stack: list[SimStream] = []
         self.streams: list[SimStream] = []
+        #: unnamed streams made so far (they are called s1, s2, ...)
+        self.unnamed = 0
         self.result: Any = None
 
     @property
@@ -90,6 +92,7 @@ class Execution:
         self._seq = 0
         self.actors: dict[str, HostActor] = {}
         self.streams: dict[str, SimStream] = {}
+        self._by_order: dict[int, SimStream] = {}
         self.memory = memory
         self.reports = reports
         self.blocked: list[HostActor] = []
@@ -130,8 +133,12 @@ class Execution:
         s = SimStream(full, actor.name, len(self.streams) + len(self.actors) + 1)
         s.delays = self._delays(full)
         self.streams[full] = s
+        self._by_order[s.order] = s
         actor.streams.append(s)
         return s
+
+    def stream_by_order(self, order: int) -> SimStream | None:
+        return self._by_order.get(order)
 
     def new_actor(self, name: str, parent: HostActor | None) -> HostActor:
         if name in self.actors or name in self.streams:
@@ -189,10 +196,21 @@ class Execution:
         self._seq += 1
         heapq.heappush(self._heap, (t, prio, order, self._seq, obj))
 
-    def _process_stream_event(self, prio: int, s: SimStream) -> None:
+    def _process_stream_event(self, prio: int, s: SimStream) -> bool:
+        """Run one stream event; False when its operation raised (reported, and the run is ending)."""
         # Stream work is the device's, not a host step: the dispatch mode lets its ops through.
-        with self.device_side():
-            self._stream_event(prio, s)
+        try:
+            with self.device_side():
+                self._stream_event(prio, s)
+        except SimAbort:
+            raise
+        except Exception as e:  # the op itself failed (a dtype, a shape): the run's error, never a hang
+            op = s.running or (s.queue[0] if s.queue else None)
+            what = f" in {op.desc}" if op is not None else ""
+            self.reports.add(HostError(f"stream {s.name}", f"{type(e).__name__}: {e}{what}", error_source(e)))
+            self._abort()
+            return False
+        return True
 
     def _stream_event(self, prio: int, s: SimStream) -> None:
         if prio == _START:
@@ -209,7 +227,7 @@ class Execution:
             self.memory.finish(op.issued)
             if op.finish is not None:
                 op.finish()
-            s.completed += 1
+            s.complete_one(self.now)
             s.busy = False
             self.trace.append((self.now, s.name, f"done {op.desc}"))
             self.progress()
@@ -237,7 +255,8 @@ class Execution:
             if prio == _HOST:
                 obj.sem.release()
                 return
-            self._process_stream_event(prio, obj)
+            if not self._process_stream_event(prio, obj):
+                return
 
     def _wait_turn(self, a: HostActor) -> None:
         while True:
@@ -253,7 +272,8 @@ class Execution:
                 if self.aborting:
                     raise SimAbort
                 return
-            self._process_stream_event(prio, obj)
+            if not self._process_stream_event(prio, obj):
+                raise SimAbort
 
     def begin(self) -> None:
         """Called by the thread that starts a run: give the first actor its turn."""
@@ -330,13 +350,21 @@ class Execution:
         self.kick(s)
 
     def kick(self, s: SimStream) -> None:
+        """Let ``s`` start its next operation; a marker it passes may release any other stream."""
+        if self._advance(s):
+            self.kick_all()
+
+    def _advance(self, s: SimStream) -> bool:
+        """Pass the ready markers at the front of ``s`` and start its next operation; whether a marker passed."""
+        passed = False
         while not s.busy and s.queue:
             op = s.queue[0]
             if op.ready is not None:
                 if not op.ready():
-                    return
+                    return passed
                 s.queue.popleft()
-                s.completed += 1
+                s.complete_one(self.now)
+                passed = True
                 self.trace.append((self.now, s.name, f"pass {op.desc}"))
                 self._wake_blocked()
                 continue
@@ -346,10 +374,16 @@ class Execution:
                 delay = s.delays[op.index] * UNIT_NS
             s.busy = True
             self._push(self.now + delay, _START, s.order, s)
+        return passed
 
     def kick_all(self) -> None:
-        for s in self.streams.values():
-            self.kick(s)
+        """Every stream whose front item became ready moves: repeated until none does (a marker passing on one
+        stream can release a marker on any other, whatever their creation order)."""
+        moved = True
+        while moved:
+            moved = False
+            for s in self.streams.values():
+                moved |= self._advance(s)
 
     # -- ending a run early ----------------------------------------------------------------
     def _waits(self) -> tuple[tuple[str, str], ...]:

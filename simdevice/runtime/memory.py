@@ -53,32 +53,15 @@ class _Cell:
         return c
 
 
-class Storage:
-    """One allocation: device memory, or pinned host memory registered with the simulator."""
+class Shadow:
+    """The shadow of one piece of memory: a device segment (shared by every allocation made in it, so history
+    survives a block's reuse) or a pinned buffer. Cells cover byte ranges; writes are numbered per shadow."""
 
-    def __init__(self, sid: int, kind: str, process: str, data: torch.Tensor) -> None:
-        self.id = sid
-        self.kind = kind
-        self.process = process
-        self.label = f"{kind}#{sid}"
-        self.data = data  # keeps the CPU bytes alive
-        self.base = data.untyped_storage().data_ptr()
-        self.nbytes = data.untyped_storage().nbytes()
-        self._bounds = [0, self.nbytes]
+    def __init__(self, nbytes: int) -> None:
+        self._bounds = [0, nbytes]
         self._cells = [_Cell()]
-        #: writes by id (id 1 is writes[0])
-        self.writes: list[Access] = []
-        #: why the storage is not mapped, or None while it is
-        self.unmapped: str | None = None
-
-    def byte_range(self, t: torch.Tensor) -> tuple[int, int]:
-        """The bytes of this storage that tensor ``t`` (a view of it) covers."""
-        esize = t.element_size()
-        lo = t.data_ptr() - self.base
-        if t.numel() == 0:
-            return lo, lo
-        extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True) if s > 0)
-        return lo, lo + extent * esize
+        #: (lo, hi, the write) by write id, in shadow coordinates (id 1 is writes[0])
+        self.writes: list[tuple[int, int, Access]] = []
 
     def _boundary(self, x: int) -> int:
         i = bisect.bisect_left(self._bounds, x)
@@ -95,6 +78,48 @@ class Storage:
         i, j = self._boundary(lo), self._boundary(hi)
         for k in range(i, j):
             yield self._bounds[k], self._bounds[k + 1], self._cells[k]
+
+
+class Storage:
+    """One allocation: device memory, or pinned host memory registered with the simulator."""
+
+    def __init__(
+        self, sid: int, kind: str, process: str, data: torch.Tensor, shadow: Shadow | None = None, offset: int = 0
+    ) -> None:
+        self.id = sid
+        self.kind = kind
+        self.process = process
+        self.label = f"{kind}#{sid}"
+        #: the CPU bytes (for device memory, an alias of its block that does not keep the block allocated)
+        self.data = data
+        self.base = data.untyped_storage().data_ptr()
+        self.nbytes = data.untyped_storage().nbytes()
+        self.shadow = shadow if shadow is not None else Shadow(self.nbytes)
+        #: where this storage's bytes start in its shadow
+        self.offset = offset
+        #: why the storage is not mapped, or None while it is
+        self.unmapped: str | None = None
+
+    def byte_range(self, t: torch.Tensor) -> tuple[int, int]:
+        """The bytes of this storage that tensor ``t`` (a view of it) covers."""
+        esize = t.element_size()
+        lo = t.data_ptr() - self.base
+        if t.numel() == 0:
+            return lo, lo
+        extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True) if s > 0)
+        return lo, lo + extent * esize
+
+    def alias(self, t: torch.Tensor) -> torch.Tensor:
+        """A view of the same bytes as ``t`` (a view of this storage) that does not keep its block allocated:
+        what a queued stream operation holds, so that the program's ``del`` frees the block as on a GPU."""
+        dtype_view = self.data.view(t.dtype)
+        return dtype_view.as_strided(t.shape, t.stride(), (t.data_ptr() - self.base) // t.element_size())
+
+    def cells(self, lo: int, hi: int) -> Iterator[tuple[int, int, _Cell]]:
+        """The shadow cells over this storage's bytes ``lo:hi`` (storage coordinates in, storage coordinates out)."""
+        off = self.offset
+        for a, b, cell in self.shadow.cells(off + lo, off + hi):
+            yield a - off, b - off, cell
 
 
 #: what an access touches: a storage and the CPU view of its bytes that the access covers
@@ -138,16 +163,16 @@ class Memory:
         self._seen_races: set[tuple[str, int, str, int, str]] = set()
 
     # -- allocation ------------------------------------------------------------
-    def register(self, data: torch.Tensor, kind: str, process: str) -> Storage:
+    def register(
+        self, data: torch.Tensor, kind: str, process: str, shadow: Shadow | None = None, offset: int = 0
+    ) -> Storage:
+        """A new storage over ``data``: device memory lives in its segment's shadow at ``offset``; pinned memory
+        gets a shadow of its own and is found again by address (:meth:`lookup`)."""
         self._next_id += 1
-        st = Storage(self._next_id, kind, process, data)
-        self.storages[st.base] = st
+        st = Storage(self._next_id, kind, process, data, shadow, offset)
+        if kind == "pinned":
+            self.storages[st.base] = st
         return st
-
-    def forget(self, st: Storage) -> None:
-        """A storage's bytes went back to the allocator: its address may be used again."""
-        if self.storages.get(st.base) is st:
-            del self.storages[st.base]
 
     def lookup(self, t: torch.Tensor) -> Storage | None:
         """The pinned storage of a plain CPU tensor, if the simulator owns it."""
@@ -211,8 +236,8 @@ class Memory:
         return expected
 
     def issue_write(self, st: Storage, access: Access, clock: VectorClock) -> int:
-        st.writes.append(access)
-        wid = len(st.writes)
+        st.shadow.writes.append((st.offset + access.lo, st.offset + access.hi, access))
+        wid = len(st.shadow.writes)
         for _, _, cell in st.cells(access.lo, access.hi):
             lw = cell.last_write
             if lw is not None and lw.actor != access.actor and not clock.happens_before(lw.actor, lw.epoch):
@@ -240,19 +265,34 @@ class Memory:
                     return
 
     def _stale(self, st: Storage, access: Access, expected: int, seen: int, now: int) -> StaleRead:
+        writes = st.shadow.writes
+        lo, hi = st.offset + access.lo, st.offset + access.hi
         if seen < expected:
-            stale_by = sum(
-                1 for w in st.writes[seen:expected] if w.lo < access.hi and access.lo < w.hi
-            )
+            stale_by = sum(1 for wlo, whi, _ in writes[seen:expected] if wlo < hi and lo < whi)
         else:
-            stale_by = -sum(1 for w in st.writes[expected:seen] if w.lo < access.hi and access.lo < w.hi)
+            stale_by = -sum(1 for wlo, whi, _ in writes[expected:seen] if wlo < hi and lo < whi)
         return StaleRead(
             read=access,
-            expected=st.writes[expected - 1] if expected else None,
-            seen=st.writes[seen - 1] if seen else None,
+            expected=writes[expected - 1][2] if expected else None,
+            seen=writes[seen - 1][2] if seen else None,
             stale_by=stale_by,
             time_ns=now,
         )
+
+    def issue_free(self, who: Accessor, st: Storage) -> None:
+        """The program dropped allocation ``st``: from here its stream no longer owns the bytes. An access of
+        another stream that the free is not ordered after (a pending read, an unwaited write) is a race, as is
+        any later access not ordered after the free (a use after free). The free lands no data (no version)."""
+        access = self._access(who, "free", st, st.data)
+        for _, _, cell in st.cells(access.lo, access.hi):
+            lw = cell.last_write
+            if lw is not None and lw.actor != access.actor and not who.clock.happens_before(lw.actor, lw.epoch):
+                self._race(access, lw)
+            for r in cell.reads:
+                if r.actor != access.actor and not who.clock.happens_before(r.actor, r.epoch):
+                    self._race(access, r)
+            # the reads stay: the block's next owner writing it while one is pending is a race too
+            cell.last_write = access
 
     def execute_write(self, st: Storage, lo: int, hi: int, wid: int) -> None:
         for _, _, cell in st.cells(lo, hi):

@@ -58,7 +58,9 @@ class SimMemorySaver:
     def __init__(self, execution: Execution, memory: Memory, fixes: LibraryFixes, pick: int = 0) -> None:
         self._exec = execution
         # the library hooks the allocator's segments, as torch_memory_saver hooks cudaMalloc
-        self.allocator = CachingAllocator(memory, pick, on_segment=self._on_segment, on_release=self._on_release)
+        self.allocator = CachingAllocator(
+            memory, pick, on_segment=self._on_segment, on_release=self._on_release, current=execution.current_or_none
+        )
         self.fixes = fixes
         #: per actor: stack of active pools (a tag inside region(), None inside disable())
         self._tags: dict[str, list[PoolTag]] = {}
@@ -85,7 +87,7 @@ class SimMemorySaver:
 
     def allocated(self, block: Block, st: Storage) -> None:
         """A device allocation was served from ``block``: a block of a paused segment is unmapped from birth."""
-        block.storage = st
+        self.allocator.bind(block, st)
         seg = block.segment
         if seg.paused is not None:
             st.unmapped = (

@@ -22,7 +22,8 @@ import attrs
 
 from simdevice.runtime.config import UNIT_NS
 
-AccessKind = Literal["read", "write"]
+#: a free is the program dropping an allocation: as of that point its stream no longer owns the bytes
+AccessKind = Literal["read", "write", "free"]
 
 
 def fmt_time(ns: int) -> str:
@@ -68,10 +69,11 @@ class Race:
 
     def __str__(self) -> str:
         c, p = self.current, self.previous
-        verb = {"read": "reads", "write": "writes"}
+        verb = {"read": "reads", "write": "writes", "free": "frees"}
+        past = {"read": "read", "write": "wrote", "free": "freed"}
         return (
             f"race: {c.where()} {verb[c.kind]} {c.range()}, which {p.where()} "
-            f"{'wrote' if p.kind == 'write' else 'read'}; no happens-before edge orders them"
+            f"{past[p.kind]}; no happens-before edge orders them"
         )
 
 
@@ -183,7 +185,7 @@ _OWN = (_SIMDEVICE,)
 _PROGRAM_CODE = (os.path.join(_SIMDEVICE, "programs") + os.sep,)
 _REFERENCE = os.path.join(os.path.dirname(_SIMDEVICE.rstrip(os.sep)), "reference") + os.sep
 _CONTRACT = tuple(os.path.join(_REFERENCE, m) for m in ("contract.py", "cuda.py", "device.py"))
-_LIBRARIES = ("/torch/", "<frozen", "/contextlib.py", "/threading.py")
+_LIBRARIES = ("/torch/", "<frozen", "/contextlib.py", "/threading.py", "/weakref.py")
 
 
 _INTERNAL: dict[str, bool] = {}

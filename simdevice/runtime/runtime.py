@@ -65,8 +65,14 @@ class Runtime:
         delays: Delays,
         options: Options,
         enter: Callable[[], contextlib.AbstractContextManager[Any]],
+        choices: Delays = lambda allocator: {},
     ) -> None:
         self.config = config
+        self._choices = choices
+        #: per allocator (``alloc``, ``rank1.alloc``): allocations so far, the schedule's choices, those made
+        self._allocs: dict[str, int] = {}
+        self._picks: dict[str, dict[int, int]] = {}
+        self._picked: set[tuple[str, int]] = set()
         self.reports = ReportSink()
         self.memory = Memory(self.reports)
         self.execution = Execution(config, delays, self.memory, self.reports)
@@ -104,7 +110,11 @@ class Runtime:
         return self.execution.current_or_none()
 
     def host_step(self, desc: str) -> HostActor:
-        return self.execution.host_step(desc)
+        a = self.execution.host_step(desc)
+        allocator = self.memsaver.allocator
+        if allocator.has_pending:  # the program dropped tensors since its last step: their frees come first
+            allocator.collect_frees()
+        return a
 
     @property
     def in_engine(self) -> bool:
@@ -123,15 +133,32 @@ class Runtime:
         return self.execution.op_counts()
 
     def unfired(self) -> tuple[str, ...]:
-        return self.execution.unfired()
+        """Delays whose operation never came, and choices whose allocation never came."""
+        never = [f"{name}#{k}~{p}" for name, picks in self._picks.items() for k, p in picks.items()
+                 if (name, k) not in self._picked]
+        return tuple(sorted([*self.execution.unfired(), *never]))
 
     def streams(self) -> dict[str, SimStream]:
         return dict(self.execution.streams)
 
     # -- streams and events -------------------------------------------------------------------------
     def new_stream(self, name: str | None) -> SimStream:
+        """A stream of the current actor; an unnamed one is ``s1``, ``s2``, ... (counting only unnamed streams,
+        skipping names taken), as ``CudaDevice`` names them."""
         a = self.current()
-        return self.execution.new_stream(a, name or f"s{len(a.streams)}")
+        ex = self.execution
+        if name is None:
+            while True:
+                a.unnamed += 1
+                name = f"s{a.unnamed}"
+                full = name if a.name == "host" else f"{a.name}.{name}"
+                if full not in ex.streams and full not in ex.actors:
+                    break
+        return ex.new_stream(a, name)
+
+    def stream_by_id(self, sid: int) -> SimStream | None:
+        """The stream a ``torch.Stream`` made for one of this run's streams stands for (by its ``stream_id``)."""
+        return self.execution.stream_by_order(sid)
 
     @contextlib.contextmanager
     def on_stream(self, s: SimStream) -> Iterator[None]:
@@ -185,11 +212,23 @@ class Runtime:
         names = ", ".join(s.name for s in a.streams)
         self._host_waits(a, [sync.record(s) for s in a.streams], f"stream(s) {names} to finish")
 
-    def event_record(self, s: SimStream | None) -> EventRecord:
+    def event_record(self, s: SimStream | None, timing: bool = False) -> EventRecord:
         a = self.host_step("event.record")
         rec = sync.record(s if s is not None else a.current_stream)
+        if timing:  # note when the stream gets past this point (now, if it already has)
+            rec.stream.done_at[rec.position] = self.now if rec.done() else None
         self.execution.progress()
         return rec
+
+    def elapsed_ms(self, start: EventRecord | None, end: EventRecord | None) -> float:
+        """``start.elapsed_time(end)``: virtual milliseconds between the two records' completions."""
+        self.host_step("event.elapsed_time")
+        if start is None or end is None:
+            raise RuntimeError("elapsed_time: both events must be recorded first")
+        t0, t1 = start.time_ns(), end.time_ns()
+        if t0 is None or t1 is None:
+            raise RuntimeError("elapsed_time: an event has not completed yet (synchronize on it first)")
+        return (t1 - t0) / UNIT_NS
 
     def event_query(self, rec: EventRecord | None) -> bool:
         a = self.host_step("event.query")
@@ -206,13 +245,28 @@ class Runtime:
             self._host_waits(a, [rec], f"an event on stream {rec.stream.name} (item {rec.position})")
 
     # -- memory and stream operations ------------------------------------------------------------------
-    def allocate(self, like: torch.Tensor, actor: str) -> tuple[torch.Tensor, Storage]:
-        """Device memory shaped like ``like`` from the caching allocator: (the CPU bytes, their storage)."""
+    def allocate(self, like: torch.Tensor, actor: HostActor) -> tuple[torch.Tensor, Storage, bool]:
+        """Device memory shaped like ``like`` from the caching allocator, for the actor's current stream: (the
+        CPU bytes, their storage, whether the bytes are fresh, i.e. never handed out before)."""
         ms = self.memsaver
-        block, data, record = ms.allocator.malloc(like, ms.pool_of(actor))
-        st = self.memory.register(record, "device", actor)
+        name = "alloc" if actor.name == "host" else f"{actor.name}.alloc"
+        k = self._allocs.get(name, 0)
+        self._allocs[name] = k + 1
+        picks = self._picks.get(name)
+        if picks is None:
+            picks = self._picks[name] = self._choices(name)
+        pick = picks.get(k)
+        if pick is not None:
+            self._picked.add((name, k))
+        got = ms.allocator.malloc(like, ms.pool_of(actor.name), actor.current_stream, actor, pick)
+        block = got.block
+        st = self.memory.register(got.record, "device", actor.name, block.segment.shadow, block.offset)
         ms.allocated(block, st)
-        return data, st
+        return got.data, st, got.fresh
+
+    def record_stream(self, st: Storage, s: SimStream) -> None:
+        """``t.record_stream(s)``: the allocation's block is not reused before ``s`` reaches the point of its free."""
+        self.memsaver.allocator.record_stream(st, s)
 
     def register_pinned(self, data: torch.Tensor, actor: str) -> Storage:
         return self.memory.register(data, "pinned", actor)
@@ -240,6 +294,14 @@ class Runtime:
         op.issued = self.memory.issue(Accessor(s.name, epoch, s.clock, desc, index, source), reads, writes)
         self.execution.enqueue(s, op)
         return index, sync.record(s)
+
+    def device_writes(self, s: SimStream, desc: str, index: int, writes: list[Ref], source: str) -> None:
+        """Stream ``s`` writes ``writes`` now, as part of its operation ``index`` (the output of an op whose size
+        the host had to wait for: the host already synchronized with it)."""
+        epoch = sync.device_op(s)
+        issued = self.memory.issue(Accessor(s.name, epoch, s.clock, desc, index, source), [], writes)
+        self.memory.start(issued, self.now)
+        self.memory.finish(issued)
 
     def host_waits_for(self, a: HostActor, rec: EventRecord, desc: str) -> None:
         """The host needs what the operation recorded at ``rec`` produced (``.item()``, a blocking copy)."""

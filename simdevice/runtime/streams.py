@@ -76,9 +76,17 @@ class SimStream:
         self.delays: dict[int, int] = {}
         self.fired: set[int] = set()
         self.running: StreamOp | None = None
+        #: queue positions an event with timing was recorded at -> when the stream got past them (ns)
+        self.done_at: dict[int, int | None] = {}
 
     def idle(self) -> bool:
         return self.completed == self.enqueued
+
+    def complete_one(self, now: int) -> None:
+        """One more queue item (an operation or a marker) is done."""
+        self.completed += 1
+        if self.completed in self.done_at:
+            self.done_at[self.completed] = now
 
     def __repr__(self) -> str:
         return f"<stream {self.name}>"
@@ -96,3 +104,7 @@ class EventRecord:
 
     def done(self) -> bool:
         return self.stream.completed >= self.position
+
+    def time_ns(self) -> int | None:
+        """When the stream got past the recorded work (None: not yet, or the record was made without timing)."""
+        return self.stream.done_at.get(self.position)

@@ -13,6 +13,8 @@ the runtime calls these and never joins or ticks a clock itself:
   saw the work done (:func:`host_observes`: ``event.synchronize``,
   ``event.query() == True``, ``stream.synchronize``, a blocking copy,
   ``work.is_completed() == True``);
+- frees: a block freed by the program is free as of its stream's position,
+  joined with the streams recorded with ``record_stream`` (:func:`free_point`);
 - processes: a child starts after its parent's step that spawned it
   (:func:`spawned`); ``join`` orders the parent after all of the child
   (:func:`observe`);
@@ -79,6 +81,18 @@ def stream_waits(stream: SimStream, rec: EventRecord, what: str) -> StreamOp:
 def host_observes(actor: Clocked, rec: EventRecord) -> None:
     """The host saw the recorded work done (a synchronize, a successful query, a blocking copy)."""
     actor.clock.join(rec.clock)
+
+
+def free_point(where: EventRecord, uses: list[EventRecord], by: VectorClock | None) -> VectorClock:
+    """What a block's free is ordered after: its stream's work so far, the freeing host's past (a host that
+    synchronized with a stream before dropping the tensor made its use safe), and every stream recorded with
+    it (``record_stream``), as of the free. (The streams themselves are not ordered by it.)"""
+    clock = where.clock.copy()
+    for rec in uses:
+        clock.join(rec.clock)
+    if by is not None:
+        clock.join(by)
+    return clock
 
 
 # -- processes, shared values, queues -------------------------------------------------------------------

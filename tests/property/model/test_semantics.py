@@ -337,11 +337,23 @@ def test_simulated_tensors_are_unusable_outside_a_run_but_can_be_peeked() -> Non
 
 def test_fresh_device_memory_is_poisoned() -> None:
     def program(dev: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.empty(4, device=dev.device).cpu(), torch.empty(4, dtype=torch.int32, device=dev.device).cpu()
+        f, i = torch.empty(4, device=dev.device), torch.empty(4, dtype=torch.int32, device=dev.device)
+        return f.cpu(), i.cpu()
 
     (f, i), _, _ = run(program)
     assert torch.isnan(f).all()
     assert (i == torch.iinfo(torch.int32).max).all()
+
+
+def test_a_reused_block_keeps_its_last_owners_bytes() -> None:
+    # as on a GPU: the caching allocator hands the block out again as it is (fresh memory is what is poisoned)
+    def program(dev: Any) -> torch.Tensor:
+        torch.full((4,), 7.0, device=dev.device).cpu()  # the temporary dies: its block is free on default
+        return torch.empty(4, device=dev.device).cpu()
+
+    out, reports, _ = run(program)
+    assert reports == ()
+    assert torch.equal(out, torch.full((4,), 7.0))
 
 
 # -- schedules: delays and determinism --------------------------------------------------------------

@@ -3,6 +3,7 @@
 import inspect
 
 import pytest
+import torch
 
 from reference import contract, cuda
 from simdevice import api as sim
@@ -18,34 +19,46 @@ def test_both_devices_provide_the_whole_protocol() -> None:
     assert wanted <= public(cuda.CudaDevice)
     assert wanted <= public(sim.SimDevice(None))
     assert public(sim.SimDevice(None)) - public(cuda.CudaDevice) <= {
-        "trace", "now_units", "config", "schedule", "runtime", "stream_of", "record_of"
+        "trace", "now_units", "config", "schedule", "runtime", "stream_of", "record_of", "event_of"
     }
 
 
 @pytest.mark.parametrize(
-    ("on_cuda", "on_sim"),
+    ("protocol", "on_cuda", "on_sim"),
     [
-        (cuda.CudaStream, sim.StreamHandle),
-        (cuda.CudaEvent, sim.EventHandle),
-        (cuda.CudaValue, sim.SharedValueHandle),
-        (cuda.CudaQueue, sim.SharedQueueHandle),
-        (cuda.CudaProcess, sim.ProcessHandle),
-        (cuda.CudaWork, sim.SimWork),
+        (contract.Stream, cuda.CudaStream, sim.StreamHandle),
+        (contract.Event, cuda.CudaEvent, sim.EventHandle),
+        (contract.SharedValue, cuda.CudaValue, sim.SharedValueHandle),
+        (contract.SharedQueue, cuda.CudaQueue, sim.SharedQueueHandle),
+        (contract.Process, cuda.CudaProcess, sim.ProcessHandle),
+        (contract.Work, cuda.CudaWork, sim.SimWork),
     ],
 )
-def test_handles_have_the_same_methods_and_parameters(on_cuda: type, on_sim: type) -> None:
-    assert public(on_cuda) - {"raw", "dev", "counts"} == public(on_sim) - {"name"}
-    for name in public(on_sim) & public(on_cuda):
-        a, b = getattr(on_cuda, name), getattr(on_sim, name)
-        if callable(a) and callable(b):
-            assert list(inspect.signature(a).parameters) == list(inspect.signature(b).parameters), name
+def test_handles_have_the_contract_s_methods_and_parameters(protocol: type, on_cuda: type, on_sim: type) -> None:
+    wanted = public(protocol) - public(object)
+    assert wanted <= public(on_cuda)
+    assert wanted <= public(on_sim)
+    for name in wanted:
+        a, b, c = getattr(protocol, name), getattr(on_cuda, name), getattr(on_sim, name)
+        if callable(a):
+            params = list(inspect.signature(a).parameters)
+            assert list(inspect.signature(b).parameters) == params, name
+            assert list(inspect.signature(c).parameters) == params, name
 
 
-@pytest.mark.parametrize("name", ["Stream", "Event", "stream", "Process", "Value", "Queue", "sleep",
-                                  "all_gather_into_tensor", "spawn_ranks", "run"])
-def test_device_methods_take_the_same_parameters(name: str) -> None:
-    a, b = getattr(cuda.CudaDevice, name), getattr(sim.SimDevice, name)
-    assert list(inspect.signature(a).parameters) == list(inspect.signature(b).parameters)
+def test_both_backends_streams_are_torch_streams() -> None:
+    # so that torch's own record_stream, set_stream and torch.cuda.stream take them
+    assert issubclass(sim.StreamHandle, torch.Stream)
+    assert issubclass(cuda.CudaStream, torch.cuda.Stream)
+
+
+@pytest.mark.parametrize("name", sorted(public(contract.Device) - public(object)))
+def test_device_methods_take_the_contract_s_parameters(name: str) -> None:
+    a, b, c = getattr(contract.Device, name), getattr(cuda.CudaDevice, name), getattr(sim.SimDevice, name)
+    if callable(a) and not isinstance(a, property):
+        params = list(inspect.signature(a).parameters)
+        assert list(inspect.signature(b).parameters) == params
+        assert list(inspect.signature(c).parameters) == params
 
 
 @pytest.mark.parametrize("implementation", [cuda.ProcessWideMemorySaver, sim.MemorySaverHandle, SimMemorySaver])

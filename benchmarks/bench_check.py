@@ -1,0 +1,85 @@
+"""Wall time of ``simdevice check`` for two revisions, side by side: the same machine, runs interleaved.
+
+    PYTHONPATH=. python benchmarks/bench_check.py BEFORE AFTER [--runs 3] [--args "--program zcc"]
+
+BEFORE and AFTER are git revisions of this repository (or paths to checkouts). Each is checked out into a
+temporary worktree; ``python -m simdevice check --json --quiet`` runs there, alternating between the two, and
+the medians are printed with their ratio, together with whether both found the same (verdicts, examples,
+shrunk schedules). Figures, not assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def checkout(rev: str, into: Path) -> Path:
+    if Path(rev).is_dir():
+        return Path(rev).resolve()
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(into), rev],
+                   check=True, capture_output=True)
+    return into
+
+
+def one_run(tree: Path, extra: list[str]) -> tuple[float, list[tuple[str, str, bool, int, str | None]]]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    start = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "simdevice", "check", "--json", "--quiet", *extra], cwd=tree,
+                       env=env, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+    if p.returncode not in (0, 1):
+        raise SystemExit(f"check failed in {tree}: {p.stderr.strip().splitlines()[-1:]}")
+    doc = json.loads(p.stdout)
+    found = [(r["program"], r["variant"], r["found"], r["examples"], r["schedule"]) for r in doc["results"]]
+    return seconds, found
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before")
+    ap.add_argument("after")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--args", default="", help="extra arguments for simdevice check")
+    args = ap.parse_args(argv)
+    extra = shlex.split(args.args)
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"before": checkout(args.before, Path(tmp) / "before"),
+                 "after": checkout(args.after, Path(tmp) / "after")}
+        times: dict[str, list[float]] = {k: [] for k in trees}
+        found: dict[str, list[tuple[str, str, bool, int, str | None]]] = {}
+        try:
+            for _ in range(args.runs):
+                for name, tree in trees.items():
+                    seconds, found[name] = one_run(tree, extra)
+                    times[name].append(seconds)
+        finally:
+            for name, tree in trees.items():
+                if str(tree).startswith(tmp):
+                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                                   capture_output=True, check=False)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for k, v in times.items():
+        print(f"{k:6} {args.before if k == 'before' else args.after}: median {med[k]:.1f} s over {len(v)} runs "
+              f"({', '.join(f'{x:.1f}' for x in v)})")
+    print(f"after / before: {med['after'] / med['before']:.2f}")
+    same = [b == a for b, a in zip(found["before"], found["after"], strict=False)]
+    print(f"same verdicts, examples and schedules: {sum(same)}/{len(same)}")
+    for b, a in zip(found["before"], found["after"], strict=False):
+        if b != a:
+            print(f"  differs: {b} -> {a}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

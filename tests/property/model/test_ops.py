@@ -1,0 +1,148 @@
+"""What an aten op does on the simulated device: which bytes it reads and writes (from its schema), and whether
+the host waits for it.
+
+Ops that return nothing still write their mutable arguments and stay asynchronous (``_foreach_add_``,
+``_fused_adam_``, ``_amp_foreach_non_finite_check_and_unscale_``); only genuine host reads make the host wait
+(``.item()``, ``equal``, a copy to pageable memory, a data-dependent output shape such as ``nonzero``). An
+error inside a stream operation ends the run as a host error naming the stream, never a hang.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from reference.schedule import Schedule
+from simdevice import HostError, Race, SimDevice, StaleRead
+from simdevice.dispatch import classify
+
+aten = torch.ops.aten
+
+
+def run(body: Any, schedule: str = "t/t") -> Any:
+    return SimDevice(Schedule.parse(schedule)).run(body)
+
+
+@pytest.mark.parametrize(
+    ("op", "written"),
+    [
+        (aten._foreach_add_.List, ("self",)),
+        (aten._foreach_copy_.default, ("self",)),
+        (aten._fused_adam_.default, ("self", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs")),
+        (aten._amp_foreach_non_finite_check_and_unscale_.default, ("self", "found_inf")),
+        (aten.add_.Tensor, ("self",)),
+        (aten.mul.out, ("out",)),
+    ],
+)
+def test_the_schema_says_what_an_op_writes(op: Any, written: tuple[str, ...]) -> None:
+    assert tuple(name for _, name, _ in classify(op).written) == written
+
+
+def test_an_op_that_returns_nothing_writes_its_arguments_and_does_not_make_the_host_wait() -> None:
+    def program(dev: Any) -> tuple[float, float, list[float]]:
+        xs = [torch.zeros(256, device=dev.device) for _ in range(3)]
+        dev.synchronize()
+        t0 = dev.now_units
+        torch._foreach_add_(xs, 1.0)  # queued: the host goes on at once
+        t1 = dev.now_units
+        side = dev.Stream(name="side")
+        with dev.stream(side):
+            torch._foreach_mul_(xs, 2.0)  # unordered with the add: a race on each tensor
+        dev.synchronize()
+        return t0, t1, [float(x.sum()) for x in xs]
+
+    r = run(program)
+    t0, t1, sums = r.result
+    assert (t1 - t0) * 1e6 == pytest.approx(SimDevice().config.host_step_ns)  # one host step, no wait
+    assert sums == [512.0] * 3
+    assert [type(x) for x in r.reports] == [Race] * 3
+
+
+def test_a_fused_optimizer_step_is_checked_like_any_kernel() -> None:
+    def program(dev: Any) -> float:
+        p, g, m, v = (torch.full((256,), x, device=dev.device) for x in (1.0, 0.5, 0.0, 0.0))
+        steps = torch.ones(1, device=dev.device)
+        dev.synchronize()
+        side = dev.Stream(name="side")
+        side.wait_stream(dev.current_stream())
+        with dev.stream(side):
+            g.mul_(2)  # the gradient is still being produced on the side stream...
+        torch._fused_adam_([p], [g], [m], [v], [], [steps], lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.0,
+                           eps=1e-8, amsgrad=False, maximize=False)  # ...when the step reads it
+        dev.synchronize()
+        return float(p[0].item())
+
+    r = run(program)
+    assert any(isinstance(x, Race) and x.current.op == "_fused_adam_" for x in r.reports)
+    assert r.result < 1.0
+
+
+def test_host_values_make_the_host_wait() -> None:
+    def program(dev: Any) -> tuple[float, bool]:
+        x = torch.arange(4096, dtype=torch.float32, device=dev.device)
+        return (x * 2).sum().item(), bool(torch.equal(x, x))
+
+    r = run(program)
+    assert (r.result, r.reports) == ((float(sum(range(4096)) * 2), True), ())
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda x: torch.nonzero(x > 0),
+        lambda x: torch.masked_select(x, x > 0),
+        lambda x: x[x > 0],
+        lambda x: torch.unique(x.abs()),
+        lambda x: torch.repeat_interleave(torch.ones(3, dtype=torch.long, device=x.device) * 2),
+    ],
+    ids=["nonzero", "masked_select", "bool-index", "unique", "repeat_interleave"],
+)
+def test_a_data_dependent_shape_runs_on_the_data_and_makes_the_host_wait(make: Any) -> None:
+    def on(dev: Any) -> torch.Tensor:
+        x = torch.arange(12, dtype=torch.float32, device=dev.device) - 5
+        return make(x).cpu()
+
+    r = run(on)
+    assert r.reports == ()
+    assert torch.equal(r.result, make(torch.arange(12, dtype=torch.float32) - 5))
+
+
+def test_a_data_dependent_op_waits_for_the_writes_it_reads_and_its_output_is_written_on_its_stream() -> None:
+    def program(dev: Any) -> int:
+        x = torch.zeros(1024, device=dev.device)
+        dev.synchronize()
+        x.fill_(1.0)
+        idx = torch.nonzero(x)  # the host waits: the count needs the fill landed
+        side = dev.Stream(name="side")
+        with dev.stream(side):
+            idx.add_(1)  # not ordered after the compute stream's writing of idx: a race
+        dev.synchronize()
+        return int(idx.shape[0])
+
+    r = run(program, "t/t::default#1+5")
+    assert r.result == 1024
+    assert not any(isinstance(x, StaleRead) for x in r.reports)
+    assert [x.previous.op for x in r.reports if isinstance(x, Race)] == ["nonzero"]
+
+
+def test_an_error_inside_a_stream_operation_is_a_host_error_of_the_run() -> None:
+    lib = torch.library.Library("simdevice_test_failing", "DEF")
+    lib.define("boom(Tensor(a!) x) -> ()")
+
+    def boom(x: torch.Tensor) -> None:
+        raise RuntimeError("the kernel failed")
+
+    lib.impl("boom", boom, "CPU")
+    lib.impl("boom", lambda x: None, "Meta")
+
+    def program(dev: Any) -> None:
+        x = torch.zeros(8, device=dev.device)
+        torch.ops.simdevice_test_failing.boom.default(x)
+        dev.synchronize()
+
+    r = run(program)
+    [err] = r.reports
+    assert isinstance(err, HostError)
+    assert (err.actor, err.error) == ("stream default", "RuntimeError: the kernel failed in boom #1")
