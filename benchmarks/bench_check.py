@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                     seconds, found[name] = one_run(tree, extra)
                     times[name].append(seconds)
         finally:
-            for name, tree in trees.items():
+            for tree in trees.values():
                 if str(tree).startswith(tmp):
                     subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                                    capture_output=True, check=False)

@@ -20,7 +20,7 @@ from simdevice import SimDevice
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from reference.cuda import CudaDevice  # noqa: E402
+from reference.cuda import CudaDevice
 
 TRIALS = 10
 STALLED = "allocator/free-reuse::side#0+20"
