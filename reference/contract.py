@@ -80,8 +80,11 @@ _META_OPS = frozenset(
         aten.record_stream.default,
         aten.is_pinned.default,
         aten._pin_memory.default,
+        aten.set_.default,
+        aten.set_.source_Storage,
         aten.set_.source_Storage_storage_offset,
         aten.set_.source_Tensor,
+        aten.set_.source_Tensor_storage_offset,
     }
 )
 
@@ -224,3 +227,5 @@ class Run:
     op_counts: dict[str, int] = attrs.field(factory=dict)
     #: delays of the schedule that never fired (their operation never came)
     unfired: tuple[str, ...] = ()
+    #: what the run says about itself that is no failure (e.g. a stream that got no operation)
+    notes: tuple[str, ...] = ()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
@@ -249,20 +250,46 @@ class _CountingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if op_kind(func) == "op" and _touches_device_or_pinned(args, kwargs):
-            self.dev._host_step()
-            self.dev._stream_step()
+        if op_kind(func) == "op":
+            where = _touches(args, kwargs)
+            if where:
+                # a host step for every op on device or pinned memory; a stream operation only for device ones
+                # (a host op on a pinned buffer runs on the CPU), as the simulator counts them
+                self.dev._host_step()
+                if where == "device":
+                    self.dev._stream_step()
         return func(*args, **kwargs)
 
 
-def _touches_device_or_pinned(args: Any, kwargs: Any) -> bool:
-    flat = torch.utils._pytree.tree_leaves((args, kwargs))
-    for x in flat:
-        if isinstance(x, torch.Tensor) and (x.is_cuda or (x.device.type == "cpu" and x.is_pinned())):
-            return True
-        if isinstance(x, torch.device) and x.type == "cuda":
-            return True
-    return False
+def _touches(args: Any, kwargs: Any) -> str:
+    """"device" if an op touches device memory, "pinned" if only pinned host memory, "" if neither."""
+    pinned = False
+    for x in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(x, torch.Tensor):
+            if x.is_cuda:
+                return "device"
+            pinned = pinned or (x.device.type == "cpu" and x.is_pinned())
+        elif isinstance(x, torch.device) and x.type == "cuda":
+            return "device"
+    return "pinned" if pinned else ""
+
+
+@contextlib.contextmanager
+def _world_of_one() -> Iterator[None]:
+    """A real NCCL process group of this one process for the duration, unless the program's launcher made one
+    (on the simulator, plain code finds a default group too). NCCL makes its communicator at the first
+    collective, so a program with none pays only for the store."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or dist.is_initialized():
+        yield
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("nccl", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
 
 
 class CudaDevice:
@@ -332,6 +359,41 @@ class CudaDevice:
 
     def _wrap(self, raw: torch.cuda.Stream) -> CudaStream:
         return CudaStream(self, raw, self._name_of(raw))
+
+    def run_plain(self, fn: Callable[..., Any], *args: Any, world_size: int | None = None, **kwargs: Any) -> Run:
+        """Run plain torch.cuda code ``fn(*args, **kwargs)`` (no ``dev``), counting and stalling it as the
+        simulator's drop-in does (``reference.cuda_plain``)."""
+        from reference.cuda_plain import counting_torch_cuda
+
+        if world_size is not None:
+            raise NotImplementedError("plain torch.cuda code on several GPUs: launch it with torchrun")
+        _CURRENT.append(self)
+        try:
+            with _world_of_one(), counting_torch_cuda(self), _CountingMode(self):
+                result = fn(*args, **kwargs)
+            torch.cuda.synchronize()
+        finally:
+            _CURRENT.pop()
+        return Run(result=result, op_counts=dict(self.counter.counts), unfired=self.counter.unfired())
+
+    def name_stream(self, raw: torch.cuda.Stream, name: str) -> None:
+        """Give a stream the schedule name ``name`` (a full name, with this actor's prefix)."""
+        self._names[raw.stream_id] = name
+
+    def stream_names(self) -> set[str]:
+        return set(self._names.values())
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    def host_step(self) -> None:
+        """One host step of this actor (delayed if the schedule says so)."""
+        self._host_step()
+
+    def count_op(self, actor: str) -> int:
+        """Count one operation of ``actor``; the units it must be stalled first."""
+        return self.counter.next(actor)
 
     # -- streams and events --------------------------------------------------
     def Stream(self, name: str | None = None, priority: int = 0) -> CudaStream:

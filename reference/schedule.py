@@ -19,6 +19,10 @@ The text form is one line that round-trips::
 Fields are separated by ``:``; the configuration and the delays may be
 empty (``offload_reload/correct``, ``offload_reload/racy::d2h#0+3``).
 
+The target is a registered program and variant (``PROGRAM/VARIANT``) or a
+function of the user's, ``path/to/file.py::fn`` or ``package.module::fn``
+(``examples/offload.py::racy::d2h_stream#0+3``: no configuration, one delay).
+
 This module is shared by ``reference.device.CudaDevice`` and
 ``simdevice.SimDevice``: it is the contract between the two machines.
 """
@@ -36,6 +40,10 @@ _NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
 _DELAY_RE = re.compile(rf"^({_NAME})#(\d+)\+(\d+)$")
 _CHOICE_RE = re.compile(rf"^({_NAME})#(\d+)~(\d+)$")
 _TARGET_RE = re.compile(rf"^({_NAME})/({_NAME})$")
+#: a function of the user's: a file (``dir/x.py``) or a module (``pkg.mod``), then ``::`` and its name
+_FUNCTION = r"((?:[^:]*\.py)|(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*))::([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)"
+_FUNCTION_RE = re.compile(rf"^{_FUNCTION}$")
+_FUNCTION_PREFIX_RE = re.compile(rf"^{_FUNCTION}(?=:|$)")
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _VALUE_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -47,6 +55,24 @@ class ScheduleError(ValueError):
 def _check_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
     if not re.fullmatch(_NAME, value):
         raise ScheduleError(f"bad {attribute.name} {value!r}: use letters, digits, '_', '.', '-'")
+
+
+def is_function_target(text: str) -> bool:
+    """Whether a target names a function of the user's (``x.py::fn``, ``pkg.mod::fn``)."""
+    return bool(_FUNCTION_RE.match(text))
+
+
+def _check_program(instance: Schedule, attribute: attrs.Attribute[str], value: str) -> None:
+    if not is_function_target(value):
+        _check_name(instance, attribute, value)
+
+
+def _check_variant(instance: Schedule, attribute: attrs.Attribute[str], value: str) -> None:
+    if is_function_target(instance.program):
+        if value:
+            raise ScheduleError(f"a function target ({instance.program}) has no variant, got {value!r}")
+        return
+    _check_name(instance, attribute, value)
 
 
 def _check_nonneg(_: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -146,15 +172,16 @@ def _choices(value: Iterable[Choice]) -> tuple[Choice, ...]:
 class Schedule:
     """One replayable interleaving: program, variant, configuration, delays."""
 
-    program: str = attrs.field(validator=_check_name)
-    variant: str = attrs.field(validator=_check_name)
+    #: a registered program, or a function target (``x.py::fn``), whose variant is then empty
+    program: str = attrs.field(validator=_check_program)
+    variant: str = attrs.field(default="", validator=_check_variant)
     config: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_config_items)
     delays: tuple[Delay, ...] = attrs.field(default=(), converter=_delays)
     choices: tuple[Choice, ...] = attrs.field(default=(), converter=_choices)
 
     @property
     def target(self) -> str:
-        return f"{self.program}/{self.variant}"
+        return self.program if is_function_target(self.program) else f"{self.program}/{self.variant}"
 
     def config_dict(self) -> dict[str, str]:
         return dict(self.config)
@@ -181,12 +208,23 @@ class Schedule:
         text = text.strip()
         if not text:
             raise ScheduleError("empty schedule: expected PROGRAM/VARIANT[:CONFIG[:DELAYS]]")
-        fields = text.split(":")
+        if len(text) > 4000:
+            raise ScheduleError(f"schedule of {len(text)} characters: too long to be one")
+        fn = _FUNCTION_PREFIX_RE.match(text)
+        if fn is not None:
+            program, variant = f"{fn.group(1)}::{fn.group(2)}", ""
+            fields = [program, *text[fn.end() + 1:].split(":")] if fn.end() < len(text) else [program]
+        else:
+            fields = text.split(":")
+            m = _TARGET_RE.match(fields[0])
+            if not m:
+                raise ScheduleError(
+                    f"bad schedule target {fields[0][:200]!r}: "
+                    "expected PROGRAM/VARIANT, FILE.py::FUNCTION or MODULE::FUNCTION"
+                )
+            program, variant = m.group(1), m.group(2)
         if len(fields) > 3:
             raise ScheduleError(f"bad schedule {text!r}: more than three ':'-separated fields")
-        m = _TARGET_RE.match(fields[0])
-        if not m:
-            raise ScheduleError(f"bad schedule target {fields[0]!r}: expected PROGRAM/VARIANT")
         config: list[tuple[str, str]] = []
         if len(fields) > 1 and fields[1]:
             for item in fields[1].split(","):
@@ -201,4 +239,4 @@ class Schedule:
                     choices.append(Choice.parse(item))
                 else:
                     delays.append(Delay.parse(item))
-        return cls(m.group(1), m.group(2), config, delays, choices)
+        return cls(program, variant, config, delays, choices)

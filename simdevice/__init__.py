@@ -16,15 +16,19 @@ from reference.contract import Run
 from reference.schedule import Delay, Schedule, ScheduleError
 from simdevice.api import SimDevice
 from simdevice.dispatch import SimTensor, peek
+from simdevice.dropin import DropIn, cuda
 from simdevice.runtime import UNIT_NS, Options, SimConfig
 from simdevice.runtime.memsaver import LibraryFixes
 from simdevice.runtime.reports import Access, Deadlock, HostError, IllegalAccess, Race, StaleRead
+from simdevice.search.explore import Exploration, explore
 
 __all__ = [
     "UNIT_NS",
     "Access",
     "Deadlock",
     "Delay",
+    "DropIn",
+    "Exploration",
     "HostError",
     "IllegalAccess",
     "LibraryFixes",
@@ -37,5 +41,7 @@ __all__ = [
     "SimDevice",
     "SimTensor",
     "StaleRead",
+    "cuda",
+    "explore",
     "peek",
 ]

@@ -38,15 +38,25 @@ class StreamHandle(torch.Stream):
     """A simulated stream handle (``torch.cuda.Stream``). It is a ``torch.Stream`` (device ``meta``, its
     ``stream_id`` the runtime's number for it), so torch's own ``t.record_stream(s)`` accepts it."""
 
-    def __new__(cls, dev: SimDevice, s: SimStream) -> StreamHandle:
-        return super().__new__(cls, stream_id=s.order, device_index=0, device_type=_META_TYPE)  # type: ignore[no-any-return]
+    _dev: SimDevice
+    _s: SimStream
 
-    def __init__(self, dev: SimDevice, s: SimStream) -> None:
-        self._dev, self._s = dev, s
+    def __new__(cls, dev: SimDevice, s: SimStream) -> StreamHandle:
+        h: StreamHandle = super().__new__(cls, stream_id=s.order, device_index=0, device_type=_META_TYPE)
+        h._dev, h._s = dev, s
+        return h
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass  # made in __new__ (a subclass may take torch.cuda.Stream's arguments)
+
+    @classmethod
+    def of(cls, dev: SimDevice, s: SimStream) -> StreamHandle:
+        """A handle of this class for an existing stream."""
+        return StreamHandle.__new__(cls, dev, s)
 
     @property
     def name(self) -> str:
-        return self._s.name
+        return str(self._s.name)
 
     def wait_event(self, event: contract.Event) -> None:
         self._dev.runtime.stream_wait_event(self._s, self._dev.record_of(event))
@@ -58,7 +68,7 @@ class StreamHandle(torch.Stream):
         self._dev.runtime.stream_synchronize(self._s)
 
     def query(self) -> bool:
-        return self._dev.runtime.stream_query(self._s)
+        return bool(self._dev.runtime.stream_query(self._s))
 
     def record_event(self, event: contract.Event | None = None) -> contract.Event:
         event = event or EventHandle(self._dev)
@@ -204,7 +214,12 @@ class SimDevice:
     device = torch.device("meta")
 
     def __init__(
-        self, schedule: Schedule | None = None, config: SimConfig | None = None, options: Options | None = None
+        self,
+        schedule: Schedule | None = None,
+        config: SimConfig | None = None,
+        options: Options | None = None,
+        *,
+        shown: torch.device | None = None,
     ) -> None:
         self.schedule = schedule
         self.config = config or SimConfig()
@@ -212,7 +227,9 @@ class SimDevice:
         choices = schedule.choices_for if schedule is not None else _no_delays
         #: the model of this run (tests and tools read its allocator, streams and trace)
         self.runtime = Runtime(self.config, delays, options or Options(), self._enter, choices)
-        self._dispatcher = Dispatcher(self.runtime)
+        #: the device simulated tensors show to Python code (``meta``; ``cuda:0`` under the torch.cuda drop-in)
+        self.shown = shown or torch.device("meta")
+        self._dispatcher = Dispatcher(self.runtime, self.shown)
         self._memory_saver = MemorySaverHandle(self.runtime.memsaver)
 
     # -- running -------------------------------------------------------------------------
@@ -223,9 +240,20 @@ class SimDevice:
 
     def run(self, program: Callable[..., Any], *args: Any) -> Run:
         """Run ``program(dev, *args)`` as host actor ``host``; a SimDevice runs one program once."""
+        result = self.runtime.run(lambda: program(self, *args))
+        return self.outcome(result)
+
+    @contextlib.contextmanager
+    def here(self) -> Iterator[None]:
+        """Run the block in the calling thread as host actor ``host`` (see ``Runtime.here``); ``outcome()`` after."""
+        with self.runtime.here():
+            yield
+
+    def outcome(self, result: Any) -> Run:
+        """The run's :class:`Run`, once it is over."""
         rt = self.runtime
-        result = rt.run(lambda: program(self, *args))
-        return Run(result=result, reports=tuple(rt.reports.items), op_counts=rt.op_counts(), unfired=rt.unfired())
+        return Run(result=result, reports=tuple(rt.reports.items), op_counts=rt.op_counts(), unfired=rt.unfired(),
+                   notes=rt.notes())
 
     @property
     def trace(self) -> list[tuple[int, str, str]]:
@@ -241,7 +269,8 @@ class SimDevice:
         """The runtime stream behind a handle of this device (TypeError for anything else)."""
         if not isinstance(s, StreamHandle) or s._dev is not self:
             raise TypeError(f"expected a stream of this SimDevice, got {s!r}")
-        return s._s
+        stream: SimStream = s._s
+        return stream
 
     def event_of(self, e: contract.Event) -> EventHandle:
         """An event of this device (TypeError for anything else)."""

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from reference.schedule import Schedule, ScheduleError
+from reference.schedule import Schedule, ScheduleError, is_function_target
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,10 +44,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     c = sub.add_parser(
         "check",
-        help="fuzz every known program: clean variants must stay clean, known bugs must be found",
-        description="Fuzz every known program variant with Hypothesis and print what was found. "
-        "Exit 0 when every clean variant is clean and every known bug is found.",
+        help="fuzz a function of yours (FILE.py::FN, MODULE::FN), or every known program",
+        description="With a TARGET (FILE.py::FUNCTION or MODULE::FUNCTION: plain torch.cuda code taking no "
+        "argument without a default, or contract code FUNCTION(dev)), search its schedules for a failure, "
+        "shrink it and print the line that replays it: exit 0 clean, 1 found. Without one, fuzz every known "
+        "program variant: exit 0 when every clean variant is clean and every known bug is found.",
     )
+    c.add_argument("target", nargs="?", help="FILE.py::FUNCTION or MODULE::FUNCTION (default: the known programs)")
     c.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     c.add_argument("--examples", type=int, default=150, metavar="N", help="schedules per variant (default 150)")
     c.add_argument(
@@ -62,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
         description='Run one schedule, e.g. simdevice replay "offload_reload/racy::d2h#0+1". '
         "Exit 0 when the run is clean, 1 when it shows a failure.",
     )
-    r.add_argument("schedule", help="a schedule line as printed by check or a failing test")
+    r.add_argument("schedule", help="a schedule line as printed by check or a failing test "
+                   "(PROGRAM/VARIANT:CONFIG:DELAYS or FILE.py::FUNCTION:CONFIG:DELAYS)")
     r.add_argument("--gpu", action="store_true", help="run it on the CUDA GPU instead of the simulator")
     r.add_argument("--trials", type=int, default=1, metavar="N", help="repeat N times and report the rate")
     r.add_argument("--json", action="store_true", help="print the outcome as JSON")
@@ -101,6 +105,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         return _fail(f"--examples must be >= 1, got {args.examples}")
     if args.budget is not None and args.budget <= 0:
         return _fail(f"--budget must be > 0 seconds, got {args.budget}")
+    if args.target:
+        return _check_function(args)
     progs = programs(None)
     if args.program:
         unknown = [n for n in args.program if n not in REGISTRY]
@@ -134,6 +140,49 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _check_function(args: argparse.Namespace) -> int:
+    from hypothesis import strategies as st
+
+    from simdevice.search.explore import explore
+    from simdevice.search.targets import TargetError, resolve
+
+    try:
+        given = Schedule.parse(args.target)
+        if not is_function_target(given.program):
+            return _fail(f"check takes FILE.py::FUNCTION or MODULE::FUNCTION (and --program for the built-in "
+                         f"programs), got {args.target[:200]!r}")
+        if given.delays or given.choices:
+            return _fail(f"check draws the delays itself; drop them from {args.target[:200]!r}")
+        target = resolve(given.program)
+        fixed = target.config(given.config_dict())
+    except ScheduleError as e:
+        return _fail(str(e))
+    show = _progress(args.quiet or args.json)
+    if not args.quiet:
+        print(f"checking {target.name} ...", file=sys.stderr, flush=True)
+    try:
+        result = explore(target, max_examples=args.examples, budget_s=args.budget,
+                         config=st.just(fixed) if fixed else None, progress=lambda n: show(target.name, n))
+    except TargetError as e:
+        return _fail(str(e))
+    if not args.quiet and sys.stderr.isatty():
+        print("\r", end="", file=sys.stderr)
+    out = result.failure
+    if args.json:
+        print(json.dumps({
+            "target": target.name, "found": out is not None, "examples": result.examples,
+            "seconds": result.seconds, "schedule": result.schedule,
+            "summary": out.verdict() if out is not None else "clean",
+            "reports": [str(r) for r in out.run.reports] if out is not None else [],
+        }, indent=2))
+    elif out is None:
+        print(f"{target.name}: clean over {result.examples} schedules ({result.seconds}s)")
+    else:
+        print(f"{target.name}: found after {result.examples} schedules ({result.seconds}s)")
+        print(out.text())
+    return 1 if out is not None else 0
+
+
 def _table(findings: list[Any]) -> None:
     rows = [("program/variant", "expect", "result", "examples", "race@default", "shrunk schedule / what it shows")]
     for f in findings:
@@ -154,7 +203,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return _fail(f"--trials must be >= 1, got {args.trials}")
     try:
         schedule = Schedule.parse(args.schedule)
-        resolve(schedule)
+        if is_function_target(schedule.program):
+            from simdevice.search.targets import resolve as resolve_function
+
+            function = resolve_function(schedule.program)
+            function.validate(schedule)
+        else:
+            function = None
+            resolve(schedule)
     except ScheduleError as e:
         return _fail(str(e))
     backend = "sim"
@@ -164,7 +220,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             return _fail("--gpu needs a CUDA GPU, and torch sees none on this machine")
         backend = "cuda"
-    outcomes = [execute(schedule, backend) for _ in range(args.trials)]
+    if function is not None:
+        outcomes = [function.run(schedule, backend) for _ in range(args.trials)]
+    else:
+        outcomes = [execute(schedule, backend) for _ in range(args.trials)]
     bad = sum(not o.clean for o in outcomes)
     if args.json:
         print(json.dumps({
@@ -176,7 +235,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(outcomes[0].text())
         if args.trials > 1:
             print(f"{bad}/{args.trials} trials failed")
-        if args.trace and backend == "sim":
+        if args.trace and backend == "sim" and function is None:
             prog, _ = resolve(schedule)
             dev, config = device_for(schedule)
             assert isinstance(dev, SimDevice)

@@ -27,8 +27,9 @@ runtime calls:
 - plain CPU ops that touch pinned memory the simulator owns are host steps
   too, checked as host accesses.
 
-Random ops on device data are refused: make values on the host and copy
-them, so a run depends on its schedule alone.
+Random ops draw from a generator of their own, seeded in the order the host
+issues them (``Runtime.next_seed``): a run depends on its schedule and its
+seed alone, never on the global random state or on timing.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 
 import attrs
 import torch
+from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -116,13 +118,20 @@ def classify(func: torch._ops.OpOverload) -> OpFacts:
 
 
 class SimTensor(torch.Tensor):
-    """A tensor on the simulated device: a ``meta`` wrapper around CPU bytes."""
+    """A tensor on the simulated device: a ``meta`` wrapper around CPU bytes.
+
+    To Python code it shows the device its dispatcher shows (``meta`` under the device contract, ``cuda:0``
+    under the torch.cuda drop-in), with ``is_cuda``, ``get_device()``, a real ``data_ptr()`` and a storage
+    (``untyped_storage()``) whose ``resize_(0)`` frees it; the C++ side keeps seeing ``meta``. Python attribute
+    lookup finds these before torch's, inside autograd hooks and backward too.
+    """
 
     _data: torch.Tensor
     _st: Storage
+    _ops: Dispatcher
 
     @staticmethod
-    def __new__(cls, data: torch.Tensor, st: Storage) -> SimTensor:
+    def __new__(cls, data: torch.Tensor, st: Storage, ops: Dispatcher) -> SimTensor:
         r = torch.Tensor._make_wrapper_subclass(
             cls,
             data.shape,
@@ -134,6 +143,7 @@ class SimTensor(torch.Tensor):
         )
         r._data = data
         r._st = st
+        r._ops = ops
         return r  # type: ignore[no-any-return]
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
@@ -148,8 +158,105 @@ class SimTensor(torch.Tensor):
     def tolist(self) -> Any:  # torch refuses tolist() on subclasses; on CUDA it is a synchronizing D2H
         return self.cpu().tolist()
 
+    @property  # type: ignore[override]
+    def device(self) -> torch.device:
+        return self._ops.shown
+
+    @property  # type: ignore[override]
+    def is_cuda(self) -> bool:
+        return bool(self._ops.shown.type == "cuda")
+
+    @property  # type: ignore[override]
+    def is_meta(self) -> bool:
+        return bool(self._ops.shown.type == "meta")
+
+    def get_device(self) -> int:
+        return -1 if self._ops.shown.type == "meta" else 0
+
+    def data_ptr(self) -> int:
+        return int(self._data.data_ptr())
+
+    def untyped_storage(self) -> SimStorage:  # type: ignore[override]
+        return SimStorage(self)
+
+    def set_(  # type: ignore[override]
+        self,
+        source: SimStorage | SimTensor | None = None,
+        storage_offset: int | None = None,
+        size: Any = None,
+        stride: Any = None,
+    ) -> SimTensor:
+        """Point this tensor at another simulated storage (as ``Tensor.set_``): metadata only, no stream op."""
+        if source is None:
+            empty = self._ops.new_device(torch.empty(0, dtype=self.dtype), self._ops.rt.current())
+            st, storage, storage_offset, size = empty._st, empty._data.untyped_storage(), 0, (0,)
+        elif isinstance(source, SimStorage):
+            st, storage = source._t._st, source._t._data.untyped_storage()
+        elif isinstance(source, SimTensor):
+            if source.dtype != self.dtype:
+                raise RuntimeError(f"set_: expected a source of dtype {self.dtype}, got {source.dtype}")
+            st, storage = source._st, source._data.untyped_storage()
+            if storage_offset is None and size is None:
+                storage_offset, size, stride = source.storage_offset(), source.shape, source.stride()
+        else:
+            raise TypeError(f"set_: {type(source).__name__} is not a storage or tensor of the simulated device")
+        if size is None:
+            storage_offset, size = 0, (storage.nbytes() // self.element_size(),)
+        offset = 0 if storage_offset is None else int(storage_offset)
+        shape = tuple(size)
+        with no_dispatch():  # bare CPU bytes and a meta shell of the storage's size: no simulated op
+            data = torch.empty(0, dtype=self.dtype).set_(storage, offset, shape, stride)
+            shell = torch.empty(storage.nbytes(), dtype=torch.uint8, device=META).untyped_storage()
+            torch.Tensor.set_(self, shell, offset, shape, stride)
+        self._data = data
+        self._st = st
+        return self
+
     def __repr__(self) -> str:  # never syncs: printing must not change the schedule
         return f"SimTensor({tuple(self.shape)}, {self.dtype}, {self._st.label})"
+
+
+class SimStorage:
+    """The storage of a simulated tensor, as ``t.untyped_storage()`` shows it: its address and size, and
+    ``resize_(0)``, which frees the allocation while tensors still refer to it (a forced release)."""
+
+    def __init__(self, t: SimTensor) -> None:
+        self._t = t
+
+    def data_ptr(self) -> int:
+        return int(self._t._st.base)
+
+    def nbytes(self) -> int:
+        return 0 if self._t._st.released is not None else self._t._st.nbytes
+
+    def size(self) -> int:
+        return self.nbytes()
+
+    def __len__(self) -> int:
+        return self.nbytes()
+
+    @property
+    def device(self) -> torch.device:
+        return self._t._ops.shown
+
+    def resize_(self, nbytes: int) -> SimStorage:
+        if nbytes == 0:
+            self._t._ops.release(self._t)
+        elif nbytes != self.nbytes():
+            raise NotImplementedError(
+                "untyped_storage().resize_() of a simulated storage to another nonzero size is not supported "
+                "(resize_(0), a release, is)"
+            )
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SimStorage) and other._t._st is self._t._st
+
+    def __hash__(self) -> int:
+        return id(self._t._st)
+
+    def __repr__(self) -> str:
+        return f"SimStorage({self._t._st.label}, {self.nbytes()} bytes)"
 
 
 def peek(t: torch.Tensor) -> torch.Tensor:
@@ -186,10 +293,6 @@ def poison(t: torch.Tensor) -> None:
         t.fill_(torch.iinfo(t.dtype).max)
 
 
-def _is_meta_device(d: Any) -> bool:
-    return d is not None and torch.device(d).type == "meta"
-
-
 def _meta_of(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=META)
@@ -222,17 +325,28 @@ def _written(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> l
 class Dispatcher:
     """Turns aten calls made inside simulated actors into runtime calls: host steps, stream operations."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, shown: torch.device = META) -> None:
         self.rt = rt
         self.config = rt.config
         self._meta_cache: dict[Any, Any] = {}
+        #: the device simulated tensors show to Python code; factories and copies to it make device memory
+        self.shown = shown
+        self._device_types = {"meta", shown.type}
+
+    def on_device(self, d: Any) -> bool:
+        """Whether a ``device=`` argument names the simulated device."""
+        return d is not None and torch.device(d).type in self._device_types
+
+    def release(self, t: SimTensor) -> None:
+        """``t.untyped_storage().resize_(0)``."""
+        self.rt.release(t._st, user_source())
 
     # -- storages ---------------------------------------------------------------------
     def new_device(self, like: torch.Tensor, actor: HostActor) -> SimTensor:
         data, st, fresh = self.rt.allocate(like, actor)
         if fresh:  # memory nobody wrote yet; a reused block keeps its last owner's bytes, as on a GPU
             poison(data)
-        return SimTensor(data, st)
+        return SimTensor(data, st, self)
 
     def new_pinned(self, data: torch.Tensor, actor: str) -> torch.Tensor:
         self.rt.register_pinned(data, actor)
@@ -256,12 +370,12 @@ class Dispatcher:
         facts = classify(func)
         flat, _ = tree_flatten((args, kwargs))
         has_sim = any(isinstance(x, SimTensor) for x in flat)
-        if not has_sim and not _is_meta_device(kwargs.get("device")):
+        if not has_sim and not self.on_device(kwargs.get("device")):
             return self._host_op(func, facts, args, kwargs, flat)
         if facts.kind == "view":
             base = next(x for x in flat if isinstance(x, SimTensor))
             out = func(*tree_map(data_of, args), **tree_map(data_of, kwargs))
-            return tree_map(lambda t: SimTensor(t, base._st) if isinstance(t, torch.Tensor) else t, out)
+            return tree_map(lambda t: SimTensor(t, base._st, self) if isinstance(t, torch.Tensor) else t, out)
         if facts.kind == "alloc":
             kw = dict(tree_map(data_of, kwargs))
             kw["device"] = CPU
@@ -274,11 +388,6 @@ class Dispatcher:
             if func is aten.record_stream.default:
                 return self._record_stream(args[0], args[1])
             return func(*tree_map(data_of, args), **kwargs)
-        if facts.seeded:
-            raise RuntimeError(
-                f"{func}: random ops on the simulated device are not supported; "
-                "make the values on the host and copy them"
-            )
         a = self.rt.host_step(facts.name)
         return self.issue(a, a.current_stream, func, facts, args, kwargs, flat, user_source())
 
@@ -357,7 +466,7 @@ class Dispatcher:
         meta = self._meta_outputs(func, args, kwargs)
         assert meta is not None
         device = kwargs.get("device")
-        if func is aten._to_copy.default and device is not None and not _is_meta_device(device):
+        if func is aten._to_copy.default and device is not None and not self.on_device(device):
             host_out = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
             poison(host_out)
             if kwargs.get("pin_memory"):
@@ -423,7 +532,8 @@ class Dispatcher:
         alias = _Aliases()
         index, rec = self.rt.enqueue(
             a, s, desc, duration, self._refs(inputs), self._refs(outputs), src,
-            start=self._starter(func, alias.of(args), alias.of(kwargs), alias.all(written), staged, box),
+            start=self._starter(func, alias.of(args), alias.of(kwargs), alias.all(written), staged, box,
+                                self.rt.next_seed() if facts.seeded else None),
             finish=self._finisher(alias.all(written), alias.all(outputs), box),
         )
 
@@ -480,6 +590,7 @@ class Dispatcher:
         written: list[torch.Tensor],
         staged: dict[int, torch.Tensor],
         box: dict[str, Any],
+        seed: int | None = None,
     ) -> Callable[[], None]:
         written_ids = {id(w) for w in written}
 
@@ -505,7 +616,12 @@ class Dispatcher:
             if "device" in real_kwargs:
                 real_kwargs["device"] = CPU
             real_kwargs.pop("pin_memory", None)
-            box["value"] = func(*real_args, **real_kwargs)
+            if seed is None:
+                box["value"] = func(*real_args, **real_kwargs)
+            else:  # a random op: its own generator, seeded when the host issued it (never the global state)
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(seed)
+                    box["value"] = func(*real_args, **real_kwargs)
             box["copies"] = copies
 
         return start

@@ -83,7 +83,7 @@ def segment_size(nbytes: int) -> int:
 
 
 class Block:
-    __slots__ = ("free", "fresh", "nbytes", "offset", "segment", "storage", "uses")
+    __slots__ = ("free", "fresh", "gen", "nbytes", "offset", "segment", "storage", "uses")
 
     def __init__(self, segment: Segment, offset: int, nbytes: int, fresh: bool = True) -> None:
         self.segment, self.offset, self.nbytes = segment, offset, nbytes
@@ -93,6 +93,8 @@ class Block:
         self.storage: Storage | None = None
         #: streams other than the segment's that used it (``record_stream``)
         self.uses: list[SimStream] = []
+        #: how many times it was handed out: a finalizer of an earlier owner must not free a later one
+        self.gen = 0
 
     def __repr__(self) -> str:
         return f"block {self.segment.label}+{self.offset}"
@@ -167,6 +169,9 @@ class CachingAllocator:
         self._pending: list[_Freed] = []  # blocks whose last tensor died, not yet processed
         self._deferred: list[_Freed] = []  # freed, waiting for the streams recorded with record_stream
         self._by_storage: dict[int, Block] = {}  # live allocations: storage id -> block
+        self._peak = 0
+        #: keep max_memory_allocated exact (a scan per allocation: only once a program asked for it)
+        self._track_peak = False
         #: called when a new segment is made (the memory saver maps a handle) and when one is released
         self._on_segment = on_segment
         self._on_release = on_release
@@ -196,12 +201,17 @@ class CachingAllocator:
         record, _ = self._alias(block, need)
         # torch.frombuffer keeps its buffer object alive as long as the storage made from it (shared by every
         # view) lives: the buffer's death is the moment the program dropped the allocation
-        weakref.finalize(anchor, self._dropped, block)
+        block.gen += 1
+        weakref.finalize(anchor, self._dropped, block, block.gen)
         fresh, block.fresh = block.fresh, False
+        self._peak = max(self._peak, self.stats()["allocated"]) if self._track_peak else self._peak
         return Allocation(block, data, record, fresh)
 
-    def _dropped(self, block: Block) -> None:
+    def _dropped(self, block: Block, gen: int) -> None:
         """The program dropped the block's last tensor (a finalizer: record where the streams are, nothing more)."""
+        if block.gen != gen or block.free:
+            return  # released before (untyped_storage().resize_(0)), perhaps handed out again since
+        block.gen += 1
         stream = block.segment.stream
         where = sync.record(stream) if stream is not None else None
         actor = self._current()
@@ -212,6 +222,12 @@ class CachingAllocator:
     def has_pending(self) -> bool:
         """Whether tensors died whose frees are not processed yet."""
         return bool(self._pending)
+
+    def release(self, st: Storage) -> None:
+        """Free ``st``'s block now, though its tensors live on (``untyped_storage().resize_(0)``)."""
+        block = self._by_storage.get(st.id)
+        if block is not None:
+            self._dropped(block, block.gen)
 
     def bind(self, block: Block, st: Storage) -> None:
         """The allocation made in ``block`` is ``st``."""
@@ -334,3 +350,12 @@ class CachingAllocator:
     def deferred(self) -> int:
         """Blocks freed but held back for the streams recorded with them."""
         return len(self._deferred)
+
+    def stats(self) -> dict[str, int]:
+        """Simulated bytes: ``allocated`` (blocks handed out, not yet back), ``peak`` of it (exact from the first
+        call on), ``reserved`` (segments)."""
+        self._track_peak = True
+        allocated = sum(b.nbytes for seg in self._segments if not seg.released for b in seg.blocks if not b.free)
+        self._peak = max(self._peak, allocated)
+        reserved = sum(seg.nbytes for seg in self._segments if not seg.released)
+        return {"allocated": allocated, "peak": self._peak, "reserved": reserved}

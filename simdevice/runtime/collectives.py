@@ -28,6 +28,9 @@ reports, never creates one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from simdevice.runtime import sync
@@ -47,6 +50,9 @@ class World:
         #: collectives issued so far, in NCCL order (the k-th of every rank is one instance)
         self.instances: list[Collective] = []
         self._issued: dict[int, int] = {}
+        #: host-side exchanges of Python objects, and how many each rank took part in
+        self.object_rounds: list[ObjectRound] = []
+        self.objects_issued: dict[int, int] = {}
 
     def instance_for(self, rank: int) -> Collective:
         k = self._issued.get(rank, 0)
@@ -65,6 +71,8 @@ class Collective:
         self.issued = 0
         self.sent: dict[int, torch.Tensor] = {}
         self.clock = VectorClock()
+        #: what the first rank to issue it asked for (all_gather, all_reduce, ...)
+        self.kind: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -114,7 +122,8 @@ class Collectives:
             self._worlds[a.name] = world
         return world
 
-    def _comm_stream(self, a: HostActor) -> SimStream:
+    def comm_stream(self, a: HostActor) -> SimStream:
+        """``a``'s communication stream (``nccl``, ``rank1.nccl``), made at its first collective."""
         full = "nccl" if a.name == "host" else f"{a.name}.nccl"
         s = self._exec.streams.get(full)
         return s if s is not None else self._exec.new_stream(a, "nccl")
@@ -131,28 +140,40 @@ class Collectives:
         op.issued = self._memory.issue(Accessor(s.name, epoch, s.clock, desc, index, src), reads, writes)
         return op
 
-    def all_gather(self, a: HostActor, out: Ref, inp: Ref, src: str) -> Gather:
-        """Issue ``a``'s part of an all-gather of ``inp`` (this rank's shard) into ``out`` (every rank's)."""
+    def collective(
+        self,
+        a: HostActor,
+        kind: str,
+        outs: list[Ref],
+        inp: Ref | None,
+        combine: Callable[[int, list[torch.Tensor]], list[torch.Tensor]],
+        src: str,
+    ) -> Gather:
+        """Issue ``a``'s part of a collective: a send reading ``inp`` (nothing for a barrier), the rendezvous, and
+        a receive writing ``outs`` with ``combine(rank, every rank's send)``. The k-th collective of every rank
+        of a world is one instance; ranks that disagree on its kind are the program's error, as NCCL's would be."""
         ex = self._exec
         world, rank = self.world_of(a.name)
-        (_, data_out), (_, data_in) = out, inp
-        if data_out.numel() != data_in.numel() * world.size:
-            raise ValueError(
-                f"all_gather_into_tensor: output has {data_out.numel()} elements, "
-                f"expected {data_in.numel() * world.size}"
-            )
-        comm = self._comm_stream(a)
+        comm = self.comm_stream(a)
         cur = a.current_stream
         # wait: NCCL's stream must not read the input before the caller's stream produced it
         ex.enqueue(comm, sync.stream_waits(comm, sync.record(cur), f"stream {cur.name}"))
         coll = world.instance_for(rank)
+        if coll.kind is None:
+            coll.kind = kind
+        elif coll.kind != kind:
+            raise RuntimeError(
+                f"collective #{coll.seq}: {a.name} issued {kind} where another rank issued {coll.kind} "
+                "(every rank must issue the same collectives in the same order)"
+            )
         coll.issued += 1
         sync.collective_issued(coll, a, comm)
 
-        send = self._enqueue(comm, "all_gather (send)", True, ex.config.launch_ns, [inp], [], src)
+        send = self._enqueue(comm, f"{kind} (send)", True, ex.config.launch_ns, [inp] if inp else [], [], src)
+        data_in = inp[1] if inp is not None else None
 
         def sent() -> None:
-            coll.sent[rank] = data_in.clone()
+            coll.sent[rank] = data_in.clone() if data_in is not None else torch.empty(0)
 
         send.start = sent
         ex.enqueue(comm, send)
@@ -163,11 +184,13 @@ class Collectives:
         ex.enqueue(comm, rendezvous)
 
         sync.collective_receive(comm, coll)
-        nbytes = data_out.numel() * data_out.element_size()
-        recv = self._enqueue(comm, "all_gather (receive)", False, ex.config.kernel_ns(2 * nbytes), [], [out], src)
+        nbytes = sum(d.numel() * d.element_size() for _, d in outs)
+        recv = self._enqueue(comm, f"{kind} (receive)", False, ex.config.kernel_ns(2 * nbytes), [], outs, src)
 
         def received() -> None:
-            data_out.copy_(torch.cat([coll.sent[q].reshape(-1) for q in range(world.size)]))
+            values = combine(rank, [coll.sent[q] for q in range(world.size)])
+            for (_, d), v in zip(outs, values, strict=True):
+                d.copy_(v.reshape(d.shape))
 
         recv.finish = received
         ex.enqueue(comm, recv)
@@ -175,3 +198,44 @@ class Collectives:
             # the last rank in: peers' comm streams may be parked at their rendezvous
             ex.kick_all()
         return Gather(sync.record(comm), coll)
+
+    def all_gather(self, a: HostActor, out: Ref, inp: Ref, src: str) -> Gather:
+        """Issue ``a``'s part of an all-gather of ``inp`` (this rank's shard) into ``out`` (every rank's)."""
+        world, _ = self.world_of(a.name)
+        (_, data_out), (_, data_in) = out, inp
+        if data_out.numel() != data_in.numel() * world.size:
+            raise ValueError(
+                f"all_gather_into_tensor: output has {data_out.numel()} elements, "
+                f"expected {data_in.numel() * world.size}"
+            )
+        return self.collective(a, "all_gather", [out], inp, _concatenated, src)
+
+    def exchange_objects(self, a: HostActor, obj: Any) -> list[Any]:
+        """A host-side collective of Python objects (``all_gather_object``): ``a`` blocks until every rank of
+        its world has contributed, and is then ordered after all of them."""
+        world, rank = self.world_of(a.name)
+        ex = self._exec
+        k = world.objects_issued.get(rank, 0)
+        world.objects_issued[rank] = k + 1
+        while len(world.object_rounds) <= k:
+            world.object_rounds.append(ObjectRound(world.size))
+        r = world.object_rounds[k]
+        r.objects[rank] = obj
+        sync.publish(r, a)
+        ex.changed()
+        ex.block(a, f"every rank's object of exchange {k} ({world.size} ranks)", lambda: len(r.objects) == world.size)
+        sync.observe(a, r)
+        return [r.objects[q] for q in range(world.size)]
+
+
+def _concatenated(rank: int, sent: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [torch.cat([t.reshape(-1) for t in sent])]
+
+
+class ObjectRound:
+    """One exchange of Python objects across a world: what each rank gave, and the clock of every giver."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.objects: dict[int, Any] = {}
+        self.clock = VectorClock()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -178,6 +179,25 @@ class Execution:
         self._push(a.time, _HOST, a.order, a)
         a.thread.start()
 
+    def adopt(self, a: HostActor) -> None:
+        """The calling thread is actor ``a`` from now on, and has the first turn (``start_actor`` without a new
+        thread: a program written as a ``with`` block runs where it is)."""
+        self._local.actor = a
+        a.thread = threading.current_thread()
+        a.state = "running"
+        with self._lock:
+            self._live += 1
+
+    def leave(self, a: HostActor, error: BaseException | None) -> None:
+        """The adopted actor ``a`` is done (``error``: what its code raised): the rest of the run goes on to its
+        end, then the calling thread is no actor any more."""
+        if error is not None and not isinstance(error, SimAbort):
+            self.reports.add(HostError(a.name, f"{type(error).__name__}: {error}", error_source(error)))
+            self._abort()
+        self._exit(a)
+        self.finished.wait()
+        self._local.actor = None
+
     def _exit(self, a: HostActor) -> None:
         a.state = "done"
         with self._lock:
@@ -275,13 +295,37 @@ class Execution:
             if not self._process_stream_event(prio, obj):
                 raise SimAbort
 
+    @contextlib.contextmanager
+    def unraisable_reported(self) -> Iterator[None]:
+        """While the run goes on, an exception Python would only print and ignore (raised in a ``__del__`` or a
+        weakref callback of an actor) is a host error of the run: never swallowed."""
+        previous = sys.unraisablehook
+
+        def hook(u: Any) -> None:
+            a = self.current_or_none()
+            if a is None or u.exc_value is None:
+                previous(u)
+                return
+            where = getattr(u.object, "__qualname__", None) or type(u.object).__name__
+            e = u.exc_value
+            self.reports.add(
+                HostError(a.name, f"{type(e).__name__}: {e} (in {where}, where Python ignores it)", error_source(e))
+            )
+
+        sys.unraisablehook = hook
+        try:
+            yield
+        finally:
+            sys.unraisablehook = previous
+
     def begin(self) -> None:
         """Called by the thread that starts a run: give the first actor its turn."""
         self._dispatch()
 
     def join_threads(self) -> None:
+        me = threading.current_thread()
         for a in self.actors.values():
-            if a.thread is not None:
+            if a.thread is not None and a.thread is not me:
                 a.thread.join()
 
     # -- host steps --------------------------------------------------------------------

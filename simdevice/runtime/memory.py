@@ -32,7 +32,15 @@ import attrs
 import torch
 
 from simdevice.runtime.clock import VectorClock
-from simdevice.runtime.reports import Access, AccessKind, IllegalAccess, Race, ReportSink, StaleRead
+from simdevice.runtime.reports import (
+    Access,
+    AccessKind,
+    IllegalAccess,
+    Race,
+    ReportSink,
+    StaleRead,
+    UnorderedFree,
+)
 
 #: (lo, hi, write id) pieces of a read's expectation
 Expectation = list[tuple[int, int, int]]
@@ -97,8 +105,11 @@ class Storage:
         self.shadow = shadow if shadow is not None else Shadow(self.nbytes)
         #: where this storage's bytes start in its shadow
         self.offset = offset
-        #: why the storage is not mapped, or None while it is
+        #: why the storage is not mapped, or None while it is (checked when an operation runs)
         self.unmapped: str | None = None
+        #: why the storage has no memory any more (``resize_(0)``), or None: checked when an operation is issued,
+        #: since one issued before the release still reads the block it had
+        self.released: str | None = None
 
     def byte_range(self, t: torch.Tensor) -> tuple[int, int]:
         """The bytes of this storage that tensor ``t`` (a view of it) covers."""
@@ -161,6 +172,13 @@ class Memory:
         self._next_id = 0
         self.reports = reports
         self._seen_races: set[tuple[str, int, str, int, str]] = set()
+        #: allocation label -> the free that handed its block on
+        self._frees: dict[str, Access] = {}
+        #: frees with another stream's access not ordered before them (see :class:`UnorderedFree`)
+        self.unordered_frees: list[UnorderedFree] = []
+        self._seen_frees: set[tuple[str, str, str]] = set()
+        #: actor (a stream, or a host on pinned memory) -> the storages it accessed
+        self.touched: dict[str, set[int]] = {}
 
     # -- allocation ------------------------------------------------------------
     def register(
@@ -186,6 +204,16 @@ class Memory:
     def issue(self, who: Accessor, reads: list[Ref], writes: list[Ref]) -> Issued:
         """Record the reads and writes of one operation or host step in the happens-before layer."""
         issued = Issued()
+        if any(st.released is not None for st, _ in (*reads, *writes)):
+            reads = self._allocated(who, "read", reads)
+            writes = self._allocated(who, "write", writes)
+        seen = self.touched.get(who.actor)
+        if seen is None:
+            seen = self.touched[who.actor] = set()
+        for st, _ in reads:
+            seen.add(st.id)
+        for st, _ in writes:
+            seen.add(st.id)
         for st, data in reads:
             acc = self._access(who, "read", st, data)
             issued.reads.append((st, acc, self.issue_read(st, acc, who.clock)))
@@ -193,6 +221,17 @@ class Memory:
             acc = self._access(who, "write", st, data)
             issued.writes.append((st, acc, self.issue_write(st, acc, who.clock)))
         return issued
+
+    def _allocated(self, who: Accessor, kind: AccessKind, refs: list[Ref]) -> list[Ref]:
+        """The refs whose storage still has memory; an access to a released one is an illegal access."""
+        kept = []
+        for st, data in refs:
+            if st.released is None:
+                kept.append((st, data))
+            else:
+                access = self._access(who, kind, st, data)
+                self.reports.add(IllegalAccess(access=access, allocation=st.label, reason=st.released))
+        return kept
 
     @staticmethod
     def _access(who: Accessor, kind: AccessKind, st: Storage, data: torch.Tensor) -> Access:
@@ -218,7 +257,8 @@ class Memory:
         if key in self._seen_races:
             return
         self._seen_races.add(key)
-        self.reports.add(Race(current=cur, previous=prev))
+        freed = self._frees.get(prev.storage) if prev.storage != cur.storage else None
+        self.reports.add(Race(current=cur, previous=prev, freed=freed))
 
     def issue_read(self, st: Storage, access: Access, clock: VectorClock) -> Expectation:
         expected: Expectation = []
@@ -280,19 +320,24 @@ class Memory:
         )
 
     def issue_free(self, who: Accessor, st: Storage) -> None:
-        """The program dropped allocation ``st``: from here its stream no longer owns the bytes. An access of
-        another stream that the free is not ordered after (a pending read, an unwaited write) is a race, as is
-        any later access not ordered after the free (a use after free). The free lands no data (no version)."""
+        """The program dropped allocation ``st``: from here its block may be handed on. Not an access: the bytes
+        keep their history, so a new owner's access that another stream's pending one is not ordered with is the
+        race (naming this free). An access of another stream that the free is not ordered after is kept as an
+        :class:`UnorderedFree` (the run's notes name those no reuse turned into a race)."""
         access = self._access(who, "free", st, st.data)
+        self._frees[st.label] = access
         for _, _, cell in st.cells(access.lo, access.hi):
+            pending = [r for r in cell.reads if r.actor != access.actor]
             lw = cell.last_write
-            if lw is not None and lw.actor != access.actor and not who.clock.happens_before(lw.actor, lw.epoch):
-                self._race(access, lw)
-            for r in cell.reads:
-                if r.actor != access.actor and not who.clock.happens_before(r.actor, r.epoch):
-                    self._race(access, r)
-            # the reads stay: the block's next owner writing it while one is pending is a race too
-            cell.last_write = access
+            if lw is not None and lw.actor != access.actor and lw.storage == st.label:
+                pending.append(lw)
+            for other in pending:
+                if other.storage != st.label or who.clock.happens_before(other.actor, other.epoch):
+                    continue
+                key = (access.source, other.actor, other.source)
+                if key not in self._seen_frees:
+                    self._seen_frees.add(key)
+                    self.unordered_frees.append(UnorderedFree(access, other))
 
     def execute_write(self, st: Storage, lo: int, hi: int, wid: int) -> None:
         for _, _, cell in st.cells(lo, hi):

@@ -64,6 +64,8 @@ class Race:
 
     current: Access
     previous: Access
+    #: when the two accesses belong to different allocations of the same bytes: the free that handed the block on
+    freed: Access | None = None
 
     kind = "race"
 
@@ -71,9 +73,29 @@ class Race:
         c, p = self.current, self.previous
         verb = {"read": "reads", "write": "writes", "free": "frees"}
         past = {"read": "read", "write": "wrote", "free": "freed"}
+        reused = ""
+        if self.freed is not None:
+            reused = f" as {p.storage}, before the {self.freed.where()} handed its block on"
         return (
             f"race: {c.where()} {verb[c.kind]} {c.range()}, which {p.where()} "
-            f"{past[p.kind]}; no happens-before edge orders them"
+            f"{past[p.kind]}{reused}; no happens-before edge orders them"
+        )
+
+
+@attrs.frozen
+class UnorderedFree:
+    """A block freed while another stream's access of it was not ordered before the free (no ``record_stream``).
+    Not a race by itself: one only if a reuse of the block is not ordered after that access (then reported)."""
+
+    free: Access
+    other: Access
+
+    def __str__(self) -> str:
+        past = {"read": "read", "write": "wrote", "free": "freed"}
+        o = self.other
+        return (
+            f"{self.free.where()} freed {self.free.storage}, which {o.where()} {past[o.kind]} unordered before the "
+            "free (no record_stream on that stream): any reuse of the block must be ordered after it"
         )
 
 
@@ -213,15 +235,19 @@ def user_source() -> str:
 
 
 def error_source(e: BaseException) -> str:
-    """Where an exception was raised: the innermost frame of its traceback."""
+    """Where an exception was raised: the innermost frame of its traceback outside the simulator and torch (the
+    program's line that made the failing call), else the innermost frame."""
     tb = e.__traceback__
-    last = None
+    last = mine = None
     while tb is not None:
         last = tb
+        if not _internal(tb.tb_frame.f_code.co_filename):
+            mine = tb
         tb = tb.tb_next
-    if last is None:
+    at = mine or last
+    if at is None:
         return "?"
-    return f"{short_path(last.tb_frame.f_code.co_filename)}:{last.tb_lineno}"
+    return f"{short_path(at.tb_frame.f_code.co_filename)}:{at.tb_lineno}"
 
 
 def short_path(path: str) -> str:

@@ -27,7 +27,7 @@ from simdevice.runtime.config import UNIT_NS, SimConfig
 from simdevice.runtime.execution import Delays, Execution, HostActor
 from simdevice.runtime.memory import Accessor, Memory, Ref, Storage
 from simdevice.runtime.memsaver import LibraryFixes, SimMemorySaver
-from simdevice.runtime.reports import ReportSink
+from simdevice.runtime.reports import Race, ReportSink
 from simdevice.runtime.streams import EventRecord, SimStream, StreamOp
 
 
@@ -39,6 +39,8 @@ class Options:
     library: LibraryFixes = attrs.field(factory=LibraryFixes)
     #: the caching allocator's reuse choice: an offset into the best-fit order of fitting free blocks
     alloc_pick: int = 0
+    #: the device's random number generator starts from this seed (``torch.cuda.manual_seed`` sets it)
+    seed: int = 0
 
 
 class SharedCell:
@@ -81,6 +83,11 @@ class Runtime:
         #: entered in every host actor's thread (the dispatch mode that turns tensor ops into calls here)
         self._enter = enter
         self._ran = False
+        #: stream name -> where the program made it
+        self._sites: dict[str, str] = {}
+        #: the device RNG: a base seed, and random ops issued so far (each gets a seed of its own)
+        self._seed = options.seed
+        self._random_ops = 0
 
     # -- running -----------------------------------------------------------------------------------
     def run(self, body: Callable[[], Any]) -> Any:
@@ -96,12 +103,41 @@ class Runtime:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            ex.begin()
-            ex.finished.wait()
-            ex.join_threads()
+            with ex.unraisable_reported():
+                ex.begin()
+                ex.finished.wait()
+                ex.join_threads()
         finally:
             torch.set_num_threads(threads)
         return main.result
+
+    @contextlib.contextmanager
+    def here(self) -> Iterator[HostActor]:
+        """Run the block in the calling thread as host actor ``host`` (what it spawns runs on threads of its
+        own); at its end the run goes on until everything is done. What the block raises is reported."""
+        if self._ran:
+            raise RuntimeError("a SimDevice runs one program; make a new one per run")
+        self._ran = True
+        ex = self.execution
+        main = ex.new_actor("host", None)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        ex.adopt(main)
+        error: BaseException | None = None
+        try:
+            with ex.unraisable_reported():
+                try:
+                    with self._enter():
+                        yield main
+                except BaseException as e:  # the program's own error (or the end of the run): reported, not raised
+                    error = e
+                finally:
+                    ex.leave(main, error)
+                    ex.join_threads()
+        finally:
+            torch.set_num_threads(threads)
+        if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            raise error
 
     def current(self) -> HostActor:
         return self.execution.current()
@@ -141,12 +177,46 @@ class Runtime:
     def streams(self) -> dict[str, SimStream]:
         return dict(self.execution.streams)
 
+    def site_of(self, stream: str) -> str | None:
+        return self._sites.get(stream)
+
+    def notes(self) -> tuple[str, ...]:
+        """What could make a clean run mean less than it seems: with several streams, a stream the program made
+        that got no operation, or whose operations touched no memory any other stream or the host touched."""
+        out = self._free_notes()
+        made = [s for s in self.execution.streams.values() if not s.name.endswith(("default", "nccl"))]
+        if not made:
+            return tuple(out)
+        touched = self.memory.touched
+        for s in made:
+            where = f" (made at {self._sites[s.name]})" if s.name in self._sites else ""
+            if s.ops == 0:
+                out.append(f"stream {s.name}{where} got no operation: nothing ran on it to race")
+                continue
+            mine = touched.get(s.name, set())
+            others = set().union(*(v for k, v in touched.items() if k != s.name))
+            if not mine & others:
+                out.append(f"stream {s.name}{where} touched no memory that another stream or the host touched: "
+                           "nothing it did could race")
+        return tuple(out)
+
+    def _free_notes(self, most: int = 4) -> list[str]:
+        """Frees another stream's access was not ordered before, that no reuse turned into a race here."""
+        raced = {r.freed for r in self.reports.items if isinstance(r, Race) and r.freed is not None}
+        latent = [f for f in self.memory.unordered_frees if f.free not in raced]
+        out = [f"{f} (no reuse raced with it in this run)" for f in latent[:most]]
+        if len(latent) > most:
+            out.append(f"... and {len(latent) - most} more such frees")
+        return out
+
     # -- streams and events -------------------------------------------------------------------------
-    def new_stream(self, name: str | None) -> SimStream:
+    def new_stream(self, name: str | None, site: str | None = None) -> SimStream:
         """A stream of the current actor; an unnamed one is ``s1``, ``s2``, ... (counting only unnamed streams,
-        skipping names taken), as ``CudaDevice`` names them."""
+        skipping names taken), as ``CudaDevice`` names them. ``site``: where the program made it (for reports)."""
         a = self.current()
         ex = self.execution
+        if site is not None:
+            self._sites[(a.name + "." if a.name != "host" else "") + (name or "")] = site
         if name is None:
             while True:
                 a.unnamed += 1
@@ -172,6 +242,28 @@ class Runtime:
 
     def current_stream(self) -> SimStream:
         return self.current().current_stream
+
+    def set_stream(self, s: SimStream) -> None:
+        """``torch.cuda.set_stream``: ``s`` is current until changed (or until an enclosing stream context ends)."""
+        a = self.current()
+        if a.stream_stack:
+            a.stream_stack[-1] = s
+        else:
+            a.stream_stack.append(s)
+
+    def stream_sleep(self, ns: int) -> None:
+        """``torch.cuda._sleep``: the current stream idles ``ns`` (no counted operation nor host step: CUDA counts
+        neither, it is no aten op)."""
+        a = self.current()
+        s = a.current_stream
+        sync.issue(a, s)
+        self.execution.enqueue(s, StreamOp(s, f"sleep ({ns} ns)", -1, max(ns, 1)))
+
+    def memory_stats(self) -> dict[str, int]:
+        """Allocated (live blocks), its peak, and reserved (segments) bytes, as a GPU would count them."""
+        allocator = self.memsaver.allocator
+        scale = self.config.byte_scale
+        return {k: v * scale for k, v in allocator.stats().items()}
 
     def default_stream(self) -> SimStream:
         a = self.current()
@@ -263,6 +355,28 @@ class Runtime:
         st = self.memory.register(got.record, "device", actor.name, block.segment.shadow, block.offset)
         ms.allocated(block, st)
         return got.data, st, got.fresh
+
+    def next_seed(self) -> int:
+        """The seed of the next random op: each gets its own, in the order the host issues them, so a random op's
+        values depend on the base seed and the program, never on the timing."""
+        self._random_ops += 1
+        return (self._seed * 1_000_003 + self._random_ops) % (1 << 63)
+
+    def manual_seed(self, seed: int) -> None:
+        """``torch.cuda.manual_seed``: the random ops from here draw from ``seed``."""
+        self._seed, self._random_ops = int(seed), 0
+
+    def release(self, st: Storage, source: str) -> None:
+        """``t.untyped_storage().resize_(0)``: the allocation's block is freed now, as if its tensors died (a
+        stream-ordered free: ``record_stream`` defers its reuse); an operation issued later on any of its tensors
+        is an illegal access; one issued before still reads the block. (No host step: on CUDA it is no aten op,
+        nothing counts it.)"""
+        self.current()
+        if st.released is not None:
+            return
+        self.memsaver.allocator.release(st)
+        self.memsaver.allocator.collect_frees()
+        st.released = f"which untyped_storage().resize_(0) at {source} released"
 
     def record_stream(self, st: Storage, s: SimStream) -> None:
         """``t.record_stream(s)``: the allocation's block is not reused before ``s`` reaches the point of its free."""
@@ -400,7 +514,40 @@ class Runtime:
 
     def all_gather(self, out: Ref, inp: Ref, source: str) -> Gather:
         a = self.host_step("all_gather_into_tensor")
-        return self.collectives.all_gather(a, out, inp, source)
+        g = self.collectives.all_gather(a, out, inp, source)
+        self._kept_for(a, [out, inp])
+        return g
+
+    def _kept_for(self, a: HostActor, refs: list[Ref]) -> None:
+        """As ProcessGroupNCCL does (it records a collective's tensors on its stream, or stashes them in the work):
+        their blocks are not handed out again before the collective is done, even if the program drops them."""
+        comm = self.collectives.comm_stream(a)
+        for st, _ in refs:
+            self.record_stream(st, comm)
+
+    def collective(
+        self,
+        kind: str,
+        outs: list[Ref],
+        inp: Ref | None,
+        combine: Callable[[int, list[torch.Tensor]], list[torch.Tensor]],
+        source: str,
+    ) -> Gather:
+        """Any collective of the current actor's world (``all_reduce``, ``broadcast``, ``barrier``, ...)."""
+        a = self.host_step(kind)
+        g = self.collectives.collective(a, kind, outs, inp, combine, source)
+        self._kept_for(a, [*outs, *([inp] if inp is not None else [])])
+        return g
+
+    def exchange_objects(self, obj: Any) -> list[Any]:
+        """``all_gather_object``: the host blocks until every rank gave its object."""
+        a = self.host_step("all_gather_object")
+        return self.collectives.exchange_objects(a, obj)
+
+    def work_wait_host(self, work: Gather) -> None:
+        """The host waits for a collective it issued to complete (``barrier``): part of that call's host step."""
+        a = self.current()
+        self._host_waits(a, [work.record()], f"collective {work.collective.seq} to complete")
 
     def work_wait(self, work: Gather) -> None:
         a = self.host_step("work.wait")

@@ -62,6 +62,7 @@ class Outcome:
         lines = [f'schedule "{self.schedule}" on {self.backend}: {self.verdict()}']
         lines += [f"  {p}" for p in self.problems]
         lines += [f"  {r}" for r in self.run.reports]
+        lines += [f"  note: {n}" for n in self.run.notes]
         if self.run.unfired:
             lines.append(f"  note: delays never applied (their operation never came): {', '.join(self.run.unfired)}")
         lines.append(f'  replay: simdevice replay "{self.schedule}" [--gpu]')

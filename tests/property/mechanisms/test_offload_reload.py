@@ -41,9 +41,11 @@ def test_race_detector_flags_the_racy_form_whatever_the_timing() -> None:
         ("copy_ (H2D)", "read", "copy_ (D2H)", "write"),  # the reload reads the pinned buffer the D2H fills
         # and a second hazard of the same missing wait: the next iteration drops the activation the D2H may
         # still be reading, and the caching allocator gives its block to the reload's destination
-        ("free", "free", "copy_ (D2H)", "read"),
         ("copy_ (H2D)", "write", "copy_ (D2H)", "read"),
     }
+    reuse = next(r for r in racy.run.reports if r.current.kind == "write")
+    assert reuse.freed is not None
+    assert reuse.freed.source == "reference/offload_reload.py:51"  # the line whose drop handed the block on
     assert racy.problems == ()  # the compute work outlasts the copy: no corruption without a stall
     assert execute(Schedule("offload_reload", "correct")).clean
 

@@ -32,11 +32,34 @@ def test_a_free_while_a_side_stream_reads_is_a_race_naming_both_lines_at_the_def
     assert torch.equal(r.result, torch.ones(4096))  # nothing corrupts yet: the side stream read first
     races = [str(x) for x in r.reports if isinstance(x, Race)]
     assert races == [
-        "race: free on stream default (tests/hazards.py:28) frees device#2[0:16384], which copy_ on stream side #0 "
-        "(tests/hazards.py:24) read; no happens-before edge orders them",
         "race: full on stream default #1 (tests/hazards.py:29) writes device#3[0:16384], which copy_ on stream "
-        "side #0 (tests/hazards.py:24) read; no happens-before edge orders them",
+        "side #0 (tests/hazards.py:24) read as device#2, before the free on stream default (tests/hazards.py:28) "
+        "handed its block on; no happens-before edge orders them",
     ]
+
+
+def _dropped_while_side_reads(dev: Any, reuse_after_wait: bool) -> None:
+    side = dev.Stream(name="side")
+    out = torch.empty(4096, device=dev.device)
+    a = torch.ones(4096, device=dev.device)
+    side.wait_stream(dev.current_stream())
+    with dev.stream(side):
+        out.copy_(a)
+    del a  # no record_stream
+    if reuse_after_wait:
+        dev.current_stream().wait_stream(side)
+        torch.full((4096,), 2.0, device=dev.device)  # the block again, ordered after the side stream's read
+    dev.synchronize()
+
+
+def test_a_free_not_ordered_after_another_streams_access_is_a_note_unless_a_reuse_races() -> None:
+    for reuse_after_wait in (False, True):
+        r = run(_dropped_while_side_reads, reuse_after_wait)
+        assert r.reports == ()  # the free itself touches nothing; a reuse ordered after the read is safe
+        [note] = r.notes
+        assert note.startswith("free on stream default (model/test_allocator_streams.py:")
+        assert "freed device#2, which copy_ on stream side #0" in note
+        assert "read unordered before the free (no record_stream on that stream)" in note
 
 
 def test_with_the_side_stream_stalled_the_new_owner_overwrites_what_it_reads() -> None:
@@ -151,11 +174,27 @@ def test_an_allocation_choice_takes_another_fitting_block() -> None:
 # -- each rule, shown needed by a mutant ---------------------------------------------------------------------
 
 
-def test_without_the_free_as_an_access_the_default_schedule_would_show_nothing(monkeypatch: pytest.MonkeyPatch
-                                                                                ) -> None:
+def test_without_the_free_recorded_the_race_would_not_say_who_handed_the_block_on(monkeypatch: pytest.MonkeyPatch
+                                                                                  ) -> None:
     monkeypatch.setattr(Memory, "issue_free", lambda self, who, st: None)
     r = run(freed_while_side_reads, False)
-    assert [x.current.op for x in r.reports if isinstance(x, Race)] == ["full"]  # only the new owner's write
+    [race] = [x for x in r.reports if isinstance(x, Race)]
+    assert race.current.op == "full"
+    assert race.freed is None
+    assert run(_dropped_while_side_reads, False).notes == ()
+
+
+def test_without_the_shadow_kept_across_reuse_the_new_owners_write_would_race_with_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    register = Memory.register
+
+    def fresh(self: Memory, data: torch.Tensor, kind: str, process: str, shadow: Any = None, offset: int = 0) -> Any:
+        return register(self, data, kind, process)  # every allocation gets a shadow of its own: no history
+
+    monkeypatch.setattr(Memory, "register", fresh)
+    r = run(freed_while_side_reads, False)
+    assert [x for x in r.reports if isinstance(x, Race)] == []
 
 
 def test_without_record_stream_deferral_the_fix_would_corrupt(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -315,12 +315,27 @@ def test_an_exception_in_host_code_is_reported_with_its_line() -> None:
     assert reports[0].source.startswith("model/test_semantics.py:")
 
 
-def test_random_ops_on_the_device_are_refused() -> None:
-    def program(dev: Any) -> None:
-        torch.randn(4, device=dev.device)
+def test_random_ops_depend_on_the_seed_and_the_program_never_on_timing() -> None:
+    def program(dev: Any) -> torch.Tensor:
+        side = dev.Stream(name="side")
+        a = torch.randn(64, device=dev.device)
+        with dev.stream(side):
+            b = torch.rand(64, device=dev.device)
+        dev.synchronize()
+        return torch.cat([a.cpu(), b.cpu()])
 
-    _, reports, _ = run(program)
-    assert "random ops on the simulated device are not supported" in reports[0].error
+    def values(schedule: str, seed: int = 0) -> torch.Tensor:
+        from simdevice import Options
+
+        return SimDevice(Schedule.parse(schedule), options=Options(seed=seed)).run(program).result
+
+    first = values("t/t")
+    assert torch.equal(first, values("t/t"))
+    assert torch.equal(first, values("t/t::side#0+5,default#0+1"))  # another interleaving, the same values
+    assert not torch.equal(first, values("t/t", seed=1))
+    state = torch.get_rng_state()
+    values("t/t")
+    assert torch.equal(state, torch.get_rng_state())  # the global generator is left alone
 
 
 def test_simulated_tensors_are_unusable_outside_a_run_but_can_be_peeked() -> None:

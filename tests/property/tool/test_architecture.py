@@ -148,7 +148,8 @@ BACKEND_NAMES = {"SimDevice", "CudaDevice", "SimMemorySaver", "MemorySaverHandle
 
 
 @pytest.mark.parametrize("name", sorted(n for n in ALL if n.startswith(("reference.", "simdevice.programs"))
-                                        and n not in ("reference.cuda", "reference.device", "reference.contract")))
+                                        and n not in ("reference.cuda", "reference.cuda_plain", "reference.device",
+                                                      "reference.contract")))
 def test_protocols_and_harnesses_never_ask_which_backend_runs_them(name: str) -> None:
     used = {n.id for n in ast.walk(ALL[name]) if isinstance(n, ast.Name)}
     used |= {n.attr for n in ast.walk(ALL[name]) if isinstance(n, ast.Attribute)}

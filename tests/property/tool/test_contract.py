@@ -19,7 +19,8 @@ def test_both_devices_provide_the_whole_protocol() -> None:
     assert wanted <= public(cuda.CudaDevice)
     assert wanted <= public(sim.SimDevice(None))
     assert public(sim.SimDevice(None)) - public(cuda.CudaDevice) <= {
-        "trace", "now_units", "config", "schedule", "runtime", "stream_of", "record_of", "event_of"
+        "trace", "now_units", "config", "schedule", "runtime", "stream_of", "record_of", "event_of", "outcome",
+        "shown", "here",
     }
 
 

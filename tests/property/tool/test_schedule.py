@@ -30,7 +30,8 @@ def test_text_form_examples() -> None:
     ("text", "message"),
     [
         ("", "empty schedule: expected PROGRAM/VARIANT[:CONFIG[:DELAYS]]"),
-        ("offload_reload", "bad schedule target 'offload_reload': expected PROGRAM/VARIANT"),
+        ("offload_reload", "bad schedule target 'offload_reload': expected PROGRAM/VARIANT, FILE.py::FUNCTION or "
+                           "MODULE::FUNCTION"),
         ("a/b:c:d:e", "bad schedule 'a/b:c:d:e': more than three ':'-separated fields"),
         ("a/b:kib", "bad configuration item 'kib': expected KEY=VALUE"),
         ("a/b::d2h#0", "bad delay 'd2h#0': expected ACTOR#INDEX+UNITS, e.g. d2h#0+3"),

@@ -1,0 +1,231 @@
+"""Plain torch.cuda code on a real GPU, counted and stalled as the simulator's drop-in counts it.
+
+A schedule names a stream and an operation index; for one line to mean the same thing on both machines, the
+GPU run must count what the simulator counts, and name the streams as it names them. While
+:func:`counting_torch_cuda` is active:
+
+- ``torch.cuda.Stream()`` is a :class:`CountingStream`, a real ``torch.cuda.Stream`` named after the line that
+  made it (``reference.naming``, as the simulator does); ``current_stream()`` and ``default_stream()`` return
+  such views of the real streams;
+- a host step is taken (and a host delay applied) by what takes one in the simulator: a stream's
+  ``wait_event``, ``wait_stream``, ``synchronize``, ``query``, an event's ``record``, ``query``,
+  ``synchronize``, ``elapsed_time``, ``torch.cuda.synchronize()``, ``empty_cache()``, each collective call,
+  and (through ``CudaDevice``'s dispatch mode) every aten op on device or pinned memory;
+- collectives of ``torch.distributed`` count one operation on this actor's ``nccl`` actor (stalled on a side
+  stream of their own, so that a delay stalls NCCL alone), and a blocking one a second host step for its wait.
+
+Nothing here fakes the GPU: every stream, event and collective is the real one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import torch
+
+from reference.naming import StreamNames, creation_site, inside
+
+
+class CudaDevice(Protocol):
+    """What this module needs of ``reference.cuda.CudaDevice``."""
+
+    cycles_per_ms: float
+
+    @property
+    def prefix(self) -> str: ...
+    def host_step(self) -> None: ...
+    def count_op(self, actor: str) -> int: ...
+    def name_stream(self, raw: torch.cuda.Stream, name: str) -> None: ...
+    def stream_names(self) -> set[str]: ...
+
+
+_INTERNAL = inside(str(__import__("reference").__path__[0]))
+_DEV: list[CudaDevice] = []
+
+
+def _dev() -> CudaDevice:
+    return _DEV[-1]
+
+
+class CountingStream(torch.cuda.Stream):
+    """A real CUDA stream whose calls are host steps, named as the simulator names it."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> CountingStream:
+        s: CountingStream = super().__new__(cls, device=device, priority=priority, **kwargs)
+        if "stream_id" not in kwargs:  # a new stream (not a view of an existing one): name it by its site
+            dev = _dev()
+            filename, line = creation_site(_INTERNAL)
+            dev.name_stream(s, _names(dev).assign(filename, line))
+        return s
+
+    @classmethod
+    def view(cls, raw: torch.cuda.Stream) -> CountingStream:
+        return cls(stream_id=raw.stream_id, device_index=raw.device_index, device_type=raw.device_type)
+
+    def wait_event(self, event: Any) -> None:
+        _dev().host_step()
+        super().wait_event(event)
+
+    def wait_stream(self, stream: Any) -> None:
+        _dev().host_step()
+        super().wait_stream(stream)
+
+    def synchronize(self) -> None:
+        _dev().host_step()
+        super().synchronize()
+
+    def query(self) -> bool:
+        _dev().host_step()
+        return bool(super().query())
+
+    def record_event(self, event: Any = None) -> Any:
+        event = event or CountingEvent()
+        event.record(self)
+        return event
+
+
+_NAMES: dict[int, StreamNames] = {}
+
+
+def _names(dev: CudaDevice) -> StreamNames:
+    names = _NAMES.get(id(dev))
+    if names is None:
+        names = _NAMES[id(dev)] = StreamNames(dev.prefix, lambda full: full in dev.stream_names())
+    return names
+
+
+class CountingEvent(torch.cuda.Event):
+    """A real CUDA event whose calls are host steps."""
+
+    def record(self, stream: Any = None) -> None:
+        _dev().host_step()
+        super().record(stream)
+
+    def wait(self, stream: Any = None) -> None:
+        (stream if stream is not None else current_stream()).wait_event(self)
+
+    def query(self) -> bool:
+        _dev().host_step()
+        return bool(super().query())
+
+    def synchronize(self) -> None:
+        _dev().host_step()
+        super().synchronize()
+
+    def elapsed_time(self, end_event: Any) -> float:
+        _dev().host_step()
+        return float(super().elapsed_time(end_event))
+
+
+def current_stream(device: Any = None) -> CountingStream:
+    return CountingStream.view(_ORIGINAL["current_stream"](device))
+
+
+def default_stream(device: Any = None) -> CountingStream:
+    return CountingStream.view(_ORIGINAL["default_stream"](device))
+
+
+def synchronize(device: Any = None) -> None:
+    _dev().host_step()
+    _ORIGINAL["synchronize"](device)
+
+
+def empty_cache() -> None:
+    _dev().host_step()
+    _ORIGINAL["empty_cache"]()
+
+
+_ORIGINAL: dict[str, Callable[..., Any]] = {}
+
+
+def _collective(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A collective call: one host step, one operation of ``nccl`` (stalled alone), a host step for a blocking
+    call's wait; the real call made with the counting mode off (its internals are no program ops)."""
+
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        dev = _dev()
+        dev.host_step()
+        units = dev.count_op(f"{dev.prefix}nccl")
+        async_op = bool(kwargs.get("async_op", False))
+        launch = torch.cuda.current_stream()
+        if units:
+            # stall NCCL alone: it waits for the stream it is launched from, which sleeps after the caller's work
+            launch = torch.cuda.Stream()
+            launch.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(launch):
+                torch.cuda._sleep(int(units * dev.cycles_per_ms))
+        with torch.cuda.stream(launch), _disable_current_modes():
+            kwargs["async_op"] = True
+            work = original(*args, **kwargs)
+        if async_op:
+            return work
+        dev.host_step()
+        if work is not None:
+            work.wait()
+        return None
+
+    return call
+
+
+def _host_collective(original: Callable[..., Any]) -> Callable[..., Any]:
+    """An object collective or a barrier: one host step; its internals are no program ops."""
+
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        dev = _dev()
+        dev.host_step()
+        if original.__name__ == "barrier":
+            dev.count_op(f"{dev.prefix}nccl")
+        with _disable_current_modes():
+            return original(*args, **kwargs)
+
+    return call
+
+
+@contextlib.contextmanager
+def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
+    """Count and stall plain torch.cuda code on ``dev``'s schedule for the duration."""
+    import torch.distributed as dist
+
+    saved: list[tuple[Any, str, Any]] = []
+
+    def put(owner: Any, name: str, value: Any) -> None:
+        saved.append((owner, name, vars(owner).get(name, _MISSING)))
+        setattr(owner, name, value)
+
+    for name in ("current_stream", "default_stream", "synchronize", "empty_cache"):
+        _ORIGINAL[name] = getattr(torch.cuda, name)
+    _DEV.append(dev)
+    try:
+        put(torch.cuda, "Stream", CountingStream)
+        put(torch.cuda, "Event", CountingEvent)
+        put(torch.cuda, "current_stream", current_stream)
+        put(torch.cuda, "default_stream", default_stream)
+        put(torch.cuda, "synchronize", synchronize)
+        put(torch.cuda, "empty_cache", empty_cache)
+        if dist.is_available():
+            for name in ("all_gather_into_tensor", "all_gather", "all_reduce", "reduce_scatter_tensor", "broadcast"):
+                put(dist, name, _collective(getattr(dist, name)))
+            for name in ("barrier", "all_gather_object", "broadcast_object_list"):
+                put(dist, name, _host_collective(getattr(dist, name)))
+        yield
+    finally:
+        while saved:
+            owner, name, old = saved.pop()
+            if old is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, old)
+        _DEV.pop()
+        _NAMES.pop(id(dev), None)
+
+
+_MISSING = object()

@@ -1,0 +1,188 @@
+"""``torch.distributed`` during a session: the default process group is the simulated world of the calling actor.
+
+A host actor that is no rank is a world of one; under ``spawn_ranks`` (``DropIn.run(fn, world_size=N)``) every
+rank's calls meet its peers'. Collectives are the runtime's: each rank's send, the rendezvous, its receive on
+its ``nccl`` stream; a blocking call makes the current stream wait for the receive (as NCCL does), an
+``async_op=True`` one returns a work handle whose ``wait()`` does; ``barrier`` and the object collectives
+block the host. Only the whole world is a group (``new_group`` of every rank, or of none given).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from simdevice.api import SimWork
+from simdevice.dispatch import data_of, storage_of
+from simdevice.dropin.facade import session_device
+from simdevice.dropin.patches import Patches
+from simdevice.runtime.memory import Ref
+from simdevice.runtime.reports import user_source
+
+
+class _World:
+    """The default process group as ``torch.distributed`` hands it out (the simulator knows one per actor)."""
+
+    def size(self) -> int:
+        return get_world_size()
+
+    def rank(self) -> int:
+        return get_rank()
+
+    def __repr__(self) -> str:
+        return "<simulated process group: the whole world>"
+
+
+WORLD = _World()
+
+
+def _ref(t: torch.Tensor) -> Ref:
+    st = storage_of(t)
+    return st, st.alias(data_of(t))
+
+
+def _reduce(op: Any, sent: list[torch.Tensor]) -> torch.Tensor:
+    stacked = torch.stack([t.reshape(-1) for t in sent])
+    r = dist.ReduceOp
+    if op == r.SUM:
+        return stacked.sum(0)
+    if op == r.AVG:
+        return stacked.mean(0) if stacked.dtype.is_floating_point else stacked.sum(0) // len(sent)
+    if op == r.MAX:
+        return stacked.max(0).values
+    if op == r.MIN:
+        return stacked.min(0).values
+    if op == r.PRODUCT:
+        return stacked.prod(0)
+    raise NotImplementedError(f"reduce op {op} is not simulated")
+
+
+def _finish(gather: Any, async_op: bool) -> SimWork | None:
+    work = SimWork(session_device(), gather)
+    if async_op:
+        return work
+    work.wait()  # as NCCL: the current stream waits for the collective; the host goes on
+    return None
+
+
+def _check_group(group: Any) -> None:
+    if group is not None and group is not WORLD and group is not dist.group.WORLD:
+        raise NotImplementedError("only the default process group (the whole world) is simulated")
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def get_rank(group: Any = None) -> int:
+    return session_device().rank
+
+
+def get_world_size(group: Any = None) -> int:
+    return session_device().world_size
+
+
+def new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> _World:
+    if ranks is not None and sorted(ranks) != list(range(get_world_size())):
+        raise NotImplementedError("only the default process group (the whole world) is simulated")
+    return WORLD
+
+
+def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: Any = None,
+                           async_op: bool = False) -> SimWork | None:
+    _check_group(group)
+    return session_device().all_gather_into_tensor(output, input, async_op=async_op)  # type: ignore[no-any-return]
+
+
+def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
+               async_op: bool = False) -> SimWork | None:
+    _check_group(group)
+    rt = session_device().runtime
+    gather = rt.collective("all_gather", [_ref(t) for t in tensor_list], _ref(tensor),
+                           lambda rank, sent: sent, user_source())
+    return _finish(gather, async_op)
+
+
+def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None,
+               async_op: bool = False) -> SimWork | None:
+    _check_group(group)
+    rt = session_device().runtime
+    ref = _ref(tensor)
+    gather = rt.collective("all_reduce", [ref], ref, lambda rank, sent: [_reduce(op, sent)], user_source())
+    return _finish(gather, async_op)
+
+
+def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
+                          group: Any = None, async_op: bool = False) -> SimWork | None:
+    _check_group(group)
+    rt = session_device().runtime
+    n = output.numel()
+
+    def shard(rank: int, sent: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [_reduce(op, sent)[rank * n:(rank + 1) * n]]
+
+    gather = rt.collective("reduce_scatter", [_ref(output)], _ref(input), shard, user_source())
+    return _finish(gather, async_op)
+
+
+def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> SimWork | None:
+    _check_group(group)
+    rt = session_device().runtime
+    ref = _ref(tensor)
+    gather = rt.collective("broadcast", [ref], ref, lambda rank, sent: [sent[src]], user_source())
+    return _finish(gather, async_op)
+
+
+def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -> SimWork | None:
+    _check_group(group)
+    rt = session_device().runtime
+    gather = rt.collective("barrier", [], None, lambda rank, sent: [], user_source())
+    if async_op:
+        return SimWork(session_device(), gather)
+    rt.work_wait_host(gather)  # NCCL's barrier blocks the host until every rank reached it
+    return None
+
+
+def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+    _check_group(group)
+    object_list[:] = session_device().runtime.exchange_objects(obj)
+
+
+def broadcast_object_list(object_list: list[Any], src: int = 0, group: Any = None, device: Any = None) -> None:
+    _check_group(group)
+    lists = session_device().runtime.exchange_objects(list(object_list))
+    object_list[:] = lists[src]
+
+
+def install(p: Patches) -> None:
+    """Put the simulated process group in place of ``torch.distributed``'s."""
+    table: dict[str, Any] = {
+        "is_available": lambda: True,
+        "is_initialized": is_initialized,
+        "is_nccl_available": lambda: True,
+        "init_process_group": lambda *a, **k: None,
+        "destroy_process_group": lambda *a, **k: None,
+        "get_rank": get_rank,
+        "get_world_size": get_world_size,
+        "get_backend": lambda group=None: "nccl",
+        "new_group": new_group,
+        "get_process_group_ranks": lambda group=None: list(range(get_world_size())),
+        "all_gather_into_tensor": all_gather_into_tensor,
+        "_all_gather_base": all_gather_into_tensor,
+        "all_gather": all_gather,
+        "all_reduce": all_reduce,
+        "reduce_scatter_tensor": reduce_scatter_tensor,
+        "_reduce_scatter_base": reduce_scatter_tensor,
+        "broadcast": broadcast,
+        "barrier": barrier,
+        "all_gather_object": all_gather_object,
+        "broadcast_object_list": broadcast_object_list,
+    }
+    for name, value in table.items():
+        p.set(dist, name, value)
+
+
+def patched_owners() -> list[Any]:
+    return [dist]

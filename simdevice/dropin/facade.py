@@ -1,0 +1,364 @@
+"""The torch.cuda façade: what ``torch.cuda``, ``"cuda"`` devices and ``Tensor.cuda()`` are during a session.
+
+Each function here is what a torch.cuda name means on the simulated device of the active session
+(:func:`device`): a stream class that is a ``torch.Stream`` (so torch's own ``record_stream`` takes it), named
+after where the program made it (``reference.naming``); events; the current-stream context; synchronize;
+memory statistics from the caching allocator; a seeded device generator; ``nvtx`` as no-ops. Factories,
+``Tensor.to`` and ``Tensor.cuda`` take ``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")`` and device indices and
+make simulated tensors. :func:`install` puts them in place for a session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from reference import contract
+from reference.naming import StreamNames, creation_site, inside
+from simdevice.api import EventHandle, SimDevice, StreamHandle
+from simdevice.dispatch import SimTensor
+from simdevice.dropin.patches import Patches
+
+META = torch.device("meta")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SIMDEVICE = os.path.dirname(_HERE)
+_REFERENCE = os.path.join(os.path.dirname(_SIMDEVICE), "reference")
+#: the simulator's and the contract's own files: never where a program made a stream
+_INTERNAL = inside(_SIMDEVICE, *(os.path.join(_REFERENCE, f"{m}.py") for m in ("contract", "cuda", "device", "naming")))
+
+_ACTIVE: list[DropInDevice] = []
+
+
+class DropInDevice(SimDevice):
+    """The simulated device of a torch.cuda session: tensors show ``cuda:0``; streams are named by their site."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, shown=torch.device("cuda", 0), **kwargs)
+        self.device = self.shown  # type: ignore[misc]
+        self._names: dict[str, StreamNames] = {}
+
+    def site_named_stream(self) -> Any:
+        """A new stream of the current actor, named after the line of the program that made it."""
+        rt = self.runtime
+        a = rt.current()
+        prefix = "" if a.name == "host" else f"{a.name}."
+        names = self._names.get(a.name)
+        if names is None:
+            taken = rt.streams
+            names = self._names[a.name] = StreamNames(prefix, lambda full: full in taken())
+        filename, line = creation_site(_INTERNAL)
+        full = names.assign(filename, line)
+        return rt.new_stream(full[len(prefix):], names.sites[full])
+
+
+def activate(dev: DropInDevice) -> None:
+    """``dev`` is the session's device from now on (one session at a time)."""
+    if _ACTIVE:
+        raise RuntimeError("a simdevice.cuda() session is already open (one at a time)")
+    _ACTIVE.append(dev)
+
+
+def deactivate(dev: DropInDevice) -> None:
+    if _ACTIVE and _ACTIVE[-1] is dev:
+        _ACTIVE.pop()
+
+
+def session_device() -> DropInDevice:
+    """The simulated device of the active session (RuntimeError outside one)."""
+    if not _ACTIVE:
+        raise RuntimeError("torch.cuda is simulated only inside a simdevice.cuda() session")
+    return _ACTIVE[-1]
+
+
+def in_actor() -> bool:
+    return bool(_ACTIVE) and _ACTIVE[-1].runtime.current_or_none() is not None
+
+
+# -- streams and events -------------------------------------------------------------------------------------
+
+
+class Stream(StreamHandle):
+    """``torch.cuda.Stream`` on the simulated device."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
+        dev = session_device()
+        return StreamHandle.__new__(cls, dev, dev.site_named_stream())  # type: ignore[return-value]
+
+    @property
+    def cuda_stream(self) -> int:
+        return int(self.stream_id)
+
+    @property
+    def priority(self) -> int:
+        return 0
+
+    @property  # type: ignore[override]
+    def device(self) -> torch.device:
+        return session_device().shown
+
+    def __enter__(self) -> Stream:
+        self._context = session_device().stream(self)
+        self._context.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._context.__exit__(*exc)
+
+
+class Event(EventHandle):
+    """``torch.cuda.Event`` on the simulated device."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        if interprocess:
+            raise NotImplementedError("interprocess events are not simulated")
+        super().__init__(session_device(), enable_timing)
+
+    def ipc_handle(self) -> Any:
+        raise NotImplementedError("interprocess events are not simulated")
+
+
+def stream(s: contract.Stream | None) -> contextlib.AbstractContextManager[Any]:
+    return session_device().stream(s)
+
+
+def current_stream(device: Any = None) -> Stream:
+    dev = session_device()
+    return Stream.of(dev, dev.runtime.current_stream())  # type: ignore[return-value]
+
+
+def default_stream(device: Any = None) -> Stream:
+    dev = session_device()
+    return Stream.of(dev, dev.runtime.default_stream())  # type: ignore[return-value]
+
+
+def set_stream(s: contract.Stream) -> None:
+    dev = session_device()
+    dev.runtime.set_stream(dev.stream_of(s))
+
+
+def synchronize(device: Any = None) -> None:
+    session_device().synchronize()
+
+
+def empty_cache() -> None:
+    if in_actor():  # a pool's __del__ may call it from the garbage collector, outside the program
+        session_device().empty_cache()
+
+
+def _sleep(cycles: int) -> None:
+    """``torch.cuda._sleep``: the current stream idles for ``cycles`` GPU cycles (1.46 ns each, an H200's)."""
+    session_device().runtime.stream_sleep(int(cycles * 1.46))
+
+
+# -- the device, memory, randomness ------------------------------------------------------------------------
+
+
+def _properties(device: Any = None) -> Any:
+    return types.SimpleNamespace(
+        name="simdevice (simulated CUDA device)", total_memory=80 << 30, major=9, minor=0,
+        multi_processor_count=132, is_integrated=False, is_multi_gpu_board=False,
+    )
+
+
+def memory_allocated(device: Any = None) -> int:
+    return session_device().runtime.memory_stats()["allocated"]
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    return session_device().runtime.memory_stats()["peak"]
+
+
+def memory_reserved(device: Any = None) -> int:
+    return session_device().runtime.memory_stats()["reserved"]
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    total = _properties().total_memory
+    return total - memory_reserved(), total
+
+
+def manual_seed(seed: int) -> None:
+    if in_actor():
+        session_device().runtime.manual_seed(seed)
+
+
+class _DeviceContext:
+    """``torch.cuda.device(i)``: there is one simulated device."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _no_graphs(*args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError("CUDA graphs are not simulated (capture and replay run no operation here)")
+
+
+_nvtx = types.SimpleNamespace(
+    range_push=lambda msg: 0, range_pop=lambda: 0, mark=lambda msg: None,
+    range=lambda msg, *a, **k: contextlib.nullcontext(),
+)
+
+
+# -- devices in factories and copies --------------------------------------------------------------------------
+
+
+def on_device(d: Any) -> bool:
+    """Whether a ``device`` argument names the (simulated) CUDA device: ``"cuda"``, ``"cuda:0"``, an index."""
+    if isinstance(d, bool):
+        return False
+    if isinstance(d, int):
+        return True
+    if isinstance(d, str):
+        return d == "cuda" or d.startswith("cuda:")
+    return isinstance(d, torch.device) and d.type == "cuda"
+
+
+def _factory(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def make(*args: Any, **kwargs: Any) -> Any:
+        if on_device(kwargs.get("device")):
+            kwargs["device"] = META
+        return fn(*args, **kwargs)
+
+    return make
+
+
+def _from_data(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.tensor``, ``as_tensor``, ``asarray``: made on the host, then copied to the device (synchronously,
+    from pageable memory, as CUDA does)."""
+
+    @functools.wraps(fn)
+    def make(*args: Any, **kwargs: Any) -> Any:
+        if not on_device(kwargs.get("device")):
+            return fn(*args, **kwargs)
+        kwargs = {k: v for k, v in kwargs.items() if k != "device"}
+        if args and isinstance(args[0], SimTensor):
+            return fn(*args, device=META, **kwargs)
+        return fn(*args, **kwargs).to(META)
+
+    return make
+
+
+def _tensor_to(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        args = tuple(META if on_device(a) and not isinstance(a, torch.dtype) else a for a in args)
+        if on_device(kwargs.get("device")):
+            kwargs["device"] = META
+        return original(self, *args, **kwargs)
+
+    return to
+
+
+def _tensor_cuda(to: Callable[..., Any]) -> Callable[..., Any]:
+    def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        return to(self, META, non_blocking=non_blocking, **kwargs)
+
+    return cuda
+
+
+def _tensor_new(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def new(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if on_device(kwargs.get("device")):
+            kwargs["device"] = META
+        return original(self, *args, **kwargs)
+
+    return new
+
+
+_FACTORIES = (
+    "arange", "empty", "empty_like", "empty_permuted", "empty_strided", "eye", "full", "full_like", "linspace",
+    "logspace", "normal", "ones", "ones_like", "rand", "rand_like", "randint", "randint_like", "randn",
+    "randn_like", "randperm", "range", "scalar_tensor", "tril_indices", "triu_indices", "zeros", "zeros_like",
+    "bartlett_window", "blackman_window", "hamming_window", "hann_window", "kaiser_window",
+)
+_FROM_DATA = ("tensor", "as_tensor", "asarray")
+_NEW = ("new_empty", "new_empty_strided", "new_full", "new_ones", "new_tensor", "new_zeros")
+
+
+def install(p: Patches) -> None:
+    """Put the façade in place (``p.restore()`` takes it away)."""
+    cuda = torch.cuda
+    table: dict[str, Any] = {
+        "_lazy_init": lambda: None,  # torch's factories call it before dispatch; the simulated device needs none
+        "init": lambda: None,
+        "is_available": lambda: True,
+        "is_initialized": lambda: True,
+        "device_count": lambda: 1,
+        "current_device": lambda: 0,
+        "set_device": lambda d: None,
+        "get_device_name": lambda d=None: _properties().name,
+        "get_device_properties": _properties,
+        "get_device_capability": lambda d=None: (9, 0),
+        "Stream": Stream,
+        "Event": Event,
+        "stream": stream,
+        "StreamContext": stream,
+        "current_stream": current_stream,
+        "default_stream": default_stream,
+        "set_stream": set_stream,
+        "synchronize": synchronize,
+        "empty_cache": empty_cache,
+        "memory_allocated": memory_allocated,
+        "max_memory_allocated": max_memory_allocated,
+        "memory_reserved": memory_reserved,
+        "max_memory_reserved": memory_reserved,
+        "reset_peak_memory_stats": lambda d=None: None,
+        "mem_get_info": mem_get_info,
+        "manual_seed": manual_seed,
+        "manual_seed_all": manual_seed,
+        "seed": lambda: None,
+        "seed_all": lambda: None,
+        "device": _DeviceContext,
+        "is_current_stream_capturing": lambda: False,
+        "graph": _no_graphs,
+        "CUDAGraph": _no_graphs,
+        "_sleep": _sleep,
+    }
+    for name, value in table.items():
+        p.set(cuda, name, value)
+    for name in ("range_push", "range_pop", "mark", "range"):
+        p.set(cuda.nvtx, name, getattr(_nvtx, name))
+    for name in _FACTORIES:
+        if hasattr(torch, name):
+            p.set(torch, name, _wrapped(torch, name, _factory))
+    for name in _FROM_DATA:
+        if hasattr(torch, name):
+            p.set(torch, name, _wrapped(torch, name, _from_data))
+    to = _wrapped(torch.Tensor, "to", _tensor_to)
+    p.set(torch.Tensor, "to", to)
+    p.set(torch.Tensor, "cuda", _tensor_cuda(to))
+    for name in _NEW:
+        p.set(torch.Tensor, name, _wrapped(torch.Tensor, name, _tensor_new))
+
+
+#: (owner, name) -> (the original a wrapper was made for, the wrapper): made once, remade if the original changed
+_WRAPPERS: dict[tuple[int, str], tuple[Any, Any]] = {}
+
+
+def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
+    original = getattr(owner, name)
+    known = _WRAPPERS.get((id(owner), name))
+    if known is not None and known[0] is original:
+        return known[1]
+    wrapper = make(original)
+    _WRAPPERS[id(owner), name] = (original, wrapper)
+    return wrapper
+
+
+#: what a session patches, for the test that checks they come back as they were
+def patched_owners() -> list[Any]:
+    return [torch, torch.cuda, torch.cuda.nvtx, torch.Tensor]

@@ -1,0 +1,127 @@
+"""A torch.cuda session on the simulated device: ``with simdevice.cuda(...)`` or ``simdevice.cuda(...).run(fn)``.
+
+The session owns one run of a :class:`~simdevice.dropin.facade.DropInDevice` and the patches that make
+``torch.cuda`` and ``torch.distributed`` point at it. As a ``with`` block, the block is the program: it runs in
+the calling thread as host actor ``host`` (what it raises is reported, as a host error); ``run(fn)`` runs
+``fn`` the same way, on ranks ``rank0..`` with ``world_size``. One session at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from reference.contract import Run
+from reference.schedule import Delay, Schedule, ScheduleError
+from simdevice.dropin import distributed, facade
+from simdevice.dropin.facade import DropInDevice
+from simdevice.dropin.patches import Patches
+from simdevice.runtime import Options, SimConfig
+from simdevice.runtime.reports import summarize
+
+
+def as_schedule(schedule: Schedule | str | None) -> Schedule | None:
+    """A schedule from a schedule line, or from delays alone (``"side#0+3,host#2+1"``)."""
+    if schedule is None or isinstance(schedule, Schedule):
+        return schedule
+    try:
+        return Schedule.parse(schedule)
+    except ScheduleError as first:
+        try:
+            items = [x for x in schedule.split(",") if x.strip()]
+            return Schedule("session", "run", (), [Delay.parse(x) for x in items])
+        except ScheduleError:
+            raise first from None
+
+
+class DropIn:
+    """One run of plain torch.cuda code on the simulated device."""
+
+    def __init__(
+        self, schedule: Schedule | str | None = None, config: SimConfig | None = None, options: Options | None = None
+    ) -> None:
+        self.schedule = as_schedule(schedule)
+        self.device = DropInDevice(self.schedule, config, options)
+        self._patches = Patches()
+        self._here: Any = None
+        #: what the run produced, once it is over
+        self.result: Run | None = None
+
+    # -- the patches ---------------------------------------------------------------------------------
+    def _install(self) -> None:
+        facade.activate(self.device)
+        try:
+            facade.install(self._patches)
+            distributed.install(self._patches)
+        except BaseException:
+            self._uninstall()
+            raise
+
+    def _uninstall(self) -> None:
+        self._patches.restore()
+        facade.deactivate(self.device)
+
+    # -- as a with block -------------------------------------------------------------------------------
+    def __enter__(self) -> DropIn:
+        self._install()
+        try:
+            self._here = self.device.here()
+            self._here.__enter__()
+        except BaseException:
+            self._uninstall()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        try:
+            suppressed = bool(self._here.__exit__(*exc))
+        finally:
+            self._uninstall()
+        self.result = self.device.outcome(None)
+        return suppressed
+
+    # -- as a call ---------------------------------------------------------------------------------------
+    def run(self, fn: Callable[..., Any], *args: Any, world_size: int | None = None, **kwargs: Any) -> Run:
+        """Run ``fn(*args, **kwargs)`` as host actor ``host`` (or on ranks ``rank0..`` of ``world_size``)."""
+
+        def body(dev: Any) -> Any:
+            if world_size is None:
+                return fn(*args, **kwargs)
+            return dev.spawn_ranks(lambda _: fn(*args, **kwargs), world_size)
+
+        self._install()
+        try:
+            self.result = self.device.run(body)
+        finally:
+            self._uninstall()
+        return self.result
+
+    # -- what it found -------------------------------------------------------------------------------------
+    @property
+    def reports(self) -> tuple[Any, ...]:
+        return self.result.reports if self.result is not None else ()
+
+    @property
+    def clean(self) -> bool:
+        return self.result is not None and not self.result.reports
+
+    def text(self) -> str:
+        """The verdict and every report, one per line (and the notes: what the run could not show)."""
+        if self.result is None:
+            return "the session has not run yet"
+        lines = [summarize(self.result.reports)]
+        lines += [f"  {r}" for r in self.result.reports]
+        lines += [f"  note: {n}" for n in self.result.notes]
+        return "\n".join(lines)
+
+    def assert_clean(self) -> None:
+        if not self.clean:
+            raise AssertionError(self.text())
+
+
+def cuda(
+    schedule: Schedule | str | None = None, *, config: SimConfig | None = None, options: Options | None = None
+) -> DropIn:
+    """A torch.cuda session on the simulated device, under ``schedule`` (a schedule line, delays alone such as
+    ``"d2h_stream#0+3"``, or None for the default order)."""
+    return DropIn(schedule, config, options)

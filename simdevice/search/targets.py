@@ -1,0 +1,268 @@
+"""Functions of the user's as targets the tool runs under a schedule: ``path/to/file.py::fn``, ``pkg.mod::fn``.
+
+A target function is either plain torch.cuda code, ``fn(**config)``, run under the drop-in
+(:func:`simdevice.cuda`), or written against the device contract, ``fn(dev, **config)`` (its first parameter is
+named ``dev``), run on a :class:`~simdevice.SimDevice`. Its other parameters, if any, are its configuration: each
+must have a default, and a schedule's ``KEY=VALUE`` items set them (converted to the default's type). An
+``assert`` in the function is its value oracle: a failing one ends the run as a host error.
+
+What a target does is learned from a probe run (the default schedule): its actors and how many operations each
+makes, so that a search draws delays only at operations that exist.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from reference.contract import Run
+from reference.schedule import Schedule, ScheduleError, is_function_target
+from simdevice.api import SimDevice
+from simdevice.dropin import DropIn
+from simdevice.runtime.reports import error_source
+from simdevice.search.execute import Outcome
+
+#: the GPU's calibrated sleep cycles per ms, measured once per process
+_CYCLES: list[float] = []
+
+
+class TargetError(ScheduleError):
+    """A target that cannot be run: no such file or function, or parameters the tool cannot fill."""
+
+
+@attrs.frozen(eq=False)
+class FunctionTarget:
+    """A user's function, ready to run under any schedule."""
+
+    #: the schedule target: ``path.py::fn`` or ``pkg.mod::fn``
+    name: str
+    fn: Callable[..., Any]
+    #: "plain" (torch.cuda code, the drop-in) or "contract" (``fn(dev, ...)``)
+    style: str
+    #: configuration parameters and their defaults
+    params: dict[str, Any] = attrs.field(factory=dict)
+    #: ranks to run it on (None: the host actor alone)
+    world_size: int | None = None
+
+    def config(self, values: dict[str, str]) -> dict[str, Any]:
+        """Keyword arguments from a schedule's configuration (text), converted to the defaults' types."""
+        out = {}
+        for k, v in values.items():
+            if k not in self.params:
+                known = ", ".join(sorted(self.params)) or "none"
+                raise TargetError(f"{self.name} has no parameter {k!r} (parameters: {known})")
+            out[k] = _convert(k, v, self.params[k])
+        return out
+
+    def validate(self, schedule: Schedule) -> dict[str, Any]:
+        """``schedule``'s configuration as keyword arguments, after checking that every delay names an actor the
+        function has in that configuration (learned from its probe run); TargetError otherwise."""
+        kwargs = self.config(schedule.config_dict())
+        if schedule.delays:
+            actors = self.probe(kwargs)
+            for d in schedule.delays:
+                if d.actor not in actors:
+                    raise TargetError(
+                        f"delay {d} names actor {d.actor!r}, which {self.name} does not have; "
+                        f"actors: {', '.join(sorted(actors))}"
+                    )
+        return kwargs
+
+    def run(self, schedule: Schedule, backend: str = "sim") -> Outcome:
+        """Run the function under ``schedule`` (its target must be this one) and judge it."""
+        kwargs = self.config(schedule.config_dict())
+        run: Run
+        if backend == "sim":
+            if self.style == "plain":
+                run = DropIn(schedule).run(self.fn, world_size=self.world_size, **kwargs)
+            else:
+                run = SimDevice(schedule).run(self._contract_body(kwargs))
+        else:
+            return self._run_cuda(schedule, kwargs)
+        return Outcome(schedule, run, (), backend)
+
+    def _run_cuda(self, schedule: Schedule, kwargs: dict[str, Any]) -> Outcome:
+        """On the GPU: what the function raises (a failing ``assert``) is the run's problem, as a host error is
+        on the simulator; the counts made up to there are kept."""
+        import torch
+
+        from reference.cuda import CudaDevice
+
+        dev = CudaDevice(schedule, cycles_per_ms=_CYCLES[0] if _CYCLES else None)
+        _CYCLES[:] = [dev.cycles_per_ms]
+        try:
+            if self.style == "plain":
+                run = dev.run_plain(self.fn, world_size=self.world_size, **kwargs)
+            else:
+                run = dev.run(self._contract_body(kwargs))
+        except Exception as e:
+            torch.cuda.synchronize()
+            run = Run(result=None, op_counts=dict(dev.counter.counts), unfired=dev.counter.unfired())
+            return Outcome(schedule, run, (f"host raised {type(e).__name__}: {e} ({error_source(e)})",), "cuda")
+        return Outcome(schedule, run, (), "cuda")
+
+    def _contract_body(self, kwargs: dict[str, Any]) -> Callable[[Any], Any]:
+        def body(dev: Any) -> Any:
+            if self.world_size is None:
+                return self.fn(dev, **kwargs)
+            return dev.spawn_ranks(lambda d: self.fn(d, **kwargs), self.world_size)
+
+        return body
+
+    def schedule(self, config: dict[str, Any] | None = None, delays: Any = ()) -> Schedule:
+        return Schedule(self.name, "", config or {}, delays)
+
+    def canonical(self, schedule: Schedule) -> Schedule:
+        """The same schedule with configuration values equal to the defaults left out (the shortest line)."""
+        defaults = {k: Schedule(self.name, "", {k: v}).config[0][1] for k, v in self.params.items()
+                    if isinstance(v, (bool, int, float, str))}
+        return attrs.evolve(schedule, config=tuple((k, v) for k, v in schedule.config if defaults.get(k) != v))
+
+    def probe(self, config: dict[str, Any] | None = None) -> dict[str, int]:
+        """Operations per actor of the default schedule in ``config`` (cached: a run is deterministic)."""
+        key = tuple(sorted((config or {}).items()))
+        return _probe(self, key)
+
+
+@functools.lru_cache(maxsize=256)
+def _probe(target: FunctionTarget, config: tuple[tuple[str, Any], ...]) -> dict[str, int]:
+    out = target.run(target.schedule(dict(config)))
+    return dict(out.run.op_counts)
+
+
+def _convert(key: str, text: str, default: Any) -> Any:
+    try:
+        if isinstance(default, bool):
+            if text not in ("0", "1", "True", "False", "true", "false"):
+                raise ValueError(text)
+            return text in ("1", "True", "true")
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, float):
+            return float(text)
+    except ValueError:
+        kind = "true or false" if isinstance(default, bool) else "an integer" if isinstance(default, int) \
+            else "a number"
+        raise TargetError(f"configuration {key}={text!r}: expected {kind}, as the default {default!r}") from None
+    return text
+
+
+# -- finding the function -------------------------------------------------------------------------------------
+
+
+def split(text: str) -> tuple[str, str]:
+    """``(path or module, function)`` of ``x.py::fn``, ``pkg.mod::fn`` or ``pkg.mod:fn``."""
+    where, sep, name = text.rpartition("::")
+    if not sep:
+        where, sep, name = text.rpartition(":")
+    if not sep or not where or not name:
+        raise TargetError(f"bad target {text[:200]!r}: expected FILE.py::FUNCTION or MODULE::FUNCTION")
+    return where, name
+
+
+@functools.lru_cache(maxsize=64)
+def _load_file(path: str) -> Any:
+    digest = hashlib.sha1(path.encode()).hexdigest()[:12]
+    name = f"simdevice_target_{os.path.splitext(os.path.basename(path))[0]}_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise TargetError(f"cannot import {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # the file's own imports of its neighbours, as python FILE would find them
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _module_of(where: str) -> Any:
+    try:
+        if where.endswith(".py"):
+            path = os.path.abspath(where)
+            if not os.path.isfile(path):
+                raise TargetError(f"no file {where[:200]!r}")
+            return _load_file(path)
+        return importlib.import_module(where)
+    except TargetError:
+        raise
+    except ModuleNotFoundError as e:
+        if not where.endswith(".py") and e.name is not None and (where == e.name or where.startswith(e.name + ".")):
+            raise TargetError(f"no module {where[:200]!r} ({e.msg})") from None
+        raise TargetError(f"importing {where[:200]!r} failed: ModuleNotFoundError: {e.msg[:200]}") from None
+    except BaseException as e:  # its own import failed: say so in one line
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise TargetError(f"importing {where[:200]!r} failed: {type(e).__name__}: {first[:200]}") from None
+
+
+def resolve(text: str, world_size: int | None = None) -> FunctionTarget:
+    """The function a target names, checked: callable, and every parameter but ``dev`` with a default."""
+    where, name = split(text)
+    module = _module_of(where)
+    obj: Any = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise TargetError(f"{where[:200]} has no function {name!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TargetError(f"{where[:200]}::{name} is not a function (its type is {type(obj).__name__})")
+    return from_function(obj, f"{_where_text(where)}::{name}", world_size)
+
+
+def _where_text(where: str) -> str:
+    if not where.endswith(".py"):
+        return where
+    rel = os.path.relpath(os.path.abspath(where))
+    return rel if not rel.startswith("..") else os.path.abspath(where)
+
+
+def from_function(fn: Callable[..., Any], name: str | None = None, world_size: int | None = None) -> FunctionTarget:
+    """A target for a function object (``name``: how schedule lines call it; default from its module)."""
+    if name is None:
+        name = _name_of(fn)
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        raise TargetError(f"{name}: cannot read its parameters") from None
+    params = list(sig.parameters.values())
+    style = "plain"
+    if params and params[0].name == "dev":
+        style, params = "contract", params[1:]
+    defaults = {}
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.default is p.empty:
+            raise TargetError(
+                f"{name} has a parameter {p.name!r} without a default: give it one (a configuration value), "
+                "or take none but dev"
+            )
+        defaults[p.name] = p.default
+    if not is_function_target(name):
+        raise TargetError(f"cannot name {name!r} in a schedule line: expected FILE.py::FUNCTION or MODULE::FUNCTION")
+    return FunctionTarget(name, fn, style, defaults, world_size)
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    """``file.py::fn`` for a function of a file under the current directory (as a test's), else
+    ``module::fn``; a function defined inside another gets its qualified name with ``<locals>`` dropped (such a
+    line replays through the same object, not from the command line)."""
+    module = sys.modules.get(getattr(fn, "__module__", ""), None)
+    qual = getattr(fn, "__qualname__", getattr(fn, "__name__", "fn")).replace(".<locals>", "")
+    path = getattr(module, "__file__", None)
+    if path and os.path.abspath(path).startswith(os.getcwd() + os.sep):
+        return f"{os.path.relpath(path)}::{qual}"
+    return f"{getattr(fn, '__module__', 'unknown')}::{qual}"

@@ -1,0 +1,93 @@
+"""Plain torch.cuda programs, unmodified, on a real GPU under the schedule lines the simulator prints.
+
+For each drop-in example (``examples/offload_plain.py``) and Megatron's real offload module
+(``tests/upstream/megatron_offload.py``, with the extra ``upstream``): the per-actor operation counts of the GPU
+run equal the simulator's, so a line means the same operation on both; a stalled racy line corrupts; the same stall
+with the fix does not. Each case prints ``RATE <line> corrupted K/N``; record them in docs/confirmations.md. Run:
+``python -m pytest -q -s tests/gpu/test_dropin_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from reference.schedule import Schedule
+from simdevice.search.targets import resolve
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+TRIALS = int(os.environ.get("DROPIN_GPU_TRIALS", "20"))
+EXAMPLES = [f"examples/offload_plain.py::{p}_{v}" for p in ("reload", "freed", "gather") for v in ("racy", "correct")]
+HAS_MEGATRON = importlib.util.find_spec("megatron") is not None
+TRAIN = "tests/upstream/megatron_offload.py::train"
+MEGATRON = [f"{TRAIN}{c}" for c in ("", ":layers=2,mb=2,iters=2")] + [
+    f"{TRAIN}_fixed{c}" for c in ("", ":layers=2,mb=2,iters=2")
+]
+#: the stalls that make each racy example corrupt on a GPU (the simulator needs none: it reports the race itself)
+STALLED = {
+    "reload": "d2h_stream#0+20",
+    "freed": "side#0+20",
+    "gather": "nccl#0+20",
+}
+
+
+@pytest.fixture(autouse=True)
+def _at_the_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+
+
+def _counts_match(line: str) -> None:
+    s = Schedule.parse(line)
+    t = resolve(s.program)
+    sim = t.run(s)
+    gpu = t.run(s, "cuda")
+    want = {k: v for k, v in sim.run.op_counts.items() if v}
+    got = {k: v for k, v in gpu.run.op_counts.items() if v}
+    print(f"COUNTS {line} sim={sorted(want.items())} gpu={sorted(got.items())}")
+    assert got == want
+
+
+@pytest.mark.parametrize("line", EXAMPLES)
+def test_example_operation_counts_are_the_simulators(line: str) -> None:
+    _counts_match(line)
+
+
+@pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core is not installed (the extra 'upstream')")
+@pytest.mark.parametrize("line", MEGATRON)
+def test_megatron_operation_counts_are_the_simulators(line: str) -> None:
+    _counts_match(line)
+
+
+def rate(line: str) -> int:
+    s = Schedule.parse(line)
+    t = resolve(s.program)
+    bad = 0
+    first = ""
+    for _ in range(TRIALS):
+        out = t.run(s, "cuda")
+        if not out.clean:
+            bad += 1
+            first = first or out.verdict() + ": " + "; ".join(out.problems)[:200]
+    print(f"RATE {line} corrupted {bad}/{TRIALS} (torch {torch.__version__}, {torch.cuda.get_device_name()})"
+          + (f" first: {first}" if first else ""))
+    return bad
+
+
+@pytest.mark.parametrize("protocol", sorted(STALLED))
+def test_a_stalled_racy_example_corrupts_and_its_fix_does_not(protocol: str) -> None:
+    stall = STALLED[protocol]
+    assert rate(f"examples/offload_plain.py::{protocol}_racy::{stall}") >= TRIALS - 1
+    assert rate(f"examples/offload_plain.py::{protocol}_correct::{stall}") == 0
+
+
+@pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core is not installed (the extra 'upstream')")
+def test_megatrons_inline_reload_corrupts_with_a_stalled_d2h_and_the_fix_does_not() -> None:
+    assert rate(f"{TRAIN}:layers=2:d2h_stream#0+20") >= TRIALS - 1
+    assert rate(f"{TRAIN}_fixed:layers=2:d2h_stream#0+20") == 0

@@ -1,0 +1,117 @@
+"""Under a session, "cuda" in every spelling makes simulated tensors, and they show cuda:0 to Python code
+everywhere it looks: in the program, in saved-tensor hooks, in backward (where no TorchFunctionMode reaches)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import simdevice
+from simdevice.dispatch import SimTensor
+
+SPELLINGS: list[Any] = ["cuda", "cuda:0", torch.device("cuda"), torch.device("cuda", 0), 0]
+
+
+@pytest.mark.parametrize("d", SPELLINGS, ids=str)
+def test_every_spelling_of_the_device_makes_a_simulated_tensor(d: Any) -> None:
+    made: list[torch.Tensor] = []
+    with simdevice.cuda() as sim:
+        made.append(torch.ones(3, device=d))
+        made.append(torch.zeros(3).to(d))
+        made.append(torch.zeros(3).to(d, torch.float64))
+        made.append(torch.tensor([1.0, 2.0], device=d))
+        made.append(torch.as_tensor([1.0], device=d))
+        made.append(torch.zeros(2).new_ones(3, device=d))
+        made.append(torch.empty(2, 2, device=d))
+        made.append(torch.ones(2).cuda())
+        made.append(torch.ones(2).cuda(0, non_blocking=True))
+    sim.assert_clean()
+    assert all(isinstance(t, SimTensor) for t in made)
+    assert {str(t.device) for t in made} == {"cuda:0"}
+    assert all(t.is_cuda and t.get_device() == 0 and not t.is_meta for t in made)
+
+
+def test_current_device_is_an_index_factories_accept() -> None:
+    with simdevice.cuda() as sim:
+        i = torch.cuda.current_device()
+        t = torch.full((2,), 5.0, device=i)
+        assert isinstance(i, int)
+        assert t.device.type == "cuda"
+        assert t.cpu().tolist() == [5.0, 5.0]
+    sim.assert_clean()
+
+
+def test_host_tensors_stay_host_tensors() -> None:
+    with simdevice.cuda() as sim:
+        h = torch.ones(2)
+        back = torch.ones(2, device="cuda").cpu()
+        assert (h.device.type, back.device.type) == ("cpu", "cpu")
+        assert not isinstance(h, SimTensor)
+        assert not isinstance(back, SimTensor)
+    sim.assert_clean()
+
+
+def test_the_device_shows_cuda_inside_autograd_hooks_and_backward() -> None:
+    seen: list[str] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen.append(f"pack {t.device} {t.is_cuda} {t.device.type == 'cuda'}")
+        return t
+
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        seen.append(f"unpack {t.device}")
+        return t
+
+    with simdevice.cuda() as sim:
+        x = torch.ones(8, device="cuda").requires_grad_(True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            y = (x * x).sum()
+        x.register_hook(lambda g: seen.append(f"grad {g.device}"))
+        y.backward()
+        assert x.grad is not None
+        seen.append(f"x.grad {x.grad.device}")
+        assert x.grad.cpu().tolist() == [2.0] * 8
+    sim.assert_clean()
+    assert seen == ["pack cuda:0 True True"] * 2 + ["unpack cuda:0"] * 2 + ["grad cuda:0", "x.grad cuda:0"]
+
+
+def test_the_torch_cuda_namespace_is_the_simulated_device() -> None:
+    with simdevice.cuda() as sim:
+        assert torch.cuda.is_available()
+        assert torch.cuda.is_initialized()
+        assert torch.cuda.device_count() == 1
+        torch.cuda.set_device(0)
+        with torch.cuda.device(0):
+            props = torch.cuda.get_device_properties(0)
+        assert props.total_memory > 0
+        torch.cuda.nvtx.range_push("x")
+        torch.cuda.nvtx.range_pop()
+        with torch.cuda.nvtx.range("y"):
+            a = torch.ones(1 << 16, device="cuda")
+        assert torch.cuda.memory_allocated() >= a.numel() * 4
+        assert torch.cuda.memory_reserved() >= torch.cuda.memory_allocated()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        with pytest.raises(NotImplementedError, match="CUDA graphs"):
+            torch.cuda.CUDAGraph()
+    sim.assert_clean()
+
+
+def test_data_pointers_are_distinct_and_nonzero_and_views_share_their_storage() -> None:
+    with simdevice.cuda() as sim:
+        a = torch.ones(64, device="cuda")
+        b = torch.ones(64, device="cuda")
+        v = a[8:]
+        ptrs = (a.data_ptr(), b.data_ptr(), v.data_ptr())
+        same = v.untyped_storage() == a.untyped_storage()
+        other = b.untyped_storage() == a.untyped_storage()
+        base = (a.untyped_storage().data_ptr(), a.untyped_storage().nbytes())
+    sim.assert_clean()
+    assert 0 not in ptrs
+    assert len(set(ptrs)) == 3
+    assert ptrs[2] == ptrs[0] + 8 * 4
+    assert same
+    assert not other
+    assert base == (ptrs[0], 64 * 4)

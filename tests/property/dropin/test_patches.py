@@ -1,0 +1,114 @@
+"""A session patches torch while it is open, and only then: what it sets comes back exactly as it was."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import simdevice
+from simdevice.dropin import distributed, facade
+from simdevice.dropin.patches import Patches, namespaces
+
+
+def _owners() -> list[Any]:
+    return facade.patched_owners() + distributed.patched_owners()
+
+
+def _same(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> None:
+    for b, a in zip(before, after, strict=True):
+        assert b.keys() == a.keys()
+        changed = [k for k in b if b[k] is not a[k]]
+        assert changed == []
+
+
+def test_a_session_changes_torch_while_open_and_restores_it_exactly() -> None:
+    before = namespaces(_owners())
+    with simdevice.cuda() as sim:
+        inside = namespaces(_owners())
+        assert torch.cuda.is_available()
+        torch.ones(4, device="cuda").add_(1)
+    sim.assert_clean()
+    assert any(b[k] is not i.get(k) for b, i in zip(before, inside, strict=True) for k in b)  # it did patch
+    _same(before, namespaces(_owners()))
+    assert torch.cuda.Stream.__module__ == "torch.cuda.streams"
+
+
+def test_an_exception_inside_the_block_is_reported_and_torch_still_restored() -> None:
+    before = namespaces(_owners())
+    with simdevice.cuda() as sim:
+        torch.ones(2, device="cuda")
+        raise ValueError("the program's own error")
+    assert [r.kind for r in sim.reports] == ["host-error"]
+    assert "ValueError: the program's own error" in sim.text()
+    _same(before, namespaces(_owners()))
+
+
+def test_run_restores_torch_after_the_function_raised() -> None:
+    before = namespaces(_owners())
+
+    def broken() -> None:
+        torch.ones(2, device="cuda")
+        raise KeyError("k")
+
+    s = simdevice.cuda()
+    s.run(broken)
+    assert "KeyError" in s.text()
+    _same(before, namespaces(_owners()))
+
+
+def test_one_session_at_a_time_and_the_refusal_restores_nothing_wrongly() -> None:
+    before = namespaces(_owners())
+    with simdevice.cuda():
+        inner = simdevice.cuda()
+        with pytest.raises(RuntimeError, match="already open"), inner:
+            pass
+        assert torch.cuda.Stream is facade.Stream  # the outer session is intact
+    _same(before, namespaces(_owners()))
+
+
+def test_outside_a_session_simulated_names_refuse_plainly() -> None:
+    with pytest.raises(RuntimeError, match=r"only inside a simdevice.cuda\(\) session"):
+        facade.Stream()
+
+
+def test_patches_delete_what_was_absent_and_put_back_what_was_there() -> None:
+    class Owner:
+        present = 1
+
+    p = Patches()
+    p.set(Owner, "present", 2)
+    p.set(Owner, "absent", 3)
+    p.set(Owner, "present", 4)
+    assert (Owner.present, Owner.absent) == (4, 3)  # type: ignore[attr-defined]
+    p.restore()
+    assert Owner.present == 1
+    assert "absent" not in vars(Owner)
+    assert len(p) == 0
+
+
+def test_nothing_is_patched_at_import() -> None:
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "from simdevice.dropin.patches import namespaces\n"
+        "owners = [torch, torch.cuda, torch.cuda.nvtx, torch.Tensor, dist]\n"
+        "before = namespaces(owners)\n"
+        "import simdevice, simdevice.dropin, simdevice.cli\n"
+        "after = namespaces(owners)\n"
+        "assert all(b.keys() == a.keys() and all(b[k] is a[k] for k in b) for b, a in zip(before, after))\n"
+        "assert not torch.cuda.is_available() and not dist.is_initialized()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_distributed_names_are_the_simulated_group_only_inside() -> None:
+    assert dist.is_initialized() is False
+    with simdevice.cuda() as sim:
+        assert dist.is_initialized()
+        assert (dist.get_rank(), dist.get_world_size()) == (0, 1)
+    sim.assert_clean()
+    assert dist.is_initialized() is False

@@ -1,0 +1,101 @@
+"""Storage-level operations upstream offload code uses, and errors that must surface as the run's own."""
+
+from __future__ import annotations
+
+import torch
+
+import simdevice
+from simdevice import IllegalAccess, Race
+
+
+def test_resize_to_zero_frees_the_storage_and_a_later_read_is_reported() -> None:
+    with simdevice.cuda() as sim:
+        act = torch.ones(4096, device="cuda")
+        view = act[:16]
+        act.untyped_storage().resize_(0)  # a forced release, as offload code does once the D2H is queued
+        assert act.untyped_storage().nbytes() == 0
+        view.sum()  # reads freed memory
+    assert any(isinstance(r, IllegalAccess) for r in sim.reports), sim.text()
+    assert "resize_(0)" in sim.text()
+
+
+def test_resize_to_zero_after_record_stream_and_no_later_read_is_clean() -> None:
+    with simdevice.cuda() as sim:
+        d2h = torch.cuda.Stream()
+        act = torch.ones(4096, device="cuda")
+        pinned = torch.empty(4096, pin_memory=True)
+        d2h.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(d2h):
+            pinned.copy_(act, non_blocking=True)
+        act.record_stream(d2h)
+        act.untyped_storage().resize_(0)
+        torch.cuda.synchronize()
+        assert pinned[:4].tolist() == [1.0] * 4
+    sim.assert_clean()
+
+
+def test_resize_to_zero_while_a_side_stream_reads_is_a_race() -> None:
+    with simdevice.cuda() as sim:
+        d2h = torch.cuda.Stream()
+        act = torch.ones(4096, device="cuda")
+        pinned = torch.empty(4096, pin_memory=True)
+        d2h.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(d2h):
+            pinned.copy_(act, non_blocking=True)
+        act.untyped_storage().resize_(0)  # no record_stream: freed on the compute stream while d2h may read
+        torch.full((4096,), 2.0, device="cuda")
+        torch.cuda.synchronize()
+    assert any(isinstance(r, Race) for r in sim.reports), sim.text()
+
+
+def test_set_points_a_tensor_at_another_storage() -> None:
+    with simdevice.cuda() as sim:
+        a = torch.zeros(8, device="cuda")
+        b = torch.empty(0, device="cuda")
+        b.set_(a.untyped_storage(), 0, (4,), (2,))
+        b.add_(1)
+        c = torch.empty(0, device="cuda")
+        c.set_(a)
+        assert (b.shape, b.stride(), b.device.type) == (torch.Size([4]), (2,), "cuda")
+        assert c.data_ptr() == a.data_ptr()
+        assert c.untyped_storage() == a.untyped_storage()
+        assert a.cpu().tolist() == [1.0, 0.0] * 4
+    sim.assert_clean()
+
+
+def test_a_set_alias_is_checked_like_the_tensor_it_aliases() -> None:
+    with simdevice.cuda() as sim:
+        side = torch.cuda.Stream()
+        a = torch.zeros(4096, device="cuda")
+        alias = torch.empty(0, device="cuda").set_(a.untyped_storage())
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            alias.add_(1)
+        a.add_(1)  # no wait for the side stream's write through the alias
+    assert any(isinstance(r, Race) for r in sim.reports), sim.text()
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.block = torch.ones(4, device="cuda")
+
+    def __del__(self) -> None:
+        self.block.add_(torch.ones(4))  # a host tensor in a device op: an error Python would swallow here
+
+
+def test_an_error_inside_del_is_a_host_error_of_the_run_not_swallowed() -> None:
+    with simdevice.cuda() as sim:
+        pool = _Pool()
+        del pool
+        torch.ones(4, device="cuda")
+    assert [r.kind for r in sim.reports] == ["host-error"]
+    assert "_Pool.__del__, where Python ignores it" in sim.text()
+    assert "test_storage.py:" in sim.text()
+
+
+def test_an_error_inside_a_stream_op_ends_the_run_as_a_host_error() -> None:
+    with simdevice.cuda() as sim:
+        a = torch.ones(4, device="cuda")
+        b = torch.ones(5, device="cuda")
+        a.add_(b)  # the shape check fails on the device side of the simulator too: reported, never a hang
+    assert [r.kind for r in sim.reports] == ["host-error"]

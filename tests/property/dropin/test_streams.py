@@ -1,0 +1,148 @@
+"""torch.cuda streams and events on the simulated device: named by where the program made them, accepted by
+torch's own record_stream, and ordered only by the synchronization the program wrote."""
+
+from __future__ import annotations
+
+import torch
+
+import simdevice
+from simdevice import Race, StaleRead
+
+
+class Offloader:
+    def __init__(self) -> None:
+        self._d2h_stream = torch.cuda.Stream()
+        self.h2d = torch.cuda.Stream(priority=-1)
+
+
+def test_streams_are_named_after_what_the_line_assigns_and_where_it_is() -> None:
+    names: list[str] = []
+    with simdevice.cuda() as sim:
+        o = Offloader()
+        side = torch.cuda.Stream()
+        pool = [torch.cuda.Stream() for _ in range(2)]  # the list's name, then a suffix
+        more: list[torch.cuda.Stream] = []
+        more.append(torch.cuda.Stream())  # no assignment on the line: s1
+        side_2 = torch.cuda.Stream()
+        names = [s.name for s in (o._d2h_stream, o.h2d, side, *pool, *more, side_2)]
+        sites = sim.device.runtime.site_of(names[0])
+    sim.assert_clean()
+    assert names == ["d2h_stream", "h2d", "side", "pool", "pool-2", "s1", "side_2"]
+    assert sites is not None
+    assert sites.startswith("dropin/test_streams.py:")
+
+
+def test_a_name_taken_twice_gets_a_suffix() -> None:
+    with simdevice.cuda() as sim:
+        made = []
+        for _ in range(3):
+            side = torch.cuda.Stream()
+            made.append(side.name)
+    sim.assert_clean()
+    assert made == ["side", "side-2", "side-3"]
+
+
+def test_reports_name_the_streams_by_their_names() -> None:
+    with simdevice.cuda() as sim:
+        d2h_stream = torch.cuda.Stream()
+        act = torch.ones(1024, device="cuda")
+        pinned = torch.empty(1024, pin_memory=True)
+        d2h_stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(d2h_stream):
+            pinned.copy_(act, non_blocking=True)
+        back = torch.empty_like(act)
+        back.copy_(pinned, non_blocking=True)  # no wait on the D2H
+    assert any(isinstance(r, Race) for r in sim.reports)
+    assert "d2h_stream" in sim.text()
+    assert "default" in sim.text()
+
+
+def test_events_order_streams_and_query_and_time() -> None:
+    with simdevice.cuda() as sim:
+        side = torch.cuda.Stream()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        x = torch.zeros(4096, device="cuda")
+        start.record()
+        x.add_(1)
+        end.record()
+        side.wait_event(end)
+        with torch.cuda.stream(side):
+            y = x * 2
+        torch.cuda.current_stream().wait_stream(side)
+        end.synchronize()
+        assert end.query()
+        assert start.elapsed_time(end) > 0
+        assert y.cpu().tolist() == [2.0] * 4096
+        assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    sim.assert_clean()
+
+
+def test_set_stream_changes_the_current_stream() -> None:
+    with simdevice.cuda() as sim:
+        side = torch.cuda.Stream()
+        torch.cuda.set_stream(side)
+        assert torch.cuda.current_stream() == side
+        torch.cuda.set_stream(torch.cuda.default_stream())
+        assert torch.cuda.current_stream() != side
+    sim.assert_clean()
+
+
+def _side_reads_then_dropped(record: bool) -> None:
+    side = torch.cuda.Stream()
+    out = torch.empty(4096, device="cuda")
+    a = torch.ones(4096, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out.copy_(a)
+    if record:
+        a.record_stream(side)  # torch's own Tensor.record_stream, given a simulated stream
+    del a
+    torch.full((4096,), 2.0, device="cuda")  # the compute stream's next allocation of that size
+    torch.cuda.synchronize()
+
+
+def test_torch_record_stream_takes_a_simulated_stream_and_defers_reuse() -> None:
+    recorded, dropped = simdevice.cuda(), simdevice.cuda()
+    recorded.run(_side_reads_then_dropped, True)
+    dropped.run(_side_reads_then_dropped, False)
+    recorded.assert_clean()
+    assert any(isinstance(r, (Race, StaleRead)) for r in dropped.reports)
+
+
+def test_an_idle_stream_and_a_stream_that_shares_nothing_are_noted() -> None:
+    def program() -> None:
+        side = torch.cuda.Stream()
+        idle = torch.cuda.Stream()
+        torch.ones(4, device="cuda")
+        with torch.cuda.stream(side):
+            torch.ones(4, device="cuda").mul_(2)
+        torch.cuda.synchronize()
+        del idle
+
+    s = simdevice.cuda()
+    s.run(program)
+    notes = s.result.notes if s.result is not None else ()
+    assert s.clean
+    assert len(notes) == 2
+    assert notes[0].startswith("stream side (made at dropin/test_streams.py:")
+    assert "touched no memory that another stream or the host touched" in notes[0]
+    assert notes[1].startswith("stream idle ")
+    assert "got no operation" in notes[1]
+    assert "note: stream idle" in s.text()
+
+
+def test_no_note_when_every_stream_shares_memory_with_another() -> None:
+    def program() -> None:
+        side = torch.cuda.Stream()
+        x = torch.ones(4, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            x.mul_(2)
+        torch.cuda.current_stream().wait_stream(side)
+        assert x.cpu().tolist() == [2.0] * 4
+
+    s = simdevice.cuda()
+    s.run(program)
+    s.assert_clean()
+    assert s.result is not None
+    assert s.result.notes == ()

@@ -1,0 +1,104 @@
+"""``simdevice check FILE.py::FUNCTION`` and ``replay`` on functions of the user's: plain torch.cuda code and
+its contract version give the same verdicts; bad targets are one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from reference.schedule import Schedule
+from simdevice.cli import main
+from simdevice.search.targets import resolve
+
+ROOT = Path(__file__).resolve().parents[3]
+PROTOCOLS = ("reload", "freed", "gather")
+
+
+@pytest.fixture(autouse=True)
+def _at_the_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+
+
+def _check(target: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, object]]:
+    code = main(["check", target, "--json", "--examples", "40"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_plain_and_contract_versions_get_the_same_verdicts(protocol: str, capsys: pytest.CaptureFixture[str]) -> None:
+    verdicts = {}
+    for style in ("plain", "contract"):
+        for variant, expect in (("racy", 1), ("correct", 0)):
+            code, doc = _check(f"examples/offload_{style}.py::{protocol}_{variant}", capsys)
+            assert code == expect, doc
+            verdicts[style, variant] = (doc["found"], doc["summary"], str(doc["schedule"]).split("::")[-1])
+    assert verdicts["plain", "racy"] == verdicts["contract", "racy"]
+    assert verdicts["plain", "correct"] == verdicts["contract", "correct"] == (False, "clean", "None")
+
+
+def test_the_printed_line_replays_to_the_same_reports(capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = _check("examples/offload_plain.py::reload_racy", capsys)
+    assert code == 1
+    assert main(["replay", str(doc["schedule"]), "--json"]) == 1
+    again = json.loads(capsys.readouterr().out)
+    assert again["reports"] == doc["reports"]
+
+
+def test_a_configuration_in_the_target_is_held_fixed(capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = _check("examples/offload_plain.py::reload_racy:n=512", capsys)
+    assert code == 1
+    assert str(doc["schedule"]).startswith("examples/offload_plain.py::reload_racy:n=512")
+    assert "[0:2048]" in " ".join(doc["reports"])  # type: ignore[arg-type]
+
+
+def test_delays_name_streams_by_their_creation_site_and_replay() -> None:
+    t = resolve("examples/offload_plain.py::reload_racy")
+    assert set(t.probe()) == {"host", "default", "d2h_stream"}
+    out = t.run(Schedule.parse("examples/offload_plain.py::reload_racy::d2h_stream#0+5"))
+    assert out.corrupted
+    assert out.run.unfired == ()
+
+
+BAD = {
+    "missing.py::f": "no file 'missing.py'",
+    "examples/offload_plain.py::nope": "examples/offload_plain.py has no function 'nope'",
+    "no_such_module_here::f": "no module 'no_such_module_here'",
+    "examples/offload_plain.py::reload_racy:m=3": "examples/offload_plain.py::reload_racy has no parameter 'm'",
+    "examples/offload_plain.py::reload_racy:n=abc": "configuration n='abc': expected an integer",
+    "examples/offload_plain.py::reload_racy::d2h_stream#0+1": "check draws the delays itself",
+}
+
+
+@pytest.mark.parametrize("target", sorted(BAD))
+def test_bad_check_targets_are_one_line_and_exit_2(target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", target]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"simdevice: error: {BAD[target]}")
+    assert err.count("\n") == 1
+
+
+def test_functions_the_tool_cannot_call_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "user.py"
+    f.write_text(textwrap.dedent("""
+        VALUE = 3
+        def needs(n): pass
+        import nonexistent_dependency_of_the_user
+    """))
+    assert main(["check", f"{f}::needs"]) == 2
+    assert "importing" in capsys.readouterr().err
+    g = tmp_path / "user2.py"
+    g.write_text("VALUE = 3\ndef needs(n): pass\n")
+    cases = (("VALUE", "is not a function (its type is int)"), ("needs", "parameter 'n' without a default"))
+    for name, message in cases:
+        assert main(["check", f"{g}::{name}"]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_replay_refuses_a_delay_on_an_actor_the_function_lacks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "examples/offload_plain.py::reload_racy::gpu#0+1"]) == 2
+    err = capsys.readouterr().err
+    assert "delay gpu#0+1 names actor 'gpu', which examples/offload_plain.py::reload_racy does not have" in err
+    assert "actors: d2h_stream, default, host" in err
