@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, Literal, Protocol, TypeAlias, overload
 
@@ -87,6 +88,19 @@ _META_OPS = frozenset(
         aten.set_.source_Tensor_storage_offset,
     }
 )
+
+
+def poison(t: torch.Tensor) -> None:
+    """Fill memory nobody wrote with values a reader cannot mistake for data (NaN, or the integer maximum): the
+    simulator does so for fresh memory, ``CudaDevice`` for every uninitialized allocation of plain code."""
+    if t.numel() == 0:
+        return
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        t.fill_(math.nan)
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(torch.iinfo(t.dtype).max)
 
 
 @functools.cache

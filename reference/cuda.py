@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from reference import contract
-from reference.contract import MemorySaver, Run, op_kind
+from reference.contract import MemorySaver, Run, op_kind, poison
 from reference.schedule import Schedule
 
 
@@ -244,13 +244,15 @@ def _current_cuda_device() -> CudaDevice:
 class _CountingMode(TorchDispatchMode):
     """Counts stream operations and host steps as the simulator does, and injects the delays."""
 
-    def __init__(self, dev: CudaDevice) -> None:
+    def __init__(self, dev: CudaDevice, poisons: bool = False) -> None:
         super().__init__()
         self.dev = dev
+        self.poisons = poisons
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if op_kind(func) == "op":
+        kind = op_kind(func)
+        if kind == "op":
             where = _touches(args, kwargs)
             if where:
                 # a host step for every op on device or pinned memory; a stream operation only for device ones
@@ -258,7 +260,12 @@ class _CountingMode(TorchDispatchMode):
                 self.dev._host_step()
                 if where == "device":
                     self.dev._stream_step()
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if kind == "alloc" and self.poisons and isinstance(out, torch.Tensor) and (out.is_cuda or out.is_pinned()):
+            # uninitialized memory that cannot pass for data: the caching allocators hand back blocks that may
+            # still hold a previous run's right answer (the tool's own fill: no operation of the program)
+            poison(out)
+        return out
 
 
 def _touches(args: Any, kwargs: Any) -> str:
@@ -287,6 +294,10 @@ def _world_of_one() -> Iterator[None]:
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("nccl", init_method=f"file://{tmp}/store", rank=0, world_size=1)
         try:
+            # make the communicator now: its set-up synchronizes the device, which inside the program would wait
+            # out a stall the schedule put before the program's first collective
+            dist.all_reduce(torch.zeros(1, device="cuda"))
+            torch.cuda.synchronize()
             yield
         finally:
             dist.destroy_process_group()
@@ -369,7 +380,7 @@ class CudaDevice:
             raise NotImplementedError("plain torch.cuda code on several GPUs: launch it with torchrun")
         _CURRENT.append(self)
         try:
-            with _world_of_one(), counting_torch_cuda(self), _CountingMode(self):
+            with _world_of_one(), counting_torch_cuda(self), _CountingMode(self, poisons=True):
                 result = fn(*args, **kwargs)
             torch.cuda.synchronize()
         finally:

@@ -65,13 +65,17 @@ class CountingStream(torch.cuda.Stream):
     def view(cls, raw: torch.cuda.Stream) -> CountingStream:
         return cls(stream_id=raw.stream_id, device_index=raw.device_index, device_type=raw.device_type)
 
+    # torch's own wait_stream / wait_event / record_event call each other and the event's methods: each call of
+    # the program's is one host step, so these go to the raw classes' methods directly.
     def wait_event(self, event: Any) -> None:
         _dev().host_step()
-        super().wait_event(event)
+        _RawEvent.wait(event, self)
 
     def wait_stream(self, stream: Any) -> None:
         _dev().host_step()
-        super().wait_stream(stream)
+        e = _RawEvent()
+        _RawEvent.record(e, stream)
+        _RawEvent.wait(e, self)
 
     def synchronize(self) -> None:
         _dev().host_step()
@@ -82,8 +86,9 @@ class CountingStream(torch.cuda.Stream):
         return bool(super().query())
 
     def record_event(self, event: Any = None) -> Any:
-        event = event or CountingEvent()
-        event.record(self)
+        _dev().host_step()
+        event = event if event is not None else CountingEvent()
+        _RawEvent.record(event, self)
         return event
 
 
@@ -102,10 +107,11 @@ class CountingEvent(torch.cuda.Event):
 
     def record(self, stream: Any = None) -> None:
         _dev().host_step()
-        super().record(stream)
+        _RawEvent.record(self, stream)
 
     def wait(self, stream: Any = None) -> None:
-        (stream if stream is not None else current_stream()).wait_event(self)
+        _dev().host_step()
+        _RawEvent.wait(self, stream)
 
     def query(self) -> bool:
         _dev().host_step()
@@ -118,6 +124,29 @@ class CountingEvent(torch.cuda.Event):
     def elapsed_time(self, end_event: Any) -> float:
         _dev().host_step()
         return float(super().elapsed_time(end_event))
+
+
+#: torch's own classes, as they were when this module was imported (the patches replace the names)
+_RawEvent = torch.cuda.Event
+_RawStream = torch.cuda.Stream
+
+
+class CountingWork:
+    """An async collective's handle: ``wait()`` and ``is_completed()`` are host steps, as on the simulator."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    def wait(self, timeout: Any = None) -> bool:
+        _dev().host_step()
+        return bool(self.raw.wait() if timeout is None else self.raw.wait(timeout))
+
+    def is_completed(self) -> bool:
+        _dev().host_step()
+        return bool(self.raw.is_completed())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
 
 
 def current_stream(device: Any = None) -> CountingStream:
@@ -156,15 +185,18 @@ def _collective(original: Callable[..., Any]) -> Callable[..., Any]:
         launch = torch.cuda.current_stream()
         if units:
             # stall NCCL alone: it waits for the stream it is launched from, which sleeps after the caller's work
-            launch = torch.cuda.Stream()
-            launch.wait_stream(torch.cuda.current_stream())
+            # (raw stream and event: the tool's own calls are no host steps of the program, and name no stream)
+            launch = _RawStream()
+            after = _RawEvent()
+            _RawEvent.record(after, _ORIGINAL["current_stream"]())
+            _RawEvent.wait(after, launch)
             with torch.cuda.stream(launch):
                 torch.cuda._sleep(int(units * dev.cycles_per_ms))
         with torch.cuda.stream(launch), _disable_current_modes():
             kwargs["async_op"] = True
             work = original(*args, **kwargs)
         if async_op:
-            return work
+            return CountingWork(work) if work is not None else None
         dev.host_step()
         if work is not None:
             work.wait()

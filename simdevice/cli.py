@@ -47,10 +47,12 @@ def _parser() -> argparse.ArgumentParser:
         help="fuzz a function of yours (FILE.py::FN, MODULE::FN), or every known program",
         description="With a TARGET (FILE.py::FUNCTION or MODULE::FUNCTION: plain torch.cuda code taking no "
         "argument without a default, or contract code FUNCTION(dev)), search its schedules for a failure, "
-        "shrink it and print the line that replays it: exit 0 clean, 1 found. Without one, fuzz every known "
-        "program variant: exit 0 when every clean variant is clean and every known bug is found.",
+        "shrink it and print the line that replays it: exit 0 clean, 1 found; ':KEY=VALUE,...' after it holds "
+        "its parameters fixed. Without one, fuzz every known program variant: exit 0 when every clean variant "
+        "is clean and every known bug is found. Bad input: exit 2.",
     )
-    c.add_argument("target", nargs="?", help="FILE.py::FUNCTION or MODULE::FUNCTION (default: the known programs)")
+    c.add_argument("target", nargs="?", metavar="TARGET",
+                   help="FILE.py::FUNCTION[:KEY=VALUE,...] or MODULE::FUNCTION[:...] (default: the known programs)")
     c.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     c.add_argument("--examples", type=int, default=150, metavar="N", help="schedules per variant (default 150)")
     c.add_argument(
@@ -67,7 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("schedule", help="a schedule line as printed by check or a failing test "
                    "(PROGRAM/VARIANT:CONFIG:DELAYS or FILE.py::FUNCTION:CONFIG:DELAYS)")
-    r.add_argument("--gpu", action="store_true", help="run it on the CUDA GPU instead of the simulator")
+    r.add_argument("--gpu", action="store_true",
+                   help="run it on the CUDA GPU instead of the simulator (after one warm-up run, not counted: a "
+                        "cold caching allocator's cudaMalloc synchronizes the device and can hide a race)")
     r.add_argument("--trials", type=int, default=1, metavar="N", help="repeat N times and report the rate")
     r.add_argument("--json", action="store_true", help="print the outcome as JSON")
     r.add_argument("--trace", action="store_true", help="print every host step and stream operation (simulator)")
@@ -220,10 +224,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             return _fail("--gpu needs a CUDA GPU, and torch sees none on this machine")
         backend = "cuda"
-    if function is not None:
-        outcomes = [function.run(schedule, backend) for _ in range(args.trials)]
-    else:
-        outcomes = [execute(schedule, backend) for _ in range(args.trials)]
+    def once() -> Any:
+        return function.run(schedule, backend) if function is not None else execute(schedule, backend)
+
+    if backend == "cuda":
+        once()  # warm-up: the trials meet warm caching allocators, as a program in its steady state does
+    outcomes = [once() for _ in range(args.trials)]
     bad = sum(not o.clean for o in outcomes)
     if args.json:
         print(json.dumps({

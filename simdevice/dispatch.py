@@ -35,7 +35,6 @@ seed alone, never on the global random state or on timing.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +44,7 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from reference.contract import OpKind, op_kind
+from reference.contract import OpKind, op_kind, poison
 from simdevice.runtime import Runtime
 from simdevice.runtime.execution import HostActor
 from simdevice.runtime.memory import Ref, Storage
@@ -281,16 +280,6 @@ def _non_blocking(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> b
     if func is aten.copy_.default and len(args) > 2:
         return bool(args[2])
     return bool(kwargs.get("non_blocking", False))
-
-
-def poison(t: torch.Tensor) -> None:
-    """Fill memory nobody wrote with values a reader cannot mistake for data (NaN, or the integer maximum)."""
-    if t.dtype.is_floating_point or t.dtype.is_complex:
-        t.fill_(math.nan)
-    elif t.dtype == torch.bool:
-        t.fill_(True)
-    else:
-        t.fill_(torch.iinfo(t.dtype).max)
 
 
 def _meta_of(x: Any) -> Any:

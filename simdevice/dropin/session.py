@@ -8,7 +8,8 @@ the calling thread as host actor ``host`` (what it raises is reported, as a host
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from reference.contract import Run
@@ -50,6 +51,8 @@ class DropIn:
     # -- the patches ---------------------------------------------------------------------------------
     def _install(self) -> None:
         facade.activate(self.device)
+        if _HELD:
+            return  # a search holds them in place across its runs: only the device changes
         try:
             facade.install(self._patches)
             distributed.install(self._patches)
@@ -117,6 +120,28 @@ class DropIn:
     def assert_clean(self) -> None:
         if not self.clean:
             raise AssertionError(self.text())
+
+
+#: the patches a ``held()`` block keeps in place (at most one)
+_HELD: list[Patches] = []
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Keep torch patched for the whole block, so that the sessions run inside it (a search's many runs) only swap
+    the device; outside a session torch.cuda still refuses, and the block's end restores torch exactly."""
+    if _HELD:
+        yield
+        return
+    p = Patches()
+    try:
+        facade.install(p)
+        distributed.install(p)
+        _HELD.append(p)
+        yield
+    finally:
+        _HELD.clear()
+        p.restore()
 
 
 def cuda(

@@ -303,6 +303,8 @@ class Execution:
 
         def hook(u: Any) -> None:
             a = self.current_or_none()
+            if isinstance(u.exc_value, SimAbort):
+                return  # the run is ending: what a finalizer was doing then stops there, as the actors do
             if a is None or u.exc_value is None:
                 previous(u)
                 return

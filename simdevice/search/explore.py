@@ -10,6 +10,7 @@ simplest configuration; the result's line replays with ``simdevice replay``.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from reference.schedule import Delay, Schedule
+from simdevice.dropin.session import held
 from simdevice.search.execute import Outcome
 from simdevice.search.find import search_settings
 from simdevice.search.targets import FunctionTarget, from_function, resolve
@@ -116,17 +118,19 @@ def explore(
         return False
 
     found: Outcome | None = None
-    try:
-        s = find(schedules_of(target, config, max_delays), fails,
-                 settings=search_settings(max_examples, derandomize=seed is None),
-                 random=random.Random(seed) if seed is not None else None)
-        found = last.get(str(s)) or target.run(s)
-        short = target.canonical(found.schedule)
-        if short != found.schedule:
-            found = attrs.evolve(found, schedule=short)
-    except NoSuchExample:
-        default = target.run(target.schedule())
-        count[0] += 1
-        if default.races or default.corrupted:
-            found = default  # a race is there whatever the timing
+    # plain code: torch stays patched across the search's runs, each run only swaps the device
+    with held() if target.style == "plain" else contextlib.nullcontext():
+        try:
+            s = find(schedules_of(target, config, max_delays), fails,
+                     settings=search_settings(max_examples, derandomize=seed is None),
+                     random=random.Random(seed) if seed is not None else None)
+            found = last.get(str(s)) or target.run(s)
+            short = target.canonical(found.schedule)
+            if short != found.schedule:
+                found = attrs.evolve(found, schedule=short)
+        except NoSuchExample:
+            default = target.run(target.schedule())
+            count[0] += 1
+            if default.races or default.corrupted:
+                found = default  # a race is there whatever the timing
     return Exploration(target.name, found, count[0], round(time.monotonic() - start, 2))

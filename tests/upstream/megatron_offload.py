@@ -64,31 +64,39 @@ def reference(layers: int, mb: int, iters: int, n: int) -> list[torch.Tensor]:
     return [w.detach() for w in ws]
 
 
+def _trained(layers: int, mb: int, iters: int, n: int) -> list[torch.Tensor]:
+    """The weights after training through megatron's offload manager (its graphs die with this frame)."""
+    fgo.PipelineOffloadManager.reset_instance()
+    ws = [(1.0 + 0.25 * _values(n, 100.0 + k)).cuda().requires_grad_(True) for k in range(layers)]
+    for w in ws:
+        off.mark_not_offloadable(w)  # parameters stay resident, as gpt_model marks them
+    inputs = {(it, m): _values(n, 1.0 + 7.0 * it + 3.0 * m) for it in range(iters) for m in range(mb)}
+    for it in range(iters):
+        for m in range(mb):
+            off.init_chunk_handler(vp_size=None, vp_stage=None, min_offloaded_tensor_size=1)
+            x = inputs[it, m].cuda()
+            for k, w in enumerate(ws):
+                with off(True, x, f"layer{k}") as x:
+                    y = torch.tanh(x * w)
+                # x is needed only by backward, from its offloaded copy: released once its D2H is queued
+                x = off.group_commit(y, f"layer{k}", forced_released_tensors=[x])
+            (x * x).sum().backward()
+        with torch.no_grad():
+            for w in ws:
+                w.sub_(LR * w.grad)
+                w.grad = None
+        off.reset()
+    torch.cuda.synchronize()
+    return [w.detach().cpu() for w in ws]
+
+
 def train(layers: int = 1, mb: int = 1, iters: int = 1, n: int = 16384) -> None:
     """Train the tiny model through megatron's offload manager; the weights must equal ``reference``'s."""
     with _te_cpu_offload_flag(), contextlib.redirect_stdout(None):  # its warmup summary table goes nowhere
-        fgo.PipelineOffloadManager.reset_instance()
-        ws = [(1.0 + 0.25 * _values(n, 100.0 + k)).cuda().requires_grad_(True) for k in range(layers)]
-        for w in ws:
-            off.mark_not_offloadable(w)  # parameters stay resident, as gpt_model marks them
-        inputs = {(it, m): _values(n, 1.0 + 7.0 * it + 3.0 * m) for it in range(iters) for m in range(mb)}
-        for it in range(iters):
-            for m in range(mb):
-                off.init_chunk_handler(vp_size=None, vp_stage=None, min_offloaded_tensor_size=1)
-                x = inputs[it, m].cuda()
-                for k, w in enumerate(ws):
-                    with off(True, x, f"layer{k}") as x:
-                        y = torch.tanh(x * w)
-                    # x is needed only by backward, from its offloaded copy: released once its D2H is queued
-                    x = off.group_commit(y, f"layer{k}", forced_released_tensors=[x])
-                (x * x).sum().backward()
-            with torch.no_grad():
-                for w in ws:
-                    w.sub_(LR * w.grad)
-                    w.grad = None
-            off.reset()
-        torch.cuda.synchronize()
-        got = [w.detach().cpu() for w in ws]
+        got = _trained(layers, mb, iters, n)
+        # leave nothing for the next run: the manager's pinned pool calls torch.cuda.empty_cache() when it dies,
+        # which would otherwise happen (and count) inside the next run's reset_instance()
+        fgo.PipelineOffloadManager.OFFLOAD_MGR = None
     want = reference(layers, mb, iters, n)
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
         assert torch.allclose(g, w, rtol=1e-4, atol=1e-5), f"weight {k} differs from the run without offload"

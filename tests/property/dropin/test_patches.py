@@ -112,3 +112,31 @@ def test_the_distributed_names_are_the_simulated_group_only_inside() -> None:
         assert (dist.get_rank(), dist.get_world_size()) == (0, 1)
     sim.assert_clean()
     assert dist.is_initialized() is False
+
+
+def test_a_search_holds_the_patches_across_its_runs_and_restores_them() -> None:
+    from simdevice.dropin.session import held
+
+    before = namespaces(_owners())
+    with held():
+        with pytest.raises(RuntimeError, match="only inside"):
+            torch.cuda.Stream()  # between runs the names refuse, as outside a session
+        with simdevice.cuda() as sim:
+            torch.ones(2, device="cuda")
+        sim.assert_clean()
+        with simdevice.cuda() as again:
+            raise ValueError("inside a held block")
+        assert "ValueError" in again.text()
+    _same(before, namespaces(_owners()))
+
+    def racy() -> None:
+        side = torch.cuda.Stream()
+        x = torch.zeros(1024, device="cuda")
+        with torch.cuda.stream(side):
+            x.add_(1)  # no wait for the compute stream's fill
+        torch.cuda.synchronize()
+        assert x.cpu().tolist() == [1.0] * 1024
+
+    found = simdevice.explore(racy, max_examples=20)
+    assert found.failure is not None
+    _same(before, namespaces(_owners()))
