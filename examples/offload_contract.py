@@ -10,12 +10,8 @@ from typing import Any
 import torch
 
 
-def _activation(dev: Any, n: int) -> torch.Tensor:
-    return torch.arange(n, dtype=torch.float32, device=dev.device)
-
-
 def _reload(dev: Any, wait: bool, n: int) -> None:
-    act = _activation(dev, n)
+    act = torch.arange(n, dtype=torch.float32, device=dev.device)
     pinned = torch.empty(n, pin_memory=True)
     d2h_stream = dev.Stream(name="d2h_stream")
     scratch = torch.zeros(16 * n, device=dev.device)

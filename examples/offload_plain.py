@@ -11,13 +11,9 @@ import torch
 import torch.distributed as dist
 
 
-def _activation(n: int) -> torch.Tensor:
-    return torch.arange(n, dtype=torch.float32, device="cuda")
-
-
-def reload_racy(n: int = 4096) -> None:
-    """Offload to pinned memory on a side stream, compute, reload on the compute stream: no wait for the D2H."""
-    act = _activation(n)
+def _reload(wait: bool, n: int) -> None:
+    """Offload to pinned memory on a side stream, compute, reload on the compute stream."""
+    act = torch.arange(n, dtype=torch.float32, device="cuda")
     pinned = torch.empty(n, pin_memory=True)
     d2h_stream = torch.cuda.Stream()
     scratch = torch.zeros(16 * n, device="cuda")
@@ -28,27 +24,20 @@ def reload_racy(n: int = 4096) -> None:
         offloaded.record()
     for _ in range(4):
         scratch.mul_(0.5)
-    back = torch.empty_like(act)
-    back.copy_(pinned, non_blocking=True)  # bug: no wait on `offloaded`
-    assert torch.equal(back.cpu(), torch.arange(n, dtype=torch.float32)), "the reload differs from the offload"
-
-
-def reload_correct(n: int = 4096) -> None:
-    act = _activation(n)
-    pinned = torch.empty(n, pin_memory=True)
-    d2h_stream = torch.cuda.Stream()
-    scratch = torch.zeros(16 * n, device="cuda")
-    d2h_stream.wait_stream(torch.cuda.current_stream())  # wait: the D2H must not read act before it is made
-    with torch.cuda.stream(d2h_stream):
-        pinned.copy_(act, non_blocking=True)
-        offloaded = torch.cuda.Event()
-        offloaded.record()
-    for _ in range(4):
-        scratch.mul_(0.5)
-    torch.cuda.current_stream().wait_event(offloaded)  # wait: the H2D must not read pinned before the D2H filled it
+    if wait:
+        torch.cuda.current_stream().wait_event(offloaded)  # wait: the H2D must not read pinned before the D2H
     back = torch.empty_like(act)
     back.copy_(pinned, non_blocking=True)
     assert torch.equal(back.cpu(), torch.arange(n, dtype=torch.float32)), "the reload differs from the offload"
+
+
+def reload_racy(n: int = 4096) -> None:
+    """The reload does not wait for the D2H that fills the pinned buffer."""
+    _reload(False, n)
+
+
+def reload_correct(n: int = 4096) -> None:
+    _reload(True, n)
 
 
 def _side_copy(record: bool, n: int) -> None:

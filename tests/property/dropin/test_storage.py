@@ -19,33 +19,32 @@ def test_resize_to_zero_frees_the_storage_and_a_later_read_is_reported() -> None
     assert "resize_(0)" in sim.text()
 
 
-def test_resize_to_zero_after_record_stream_and_no_later_read_is_clean() -> None:
-    with simdevice.cuda() as sim:
-        d2h = torch.cuda.Stream()
-        act = torch.ones(4096, device="cuda")
-        pinned = torch.empty(4096, pin_memory=True)
-        d2h.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(d2h):
-            pinned.copy_(act, non_blocking=True)
-        act.record_stream(d2h)
-        act.untyped_storage().resize_(0)
-        torch.cuda.synchronize()
-        assert pinned[:4].tolist() == [1.0] * 4
-    sim.assert_clean()
+def _offload_then_release(record: bool) -> None:
+    """Offload an activation on a side stream and release it at once, as offload code does."""
+    d2h = torch.cuda.Stream()
+    act = torch.ones(4096, device="cuda")
+    pinned = torch.empty(4096, pin_memory=True)
+    d2h.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(d2h):
+        pinned.copy_(act, non_blocking=True)
+    if record:
+        act.record_stream(d2h)  # keep: the block must not be reused before the D2H is done with it
+    act.untyped_storage().resize_(0)
+    torch.full((4096,), 2.0, device="cuda")  # the compute stream's next allocation of that size
+    torch.cuda.synchronize()
+    assert pinned[:4].tolist() == [1.0] * 4
+
+
+def test_resize_to_zero_after_record_stream_is_clean() -> None:
+    s = simdevice.cuda()
+    s.run(_offload_then_release, True)
+    s.assert_clean()
 
 
 def test_resize_to_zero_while_a_side_stream_reads_is_a_race() -> None:
-    with simdevice.cuda() as sim:
-        d2h = torch.cuda.Stream()
-        act = torch.ones(4096, device="cuda")
-        pinned = torch.empty(4096, pin_memory=True)
-        d2h.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(d2h):
-            pinned.copy_(act, non_blocking=True)
-        act.untyped_storage().resize_(0)  # no record_stream: freed on the compute stream while d2h may read
-        torch.full((4096,), 2.0, device="cuda")
-        torch.cuda.synchronize()
-    assert any(isinstance(r, Race) for r in sim.reports), sim.text()
+    s = simdevice.cuda()
+    s.run(_offload_then_release, False)  # freed on the compute stream while the D2H may still read it
+    assert any(isinstance(r, Race) for r in s.reports), s.text()
 
 
 def test_set_points_a_tensor_at_another_storage() -> None:
