@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from simdevice.programs import load_all
-from simdevice.search import execute, search
+from simdevice.search import search
 
 
 def time_to_find(variant: str, seeds: int, examples: int) -> None:
@@ -37,8 +37,8 @@ def time_to_find(variant: str, seeds: int, examples: int) -> None:
     narrow = dict(PROGRAM.config_space)
     narrow.update({"mutate": ("1",), "chunks": ("1",), "ema": ("0",)})
     searches = {
-        "found": (PROGRAM, lambda s: execute(s).corrupted),
-        "torn": (attrs.evolve(PROGRAM, config_space=narrow), lambda s: bool(execute(s).problems)),
+        "found": (PROGRAM, lambda out: out.corrupted),
+        "torn": (attrs.evolve(PROGRAM, config_space=narrow), lambda out: bool(out.problems)),
     }
     if variant == "zcc-no-step-begin-guard":
         del searches["torn"]  # a liveness bug: nothing is torn, the run deadlocks

@@ -243,3 +243,5 @@ class Run:
     unfired: tuple[str, ...] = ()
     #: what the run says about itself that is no failure (e.g. a stream that got no operation)
     notes: tuple[str, ...] = ()
+    #: every host step and stream operation, in time order: (time in ns, actor, what); empty where none is kept
+    trace: tuple[tuple[int, str, str], ...] = ()

@@ -41,9 +41,18 @@ def assigned_name(filename: str, lineno: int) -> str | None:
     return name or None
 
 
+def short_path(path: str) -> str:
+    """A source file as a report line names it: relative to the working directory when it lies under it (what
+    the user typed), else its last two components (enough to find it, short enough for one line)."""
+    path = path.replace("\\", "/")
+    cwd = os.getcwd().replace("\\", "/").rstrip("/") + "/"
+    if path.startswith(cwd):
+        return path[len(cwd):]
+    return "/".join(path.split("/")[-2:])
+
+
 def short(filename: str, lineno: int) -> str:
-    parts = filename.replace("\\", "/").split("/")
-    return f"{'/'.join(parts[-2:])}:{lineno}"
+    return f"{short_path(filename)}:{lineno}"
 
 
 class StreamNames:

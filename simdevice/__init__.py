@@ -1,9 +1,12 @@
 """A simulated CUDA device that runs offload protocols deterministically under any schedule.
 
-``SimDevice(schedule).run(program)`` runs a program written against the
-device contract (``reference.contract``) in virtual time and returns its
-result and reports. See README.md for the command line (``simdevice check``,
-``simdevice replay``).
+Your own protocol: ``simdevice.explore(fn)`` searches a function's schedules
+(plain torch.cuda code, or contract code ``fn(dev)``) and returns the shrunk
+failure; ``@simdevice.fuzz`` makes a test of it (pytest, Hypothesis settings,
+``@simdevice.example`` pins); ``with simdevice.cuda():`` runs torch.cuda code
+on the simulated device. ``SimDevice(schedule).run(program)`` runs contract
+code under one schedule. See README.md for the command line (``simdevice
+check``, ``simdevice replay``, ``simdevice list``).
 
 Layout: ``simdevice.runtime`` is the model (execution, sync, memory,
 allocator, collectives, reports); ``simdevice.api`` (``SimDevice``) and
@@ -17,6 +20,7 @@ from reference.schedule import Delay, Schedule, ScheduleError
 from simdevice.api import SimDevice
 from simdevice.dispatch import SimTensor, peek
 from simdevice.dropin import DropIn, cuda
+from simdevice.fuzz import FuzzFailure, example, fuzz
 from simdevice.runtime import UNIT_NS, Options, SimConfig
 from simdevice.runtime.memsaver import LibraryFixes
 from simdevice.runtime.reports import Access, Deadlock, HostError, IllegalAccess, Race, StaleRead
@@ -29,6 +33,7 @@ __all__ = [
     "Delay",
     "DropIn",
     "Exploration",
+    "FuzzFailure",
     "HostError",
     "IllegalAccess",
     "LibraryFixes",
@@ -42,6 +47,8 @@ __all__ = [
     "SimTensor",
     "StaleRead",
     "cuda",
+    "example",
     "explore",
+    "fuzz",
     "peek",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any, NoReturn
@@ -46,13 +47,18 @@ def _parser() -> argparse.ArgumentParser:
         "check",
         help="fuzz a function of yours (FILE.py::FN, MODULE::FN), or every known program",
         description="With a TARGET (FILE.py::FUNCTION or MODULE::FUNCTION: plain torch.cuda code taking no "
-        "argument without a default, or contract code FUNCTION(dev)), search its schedules for a failure, "
-        "shrink it and print the line that replays it: exit 0 clean, 1 found; ':KEY=VALUE,...' after it holds "
-        "its parameters fixed. Without one, fuzz every known program variant: exit 0 when every clean variant "
-        "is clean and every known bug is found. Bad input: exit 2.",
+        "argument without a default, or contract code FUNCTION(dev); or a known PROGRAM/VARIANT), search its "
+        "schedules for a failure, shrink it and print the line that replays it: exit 0 clean, 1 found; "
+        "':KEY=VALUE,...' after it holds its parameters fixed. Without one, fuzz every known program variant: "
+        "exit 0 when every clean variant is clean and every known bug is found. Bad input: exit 2. Nothing is "
+        "written to disk unless --db is given.",
     )
     c.add_argument("target", nargs="?", metavar="TARGET",
-                   help="FILE.py::FUNCTION[:KEY=VALUE,...] or MODULE::FUNCTION[:...] (default: the known programs)")
+                   help="FILE.py::FUNCTION[:KEY=VALUE,...], MODULE::FUNCTION[:...] or PROGRAM/VARIANT[:...] "
+                        "(default: every known program)")
+    c.add_argument("--db", metavar="DIR", default=None,
+                   help="keep Hypothesis's example database in DIR: failures found are replayed first next time "
+                        "(default: no database)")
     c.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     c.add_argument("--examples", type=int, default=150, metavar="N", help="schedules per variant (default 150)")
     c.add_argument(
@@ -79,17 +85,26 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser(
         "exhaust",
         help="run every schedule of at most K delays (bounded exhaustive mode)",
-        description="Run every schedule of one variant with at most K delays, each stall one of --units, "
-        "in the configuration given (PROGRAM/VARIANT:KEY=V,...; PROGRAM/VARIANT: for the defaults) or, without "
-        "one, over the program's whole configuration space. Exit 0 when none fails (a clean variant) "
-        "or one fails (a bug variant): 1 otherwise.",
+        description="Run every schedule of one target with at most K delays at operations that exist, each stall "
+        "one of --units, in the configuration given (PROGRAM/VARIANT:KEY=V,...; PROGRAM/VARIANT: for the "
+        "defaults) or, without one, over the program's whole configuration space (a function: its defaults). "
+        "A known variant: exit 0 when none fails (a clean variant) or one fails (a bug variant), 1 otherwise. "
+        "A function of yours: exit 0 when none fails, 1 when one does.",
     )
-    e.add_argument("target", help="PROGRAM/VARIANT[:CONFIG], e.g. offload_reload/correct or zcc/FIXED:workers=2")
+    e.add_argument("target", help="PROGRAM/VARIANT[:CONFIG] (e.g. offload_reload/correct, zcc/FIXED:workers=2) "
+                   "or FILE.py::FUNCTION[:CONFIG] (its defaults, or the configuration given)")
     e.add_argument("--delays", type=int, default=1, metavar="K", help="at most K delays per schedule (default 1)")
     e.add_argument("--units", default="1,5,20", metavar="U,U,..", help="stall sizes in units (default 1,5,20)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
-    sub.add_parser("list", help="list the known programs, their variants and actors")
+    ls = sub.add_parser(
+        "list",
+        help="list the known programs (or the functions of a file of yours, with their actors)",
+        description="Without a PATH: the known programs, their variants and actors. With one (FILE.py or a "
+        "module): its public functions a schedule can target, each probed once on the simulator: its style "
+        "(plain torch.cuda or contract), parameters, and the operations each actor makes.",
+    )
+    ls.add_argument("path", nargs="?", metavar="PATH", help="FILE.py or MODULE (default: the known programs)")
     return p
 
 
@@ -104,13 +119,17 @@ def _progress(quiet: bool) -> Any:
 def cmd_check(args: argparse.Namespace) -> int:
     from simdevice.programs import REGISTRY, programs
     from simdevice.search import check_variant
+    from simdevice.search.engine import database
 
     if args.examples < 1:
         return _fail(f"--examples must be >= 1, got {args.examples}")
     if args.budget is not None and args.budget <= 0:
         return _fail(f"--budget must be > 0 seconds, got {args.budget}")
+    if args.db is not None and os.path.exists(args.db) and not os.path.isdir(args.db):
+        return _fail(f"--db {args.db!r} is a file, not a directory")
+    db = database(args.db)
     if args.target:
-        return _check_function(args)
+        return _check_target(args, db)
     progs = programs(None)
     if args.program:
         unknown = [n for n in args.program if n not in REGISTRY]
@@ -125,7 +144,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             label = f"{prog.name}/{variant}"
             if not args.quiet:
                 print(f"checking {label} ...", file=sys.stderr, flush=True)
-            f = check_variant(prog, variant, args.examples, args.budget, lambda n, lb=label: show(lb, n))
+            f = check_variant(prog, variant, args.examples, args.budget, lambda n, lb=label: show(lb, n), db)
             if not args.quiet and sys.stderr.isatty():
                 print("\r", end="", file=sys.stderr)
             if not args.quiet:
@@ -144,29 +163,41 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _check_function(args: argparse.Namespace) -> int:
+def _target_and_config(text: str, what: str) -> tuple[Any, dict[str, Any]]:
+    """The target a command's TARGET names, and the configuration it holds fixed; ScheduleError if bad."""
+    from simdevice.search.targets import FunctionTarget, ProgramTarget, target_of
+
+    given = Schedule.parse(text)
+    if given.delays or given.choices:
+        raise ScheduleError(f"{what} draws the delays itself; drop them from {text[:200]!r}")
+    target = target_of(given.program if is_function_target(given.program) else given.target)
+    if isinstance(target, FunctionTarget):
+        return target, target.config(given.config_dict())
+    assert isinstance(target, ProgramTarget)
+    target.program.parse_config(given.config_dict())  # one-line errors for bad keys and values
+    return target, given.config_dict()
+
+
+def _check_target(args: argparse.Namespace, db: Any) -> int:
     from hypothesis import strategies as st
 
     from simdevice.search.explore import explore
-    from simdevice.search.targets import TargetError, resolve
+    from simdevice.search.strategies import configs
+    from simdevice.search.targets import ProgramTarget, TargetError
 
     try:
-        given = Schedule.parse(args.target)
-        if not is_function_target(given.program):
-            return _fail(f"check takes FILE.py::FUNCTION or MODULE::FUNCTION (and --program for the built-in "
-                         f"programs), got {args.target[:200]!r}")
-        if given.delays or given.choices:
-            return _fail(f"check draws the delays itself; drop them from {args.target[:200]!r}")
-        target = resolve(given.program)
-        fixed = target.config(given.config_dict())
+        target, fixed = _target_and_config(args.target, "check")
     except ScheduleError as e:
         return _fail(str(e))
+    config = st.just(fixed) if fixed else None
+    if config is None and isinstance(target, ProgramTarget):
+        config = configs(target.program)
     show = _progress(args.quiet or args.json)
     if not args.quiet:
         print(f"checking {target.name} ...", file=sys.stderr, flush=True)
     try:
-        result = explore(target, max_examples=args.examples, budget_s=args.budget,
-                         config=st.just(fixed) if fixed else None, progress=lambda n: show(target.name, n))
+        result = explore(target, max_examples=args.examples, budget_s=args.budget, config=config,
+                         progress=lambda n: show(target.name, n), db=db)
     except TargetError as e:
         return _fail(str(e))
     if not args.quiet and sys.stderr.isatty():
@@ -199,22 +230,22 @@ def _table(findings: list[Any]) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from simdevice.api import SimDevice
     from simdevice.programs import resolve
-    from simdevice.search import device_for, execute
+    from simdevice.search.targets import FunctionTarget, ProgramTarget, Target, target_of
 
     if args.trials < 1:
         return _fail(f"--trials must be >= 1, got {args.trials}")
     try:
         schedule = Schedule.parse(args.schedule)
+        target: Target
         if is_function_target(schedule.program):
-            from simdevice.search.targets import resolve as resolve_function
-
-            function = resolve_function(schedule.program)
+            function = target_of(schedule.program)
+            assert isinstance(function, FunctionTarget)
             function.validate(schedule)
+            target = function
         else:
-            function = None
-            resolve(schedule)
+            program, _ = resolve(schedule)
+            target = ProgramTarget(program, schedule.variant)
     except ScheduleError as e:
         return _fail(str(e))
     backend = "sim"
@@ -224,12 +255,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             return _fail("--gpu needs a CUDA GPU, and torch sees none on this machine")
         backend = "cuda"
-    def once() -> Any:
-        return function.run(schedule, backend) if function is not None else execute(schedule, backend)
-
-    if backend == "cuda":
-        once()  # warm-up: the trials meet warm caching allocators, as a program in its steady state does
-    outcomes = [once() for _ in range(args.trials)]
+        target.run(schedule, backend)  # warm-up: the trials meet warm caching allocators, as in a steady state
+    outcomes = [target.run(schedule, backend) for _ in range(args.trials)]
     bad = sum(not o.clean for o in outcomes)
     if args.json:
         print(json.dumps({
@@ -241,19 +268,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(outcomes[0].text())
         if args.trials > 1:
             print(f"{bad}/{args.trials} trials failed")
-        if args.trace and backend == "sim" and function is None:
-            prog, _ = resolve(schedule)
-            dev, config = device_for(schedule)
-            assert isinstance(dev, SimDevice)
-            dev.run(prog.body, schedule.variant, config)
-            for t, actor, what in dev.trace:
-                print(f"  {t / 1e6:10.3f}  {actor:<16} {what}")
+        if args.trace and backend == "sim":
+            print("".join(f"  {line}\n" for line in outcomes[0].trace_text().splitlines()), end="")
     return 1 if bad else 0
 
 
 def cmd_exhaust(args: argparse.Namespace) -> int:
-    from simdevice.programs import resolve
-    from simdevice.search import count_schedules, exhaust
+    from simdevice.search import count_target_schedules, exhaust_target
+    from simdevice.search.targets import ProgramTarget
 
     try:
         units = tuple(int(u) for u in args.units.split(","))
@@ -264,32 +286,38 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     if not 0 <= args.delays <= 4:
         return _fail(f"--delays must be in 0..4, got {args.delays}")
     try:
-        target = Schedule.parse(args.target)
-        prog, _ = resolve(target)
+        target, fixed = _target_and_config(args.target, "exhaust")
     except ScheduleError as e:
         return _fail(str(e))
-    if target.delays:
-        return _fail(f"exhaust draws the delays itself; drop them from {args.target!r}")
-    variant = target.variant
-    config = target.config_dict() if ":" in args.target else None
-    total = count_schedules(prog, args.delays, units, config)
+    builtin = isinstance(target, ProgramTarget)
+    # a built-in program: the configuration given (PROGRAM/VARIANT: for the defaults), or its whole space
+    config = fixed if (fixed or not builtin or args.target.rstrip().endswith(":")) else None
+    total = count_target_schedules(target, args.delays, units, config)
     if not args.quiet:
         print(f"running {total} schedules", file=sys.stderr, flush=True)
     show = _progress(args.quiet)
-    n, failed = exhaust(prog, variant, args.delays, units, lambda k: show(args.target, k), config)
+    n, failed = exhaust_target(target, args.delays, units, lambda k: show(args.target, k), config)
     if not args.quiet and sys.stderr.isatty():
         print("\r", end="", file=sys.stderr)
-    expect_bug = variant not in prog.clean
-    where = f"{target.target} ({'the configuration given' if config is not None else 'every configuration'})"
+    scope = "the configuration given" if fixed or (builtin and config is not None) else (
+        "every configuration" if builtin else "its defaults")
+    where = f"{target.name} ({scope})"
     if failed is None:
-        print(f"{where}: clean over all {n} schedules of at most {args.delays} delays of {args.units} units")
+        delays = "1 delay" if args.delays == 1 else f"{args.delays} delays"
+        print(f"{where}: clean over all {n} schedules of at most {delays} of {args.units} "
+              f"unit{'' if args.units == '1' else 's'}")
     else:
         print(f"{where}: fails at schedule {n}:")
         print(failed.text())
-    return 0 if (failed is not None) == expect_bug else 1
+    if builtin:
+        expect_bug = target.variant not in target.program.clean
+        return 0 if (failed is not None) == expect_bug else 1
+    return 1 if failed is not None else 0
 
 
-def cmd_list() -> int:
+def cmd_list(args: argparse.Namespace) -> int:
+    if args.path:
+        return _list_functions(args.path)
     from simdevice.programs import programs
 
     for p in programs(None):
@@ -299,6 +327,30 @@ def cmd_list() -> int:
         for v, why in p.buggy.items():
             print(f"  {v} (known bug: {why})")
         print(f"  actors: {', '.join(p.actors)}")
+    return 0
+
+
+def _list_functions(path: str) -> int:
+    from simdevice.search.targets import TargetError, functions_in
+
+    try:
+        found = functions_in(path)
+    except ScheduleError as e:
+        return _fail(str(e))
+    if not found:
+        print(f"{path}: no function a schedule can target (public, defined there, every parameter but dev "
+              "with a default)")
+        return 0
+    for target in found:
+        params = ", ".join(f"{k}={v!r}" for k, v in target.params.items())
+        style = "plain torch.cuda" if target.style == "plain" else "contract (dev)"
+        try:
+            counts = target.probe()
+        except TargetError as e:
+            print(f"{target.name}  [{style}]({params})\n  probe failed: {e}")
+            continue
+        ops = ", ".join(f"{a} {n}" for a, n in sorted(counts.items()) if n)
+        print(f"{target.name}  [{style}]({params})\n  operations: {ops or 'none'}")
     return 0
 
 
@@ -313,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "exhaust":
             return cmd_exhaust(args)
         if args.command == "list":
-            return cmd_list()
+            return cmd_list(args)
     except KeyboardInterrupt:
         print("simdevice: interrupted", file=sys.stderr)
         return 130

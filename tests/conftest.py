@@ -7,6 +7,9 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+#: pytest's own fixture for running pytest on a user's files (the plugin's tests)
+pytest_plugins = ["pytester"]
+
 _common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
 
 settings.register_profile("dev", max_examples=60, **_common)

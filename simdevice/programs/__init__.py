@@ -43,8 +43,6 @@ class Program:
     body: Callable[[Device, str, Any], Any]
     #: oracle(config, result) -> problems (empty when the values are right)
     oracle: Callable[[Any, Any], list[str]]
-    #: operation indices a drawn delay may name, per actor (0..max_index)
-    max_index: int = 8
     #: configuration values Hypothesis may draw, per key (the first is where shrinking goes)
     config_space: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
     #: configuration keys that are sizes: a GPU run multiplies them by ``SimConfig.byte_scale``

@@ -200,7 +200,6 @@ PROGRAM = register(
         config=TrainConfig,
         body=body,
         oracle=oracle,
-        max_index=12,
         config_space={
             "layers": ("1", "2", "3", "4"),
             "mb": ("1", "2", "3"),

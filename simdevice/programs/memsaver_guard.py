@@ -126,7 +126,6 @@ PROGRAM = register(
         config=MemsaverConfig,
         body=body,
         oracle=oracle,
-        max_index=12,
         config_space={
             "offload": ("1", "0"),
             "reconnect": ("1", "0"),

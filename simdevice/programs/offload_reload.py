@@ -52,7 +52,6 @@ PROGRAM = register(
         config=OffloadReloadConfig,
         body=body,
         oracle=oracle,
-        max_index=6,
         size_keys=("kib",),
         pinned={"racy": ("offload_reload/racy::d2h#0+1",)},
     )

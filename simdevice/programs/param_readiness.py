@@ -199,7 +199,6 @@ PROGRAM = register(
         config=ParamReadinessConfig,
         body=body,
         oracle=oracle,
-        max_index=12,
         config_space={
             # smallest first: shrinking moves toward the first value
             "ranks": ("1", "2", "3"),

@@ -124,7 +124,6 @@ PROGRAM = register(
         config=ZccConfig,
         body=zcc_body,
         oracle=zcc_oracle,
-        max_index=12,
         config_space={
             "steps": ("3", "1", "2", "4", "5", "6"),
             "save": ("1", "2", "3"),

@@ -36,7 +36,7 @@ from simdevice.runtime import sync
 from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.config import UNIT_NS, SimConfig
 from simdevice.runtime.memory import Memory
-from simdevice.runtime.reports import Deadlock, HostError, ReportSink, error_source
+from simdevice.runtime.reports import Deadlock, HostError, ReportSink, describe, error_source
 from simdevice.runtime.streams import SimStream, StreamOp
 
 #: per actor: {operation index: units}
@@ -167,7 +167,7 @@ class Execution:
             except SimAbort:
                 pass
             except BaseException as e:  # the program's own error: report it, end the run
-                self.reports.add(HostError(a.name, f"{type(e).__name__}: {e}", error_source(e)))
+                self.reports.add(HostError(a.name, describe(e), error_source(e)))
                 self._abort()
             finally:
                 self._exit(a)
@@ -192,7 +192,7 @@ class Execution:
         """The adopted actor ``a`` is done (``error``: what its code raised): the rest of the run goes on to its
         end, then the calling thread is no actor any more."""
         if error is not None and not isinstance(error, SimAbort):
-            self.reports.add(HostError(a.name, f"{type(error).__name__}: {error}", error_source(error)))
+            self.reports.add(HostError(a.name, describe(error), error_source(error)))
             self._abort()
         self._exit(a)
         self.finished.wait()
@@ -227,7 +227,7 @@ class Execution:
         except Exception as e:  # the op itself failed (a dtype, a shape): the run's error, never a hang
             op = s.running or (s.queue[0] if s.queue else None)
             what = f" in {op.desc}" if op is not None else ""
-            self.reports.add(HostError(f"stream {s.name}", f"{type(e).__name__}: {e}{what}", error_source(e)))
+            self.reports.add(HostError(f"stream {s.name}", f"{describe(e)}{what}", error_source(e)))
             self._abort()
             return False
         return True
@@ -311,7 +311,7 @@ class Execution:
             where = getattr(u.object, "__qualname__", None) or type(u.object).__name__
             e = u.exc_value
             self.reports.add(
-                HostError(a.name, f"{type(e).__name__}: {e} (in {where}, where Python ignores it)", error_source(e))
+                HostError(a.name, f"{describe(e)} (in {where}, where Python ignores it)", error_source(e))
             )
 
         sys.unraisablehook = hook

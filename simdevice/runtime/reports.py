@@ -14,12 +14,14 @@ pinned by tests. Kinds:
 
 from __future__ import annotations
 
+import linecache
 import os
 import sys
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
+from reference.naming import short_path
 from simdevice.runtime.config import UNIT_NS
 
 #: a free is the program dropping an allocation: as of that point its stream no longer owns the bytes
@@ -234,23 +236,32 @@ def user_source() -> str:
     return "?"
 
 
-def error_source(e: BaseException) -> str:
-    """Where an exception was raised: the innermost frame of its traceback outside the simulator and torch (the
-    program's line that made the failing call), else the innermost frame."""
-    tb = e.__traceback__
-    last = mine = None
+def describe(e: BaseException) -> str:
+    """``Type: message``; for a bare ``assert`` (no message), the line that failed: ``AssertionError at `...```."""
+    text = str(e)
+    if text:
+        return f"{type(e).__name__}: {text}"
+    frame = _innermost_own(e)
+    line = linecache.getline(frame.tb_frame.f_code.co_filename, frame.tb_lineno).strip() if frame else ""
+    return f"{type(e).__name__} at `{line}`" if line else type(e).__name__
+
+
+def _innermost_own(e: BaseException) -> Any:
+    tb, mine, last = e.__traceback__, None, None
     while tb is not None:
         last = tb
         if not _internal(tb.tb_frame.f_code.co_filename):
             mine = tb
         tb = tb.tb_next
-    at = mine or last
+    return mine or last
+
+
+def error_source(e: BaseException) -> str:
+    """Where an exception was raised: the innermost frame of its traceback outside the simulator and torch (the
+    program's line that made the failing call), else the innermost frame."""
+    at = _innermost_own(e)
     if at is None:
         return "?"
     return f"{short_path(at.tb_frame.f_code.co_filename)}:{at.tb_lineno}"
 
 
-def short_path(path: str) -> str:
-    """The last two components of a path: enough to find a file, short enough for a report line."""
-    parts = path.replace("\\", "/").split("/")
-    return "/".join(parts[-2:])

@@ -1,8 +1,8 @@
 """The bounded exhaustive mode: every schedule of at most K delays from a small set of stalls.
 
-It shows a fixed variant clean within that bound (or names the first
-schedule that fails), in one configuration or over a program's whole
-configuration space.
+It shows a target clean within that bound (or names the first schedule that fails), in one configuration or
+over every configuration the target has (a built-in program's whole space; a function's defaults). Delays go
+only where the target's probe saw operations, so every schedule is a distinct one.
 """
 
 from __future__ import annotations
@@ -10,30 +10,73 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from reference.schedule import Delay, Schedule
 from simdevice.programs import Program
-from simdevice.search.execute import Outcome, counts_as_failure, execute
+from simdevice.search.execute import Outcome
+from simdevice.search.targets import ProgramTarget, Target
 
 
-def _configs(program: Program, config: dict[str, str] | None) -> list[dict[str, str]]:
-    if config is not None:
-        return [config]
-    keys = sorted(program.config_space)
-    combos = itertools.product(*(program.config_space[k] for k in keys))
-    configs = [dict(zip(keys, combo, strict=True)) for combo in combos]
-    if program.config_filter is not None:
-        configs = [c for c in configs if program.config_filter(c)]
-    return configs
+def _slots(target: Target, config: dict[str, Any]) -> list[tuple[str, int]]:
+    counts = target.probe(config)
+    return [(a, k) for a in sorted(counts) for k in range(counts[a])]
+
+
+def _configs(target: Target, config: dict[str, Any] | None) -> list[dict[str, Any]]:
+    return [config] if config is not None else target.configs()
+
+
+def count_target_schedules(
+    target: Target, max_delays: int, units: tuple[int, ...], config: dict[str, Any] | None = None
+) -> int:
+    """How many schedules :func:`target_schedules` yields (each configuration probed once)."""
+    total = 0
+    for cfg in _configs(target, config):
+        slots = len(_slots(target, cfg))
+        total += sum(math.comb(slots, n) * len(units) ** n for n in range(max_delays + 1))
+    return total
+
+
+def target_schedules(
+    target: Target, max_delays: int = 1, units: tuple[int, ...] = (1, 5, 20), config: dict[str, Any] | None = None
+) -> Iterator[Schedule]:
+    """Every schedule of at most ``max_delays`` delays with stalls from ``units``, at operations that exist, in
+    one configuration or (``config=None``) in every configuration of the target."""
+    for cfg in _configs(target, config):
+        slots = _slots(target, cfg)
+        for n in range(max_delays + 1):
+            for chosen in itertools.combinations(slots, n):
+                for stalls in itertools.product(units, repeat=n):
+                    delays = [Delay(a, k, u) for (a, k), u in zip(chosen, stalls, strict=True)]
+                    yield target.canonical(target.schedule(cfg, delays))
+
+
+def exhaust_target(
+    target: Target,
+    max_delays: int = 1,
+    units: tuple[int, ...] = (1, 5, 20),
+    progress: Callable[[int], None] | None = None,
+    config: dict[str, Any] | None = None,
+) -> tuple[int, Outcome | None]:
+    """Run every bounded schedule; return how many ran and the first that failed (None: all passed). A failure
+    is what the target counts as one (``target.failed``)."""
+    n = 0
+    for s in target_schedules(target, max_delays, units, config):
+        n += 1
+        if progress:
+            progress(n)
+        out = target.run(s)
+        if target.failed(out):
+            return n, out
+    return n, None
 
 
 def count_schedules(
-    program: Program, max_delays: int, units: tuple[int, ...], config: dict[str, str] | None = None
+    program: Program, variant: str, max_delays: int, units: tuple[int, ...], config: dict[str, str] | None = None
 ) -> int:
-    """How many schedules :func:`all_schedules` yields."""
-    slots = len(program.actors) * (program.max_index + 1)
-    per_config = sum(math.comb(slots, n) * len(units) ** n for n in range(max_delays + 1))
-    return int(len(_configs(program, config)) * per_config)
+    """:func:`count_target_schedules` of a built-in program's variant."""
+    return count_target_schedules(ProgramTarget(program, variant), max_delays, units, config)
 
 
 def all_schedules(
@@ -43,15 +86,8 @@ def all_schedules(
     units: tuple[int, ...] = (1, 5, 20),
     config: dict[str, str] | None = None,
 ) -> Iterator[Schedule]:
-    """Every schedule of at most ``max_delays`` delays with stalls from ``units``, in one configuration, or
-    (``config=None``) over every configuration of the program's configuration space: the bounded exhaustive mode."""
-    slots = [(a, k) for a in program.actors for k in range(program.max_index + 1)]
-    for cfg in _configs(program, config):
-        for n in range(max_delays + 1):
-            for chosen in itertools.combinations(slots, n):
-                for stalls in itertools.product(units, repeat=n):
-                    delays = [Delay(a, k, u) for (a, k), u in zip(chosen, stalls, strict=True)]
-                    yield program.canonical(Schedule(program.name, variant, cfg, delays))
+    """:func:`target_schedules` of a built-in program's variant."""
+    return target_schedules(ProgramTarget(program, variant), max_delays, units, config)
 
 
 def exhaust(
@@ -62,18 +98,5 @@ def exhaust(
     progress: Callable[[int], None] | None = None,
     config: dict[str, str] | None = None,
 ) -> tuple[int, Outcome | None]:
-    """Run every bounded schedule; return how many ran and the first that failed (None: all passed).
-
-    A failure is what ``check_variant`` counts (:func:`counts_as_failure`).
-    """
-    n = 0
-    for s in all_schedules(program, variant, max_delays, units, config):
-        n += 1
-        if progress:
-            progress(n)
-        out = execute(s)
-        if counts_as_failure(program, variant, out):
-            return n, out
-    return n, None
-
-
+    """:func:`exhaust_target` of a built-in program's variant (a failure is what ``check`` counts)."""
+    return exhaust_target(ProgramTarget(program, variant), max_delays, units, progress, config)

@@ -1,10 +1,12 @@
-"""``simdevice.explore(fn)``: search schedules of one function for a failure, shrink it, return it.
+"""``simdevice.explore(fn)``: search the schedules of one target for a failure, shrink it, return it.
 
-The search draws a configuration (from the user's own Hypothesis strategy, if any), probes the function in it
-to learn its actors and how many operations each makes, and draws up to ``max_delays`` delays at operations
-that exist. A failure is what a GPU would show: a stale read, a deadlock, an illegal access, a host error (a
-failing ``assert`` among them); when none turns up, a race at the default schedule is reported as found
-(it is there whatever the timing). Hypothesis shrinks toward fewer and smaller delays and the strategy's
+A target is a function of the user's (plain torch.cuda code, or contract code ``fn(dev)``) or a built-in
+program's variant; all of them go through :func:`search_target`. The search draws a configuration (from the
+user's own Hypothesis strategy, if any), probes the target in it to learn its actors and how many operations
+each makes, and draws up to ``max_delays`` delays at operations that exist. A failure is what the target counts
+as one (for a function: what a GPU would show: a stale read, a deadlock, an illegal access, a host error, a
+failing ``assert`` among them); when none turns up, :func:`explore` reports a race at the default schedule as
+found (it is there whatever the timing). Hypothesis shrinks toward fewer and smaller delays and the strategy's
 simplest configuration; the result's line replays with ``simdevice replay``.
 """
 
@@ -13,27 +15,39 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 from hypothesis import find
 from hypothesis import strategies as st
+from hypothesis.database import ExampleDatabase
 from hypothesis.errors import NoSuchExample
 
-from reference.schedule import Delay, Schedule
+from reference.schedule import Schedule
 from simdevice.dropin.session import held
+from simdevice.search import engine
 from simdevice.search.execute import Outcome
-from simdevice.search.find import search_settings
-from simdevice.search.targets import FunctionTarget, from_function, resolve
+from simdevice.search.strategies import schedules_of
+from simdevice.search.targets import FunctionTarget, Target, from_function, resolve
 
-#: the largest stall a drawn delay may have, in units (1 unit = 1 ms)
-MAX_UNITS = 50
+
+@attrs.frozen
+class Search:
+    """What one Hypothesis search of a target's schedules found."""
+
+    #: the failing schedule (shrunk, if the search shrank, and in its shortest form), or None
+    schedule: Schedule | None
+    #: the run of that schedule
+    failure: Outcome | None
+    #: schedules run, shrinking included (probes not counted)
+    examples: int
+    seconds: float
 
 
 @attrs.frozen
 class Exploration:
-    """What a search of one function's schedules found."""
+    """What a search of one target's schedules found."""
 
     target: str
     #: the shrunk failing run (None: every schedule tried was clean)
@@ -41,50 +55,96 @@ class Exploration:
     #: schedules run, shrinking included (probes not counted)
     examples: int
     seconds: float
+    #: of those, the ones the search ran (the rest: the default schedule, run when the search found nothing)
+    searched: int = 0
 
     @property
     def schedule(self) -> str | None:
         """The line that replays the failure (``simdevice replay "..."``)."""
         return str(self.failure.schedule) if self.failure is not None else None
 
+    @property
+    def trace(self) -> str:
+        """The failing run's trace (empty when clean)."""
+        return self.failure.trace_text() if self.failure is not None else ""
+
     def text(self) -> str:
         if self.failure is None:
             return f"{self.target}: clean over {self.examples} schedules"
         return self.failure.text()
 
-
-def delays_at(counts: dict[str, int], max_delays: int, max_units: int = MAX_UNITS) -> st.SearchStrategy[list[Delay]]:
-    """Up to ``max_delays`` delays on distinct (actor, operation) pairs, only at operations that exist."""
-    actors = sorted(a for a, n in counts.items() if n > 0)
-    if not actors or max_delays == 0:
-        return st.just([])
-    one = st.sampled_from(actors).flatmap(
-        lambda a: st.builds(Delay, st.just(a), st.integers(0, counts[a] - 1), st.integers(1, max_units))
-    )
-    return st.lists(one, max_size=max_delays, unique_by=lambda d: (d.actor, d.index))
+    def __str__(self) -> str:
+        return self.text()
 
 
-def schedules_of(
-    target: FunctionTarget, config: st.SearchStrategy[dict[str, Any]] | None = None, max_delays: int = 3
-) -> st.SearchStrategy[Schedule]:
-    """Schedules of a function target: a configuration drawn first, then delays where its probe saw operations."""
-
-    @st.composite
-    def draw(data: st.DrawFn) -> Schedule:
-        cfg = data(config) if config is not None else {}
-        counts = target.probe(cfg)
-        return target.schedule(cfg, data(delays_at(counts, max_delays)))
-
-    return draw()
+def as_target(fn: Callable[..., Any] | str | Target, world_size: int | None = None) -> Target:
+    """A target from a function, a ``file.py::fn`` / ``module::fn`` text, or a target."""
+    if isinstance(fn, str):
+        return resolve(fn, world_size)
+    if callable(fn) and not hasattr(fn, "probe"):
+        return from_function(fn, world_size=world_size)
+    return fn  # type: ignore[return-value]
 
 
-def failed(out: Outcome) -> bool:
-    """What a search counts as found: what a GPU would show (anything but a race alone)."""
-    return out.corrupted
+def kept_patched(target: Target) -> contextlib.AbstractContextManager[Any]:
+    """Plain code: torch stays patched across a search's runs, each run only swaps the device."""
+    return held() if isinstance(target, FunctionTarget) and target.style == "plain" else contextlib.nullcontext()
+
+
+def search_target(
+    target: Target,
+    fails: Callable[[Outcome], bool] | None = None,
+    *,
+    max_examples: int = 100,
+    max_delays: int = 3,
+    config: st.SearchStrategy[dict[str, Any]] | None = None,
+    shrink: bool = True,
+    seed: int | None = None,
+    budget_s: float | None = None,
+    progress: Callable[[int], None] | None = None,
+    db: ExampleDatabase | None = None,
+    examples: Sequence[Schedule] = (),
+) -> Search:
+    """Ask Hypothesis for a schedule of ``target`` under which ``fails`` holds (default: ``target.failed``).
+
+    ``examples`` run first, as Hypothesis's ``@example`` does (the first failing one is the answer, unshrunk).
+    ``seed=None`` searches derandomized (the same answer every time); a seed draws another search. Past
+    ``budget_s`` seconds every further schedule counts as passing. ``db``: an example database (none by default).
+    """
+    test = fails or target.failed
+    start = time.monotonic()
+    count = [0]
+    last: dict[str, Outcome] = {}
+
+    def counted(s: Schedule) -> bool:
+        if budget_s is not None and time.monotonic() - start > budget_s:
+            return False
+        count[0] += 1
+        if progress is not None:
+            progress(count[0])
+        out = target.run(s)
+        if test(out):
+            last[str(s)] = out
+            return True
+        return False
+
+    with engine.storage(), kept_patched(target):
+        for pinned in examples:
+            if counted(pinned):
+                return Search(pinned, last[str(pinned)], count[0], time.monotonic() - start)
+        try:
+            found = find(schedules_of(target, config, max_delays), counted,
+                         settings=engine.search_settings(max_examples, shrink, seed is None, db),
+                         random=random.Random(seed) if seed is not None else None)
+        except NoSuchExample:
+            return Search(None, None, count[0], time.monotonic() - start)
+        failure = last.get(str(found)) or target.run(found)
+    short = target.canonical(found)
+    return Search(short, attrs.evolve(failure, schedule=short), count[0], time.monotonic() - start)
 
 
 def explore(
-    fn: Callable[..., Any] | str | FunctionTarget,
+    fn: Callable[..., Any] | str | Target,
     *,
     max_examples: int = 100,
     max_delays: int = 3,
@@ -93,44 +153,40 @@ def explore(
     seed: int | None = None,
     budget_s: float | None = None,
     progress: Callable[[int], None] | None = None,
+    db: ExampleDatabase | None = None,
+    examples: Sequence[Schedule | str] = (),
 ) -> Exploration:
-    """Search ``fn``'s schedules (``fn``: a function, a ``file.py::fn`` / ``module::fn`` target, or a target)."""
-    if isinstance(fn, FunctionTarget):
-        target = fn
-    elif isinstance(fn, str):
-        target = resolve(fn, world_size)
-    else:
-        target = from_function(fn, world_size=world_size)
-    start = time.monotonic()
-    count = [0]
-    last: dict[str, Outcome] = {}
+    """Search ``fn``'s schedules (a function, a ``file.py::fn`` / ``module::fn`` target, or a target) for a
+    failure and shrink it; when none turns up, a race at the default schedule counts as found.
 
-    def fails(s: Schedule) -> bool:
-        if budget_s is not None and time.monotonic() - start > budget_s:
-            return False
-        count[0] += 1
-        if progress is not None:
-            progress(count[0])
-        out = target.run(s)
-        if failed(out):
-            last[str(s)] = out
-            return True
-        return False
-
-    found: Outcome | None = None
-    # plain code: torch stays patched across the search's runs, each run only swaps the device
-    with held() if target.style == "plain" else contextlib.nullcontext():
-        try:
-            s = find(schedules_of(target, config, max_delays), fails,
-                     settings=search_settings(max_examples, derandomize=seed is None),
-                     random=random.Random(seed) if seed is not None else None)
-            found = last.get(str(s)) or target.run(s)
-            short = target.canonical(found.schedule)
-            if short != found.schedule:
-                found = attrs.evolve(found, schedule=short)
-        except NoSuchExample:
+    ``config``: a Hypothesis strategy for the function's keyword arguments (default: its defaults).
+    ``examples``: schedule lines (or delays alone, ``"side#0+3"``) to run first, as pins.
+    """
+    target = as_target(fn, world_size)
+    pins = [pin(target, e) for e in examples]
+    result = search_target(target, max_examples=max_examples, max_delays=max_delays, config=config, seed=seed,
+                           budget_s=budget_s, progress=progress, db=db, examples=pins)
+    found, count = result.failure, result.examples
+    if found is None:
+        with kept_patched(target):
             default = target.run(target.schedule())
-            count[0] += 1
-            if default.races or default.corrupted:
-                found = default  # a race is there whatever the timing
-    return Exploration(target.name, found, count[0], round(time.monotonic() - start, 2))
+        count += 1
+        if default.races or default.corrupted:
+            found = default  # a race is there whatever the timing
+    return Exploration(target.name, found, count, round(result.seconds, 2), result.examples)
+
+
+def pin(target: Target, text: Schedule | str) -> Schedule:
+    """A pinned schedule for ``target``: a whole line (it must name the target), or its delays alone."""
+    if isinstance(text, Schedule):
+        return text
+    from simdevice.dropin.session import as_schedule
+
+    s = as_schedule(text)
+    assert s is not None
+    if s.program == "session":  # delays alone
+        return target.schedule({}, s.delays)
+    own = target.schedule()
+    if s.target != own.target:
+        raise ValueError(f"example {text!r} names {s.target}, not {own.target}")
+    return s

@@ -1,27 +1,28 @@
-"""Find and shrink failing schedules with Hypothesis: the search behind ``simdevice check`` and the tests.
+"""The built-in programs' searches: :func:`search` and :func:`check_variant` (what ``simdevice check`` runs).
 
-:func:`search` asks Hypothesis for a schedule under which a condition holds
-(default: the variant corrupts); :func:`check_variant` runs it for one
-variant and records what was found, with the race detector's verdict on the
-default schedule beside it.
+Both go through the same public path as a user's function: a :class:`~simdevice.search.targets.ProgramTarget`
+searched by :func:`~simdevice.search.explore.search_target` (delays drawn where the probe saw operations).
+:func:`check_variant` records what was found, with the race detector's verdict on the default schedule beside it.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from typing import Any
 
 import attrs
-from hypothesis import HealthCheck, Phase, find, settings
-from hypothesis.errors import NoSuchExample
+from hypothesis.database import ExampleDatabase
 
 from reference.schedule import Schedule
 from simdevice.programs import Program
-from simdevice.search.execute import counts_as_failure, execute
-from simdevice.search.strategies import schedules
+from simdevice.search.engine import search_settings
+from simdevice.search.execute import Outcome, execute
+from simdevice.search.explore import Search, explore, search_target
+from simdevice.search.strategies import configs
+from simdevice.search.targets import ProgramTarget
 
+__all__ = ["Finding", "Search", "check_variant", "search", "search_settings"]
 
 @attrs.frozen
 class Finding:
@@ -52,68 +53,25 @@ class Finding:
         return d
 
 
-def search_settings(max_examples: int = 150, shrink: bool = True, derandomize: bool = True) -> settings:
-    """The Hypothesis settings of a schedule search: no database, no deadline, no health checks."""
-    return settings(
-        max_examples=max_examples,
-        database=None,
-        derandomize=derandomize,
-        deadline=None,
-        phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,),
-        suppress_health_check=list(HealthCheck),
-    )
-
-
-@attrs.frozen
-class Search:
-    """What one Hypothesis search for a failing schedule found."""
-
-    #: the failing schedule (shrunk, if the search shrank), or None
-    schedule: Schedule | None
-    #: schedules run, shrinking included
-    examples: int
-    seconds: float
-
-
 def search(
     program: Program,
     variant: str,
-    fails: Callable[[Schedule], bool] | None = None,
+    fails: Callable[[Outcome], bool] | None = None,
     max_examples: int = 150,
     shrink: bool = True,
     seed: int | None = None,
     budget_s: float | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> Search:
-    """Ask Hypothesis for a schedule of ``variant`` under which ``fails`` holds (default: corruption).
+    """Ask Hypothesis for a schedule of ``variant`` under which ``fails`` holds (a predicate of the run; default:
+    what ``check`` counts as a failure), over the program's configuration space.
 
     ``seed=None`` searches derandomized (the same answer every time); a seed draws another search, which is
     what time-to-find medians are made of. Past ``budget_s`` seconds every further schedule counts as passing.
     """
-    test = fails or (lambda s: execute(s).corrupted)
-    start = time.monotonic()
-    count = [0]
-
-    def counted(s: Schedule) -> bool:
-        if budget_s is not None and time.monotonic() - start > budget_s:
-            return False
-        count[0] += 1
-        if progress:
-            progress(count[0])
-        return test(s)
-
-    found: Schedule | None
-    try:
-        found = find(
-            schedules(program, variant),
-            counted,
-            settings=search_settings(max_examples, shrink, derandomize=seed is None),
-            random=random.Random(seed) if seed is not None else None,
-        )
-    except NoSuchExample:
-        found = None
-    # the shortest line that replays it: configuration values equal to the defaults left out
-    return Search(program.canonical(found) if found is not None else None, count[0], time.monotonic() - start)
+    target = ProgramTarget(program, variant)
+    return search_target(target, fails, max_examples=max_examples, config=configs(program), shrink=shrink, seed=seed,
+                         budget_s=budget_s, progress=progress)
 
 
 def check_variant(
@@ -122,30 +80,23 @@ def check_variant(
     max_examples: int = 200,
     budget_s: float | None = None,
     progress: Callable[[int], None] | None = None,
+    db: ExampleDatabase | None = None,
 ) -> Finding:
     expect = "clean" if variant in program.clean else "bug"
     start = time.monotonic()
-
-    def fails(s: Schedule) -> bool:
-        return counts_as_failure(program, variant, execute(s))
-
-    result = search(program, variant, fails, max_examples, budget_s=budget_s, progress=progress)
-    found = result.schedule
+    target = ProgramTarget(program, variant)
+    result = explore(target, max_examples=max_examples, config=configs(program), budget_s=budget_s, progress=progress,
+                     db=db)
     default = execute(Schedule(program.name, variant))
-    race = bool(default.races)
-    if found is None and expect == "bug" and race:
-        found = default.schedule  # the race detector flags it whatever the timing
-    summary = execute(found).verdict() if found is not None else "clean"
+    found = result.failure
     return Finding(
         program=program.name,
         variant=variant,
         expect=expect,
         found=found is not None,
-        examples=result.examples,
-        schedule=str(found) if found is not None else None,
-        summary=summary,
-        race_at_default=race,
+        examples=result.searched,
+        schedule=str(found.schedule) if found is not None else None,
+        summary=found.verdict() if found is not None else "clean",
+        race_at_default=bool(default.races),
         seconds=round(time.monotonic() - start, 2),
     )
-
-

@@ -1,53 +1,68 @@
-"""Hypothesis strategies for schedules, shared by the tests and by ``simdevice check``.
+"""Hypothesis strategies for schedules, shared by the search, the decorator, the tests and ``simdevice check``.
 
-Schedules are drawn bottom-up so that shrinking moves toward fewer delays,
-earlier operations, smaller stalls and the first value of each
-configuration key (``Program.canonical`` then leaves out the values equal to
-the program's defaults, as ``search`` does with what it found). Users can
-import these to fuzz their own programs registered in ``simdevice.programs``.
+A schedule is drawn as a configuration first, then delays at operations that exist: the target's probe run in
+that configuration says which actors it has and how many operations each makes, so a delay never names an
+operation that does not come. Drawn bottom-up, so that shrinking moves toward fewer delays, earlier operations,
+smaller stalls and the simplest configuration (a target's ``canonical`` then leaves out the values equal to the
+defaults).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from hypothesis import assume
 from hypothesis import strategies as st
 
 from reference.schedule import Delay, Schedule
 from simdevice.programs import Program
+from simdevice.search.targets import ProgramTarget, Target
 
 #: the largest stall a drawn delay may have, in units (1 unit = 1 ms)
 MAX_UNITS = 50
 
 
-def delays(
-    actors: tuple[str, ...], max_index: int, max_units: int = MAX_UNITS, max_delays: int = 3
+def delays_at(
+    counts: dict[str, int], max_delays: int = 3, max_units: int = MAX_UNITS
 ) -> st.SearchStrategy[list[Delay]]:
-    """Up to ``max_delays`` delays on distinct (actor, operation) pairs."""
-    one = st.builds(
-        Delay,
-        actor=st.sampled_from(actors),
-        index=st.integers(0, max_index),
-        units=st.integers(1, max_units),
+    """Up to ``max_delays`` delays on distinct (actor, operation) pairs, only at operations that exist."""
+    actors = sorted(a for a, n in counts.items() if n > 0)
+    if not actors or max_delays == 0:
+        return st.just([])
+    one = st.sampled_from(actors).flatmap(
+        lambda a: st.builds(Delay, st.just(a), st.integers(0, counts[a] - 1), st.integers(1, max_units))
     )
     return st.lists(one, max_size=max_delays, unique_by=lambda d: (d.actor, d.index))
 
 
-@st.composite
-def _configs(draw: st.DrawFn, program: Program) -> dict[str, str]:
-    cfg = {}
-    for key, values in sorted(program.config_space.items()):
-        cfg[key] = draw(st.sampled_from(values))
-    if program.config_filter is not None:
-        assume(program.config_filter(cfg))
-    return cfg
+def schedules_of(
+    target: Target, config: st.SearchStrategy[dict[str, Any]] | None = None, max_delays: int = 3
+) -> st.SearchStrategy[Schedule]:
+    """Schedules of a target: a configuration drawn first (the defaults if ``config`` is None), then delays where
+    its probe saw operations."""
+
+    @st.composite
+    def draw(data: st.DrawFn) -> Schedule:
+        cfg = data(config) if config is not None else {}
+        counts = target.probe(cfg)
+        return target.schedule(cfg, data(delays_at(counts, max_delays)))
+
+    return draw()
+
+
+def configs(program: Program) -> st.SearchStrategy[dict[str, str]]:
+    """Configurations from a program's space (each key's first value is where shrinking goes), filtered."""
+
+    @st.composite
+    def draw(data: st.DrawFn) -> dict[str, str]:
+        cfg = {key: data(st.sampled_from(values)) for key, values in sorted(program.config_space.items())}
+        if program.config_filter is not None:
+            assume(program.config_filter(cfg))
+        return cfg
+
+    return draw()
 
 
 def schedules(program: Program, variant: str, max_delays: int = 3) -> st.SearchStrategy[Schedule]:
-    """Schedules of one program variant: a configuration from its space, and delays."""
-    return st.builds(
-        Schedule,
-        program=st.just(program.name),
-        variant=st.just(variant),
-        config=_configs(program).map(lambda d: tuple(d.items())),
-        delays=delays(program.actors, program.max_index, max_delays=max_delays),
-    )
+    """Schedules of one built-in program variant: a configuration from its space, and delays where they apply."""
+    return schedules_of(ProgramTarget(program, variant), configs(program), max_delays)

@@ -17,10 +17,11 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import itertools
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -28,8 +29,9 @@ from reference.contract import Run
 from reference.schedule import Schedule, ScheduleError, is_function_target
 from simdevice.api import SimDevice
 from simdevice.dropin import DropIn
-from simdevice.runtime.reports import error_source
-from simdevice.search.execute import Outcome
+from simdevice.programs import Program
+from simdevice.runtime.reports import describe, error_source
+from simdevice.search.execute import Outcome, counts_as_failure, execute
 
 #: the GPU's calibrated sleep cycles per ms, measured once per process
 _CYCLES: list[float] = []
@@ -37,6 +39,21 @@ _CYCLES: list[float] = []
 
 class TargetError(ScheduleError):
     """A target that cannot be run: no such file or function, or parameters the tool cannot fill."""
+
+
+class Target(Protocol):
+    """What the search, the exhaustive mode, the decorator and the command line need of anything they run: a user's
+    function (:class:`FunctionTarget`) or a built-in program's variant (:class:`ProgramTarget`)."""
+
+    #: how schedule lines name it (``file.py::fn``, ``program/variant``)
+    @property
+    def name(self) -> str: ...
+    def schedule(self, config: dict[str, Any] | None = None, delays: Any = ()) -> Schedule: ...
+    def run(self, schedule: Schedule, backend: str = "sim") -> Outcome: ...
+    def probe(self, config: dict[str, Any] | None = None) -> dict[str, int]: ...
+    def canonical(self, schedule: Schedule) -> Schedule: ...
+    def failed(self, out: Outcome) -> bool: ...
+    def configs(self) -> list[dict[str, Any]]: ...
 
 
 @attrs.frozen(eq=False)
@@ -52,6 +69,8 @@ class FunctionTarget:
     params: dict[str, Any] = attrs.field(factory=dict)
     #: ranks to run it on (None: the host actor alone)
     world_size: int | None = None
+    #: the delay-free run of each configuration made so far (the probe's)
+    _defaults: dict[Any, Outcome] = attrs.field(factory=dict, repr=False)
 
     def config(self, values: dict[str, str]) -> dict[str, Any]:
         """Keyword arguments from a schedule's configuration (text), converted to the defaults' types."""
@@ -78,17 +97,19 @@ class FunctionTarget:
         return kwargs
 
     def run(self, schedule: Schedule, backend: str = "sim") -> Outcome:
-        """Run the function under ``schedule`` (its target must be this one) and judge it."""
+        """Run the function under ``schedule`` (its target must be this one) and judge it. On the simulator a
+        schedule without delays is run once per configuration (the probe's run): a run is deterministic."""
         kwargs = self.config(schedule.config_dict())
-        run: Run
-        if backend == "sim":
-            if self.style == "plain":
-                run = DropIn(schedule).run(self.fn, world_size=self.world_size, **kwargs)
-            else:
-                run = SimDevice(schedule).run(self._contract_body(kwargs))
-        else:
+        if backend != "sim":
             return self._run_cuda(schedule, kwargs)
-        return Outcome(schedule, run, (), backend)
+        return _once(self._defaults, schedule, _key(kwargs), lambda: self._run_sim(schedule, kwargs))
+
+    def _run_sim(self, schedule: Schedule, kwargs: dict[str, Any]) -> Outcome:
+        if self.style == "plain":
+            run = DropIn(schedule).run(self.fn, world_size=self.world_size, **kwargs)
+        else:
+            run = SimDevice(schedule).run(self._contract_body(kwargs))
+        return Outcome(schedule, run, (), "sim")
 
     def _run_cuda(self, schedule: Schedule, kwargs: dict[str, Any]) -> Outcome:
         """On the GPU: what the function raises (a failing ``assert``) is the run's problem, as a host error is
@@ -107,7 +128,7 @@ class FunctionTarget:
         except Exception as e:
             torch.cuda.synchronize()
             run = Run(result=None, op_counts=dict(dev.counter.counts), unfired=dev.counter.unfired())
-            return Outcome(schedule, run, (f"host raised {type(e).__name__}: {e} ({error_source(e)})",), "cuda")
+            return Outcome(schedule, run, (f"host raised {describe(e)} ({error_source(e)})",), "cuda")
         return Outcome(schedule, run, (), "cuda")
 
     def _contract_body(self, kwargs: dict[str, Any]) -> Callable[[Any], Any]:
@@ -121,6 +142,14 @@ class FunctionTarget:
     def schedule(self, config: dict[str, Any] | None = None, delays: Any = ()) -> Schedule:
         return Schedule(self.name, "", config or {}, delays)
 
+    def failed(self, out: Outcome) -> bool:
+        """What a search counts as found: what a GPU would show (anything but a race alone)."""
+        return out.corrupted
+
+    def configs(self) -> list[dict[str, Any]]:
+        """The configurations the exhaustive mode walks: the defaults."""
+        return [{}]
+
     def canonical(self, schedule: Schedule) -> Schedule:
         """The same schedule with configuration values equal to the defaults left out (the shortest line)."""
         defaults = {k: Schedule(self.name, "", {k: v}).config[0][1] for k, v in self.params.items()
@@ -128,15 +157,83 @@ class FunctionTarget:
         return attrs.evolve(schedule, config=tuple((k, v) for k, v in schedule.config if defaults.get(k) != v))
 
     def probe(self, config: dict[str, Any] | None = None) -> dict[str, int]:
-        """Operations per actor of the default schedule in ``config`` (cached: a run is deterministic)."""
-        key = tuple(sorted((config or {}).items()))
-        return _probe(self, key)
+        """Operations per actor of the default schedule in ``config``."""
+        return dict(self.run(self.schedule(config)).run.op_counts)
 
 
-@functools.lru_cache(maxsize=256)
-def _probe(target: FunctionTarget, config: tuple[tuple[str, Any], ...]) -> dict[str, int]:
-    out = target.run(target.schedule(dict(config)))
-    return dict(out.run.op_counts)
+def _key(config: dict[str, Any]) -> Any:
+    """A configuration as a cache key (None: not hashable, not cached)."""
+    key = tuple(sorted((k, v) for k, v in config.items()))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _once(cache: dict[Any, Outcome], schedule: Schedule, key: Any, run: Callable[[], Outcome]) -> Outcome:
+    """``run()``, or the outcome of the same configuration's delay-free run made before (a run is deterministic)."""
+    if schedule.delays or schedule.choices or key is None:
+        return run()
+    out = cache.get(key)
+    if out is None:
+        out = cache[key] = run()
+    return attrs.evolve(out, schedule=schedule)
+
+
+@attrs.frozen
+class ProgramTarget:
+    """A variant of a built-in program (``simdevice.programs``), through the same interface as a user's function:
+    ``simdevice check`` without a target, the tests and the benchmarks search these."""
+
+    program: Program
+    variant: str
+    #: the delay-free run of each configuration made so far (the probe's)
+    _defaults: dict[Any, Outcome] = attrs.field(factory=dict, eq=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.program.name}/{self.variant}"
+
+    def schedule(self, config: dict[str, Any] | None = None, delays: Any = ()) -> Schedule:
+        return Schedule(self.program.name, self.variant, {k: str(v) for k, v in (config or {}).items()}, delays)
+
+    def run(self, schedule: Schedule, backend: str = "sim") -> Outcome:
+        """Run ``schedule``; on the simulator, a delay-free one once per configuration (a run is deterministic)."""
+        if backend != "sim":
+            return execute(schedule, backend)
+        return _once(self._defaults, schedule, _key(schedule.config_dict()), lambda: execute(schedule))
+
+    def probe(self, config: dict[str, Any] | None = None) -> dict[str, int]:
+        """Operations per actor of the default schedule in ``config``, restricted to the actors the program lets a
+        schedule delay."""
+        out = self.run(self.schedule(config))
+        return {a: n for a, n in out.run.op_counts.items() if a in self.program.actors}
+
+    def canonical(self, schedule: Schedule) -> Schedule:
+        return self.program.canonical(schedule)
+
+    def failed(self, out: Outcome) -> bool:
+        return counts_as_failure(self.program, self.variant, out)
+
+    def configs(self) -> list[dict[str, Any]]:
+        """Every configuration of the program's space (that its filter lets through)."""
+        space = self.program.config_space
+        keys = sorted(space)
+        every = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(space[k] for k in keys))]
+        keep = self.program.config_filter
+        return [c for c in every if keep is None or keep(c)]
+
+
+def target_of(text: str) -> Target:
+    """The target a schedule target names: ``file.py::fn`` / ``module::fn``, or ``program/variant``."""
+    if is_function_target(text) or "::" in text or (":" in text and "/" not in text.split(":")[0]):
+        return resolve(text)
+    from simdevice.programs import resolve as resolve_program
+
+    schedule = Schedule.parse(text)
+    program, _ = resolve_program(schedule)
+    return ProgramTarget(program, schedule.variant)
 
 
 def _convert(key: str, text: str, default: Any) -> Any:
@@ -222,6 +319,22 @@ def resolve(text: str, world_size: int | None = None) -> FunctionTarget:
     return from_function(obj, f"{_where_text(where)}::{name}", world_size)
 
 
+def functions_in(where: str) -> list[FunctionTarget]:
+    """The functions of a file or module that a schedule can target: public, defined there, every parameter but a
+    leading ``dev`` with a default (a function decorated by ``simdevice.fuzz`` included)."""
+    module = _module_of(where)
+    out = []
+    for name, obj in vars(module).items():
+        fn = getattr(obj, "__simdevice_target__", obj)
+        if name.startswith("_") or not inspect.isfunction(fn) or fn.__module__ != module.__name__:
+            continue
+        try:
+            out.append(from_function(obj, f"{_where_text(where)}::{name}"))
+        except TargetError:
+            continue
+    return out
+
+
 def _where_text(where: str) -> str:
     if not where.endswith(".py"):
         return where
@@ -230,7 +343,11 @@ def _where_text(where: str) -> str:
 
 
 def from_function(fn: Callable[..., Any], name: str | None = None, world_size: int | None = None) -> FunctionTarget:
-    """A target for a function object (``name``: how schedule lines call it; default from its module)."""
+    """A target for a function object (``name``: how schedule lines call it; default from its module). A test
+    made by ``@simdevice.fuzz`` stands for the function it decorates."""
+    if world_size is None:
+        world_size = getattr(fn, "__simdevice_world_size__", None)
+    fn = getattr(fn, "__simdevice_target__", fn)
     if name is None:
         name = _name_of(fn)
     try:

@@ -6,7 +6,11 @@ from __future__ import annotations
 import torch
 
 import simdevice
+from reference.naming import short_path
 from simdevice import Race, StaleRead
+
+#: how reports name this file (relative to the working directory when under it)
+HERE = short_path(__file__)
 
 
 class Offloader:
@@ -29,7 +33,7 @@ def test_streams_are_named_after_what_the_line_assigns_and_where_it_is() -> None
     sim.assert_clean()
     assert names == ["d2h_stream", "h2d", "side", "pool", "pool-2", "s1", "side_2"]
     assert sites is not None
-    assert sites.startswith("dropin/test_streams.py:")
+    assert sites.startswith(f"{HERE}:")
 
 
 def test_a_name_taken_twice_gets_a_suffix() -> None:
@@ -124,7 +128,7 @@ def test_an_idle_stream_and_a_stream_that_shares_nothing_are_noted() -> None:
     notes = s.result.notes if s.result is not None else ()
     assert s.clean
     assert len(notes) == 2
-    assert notes[0].startswith("stream side (made at dropin/test_streams.py:")
+    assert notes[0].startswith(f"stream side (made at {HERE}:")
     assert "touched no memory that another stream or the host touched" in notes[0]
     assert notes[1].startswith("stream idle ")
     assert "got no operation" in notes[1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+import attrs
 import pytest
 from hypothesis import find, given
 
@@ -20,7 +21,8 @@ from reference.schedule import Schedule
 from simdevice import SimDevice
 from simdevice.programs.activation_offload import PROGRAM, body, oracle
 from simdevice.search import Outcome, execute, search_settings
-from simdevice.search.strategies import schedules
+from simdevice.search.strategies import configs, schedules, schedules_of
+from simdevice.search.targets import ProgramTarget
 
 FIND = search_settings()  # what simdevice check searches with
 
@@ -112,9 +114,17 @@ def _fails(prop: Callable[[Outcome], bool]) -> Callable[[Schedule], bool]:
     return fails
 
 
+@attrs.frozen
+class _Arm(ProgramTarget):
+    """A variant of ``ao.VARIANTS`` as a search target, registered or not (its probe runs it as ``run`` does)."""
+
+    def run(self, schedule: Schedule, backend: str = "sim") -> Outcome:
+        return run(schedule)
+
+
 @pytest.mark.parametrize(("prop", "variant"), CATCHES, ids=lambda x: getattr(x, "__name__", x))
 def test_property_catches_variant(prop: Callable[[Outcome], bool], variant: str) -> None:
-    s = find(schedules(PROGRAM, variant), _fails(prop), settings=FIND)
+    s = find(schedules_of(_Arm(PROGRAM, variant), configs(PROGRAM)), _fails(prop), settings=FIND)
     again = Schedule.parse(str(s))
     assert again == s
     assert not prop(run(again)), str(s)

@@ -27,12 +27,14 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 import reference.param_readiness as pr
+from reference.naming import short_path
 from reference.schedule import Schedule
 from simdevice.programs import param_readiness as harness
 from simdevice.programs.param_readiness import PROGRAM, SHRUNK, load, weight_values
 from simdevice.runtime.reports import Race, StaleRead
 from simdevice.search import Outcome, check_variant, execute, exhaust, search_settings
 from simdevice.search.strategies import schedules
+from simdevice.search.targets import ProgramTarget
 
 _FIND = search_settings()  # what simdevice check searches with
 
@@ -77,9 +79,12 @@ def test_fixed_forward_reads_are_fresh_thorough(s: Schedule) -> None:
 def test_fixed_is_clean_over_every_single_delay_schedule() -> None:
     # exhaust() also walks the whole configuration space (648 configurations): bound it to two of them
     space = {k: v[:1] for k, v in PROGRAM.config_space.items()} | {"ranks": ("2",), "eager": ("0", "1")}
-    n, failed = exhaust(attrs.evolve(PROGRAM, config_space=space), "FIXED", max_delays=1, units=(1, 5, 20))
+    program = attrs.evolve(PROGRAM, config_space=space)
+    n, failed = exhaust(program, "FIXED", max_delays=1, units=(1, 5, 20))
     assert failed is None
-    assert n == 2 * (1 + len(PROGRAM.actors) * (PROGRAM.max_index + 1) * 3)
+    # a delay at each operation each configuration's probe saw, 3 stalls each, plus the empty schedule
+    target = ProgramTarget(program, "FIXED")
+    assert n == sum(1 + sum(target.probe(c).values()) * 3 for c in target.configs())
 
 
 @pytest.mark.parametrize(
@@ -133,7 +138,7 @@ def test_report_text_is_pinned() -> None:
     expected_stale = (
         f"stale read: copy_ on stream rank0.prefetch #0 (reference/param_readiness.py:{prefetch}) read "
         f"device#1[0:65536] at t=5.404; it saw copy_ (H2D) on stream rank0.default #0 "
-        f"(programs/param_readiness.py:{load}); stale by 1 write: expected the data of all_gather (receive) on "
+        f"({short_path(harness.__file__)}:{load}); stale by 1 write: expected the data of all_gather (receive) on "
         f"stream rank0.nccl (reference/param_readiness.py:{gather})"
     )
     expected_race = (

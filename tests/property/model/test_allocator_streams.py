@@ -17,10 +17,14 @@ from hazards import freed_while_side_reads
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reference.naming import short_path
 from reference.schedule import Choice, Delay, Schedule
 from simdevice import Race, SimDevice, StaleRead
 from simdevice.dispatch import data_of
 from simdevice.runtime.memory import Memory
+
+#: how reports name this file (relative to the working directory when under it)
+HERE = short_path(__file__)
 
 
 def run(body: Any, *args: Any, schedule: str = "t/t") -> Any:
@@ -57,7 +61,7 @@ def test_a_free_not_ordered_after_another_streams_access_is_a_note_unless_a_reus
         r = run(_dropped_while_side_reads, reuse_after_wait)
         assert r.reports == ()  # the free itself touches nothing; a reuse ordered after the read is safe
         [note] = r.notes
-        assert note.startswith("free on stream default (model/test_allocator_streams.py:")
+        assert note.startswith(f"free on stream default ({HERE}:")
         assert "freed device#2, which copy_ on stream side #0" in note
         assert "read unordered before the free (no record_stream on that stream)" in note
 

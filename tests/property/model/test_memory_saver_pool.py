@@ -19,9 +19,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reference.naming import short_path
 from simdevice import LibraryFixes, Options, SimDevice, peek
 from simdevice.dispatch import data_of
 from simdevice.runtime.reports import HostError, IllegalAccess
+
+#: how reports name this file (relative to the working directory when under it)
+HERE = short_path(__file__)
 
 
 def sim(body: Any, options: Options | None = None) -> tuple[SimDevice, Any]:
@@ -83,7 +87,7 @@ def test_access_while_paused_names_allocation_pause_and_access() -> None:
     _, run = sim(body)
     line = inspect.getsourcelines(body)[1] + 6
     assert [str(r) for r in run.reports] == [
-        f"illegal access: add_ on stream default #1 (model/test_memory_saver_pool.py:{line}) {verb} "
+        f"illegal access: add_ on stream default #1 ({HERE}:{line}) {verb} "
         "device#1[0:1024] of device#1, which memory_saver.pause('train') at t=0.010 unmapped (block seg#1+0)"
         for verb in ("reads", "writes")
     ]

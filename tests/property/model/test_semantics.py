@@ -8,8 +8,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reference.naming import short_path
 from reference.schedule import Delay, Schedule
 from simdevice import UNIT_NS, Deadlock, HostError, Race, SimDevice, StaleRead, peek
+
+#: how reports name this file (relative to the working directory when under it)
+HERE = short_path(__file__)
 
 N = 1024  # float32 elements: 4 KiB simulated, 4 MiB modelled
 
@@ -312,7 +316,7 @@ def test_an_exception_in_host_code_is_reported_with_its_line() -> None:
     assert len(reports) == 1
     assert isinstance(reports[0], HostError)
     assert reports[0].error == "AssertionError: Chunk mismatch"
-    assert reports[0].source.startswith("model/test_semantics.py:")
+    assert reports[0].source.startswith(f"{HERE}:")
 
 
 def test_random_ops_depend_on_the_seed_and_the_program_never_on_timing() -> None:
@@ -415,8 +419,8 @@ def test_race_report_text() -> None:
     race = next(r for r in reports if isinstance(r, Race))
     line = re.sub(r"test_semantics.py:\d+", "test_semantics.py:N", str(race))
     assert line == (
-        "race: copy_ (H2D) on stream default #1 (model/test_semantics.py:N) reads pinned#2[0:4096], "
-        "which copy_ (D2H) on stream side #0 (model/test_semantics.py:N) wrote; no happens-before edge orders them"
+        f"race: copy_ (H2D) on stream default #1 ({HERE}:N) reads pinned#2[0:4096], "
+        f"which copy_ (D2H) on stream side #0 ({HERE}:N) wrote; no happens-before edge orders them"
     )
 
 
@@ -425,7 +429,7 @@ def test_stale_read_report_text() -> None:
     stale = next(r for r in reports if isinstance(r, StaleRead))
     line = re.sub(r"test_semantics.py:\d+", "test_semantics.py:N", str(stale))
     assert line == (
-        "stale read: copy_ (H2D) on stream default #1 (model/test_semantics.py:N) read pinned#2[0:4096] "
+        f"stale read: copy_ (H2D) on stream default #1 ({HERE}:N) read pinned#2[0:4096] "
         "at t=0.020; it saw uninitialized memory; stale by 1 write: expected the data of copy_ (D2H) on stream "
-        "side #0 (model/test_semantics.py:N)"
+        f"side #0 ({HERE}:N)"
     )

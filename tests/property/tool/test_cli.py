@@ -98,14 +98,16 @@ def test_the_installed_command_prints_no_traceback() -> None:
 
 
 def test_exhaust_reports_clean_and_found(capsys: pytest.CaptureFixture[str]) -> None:
+    # a delay at each operation the probe saw (host 27, default 17, d2h 2; with work=0, host 19 and default 9)
+    # plus the empty schedule
     assert main(["exhaust", "offload_reload/correct", "--units", "1", "-q"]) == 0
     assert capsys.readouterr().out == (
-        "offload_reload/correct (every configuration): clean over all 22 schedules of at most 1 delays of 1 units\n"
+        "offload_reload/correct (every configuration): clean over all 47 schedules of at most 1 delay of 1 unit\n"
     )
     assert main(["exhaust", "offload_reload/correct:work=0", "--units", "1"]) == 0
     captured = capsys.readouterr()
-    assert captured.err.startswith("running 22 schedules\n")
-    assert captured.out.startswith("offload_reload/correct (the configuration given): clean over all 22 schedules")
+    assert captured.err.startswith("running 31 schedules\n")
+    assert captured.out.startswith("offload_reload/correct (the configuration given): clean over all 31 schedules")
     assert main(["exhaust", "offload_reload/correct::d2h#0+1"]) == 2
     assert "exhaust draws the delays itself" in capsys.readouterr().err
     assert main(["exhaust", "offload_reload/racy", "--units", "1", "-q"]) == 0

@@ -1,0 +1,192 @@
+"""``@simdevice.fuzz``: a test that searches the schedules of the function it decorates.
+
+::
+
+    @simdevice.example("d2h_stream#0+1")       # pinned: runs first, like Hypothesis's @example
+    @simdevice.fuzz(n=st.integers(1, 4096))   # configuration from your own strategies (optional)
+    def test_reload(n: int = 4096) -> None:   # plain torch.cuda code (or contract code: test_x(dev, ...))
+        ...                                    # an assert is the value oracle
+
+The decorated function is a Hypothesis test (``@given`` a schedule): pytest runs it, Hypothesis's settings and
+profiles apply (``max_examples``, ``derandomize``; the example database only where the user chose one: a
+profile's own, or ``--simdevice-db DIR``), pytest-xdist spreads such tests over workers and HypoFuzz fuzzes them.
+A failure raises :class:`FuzzFailure`: the schedule line, the first reports and the replay command; when the
+search finds nothing, a race at the default schedule is the failure (it is there whatever the timing), as
+``simdevice.explore`` and ``simdevice check`` count it. ``simdevice replay`` and ``simdevice check`` take the
+test's name as a target (``tests/test_x.py::test_reload``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import example as hypothesis_example
+from hypothesis import strategies as st
+from hypothesis.database import ExampleDatabase
+
+from simdevice.search import engine
+from simdevice.search.execute import Outcome
+from simdevice.search.explore import kept_patched, pin
+from simdevice.search.strategies import schedules_of
+from simdevice.search.targets import from_function
+
+#: reports shown in a failure's message (the rest: ``simdevice replay`` of its line)
+SHOWN = 6
+
+
+class FuzzFailure(AssertionError):  # noqa: N818 (a test failure, as AssertionError is)
+    """A schedule under which the fuzzed function fails: its line, what went wrong, how to replay it."""
+
+    def __init__(self, outcome: Outcome, why: str = "") -> None:
+        self.outcome = outcome
+        self.schedule = str(outcome.schedule)
+        self.why = why
+        #: where the failing run's trace was written (``--simdevice-trace DIR``), if it was
+        self.trace_path: Path | None = None
+        super().__init__(self.block())
+
+    def block(self) -> str:
+        """The short report: verdict and schedule, the first reports, the replay command."""
+        out = self.outcome
+        lines = [f'schedule "{out.schedule}" on {out.backend}: {out.verdict()}{self.why}']
+        lines += [f"  {p}" for p in out.problems]
+        reports = [_first_lines(str(r)) for r in out.run.reports]
+        lines += [f"  {r}" for r in reports[:SHOWN]]
+        if len(reports) > SHOWN:
+            lines.append(f"  ... and {len(reports) - SHOWN} more (simdevice replay shows them all)")
+        lines += [f"  note: {n}" for n in out.run.notes]
+        lines.append(f'  replay: simdevice replay "{out.schedule}" [--gpu]')
+        if self.trace_path is not None:
+            lines.append(f"  trace: {self.trace_path}")
+        return "\n".join(lines)
+
+    def write_trace(self, directory: str | os.PathLike[str]) -> Path:
+        """Write the failing run's trace into ``directory`` (one file per failure); its path."""
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.schedule)[:150]
+        path = folder / f"{stem}.trace.txt"
+        path.write_text(f"# {self.schedule}\n# {self.outcome.verdict()}\n" + self.outcome.trace_text())
+        self.trace_path = path
+        self.args = (self.block(),)
+        return path
+
+
+def _first_lines(text: str, most: int = 3) -> str:
+    """A report cut to its first lines (pytest's assertion rewriting makes long messages)."""
+    lines = text.splitlines()
+    return "\n    ".join(lines[:most]) + (" ..." if len(lines) > most else "")
+
+
+#: the database the plugin's ``--simdevice-db DIR`` chose (None: none, unless the user's profile has one)
+_OPTIONS: dict[str, Any] = {"db": None}
+
+
+def use_database(db: ExampleDatabase | None) -> None:
+    """The example database ``@fuzz`` tests use from now on, unless their own settings say otherwise."""
+    _OPTIONS["db"] = db
+
+
+def _chosen_database() -> ExampleDatabase | None:
+    """``--simdevice-db``'s, else the loaded profile's if the user gave it one, else none: nothing is written where
+    the user did not ask (Hypothesis's built-in default is a folder in the current directory)."""
+    if _OPTIONS["db"] is not None:
+        return _OPTIONS["db"]  # type: ignore[no-any-return]
+    current = settings().database
+    builtin = settings.get_profile("default")
+    return current if builtin is None or current != builtin.database else None
+
+
+def example(schedule: str) -> Callable[[Any], Any]:
+    """Pin a schedule (a whole line, or delays alone such as ``"d2h_stream#0+1"``) for a ``@fuzz`` test: it runs
+    first, as Hypothesis's ``@example`` does. Put it above or below ``@fuzz``."""
+
+    def accept(test: Any) -> Any:
+        pins = getattr(test, "__simdevice_examples__", None)
+        if pins is None:
+            pins = []
+            test.__simdevice_examples__ = pins
+        pins.append(schedule)
+        return test
+
+    return accept
+
+
+def fuzz(
+    fn: Callable[..., Any] | None = None,
+    *,
+    max_examples: int | None = None,
+    max_delays: int = 3,
+    config: st.SearchStrategy[dict[str, Any]] | None = None,
+    world_size: int | None = None,
+    **strategies: st.SearchStrategy[Any],
+) -> Any:
+    """Make ``fn`` (plain torch.cuda code, or contract code ``fn(dev, ...)``) a test that searches its schedules.
+
+    ``config`` (a strategy of keyword-argument dicts) or keyword strategies draw its parameters, shrinking with
+    the schedule; without them it runs with its defaults. ``max_examples`` overrides the Hypothesis profile's.
+    """
+    if config is not None and strategies:
+        raise TypeError("fuzz takes config=... or keyword strategies, not both")
+    if strategies:
+        config = st.fixed_dictionaries(strategies)
+
+    def decorate(f: Callable[..., Any]) -> Any:
+        return _fuzz_test(f, max_examples, max_delays, config, world_size)
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def _fuzz_test(
+    f: Callable[..., Any],
+    max_examples: int | None,
+    max_delays: int,
+    config: st.SearchStrategy[dict[str, Any]] | None,
+    world_size: int | None,
+) -> Any:
+    target = from_function(f, world_size=world_size)
+
+    def run_schedule(schedule: Any) -> None:
+        out = target.run(schedule)
+        if target.failed(out):
+            raise FuzzFailure(out)
+
+    run_schedule.__name__ = run_schedule.__qualname__ = getattr(f, "__name__", "fuzzed")
+    run_schedule.__module__ = getattr(f, "__module__", __name__)
+    inner = given(schedule=schedules_of(target, config, max_delays))(run_schedule)
+
+    def test() -> None:
+        pins = list(getattr(test, "__simdevice_examples__", [])) + list(getattr(f, "__simdevice_examples__", []))
+        searched: Any = inner
+        for text in pins:
+            searched = hypothesis_example(schedule=pin(target, text))(searched)
+        extra: dict[str, Any] = {"max_examples": max_examples} if max_examples is not None else {}
+        searched = settings(_settings(), **extra)(searched)
+        with engine.storage(), kept_patched(target):
+            searched()
+            default = target.run(target.schedule())
+        if default.races:
+            raise FuzzFailure(default, " (a race at the default schedule: there whatever the timing)")
+
+    for name in ("__name__", "__qualname__", "__module__", "__doc__"):
+        setattr(test, name, getattr(f, name, None))
+    # what the command line and HypoFuzz need: the function it stands for, and the Hypothesis test inside
+    test.__simdevice_target__ = f  # type: ignore[attr-defined]
+    test.__simdevice_world_size__ = world_size  # type: ignore[attr-defined]
+    test.hypothesis = inner.hypothesis  # type: ignore[attr-defined]
+    test.is_hypothesis_test = True  # type: ignore[attr-defined]
+    test._hypothesis_internal_use_settings = _settings()  # type: ignore[attr-defined]
+    return test
+
+
+def _settings() -> settings:
+    """The loaded profile's settings, with the database chosen as above, no deadline, no health checks, and no
+    explain phase (its notes are about the simulator's lines, not the program's)."""
+    base = settings()
+    quiet = [h for h in HealthCheck if h is not HealthCheck.nested_given]  # HypoFuzz skips tests that suppress it
+    return settings(base, database=_chosen_database(), deadline=None, suppress_health_check=quiet,
+                    phases=[p for p in base.phases if p is not Phase.explain])

@@ -1,0 +1,98 @@
+"""The pytest plugin (entry point ``pytest11``): ``@simdevice.fuzz`` tests as first-class pytest tests.
+
+- a failing ``@simdevice.fuzz`` test reports a short block (the schedule line, the first reports, the replay
+  command, where its trace went) instead of a traceback through the simulator;
+- ``--simdevice-trace DIR`` writes each failure's trace to DIR; ``--simdevice-db DIR`` keeps the Hypothesis
+  example database of ``@simdevice.fuzz`` tests in DIR (default: none, unless your Hypothesis profile has one);
+- the marker ``simdevice`` is put on every ``@simdevice.fuzz`` test (``pytest -m simdevice`` selects them), and
+  its example database key is its node id, as HypoFuzz keys it: what a campaign saved, pytest replays first;
+- the fixture ``simdevice`` explores a function from inside an ordinary test:
+  ``simdevice.explore(fn)`` fails the test with the same block when a schedule fails;
+- Hypothesis's own files (its constants cache, and its default example database) go under
+  ``~/.cache/simdevice/hypothesis`` rather than a new ``.hypothesis/`` in the current directory, unless that
+  folder exists already or ``HYPOTHESIS_STORAGE_DIRECTORY`` is set: nothing is written where you did not ask.
+
+Hypothesis's settings and profiles apply to ``@simdevice.fuzz`` tests as to any ``@given`` test; pytest-xdist
+(``-n N``) spreads them over workers, and HypoFuzz fuzzes them (docs/campaigns.md).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from simdevice.fuzz import FuzzFailure, use_database
+from simdevice.search import engine
+
+_TRACE_DIR: list[Path] = []
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("simdevice", "simdevice: schedule fuzzing on a simulated CUDA device")
+    group.addoption("--simdevice-trace", metavar="DIR", default=None,
+                    help="write the trace of each failing schedule to DIR")
+    group.addoption("--simdevice-db", metavar="DIR", default=None,
+                    help="keep the Hypothesis example database of @simdevice.fuzz tests in DIR (default: none, "
+                         "unless your Hypothesis profile sets one)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "simdevice: a @simdevice.fuzz test (schedule fuzzing on the simulator)")
+    db = config.getoption("--simdevice-db")
+    if db is not None:
+        use_database(engine.database(db))
+    trace = config.getoption("--simdevice-trace")
+    _TRACE_DIR[:] = [Path(trace)] if trace else []
+    existing = [Path(str(config.rootpath)) / ".hypothesis", Path.cwd() / ".hypothesis"]
+    if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY") and not any(p.exists() for p in existing):
+        from hypothesis import configuration
+
+        configuration.set_hypothesis_home_dir(engine.cache_dir() / "hypothesis")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        test = getattr(item, "obj", None)
+        if getattr(test, "__simdevice_target__", None) is not None:
+            item.add_marker(pytest.mark.simdevice)
+            # the example database key HypoFuzz gives the test (its node id): what a campaign saved, pytest replays
+            test.hypothesis.inner_test._hypothesis_internal_add_digest = item.nodeid.encode()  # type: ignore[union-attr]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is None or not isinstance(call.excinfo.value, FuzzFailure):
+        return
+    failure = call.excinfo.value
+    if _TRACE_DIR:
+        failure.write_trace(_TRACE_DIR[0])
+    report.longrepr = f"simdevice: {item.nodeid} fails under a schedule\n{failure.block()}"
+
+
+class Explorer:
+    """The ``simdevice`` fixture: explore a function from inside a test, failing it with the short block."""
+
+    def explore(self, fn: Any, **kwargs: Any) -> Any:
+        from simdevice.search.explore import explore
+
+        found = explore(fn, **kwargs)
+        if found.failure is not None:
+            raise FuzzFailure(found.failure)
+        return found
+
+    def cuda(self, *args: Any, **kwargs: Any) -> Any:
+        from simdevice.dropin import cuda
+
+        return cuda(*args, **kwargs)
+
+
+@pytest.fixture
+def simdevice() -> Explorer:
+    """Explore functions (``simdevice.explore(fn, max_examples=...)``) or open a torch.cuda session
+    (``simdevice.cuda()``) from a test; a failing schedule fails the test with its replay line."""
+    return Explorer()

@@ -1,0 +1,231 @@
+"""Your own protocol through every entry point: ``simdevice check FILE::FN``, ``simdevice.explore`` and pytest with
+``@simdevice.fuzz`` agree on the verdict and the shrunk schedule; pins run first; nothing is written where the user
+did not ask; the plugin's options, marker and fixture; pytest-xdist.
+
+The user's file (``USER``) holds a racy and a correct reload protocol in both styles: plain torch.cuda code and
+contract code ``fn(dev)``. Every pytest run here is a subprocess in an empty directory (``pytester``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import simdevice
+
+USER = textwrap.dedent('''
+    """A user's offload protocols (plain torch.cuda, and the same against the device contract)."""
+    import torch
+
+
+    def _plain(wait: bool, n: int) -> None:
+        act = torch.arange(n, dtype=torch.float32, device="cuda")
+        pinned = torch.empty(n, pin_memory=True)
+        d2h = torch.cuda.Stream()
+        scratch = torch.zeros(16 * n, device="cuda")
+        d2h.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(d2h):
+            pinned.copy_(act, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        for _ in range(4):
+            scratch.mul_(0.5)
+        if wait:
+            torch.cuda.current_stream().wait_event(done)
+        back = torch.empty_like(act).copy_(pinned, non_blocking=True)
+        assert torch.equal(back.cpu(), torch.arange(n, dtype=torch.float32)), "stale reload"
+
+
+    def _contract(dev, wait: bool, n: int) -> None:
+        act = torch.arange(n, dtype=torch.float32, device=dev.device)
+        pinned = torch.empty(n, pin_memory=True)
+        d2h = dev.Stream(name="d2h")
+        scratch = torch.zeros(16 * n, device=dev.device)
+        d2h.wait_stream(dev.current_stream())
+        with dev.stream(d2h):
+            pinned.copy_(act, non_blocking=True)
+            done = dev.Event()
+            done.record()
+        for _ in range(4):
+            scratch.mul_(0.5)
+        if wait:
+            dev.current_stream().wait_event(done)
+        back = torch.empty_like(act).copy_(pinned, non_blocking=True)
+        assert torch.equal(back.cpu(), torch.arange(n, dtype=torch.float32)), "stale reload"
+
+
+    def plain_racy(n: int = 1024) -> None:
+        _plain(False, n)
+
+
+    def plain_correct(n: int = 1024) -> None:
+        _plain(True, n)
+
+
+    def contract_racy(dev, n: int = 1024) -> None:
+        _contract(dev, False, n)
+
+
+    def contract_correct(dev, n: int = 1024) -> None:
+        _contract(dev, True, n)
+''')
+
+TESTS = textwrap.dedent('''
+    import simdevice
+    import protocols
+
+    test_plain_racy = simdevice.fuzz(protocols.plain_racy)
+    test_plain_correct = simdevice.fuzz(protocols.plain_correct)
+    test_contract_racy = simdevice.fuzz(protocols.contract_racy)
+    test_contract_correct = simdevice.fuzz(protocols.contract_correct)
+
+
+    @simdevice.example("d2h#0+7")
+    @simdevice.fuzz
+    def test_pinned(n: int = 1024) -> None:
+        protocols.plain_racy(n)
+
+
+    def test_with_the_fixture(simdevice):
+        simdevice.explore(protocols.plain_correct, max_examples=10)
+''')
+
+FUNCTIONS = ("plain_racy", "plain_correct", "contract_racy", "contract_correct")
+
+
+def _user_dir(pytester: pytest.Pytester) -> Path:
+    pytester.makepyfile(protocols=USER, test_user=TESTS)
+    return Path(pytester.path)
+
+
+def _cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "simdevice", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, check=False)
+
+
+def _clean_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("HYPOTHESIS_STORAGE_DIRECTORY", "HYPOTHESIS_PROFILE")}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "user-cache")  # where the tool may keep Hypothesis's own files
+    return env
+
+
+def _pytest(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--hypothesis-seed=0", *args)
+
+
+def test_check_explore_and_pytest_agree_on_verdict_and_schedule(pytester: pytest.Pytester, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    here = _user_dir(pytester)
+    env = _clean_env(tmp_path)
+    monkeypatch.chdir(here)
+    monkeypatch.syspath_prepend(str(here))
+    cli, api = {}, {}
+    for fn in FUNCTIONS:
+        p = _cli(["check", f"protocols.py::{fn}", "--json", "--examples", "60"], here, env)
+        doc = json.loads(p.stdout)
+        cli[fn] = (p.returncode, doc["schedule"])
+        found = simdevice.explore(f"protocols.py::{fn}", max_examples=60)
+        api[fn] = (1 if found.failure is not None else 0, found.schedule)
+    assert cli == api
+    assert cli["plain_racy"] == (1, "protocols.py::plain_racy::d2h#0+1")
+    assert cli["contract_racy"] == (1, "protocols.py::contract_racy::d2h#0+1")
+    assert cli["plain_correct"] == cli["contract_correct"] == (0, None)
+
+    result = _pytest(pytester, "-k", "plain or contract")
+    result.assert_outcomes(passed=2, failed=2)
+    out = result.stdout.str()
+    for fn in ("plain_racy", "contract_racy"):
+        assert f"simdevice: test_user.py::test_{fn} fails under a schedule" in out
+        assert f'schedule "{cli[fn][1]}" on sim: ' in out
+        assert f'replay: simdevice replay "{cli[fn][1]}" [--gpu]' in out
+    p = _cli(["replay", cli["plain_racy"][1]], here, env)  # the printed line replays
+    assert p.returncode == 1
+    assert "stale reload" in p.stdout
+
+
+def test_a_pinned_schedule_runs_first_and_is_reported_as_pinned(pytester: pytest.Pytester) -> None:
+    _user_dir(pytester)
+    result = _pytest(pytester, "-k", "pinned")
+    result.assert_outcomes(failed=1)
+    assert 'schedule "test_user.py::test_pinned::d2h#0+7" on sim' in result.stdout.str()  # explicit: not shrunk
+
+
+def test_the_fixture_explores_from_an_ordinary_test(pytester: pytest.Pytester) -> None:
+    _user_dir(pytester)
+    _pytest(pytester, "-k", "fixture").assert_outcomes(passed=1)
+
+
+def test_the_marker_selects_the_fuzz_tests(pytester: pytest.Pytester) -> None:
+    _user_dir(pytester)
+    result = _pytest(pytester, "-m", "simdevice", "--collect-only", "-q")
+    listed = [line for line in result.stdout.lines if "::" in line]
+    assert sorted(x.split("::")[1] for x in listed) == sorted(
+        [f"test_{f}" for f in FUNCTIONS] + ["test_pinned"]
+    )
+
+
+def test_nothing_is_written_where_the_user_did_not_ask(pytester: pytest.Pytester, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))  # pytester makes HOME the test's folder
+    here = _user_dir(pytester)
+    before = sorted(p.name for p in here.iterdir())
+    env = _clean_env(tmp_path)
+    for args in (["check", "protocols.py::plain_racy", "--examples", "20"], ["replay", "protocols.py::plain_racy"],
+                 ["exhaust", "protocols.py::plain_correct", "--units", "1"], ["check", "--program", "offload_reload",
+                                                                                "--examples", "10", "-q"]):
+        assert _cli(args, here, env).returncode in (0, 1)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "plain")
+    result.assert_outcomes(passed=1, failed=1)
+    # Python's own __pycache__, and pytester's files and folders for the runs it makes, aside
+    harness = {"__pycache__", "stdout", "stderr"}
+    after = sorted(p.name for p in here.iterdir() if p.name not in harness and not p.name.startswith("runpytest"))
+    assert after == before
+
+
+def test_the_database_and_trace_options_write_where_asked(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    here = _user_dir(pytester)
+    db, traces = tmp_path / "db", tmp_path / "traces"
+    # no --hypothesis-seed here: with a seed given, Hypothesis keeps no database
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "plain_racy", f"--simdevice-db={db}",
+                                           f"--simdevice-trace={traces}")
+    result.assert_outcomes(failed=1)
+    [trace] = list(traces.iterdir())
+    assert trace.read_text().startswith("# protocols.py::plain_racy::d2h#0+1\n")
+    assert f"trace: {trace}" in result.stdout.str()
+    assert any(db.rglob("*"))  # the failure is saved, to be replayed first next time
+    env = _clean_env(tmp_path)
+    cli_db = tmp_path / "cli-db"
+    assert _cli(["check", "protocols.py::plain_racy", "--db", str(cli_db)], here, env).returncode == 1
+    assert any(cli_db.rglob("*"))
+    p = _cli(["check", "protocols.py::plain_racy", "--db", str(trace)], here, env)
+    assert p.returncode == 2
+    assert "is a file, not a directory" in p.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
+def test_pytest_xdist_spreads_the_fuzz_tests_over_workers(pytester: pytest.Pytester) -> None:
+    _user_dir(pytester)
+    result = _pytest(pytester, "-n", "2", "-k", "plain or contract")
+    result.assert_outcomes(passed=2, failed=2)
+    assert 'schedule "protocols.py::plain_racy::d2h#0+1" on sim' in result.stdout.str()
+
+
+def test_list_shows_the_functions_of_a_file_with_their_actors(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    here = _user_dir(pytester)
+    p = _cli(["list", "protocols.py"], here, _clean_env(tmp_path))
+    assert p.returncode == 0
+    assert p.stdout.splitlines()[:2] == [
+        "protocols.py::plain_racy  [plain torch.cuda](n=1024)",
+        "  operations: d2h 1, default 8, host 11",
+    ]
+    assert "protocols.py::contract_correct  [contract (dev)](n=1024)" in p.stdout
+    assert "_plain" not in p.stdout  # private helpers are no targets
+    p = _cli(["list", "test_user.py"], here, _clean_env(tmp_path))
+    assert "test_user.py::test_pinned  [plain torch.cuda](n=1024)" in p.stdout  # a @fuzz test stands for its function
