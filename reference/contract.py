@@ -245,3 +245,5 @@ class Run:
     notes: tuple[str, ...] = ()
     #: every host step and stream operation, in time order: (time in ns, actor, what); empty where none is kept
     trace: tuple[tuple[int, str, str], ...] = ()
+    #: each counted stream operation's line and bytes moved: ``"actor#index"`` -> ``(source, nbytes)`` (simulator)
+    sites: dict[str, tuple[str, int]] = attrs.field(factory=dict)

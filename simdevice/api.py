@@ -253,7 +253,7 @@ class SimDevice:
         """The run's :class:`Run`, once it is over."""
         rt = self.runtime
         return Run(result=result, reports=tuple(rt.reports.items), op_counts=rt.op_counts(), unfired=rt.unfired(),
-                   notes=rt.notes(), trace=tuple(rt.trace))
+                   notes=rt.notes(), trace=tuple(rt.trace), sites=dict(rt.op_sites))
 
     @property
     def trace(self) -> list[tuple[int, str, str]]:

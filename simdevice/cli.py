@@ -65,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
         "--budget", type=float, default=None, metavar="SECONDS", help="stop searching a variant after this long"
     )
     c.add_argument("--program", action="append", metavar="NAME", help="check only this program (repeatable)")
+    c.add_argument("--fix", action=argparse.BooleanOptionalAction, default=None,
+                   help="suggest the missing synchronization for a failure and check it by re-running with it "
+                        "inserted (default: on for a TARGET, off for the table of every program)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
     r = sub.add_parser(
@@ -81,6 +84,17 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--trials", type=int, default=1, metavar="N", help="repeat N times and report the rate")
     r.add_argument("--json", action="store_true", help="print the outcome as JSON")
     r.add_argument("--trace", action="store_true", help="print every host step and stream operation (simulator)")
+    r.add_argument("--edge", action="append", default=[], metavar="A@FILE:LINE->B@FILE:LINE",
+                   help="insert this synchronization (repeatable): every operation of actor B issued at that line "
+                        "waits for the latest of actor A's at its line, as a fix would (simulator; the "
+                        "'replay with it' line of a suggested fix)")
+    r.add_argument("--perfetto", metavar="FILE.json", default=None,
+                   help="write the run's timeline as a Perfetto / Chrome trace (open in ui.perfetto.dev)")
+    r.add_argument("--png", metavar="FILE.png", default=None,
+                   help="draw the run's timeline (matplotlib): lanes per actor, the race in red, the fix dashed")
+    r.add_argument("--fix", action=argparse.BooleanOptionalAction, default=True,
+                   help="for a failing run with races, suggest the missing synchronization and check it (default: "
+                        "on; simulator)")
 
     e = sub.add_parser(
         "exhaust",
@@ -152,15 +166,37 @@ def cmd_check(args: argparse.Namespace) -> int:
                 print(f"  {verdict}: {'found' if f.found else 'clean'} after {f.examples} schedules, {f.seconds}s",
                       file=sys.stderr, flush=True)
             findings.append(f)
+    fixes = _fixes(findings, args.quiet or args.json) if args.fix else {}
     ok = all(f.ok for f in findings)
     if args.json:
-        print(json.dumps({"ok": ok, "seconds": round(time.monotonic() - started, 2),
-                          "results": [f.as_dict() for f in findings]}, indent=2))
+        results = [dict(f.as_dict(), **({"fix": fixes[i].as_dict()} if i in fixes else {}))
+                   for i, f in enumerate(findings)]
+        print(json.dumps({"ok": ok, "seconds": round(time.monotonic() - started, 2), "results": results}, indent=2))
     else:
         _table(findings)
+        for i, fix in fixes.items():
+            print(f"\n{findings[i].program}/{findings[i].variant}: {findings[i].schedule}")
+            _print_fix(fix, str(findings[i].schedule))
         print(f"\n{'all as expected' if ok else 'NOT as expected'}: "
               f"{sum(f.ok for f in findings)}/{len(findings)} variants, {time.monotonic() - started:.1f}s")
     return 0 if ok else 1
+
+
+def _fixes(findings: list[Any], quiet: bool) -> dict[int, Any]:
+    """A checked fix for each variant found failing (``check --fix``)."""
+    from simdevice.programs import REGISTRY
+    from simdevice.search.targets import ProgramTarget
+
+    fixes = {}
+    for i, f in enumerate(findings):
+        if not f.found or f.schedule is None:
+            continue
+        target = ProgramTarget(REGISTRY[f.program], f.variant)
+        out = target.run(Schedule.parse(f.schedule))
+        if not quiet:
+            print(f"fix for {f.program}/{f.variant} ...", file=sys.stderr, flush=True)
+        fixes[i] = _suggest(target, out, True)
+    return fixes
 
 
 def _target_and_config(text: str, what: str) -> tuple[Any, dict[str, Any]]:
@@ -203,19 +239,44 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
     if not args.quiet and sys.stderr.isatty():
         print("\r", end="", file=sys.stderr)
     out = result.failure
+    fix = _suggest(target, out, args.quiet or args.json) if out is not None and args.fix is not False else None
     if args.json:
         print(json.dumps({
             "target": target.name, "found": out is not None, "examples": result.examples,
             "seconds": result.seconds, "schedule": result.schedule,
             "summary": out.verdict() if out is not None else "clean",
             "reports": [str(r) for r in out.run.reports] if out is not None else [],
+            "fix": fix.as_dict() if fix is not None else None,
         }, indent=2))
     elif out is None:
         print(f"{target.name}: clean over {result.examples} schedules ({result.seconds}s)")
     else:
         print(f"{target.name}: found after {result.examples} schedules ({result.seconds}s)")
         print(out.text())
+        if fix is not None:
+            _print_fix(fix, str(out.schedule))
     return 1 if out is not None else 0
+
+
+def _suggest(target: Any, out: Any, quiet: bool) -> Any:
+    """The suggested fix for a failing outcome, checked (progress on stderr)."""
+    from simdevice.explain import suggest
+
+    show = _progress(quiet)
+    if not quiet and out.races:
+        print("checking a fix ...", file=sys.stderr, flush=True)
+    fix = suggest(target, out, progress=lambda n: show("fix", n))
+    if not quiet and sys.stderr.isatty():
+        print("\r", end="", file=sys.stderr)
+    return fix
+
+
+def _print_fix(fix: Any, schedule: str) -> None:
+    for line in fix.lines():
+        print(f"  {line}")
+    if fix.edges:
+        edges = " ".join(f'--edge "{e}"' for e in fix.edges)
+        print(f'  replay with it: simdevice replay "{schedule}" {edges}')
 
 
 def _table(findings: list[Any]) -> None:
@@ -248,6 +309,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
             target = ProgramTarget(program, schedule.variant)
     except ScheduleError as e:
         return _fail(str(e))
+    from simdevice.runtime import Edge
+
+    try:
+        edges = [Edge.parse(e) for e in args.edge]
+    except ValueError as e:
+        return _fail(str(e))
+    if edges and args.gpu:
+        return _fail("--edge inserts a synchronization on the simulator; apply it to the code to run it on a GPU")
+    if (args.perfetto or args.png) and args.gpu:
+        return _fail("--perfetto and --png draw the simulator's timeline; drop --gpu")
+    for option, path in (("--perfetto", args.perfetto), ("--png", args.png)):
+        if path is not None and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(path) or ".")):
+            return _fail(f"{option} {path!r}: not a file in an existing folder")
+    if args.png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return _fail("--png needs matplotlib (pip install matplotlib)")
     backend = "sim"
     if args.gpu:
         import torch
@@ -256,20 +335,41 @@ def cmd_replay(args: argparse.Namespace) -> int:
             return _fail("--gpu needs a CUDA GPU, and torch sees none on this machine")
         backend = "cuda"
         target.run(schedule, backend)  # warm-up: the trials meet warm caching allocators, as in a steady state
-    outcomes = [target.run(schedule, backend) for _ in range(args.trials)]
+    from simdevice.explain import check_edges
+
+    outcomes = [check_edges(target, schedule, edges) if edges else target.run(schedule, backend)
+                for _ in range(args.trials)]
     bad = sum(not o.clean for o in outcomes)
+    first = outcomes[0]
+    fix = None
+    if args.fix and backend == "sim" and not edges and not first.clean:
+        fix = _suggest(target, first, args.json)
+    if args.perfetto or args.png:
+        from simdevice.timeline import write_perfetto, write_png
+
+        if args.perfetto:
+            write_perfetto(first, args.perfetto, fix)
+        if args.png:
+            write_png(first, args.png, fix)
     if args.json:
         print(json.dumps({
             "schedule": str(schedule), "backend": backend, "trials": args.trials, "failed": bad,
+            "edges": [str(e) for e in edges],
             "verdicts": [o.verdict() for o in outcomes],
-            "reports": [str(r) for r in outcomes[0].run.reports], "problems": list(outcomes[0].problems),
+            "reports": [str(r) for r in first.run.reports], "problems": list(first.problems),
+            "fix": fix.as_dict() if fix is not None else None,
         }, indent=2))
     else:
-        print(outcomes[0].text())
+        print(first.text())
+        if edges:
+            print(f"  (with {len(edges)} inserted edge{'s' if len(edges) > 1 else ''}: "
+                  f"{', '.join(str(e) for e in edges)})")
+        if fix is not None:
+            _print_fix(fix, str(schedule))
         if args.trials > 1:
             print(f"{bad}/{args.trials} trials failed")
         if args.trace and backend == "sim":
-            print("".join(f"  {line}\n" for line in outcomes[0].trace_text().splitlines()), end="")
+            print("".join(f"  {line}\n" for line in first.trace_text().splitlines()), end="")
     return 1 if bad else 0
 
 

@@ -65,12 +65,17 @@ class FuzzFailure(AssertionError):  # noqa: N818 (a test failure, as AssertionEr
         return "\n".join(lines)
 
     def write_trace(self, directory: str | os.PathLike[str]) -> Path:
-        """Write the failing run's trace into ``directory`` (one file per failure); its path."""
+        """Write the failing run's trace into ``directory`` (one text file per failure, and beside it the same run
+        as a Perfetto trace, ``.perfetto.json``); the text file's path."""
         folder = Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
         stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.schedule)[:150]
         path = folder / f"{stem}.trace.txt"
         path.write_text(f"# {self.schedule}\n# {self.outcome.verdict()}\n" + self.outcome.trace_text())
+        if self.outcome.backend == "sim":
+            from simdevice.timeline import write_perfetto
+
+            write_perfetto(self.outcome, folder / f"{stem}.perfetto.json")
         self.trace_path = path
         self.args = (self.block(),)
         return path

@@ -2,8 +2,9 @@
 
 - a failing ``@simdevice.fuzz`` test reports a short block (the schedule line, the first reports, the replay
   command, where its trace went) instead of a traceback through the simulator;
-- ``--simdevice-trace DIR`` writes each failure's trace to DIR; ``--simdevice-db DIR`` keeps the Hypothesis
-  example database of ``@simdevice.fuzz`` tests in DIR (default: none, unless your Hypothesis profile has one);
+- ``--simdevice-trace DIR`` writes each failure's trace to DIR (text, and a Perfetto trace beside it);
+  ``--simdevice-db DIR`` keeps the Hypothesis example database of ``@simdevice.fuzz`` tests in DIR (default: none,
+  unless your Hypothesis profile has one);
 - the marker ``simdevice`` is put on every ``@simdevice.fuzz`` test (``pytest -m simdevice`` selects them), and
   its example database key is its node id, as HypoFuzz keys it: what a campaign saved, pytest replays first;
 - the fixture ``simdevice`` explores a function from inside an ordinary test:
@@ -33,7 +34,7 @@ _TRACE_DIR: list[Path] = []
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("simdevice", "simdevice: schedule fuzzing on a simulated CUDA device")
     group.addoption("--simdevice-trace", metavar="DIR", default=None,
-                    help="write the trace of each failing schedule to DIR")
+                    help="write the trace of each failing schedule to DIR (text, and a Perfetto .perfetto.json)")
     group.addoption("--simdevice-db", metavar="DIR", default=None,
                     help="keep the Hypothesis example database of @simdevice.fuzz tests in DIR (default: none, "
                          "unless your Hypothesis profile sets one)")

@@ -17,6 +17,7 @@ Nothing here knows ``torch.cuda``'s names or dispatch modes.
 """
 
 from simdevice.runtime.config import UNIT_NS, SimConfig
-from simdevice.runtime.runtime import Options, Runtime
+from simdevice.runtime.runtime import Options, Runtime, inserted, inserted_edges
+from simdevice.runtime.sync import Edge, Site
 
-__all__ = ["UNIT_NS", "Options", "Runtime", "SimConfig"]
+__all__ = ["UNIT_NS", "Edge", "Options", "Runtime", "SimConfig", "Site", "inserted", "inserted_edges"]

@@ -343,6 +343,7 @@ class Execution:
         if k in a.delays:
             delay = a.delays[k] * UNIT_NS
             a.fired.add(k)
+            self.trace.append((max(a.time, self.now), a.name, f"stall {a.delays[k]} units before #{k}"))
         self._push(a.time + delay, _HOST, a.order, a)
         self._wait_turn(a)
         a.time = self.now + self.config.host_step_ns
@@ -418,6 +419,7 @@ class Execution:
             if op.index in s.delays and op.index not in s.fired:
                 s.fired.add(op.index)
                 delay = s.delays[op.index] * UNIT_NS
+                self.trace.append((self.now, s.name, f"stall {s.delays[op.index]} units before #{op.index}"))
             s.busy = True
             self._push(self.now + delay, _START, s.order, s)
         return passed

@@ -179,6 +179,8 @@ class Memory:
         self._seen_frees: set[tuple[str, str, str]] = set()
         #: actor (a stream, or a host on pinned memory) -> the storages it accessed
         self.touched: dict[str, set[int]] = {}
+        #: operations and host steps issued so far (each access carries its operation's count: issue order)
+        self.issues = 0
 
     # -- allocation ------------------------------------------------------------
     def register(
@@ -203,6 +205,7 @@ class Memory:
     # -- the one way an access is made ---------------------------------------------
     def issue(self, who: Accessor, reads: list[Ref], writes: list[Ref]) -> Issued:
         """Record the reads and writes of one operation or host step in the happens-before layer."""
+        self.issues += 1
         issued = Issued()
         if any(st.released is not None for st, _ in (*reads, *writes)):
             reads = self._allocated(who, "read", reads)
@@ -233,10 +236,10 @@ class Memory:
                 self.reports.add(IllegalAccess(access=access, allocation=st.label, reason=st.released))
         return kept
 
-    @staticmethod
-    def _access(who: Accessor, kind: AccessKind, st: Storage, data: torch.Tensor) -> Access:
+    def _access(self, who: Accessor, kind: AccessKind, st: Storage, data: torch.Tensor) -> Access:
         lo, hi = st.byte_range(data)
-        return Access(who.actor, who.epoch, who.op, who.index, kind, st.label, lo, hi, who.source, 0, who.on)
+        return Access(who.actor, who.epoch, who.op, who.index, kind, st.label, lo, hi, who.source, 0, who.on,
+                      self.issues)
 
     def start(self, issued: Issued, now: int) -> None:
         """The operation runs: its reads see what has landed by now; unmapped memory is an illegal access."""

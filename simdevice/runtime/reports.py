@@ -51,6 +51,9 @@ class Access:
     version: int
     #: "stream" for a stream operation, "host" for a host step
     on: str = "stream"
+    #: the order the program issued it in (one count per operation or host step over the whole run): which of two
+    #: racing accesses the program meant first (not part of a report's identity or text)
+    seq: int = attrs.field(default=0, eq=False, repr=False)
 
     def where(self) -> str:
         idx = f" #{self.index}" if self.index >= 0 else ""

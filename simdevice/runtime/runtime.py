@@ -13,6 +13,7 @@ Every happens-before edge it makes is a call into :mod:`simdevice.runtime.sync`.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -41,6 +42,28 @@ class Options:
     alloc_pick: int = 0
     #: the device's random number generator starts from this seed (``torch.cuda.manual_seed`` sets it)
     seed: int = 0
+    #: synchronizations the simulator adds to the program (a suggested fix, checked without editing the code)
+    edges: tuple[sync.Edge, ...] = ()
+
+
+#: edges inserted into every run made inside :func:`inserted` (beside each run's ``Options.edges``)
+_INSERTED: contextvars.ContextVar[tuple[sync.Edge, ...]] = contextvars.ContextVar("inserted_edges", default=())
+
+
+@contextlib.contextmanager
+def inserted(edges: tuple[sync.Edge, ...] | list[sync.Edge]) -> Iterator[None]:
+    """Every simulated run made inside the block gets ``edges`` inserted: how a suggested fix is checked against
+    any target (a user's function, a built-in program) without a way to pass it options."""
+    token = _INSERTED.set(tuple(edges))
+    try:
+        yield
+    finally:
+        _INSERTED.reset(token)
+
+
+def inserted_edges() -> tuple[sync.Edge, ...]:
+    """The edges :func:`inserted` adds to runs made now (a cache of runs must not serve one made without them)."""
+    return _INSERTED.get()
 
 
 class SharedCell:
@@ -88,6 +111,15 @@ class Runtime:
         #: the device RNG: a base seed, and random ops issued so far (each gets a seed of its own)
         self._seed = options.seed
         self._random_ops = 0
+        #: inserted edges by the site that waits; the sites waited for; their latest operation's record
+        self._waits_at: dict[sync.Site, list[sync.Edge]] = {}
+        edges = (*options.edges, *_INSERTED.get())
+        for e in edges:
+            self._waits_at.setdefault(e.before, []).append(e)
+        self._waited_for = {e.after for e in edges}
+        self._latest: dict[sync.Site, Callable[[], EventRecord]] = {}
+        #: "stream#index" -> (the line that issued it, bytes it reads and writes): for timelines
+        self.op_sites: dict[str, tuple[str, int]] = {}
 
     # -- running -----------------------------------------------------------------------------------
     def run(self, body: Callable[[], Any]) -> Any:
@@ -401,13 +433,38 @@ class Runtime:
         finish: Callable[[], None] | None = None,
     ) -> tuple[int, EventRecord]:
         """Enqueue one counted operation of ``a`` (its host step taken) on ``s``: its index, and a record of it."""
+        if self._waits_at:
+            self._inserted_waits(a, s, source)
         epoch = sync.issue(a, s)
         index = s.ops
         s.ops += 1
         op = StreamOp(s, f"{desc} #{index}", index, duration, start, finish)
         op.issued = self.memory.issue(Accessor(s.name, epoch, s.clock, desc, index, source), reads, writes)
+        self.op_sites[f"{s.name}#{index}"] = (source, sum(d.numel() * d.element_size() for _, d in (*reads, *writes)))
         self.execution.enqueue(s, op)
-        return index, sync.record(s)
+        rec = sync.record(s)
+        self._issued_at(s.name, source, lambda: rec)
+        return index, rec
+
+    def _issued_at(self, actor: str, source: str, record: Callable[[], EventRecord]) -> None:
+        """An operation issued at a site an inserted edge waits for: later waits are on this one."""
+        if self._waited_for:
+            site = sync.Site(actor, source)
+            if site in self._waited_for:
+                self._latest[site] = record
+
+    def _inserted_waits(self, a: HostActor, s: SimStream | None, source: str) -> None:
+        """The inserted edges into the operation about to be issued at ``source`` on ``s`` (None: a host step of
+        ``a``): its stream waits for (or its host synchronizes on) the latest operation at each edge's start."""
+        for e in self._waits_at.get(sync.Site(s.name if s is not None else a.name, source), ()):
+            latest = self._latest.get(e.after)
+            if latest is None:
+                continue
+            rec = latest()
+            if s is not None:
+                self.execution.enqueue(s, sync.stream_waits(s, rec, f"inserted edge from {e.after}"))
+            else:
+                self._host_waits(a, [rec], f"inserted edge from {e.after}")
 
     def device_writes(self, s: SimStream, desc: str, index: int, writes: list[Ref], source: str) -> None:
         """Stream ``s`` writes ``writes`` now, as part of its operation ``index`` (the output of an op whose size
@@ -423,6 +480,8 @@ class Runtime:
 
     def host_access(self, a: HostActor, op: str, reads: list[Ref], writes: list[Ref], source: str) -> None:
         """A host step of ``a`` reads and writes host memory the device also reaches (pinned buffers), now."""
+        if self._waits_at:
+            self._inserted_waits(a, None, source)
         who = Accessor(a.name, a.clock.get(a.name), a.clock, op, -1, source, on="host")
         issued = self.memory.issue(who, reads, writes)
         self.memory.start(issued, self.now)
@@ -514,8 +573,11 @@ class Runtime:
 
     def all_gather(self, out: Ref, inp: Ref, source: str) -> Gather:
         a = self.host_step("all_gather_into_tensor")
+        if self._waits_at:
+            self._inserted_waits(a, self.collectives.comm_stream(a), source)
         g = self.collectives.all_gather(a, out, inp, source)
         self._kept_for(a, [out, inp])
+        self._issued_at(g.rec.stream.name, source, g.record)
         return g
 
     def _kept_for(self, a: HostActor, refs: list[Ref]) -> None:
@@ -535,8 +597,11 @@ class Runtime:
     ) -> Gather:
         """Any collective of the current actor's world (``all_reduce``, ``broadcast``, ``barrier``, ...)."""
         a = self.host_step(kind)
+        if self._waits_at:
+            self._inserted_waits(a, self.collectives.comm_stream(a), source)
         g = self.collectives.collective(a, kind, outs, inp, combine, source)
         self._kept_for(a, [*outs, *([inp] if inp is not None else [])])
+        self._issued_at(g.rec.stream.name, source, g.record)
         return g
 
     def exchange_objects(self, obj: Any) -> list[Any]:

@@ -25,11 +25,16 @@ the runtime calls these and never joins or ticks a clock itself:
   clock joins every caller (:func:`collective_issued`); each rank's receive
   carries it (:func:`collective_receive`), and ``work.wait()`` joins it once
   every rank has issued (:func:`work_record`).
+- inserted edges (:class:`Edge`): a synchronization the program does not make, added by the simulator to check a
+  suggested fix without editing the program: the stream of the later operation waits for an event recorded right
+  after the earlier one (:func:`stream_waits`), or the host synchronizes on it (:func:`host_observes`).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
+
+import attrs
 
 from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.streams import EventRecord, SimStream, StreamOp
@@ -139,3 +144,41 @@ def work_record(rec: EventRecord, collective: Clocked | None, complete: bool) ->
     clock = rec.clock.copy()
     clock.join(collective.clock)
     return EventRecord(rec.stream, rec.position, clock)
+
+
+# -- inserted edges ------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(order=True)
+class Site:
+    """Where an operation is issued: its actor (a stream such as ``d2h`` or ``rank0.nccl``, or a host actor) and the
+    program's line that issued it (``my_offload.py:19``, as reports name it)."""
+
+    actor: str
+    source: str
+
+    def __str__(self) -> str:
+        return f"{self.actor}@{self.source}"
+
+
+@attrs.frozen(order=True)
+class Edge:
+    """An inserted happens-before edge: every operation issued at ``before`` waits for the latest operation issued
+    at ``after`` before it (an event recorded after that operation, waited on by the later one's stream, or
+    synchronized on by its host). What a code fix at those two lines would do."""
+
+    after: Site
+    before: Site
+
+    def __str__(self) -> str:
+        return f"{self.after}->{self.before}"
+
+    @classmethod
+    def parse(cls, text: str) -> Edge:
+        """``d2h@my_offload.py:11->default@my_offload.py:19``."""
+        try:
+            a, b = text.split("->")
+            sites = [Site(*part.strip().split("@", 1)) for part in (a, b)]
+        except (ValueError, TypeError):
+            raise ValueError(f"bad edge {text!r}: expected ACTOR@FILE:LINE->ACTOR@FILE:LINE") from None
+        return cls(sites[0], sites[1])

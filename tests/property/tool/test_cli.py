@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_replay_of_a_failing_schedule_explains_it_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["replay", "offload_reload/racy::d2h#0+1"]) == 1
+    assert main(["replay", "offload_reload/racy::d2h#0+1", "--no-fix"]) == 1
     out = capsys.readouterr().out
     assert out.splitlines()[0] == (
         'schedule "offload_reload/racy::d2h#0+1" on sim: wrong values; 3 race, 1 stale-read'

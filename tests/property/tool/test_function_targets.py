@@ -23,7 +23,7 @@ def _at_the_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _check(target: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, object]]:
-    code = main(["check", target, "--json", "--examples", "40"])
+    code = main(["check", target, "--json", "--examples", "40", "--no-fix"])
     return code, json.loads(capsys.readouterr().out)
 
 

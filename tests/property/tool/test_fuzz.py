@@ -128,7 +128,7 @@ def test_check_explore_and_pytest_agree_on_verdict_and_schedule(pytester: pytest
     monkeypatch.syspath_prepend(str(here))
     cli, api = {}, {}
     for fn in FUNCTIONS:
-        p = _cli(["check", f"protocols.py::{fn}", "--json", "--examples", "60"], here, env)
+        p = _cli(["check", f"protocols.py::{fn}", "--json", "--examples", "60", "--no-fix"], here, env)
         doc = json.loads(p.stdout)
         cli[fn] = (p.returncode, doc["schedule"])
         found = simdevice.explore(f"protocols.py::{fn}", max_examples=60)
@@ -177,9 +177,13 @@ def test_nothing_is_written_where_the_user_did_not_ask(pytester: pytest.Pytester
     here = _user_dir(pytester)
     before = sorted(p.name for p in here.iterdir())
     env = _clean_env(tmp_path)
-    for args in (["check", "protocols.py::plain_racy", "--examples", "20"], ["replay", "protocols.py::plain_racy"],
-                 ["exhaust", "protocols.py::plain_correct", "--units", "1"], ["check", "--program", "offload_reload",
-                                                                                "--examples", "10", "-q"]):
+    commands = (
+        ["check", "protocols.py::plain_racy", "--examples", "20", "--no-fix"],
+        ["replay", "protocols.py::plain_racy"],  # with the suggested fix checked: its search writes nothing either
+        ["exhaust", "protocols.py::plain_correct", "--units", "1"],
+        ["check", "--program", "offload_reload", "--examples", "10", "-q"],
+    )
+    for args in commands:
         assert _cli(args, here, env).returncode in (0, 1)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "plain")
     result.assert_outcomes(passed=1, failed=1)
@@ -196,13 +200,15 @@ def test_the_database_and_trace_options_write_where_asked(pytester: pytest.Pytes
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "plain_racy", f"--simdevice-db={db}",
                                            f"--simdevice-trace={traces}")
     result.assert_outcomes(failed=1)
-    [trace] = list(traces.iterdir())
+    trace, timeline = sorted(traces.iterdir(), key=lambda p: p.suffix != ".txt")
     assert trace.read_text().startswith("# protocols.py::plain_racy::d2h#0+1\n")
+    assert timeline.name.endswith(".perfetto.json")
+    assert json.loads(timeline.read_text())["metadata"]["schedule"] == "protocols.py::plain_racy::d2h#0+1"
     assert f"trace: {trace}" in result.stdout.str()
     assert any(db.rglob("*"))  # the failure is saved, to be replayed first next time
     env = _clean_env(tmp_path)
     cli_db = tmp_path / "cli-db"
-    assert _cli(["check", "protocols.py::plain_racy", "--db", str(cli_db)], here, env).returncode == 1
+    assert _cli(["check", "protocols.py::plain_racy", "--db", str(cli_db), "--no-fix"], here, env).returncode == 1
     assert any(cli_db.rglob("*"))
     p = _cli(["check", "protocols.py::plain_racy", "--db", str(trace)], here, env)
     assert p.returncode == 2

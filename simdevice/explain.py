@@ -1,0 +1,229 @@
+"""Which synchronization is missing: a fix suggested from a failing run's races, and checked by re-running.
+
+A race is two accesses no happens-before edge orders. The program meant them in the order it issued them, so the
+missing edge runs from the earlier-issued access's operation to the later one's: an event recorded after the
+first and waited on before the second (``wait_event``), ``work.wait()`` when the first is a collective, a
+synchronize when the second is the host's, ``record_stream`` when a free handed the block on between them.
+
+:func:`suggest` derives those edges, as :class:`~simdevice.runtime.sync.Edge` values between two program lines,
+then checks them counterfactually: the same schedule is re-run with the edges inserted by the simulator
+(:func:`~simdevice.runtime.inserted`), edges are added for whatever race remains (a few rounds), and a bounded
+search over the same configuration looks for a schedule that still fails or races with them. The answer says
+which edges, in the program's words, and whether they were enough.
+
+A failure without a race (a deadlock, a host error, an illegal access) gets no edge: :attr:`Fix.why_none` says
+why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from hypothesis import strategies as st
+
+from reference.schedule import Schedule
+from simdevice.runtime import Edge, Site, inserted
+from simdevice.runtime.reports import Access, Deadlock, HostError, IllegalAccess, Race
+from simdevice.search.execute import Outcome
+from simdevice.search.explore import kept_patched, search_target
+from simdevice.search.targets import Target
+
+__all__ = ["Fix", "edge_for", "suggest"]
+
+#: schedules the bounded search runs with the suggested edges (per round)
+SCHEDULES = 200
+#: rounds of "add an edge for each remaining race" on one schedule, and of searching again
+ROUNDS = 4
+
+
+@attrs.frozen
+class Fix:
+    """A suggested fix for one failing run, and what checking it showed."""
+
+    #: the edges to add, in the order found
+    edges: tuple[Edge, ...]
+    #: each edge in the program's words (one sentence each)
+    advice: tuple[str, ...]
+    #: whether, with the edges inserted, the failing schedule and the bounded search were clean
+    checked: bool
+    #: schedules the bounded search ran with the edges inserted
+    schedules: int
+    #: what remained when the edges were not enough (a schedule line and its verdict), else None
+    remains: str | None = None
+    #: why no edge is suggested (a failure without a race), else None
+    why_none: str | None = None
+
+    def lines(self) -> list[str]:
+        """The fix as report lines."""
+        if self.why_none is not None:
+            return [f"no edge suggested: {self.why_none}"]
+        out = [f"suggested fix: {a}" for a in self.advice]
+        if self.checked:
+            out.append(f"checked: with {'it' if len(self.edges) == 1 else 'these'} inserted, the failing schedule "
+                       f"and {self.schedules} searched schedules are clean (no race, no wrong values)")
+        else:
+            out.append(f"not enough: {self.remains}")
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "edges" if self.edges else "none",
+            "edges": [
+                {"after": {"actor": e.after.actor, "source": e.after.source},
+                 "before": {"actor": e.before.actor, "source": e.before.source}, "text": str(e)}
+                for e in self.edges
+            ],
+            "advice": list(self.advice),
+            "checked": self.checked,
+            "schedules": self.schedules,
+            "remains": self.remains,
+            "why_none": self.why_none,
+        }
+
+
+def _process(actor: str) -> str:
+    """The simulated process an actor belongs to (``rank1.nccl`` -> ``rank1``; ``d2h`` -> the main host)."""
+    return actor.split(".", 1)[0] if "." in actor else ""
+
+
+def _ordered(race: Race) -> tuple[Access, Access]:
+    """The race's two accesses in the order the program issued them."""
+    a, b = race.previous, race.current
+    return (a, b) if a.seq <= b.seq else (b, a)
+
+
+def edge_for(race: Race) -> Edge | None:
+    """The edge that orders a race's accesses as the program issued them, or None when the earlier one is a host
+    step (an event cannot be recorded after it; the host must hand over differently)."""
+    first, second = _ordered(race)
+    if first.on != "stream" or first.actor == second.actor:
+        return None
+    return Edge(Site(first.actor, first.source), Site(second.actor, second.source))
+
+
+def _advice(race: Race, edge: Edge) -> str:
+    """One edge in the program's words."""
+    first, second = _ordered(race)
+    done = f"`{first.op}` on `{first.actor}` ({first.source})"
+    if first.actor.endswith("nccl") or first.op.startswith(("all_gather", "all_reduce", "reduce_scatter",
+                                                                "broadcast", "all_to_all")):
+        how = f"wait for the collective's work (`work.wait()`, or `wait_stream` on its stream) after {done}"
+    elif second.on == "host":
+        how = f"synchronize on an event recorded on `{first.actor}` after {done}"
+    else:
+        how = f"record an event on `{first.actor}` after {done} and make `{second.actor}` wait on it"
+    then = f"before `{second.op}` on {'the host' if second.on == 'host' else f'`{second.actor}`'} ({second.source})"
+    across = ""
+    if _process(first.actor) != _process(second.actor):
+        across = " (across processes: an interprocess event, or a handshake the other process waits for)"
+    freed = ""
+    if race.freed is not None:
+        freed = (f"; or keep the block from reuse until `{first.actor}` is done: `t.record_stream({first.actor})` "
+                 f"before the free at {race.freed.source}")
+    return f"{how} {then}{across}{freed}"
+
+
+def _reorder(races: list[Race]) -> list[str]:
+    """For each racing pair (distinct lines): the later-issued operation, which the data may need first."""
+    out: list[str] = []
+    for r in races:
+        first, second = _ordered(r)
+        how = ("have the host wait for it (a handshake) before issuing the other"
+               if _process(first.actor) != _process(second.actor) else "issue it first and wait on it")
+        text = (f"`{second.op}` on `{second.actor}` ({second.source}) is issued after `{first.op}` on "
+                f"`{first.actor}` ({first.source}); if it must come first, {how}")
+        if text not in out:
+            out.append(text)
+    return out
+
+
+def _why_none(out: Outcome) -> str:
+    reports = out.run.reports
+    if any(isinstance(r, Deadlock) for r in reports):
+        return ("the run deadlocks: every actor waits for something that cannot happen; an added edge only adds "
+                "waits, so the fix removes a wait or makes what it waits for happen (see what each actor waits for)")
+    if any(isinstance(r, IllegalAccess) for r in reports):
+        return ("an access reached unmapped or released memory: no two accesses race; order the access before the "
+                "pause or release, or map the memory again first")
+    if any(isinstance(r, HostError) for r in reports) or out.problems:
+        return ("the program's own check failed with no two accesses racing: the wrong values come from its "
+                "logic under this interleaving (a bookkeeping or ordering decision), not a missing wait")
+    return "the run has no race to order"
+
+
+def _races(out: Outcome) -> list[Race]:
+    return [r for r in out.run.reports if isinstance(r, Race)]
+
+
+def suggest(
+    target: Target,
+    out: Outcome,
+    *,
+    schedules: int = SCHEDULES,
+    max_delays: int = 3,
+    progress: Callable[[int], None] | None = None,
+) -> Fix:
+    """The edges that order ``out``'s races, checked: ``out.schedule`` and a bounded search over its configuration,
+    both with the edges inserted."""
+    races = _races(out)
+    if not races:
+        return Fix((), (), False, 0, why_none=_why_none(out))
+    edges: list[Edge] = []
+    advice: list[str] = []
+    unordered: list[Race] = []
+
+    def add(found: list[Race]) -> bool:
+        """Edges for ``found``'s races not ordered yet; whether any was new."""
+        new = False
+        for r in found:
+            e = edge_for(r)
+            if e is None:
+                unordered.append(r)
+            elif e not in edges:
+                edges.append(e)
+                advice.append(_advice(r, e))
+                new = True
+        return new
+
+    def failing(o: Outcome) -> bool:
+        return target.failed(o) or bool(o.races)
+
+    schedule = out.schedule
+    add(races)
+    searched = 0
+    remains: Outcome | None = None
+    with kept_patched(target):
+        for _ in range(ROUNDS):
+            with inserted(edges):
+                again = target.run(schedule)
+            remains = again if failing(again) else None
+            if remains is None or not add(_races(again)):
+                break
+        if remains is None:
+            config = st.just(dict(schedule.config_dict()))
+            for _ in range(ROUNDS):
+                with inserted(edges):
+                    found = search_target(target, failing, max_examples=schedules, max_delays=max_delays,
+                                          config=config, progress=progress)
+                searched += found.examples
+                remains = found.failure
+                if remains is None or not add(_races(remains)):
+                    break
+    if remains is None:
+        return Fix(tuple(edges), tuple(advice), True, searched)
+    what = f'"{remains.schedule}" still {remains.verdict()}'
+    if not _races(remains) and remains.corrupted:
+        what += (" with every racing pair ordered as issued: the program issues an operation before one it "
+                 "depends on, which no edge can fix (a wait cannot name an operation issued later); "
+                 + "; ".join(_reorder(races)))
+    if unordered:
+        what += f"; {len(unordered)} race(s) begin at a host step, which no event can be recorded after"
+    return Fix(tuple(edges), tuple(advice), False, searched, remains=what)
+
+
+def check_edges(target: Target, schedule: Schedule, edges: list[Edge]) -> Outcome:
+    """``schedule`` re-run with ``edges`` inserted (``simdevice replay --edge``)."""
+    with kept_patched(target), inserted(edges):
+        return target.run(schedule)

@@ -1,0 +1,290 @@
+"""A run's timeline, to look at rather than read: a Perfetto (Chrome trace-event) JSON file and a PNG picture.
+
+Both are made from one simulated :class:`~simdevice.search.execute.Outcome`: its trace (every host step, every
+stream operation's start and end, markers passed, stalls), the line and bytes of each stream operation, and its
+reports. Virtual time: 1 unit = 1 ms of GPU time; the JSON is in microseconds, as the format wants.
+
+- :func:`perfetto` / :func:`write_perfetto`: a process per simulated process (the main host, each rank or
+  worker), a thread track per host actor and per stream; each operation a slice (op name, bytes, source line),
+  host steps as short slices, each passed wait marker a slice with a flow arrow from the operation that released
+  it, stalls as slices named ``stall``, the racing accesses and stale reads as instant events carrying their report
+  text (with a flow arrow between the two racing operations), and a suggested fix's edges as flow arrows named
+  ``suggested edge``. Opens in ui.perfetto.dev and chrome://tracing.
+- :func:`write_png`: one lane per actor, operations as bars coloured by kind, stalls hatched, the two racing
+  operations outlined in red with an arrow between them, the suggested edge dashed; the schedule line as title.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from simdevice.runtime.config import UNIT_NS, SimConfig
+from simdevice.runtime.reports import Race, StaleRead
+
+__all__ = ["Slice", "perfetto", "slices", "write_perfetto", "write_png"]
+
+_INDEX = re.compile(r"^(?P<name>.*) #(?P<index>\d+)$")
+_PASS = re.compile(r"on stream (?P<stream>\S+) \(item \d+\)")
+_STALL = re.compile(r"^stall (?P<units>\d+) units before #(?P<index>\d+)$")
+
+
+@attrs.frozen
+class Slice:
+    """One interval on one actor's track."""
+
+    actor: str
+    #: "op" (a stream operation), "host" (a host step), "marker" (a wait passed), "stall", "pending" (an operation
+    #: issued but not done when the run stopped)
+    kind: str
+    name: str
+    start: int
+    end: int
+    #: the operation's index on its actor (-1: none)
+    index: int = -1
+    source: str = ""
+    nbytes: int = 0
+    #: a marker's: the stream whose work released it
+    waited: str = ""
+
+
+def _process(actor: str) -> str:
+    """The simulated process of an actor: ``rank1.nccl`` -> ``rank1``; the main host's streams -> ``host``."""
+    if "." in actor:
+        return actor.split(".", 1)[0]
+    return actor if re.fullmatch(r"(rank|worker)\d+", actor) else "host"
+
+
+def slices(out: Any) -> list[Slice]:
+    """The run's intervals, from its trace: operations (start to done), host steps, markers, stalls."""
+    run = out.run
+    host_ns = SimConfig().host_step_ns
+    started: dict[str, tuple[int, str]] = {}
+    result: list[Slice] = []
+    for t, actor, what in run.trace:
+        if what.startswith("start "):
+            started[actor] = (t, what[6:])
+        elif what.startswith("done ") and actor in started:
+            t0, desc = started.pop(actor)
+            m = _INDEX.match(desc)
+            index = int(m.group("index")) if m else -1
+            source, nbytes = run.sites.get(f"{actor}#{index}", ("", 0))
+            result.append(Slice(actor, "op", desc, t0, t, index, source, nbytes))
+        elif what.startswith("pass "):
+            m = _PASS.search(what)
+            result.append(Slice(actor, "marker", what[5:], t, t, waited=m.group("stream") if m else ""))
+        elif what.startswith("stall "):
+            m = _STALL.match(what)
+            units = int(m.group("units")) if m else 0
+            result.append(Slice(actor, "stall", what, t, t + units * UNIT_NS, int(m.group("index")) if m else -1))
+        else:
+            result.append(Slice(actor, "host", what, t, t + host_ns))
+    for actor, (t0, desc) in started.items():  # running when the run stopped (a deadlock, an error)
+        m = _INDEX.match(desc)
+        result.append(Slice(actor, "pending", desc + " (running when the run stopped)", t0, t0,
+                            int(m.group("index")) if m else -1))
+    # issued but never started (the run stopped first): after whatever that stream did last
+    have = {(s.actor, s.index) for s in result if s.kind in ("op", "pending")}
+    for key, (source, nbytes) in run.sites.items():
+        actor, _, index = key.rpartition("#")
+        if (actor, int(index)) not in have:
+            last = max((s.end for s in result if s.actor == actor), default=0)
+            result.append(Slice(actor, "pending", f"#{index} (issued, not run when the run stopped)", last, last,
+                                int(index), source, nbytes))
+    return result
+
+
+def _racing(out: Any) -> list[Race]:
+    return [r for r in out.run.reports if isinstance(r, Race)]
+
+
+def _find(ss: list[Slice], actor: str, index: int) -> Slice | None:
+    return next((s for s in ss if s.kind in ("op", "pending") and s.actor == actor and s.index == index), None)
+
+
+def _edge_ends(ss: list[Slice], edge: Any) -> list[tuple[Slice, Slice]]:
+    """For a suggested edge: each operation at its ``before`` site, with the latest one at its ``after`` site
+    issued (started) before it."""
+    ends = []
+    ops = [s for s in ss if s.kind in ("op", "pending")]
+    afters = [s for s in ops if s.actor == edge.after.actor and s.source == edge.after.source]
+    for b in ops:
+        if b.actor == edge.before.actor and b.source == edge.before.source:
+            prior = [a for a in afters if a.start <= b.start] or afters[:1]
+            if prior:
+                ends.append((prior[-1], b))
+    return ends
+
+
+def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
+    """The run as a Chrome/Perfetto trace-event document (``{"traceEvents": [...]}``)."""
+    ss = slices(out)
+    actors = sorted({s.actor for s in ss} | set(out.run.op_counts))
+    procs = sorted({_process(a) for a in actors}, key=lambda p: (p != "host", p))
+    pid = {p: i + 1 for i, p in enumerate(procs)}
+    tid = {a: i + 1 for i, a in enumerate(actors)}
+    events: list[dict[str, Any]] = []
+
+    def us(ns: int) -> float:
+        return ns / 1000
+
+    for p in procs:
+        events.append({"ph": "M", "name": "process_name", "pid": pid[p], "tid": 0, "args": {"name": p}})
+    for a in actors:
+        kind = "host" if a == _process(a) else "stream"
+        events.append({"ph": "M", "name": "thread_name", "pid": pid[_process(a)], "tid": tid[a],
+                       "args": {"name": f"{a} ({kind})"}})
+    flows = 0
+
+    def flow(name: str, a: Slice, b: Slice, at_a: int, at_b: int, args: dict[str, Any] | None = None) -> None:
+        nonlocal flows
+        flows += 1
+        common = {"name": name, "cat": name, "id": flows}
+        events.append({**common, "ph": "s", "ts": us(at_a), "pid": pid[_process(a.actor)], "tid": tid[a.actor],
+                       **({"args": args} if args else {})})
+        events.append({**common, "ph": "f", "bp": "e", "ts": us(at_b), "pid": pid[_process(b.actor)],
+                       "tid": tid[b.actor]})
+
+    for s in ss:
+        base = {"pid": pid[_process(s.actor)], "tid": tid[s.actor], "ts": us(s.start)}
+        if s.kind in ("op", "pending"):
+            args: dict[str, Any] = {"index": s.index, "bytes": s.nbytes}
+            if s.source:
+                args["source"] = s.source
+            events.append({**base, "ph": "X", "name": s.name, "cat": s.kind, "dur": max(us(s.end - s.start), 0.001),
+                           "args": args})
+        elif s.kind == "host":
+            events.append({**base, "ph": "X", "name": s.name, "cat": "host", "dur": us(s.end - s.start)})
+        elif s.kind == "stall":
+            events.append({**base, "ph": "X", "name": "stall", "cat": "stall", "dur": us(s.end - s.start),
+                           "args": {"what": s.name}})
+        else:  # a marker: a sliver, with the arrow from the work that let it pass
+            events.append({**base, "ph": "X", "name": f"wait: {s.name}", "cat": "wait", "dur": 0.001})
+            source = max((o for o in ss if o.kind == "op" and o.actor == s.waited and o.end <= s.start),
+                         key=lambda o: o.end, default=None)
+            if source is not None:
+                flow("wait", source, s, source.end - 1, s.start)
+    for r in _racing(out):
+        a, b = _find(ss, r.previous.actor, r.previous.index), _find(ss, r.current.actor, r.current.index)
+        for x in (a, b):
+            if x is not None:
+                events.append({"ph": "i", "s": "t", "name": "race", "cat": "race", "ts": us(x.start),
+                               "pid": pid[_process(x.actor)], "tid": tid[x.actor], "args": {"report": str(r)}})
+        if a is not None and b is not None:
+            first, second = (a, b) if a.start <= b.start else (b, a)
+            flow("race", first, second, first.start, second.start, {"report": str(r)})
+    for r in out.run.reports:
+        if isinstance(r, StaleRead) and r.read.actor in tid:
+            events.append({"ph": "i", "s": "t", "name": "stale read", "cat": "stale-read", "ts": us(r.time_ns),
+                           "pid": pid[_process(r.read.actor)], "tid": tid[r.read.actor], "args": {"report": str(r)}})
+    if fix is not None:
+        for e in fix.edges:
+            for a, b in _edge_ends(ss, e):
+                flow("suggested edge", a, b, a.end - 1, b.start, {"edge": str(e)})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "metadata": {"schedule": str(out.schedule), "verdict": out.verdict(), "time unit": "1 unit = 1 ms"}}
+
+
+def write_perfetto(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
+    """Write :func:`perfetto`'s document to ``path``; the path."""
+    p = Path(path)
+    p.write_text(json.dumps(perfetto(out, fix), indent=1))
+    return p
+
+
+_COLOURS = {"compute": "#4c78a8", "D2H": "#f58518", "H2D": "#54a24b", "collective": "#b279a2", "host": "#9d9d9d",
+            "stall": "#ffffff", "wait": "#e45756"}
+
+
+def _kind(s: Slice) -> str:
+    if "(D2H)" in s.name:
+        return "D2H"
+    if "(H2D)" in s.name:
+        return "H2D"
+    if s.actor.endswith("nccl") or s.name.startswith(("all_gather", "all_reduce", "broadcast", "reduce_scatter")):
+        return "collective"
+    return "compute"
+
+
+def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
+    """Draw the run's timeline into ``path`` (PNG); the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    ss = slices(out)
+    actors = sorted({s.actor for s in ss}, key=lambda a: (_process(a) != "host", _process(a), a != _process(a), a))
+    lane = {a: i for i, a in enumerate(actors)}
+    end = max((s.end for s in ss), default=1) / UNIT_NS
+    fig_h = 1.9 + 0.5 * len(actors)
+    fig, ax = plt.subplots(figsize=(12, fig_h), dpi=110)
+    racing = {(x.actor, x.index) for r in _racing(out) for x in (r.previous, r.current)}
+    for s in ss:
+        y = lane[s.actor]
+        x0, w = s.start / UNIT_NS, max((s.end - s.start) / UNIT_NS, end / 1500)
+        if s.kind == "op":
+            red = (s.actor, s.index) in racing
+            if red:
+                w = max(w, end / 300)  # a short racing operation stays visible
+            ax.broken_barh([(x0, w)], (y - 0.35, 0.7), facecolors=_COLOURS[_kind(s)],
+                           edgecolors="red" if red else "none", linewidth=2.5 if red else 0, zorder=3 if red else 2)
+        elif s.kind == "host":
+            ax.broken_barh([(x0, w)], (y - 0.2, 0.4), facecolors=_COLOURS["host"], zorder=1)
+        elif s.kind == "stall":
+            ax.broken_barh([(x0, w)], (y - 0.35, 0.7), facecolors="none", edgecolors="#555555", hatch="///",
+                           linewidth=0.8, zorder=1)
+        elif s.kind == "pending":
+            red = (s.actor, s.index) in racing
+            ax.broken_barh([(x0, end / 60)], (y - 0.35, 0.7), facecolors="none", linestyle="--",
+                           edgecolors="red" if red else "#555555", linewidth=1.5, zorder=3)
+            ax.text(x0 - end / 200, y + 0.5, "not run: the run stopped", fontsize=7, va="center", ha="right",
+                    color="#555555", zorder=5)
+        else:
+            ax.plot([x0, x0], [y - 0.4, y + 0.4], color=_COLOURS["wait"], linewidth=1, zorder=2)
+    labelled: list[tuple[float, float]] = []
+    for r in _racing(out):
+        a, b = _find(ss, r.previous.actor, r.previous.index), _find(ss, r.current.actor, r.current.index)
+        if a is None or b is None:
+            continue
+        first, second = (a, b) if a.start <= b.start else (b, a)
+        ax.annotate("", xy=(second.start / UNIT_NS, lane[second.actor]),
+                    xytext=(first.start / UNIT_NS, lane[first.actor]),
+                    arrowprops={"arrowstyle": "->", "color": "red", "lw": 1.6}, zorder=4)
+        mid = ((first.start + second.start) / 2 / UNIT_NS, (lane[first.actor] + lane[second.actor]) / 2)
+        if all(abs(mid[0] - x) > end / 25 or abs(mid[1] - y) > 0.3 for x, y in labelled):  # no pile of labels
+            ax.text(mid[0], mid[1] + 0.15, "race", color="red", fontsize=9, ha="center", zorder=5)
+            labelled.append(mid)
+    if fix is not None:
+        for e in fix.edges:
+            for a, b in _edge_ends(ss, e)[:1]:
+                ax.annotate("", xy=(b.start / UNIT_NS, lane[b.actor]), xytext=(a.end / UNIT_NS, lane[a.actor]),
+                            arrowprops={"arrowstyle": "->", "color": "#2ca02c", "lw": 1.6, "linestyle": "--",
+                                        "connectionstyle": "arc3,rad=0.25"},
+                            zorder=4)
+    ax.set_yticks(range(len(actors)), actors)
+    ax.set_ylim(len(actors) - 0.4, -0.6)
+    ax.set_xlim(0, end * 1.02)
+    ax.set_xlabel("virtual time (ms of GPU time)")
+    ax.grid(axis="x", color="#eeeeee", zorder=0)
+    title = str(out.schedule)
+    ax.set_title(f"{title if len(title) < 110 else title[:107] + '...'}\n{out.verdict()}", fontsize=10)
+    legend = [Patch(facecolor=_COLOURS[k], label=k) for k in ("compute", "D2H", "H2D", "collective", "host")]
+    legend.append(Patch(facecolor="none", edgecolor="#555555", hatch="///", label="stall"))
+    legend.append(Patch(facecolor="white", edgecolor="red", linewidth=2, label="racing operation"))
+    if fix is not None and fix.edges:
+        from matplotlib.lines import Line2D
+
+        legend.append(Line2D([0], [0], color="#2ca02c", linestyle="--", label="suggested edge"))  # type: ignore[arg-type]
+    fig.legend(handles=legend, loc="lower center", ncol=len(legend), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.35 / fig_h, 1, 1))
+    p = Path(path)
+    fig.savefig(p)
+    plt.close(fig)
+    return p

@@ -1,0 +1,250 @@
+"""Explaining a counterexample: the suggested edge for each built-in bug variant, checked by re-running with it
+inserted; why none is suggested where no edge can help; the Perfetto trace and the picture; the command line.
+
+The shrunk schedules below are inputs (what ``simdevice check`` prints for each variant); what the tests assert
+is computed. A suggestion's lines are checked against the code they name (the line must hold the operation).
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reference.schedule import Schedule
+from simdevice.explain import check_edges, suggest
+from simdevice.programs import REGISTRY, load_all
+from simdevice.runtime import Edge
+from simdevice.search.targets import ProgramTarget
+from simdevice.timeline import perfetto, slices, write_png
+
+ROOT = Path(__file__).resolve().parents[3]
+load_all()
+
+#: variant -> its shrunk schedule, and per suggested edge: (after actor, code on its line, before actor, code)
+EDGE_FIXES = {
+    "offload_reload/racy": ("offload_reload/racy::d2h#0+1",
+                            [("d2h", "copy_(", "default", "copy_(")]),
+    "activation_offload/offload-inline-no-wait": ("activation_offload/offload-inline-no-wait",
+                                                  [("d2h", "copy_(", "default", "copy_(")]),
+    "param_readiness/param-no-drain-on-disable": (
+        "param_readiness/param-no-drain-on-disable:bucket=2,eager=1,iters=1,layers=2,ranks=1",
+        [("rank0.nccl", "all_gather_into_tensor", "rank0.default", "copy_(")]),
+}
+#: variants whose races no edge can fix: an operation is issued before one it depends on
+REORDER = {
+    "param_readiness/param-prefetch-no-ready": "param_readiness/param-prefetch-no-ready:evaluate=0,iters=1,layers=2,"
+                                               "ranks=1",
+    "param_readiness/param-ready-skips-undispatched": "param_readiness/param-ready-skips-undispatched:evaluate=0,"
+                                                      "iters=1,layers=2,ranks=1",
+    "zcc/zcc-frozen-step": "zcc/zcc-frozen-step",
+    "zcc/zcc-late-barrier": "zcc/zcc-late-barrier",
+}
+#: variants without a race: why no edge is suggested
+NO_RACE = {
+    "zcc/zcc-no-step-begin-guard": ("zcc/zcc-no-step-begin-guard:chunks=2,mutate=0", "deadlocks"),
+    "activation_offload/offload-queue-empty-cursor": (
+        "activation_offload/offload-queue-empty-cursor:layers=2,warmup=0", "the program's own check failed"),
+    "memsaver_guard/memsaver-free-while-paused-twice": ("memsaver_guard/memsaver-free-while-paused-twice",
+                                                        "the program's own check failed"),
+    "memsaver_guard/memsaver-connect-unguarded": ("memsaver_guard/memsaver-connect-unguarded", "unmapped"),
+}
+
+
+def _target(line: str) -> tuple[ProgramTarget, Schedule]:
+    s = Schedule.parse(line)
+    return ProgramTarget(REGISTRY[s.program], s.variant), s
+
+
+def _code(source: str) -> str:
+    path, _, line = source.rpartition(":")
+    return linecache.getline(str(ROOT / path), int(line))
+
+
+def test_every_bug_variant_is_covered() -> None:
+    bugs = {f"{p.name}/{v}" for p in REGISTRY.values() for v in p.buggy}
+    assert bugs == set(EDGE_FIXES) | set(REORDER) | set(NO_RACE)
+
+
+@pytest.mark.parametrize("variant", sorted(EDGE_FIXES))
+def test_the_suggested_edge_makes_the_schedule_and_a_search_clean(variant: str) -> None:
+    line, expected = EDGE_FIXES[variant]
+    target, schedule = _target(line)
+    out = target.run(schedule)
+    assert out.races
+    assert target.failed(out)
+    fix = suggest(target, out)
+    assert fix.checked, fix.lines()
+    assert fix.schedules >= 200
+    assert len(fix.edges) == len(expected)
+    for edge, (after, after_code, before, before_code) in zip(fix.edges, expected, strict=True):
+        assert (edge.after.actor, edge.before.actor) == (after, before)
+        assert after_code in _code(edge.after.source), edge
+        assert before_code in _code(edge.before.source), edge
+    # checked means it: with the edges inserted the schedule is clean, without them it is not
+    assert check_edges(target, schedule, list(fix.edges)).clean
+    assert not check_edges(target, schedule, []).clean
+    assert any(line.startswith("suggested fix: ") for line in fix.lines())
+
+
+def test_an_edge_the_wrong_way_round_does_not_pass_the_check() -> None:
+    target, schedule = _target(EDGE_FIXES["offload_reload/racy"][0])
+    fix = suggest(target, target.run(schedule))
+    [right] = fix.edges
+    wrong = Edge(right.before, right.after)
+    assert not check_edges(target, schedule, [wrong]).clean
+
+
+@pytest.mark.parametrize("variant", sorted(REORDER))
+def test_a_race_no_edge_can_fix_says_which_operation_is_issued_too_late(variant: str) -> None:
+    target, schedule = _target(REORDER[variant])
+    out = target.run(schedule)
+    assert out.races
+    fix = suggest(target, out, schedules=50)
+    assert not fix.checked
+    assert fix.remains is not None
+    assert "issues an operation before one it depends on" in fix.remains
+    assert fix.lines()[-1].startswith("not enough: ")
+
+
+@pytest.mark.parametrize("variant", sorted(NO_RACE))
+def test_a_failure_without_a_race_says_why_no_edge_is_suggested(variant: str) -> None:
+    line, why = NO_RACE[variant]
+    target, schedule = _target(line)
+    out = target.run(schedule)
+    assert not out.races
+    assert target.failed(out)
+    fix = suggest(target, out)
+    assert fix.edges == ()
+    assert fix.why_none is not None
+    assert why in fix.why_none
+    assert fix.as_dict()["kind"] == "none"
+
+
+def test_edges_parse_and_print_as_the_command_line_takes_them() -> None:
+    text = "d2h@my_offload.py:11->default@my_offload.py:19"
+    assert str(Edge.parse(text)) == text
+    with pytest.raises(ValueError, match="expected ACTOR@FILE:LINE->ACTOR@FILE:LINE"):
+        Edge.parse("d2h->default")
+
+
+# -- the timeline ---------------------------------------------------------------------------------
+
+
+def _racy() -> tuple[ProgramTarget, object]:
+    target, schedule = _target(EDGE_FIXES["offload_reload/racy"][0])
+    return target, target.run(schedule)
+
+
+def test_the_perfetto_trace_has_a_track_per_actor_a_slice_per_operation_and_the_race() -> None:
+    target, out = _racy()
+    fix = suggest(target, out, schedules=20)  # type: ignore[arg-type]
+    doc = perfetto(out, fix)
+    events = doc["traceEvents"]
+    threads = {e["args"]["name"].split(" ")[0]: e["tid"] for e in events if e["name"] == "thread_name"}
+    assert set(out.run.op_counts) <= set(threads)  # type: ignore[attr-defined]
+    for actor, n in out.run.op_counts.items():  # type: ignore[attr-defined]
+        if actor == "host":
+            continue
+        ops = [e for e in events if e["ph"] == "X" and e.get("cat") in ("op", "pending") and e["tid"] == threads[actor]]
+        assert len(ops) == n, actor
+    races = [e for e in events if e["ph"] == "i" and e["name"] == "race"]
+    assert len(races) == 2 * len(out.races)  # type: ignore[attr-defined]
+    assert all("race:" in e["args"]["report"] for e in races)
+    starts = {e["id"] for e in events if e["ph"] == "s"}
+    assert starts == {e["id"] for e in events if e["ph"] == "f"}
+    assert any(e["name"] == "suggested edge" for e in events if e["ph"] == "s")
+    assert any(e["name"] == "stall" for e in events if e["ph"] == "X")
+    assert all(e["ts"] >= 0 for e in events if "ts" in e)
+    json.dumps(doc)
+
+
+def test_the_perfetto_trace_loads_in_the_trace_processor(tmp_path: Path) -> None:
+    tp_module = pytest.importorskip("perfetto.trace_processor", reason="the perfetto package is not installed")
+    _, out = _racy()
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(perfetto(out)))
+    try:
+        tp = tp_module.TraceProcessor(trace=str(path))
+    except Exception as e:  # its trace_processor_shell binary is downloaded on first use
+        pytest.skip(f"the trace processor cannot start here ({type(e).__name__}: no binary, no network)")
+    try:
+        tracks = {r.name for r in tp.query("select name from thread")}
+        assert {"d2h (stream)", "default (stream)", "host (host)"} <= tracks
+        racing = list(tp.query("select s.name from slice s join instant i on 1 = 1 limit 1"))
+        assert racing is not None
+        names = {r.name for r in tp.query("select name from slice")}
+        assert any(n.startswith("copy_ (D2H)") for n in names)
+        assert "race" in names
+    finally:
+        tp.close()
+
+
+def test_slices_pair_every_start_with_its_end_and_keep_unrun_operations() -> None:
+    _, out = _racy()
+    ss = slices(out)
+    assert all(s.end >= s.start for s in ss)
+    ops = [s for s in ss if s.kind in ("op", "pending")]
+    assert len(ops) == sum(n for a, n in out.run.op_counts.items() if a != "host")  # type: ignore[attr-defined]
+    assert all(s.source for s in ops)
+
+
+@pytest.mark.parametrize("line", [EDGE_FIXES["offload_reload/racy"][0], REORDER["zcc/zcc-frozen-step"],
+                                  EDGE_FIXES["param_readiness/param-no-drain-on-disable"][0]])
+def test_a_picture_is_written_for_a_shrunk_schedule(line: str, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    target, schedule = _target(line)
+    out = target.run(schedule)
+    path = write_png(out, tmp_path / "run.png", suggest(target, out, schedules=10))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- the command line --------------------------------------------------------------------------------
+
+
+def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "simdevice", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_replay_suggests_the_fix_checks_it_and_replays_with_it(tmp_path: Path) -> None:
+    line = EDGE_FIXES["offload_reload/racy"][0]
+    p = _cli("replay", line, "--perfetto", str(tmp_path / "t.json"), "--png", str(tmp_path / "t.png"))
+    assert p.returncode == 1
+    assert "  suggested fix: record an event on `d2h` after `copy_ (D2H)`" in p.stdout
+    assert "  checked: with it inserted, the failing schedule and 200 searched schedules are clean" in p.stdout
+    replay = next(x for x in p.stdout.splitlines() if x.startswith("  replay with it: "))
+    edge = replay.split('--edge "')[1].rstrip('"')
+    fixed = _cli("replay", line, "--edge", edge)
+    assert fixed.returncode == 0
+    assert "on sim: clean" in fixed.stdout
+    assert json.loads((tmp_path / "t.json").read_text())["metadata"]["schedule"] == line
+    assert (tmp_path / "t.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--edge", "nonsense"], "bad edge 'nonsense'"),
+    (["--png", "/no/such/folder/x.png"], "not a file in an existing folder"),
+    (["--perfetto", "x.json", "--gpu"], "drop --gpu"),
+])
+def test_replay_refuses_bad_explain_options_in_one_line(args: list[str], message: str) -> None:
+    p = _cli("replay", "offload_reload/racy::d2h#0+1", *args)
+    assert p.returncode == 2
+    assert message in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in p.stderr
+
+
+def test_check_json_carries_the_fix() -> None:
+    p = _cli("check", "examples/offload_plain.py::reload_racy", "--json", "--examples", "30")
+    assert p.returncode == 1
+    fix = json.loads(p.stdout)["fix"]
+    assert fix["kind"] == "edges"
+    assert fix["checked"] is True
+    assert fix["edges"][0]["after"]["actor"] == "d2h_stream"
+    assert _cli("check", "examples/offload_plain.py::reload_racy", "--json", "--examples", "30",
+                "--no-fix").stdout.count('"fix": null') == 1
