@@ -150,22 +150,25 @@ def cmd_check(args: argparse.Namespace) -> int:
         if unknown:
             return _fail(f"unknown program {unknown[0]!r}; known: {', '.join(sorted(REGISTRY))}")
         progs = programs(args.program)
-    show = _progress(args.quiet or args.json)
     findings = []
     started = time.monotonic()
-    for prog in progs:
-        for variant in prog.variants:
-            label = f"{prog.name}/{variant}"
-            if not args.quiet:
-                print(f"checking {label} ...", file=sys.stderr, flush=True)
-            f = check_variant(prog, variant, args.examples, args.budget, lambda n, lb=label: show(lb, n), db)
-            if not args.quiet and sys.stderr.isatty():
-                print("\r", end="", file=sys.stderr)
-            if not args.quiet:
+    bars = not (args.quiet or args.json) and sys.stderr.isatty()
+    with _Bars(bars) as progress:
+        for prog in progs:
+            for variant in prog.variants:
+                label = f"{prog.name}/{variant}"
+                if not args.quiet and not bars:
+                    print(f"checking {label} ...", file=sys.stderr, flush=True)
+                task = progress.start(label, args.examples)
+                f = check_variant(prog, variant, args.examples, args.budget, lambda n, t=task: progress.step(t, n),
+                                  db)
                 verdict = "ok" if f.ok else "UNEXPECTED"
-                print(f"  {verdict}: {'found' if f.found else 'clean'} after {f.examples} schedules, {f.seconds}s",
-                      file=sys.stderr, flush=True)
-            findings.append(f)
+                line = f"{verdict}: {'found' if f.found else 'clean'} after {f.examples} schedules, {f.seconds}s"
+                if bars:
+                    progress.finish(task, f"{label}: {line}", f.ok)
+                elif not args.quiet:
+                    print(f"  {line}", file=sys.stderr, flush=True)
+                findings.append(f)
     fixes = _fixes(findings, args.quiet or args.json) if args.fix else {}
     ok = all(f.ok for f in findings)
     if args.json:
@@ -173,7 +176,10 @@ def cmd_check(args: argparse.Namespace) -> int:
                    for i, f in enumerate(findings)]
         print(json.dumps({"ok": ok, "seconds": round(time.monotonic() - started, 2), "results": results}, indent=2))
     else:
-        _table(findings)
+        if sys.stdout.isatty():
+            _rich_table(findings)
+        else:
+            _table(findings)
         for i, fix in fixes.items():
             print(f"\n{findings[i].program}/{findings[i].variant}: {findings[i].schedule}")
             _print_fix(fix, str(findings[i].schedule))
@@ -277,6 +283,60 @@ def _print_fix(fix: Any, schedule: str) -> None:
     if fix.edges:
         edges = " ".join(f'--edge "{e}"' for e in fix.edges)
         print(f'  replay with it: simdevice replay "{schedule}" {edges}')
+
+
+class _Bars:
+    """``check``'s progress on a terminal: a rich progress bar per variant (schedules run out of ``--examples``),
+    each left as a one-line verdict when done. Off the terminal (or ``--quiet``, ``--json``): nothing; the caller
+    prints its plain lines, unchanged for scripts."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self._progress: Any = None
+
+    def __enter__(self) -> _Bars:
+        if self.on:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                      TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+            self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    def start(self, label: str, total: int) -> Any:
+        return self._progress.add_task(label, total=total) if self._progress is not None else None
+
+    def step(self, task: Any, n: int) -> None:
+        if self._progress is not None:
+            self._progress.update(task, completed=n)
+
+    def finish(self, task: Any, text: str, ok: bool) -> None:
+        if self._progress is not None:
+            self._progress.update(task, description=f"[{'green' if ok else 'red'}]{text}[/]",
+                                  total=max(self._progress.tasks[task].completed, 1),
+                                  completed=max(self._progress.tasks[task].completed, 1))
+
+
+def _rich_table(findings: list[Any]) -> None:
+    """The table of ``check`` on a terminal (the same columns as :func:`_table`)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    for name in ("program/variant", "expect", "result", "examples", "race@default"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("shrunk schedule / what it shows", overflow="fold")
+    for f in findings:
+        what = f"{f.schedule}  ({f.summary})" if f.schedule else "-"
+        style = "" if f.ok else "bold red"
+        table.add_row(f"{f.program}/{f.variant}", f.expect, "found" if f.found else "clean", str(f.examples),
+                      "yes" if f.race_at_default else "no", what, style=style)
+    Console().print(table)
 
 
 def _table(findings: list[Any]) -> None:

@@ -11,7 +11,8 @@ reports. Virtual time: 1 unit = 1 ms of GPU time; the JSON is in microseconds, a
   text (with a flow arrow between the two racing operations), and a suggested fix's edges as flow arrows named
   ``suggested edge``. Opens in ui.perfetto.dev and chrome://tracing.
 - :func:`write_png`: one lane per actor, operations as bars coloured by kind, stalls hatched, the two racing
-  operations outlined in red with an arrow between them, the suggested edge dashed; the schedule line as title.
+  operations outlined in red with an arrow between them (an illegal access in violet), the suggested edge dashed;
+  the schedule line as title; zoomed on the flagged operations when they sit in a small part of a long run.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import attrs
 
 from simdevice.runtime.config import UNIT_NS, SimConfig
-from simdevice.runtime.reports import Race, StaleRead
+from simdevice.runtime.reports import IllegalAccess, Race, StaleRead
 
 __all__ = ["Slice", "perfetto", "slices", "write_perfetto", "write_png"]
 
@@ -223,18 +224,30 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
     actors = sorted({s.actor for s in ss}, key=lambda a: (_process(a) != "host", _process(a), a != _process(a), a))
     lane = {a: i for i, a in enumerate(actors)}
     end = max((s.end for s in ss), default=1) / UNIT_NS
+    racing = {(x.actor, x.index) for r in _racing(out) for x in (r.previous, r.current)}
+    illegal = {(r.access.actor, r.access.index) for r in out.run.reports if isinstance(r, IllegalAccess)}
+    # zoom on the flagged operations when they sit in a small part of a long run
+    flagged = [x for x in ss if x.kind in ("op", "pending") and ((x.actor, x.index) in racing | illegal)]
+    lo, hi, zoomed = 0.0, end, False
+    if flagged:
+        f0, f1 = min(x.start for x in flagged) / UNIT_NS, max(x.end for x in flagged) / UNIT_NS
+        pad = max(f1 - f0, end * 0.02) * 1.5
+        if (f1 - f0 + 2 * pad) < 0.5 * end:
+            lo, hi, zoomed = max(0.0, f0 - pad), min(end, f1 + pad), True
+    span = hi - lo
     fig_h = 1.9 + 0.5 * len(actors)
     fig, ax = plt.subplots(figsize=(12, fig_h), dpi=110)
-    racing = {(x.actor, x.index) for r in _racing(out) for x in (r.previous, r.current)}
     for s in ss:
         y = lane[s.actor]
-        x0, w = s.start / UNIT_NS, max((s.end - s.start) / UNIT_NS, end / 1500)
+        x0, w = s.start / UNIT_NS, max((s.end - s.start) / UNIT_NS, span / 1500)
         if s.kind == "op":
             red = (s.actor, s.index) in racing
-            if red:
-                w = max(w, end / 300)  # a short racing operation stays visible
-            ax.broken_barh([(x0, w)], (y - 0.35, 0.7), facecolors=_COLOURS[_kind(s)],
-                           edgecolors="red" if red else "none", linewidth=2.5 if red else 0, zorder=3 if red else 2)
+            bad = (s.actor, s.index) in illegal
+            if red or bad:
+                w = max(w, span / 300)  # a short flagged operation stays visible
+            edge = "red" if red else ("#7f00ff" if bad else "none")
+            ax.broken_barh([(x0, w)], (y - 0.35, 0.7), facecolors=_COLOURS[_kind(s)], edgecolors=edge,
+                           linewidth=2.5 if edge != "none" else 0, zorder=3 if edge != "none" else 2)
         elif s.kind == "host":
             ax.broken_barh([(x0, w)], (y - 0.2, 0.4), facecolors=_COLOURS["host"], zorder=1)
         elif s.kind == "stall":
@@ -242,9 +255,9 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
                            linewidth=0.8, zorder=1)
         elif s.kind == "pending":
             red = (s.actor, s.index) in racing
-            ax.broken_barh([(x0, end / 60)], (y - 0.35, 0.7), facecolors="none", linestyle="--",
+            ax.broken_barh([(x0, span / 60)], (y - 0.35, 0.7), facecolors="none", linestyle="--",
                            edgecolors="red" if red else "#555555", linewidth=1.5, zorder=3)
-            ax.text(x0 - end / 200, y + 0.5, "not run: the run stopped", fontsize=7, va="center", ha="right",
+            ax.text(x0 - span / 200, y + 0.5, "not run: the run stopped", fontsize=7, va="center", ha="right",
                     color="#555555", zorder=5)
         else:
             ax.plot([x0, x0], [y - 0.4, y + 0.4], color=_COLOURS["wait"], linewidth=1, zorder=2)
@@ -258,7 +271,7 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
                     xytext=(first.start / UNIT_NS, lane[first.actor]),
                     arrowprops={"arrowstyle": "->", "color": "red", "lw": 1.6}, zorder=4)
         mid = ((first.start + second.start) / 2 / UNIT_NS, (lane[first.actor] + lane[second.actor]) / 2)
-        if all(abs(mid[0] - x) > end / 25 or abs(mid[1] - y) > 0.3 for x, y in labelled):  # no pile of labels
+        if all(abs(mid[0] - x) > span / 25 or abs(mid[1] - y) > 0.3 for x, y in labelled):  # no pile of labels
             ax.text(mid[0], mid[1] + 0.15, "race", color="red", fontsize=9, ha="center", zorder=5)
             labelled.append(mid)
     if fix is not None:
@@ -270,14 +283,17 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
                             zorder=4)
     ax.set_yticks(range(len(actors)), actors)
     ax.set_ylim(len(actors) - 0.4, -0.6)
-    ax.set_xlim(0, end * 1.02)
-    ax.set_xlabel("virtual time (ms of GPU time)")
+    ax.set_xlim(lo, lo + span * 1.02)
+    ax.set_xlabel("virtual time (ms of GPU time)" + (f"; zoomed on the flagged operations (the run: 0 to {end:.2f})"
+                                                     if zoomed else ""))
     ax.grid(axis="x", color="#eeeeee", zorder=0)
     title = str(out.schedule)
     ax.set_title(f"{title if len(title) < 110 else title[:107] + '...'}\n{out.verdict()}", fontsize=10)
     legend = [Patch(facecolor=_COLOURS[k], label=k) for k in ("compute", "D2H", "H2D", "collective", "host")]
     legend.append(Patch(facecolor="none", edgecolor="#555555", hatch="///", label="stall"))
     legend.append(Patch(facecolor="white", edgecolor="red", linewidth=2, label="racing operation"))
+    if illegal:
+        legend.append(Patch(facecolor="white", edgecolor="#7f00ff", linewidth=2, label="illegal access"))
     if fix is not None and fix.edges:
         from matplotlib.lines import Line2D
 

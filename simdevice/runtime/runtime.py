@@ -578,7 +578,13 @@ class Runtime:
         g = self.collectives.all_gather(a, out, inp, source)
         self._kept_for(a, [out, inp])
         self._issued_at(g.rec.stream.name, source, g.record)
+        self._collective_site(g, source, [out, inp])
         return g
+
+    def _collective_site(self, g: Gather, source: str, refs: list[Ref]) -> None:
+        """A collective's counted operation (its send) for timelines: its line and the bytes it moves."""
+        comm = g.rec.stream
+        self.op_sites[f"{comm.name}#{comm.ops - 1}"] = (source, sum(d.numel() * d.element_size() for _, d in refs))
 
     def _kept_for(self, a: HostActor, refs: list[Ref]) -> None:
         """As ProcessGroupNCCL does (it records a collective's tensors on its stream, or stashes them in the work):
@@ -602,6 +608,7 @@ class Runtime:
         g = self.collectives.collective(a, kind, outs, inp, combine, source)
         self._kept_for(a, [*outs, *([inp] if inp is not None else [])])
         self._issued_at(g.rec.stream.name, source, g.record)
+        self._collective_site(g, source, [*outs, *([inp] if inp is not None else [])])
         return g
 
     def exchange_objects(self, obj: Any) -> list[Any]:

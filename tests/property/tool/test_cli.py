@@ -114,3 +114,47 @@ def test_exhaust_reports_clean_and_found(capsys: pytest.CaptureFixture[str]) -> 
     assert 'schedule "offload_reload/racy::d2h#0+1" on sim' in capsys.readouterr().out
     assert main(["exhaust", "offload_reload/racy", "--delays", "9"]) == 2
     assert capsys.readouterr().err == "simdevice: error: --delays must be in 0..4, got 9\n"
+
+
+def _on_a_terminal(args: list[str]) -> str:
+    """What ``simdevice ARGS`` writes to a pseudo-terminal (stdout and stderr both on it)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    env = dict(os.environ, COLUMNS="160", LINES="50", TERM="xterm")
+    proc = subprocess.Popen([sys.executable, "-m", "simdevice", *args], stdin=slave, stdout=slave, stderr=slave,
+                            env=env, close_fds=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=300)
+    os.close(master)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_check_on_a_terminal_shows_progress_bars_and_a_table() -> None:
+    shown = _on_a_terminal(["check", "--program", "offload_reload", "--examples", "20"])
+    assert "━" in shown  # rich's bar
+    assert "offload_reload/racy: ok: found after" in shown
+    assert "all as expected: 2/2 variants" in shown
+    assert "checking offload_reload/racy ..." not in shown  # the plain progress lines are for scripts
+
+
+def test_check_off_a_terminal_prints_plain_lines_for_scripts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--program", "offload_reload", "--examples", "20"]) == 0
+    captured = capsys.readouterr()
+    assert "━" not in captured.err + captured.out
+    assert "checking offload_reload/racy ...\n  ok: found after" in captured.err
+    header = captured.out.splitlines()[0]
+    assert header.split() == ["program/variant", "expect", "result", "examples", "race@default", "shrunk",
+                              "schedule", "/", "what", "it", "shows"]

@@ -193,9 +193,11 @@ def test_slices_pair_every_start_with_its_end_and_keep_unrun_operations() -> Non
     assert all(s.source for s in ops)
 
 
-@pytest.mark.parametrize("line", [EDGE_FIXES["offload_reload/racy"][0], REORDER["zcc/zcc-frozen-step"],
-                                  EDGE_FIXES["param_readiness/param-no-drain-on-disable"][0]])
-def test_a_picture_is_written_for_a_shrunk_schedule(line: str, tmp_path: Path) -> None:
+SHRUNK = [line for line, _ in EDGE_FIXES.values()] + list(REORDER.values()) + [line for line, _ in NO_RACE.values()]
+
+
+@pytest.mark.parametrize("line", SHRUNK)
+def test_a_picture_is_written_for_every_variants_shrunk_schedule(line: str, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="matplotlib is not installed")
     target, schedule = _target(line)
     out = target.run(schedule)
