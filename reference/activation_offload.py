@@ -306,7 +306,8 @@ class ActivationOffloadManager:
                 if not isinstance(t, torch.Tensor):
                     continue
                 buf = self.pool.take(t)
-                buf.copy_(t, non_blocking=True)
+                with torch.no_grad():  # a copy of a saved tensor, not part of the graph (the buffer outlives it)
+                    buf.copy_(t, non_blocking=True)
                 group._buffers.append(buf)
                 # keep: the source's memory must not go back to compute while the D2H still reads it
                 group._sources.append(t)

@@ -10,6 +10,7 @@ the run as a host error.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -95,12 +96,15 @@ def train(
     # The manager's hooks, wrapped to remember (pushed, popped) pairs for the end-of-run comparison.
     def pack(t: torch.Tensor) -> Any:
         tag = manager.tensor_push(t) if manager else t
-        return tag, (t if cfg.check and isinstance(tag, ao.TensorTag) else None)
+        # the values, detached: the tensor itself would hold its own graph node (which holds this), a cycle through
+        # autograd that the garbage collector cannot see, so a graph never run backward would never be freed
+        keep = cfg.check and isinstance(tag, ao.TensorTag)
+        return tag, (t.detach() if keep else None), (weakref.ref(t) if keep else None)
 
     def unpack(saved: Any) -> torch.Tensor:
-        tag, pushed = saved
+        tag, pushed, original = saved
         t = manager.tensor_pop(tag) if manager else tag
-        if pushed is not None:
+        if pushed is not None and original() is not t:  # a resident tensor comes back as itself: nothing to compare
             pairs.append((f"pass {manager.pass_index if manager else 0} {tag.group.name}", pushed, t))
         return t  # type: ignore[no-any-return]
 
@@ -123,27 +127,35 @@ def train(
                     manager.group_commit(group)
         return (x * x).sum()
 
-    if cfg.evalfirst:
-        for mb in range(cfg.mb):
-            forward(-1, mb)  # evaluation: the graph is dropped, nothing is reloaded
+    try:
+        if cfg.evalfirst:
+            for mb in range(cfg.mb):
+                forward(-1, mb)  # evaluation: the graph is dropped, nothing is reloaded
+            if manager:
+                manager.reset()
+        for it in range(cfg.iters):
+            losses = [forward(it, mb) for mb in range(cfg.mb)]
+            for loss in losses:
+                loss.backward()
+            with torch.no_grad():
+                for w in weights:
+                    w.sub_(LR * w.grad)
+                    w.grad = None
+            if manager:
+                manager.reset()
+            if on_iteration is not None:
+                on_iteration(it)
+    except BaseException:
         if manager:
-            manager.reset()
-    for it in range(cfg.iters):
-        losses = [forward(it, mb) for mb in range(cfg.mb)]
-        for loss in losses:
-            loss.backward()
-        with torch.no_grad():
-            for w in weights:
-                w.sub_(LR * w.grad)
-                w.grad = None
-        if manager:
-            manager.reset()
-        if on_iteration is not None:
-            on_iteration(it)
+            # an aborted step (a Chunk mismatch, the run stopped): the groups let go of the saved tensors, whose
+            # graph holds the hooks that hold the manager (a cycle through autograd the collector cannot see)
+            for handler in manager.handlers:
+                handler.reset(manager.pool, clear_latches=True)
+        raise
     # wait: the comparison and the weights must see every copy and kernel of the last pass landed
     dev.synchronize()
-    # A resident tensor comes back as itself; only copies that went through a pinned buffer are compared.
-    mismatches = [label for label, pushed, popped in pairs if popped is not pushed and not torch.equal(pushed, popped)]
+    # Only copies that went through a pinned buffer are compared.
+    mismatches = [label for label, pushed, popped in pairs if not torch.equal(pushed, popped)]
     return {
         "weights": [w.detach().cpu() for w in weights],
         "mismatches": mismatches,

@@ -9,8 +9,9 @@ backward counts as corruption (on CUDA it is an exception, on the simulator a ho
 CUDA serializes two streams' commands when the host allocates page-locked memory or calls ``cudaMalloc``
 between them (implicit synchronization). The first GPU run (docs/confirmations.md) saw the inline-reload
 bug corrupt 0/20 while the pinned pool still grew lazily between the copies; the program now reserves its
-pool up front, and every counted trial follows ``gc.collect()`` (the manager's reference cycles hold the last
-trial's memory) and one uncounted warm-up run, so the caching allocators serve every allocation as in
+pool up front, and every counted trial follows ``gc.collect()`` (the manager's own reference cycles hold the last
+trial's memory until a collection; none goes through autograd any more, see the leak test) and one uncounted
+warm-up run, so the caching allocators serve every allocation as in
 steady-state training and no allocation separates the D2H from the inline H2D.
 """
 
@@ -96,3 +97,42 @@ def test_shrunk_bug_schedule_corrupts_on_gpu(variant: str) -> None:
 @pytest.mark.parametrize(("text", "trials"), FIXED_CASES)
 def test_fixed_never_corrupts_on_gpu(text: str, trials: int) -> None:
     assert corrupted(text, trials) == 0
+
+
+def test_no_pinned_or_device_memory_grows_after_warm_up() -> None:
+    """A run frees what it allocated (no reference cycle through autograd keeps the manager, its pinned pool and
+    the saved activations; its own cycles are Python's, which ``gc.collect()`` frees): after a few warm-up runs,
+    neither ``cudaHostAlloc`` calls nor device memory grow."""
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    if stats is None:
+        pytest.skip("torch.cuda.host_memory_stats is not in this torch")
+    line = "activation_offload/FIXED:layers=2,mb=2,iters=2,frac=100,evalfirst=1"
+    for seed in range(5):
+        execute(_with_seed(line, seed), backend="cuda")
+        gc.collect()
+    torch.cuda.synchronize()
+    allocs, device = stats().get("num_host_alloc"), torch.cuda.memory_allocated()
+    if allocs is None:
+        pytest.skip(f"host_memory_stats has no num_host_alloc here: {sorted(stats())[:12]}")
+    for seed in range(5, 25):
+        execute(_with_seed(line, seed), backend="cuda")
+        gc.collect()
+    torch.cuda.synchronize()
+    after, device_after = stats().get("num_host_alloc"), torch.cuda.memory_allocated()
+    print(f"RATE leak {line}: cudaHostAlloc {allocs} -> {after}, device bytes {device} -> {device_after} "
+          "over 20 runs")
+    assert after == allocs
+    assert device_after <= device
+
+
+def test_operation_counts_equal_the_simulators() -> None:
+    """The same schedule counts the same operations per actor on both machines (a delay lands on the same one)."""
+    lines = ["activation_offload/FIXED", "activation_offload/FIXED:layers=2,mb=2,iters=2,frac=50",
+             "activation_offload/FIXED:layers=3,mb=2,iters=2,frac=100,evalfirst=1",
+             "activation_offload/offload-inline-no-wait"]
+    for line in lines:
+        # actors with no operation aside (the simulator lists a stream it made that never got one)
+        sim = {a: n for a, n in execute(Schedule.parse(line)).run.op_counts.items() if n}
+        gpu = {a: n for a, n in execute(_with_seed(line, 0), backend="cuda").run.op_counts.items() if n}
+        print(f"COUNTS {line}: sim {dict(sorted(sim.items()))} gpu {dict(sorted(gpu.items()))}")
+        assert gpu == sim, line
