@@ -1,0 +1,59 @@
+"""``scripts/fidelity``: the plan samples deterministic schedules with the simulator's verdicts, the table counts
+agreement, and bad input is one line and exit 2 (the GPU step itself runs on a GPU: docs/fidelity.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "scripts" / "fidelity"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+
+
+def test_the_plan_is_deterministic_and_carries_the_simulators_verdicts(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for out in (a, b):
+        p = _run("plan", "--per-variant", "4", "--seed", "3", "--variant", "offload_reload/racy", "-o", str(out))
+        assert p.returncode == 0, p.stderr
+    assert a.read_text() == b.read_text()
+    rows = json.loads(a.read_text())["rows"]
+    assert len(rows) == 4
+    assert rows[0]["schedule"].startswith("offload_reload/racy")
+    assert all(isinstance(r["sim_fails"], bool) for r in rows)
+
+
+def test_the_table_counts_agreement_and_lists_each_disagreement(tmp_path: Path) -> None:
+    rows = [
+        {"variant": "x/a", "schedule": "x/a::s#0+1", "sim_fails": True, "gpu_fails": True, "sim_verdict": "wrong",
+         "gpu_failed_trials": 3, "trials": 3},
+        {"variant": "x/a", "schedule": "x/a::s#0+5", "sim_fails": True, "gpu_fails": False, "sim_verdict": "wrong",
+         "gpu_failed_trials": 0, "trials": 3},
+        {"variant": "x/b", "schedule": "x/b", "sim_fails": False, "gpu_fails": None, "deadlock": True},
+    ]
+    doc = {"meta": {"device": "GPU", "torch": "t", "trials": 3, "date": "d", "seed": 0}, "results": rows}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    p = _run("table", str(path))
+    assert p.returncode == 0, p.stderr
+    assert "overall: 1/2 agree (50.0%); 1 deadlock schedule(s) not replayed" in p.stdout
+    assert "disagree: x/a::s#0+5: sim wrong, gpu 0/3" in p.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["plan", "--variant", "nope/x", "-o", "/dev/null"], "unknown variant 'nope/x'"),
+    (["plan", "--per-variant", "0", "-o", "/dev/null"], "must be >= 1"),
+    (["table", "/no/such/file.json"], "cannot read the results"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    p = _run(*args)
+    assert p.returncode == 2
+    assert message in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
