@@ -37,8 +37,8 @@ import attrs
 ActorName = str
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
-_DELAY_RE = re.compile(rf"^({_NAME})#(\d+)\+(\d+)$")
-_CHOICE_RE = re.compile(rf"^({_NAME})#(\d+)~(\d+)$")
+_DELAY_RE = re.compile(rf"^({_NAME})#(\d+)\+(\d+)$", re.ASCII)  # ASCII: no other script's digits
+_CHOICE_RE = re.compile(rf"^({_NAME})#(\d+)~(\d+)$", re.ASCII)
 _TARGET_RE = re.compile(rf"^({_NAME})/({_NAME})$")
 #: a function of the user's: a file (``dir/x.py``) or a module (``pkg.mod``), then ``::`` and its name
 _FUNCTION = r"((?:[^:]*\.py)|(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*))::([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)"
@@ -75,14 +75,24 @@ def _check_variant(instance: Schedule, attribute: attrs.Attribute[str], value: s
     _check_name(instance, attribute, value)
 
 
+#: the largest operation index and stall a schedule may name: a billion operations, a million units (1000 s)
+MAX_INDEX = 10**9
+MAX_UNITS = 10**6
+
+
+def _shown(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 20 else f"{text[:8]}...({len(text)} digits)"
+
+
 def _check_nonneg(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value < 0:
-        raise ScheduleError(f"{attribute.name} must be >= 0, got {value}")
+    if not 0 <= value <= MAX_INDEX:
+        raise ScheduleError(f"{attribute.name} must be in 0..{MAX_INDEX}, got {_shown(value)}")
 
 
 def _check_positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value < 1:
-        raise ScheduleError(f"{attribute.name} must be >= 1, got {value}")
+    if not 1 <= value <= MAX_UNITS:
+        raise ScheduleError(f"{attribute.name} must be in 1..{MAX_UNITS}, got {_shown(value)}")
 
 
 @attrs.frozen(order=True)

@@ -23,7 +23,7 @@ from simdevice.dropin import DropIn, cuda
 from simdevice.fuzz import FuzzFailure, example, fuzz
 from simdevice.runtime import UNIT_NS, Options, SimConfig
 from simdevice.runtime.memsaver import LibraryFixes
-from simdevice.runtime.reports import Access, Deadlock, HostError, IllegalAccess, Race, StaleRead
+from simdevice.runtime.reports import Access, Deadlock, HostError, IllegalAccess, Race, StaleRead, StepLimit
 from simdevice.search.explore import Exploration, explore
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "SimDevice",
     "SimTensor",
     "StaleRead",
+    "StepLimit",
     "cuda",
     "example",
     "explore",

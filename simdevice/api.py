@@ -23,7 +23,7 @@ from reference.schedule import Schedule
 from simdevice.dispatch import Dispatcher, SimMode, data_of, storage_of
 from simdevice.runtime import Options, Runtime, SimConfig
 from simdevice.runtime.collectives import Gather
-from simdevice.runtime.config import UNIT_NS
+from simdevice.runtime.config import UNIT_NS, with_overrides
 from simdevice.runtime.execution import HostActor
 from simdevice.runtime.memsaver import SimMemorySaver
 from simdevice.runtime.reports import user_source
@@ -222,7 +222,7 @@ class SimDevice:
         shown: torch.device | None = None,
     ) -> None:
         self.schedule = schedule
-        self.config = config or SimConfig()
+        self.config = with_overrides(config or SimConfig())
         delays = schedule.delays_for if schedule is not None else _no_delays
         choices = schedule.choices_for if schedule is not None else _no_delays
         #: the model of this run (tests and tools read its allocator, streams and trace)

@@ -36,6 +36,10 @@ def _version() -> str:
         return "(not installed)"
 
 
+_MAX_STEPS = ("host steps one simulated run may make before it is stopped with a step-limit report (default "
+              "200000)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="simdevice",
@@ -69,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="suggest the missing synchronization for a failure and check it by re-running with it "
                         "inserted (default: on for a TARGET, off for the table of every program)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    c.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
 
     r = sub.add_parser(
         "replay",
@@ -88,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="insert this synchronization (repeatable): every operation of actor B issued at that line "
                         "waits for the latest of actor A's at its line, as a fix would (simulator; the "
                         "'replay with it' line of a suggested fix)")
+    r.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
     r.add_argument("--perfetto", metavar="FILE.json", default=None,
                    help="write the run's timeline as a Perfetto / Chrome trace (open in ui.perfetto.dev)")
     r.add_argument("--png", metavar="FILE.png", default=None,
@@ -110,6 +116,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--delays", type=int, default=1, metavar="K", help="at most K delays per schedule (default 1)")
     e.add_argument("--units", default="1,5,20", metavar="U,U,..", help="stall sizes in units (default 1,5,20)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    e.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
+    e.add_argument("--max-schedules", type=int, default=100_000, metavar="N",
+                   help="refuse to start when there are more schedules than this (default 100000)")
 
     ls = sub.add_parser(
         "list",
@@ -137,7 +146,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     if args.examples < 1:
         return _fail(f"--examples must be >= 1, got {args.examples}")
-    if args.budget is not None and args.budget <= 0:
+    if args.budget is not None and not 0 < args.budget < float("inf"):  # NaN and inf too
         return _fail(f"--budget must be > 0 seconds, got {args.budget}")
     if args.db is not None and os.path.exists(args.db) and not os.path.isdir(args.db):
         return _fail(f"--db {args.db!r} is a file, not a directory")
@@ -453,6 +462,9 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     # a built-in program: the configuration given (PROGRAM/VARIANT: for the defaults), or its whole space
     config = fixed if (fixed or not builtin or args.target.rstrip().endswith(":")) else None
     total = count_target_schedules(target, args.delays, units, config)
+    if total > args.max_schedules:
+        return _fail(f"too many schedules: {total}, more than --max-schedules {args.max_schedules}; fewer --delays or "
+                     "--units, a configuration, or a larger --max-schedules")
     if not args.quiet:
         print(f"running {total} schedules", file=sys.stderr, flush=True)
     show = _progress(args.quiet)
@@ -517,15 +529,18 @@ def _list_functions(path: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    commands = {"check": cmd_check, "replay": cmd_replay, "exhaust": cmd_exhaust, "list": cmd_list}
     try:
-        if args.command == "check":
-            return cmd_check(args)
-        if args.command == "replay":
-            return cmd_replay(args)
-        if args.command == "exhaust":
-            return cmd_exhaust(args)
-        if args.command == "list":
-            return cmd_list(args)
+        if args.command in commands:
+            steps = getattr(args, "max_steps", None)
+            if steps is None:
+                return commands[args.command](args)
+            if steps < 1:
+                return _fail(f"--max-steps must be >= 1, got {steps}")
+            from simdevice.runtime.config import overridden
+
+            with overridden(max_host_steps=steps):
+                return commands[args.command](args)
     except KeyboardInterrupt:
         print("simdevice: interrupted", file=sys.stderr)
         return 130

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from reference.schedule import Schedule
 from simdevice.runtime import Edge, Site, inserted
-from simdevice.runtime.reports import Access, Deadlock, HostError, IllegalAccess, Race
+from simdevice.runtime.reports import Access, Deadlock, HostError, IllegalAccess, Race, StepLimit
 from simdevice.search.execute import Outcome
 from simdevice.search.explore import kept_patched, search_target
 from simdevice.search.targets import Target
@@ -141,6 +141,8 @@ def _reorder(races: list[Race]) -> list[str]:
 
 def _why_none(out: Outcome) -> str:
     reports = out.run.reports
+    if any(isinstance(r, StepLimit) for r in reports):
+        return "the run hit its step limit before it ended: raise it (--max-steps) to judge it"
     if any(isinstance(r, Deadlock) for r in reports):
         return ("the run deadlocks: every actor waits for something that cannot happen; an added edge only adds "
                 "waits, so the fix removes a wait or makes what it waits for happen (see what each actor waits for)")

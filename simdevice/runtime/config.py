@@ -10,6 +10,11 @@ interleavings happen; the defaults keep those ratios close to the GPU's.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import Any
+
 import attrs
 
 UNIT_NS = 1_000_000
@@ -42,3 +47,30 @@ class SimConfig:
 
     def kernel_ns(self, nbytes: int) -> int:
         return max(self.launch_ns, nbytes * self.byte_scale // self.kernel_bytes_per_ns)
+
+
+#: SimConfig fields every run made inside :func:`overridden` gets (the command line's ``--max-steps``)
+_OVERRIDES: contextvars.ContextVar[tuple[tuple[str, Any], ...]] = contextvars.ContextVar("sim_config_overrides",
+                                                                                      default=())
+
+
+@contextlib.contextmanager
+def overridden(**fields: Any) -> Iterator[None]:
+    """Runs made inside the block use these :class:`SimConfig` fields (e.g. ``max_host_steps``) whatever config
+    their caller built: how the command line reaches every target's runs."""
+    token = _OVERRIDES.set(tuple({**dict(_OVERRIDES.get()), **fields}.items()))
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
+def with_overrides(config: SimConfig) -> SimConfig:
+    """``config`` with the fields of an enclosing :func:`overridden` block."""
+    fields = dict(_OVERRIDES.get())
+    return attrs.evolve(config, **fields) if fields else config
+
+
+def overrides_active() -> bool:
+    """Whether runs made now get overridden fields (a cache of runs made without them must not serve these)."""
+    return bool(_OVERRIDES.get())

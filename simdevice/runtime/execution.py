@@ -15,7 +15,8 @@ the start of its k-th counted operation. No wall clock and no random state:
 one schedule gives one run.
 
 When no actor can move (all blocked, nothing in flight), or when nothing but
-polling has happened for ``SimConfig.stall_horizon_ns``, the run ends with a
+polling has happened for ``SimConfig.stall_horizon_ns`` past the last thing due (a stall or an operation in
+flight postpones it) and over more than ``POLLS`` host steps (one long sleep is no polling), the run ends with a
 :class:`~simdevice.runtime.reports.Deadlock` naming what each actor waits for;
 the actors' threads are unwound with :class:`SimAbort`, so a test never hangs.
 
@@ -36,13 +37,15 @@ from simdevice.runtime import sync
 from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.config import UNIT_NS, SimConfig
 from simdevice.runtime.memory import Memory
-from simdevice.runtime.reports import Deadlock, HostError, ReportSink, describe, error_source
+from simdevice.runtime.reports import Deadlock, HostError, ReportSink, StepLimit, describe, error_source
 from simdevice.runtime.streams import SimStream, StreamOp
 
 #: per actor: {operation index: units}
 Delays = Callable[[str], dict[int, int]]
 
 _COMPLETE, _START, _HOST = 0, 1, 2
+#: host steps without progress past the stall horizon that make a deadlock (a poll loop, not one long wait)
+POLLS = 64
 
 
 class SimAbort(BaseException):
@@ -103,6 +106,8 @@ class Execution:
         self._lock = threading.Lock()
         self._live = 0
         self.last_progress = 0
+        #: host steps since the last progress: a deadlock is polling, so it takes more than ``POLLS`` of them
+        self.steps_since_progress = 0
         self.host_steps = 0
         self._local = threading.local()
         #: True while stream operations are applied (their aten calls are not the program's)
@@ -240,6 +245,7 @@ class Execution:
             if op.start is not None:
                 op.start()
             self.trace.append((self.now, s.name, f"start {op.desc}"))
+            self.waiting_until(self.now + op.duration)
             self._push(self.now + op.duration, _COMPLETE, s.order, s)
         else:
             op = s.queue.popleft()
@@ -344,6 +350,7 @@ class Execution:
             delay = a.delays[k] * UNIT_NS
             a.fired.add(k)
             self.trace.append((max(a.time, self.now), a.name, f"stall {a.delays[k]} units before #{k}"))
+            self.waiting_until(a.time + delay)
         self._push(a.time + delay, _HOST, a.order, a)
         self._wait_turn(a)
         a.time = self.now + self.config.host_step_ns
@@ -351,9 +358,11 @@ class Execution:
         sync.host_step(a, a.name)
         self.trace.append((self.now, a.name, desc))
         if self.host_steps > self.config.max_host_steps:
-            self._deadlock(f"no end after {self.config.max_host_steps} host steps")
+            self.reports.add(StepLimit(self.config.max_host_steps, self.now))
+            self._abort()
             raise SimAbort
-        if self.now - self.last_progress > self.config.stall_horizon_ns:
+        self.steps_since_progress += 1
+        if self.now - self.last_progress > self.config.stall_horizon_ns and self.steps_since_progress > POLLS:
             self._deadlock()
             raise SimAbort
         return a
@@ -381,7 +390,13 @@ class Execution:
 
     def progress(self) -> None:
         """Note that something other than polling happened (for the stall horizon)."""
-        self.last_progress = self.now
+        self.last_progress = max(self.last_progress, self.now)
+        self.steps_since_progress = 0
+
+    def waiting_until(self, t: int) -> None:
+        """Something will happen at ``t`` (a stall or a sleep ends, an operation completes): polling until then is
+        waiting for it, not a deadlock, however long the stall."""
+        self.last_progress = max(self.last_progress, t)
 
     def changed(self) -> None:
         """Shared state changed: blocked actors may move now."""
@@ -420,6 +435,7 @@ class Execution:
                 s.fired.add(op.index)
                 delay = s.delays[op.index] * UNIT_NS
                 self.trace.append((self.now, s.name, f"stall {s.delays[op.index]} units before #{op.index}"))
+                self.waiting_until(self.now + delay)
             s.busy = True
             self._push(self.now + delay, _START, s.order, s)
         return passed

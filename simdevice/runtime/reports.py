@@ -10,6 +10,7 @@ pinned by tests. Kinds:
 - :class:`Deadlock`: no actor can make progress; names what each waits for.
 - :class:`IllegalAccess`: an access to unmapped (paused) memory.
 - :class:`HostError`: an exception raised by a host actor's code.
+- :class:`StepLimit`: the run made more host steps than its bound (``SimConfig.max_host_steps``) without ending.
 """
 
 from __future__ import annotations
@@ -150,6 +151,21 @@ class Deadlock:
 
 
 @attrs.frozen
+class StepLimit:
+    """The run took more host steps than its bound without ending: not a deadlock (it was still moving), and not a
+    verdict either (what came after the bound was not run)."""
+
+    bound: int
+    time_ns: int
+
+    kind = "step-limit"
+
+    def __str__(self) -> str:
+        return (f"step limit at {fmt_time(self.time_ns)}: the run made {self.bound} host steps without ending "
+                "(raise it: SimConfig(max_host_steps=N), or --max-steps N on the command line)")
+
+
+@attrs.frozen
 class IllegalAccess:
     """An access to memory that is not mapped (paused by the memory saver, or freed)."""
 
@@ -178,7 +194,7 @@ class HostError:
         return f"host error: {self.actor} raised {self.error} ({self.source})"
 
 
-Report = Race | StaleRead | Deadlock | IllegalAccess | HostError
+Report = Race | StaleRead | Deadlock | IllegalAccess | HostError | StepLimit
 
 
 class ReportSink:

@@ -541,6 +541,8 @@ class Runtime:
         return not box.items
 
     def sleep(self, units: float) -> None:
+        if not units >= 0:  # also NaN
+            raise ValueError(f"sleep({units}): a sleep must be >= 0 units")
         a = self.host_step(f"sleep({units})")
         a.time += int(units * UNIT_NS)
 

@@ -31,6 +31,7 @@ from simdevice.api import SimDevice
 from simdevice.dropin import DropIn
 from simdevice.programs import Program
 from simdevice.runtime import inserted_edges
+from simdevice.runtime.config import overrides_active
 from simdevice.runtime.reports import describe, error_source
 from simdevice.search.execute import Outcome, counts_as_failure, execute
 
@@ -175,7 +176,7 @@ def _key(config: dict[str, Any]) -> Any:
 def _once(cache: dict[Any, Outcome], schedule: Schedule, key: Any, run: Callable[[], Outcome]) -> Outcome:
     """``run()``, or the outcome of the same configuration's delay-free run made before (a run is deterministic;
     not while edges are inserted: the cached run had none)."""
-    if schedule.delays or schedule.choices or key is None or inserted_edges():
+    if schedule.delays or schedule.choices or key is None or inserted_edges() or overrides_active():
         return run()
     out = cache.get(key)
     if out is None:

@@ -50,6 +50,13 @@ def test_replay_json_and_trace(capsys: pytest.CaptureFixture[str]) -> None:
         (["check", "--examples", "0"], "--examples must be >= 1, got 0"),
         (["check", "--budget", "-1"], "--budget must be > 0 seconds, got -1.0"),
         (["check", "--program", "nope"], "unknown program 'nope'"),
+        (["check", "--budget", "nan"], "--budget must be > 0 seconds, got nan"),
+        (["check", "--budget", "inf"], "--budget must be > 0 seconds, got inf"),
+        (["replay", "offload_reload/correct", "--max-steps", "0"], "--max-steps must be >= 1, got 0"),
+        (["replay", "offload_reload/correct::host#0+1" + "0" * 310], "units must be in 1..1000000, got 10000000..."),
+        (["replay", "offload_reload/correct::host#1000000001+1"], "index must be in 0..1000000000"),
+        (["replay", "offload_reload/correct::host#\u0663+1".encode().decode("unicode_escape")], "bad delay"),
+        (["exhaust", "zcc/FIXED", "--delays", "4"], "too many schedules: "),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -158,3 +165,17 @@ def test_check_off_a_terminal_prints_plain_lines_for_scripts(capsys: pytest.Capt
     header = captured.out.splitlines()[0]
     assert header.split() == ["program/variant", "expect", "result", "examples", "race@default", "shrunk",
                               "schedule", "/", "what", "it", "shows"]
+
+
+def test_a_step_bound_is_reported_as_such_and_can_be_raised(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "offload_reload/correct", "--max-steps", "10", "--no-fix"]) == 1
+    out = capsys.readouterr().out
+    assert "on sim: 1 step-limit" in out
+    assert "the run made 10 host steps without ending (raise it:" in out
+    assert main(["replay", "offload_reload/correct", "--max-steps", "100000"]) == 0
+
+
+def test_a_stall_past_the_stall_horizon_is_no_deadlock(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "offload_reload/correct::host#0+1001"]) == 0
+    assert main(["exhaust", "offload_reload/correct", "--units", "2000", "-q"]) == 0
+    assert "clean over all" in capsys.readouterr().out

@@ -35,7 +35,7 @@ def test_text_form_examples() -> None:
         ("a/b:c:d:e", "bad schedule 'a/b:c:d:e': more than three ':'-separated fields"),
         ("a/b:kib", "bad configuration item 'kib': expected KEY=VALUE"),
         ("a/b::d2h#0", "bad delay 'd2h#0': expected ACTOR#INDEX+UNITS, e.g. d2h#0+3"),
-        ("a/b::d2h#0+0", "units must be >= 1, got 0"),
+        ("a/b::d2h#0+0", "units must be in 1..1000000, got 0"),
         ("a/b::d2h#0+1,d2h#0+2", "two delays name the same actor and operation"),
         ("a/b:k=1,k=2", "configuration key repeated in ['k', 'k']"),
     ],
