@@ -25,7 +25,16 @@ from hypothesis import strategies as st
 
 from reference.schedule import Schedule
 from simdevice.runtime import Edge, Site, inserted
-from simdevice.runtime.reports import Access, Deadlock, HostError, IllegalAccess, Race, StepLimit
+from simdevice.runtime.reports import (
+    Access,
+    Deadlock,
+    HostError,
+    IllegalAccess,
+    Race,
+    StepLimit,
+    is_collective,
+    process_of,
+)
 from simdevice.search.execute import Outcome
 from simdevice.search.explore import kept_patched, search_target
 from simdevice.search.targets import Target
@@ -83,11 +92,6 @@ class Fix:
         }
 
 
-def _process(actor: str) -> str:
-    """The simulated process an actor belongs to (``rank1.nccl`` -> ``rank1``; ``d2h`` -> the main host)."""
-    return actor.split(".", 1)[0] if "." in actor else ""
-
-
 def _ordered(race: Race) -> tuple[Access, Access]:
     """The race's two accesses in the order the program issued them."""
     a, b = race.previous, race.current
@@ -107,8 +111,7 @@ def _advice(race: Race, edge: Edge) -> str:
     """One edge in the program's words."""
     first, second = _ordered(race)
     done = f"`{first.op}` on `{first.actor}` ({first.source})"
-    if first.actor.endswith("nccl") or first.op.startswith(("all_gather", "all_reduce", "reduce_scatter",
-                                                                "broadcast", "all_to_all")):
+    if is_collective(first.actor, first.op):
         how = f"wait for the collective's work (`work.wait()`, or `wait_stream` on its stream) after {done}"
     elif second.on == "host":
         how = f"synchronize on an event recorded on `{first.actor}` after {done}"
@@ -116,7 +119,7 @@ def _advice(race: Race, edge: Edge) -> str:
         how = f"record an event on `{first.actor}` after {done} and make `{second.actor}` wait on it"
     then = f"before `{second.op}` on {'the host' if second.on == 'host' else f'`{second.actor}`'} ({second.source})"
     across = ""
-    if _process(first.actor) != _process(second.actor):
+    if process_of(first.actor) != process_of(second.actor):
         across = " (across processes: an interprocess event, or a handshake the other process waits for)"
     freed = ""
     if race.freed is not None:
@@ -131,7 +134,7 @@ def _reorder(races: list[Race]) -> list[str]:
     for r in races:
         first, second = _ordered(r)
         how = ("have the host wait for it (a handshake) before issuing the other"
-               if _process(first.actor) != _process(second.actor) else "issue it first and wait on it")
+               if process_of(first.actor) != process_of(second.actor) else "issue it first and wait on it")
         text = (f"`{second.op}` on `{second.actor}` ({second.source}) is issued after `{first.op}` on "
                 f"`{first.actor}` ({first.source}); if it must come first, {how}")
         if text not in out:

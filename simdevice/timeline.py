@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 
 from simdevice.runtime.config import UNIT_NS, SimConfig
-from simdevice.runtime.reports import IllegalAccess, Race, StaleRead
+from simdevice.runtime.reports import IllegalAccess, Race, StaleRead, is_collective, process_of
 
 __all__ = ["Slice", "perfetto", "slices", "write_perfetto", "write_png"]
 
@@ -52,13 +52,6 @@ class Slice:
     nbytes: int = 0
     #: a marker's: the stream whose work released it
     waited: str = ""
-
-
-def _process(actor: str) -> str:
-    """The simulated process of an actor: ``rank1.nccl`` -> ``rank1``; the main host's streams -> ``host``."""
-    if "." in actor:
-        return actor.split(".", 1)[0]
-    return actor if re.fullmatch(r"(rank|worker)\d+", actor) else "host"
 
 
 def slices(out: Any) -> list[Slice]:
@@ -126,7 +119,7 @@ def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
     """The run as a Chrome/Perfetto trace-event document (``{"traceEvents": [...]}``)."""
     ss = slices(out)
     actors = sorted({s.actor for s in ss} | set(out.run.op_counts))
-    procs = sorted({_process(a) for a in actors}, key=lambda p: (p != "host", p))
+    procs = sorted({process_of(a) for a in actors}, key=lambda p: (p != "host", p))
     pid = {p: i + 1 for i, p in enumerate(procs)}
     tid = {a: i + 1 for i, a in enumerate(actors)}
     events: list[dict[str, Any]] = []
@@ -137,8 +130,8 @@ def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
     for p in procs:
         events.append({"ph": "M", "name": "process_name", "pid": pid[p], "tid": 0, "args": {"name": p}})
     for a in actors:
-        kind = "host" if a == _process(a) else "stream"
-        events.append({"ph": "M", "name": "thread_name", "pid": pid[_process(a)], "tid": tid[a],
+        kind = "host" if a == process_of(a) else "stream"
+        events.append({"ph": "M", "name": "thread_name", "pid": pid[process_of(a)], "tid": tid[a],
                        "args": {"name": f"{a} ({kind})"}})
     flows = 0
 
@@ -146,13 +139,13 @@ def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
         nonlocal flows
         flows += 1
         common = {"name": name, "cat": name, "id": flows}
-        events.append({**common, "ph": "s", "ts": us(at_a), "pid": pid[_process(a.actor)], "tid": tid[a.actor],
+        events.append({**common, "ph": "s", "ts": us(at_a), "pid": pid[process_of(a.actor)], "tid": tid[a.actor],
                        **({"args": args} if args else {})})
-        events.append({**common, "ph": "f", "bp": "e", "ts": us(at_b), "pid": pid[_process(b.actor)],
+        events.append({**common, "ph": "f", "bp": "e", "ts": us(at_b), "pid": pid[process_of(b.actor)],
                        "tid": tid[b.actor]})
 
     for s in ss:
-        base = {"pid": pid[_process(s.actor)], "tid": tid[s.actor], "ts": us(s.start)}
+        base = {"pid": pid[process_of(s.actor)], "tid": tid[s.actor], "ts": us(s.start)}
         if s.kind in ("op", "pending"):
             args: dict[str, Any] = {"index": s.index, "bytes": s.nbytes}
             if s.source:
@@ -175,14 +168,14 @@ def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
         for x in (a, b):
             if x is not None:
                 events.append({"ph": "i", "s": "t", "name": "race", "cat": "race", "ts": us(x.start),
-                               "pid": pid[_process(x.actor)], "tid": tid[x.actor], "args": {"report": str(r)}})
+                               "pid": pid[process_of(x.actor)], "tid": tid[x.actor], "args": {"report": str(r)}})
         if a is not None and b is not None:
             first, second = (a, b) if a.start <= b.start else (b, a)
             flow("race", first, second, first.start, second.start, {"report": str(r)})
     for r in out.run.reports:
         if isinstance(r, StaleRead) and r.read.actor in tid:
             events.append({"ph": "i", "s": "t", "name": "stale read", "cat": "stale-read", "ts": us(r.time_ns),
-                           "pid": pid[_process(r.read.actor)], "tid": tid[r.read.actor], "args": {"report": str(r)}})
+                           "pid": pid[process_of(r.read.actor)], "tid": tid[r.read.actor], "args": {"report": str(r)}})
     if fix is not None:
         for e in fix.edges:
             for a, b in _edge_ends(ss, e):
@@ -207,7 +200,7 @@ def _kind(s: Slice) -> str:
         return "D2H"
     if "(H2D)" in s.name:
         return "H2D"
-    if s.actor.endswith("nccl") or s.name.startswith(("all_gather", "all_reduce", "broadcast", "reduce_scatter")):
+    if is_collective(s.actor, s.name):
         return "collective"
     return "compute"
 
@@ -221,7 +214,12 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
     from matplotlib.patches import Patch
 
     ss = slices(out)
-    actors = sorted({s.actor for s in ss}, key=lambda a: (_process(a) != "host", _process(a), a != _process(a), a))
+    def order(a: str) -> tuple[bool, str, bool, str]:
+        """The main host's lanes first, each process's host actor above its streams."""
+        p = process_of(a)
+        return p != "host", p, a != p, a
+
+    actors = sorted({s.actor for s in ss}, key=order)
     lane = {a: i for i, a in enumerate(actors)}
     end = max((s.end for s in ss), default=1) / UNIT_NS
     racing = {(x.actor, x.index) for r in _racing(out) for x in (r.previous, r.current)}

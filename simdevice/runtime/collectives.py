@@ -36,7 +36,7 @@ import torch
 from simdevice.runtime import sync
 from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.execution import Execution, HostActor
-from simdevice.runtime.memory import Accessor, Memory, Ref
+from simdevice.runtime.memory import Accessor, Memory, Ref, nbytes
 from simdevice.runtime.streams import EventRecord, SimStream, StreamOp
 
 
@@ -184,8 +184,7 @@ class Collectives:
         ex.enqueue(comm, rendezvous)
 
         sync.collective_receive(comm, coll)
-        nbytes = sum(d.numel() * d.element_size() for _, d in outs)
-        recv = self._enqueue(comm, f"{kind} (receive)", False, ex.config.kernel_ns(2 * nbytes), [], outs, src)
+        recv = self._enqueue(comm, f"{kind} (receive)", False, ex.config.kernel_ns(2 * nbytes(outs)), [], outs, src)
 
         def received() -> None:
             values = combine(rank, [coll.sent[q] for q in range(world.size)])

@@ -137,6 +137,11 @@ class Storage:
 Ref = tuple["Storage", torch.Tensor]
 
 
+def nbytes(refs: list[Ref] | tuple[Ref, ...]) -> int:
+    """The bytes the tensors of ``refs`` span."""
+    return sum(d.numel() * d.element_size() for _, d in refs)
+
+
 @attrs.frozen
 class Accessor:
     """Who makes an access, and where: the facts every access of one operation or host step shares."""

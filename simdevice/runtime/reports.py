@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import re
 import sys
 from typing import Any, Literal
 
@@ -208,6 +209,23 @@ class ReportSink:
 
     def __len__(self) -> int:
         return len(self.items)
+
+
+#: the ops of collectives, as their stream operations are named (``all_gather (receive)``)
+_COLLECTIVE_OPS = ("all_gather", "all_reduce", "reduce_scatter", "broadcast", "all_to_all")
+
+
+def process_of(actor: str) -> str:
+    """The simulated process an actor belongs to, from its name: ``rank1.nccl`` and ``rank1`` -> ``rank1``,
+    ``worker0.d2h`` -> ``worker0``; the main host and its streams (``host``, ``d2h``) -> ``host``."""
+    if "." in actor:
+        return actor.split(".", 1)[0]
+    return actor if re.fullmatch(r"(rank|worker)\d+", actor) else "host"
+
+
+def is_collective(actor: str, op: str) -> bool:
+    """Whether an operation is a collective's (on a communication stream, or named as one)."""
+    return actor.endswith("nccl") or op.startswith(_COLLECTIVE_OPS)
 
 
 def summarize(reports: tuple[Report, ...] | list[Report]) -> str:

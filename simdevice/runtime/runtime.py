@@ -26,7 +26,7 @@ from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.collectives import Collectives, Gather
 from simdevice.runtime.config import UNIT_NS, SimConfig
 from simdevice.runtime.execution import Delays, Execution, HostActor
-from simdevice.runtime.memory import Accessor, Memory, Ref, Storage
+from simdevice.runtime.memory import Accessor, Memory, Ref, Storage, nbytes
 from simdevice.runtime.memsaver import LibraryFixes, SimMemorySaver
 from simdevice.runtime.reports import Race, ReportSink
 from simdevice.runtime.streams import EventRecord, SimStream, StreamOp
@@ -440,7 +440,7 @@ class Runtime:
         s.ops += 1
         op = StreamOp(s, f"{desc} #{index}", index, duration, start, finish)
         op.issued = self.memory.issue(Accessor(s.name, epoch, s.clock, desc, index, source), reads, writes)
-        self.op_sites[f"{s.name}#{index}"] = (source, sum(d.numel() * d.element_size() for _, d in (*reads, *writes)))
+        self.op_sites[f"{s.name}#{index}"] = (source, nbytes((*reads, *writes)))
         self.execution.enqueue(s, op)
         rec = sync.record(s)
         self._issued_at(s.name, source, lambda: rec)
@@ -586,7 +586,7 @@ class Runtime:
     def _collective_site(self, g: Gather, source: str, refs: list[Ref]) -> None:
         """A collective's counted operation (its send) for timelines: its line and the bytes it moves."""
         comm = g.rec.stream
-        self.op_sites[f"{comm.name}#{comm.ops - 1}"] = (source, sum(d.numel() * d.element_size() for _, d in refs))
+        self.op_sites[f"{comm.name}#{comm.ops - 1}"] = (source, nbytes(refs))
 
     def _kept_for(self, a: HostActor, refs: list[Ref]) -> None:
         """As ProcessGroupNCCL does (it records a collective's tensors on its stream, or stashes them in the work):
