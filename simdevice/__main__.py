@@ -1,5 +1,3 @@
-import sys
+from simdevice.cli import entry
 
-from simdevice.cli import main
-
-sys.exit(main())
+entry()

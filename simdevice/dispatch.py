@@ -662,3 +662,8 @@ class SimMode(TorchDispatchMode):
         if self.ops.rt.in_engine:
             return func(*args, **(kwargs or {}))
         return self.ops.dispatch(func, tuple(args), dict(kwargs or {}))
+
+
+# TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._disable_dynamo, whose first call imports
+# torch._dynamo (about 1 s of every command's start); nothing the simulator runs is compiled, so the plain method.
+SimMode.__torch_dispatch__ = getattr(SimMode.__torch_dispatch__, "__wrapped__", SimMode.__torch_dispatch__)

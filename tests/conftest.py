@@ -5,7 +5,12 @@ Select one with ``--hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME``.
 
 import os
 
+import torch
 from hypothesis import HealthCheck, settings
+
+# the simulated device's tensors are small: one intra-op thread, as the command line runs (two spin against each
+# other and against the other pytest-xdist worker on a loaded machine)
+torch.set_num_threads(1)
 
 #: pytest's own fixture for running pytest on a user's files (the plugin's tests)
 pytest_plugins = ["pytester"]

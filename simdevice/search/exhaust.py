@@ -28,13 +28,17 @@ def _configs(target: Target, config: dict[str, Any] | None) -> list[dict[str, An
 
 
 def count_target_schedules(
-    target: Target, max_delays: int, units: tuple[int, ...], config: dict[str, Any] | None = None
+    target: Target, max_delays: int, units: tuple[int, ...], config: dict[str, Any] | None = None,
+    stop_above: int | None = None,
 ) -> int:
-    """How many schedules :func:`target_schedules` yields (each configuration probed once)."""
+    """How many schedules :func:`target_schedules` yields (each configuration probed once); with ``stop_above``,
+    counting stops at the first configuration that takes the count past it (a count above it, not the total)."""
     total = 0
     for cfg in _configs(target, config):
         slots = len(_slots(target, cfg))
         total += sum(math.comb(slots, n) * len(units) ** n for n in range(max_delays + 1))
+        if stop_above is not None and total > stop_above:
+            break
     return total
 
 

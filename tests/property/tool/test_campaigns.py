@@ -1,6 +1,11 @@
-"""HypoFuzz runs ``@simdevice.fuzz`` tests as they are: a bounded campaign over one racy and one correct protocol
-finds the racy one (a shrunk failure in the shared example database) and not the correct one, which it ran
-``RUNS`` schedules of.
+"""HypoFuzz runs ``@simdevice.fuzz`` tests as they are: over one racy and one correct protocol it finds the racy
+one (a shrunk failure in the shared example database) and not the correct one, which it ran ``RUNS`` schedules of.
+
+Two tests. The default one drives HypoFuzz's own engine in this process: its collection (what it would fuzz, and
+what it skips) and its fuzz targets, each run as a worker runs it, saving to the campaign's database. The ``slow``
+one runs the whole ``hypothesis fuzz`` command (its hub process and a worker) for up to a minute; HypoFuzz's hub
+ends a campaign whose worker has not reported within its first 60 s, which a loaded machine can miss, so that
+one stays out of the default run (``python -m pytest -m slow tests/property/tool/test_campaigns.py``).
 
 The campaign's database is a directory every worker writes to (``CAMPAIGN_DB``): several machines pool their
 findings by sharing it (docs/campaigns.md). Skipped with the reason when HypoFuzz is not installed.
@@ -8,6 +13,7 @@ findings by sharing it (docs/campaigns.md). Skipped with the reason when HypoFuz
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -76,10 +82,70 @@ def _key(directory: Path, name: str) -> bytes:
         sys.modules.pop("offload_plain", None)
 
 
-def test_a_hypofuzz_campaign_finds_the_racy_protocol_and_not_the_correct_one(tmp_path: Path) -> None:
+def _campaign_dir(tmp_path: Path) -> Path:
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_campaign.py").write_text(CAMPAIGN)
     (tmp_path / "offload_plain.py").write_text((ROOT / "examples" / "offload_plain.py").read_text())
+    return tmp_path
+
+
+def test_hypofuzz_s_engine_finds_the_racy_protocol_and_not_the_correct_one(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from hypofuzz.collection import collect_tests
+    from hypothesis import settings
+
+    here, db = _campaign_dir(tmp_path), tmp_path / "campaign-db"
+    monkeypatch.setenv("CAMPAIGN_DB", str(db))
+    monkeypatch.chdir(here)
+    monkeypatch.syspath_prepend(str(here))
+    profile = settings.get_current_profile_name()
+    try:
+        # what `hypothesis fuzz -- test_campaign.py` collects (the conftest loads the campaign's profile)
+        collection = collect_tests(["-p", "no:cacheprovider", "test_campaign.py"])
+        targets = {t.nodeid.rpartition("::")[2]: t for t in collection.fuzz_targets}
+        assert sorted(targets) == ["test_reload_correct", "test_reload_racy"], collection.not_collected
+        ran = {}
+        for name, target in targets.items():
+            target._enter_fixtures()
+            try:
+                ran[name] = 0
+                while ran[name] < RUNS and not target.has_found_failure:
+                    target.run_one()
+                    ran[name] += 1
+            finally:
+                target._exit_fixtures()
+        hz = HypofuzzDatabase(DirectoryBasedExampleDatabase(str(db)))
+        racy, correct = targets["test_reload_racy"], targets["test_reload_correct"]
+        assert racy.has_found_failure, f"the racy protocol was not found in {RUNS} schedules"
+        assert list(hz.failures(state=FailureState.SHRUNK).fetch(racy.database_key))
+        assert not correct.has_found_failure, "the correct protocol failed"
+        assert ran["test_reload_correct"] == RUNS
+        assert not list(hz.failures(state=FailureState.SHRUNK).fetch(correct.database_key))
+    finally:
+        settings.load_profile(profile)
+        for module in ("test_campaign", "offload_plain", "conftest"):
+            if getattr(sys.modules.get(module), "__file__", "").startswith(str(here)):
+                del sys.modules[module]
+    _replays_what_it_found(here, db, dict(os.environ))
+
+
+def _replays_what_it_found(here: Path, db: Path, env: dict[str, str]) -> None:
+    """pytest with the campaign's database replays what it found first: one example is enough to fail on the
+    shrunk schedule (with an empty database, that one example is the default schedule)."""
+    env = dict(env, PYTHONPATH=os.pathsep.join([str(here), str(ROOT)]))
+    env.pop("HYPOTHESIS_PROFILE", None)
+    for folder, replayed in ((db, True), (here / "empty-db", False)):
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_campaign.py", "-k", "racy"],
+            cwd=here, env=dict(env, CAMPAIGN_DB=str(folder), CAMPAIGN_EXAMPLES="1"), capture_output=True,
+            text=True, timeout=300)
+        assert run.returncode == 1, run.stdout + run.stderr
+        assert ("offload_plain.py::reload_racy::d2h_stream#" in run.stdout) is replayed, run.stdout
+
+
+@pytest.mark.slow
+def test_a_hypofuzz_campaign_finds_the_racy_protocol_and_not_the_correct_one(tmp_path: Path) -> None:
+    _campaign_dir(tmp_path)
     db = tmp_path / "campaign-db"
     env = dict(os.environ, CAMPAIGN_DB=str(db), XDG_CACHE_HOME=str(tmp_path / "cache"),
                PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
@@ -100,11 +166,13 @@ def test_a_hypofuzz_campaign_finds_the_racy_protocol_and_not_the_correct_one(tmp
                 break
             time.sleep(1)
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
+        with contextlib.suppress(ProcessLookupError):  # it may have ended on its own (its output says why)
+            os.killpg(proc.pid, signal.SIGINT)
         try:
             out, _ = proc.communicate(timeout=15)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
     assert "using 1 process to fuzz 2 tests" in out, out
 
@@ -113,12 +181,4 @@ def test_a_hypofuzz_campaign_finds_the_racy_protocol_and_not_the_correct_one(tmp
     assert not list(hz.failures(state=FailureState.UNSHRUNK).fetch(correct)), "the correct protocol failed"
     assert runs(hz, correct) >= RUNS, f"the correct protocol ran {runs(hz, correct)} schedules, not {RUNS}"
 
-    # pytest with the campaign's database replays what it found first: one example is enough to fail on the
-    # shrunk schedule (with an empty database, that one example is the default schedule)
-    for folder, replayed in ((db, True), (tmp_path / "empty-db", False)):
-        run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_campaign.py", "-k", "racy"],
-            cwd=tmp_path, env=dict(env, CAMPAIGN_DB=str(folder), CAMPAIGN_EXAMPLES="1"), capture_output=True,
-            text=True, timeout=120)
-        assert run.returncode == 1, run.stdout + run.stderr
-        assert ("offload_plain.py::reload_racy::d2h_stream#" in run.stdout) is replayed, run.stdout
+    _replays_what_it_found(tmp_path, db, env)
