@@ -666,4 +666,5 @@ class SimMode(TorchDispatchMode):
 
 # TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._disable_dynamo, whose first call imports
 # torch._dynamo (about 1 s of every command's start); nothing the simulator runs is compiled, so the plain method.
-SimMode.__torch_dispatch__ = getattr(SimMode.__torch_dispatch__, "__wrapped__", SimMode.__torch_dispatch__)
+SimMode.__torch_dispatch__ = getattr(  # type: ignore[method-assign]
+    SimMode.__torch_dispatch__, "__wrapped__", SimMode.__torch_dispatch__)
