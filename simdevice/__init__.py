@@ -15,16 +15,49 @@ holds the programs the tool knows and their harnesses; ``simdevice.search``
 runs, judges and searches schedules.
 """
 
-from reference.contract import Run
-from reference.schedule import Delay, Schedule, ScheduleError
-from simdevice.api import SimDevice
-from simdevice.dispatch import SimTensor, peek
-from simdevice.dropin import DropIn, cuda
-from simdevice.fuzz import FuzzFailure, example, fuzz
-from simdevice.runtime import UNIT_NS, Options, SimConfig
-from simdevice.runtime.memsaver import LibraryFixes
-from simdevice.runtime.reports import Access, Deadlock, HostError, IllegalAccess, Race, StaleRead, StepLimit
-from simdevice.search.explore import Exploration, explore
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from reference.contract import Run
+    from reference.schedule import Delay, Schedule, ScheduleError
+    from simdevice.api import SimDevice
+    from simdevice.dispatch import SimTensor, peek
+    from simdevice.dropin import DropIn, cuda
+    from simdevice.fuzzing import FuzzFailure, example, fuzz
+    from simdevice.runtime import UNIT_NS, Options, SimConfig
+    from simdevice.runtime.memsaver import LibraryFixes
+    from simdevice.runtime.reports import Access, Deadlock, HostError, IllegalAccess, Race, StaleRead, StepLimit
+    from simdevice.search.explore import Exploration, explore
+
+#: each public name and the module it comes from: imported on first use (PEP 562), so that the command line can
+#: set up its handling of Ctrl-C before torch is imported
+_FROM = {
+    "Run": "reference.contract", "Delay": "reference.schedule", "Schedule": "reference.schedule",
+    "ScheduleError": "reference.schedule", "SimDevice": "simdevice.api", "SimTensor": "simdevice.dispatch",
+    "peek": "simdevice.dispatch", "DropIn": "simdevice.dropin", "cuda": "simdevice.dropin",
+    "FuzzFailure": "simdevice.fuzzing", "example": "simdevice.fuzzing", "fuzz": "simdevice.fuzzing",
+    "UNIT_NS": "simdevice.runtime", "Options": "simdevice.runtime", "SimConfig": "simdevice.runtime",
+    "LibraryFixes": "simdevice.runtime.memsaver", "Access": "simdevice.runtime.reports",
+    "Deadlock": "simdevice.runtime.reports", "HostError": "simdevice.runtime.reports",
+    "IllegalAccess": "simdevice.runtime.reports", "Race": "simdevice.runtime.reports",
+    "StaleRead": "simdevice.runtime.reports", "StepLimit": "simdevice.runtime.reports",
+    "Exploration": "simdevice.search.explore", "explore": "simdevice.search.explore",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FROM:
+        raise AttributeError(f"module 'simdevice' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_FROM[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "UNIT_NS",

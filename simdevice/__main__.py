@@ -1,3 +1,3 @@
-from simdevice.cli import entry
+from simdevice.command import entry
 
 entry()

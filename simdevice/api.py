@@ -252,7 +252,9 @@ class SimDevice:
     def outcome(self, result: Any) -> Run:
         """The run's :class:`Run`, once it is over."""
         rt = self.runtime
-        return Run(result=result, reports=tuple(rt.reports.items), op_counts=rt.op_counts(), unfired=rt.unfired(),
+        s = self.schedule
+        unfired = rt.unfired(s.delays, s.choices) if s is not None else rt.unfired()
+        return Run(result=result, reports=tuple(rt.reports.items), op_counts=rt.op_counts(), unfired=unfired,
                    notes=rt.notes(), trace=tuple(rt.trace), sites=dict(rt.op_sites))
 
     @property

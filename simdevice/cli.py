@@ -8,7 +8,6 @@ replay: the run shows a failure), 2 for bad input (a one-line message).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -142,7 +141,6 @@ def _progress(quiet: bool) -> Any:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from simdevice.programs import REGISTRY, programs
-    from simdevice.search import check_variant
     from simdevice.search.engine import database
 
     if args.examples < 1:
@@ -160,9 +158,52 @@ def cmd_check(args: argparse.Namespace) -> int:
         if unknown:
             return _fail(f"unknown program {unknown[0]!r}; known: {', '.join(sorted(REGISTRY))}")
         progs = programs(args.program)
-    findings = []
+    findings: list[Any] = []
     started = time.monotonic()
     bars = not (args.quiet or args.json) and sys.stderr.isatty()
+    interrupted = False
+    try:
+        _check_all(args, progs, db, bars, findings)
+    except KeyboardInterrupt:  # what was done is kept: the variants checked so far are printed as usual
+        interrupted = True
+    fixes = _fixes(findings, args.quiet or args.json) if args.fix and not interrupted else {}
+    ok = all(f.ok for f in findings) and not interrupted
+    if args.json:
+        results = [dict(f.as_dict(), **({"fix": fixes[i].as_dict()} if i in fixes else {}))
+                   for i, f in enumerate(findings)]
+        print(json.dumps({"ok": ok, "seconds": round(time.monotonic() - started, 2), "results": results,
+                          **({"interrupted": True} if interrupted else {})}, indent=2))
+    else:
+        if sys.stdout.isatty():
+            _rich_table(findings)
+        else:
+            _table(findings)
+        for i, fix in fixes.items():
+            print(f"\n{findings[i].program}/{findings[i].variant}: {findings[i].schedule}")
+            _print_fix(fix, str(findings[i].schedule))
+        total = sum(len(prog.variants) for prog in progs)
+        if interrupted:
+            print(f"\ninterrupted: {len(findings)} of {total} variants checked, "
+                  f"{sum(f.ok for f in findings)} as expected, {time.monotonic() - started:.1f}s")
+        else:
+            print(f"\n{'all as expected' if ok else 'NOT as expected'}: "
+                  f"{sum(f.ok for f in findings)}/{len(findings)} variants, {time.monotonic() - started:.1f}s")
+    if interrupted:
+        return _interrupted()
+    return 0 if ok else 1
+
+
+def _interrupted() -> int:
+    """Say how the command was stopped early (Ctrl-C, SIGTERM) and return its exit code."""
+    from simdevice.signals import stopped
+
+    return stopped()
+
+
+def _check_all(args: argparse.Namespace, progs: list[Any], db: Any, bars: bool, findings: list[Any]) -> None:
+    """Check every variant of ``progs``, appending each finding as it is made."""
+    from simdevice.search import check_variant
+
     with _Bars(bars) as progress:
         for prog in progs:
             for variant in prog.variants:
@@ -179,23 +220,6 @@ def cmd_check(args: argparse.Namespace) -> int:
                 elif not args.quiet:
                     print(f"  {line}", file=sys.stderr, flush=True)
                 findings.append(f)
-    fixes = _fixes(findings, args.quiet or args.json) if args.fix else {}
-    ok = all(f.ok for f in findings)
-    if args.json:
-        results = [dict(f.as_dict(), **({"fix": fixes[i].as_dict()} if i in fixes else {}))
-                   for i, f in enumerate(findings)]
-        print(json.dumps({"ok": ok, "seconds": round(time.monotonic() - started, 2), "results": results}, indent=2))
-    else:
-        if sys.stdout.isatty():
-            _rich_table(findings)
-        else:
-            _table(findings)
-        for i, fix in fixes.items():
-            print(f"\n{findings[i].program}/{findings[i].variant}: {findings[i].schedule}")
-            _print_fix(fix, str(findings[i].schedule))
-        print(f"\n{'all as expected' if ok else 'NOT as expected'}: "
-              f"{sum(f.ok for f in findings)}/{len(findings)} variants, {time.monotonic() - started:.1f}s")
-    return 0 if ok else 1
 
 
 def _fixes(findings: list[Any], quiet: bool) -> dict[int, Any]:
@@ -247,11 +271,24 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
     show = _progress(args.quiet or args.json)
     if not args.quiet:
         print(f"checking {target.name} ...", file=sys.stderr, flush=True)
+    ran = [0]
+
+    def step(n: int) -> None:
+        ran[0] = n
+        show(target.name, n)
+
     try:
-        result = explore(target, max_examples=args.examples, budget_s=args.budget, config=config,
-                         progress=lambda n: show(target.name, n), db=db)
+        result = explore(target, max_examples=args.examples, budget_s=args.budget, config=config, progress=step,
+                         db=db)
     except TargetError as e:
         return _fail(str(e))
+    except KeyboardInterrupt:  # nothing failed so far (a failure is shrunk before it is reported)
+        if args.json:
+            print(json.dumps({"target": target.name, "found": False, "examples": ran[0], "interrupted": True},
+                             indent=2))
+        else:
+            print(f"{target.name}: interrupted after {ran[0]} schedules, none failed so far")
+        return _interrupted()
     if not args.quiet and sys.stderr.isatty():
         print("\r", end="", file=sys.stderr)
     out = result.failure
@@ -407,12 +444,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
         target.run(schedule, backend)  # warm-up: the trials meet warm caching allocators, as in a steady state
     from simdevice.explain import check_edges
 
-    outcomes = [check_edges(target, schedule, edges) if edges else target.run(schedule, backend)
-                for _ in range(args.trials)]
+    outcomes: list[Any] = []
+    interrupted = False
+    try:
+        for _ in range(args.trials):
+            outcomes.append(check_edges(target, schedule, edges) if edges else target.run(schedule, backend))
+    except KeyboardInterrupt:
+        interrupted = True
+    if not outcomes:  # interrupted in the first run: nothing to show
+        if args.json:
+            print(json.dumps({"schedule": str(schedule), "backend": backend, "trials": 0, "interrupted": True},
+                             indent=2))
+        return _interrupted()
     bad = sum(not o.clean for o in outcomes)
     first = outcomes[0]
     fix = None
-    if args.fix and backend == "sim" and not edges and not first.clean:
+    if args.fix and backend == "sim" and not edges and not first.clean and not interrupted:
         fix = _suggest(target, first, args.json)
     if args.perfetto or args.png:
         from simdevice.timeline import write_perfetto, write_png
@@ -423,11 +470,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
             write_png(first, args.png, fix)
     if args.json:
         print(json.dumps({
-            "schedule": str(schedule), "backend": backend, "trials": args.trials, "failed": bad,
+            "schedule": str(schedule), "backend": backend, "trials": len(outcomes), "failed": bad,
             "edges": [str(e) for e in edges],
             "verdicts": [o.verdict() for o in outcomes],
             "reports": [str(r) for r in first.run.reports], "problems": list(first.problems),
             "fix": fix.as_dict() if fix is not None else None,
+            **({"interrupted": True} if interrupted else {}),
         }, indent=2))
     else:
         print(first.text())
@@ -437,9 +485,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if fix is not None:
             _print_fix(fix, str(schedule))
         if args.trials > 1:
-            print(f"{bad}/{args.trials} trials failed")
+            print(f"{bad}/{len(outcomes)} trials failed" + (f" (interrupted, of {args.trials})" if interrupted else ""))
         if args.trace and backend == "sim":
             print("".join(f"  {line}\n" for line in first.trace_text().splitlines()), end="")
+    if interrupted:
+        return _interrupted()
     return 1 if bad else 0
 
 
@@ -469,7 +519,18 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"running {total} schedules", file=sys.stderr, flush=True)
     show = _progress(args.quiet)
-    n, failed = exhaust_target(target, args.delays, units, lambda k: show(args.target, k), config)
+    ran = [0]
+
+    def step(k: int) -> None:
+        ran[0] = k
+        show(args.target, k)
+
+    try:
+        n, failed = exhaust_target(target, args.delays, units, step, config)
+    except KeyboardInterrupt:
+        # the schedule in progress when it came is not counted: it did not finish
+        print(f"{target.name}: interrupted after {max(ran[0] - 1, 0)} of {total} schedules, all clean so far")
+        return _interrupted()
     if not args.quiet and sys.stderr.isatty():
         print("\r", end="", file=sys.stderr)
     scope = "the configuration given" if fixed or (builtin and config is not None) else (
@@ -547,21 +608,9 @@ def main(argv: list[str] | None = None) -> int:
 
             with overridden(max_host_steps=steps):
                 return commands[args.command](args)
-    except KeyboardInterrupt:
-        print("simdevice: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt:  # before or after a command's own loop: nothing of its results to keep
+        if getattr(args, "json", False):
+            print(json.dumps({"interrupted": True}))
+        return _interrupted()
     parser.print_help()
     return 2
-
-
-def entry() -> None:
-    """The ``simdevice`` command: :func:`main`, then exit without a last garbage collection of the run's objects
-    (interpreter shutdown would spend up to a second on it; the process ends anyway)."""
-    code = main()
-    sys.stdout.flush()
-    gc.freeze()
-    sys.exit(code)
-
-
-if __name__ == "__main__":
-    entry()

@@ -358,7 +358,14 @@ class Dispatcher:
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         facts = classify(func)
         flat, _ = tree_flatten((args, kwargs))
-        has_sim = any(isinstance(x, SimTensor) for x in flat)
+        has_sim = False
+        for x in flat:
+            if isinstance(x, SimTensor):
+                if x._ops is not self:
+                    raise RuntimeError(f"{facts.name}: a tensor of another simulated run (a SimDevice made before "
+                                       "this one); a run reads its own tensors only (simdevice.peek(t) reads one "
+                                       "after its run)")
+                has_sim = True
         if not has_sim and not self.on_device(kwargs.get("device")):
             return self._host_op(func, facts, args, kwargs, flat)
         if facts.kind == "view":

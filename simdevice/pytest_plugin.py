@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from simdevice.fuzz import FuzzFailure, use_database
+from simdevice.fuzzing import FuzzFailure, use_database
 from simdevice.search import engine
 
 _TRACE_DIR: list[Path] = []

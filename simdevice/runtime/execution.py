@@ -196,7 +196,9 @@ class Execution:
     def leave(self, a: HostActor, error: BaseException | None) -> None:
         """The adopted actor ``a`` is done (``error``: what its code raised): the rest of the run goes on to its
         end, then the calling thread is no actor any more."""
-        if error is not None and not isinstance(error, SimAbort):
+        if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            self._abort()  # the run ends here, unreported; the caller raises it again
+        elif error is not None and not isinstance(error, SimAbort):
             self.reports.add(HostError(a.name, describe(error), error_source(error)))
             self._abort()
         self._exit(a)
@@ -274,6 +276,10 @@ class Execution:
             if ev is None:
                 if any(a.state != "done" for a in self.actors.values()):
                     self._deadlock()
+                elif any(s.queue for s in self.streams.values()):
+                    # every host is done, and work is left on a stream that nothing can ever release (a collective
+                    # a rank never joined, a wait for what never comes): on a GPU the process never finishes
+                    self._deadlock("the run ended with stream work that can never run")
                 else:
                     self.finished.set()
                 return
@@ -335,6 +341,14 @@ class Execution:
         for a in self.actors.values():
             if a.thread is not None and a.thread is not me:
                 a.thread.join()
+
+    def interrupt(self) -> None:
+        """The thread that started the run was interrupted (Ctrl-C, a signal's exception): end the run and let
+        every actor's thread unwind (its ``finally`` blocks run) before the interrupt goes on, so that no thread is
+        left inside torch when the interpreter exits. An actor running code that never reaches the device is
+        waited for; a second interrupt stops the wait."""
+        self._abort()
+        self.join_threads()
 
     # -- host steps --------------------------------------------------------------------
     def host_step(self, desc: str) -> HostActor:

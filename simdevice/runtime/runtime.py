@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -136,8 +136,12 @@ class Runtime:
         torch.set_num_threads(1)
         try:
             with ex.unraisable_reported():
-                ex.begin()
-                ex.finished.wait()
+                try:
+                    ex.begin()
+                    ex.finished.wait()
+                except BaseException:  # interrupted (Ctrl-C): the actors unwind before it goes on
+                    ex.interrupt()
+                    raise
                 ex.join_threads()
         finally:
             torch.set_num_threads(threads)
@@ -200,11 +204,16 @@ class Runtime:
     def op_counts(self) -> dict[str, int]:
         return self.execution.op_counts()
 
-    def unfired(self) -> tuple[str, ...]:
-        """Delays whose operation never came, and choices whose allocation never came."""
+    def unfired(self, delays: Iterable[Any] = (), choices: Iterable[Any] = ()) -> tuple[str, ...]:
+        """Delays whose operation never came, and choices whose allocation never came; of the schedule's
+        ``delays`` and ``choices`` (``Delay``, ``Choice``), those for an actor, stream or allocator the run never
+        made (``worker2`` of a run with one worker) never came either."""
         never = [f"{name}#{k}~{p}" for name, picks in self._picks.items() for k, p in picks.items()
                  if (name, k) not in self._picked]
-        return tuple(sorted([*self.execution.unfired(), *never]))
+        ex = self.execution
+        never += [str(d) for d in delays if d.actor not in ex.actors and d.actor not in ex.streams]
+        never += [str(c) for c in choices if c.actor not in self._picks]
+        return tuple(sorted([*ex.unfired(), *never]))
 
     def streams(self) -> dict[str, SimStream]:
         return dict(self.execution.streams)

@@ -99,6 +99,7 @@ def test_hypofuzz_s_engine_finds_the_racy_protocol_and_not_the_correct_one(tmp_p
     monkeypatch.chdir(here)
     monkeypatch.syspath_prepend(str(here))
     profile = settings.get_current_profile_name()
+    settings.load_profile("default")  # as the command starts: the suite's profile (ci: derandomized) is not fuzzed
     try:
         # what `hypothesis fuzz -- test_campaign.py` collects (the conftest loads the campaign's profile)
         collection = collect_tests(["-p", "no:cacheprovider", "test_campaign.py"])

@@ -1,0 +1,30 @@
+"""How a command was stopped early: Ctrl-C (``KeyboardInterrupt``, exit 130) or SIGTERM (:class:`Terminated`, a
+``KeyboardInterrupt`` raised by :func:`on_sigterm`, exit 143). Either unwinds the run as the other does (its actors'
+``finally`` blocks run, temporary folders are removed) and the command prints what it did so far."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+#: how the command was stopped early: what it says, and its exit code
+_STOPPED: dict[str, str] = {"word": "interrupted"}
+_CODES = {"interrupted": 130, "terminated": 143}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread."""
+
+
+def on_sigterm(signum: int, frame: Any) -> None:
+    """The SIGTERM handler: raise :class:`Terminated` (a second SIGTERM ends the process at once)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _STOPPED["word"] = "terminated"
+    raise Terminated
+
+
+def stopped() -> int:
+    """Say on stderr that the command was stopped early, and return its exit code."""
+    print(f"simdevice: {_STOPPED['word']}", file=sys.stderr, flush=True)
+    return _CODES[_STOPPED["word"]]

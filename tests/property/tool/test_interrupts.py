@@ -1,0 +1,117 @@
+"""Ctrl-C and SIGTERM at different moments of ``check``, ``replay`` and ``exhaust``: the command exits 130 (143 for
+SIGTERM) with one line saying so, no traceback, and what was done kept (the variants checked so far in the table
+or the JSON, the schedules run so far); SIGTERM leaves no temporary folders behind.
+
+Each test starts the real command (signals reach a process, not a function) and sends the signal at a moment it
+recognises on stderr: during the imports, after the first variant is done, while schedules run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _stop(args: list[str], after: str | None, wait_s: float, sig: int = signal.SIGINT,
+          env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run ``simdevice ARGS``; once a stderr line contains ``after`` (None: at once), wait ``wait_s`` and send
+    ``sig``; return the exit code, stdout and stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "simdevice", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stderr is not None
+    seen = []
+    if after is not None:
+        for line in proc.stderr:
+            seen.append(line)
+            if after in line:
+                break
+        else:
+            raise AssertionError(f"never saw {after!r} on stderr:\n{''.join(seen)}")
+    time.sleep(wait_s)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, "".join(seen) + err
+
+
+def _no_traceback(err: str) -> None:
+    assert "Traceback" not in err, err
+    assert "terminate called" not in err, err
+
+
+def test_ctrl_c_during_the_imports_is_one_line_and_130() -> None:
+    code, out, err = _stop(["check", "--program", "offload_reload", "--json"], None, 0.2)
+    assert code == 130, err
+    assert err.strip().splitlines()[-1] == "simdevice: interrupted"
+    _no_traceback(err)
+    if out.strip():  # the JSON document, whether the imports or the first variant were running
+        assert json.loads(out)["interrupted"] is True
+
+
+def test_ctrl_c_in_check_keeps_the_variants_done() -> None:
+    code, out, err = _stop(["check", "--program", "offload_reload", "--program", "zcc"], "  ok:", 0.3)
+    assert code == 130, err
+    _no_traceback(err)
+    assert err.strip().splitlines()[-1] == "simdevice: interrupted"
+    assert "offload_reload/correct" in out  # the first variant's row
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("interrupted: "), out
+    assert "of 6 variants checked" in last, out
+
+
+def test_ctrl_c_in_check_json_is_a_valid_document_with_the_variants_done() -> None:
+    code, out, err = _stop(["check", "--program", "offload_reload", "--program", "zcc", "--json"], "  ok:", 0.3)
+    assert code == 130, err
+    _no_traceback(err)
+    doc = json.loads(out)
+    assert doc["interrupted"] is True
+    assert doc["ok"] is False
+    assert doc["results"]
+    assert doc["results"][0]["variant"] == "correct"
+
+
+def test_ctrl_c_in_replay_trials_keeps_the_trials_run() -> None:
+    # replay says nothing on stderr before its end: the signal comes a second after the imports' first line
+    code, out, err = _stop(["replay", "offload_reload/racy::d2h#0+1", "--trials", "400", "--json"], None, 4.0)
+    assert code == 130, err
+    _no_traceback(err)
+    doc = json.loads(out)
+    assert doc["interrupted"] is True
+    if "trials" in doc:
+        assert doc["trials"] < 400
+        assert len(doc.get("verdicts", [])) == doc["trials"]
+
+
+def test_ctrl_c_in_exhaust_says_how_far_it_got() -> None:
+    code, out, err = _stop(["exhaust", "offload_reload/correct:"], "running ", 0.5)
+    assert code == 130, err
+    _no_traceback(err)
+    assert out.startswith("offload_reload/correct: interrupted after "), out
+    assert "all clean so far" in out, out
+
+
+def test_sigterm_unwinds_the_run_and_leaves_no_temporary_folder(tmp_path: Path) -> None:
+    env = dict(os.environ, TMPDIR=str(tmp_path))  # zcc keeps its workers' checkpoints in a temporary folder
+    code, out, err = _stop(["check", "--program", "zcc"], "checking zcc/", 1.0, signal.SIGTERM, env)
+    assert code == 143, err
+    _no_traceback(err)
+    assert err.strip().splitlines()[-1] == "simdevice: terminated"
+    assert out.strip().splitlines()[-1].startswith("interrupted: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wait_s", [0.0, 0.5, 1.5, 3.0, 6.0])
+def test_ctrl_c_at_five_moments_of_check(wait_s: float) -> None:
+    code, out, err = _stop(["check", "--program", "activation_offload", "--program", "zcc"], "checking ", wait_s)
+    assert code == 130, err
+    _no_traceback(err)
+    assert out.strip().splitlines()[-1].startswith("interrupted: ")
