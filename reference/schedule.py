@@ -39,6 +39,15 @@ ActorName = str
 _NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
 _DELAY_RE = re.compile(rf"^({_NAME})#(\d+)\+(\d+)$", re.ASCII)  # ASCII: no other script's digits
 _CHOICE_RE = re.compile(rf"^({_NAME})#(\d+)~(\d+)$", re.ASCII)
+_INT_RE = re.compile(r"^[+-]?[0-9]+$", re.ASCII)
+
+
+def parse_int(text: str) -> int:
+    """An integer written in ASCII digits with an optional sign (``int`` also takes ``1_6`` and other scripts'
+    digits, which a schedule line must not: it would be rewritten when printed); ValueError otherwise."""
+    if not _INT_RE.match(text):
+        raise ValueError(f"not an integer: {text!r}")
+    return int(text)
 _TARGET_RE = re.compile(rf"^({_NAME})/({_NAME})$")
 #: a function of the user's: a file (``dir/x.py``) or a module (``pkg.mod``), then ``::`` and its name
 _FUNCTION = r"((?:[^:]*\.py)|(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*))::([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from typing import Any, NoReturn
@@ -38,6 +39,18 @@ def _version() -> str:
 
 _MAX_STEPS = ("host steps one simulated run may make before it is stopped with a step-limit report (default "
               "200000)")
+_DEVICE_MEMORY = ("bytes the simulated device may hold (its bytes are this machine's memory): 512M, 8G, 1.5GiB or a "
+                  "number of bytes; past it an allocation raises torch's OutOfMemoryError (default: half of this "
+                  "machine's memory)")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _bytes(text: str) -> int | None:
+    """``8G``, ``512MiB``, ``1.5g`` or ``1073741824`` as bytes; None if it is none of these."""
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?", text.strip().lower(), flags=re.ASCII)
+    if m is None:
+        return None
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
                         "inserted (default: on for a TARGET, off for the table of every program)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     c.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
+    c.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
 
     r = sub.add_parser(
         "replay",
@@ -94,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
                         "waits for the latest of actor A's at its line, as a fix would (simulator; the "
                         "'replay with it' line of a suggested fix)")
     r.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
+    r.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
     r.add_argument("--perfetto", metavar="FILE.json", default=None,
                    help="write the run's timeline as a Perfetto / Chrome trace (open in ui.perfetto.dev)")
     r.add_argument("--png", metavar="FILE.png", default=None,
@@ -117,6 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--units", default="1,5,20", metavar="U,U,..", help="stall sizes in units (default 1,5,20)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     e.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
+    e.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
     e.add_argument("--max-schedules", type=int, default=100_000, metavar="N",
                    help="refuse to start when there are more schedules than this (default 100000)")
 
@@ -599,14 +615,24 @@ def main(argv: list[str] | None = None) -> int:
             # a simulated device's tensors are small and many: one intra-op thread (two spin against each other and
             # the host actors on a loaded machine, 20% slower measured under a load of 2 on 2 cores)
             torch.set_num_threads(1)
+            fields: dict[str, int] = {}
             steps = getattr(args, "max_steps", None)
-            if steps is None:
+            if steps is not None:
+                if steps < 1:
+                    return _fail(f"--max-steps must be >= 1, got {steps}")
+                fields["max_host_steps"] = steps
+            size = getattr(args, "device_memory", None)
+            if size is not None:
+                nbytes = _bytes(size)
+                if nbytes is None or nbytes < 1:
+                    return _fail(f"--device-memory must be a size such as 512M, 8G or a number of bytes, got "
+                                 f"{size[:40]!r}")
+                fields["device_memory"] = nbytes
+            if not fields:
                 return commands[args.command](args)
-            if steps < 1:
-                return _fail(f"--max-steps must be >= 1, got {steps}")
             from simdevice.runtime.config import overridden
 
-            with overridden(max_host_steps=steps):
+            with overridden(**fields):
                 return commands[args.command](args)
     except KeyboardInterrupt:  # before or after a command's own loop: nothing of its results to keep
         if getattr(args, "json", False):

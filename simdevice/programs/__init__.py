@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from reference.contract import Device
-from reference.schedule import Schedule, ScheduleError
+from reference.schedule import Schedule, ScheduleError, parse_int
 from simdevice.runtime import Options
 
 
@@ -112,7 +112,7 @@ def int_config(cls: type, values: dict[str, str]) -> Any:
         if k not in fields:
             raise ConfigError(f"unknown configuration key {k!r}; known: {', '.join(sorted(fields))}")
         try:
-            kwargs[k] = int(v)
+            kwargs[k] = parse_int(v)
         except ValueError:
             raise ConfigError(f"configuration {k}={v!r} is not an integer") from None
     try:

@@ -69,6 +69,14 @@ ROUND_LARGE = 2048
 ROUND = 64
 
 
+def _size(nbytes: int) -> str:
+    """Bytes as a person reads them (1.5 GiB)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.3g} {unit}"
+    return f"{nbytes} bytes"
+
+
 def _round_up(n: int, k: int) -> int:
     return (n + k - 1) // k * k
 
@@ -158,8 +166,12 @@ class CachingAllocator:
         on_segment: Callable[[Segment], None] | None = None,
         on_release: Callable[[Segment], None] | None = None,
         current: Callable[[], HostActor | None] = lambda: None,
+        capacity: int | None = None,
     ) -> None:
         self.memory = memory
+        #: bytes its segments may take together (None: no bound)
+        self.capacity = capacity
+        self._reserved = 0
         #: the host actor running now (whoever drops a tensor frees it)
         self._current = current
         #: offset into the best-fit order of fitting free blocks (a schedule choice)
@@ -257,6 +269,7 @@ class CachingAllocator:
             block = fits[pick % len(fits)]
             self.reused += 1
         else:
+            self._reserve(segment_size(size))
             seg = Segment(len(self._segments) + 1, pool, segment_size(size), small, stream)
             self._segments.append(seg)
             self.pools.setdefault(pool, []).append(seg)
@@ -266,6 +279,18 @@ class CachingAllocator:
         self._split(block, size)
         block.free = False
         return block
+
+    def _reserve(self, nbytes: int) -> None:
+        """Room for a new segment of ``nbytes``: past the capacity, the cached segments are released first (as
+        CUDA's allocator does before it gives up), then torch.OutOfMemoryError."""
+        if self.capacity is not None and self._reserved + nbytes > self.capacity:
+            self.empty_cache()
+            if self._reserved + nbytes > self.capacity:
+                raise torch.OutOfMemoryError(
+                    f"simulated device out of memory: tried to allocate {_size(nbytes)}; {_size(self._reserved)} "
+                    f"reserved of {_size(self.capacity)} (raise it: SimConfig(device_memory=N), or --device-memory "
+                    "on the command line)")
+        self._reserved += nbytes
 
     @staticmethod
     def _split(block: Block, size: int) -> None:
@@ -334,6 +359,7 @@ class CachingAllocator:
             for seg in [s for s in segs if s.all_free()]:
                 segs.remove(seg)
                 seg.released = True
+                self._reserved -= seg.nbytes
                 released.append(seg)
                 if self._on_release is not None:
                     self._on_release(seg)

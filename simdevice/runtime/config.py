@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,15 @@ UNIT_NS = 1_000_000
 def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
     if value <= 0:
         raise ValueError(f"SimConfig.{attribute.name} must be > 0, got {value}")
+
+
+def default_device_memory() -> int:
+    """The simulated device's default capacity: half of this machine's physical memory (its bytes are real CPU
+    bytes; a fixed figure per machine, so a run does not depend on what else is running)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2)
+    except (ValueError, OSError, AttributeError):  # no sysconf: 8 GiB
+        return 8 << 30
 
 
 @attrs.frozen
@@ -41,6 +51,9 @@ class SimConfig:
     stall_horizon_ns: int = attrs.field(default=1_000 * UNIT_NS, validator=_positive)
     #: hard bound on host steps in one run
     max_host_steps: int = attrs.field(default=200_000, validator=_positive)
+    #: bytes the caching allocator may reserve (its segments, real CPU bytes); past it, after releasing its cached
+    #: segments, an allocation raises torch.OutOfMemoryError as CUDA does
+    device_memory: int = attrs.field(factory=default_device_memory, validator=_positive)
 
     def copy_ns(self, nbytes: int) -> int:
         return max(self.launch_ns, nbytes * self.byte_scale // self.copy_bytes_per_ns)

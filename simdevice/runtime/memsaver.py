@@ -59,7 +59,8 @@ class SimMemorySaver:
         self._exec = execution
         # the library hooks the allocator's segments, as torch_memory_saver hooks cudaMalloc
         self.allocator = CachingAllocator(
-            memory, pick, on_segment=self._on_segment, on_release=self._on_release, current=execution.current_or_none
+            memory, pick, on_segment=self._on_segment, on_release=self._on_release, current=execution.current_or_none,
+            capacity=execution.config.device_memory,
         )
         self.fixes = fixes
         #: per actor: stack of active pools (a tag inside region(), None inside disable())

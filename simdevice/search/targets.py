@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import attrs
 
 from reference.contract import Run
-from reference.schedule import Schedule, ScheduleError, is_function_target
+from reference.schedule import Schedule, ScheduleError, is_function_target, parse_int
 from simdevice.api import SimDevice
 from simdevice.dropin import DropIn
 from simdevice.programs import Program
@@ -246,7 +246,7 @@ def _convert(key: str, text: str, default: Any) -> Any:
                 raise ValueError(text)
             return text in ("1", "True", "true")
         if isinstance(default, int):
-            return int(text)
+            return parse_int(text)
         if isinstance(default, float):
             return float(text)
     except ValueError:

@@ -40,32 +40,6 @@ def test_replay_json_and_trace(capsys: pytest.CaptureFixture[str]) -> None:
     assert "start copy_ (D2H) #0" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["replay", "offload_reload"], "bad schedule target 'offload_reload': expected PROGRAM/VARIANT"),
-        (["replay", "nope/racy"], "unknown program 'nope'"),
-        (["replay", "offload_reload/racy::gpu#0+1"], "delay gpu#0+1 names actor 'gpu'"),
-        (["replay", "offload_reload/racy", "--trials", "0"], "--trials must be >= 1, got 0"),
-        (["check", "--examples", "0"], "--examples must be >= 1, got 0"),
-        (["check", "--budget", "-1"], "--budget must be > 0 seconds, got -1.0"),
-        (["check", "--program", "nope"], "unknown program 'nope'"),
-        (["check", "--budget", "nan"], "--budget must be > 0 seconds, got nan"),
-        (["check", "--budget", "inf"], "--budget must be > 0 seconds, got inf"),
-        (["replay", "offload_reload/correct", "--max-steps", "0"], "--max-steps must be >= 1, got 0"),
-        (["replay", "offload_reload/correct::host#0+1" + "0" * 310], "units must be in 1..1000000, got 10000000..."),
-        (["replay", "offload_reload/correct::host#1000000001+1"], "index must be in 0..1000000000"),
-        (["replay", "offload_reload/correct::host#\u0663+1".encode().decode("unicode_escape")], "bad delay"),
-        (["exhaust", "zcc/FIXED", "--delays", "4"], "too many schedules: "),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"simdevice: error: {message}")
-    assert err.count("\n") == 1
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown where there is no GPU")
 def test_gpu_replay_without_a_gpu_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "offload_reload/racy", "--gpu"]) == 2

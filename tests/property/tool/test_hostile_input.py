@@ -1,0 +1,153 @@
+"""Hostile input at the command line: every malformed input is one line on stderr naming the problem, exit 2, no
+traceback; valid but extreme input gets its documented behaviour (a step-limit report, an out-of-memory report, a
+refusal naming the limit, a note for a delay that never applied, a clean run for the longest stall).
+
+The commands run in-process (``main(argv)``), in a folder holding a few files of a user's: ``ok.py`` (a function
+target), ``notprog.py`` (no function), ``broken.py`` (a syntax error) and the folder ``somedir``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simdevice.cli import main
+
+L = "offload_reload/correct"
+
+MALFORMED = [
+    (['replay'], 'the following arguments are required: schedule'),
+    (['replay', ''], 'empty schedule: expected'),
+    (['replay', ' '], 'empty schedule: expected'),
+    (['replay', 'offload_reload'], "bad schedule target 'offload_reload': expected"),
+    (['replay', 'nope/racy'], "unknown program 'nope'; known:"),
+    (['replay', 'offload_reload/nope'], "unknown variant 'nope' of offload_reload;"),
+    (['replay', L + '::gpu#0+1'], "delay gpu#0+1 names actor 'gpu', which"),
+    (['replay', L + '::host#0+0'], 'units must be in 1..1000000, got 0'),
+    (['replay', L + '::host#-1+1'], "bad delay 'host#-1+1': expected"),
+    (['replay', L + '::host#0+x'], "bad delay 'host#0+x': expected"),
+    (['replay', L + '::host#0'], "bad delay 'host#0': expected ACTOR#INDEX+UNITS,"),
+    (['replay', L + '::host0+1'], "bad delay 'host0+1': expected"),
+    (['replay', L + '::#0+1'], "bad delay '#0+1': expected ACTOR#INDEX+UNITS,"),
+    (['replay', L + '::host#0+1,'], "bad delay '': expected ACTOR#INDEX+UNITS, e.g."),
+    (['replay', L + '::host#0+1,,host#1+1'], "bad delay '': expected ACTOR#INDEX+UNITS, e.g."),
+    (['replay', L + '::host#0+1,host#0+2'], 'two delays name the same actor and operation'),
+    (['replay', L + ':kib=abc'], "configuration kib='abc' is not an integer"),
+    (['replay', L + ':kib=0'], 'kib must be in 1..1048576, got 0'),
+    (['replay', L + ':kib=-4'], 'kib must be in 1..1048576, got -4'),
+    (['replay', L + ':kib=1_6'], "configuration kib='1_6' is not an integer"),
+    (['replay', L + ':nosuch=1'], "unknown configuration key 'nosuch'; known:"),
+    (['replay', L + ':kib'], "bad configuration item 'kib': expected KEY=VALUE"),
+    (['replay', L + ':kib=4,kib=8'], "configuration key repeated in ['kib', 'kib']"),
+    (['replay', L + ':kib=99999999999'], 'kib must be in 1..1048576, got 99999999999'),
+    (['replay', L + '::alloc#0~-1'], "bad choice 'alloc#0~-1': expected"),
+    (['replay', L, '--trials', '0'], '--trials must be >= 1, got 0'),
+    (['replay', L, '--trials', '-5'], '--trials must be >= 1, got -5'),
+    (['replay', L, '--trials', 'x'], "argument --trials: invalid int value: 'x'"),
+    (['replay', L, '--max-steps', '0'], '--max-steps must be >= 1, got 0'),
+    (['replay', L, '--max-steps', '-3'], '--max-steps must be >= 1, got -3'),
+    (['replay', L, '--device-memory', '0'], '--device-memory must be a size such as 512M, 8G'),
+    (['replay', L, '--device-memory', 'lots'], '--device-memory must be a size such as 512M, 8G'),
+    (['replay', L, '--device-memory', '-1G'], 'argument --device-memory: expected one argument'),
+    (['replay', L, '--edge', 'nonsense'], "bad edge 'nonsense': expected"),
+    (['replay', L, '--edge', 'a@b.py:1->'], "bad edge 'a@b.py:1->': expected"),
+    (['replay', L, '--perfetto', '/nonexistent/dir/x.json'], "--perfetto '/nonexistent/dir/x.json': not a"),
+    (['replay', L, '--png', 'somedir'], "--png 'somedir': not a file in an"),
+    (['replay', L, '--gpu', '--edge', 'd2h@x.py:1->default@x.py:2'], '--edge inserts a synchronization on the'),
+    (['replay', L, '--nosuchflag'], 'unrecognized arguments: --nosuchflag'),
+    (['replay', 'xxxxxxxxxxxxxxxxxxxx' + 'x' * 9980], 'schedule of 10000 characters: too long to be one'),
+    (['replay', 'nothere.py::fn'], "no file 'nothere.py'"),
+    (['replay', 'notprog.py::fn'], "notprog.py has no function 'fn'"),
+    (['replay', 'broken.py::fn'], "importing 'broken.py' failed: SyntaxError:"),
+    (['replay', 'ok.py::nofn'], "ok.py has no function 'nofn'"),
+    (['replay', 'ok.py::fn:n=abc'], "configuration n='abc': expected an integer, as"),
+    (['replay', 'ok.py::fn:zz=1'], "ok.py::fn has no parameter 'zz' (parameters: n)"),
+    (['replay', 'ok.py::fn::nosuch#0+1'], "delay nosuch#0+1 names actor 'nosuch', which"),
+    (['replay', 'ok.py'], "bad schedule target 'ok.py': expected"),
+    (['replay', 'somedir::fn'], "somedir has no function 'fn'"),
+    (['check', '--examples', '0'], '--examples must be >= 1, got 0'),
+    (['check', '--examples', '-1'], '--examples must be >= 1, got -1'),
+    (['check', '--examples', 'many'], "argument --examples: invalid int value: 'many'"),
+    (['check', '--budget', '-1'], '--budget must be > 0 seconds, got -1.0'),
+    (['check', '--budget', '0'], '--budget must be > 0 seconds, got 0.0'),
+    (['check', '--budget', 'nan'], '--budget must be > 0 seconds, got nan'),
+    (['check', '--budget', 'inf'], '--budget must be > 0 seconds, got inf'),
+    (['check', '--program', 'nope'], "unknown program 'nope'; known:"),
+    (['check', '--db', 'ok.py'], "--db 'ok.py' is a file, not a directory"),
+    (['check', L + '::host#0+1'], 'check draws the delays itself; drop them from'),
+    (['check', 'nothere.py::fn'], "no file 'nothere.py'"),
+    (['check', 'ok.py::nofn'], "ok.py has no function 'nofn'"),
+    (['check', '--max-steps', '0'], '--max-steps must be >= 1, got 0'),
+    (['check', '--device-memory', '1Q'], '--device-memory must be a size such as 512M, 8G'),
+    (['exhaust', 'zcc/FIXED', '--delays', '4'], 'too many schedules: at least '),
+    (['exhaust', L, '--delays', '9'], '--delays must be in 0..4, got 9'),
+    (['exhaust', L, '--delays', '-1'], '--delays must be in 0..4, got -1'),
+    (['exhaust', L, '--units', '0'], "--units must be >= 1, got '0'"),
+    (['exhaust', L, '--units', 'a,b'], '--units must be integers separated by commas,'),
+    (['exhaust', L, '--units', ''], '--units must be integers separated by commas,'),
+    (['exhaust', L, '--max-steps', '0'], '--max-steps must be >= 1, got 0'),
+    (['exhaust', L + '::host#0+1'], 'exhaust draws the delays itself; drop them from'),
+    (['exhaust', 'nothere.py::fn'], "no file 'nothere.py'"),
+    (['list', 'nothere.py'], "no file 'nothere.py'"),
+    (['list', 'broken.py'], "importing 'broken.py' failed: SyntaxError:"),
+    (['nosuchcommand'], 'argument COMMAND: invalid choice:'),
+    (['replay', L + ':kib=+16'], "bad value '+16' for configuration key 'kib'"),
+    (['replay', L + '::host#0+1' + '0' * 310], 'units must be in 1..1000000, got'),
+    (['replay', L + '::host#1000000001+1'], 'index must be in 0..1000000000, got 1000000001'),
+    (['replay', L + '::host#\u0663+1'], "bad delay 'host#\u0663+1': expected"),
+    (['replay', L + ':kib=\u0664'], "bad value '\u0664' for configuration key 'kib'"),
+]
+
+
+@pytest.fixture
+def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "ok.py").write_text(
+        'import torch\n\n\ndef fn(dev=None, n=4):\n    torch.ones(n, device="cuda").add_(1)\n')
+    (tmp_path / "notprog.py").write_text("x = 1\n")
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    (tmp_path / "somedir").mkdir()
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _main(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse's own errors (the parser's error() exits 2 after its one line)
+        return int(e.code or 0)
+
+
+def test_the_table_is_large_enough() -> None:
+    assert len(MALFORMED) >= 60
+
+
+@pytest.mark.parametrize(("argv", "message"), MALFORMED, ids=[f"{i}" for i in range(len(MALFORMED))])
+def test_malformed_input_is_one_line_and_exit_2(argv: list[str], message: str, user_dir: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert _main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"simdevice: error: {message}"), err
+    assert err.count("\n") == 1, err
+    assert len(err) < 400, err  # a long input is not echoed in full
+    assert "Traceback" not in out + err
+    assert sorted(p.name for p in user_dir.iterdir()) == ["broken.py", "notprog.py", "ok.py", "somedir"]
+
+
+EXTREME = [
+    # (argv, exit code, what the output says)
+    (["replay", L, "--max-steps", "10"], 1, "step limit at "),
+    (["replay", L + ":kib=4096", "--device-memory", "8M"], 1, "OutOfMemoryError: simulated device out of memory"),
+    (["replay", L + "::host#0+1000000", "--no-fix"], 0, "on sim: clean"),
+    (["replay", "zcc/FIXED::worker2#0+1"], 0, "delays never applied (their operation never came): worker2#0+1"),
+    (["replay", L + "::host#0~1"], 0, "delays never applied (their operation never came): host#0~1"),
+]
+
+
+@pytest.mark.parametrize(("argv", "code", "says"), EXTREME)
+def test_extreme_but_valid_input_gets_its_documented_behaviour(argv: list[str], code: int, says: str, user_dir: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert _main(argv) == code
+    out, err = capsys.readouterr()
+    assert says in out, out
+    assert "Traceback" not in out + err
