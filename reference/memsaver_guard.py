@@ -7,8 +7,9 @@ region's device memory (addresses kept, contents backed up to host). While it
 sleeps, ``update_weights`` sends the weights to the rollout engine: if the
 engines changed it first reconnects (the connection handshake is an object
 all-gather whose tensors live on the device), records the new connection and
-passes a barrier; then it sends the host copy of the weights in buckets. The
-trainer then *wakes* (resume) and trains on.
+passes a barrier (under NCCL the barrier allocates too: it all-reduces a
+one-element device tensor); then it sends the host copy of the weights in
+buckets. The trainer then *wakes* (resume) and trains on.
 
 The caching allocator does not know about the pause: free blocks of the
 region's segments stay on its free list. So every device allocation made
@@ -17,8 +18,10 @@ while the trainer sleeps must be routed to ordinary memory with
 guard is not used (``nullcontext``).
 
 Invariant: while the trainer sleeps, every device allocation of the weight
-sync is made inside ``disable()`` (none is served from a paused segment), and
-each physical handle of the region is released exactly once.
+sync, the barrier's included, is made inside ``disable()`` (none comes from the
+paused pool: neither a cached block of a paused segment nor a fresh segment of
+the paused region), and each physical handle of the region is released exactly
+once.
 
 Known bugs, each a named variant:
 
@@ -227,8 +230,14 @@ class WeightUpdater:
         return bool(torch.equal(gathered.cpu(), torch.full((n,), token)))
 
     def _barrier(self) -> None:
+        # NCCL's barrier allocates: dist.barrier() all-reduces a one-element tensor it makes on the current
+        # device (at::empty({1}) in ProcessGroupNCCL::barrier), from the caller's pool like any other allocation,
+        # so asleep it too must run inside disable(); here the allocation, and a write standing for the all-reduce
+        flag = torch.zeros(1, dtype=torch.float32, device=self.dev.device)
         # wait: barrier: no rank sends weights before every rank's connection is up (world size 1: drain)
         self.dev.synchronize()
+        # the flag dies inside the guard, whose temporary pool disable() deletes on exit
+        del flag
 
     def update_weights(self, engine: RolloutEngine, generation: int) -> None:
         if self.conn_status.needs_reconnect(generation):

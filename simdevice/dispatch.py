@@ -414,6 +414,7 @@ class Dispatcher:
         written = _written(facts, args, kwargs)
         reads = [t for t in pinned if not any(t is w for w in written)]
         rt.host_access(a, func.__name__, self._refs(reads), self._refs(written), user_source())
+        rt.memory.in_flight.before_write(written)
         return func(*args, **kwargs)
 
     def _record_stream(self, t: Any, stream: Any) -> None:
@@ -526,11 +527,13 @@ class Dispatcher:
         # hold aliases of the bytes, not the tensors: the program's del frees a block while an op is queued.
         box: dict[str, Any] = {}
         alias = _Aliases()
+        real_args, real_kwargs, real_written = alias.of(args), alias.of(kwargs), alias.all(written)
+        seed = self.rt.next_seed() if facts.seeded else None
         index, rec = self.rt.enqueue(
             a, s, desc, duration, self._refs(inputs), self._refs(outputs), src,
-            start=self._starter(func, alias.of(args), alias.of(kwargs), alias.all(written), staged, box,
-                                self.rt.next_seed() if facts.seeded else None),
-            finish=self._finisher(alias.all(written), alias.all(outputs), box),
+            start=self._starter(func, real_args, real_kwargs, real_written, staged, box, seed,
+                                alias.all([x for x in inputs if id(x) not in staged])),
+            finish=self._finisher(func, real_args, real_kwargs, real_written, alias.all(outputs), staged, box, seed),
         )
 
         blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)
@@ -571,6 +574,7 @@ class Dispatcher:
                 if isinstance(o, torch.Tensor)]
         self.rt.device_writes(s, facts.name, index, self._refs([o for o, _ in outs]), src)
         with self.rt.device_side():
+            self.rt.memory.in_flight.before_write([data_of(o) for o, _ in outs])
             for o, v in outs:
                 data_of(o).copy_(v)
         return result
@@ -587,44 +591,46 @@ class Dispatcher:
         staged: dict[int, torch.Tensor],
         box: dict[str, Any],
         seed: int | None = None,
+        reads: list[torch.Tensor] | None = None,
     ) -> Callable[[], None]:
-        written_ids = {id(w) for w in written}
+        """The operation's start. It reads its inputs now; an in-place (or ``out=``) operation whose inputs do not
+        overlap its destination reads them at its completion instead, which is the same unless a write lands on
+        them in between (then :class:`~simdevice.runtime.memory.InFlight` kept what they held): no copy of the
+        destination is held meanwhile. Any other operation computes now, on copies of what it mutates."""
+        in_flight = self.rt.memory.in_flight
+        reads = reads or []
+        box["deferred"] = bool(written) and not _overlap(reads, written)
 
         def start() -> None:
-            # Inputs are read now; mutated arguments are computed on copies that land at completion.
-            copies: dict[int, torch.Tensor] = {}
-
-            def snap(x: Any) -> Any:
-                if isinstance(x, torch.Tensor):
-                    if id(x) in staged:
-                        return staged[id(x)]
-                    if id(x) in written_ids:
-                        if id(x) not in copies:
-                            copies[id(x)] = x.clone()
-                        return copies[id(x)]
-                    return x
-                if isinstance(x, torch.device):
-                    return CPU
-                return x
-
-            real_args = tree_map(snap, args)
-            real_kwargs = tree_map(snap, kwargs)
-            if "device" in real_kwargs:
-                real_kwargs["device"] = CPU
-            real_kwargs.pop("pin_memory", None)
-            if seed is None:
-                box["value"] = func(*real_args, **real_kwargs)
-            else:  # a random op: its own generator, seeded when the host issued it (never the global state)
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(seed)
-                    box["value"] = func(*real_args, **real_kwargs)
+            if box["deferred"]:
+                box["reading"] = in_flight.open(reads)
+                return
+            copies = {id(w): w.clone() for w in written}
+            box["value"] = _run(func, args, kwargs, {**staged, **copies}, seed)
             box["copies"] = copies
 
         return start
 
-    @staticmethod
-    def _finisher(written: list[torch.Tensor], outputs: list[torch.Tensor], box: dict[str, Any]) -> Callable[[], None]:
+    def _finisher(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], written: list[torch.Tensor],
+        outputs: list[torch.Tensor], staged: dict[int, torch.Tensor], box: dict[str, Any], seed: int | None = None,
+    ) -> Callable[[], None]:
+        in_flight = self.rt.memory.in_flight
+
         def finish() -> None:
+            if box["deferred"]:
+                reading = box.pop("reading")
+                in_flight.close(reading)
+                in_flight.before_write(written)  # others in flight reading the destination keep what it holds
+                snaps = reading.snaps
+                if not any(id(w) in snaps for w in written):
+                    box["value"] = _run(func, args, kwargs, {**staged, **snaps}, seed)  # straight into place
+                    return
+                # a write landed on the destination it reads (a race): the start-time rule, on copies of it
+                copies = {id(w): snaps[id(w)].clone() if id(w) in snaps else w.clone() for w in written}
+                box["value"] = _run(func, args, kwargs, {**staged, **snaps, **copies}, seed)
+                box["copies"] = copies
+            in_flight.before_write(written or outputs)
             if written:
                 for w in written:
                     w.copy_(box["copies"][id(w)])
@@ -634,6 +640,43 @@ class Dispatcher:
                 o.copy_(v)
 
         return finish
+
+
+def _overlap(reads: list[torch.Tensor], written: list[torch.Tensor]) -> bool:
+    """Whether an input other than a destination itself shares bytes with a destination."""
+    for r in reads:
+        if any(r is w for w in written):
+            continue
+        st = r.untyped_storage()
+        lo, hi = st.data_ptr(), st.data_ptr() + st.nbytes()
+        for w in written:
+            ws = w.untyped_storage()
+            if lo < ws.data_ptr() + ws.nbytes() and ws.data_ptr() < hi:
+                return True
+    return False
+
+
+def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], replace: dict[int, torch.Tensor],
+         seed: int | None) -> Any:
+    """Run ``func`` on the CPU bytes, each tensor in ``replace`` (by id) standing for the one given."""
+
+    def real(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return replace.get(id(x), x)
+        if isinstance(x, torch.device):
+            return CPU
+        return x
+
+    real_args = tree_map(real, args)
+    real_kwargs = tree_map(real, kwargs)
+    if "device" in real_kwargs:
+        real_kwargs["device"] = CPU
+    real_kwargs.pop("pin_memory", None)
+    if seed is None:
+        return func(*real_args, **real_kwargs)
+    with torch.random.fork_rng(devices=[]):  # a random op: its own generator, seeded when the host issued it
+        torch.manual_seed(seed)
+        return func(*real_args, **real_kwargs)
 
 
 class _Aliases:

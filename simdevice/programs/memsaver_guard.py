@@ -3,8 +3,10 @@
 The oracle checks what a user would see: the weights the engine received, the
 handshakes, no transfer after a failed connection, the guard exited on every
 path and never entered with offloading off. The allocator facts (allocations
-served from paused segments, handles released) are checked by the property
-tests on the simulated device's memory saver.
+served from paused segments, allocations made from the paused pool while it
+is paused, fresh segments included, such as the barrier's one-element tensor
+outside ``disable()``, and handles released) are checked by the property tests
+on the simulated device's memory saver.
 
 Hypothesis draws the configuration (offloading, reconnecting, a failing
 connection, cycles, dropping gradients, sizes, the allocator's reuse choice)

@@ -188,6 +188,7 @@ class Collectives:
 
         def received() -> None:
             values = combine(rank, [coll.sent[q] for q in range(world.size)])
+            self._memory.in_flight.before_write([d for _, d in outs])
             for (_, d), v in zip(outs, values, strict=True):
                 d.copy_(v.reshape(d.shape))
 

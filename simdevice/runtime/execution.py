@@ -251,10 +251,10 @@ class Execution:
             self._push(self.now + op.duration, _COMPLETE, s.order, s)
         else:
             op = s.queue.popleft()
-            s.running = None
             self.memory.finish(op.issued)
             if op.finish is not None:
-                op.finish()
+                op.finish()  # may raise (the op's own error, named by s.running)
+            s.running = None
             s.complete_one(self.now)
             s.busy = False
             self.trace.append((self.now, s.name, f"done {op.desc}"))

@@ -169,6 +169,61 @@ class Issued:
         self.writes: list[tuple[Storage, Access, int]] = []
 
 
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes of ``t``'s storage (a view's is its base's: conservative)."""
+    st = t.untyped_storage()
+    lo = int(st.data_ptr())
+    return lo, lo + int(st.nbytes())
+
+
+class Reading:
+    """The inputs of one operation in flight that reads them when it completes (see :class:`InFlight`)."""
+
+    __slots__ = ("inputs", "snaps", "spans")
+
+    def __init__(self, inputs: list[torch.Tensor]) -> None:
+        self.inputs = inputs
+        self.spans = [_span(x) for x in inputs]
+        #: id of an input -> its bytes as they were when the operation started (taken before they changed)
+        self.snaps: dict[int, torch.Tensor] = {}
+
+
+class InFlight:
+    """Operations in flight that read their inputs when they complete, not when they start.
+
+    A stream operation reads its inputs at its start and lands its writes at its completion. Computing it at the
+    start needs its result held until the completion: a copy of the whole destination for an in-place operation
+    (a 1 GiB ``mul_`` cost 1 GiB more). Computed at the completion instead, it finds the inputs it would have
+    read at the start unless some write landed on their bytes in between, which only a racing program does; so
+    every write that lands (an operation's completion, a host step on pinned memory, a collective's receive, a
+    pause's poison) first calls :meth:`before_write`, which copies the inputs it is about to change for the
+    operations in flight that read them. The values every read sees are those of the start-time rule, race or
+    not; the copy is paid where two accesses race, not for every in-place operation.
+    """
+
+    def __init__(self) -> None:
+        self._reading: list[Reading] = []
+
+    def open(self, inputs: list[torch.Tensor]) -> Reading:
+        r = Reading(inputs)
+        self._reading.append(r)
+        return r
+
+    def close(self, r: Reading) -> None:
+        self._reading.remove(r)
+
+    def before_write(self, tensors: list[torch.Tensor]) -> None:
+        """Bytes of ``tensors`` are about to be written: keep, for each operation in flight reading them, what
+        they hold now."""
+        if not self._reading or not tensors:
+            return
+        spans = [_span(t) for t in tensors]
+        for r in self._reading:
+            for x, (lo, hi) in zip(r.inputs, r.spans, strict=True):
+                if id(x) not in r.snaps and any(lo < whi and wlo < hi for wlo, whi in spans):
+                    r.snaps[id(x)] = x.clone()
+
+
 class Memory:
     """All storages of one simulation, and the checks run against their shadows."""
 
@@ -186,6 +241,8 @@ class Memory:
         self.touched: dict[str, set[int]] = {}
         #: operations and host steps issued so far (each access carries its operation's count: issue order)
         self.issues = 0
+        #: operations in flight that read their inputs at completion (every write that lands tells it first)
+        self.in_flight = InFlight()
 
     # -- allocation ------------------------------------------------------------
     def register(

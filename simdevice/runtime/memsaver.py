@@ -57,6 +57,7 @@ class SimMemorySaver:
 
     def __init__(self, execution: Execution, memory: Memory, fixes: LibraryFixes, pick: int = 0) -> None:
         self._exec = execution
+        self._memory = memory
         # the library hooks the allocator's segments, as torch_memory_saver hooks cudaMalloc
         self.allocator = CachingAllocator(
             memory, pick, on_segment=self._on_segment, on_release=self._on_release, current=execution.current_or_none,
@@ -161,6 +162,7 @@ class SimMemorySaver:
                     continue
                 if self._backup.get(t):
                     self._saved[seg.id] = seg.data.clone()
+                self._memory.in_flight.before_write([seg.data])
                 seg.data.fill_(0xFF)
                 seg.last_handle = seg.handle
                 self._release_handle(seg, seg.handle, f"pause of {seg.label}")
@@ -189,6 +191,7 @@ class SimMemorySaver:
                 seg.paused = None
                 saved = self._saved.pop(seg.id, None)
                 if saved is not None:
+                    self._memory.in_flight.before_write([seg.data])
                     seg.data.copy_(saved)
                 for b in self.allocator.live_blocks(seg):
                     if b.storage is not None:

@@ -2,10 +2,17 @@
 
 FIXED holds every property under every drawn schedule and configuration;
 each property is shown to catch a named bug variant (or, for the two the
-named variants cannot break, a mutant written here). That Hypothesis finds
-each bug variant and its shrunk schedule replays is
+named variants cannot break, a mutant written here). The properties: no
+report and the right values; nothing served from a paused segment; every
+allocation made while the region is paused comes from outside the paused pool
+(a fresh segment of it included: a mutant whose guard exits before the
+barrier, which allocates as NCCL's does, breaks only this one); every handle
+released once; the guard entered as the fix says; the guard exited on every
+path and no transfer after a failed connection. That Hypothesis finds each bug variant
+and its shrunk schedule replays is
 ``tests/property/quality/test_found_and_replays.py``; the pool's own
-semantics are ``tests/property/model/test_memory_saver_pool.py``.
+semantics are ``tests/property/model/test_memory_saver_pool.py`` and
+``tests/property/model/test_memory_saver_reuse_while_paused.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from hypothesis import given
 import reference.memsaver_guard as mg
 from reference.schedule import Schedule
 from simdevice.programs.memsaver_guard import PROGRAM, VARIANTS, oracle
+from simdevice.runtime.allocator import Block, PoolTag
+from simdevice.runtime.memory import Storage
 from simdevice.runtime.memsaver import SimMemorySaver
 from simdevice.runtime.reports import HostError, IllegalAccess
 from simdevice.search import device_for, execute
@@ -36,6 +45,19 @@ class Observed:
         self.schedule = Schedule.parse(text)
         self.dev, self.cfg = device_for(self.schedule)
         fixes, _ = VARIANTS[self.schedule.variant]
+        self.ms: SimMemorySaver = self.dev.runtime.memsaver
+        #: (pool, block, segment) of every allocation made from a pool while that pool was paused: the allocator's
+        #: ``served_paused`` plus those it served from a fresh segment of the paused pool (mapped, so no report)
+        self.made_while_paused: list[tuple[PoolTag, str, str]] = []
+        allocated = self.ms.allocated
+
+        def watch(block: Block, st: Storage) -> None:
+            pool = block.segment.pool
+            if pool is not None and self.ms.is_paused(pool):
+                self.made_while_paused.append((pool, repr(block), block.segment.label))
+            allocated(block, st)
+
+        self.ms.allocated = watch  # type: ignore[method-assign]
         originals = mg.WeightUpdater, mg.Trainer
         mg.WeightUpdater, mg.Trainer = updater or mg.WeightUpdater, trainer or mg.Trainer  # type: ignore[misc]
         try:
@@ -43,7 +65,6 @@ class Observed:
         finally:
             mg.WeightUpdater, mg.Trainer = originals  # type: ignore[misc]
         self.record: mg.SyncRecord | None = self.run.result
-        self.ms: SimMemorySaver = self.dev.runtime.memsaver
         self.problems = oracle(self.cfg, self.record) if self.record is not None else ["no result"]
 
 
@@ -56,6 +77,16 @@ def no_report_right_values(o: Observed) -> bool:
 
 def nothing_served_from_paused_segments(o: Observed) -> bool:
     return o.ms.allocator.served_paused == []
+
+
+def allocations_while_paused_avoid_the_paused_pool(o: Observed) -> bool:
+    """Every allocation made while the region is paused comes from outside the paused pool.
+
+    Stronger than :func:`nothing_served_from_paused_segments`: a request no cached block fits gets a fresh,
+    mapped segment of the paused pool, which faults nowhere yet, but is device memory the sleeping trainer meant
+    to give up, and the next pause unmaps it under the cache (the next such allocation is then served from it).
+    """
+    return o.made_while_paused == [] and o.ms.allocator.served_paused == []
 
 
 def every_handle_released_once(o: Observed) -> bool:
@@ -87,6 +118,7 @@ def guard_exited_and_no_transfer_after_failure(o: Observed) -> bool:
 PROPERTIES = [
     no_report_right_values,
     nothing_served_from_paused_segments,
+    allocations_while_paused_avoid_the_paused_pool,
     every_handle_released_once,
     guard_entered_as_the_fix_says,
     guard_exited_and_no_transfer_after_failure,
@@ -109,6 +141,7 @@ def test_fixed_holds_every_property(s: Schedule) -> None:
         (no_report_right_values, "memsaver-connect-unguarded"),
         (no_report_right_values, "memsaver-free-while-paused-twice"),
         (nothing_served_from_paused_segments, "memsaver-connect-unguarded"),
+        (allocations_while_paused_avoid_the_paused_pool, "memsaver-connect-unguarded"),
         (every_handle_released_once, "memsaver-free-while-paused-twice"),
         (guard_entered_as_the_fix_says, "memsaver-connect-unguarded"),
     ],
@@ -122,6 +155,15 @@ def test_served_from_paused_is_caught_even_without_a_fitting_use() -> None:
     o = Observed("memsaver_guard/memsaver-connect-unguarded:conn_kib=64,drop=0,cycles=1")
     assert nothing_served_from_paused_segments(o)
     assert not guard_entered_as_the_fix_says(o)
+    assert not allocations_while_paused_avoid_the_paused_pool(o)
+
+
+def test_the_paused_pool_watch_sees_what_the_allocator_records() -> None:
+    # every allocation the allocator served from a paused segment is one the watch saw made in the paused pool
+    o = Observed("memsaver_guard/memsaver-connect-unguarded")
+    served = o.ms.allocator.served_paused
+    assert served
+    assert [s for s in served if s not in o.made_while_paused] == []
 
 
 class _TransferAfterFailure(mg.WeightUpdater):
@@ -153,6 +195,40 @@ class _GuardLeaksOnError(mg.WeightUpdater):
 def test_guard_exit_and_no_transfer_properties_catch_mutants(mutant: type[mg.WeightUpdater]) -> None:
     assert guard_exited_and_no_transfer_after_failure(Observed("memsaver_guard/FIXED:fail=1"))
     assert not guard_exited_and_no_transfer_after_failure(Observed("memsaver_guard/FIXED:fail=1", mutant))
+
+
+class _GuardExitsBeforeBarrier(mg.WeightUpdater):
+    """A mutant of FIXED: the connection's guard is left before the barrier, whose one-element tensor (NCCL's
+    barrier allocates) is then made asleep, from the paused pool."""
+
+    def update_weights(self, engine: mg.RolloutEngine, generation: int) -> None:
+        if self.conn_status.needs_reconnect(generation):
+            fail = self.cfg.fail and self.attempts == 0
+            with self._safe_allocations():
+                self.connect_rollout_engines(fail)
+                self.conn_status.mark_reconnected(generation)
+            self._barrier()
+        with self._safe_allocations():
+            self._transfer(engine)
+
+
+def test_allocations_while_paused_property_catches_a_guard_exiting_before_the_barrier() -> None:
+    assert allocations_while_paused_avoid_the_paused_pool(Observed("memsaver_guard/FIXED"))
+    # each pause is followed by empty_cache (drop=1), which releases the barrier's small segment: every barrier
+    # tensor is a fresh, mapped segment of the paused pool, so nothing faults and only this property sees it
+    bad = Observed("memsaver_guard/FIXED", _GuardExitsBeforeBarrier)
+    assert bad.made_while_paused == [("train", "block seg#5+0", "seg#5"), ("train", "block seg#9+0", "seg#9")]
+    assert not allocations_while_paused_avoid_the_paused_pool(bad)
+    others = [p for p in PROPERTIES if p is not allocations_while_paused_avoid_the_paused_pool]
+    assert [p.__name__ for p in others if not p(bad)] == []
+    # drop=0: the first barrier's segment stays cached, the second pause unmaps it, and the second barrier's
+    # tensor is handed out again from it: the fault the others see, one cycle late
+    late = Observed("memsaver_guard/FIXED:drop=0", _GuardExitsBeforeBarrier)
+    assert late.ms.allocator.served_paused == [("train", "block seg#5+0", "seg#5")]
+    assert [type(r) for r in late.run.reports] == [IllegalAccess]
+    assert str(late.run.reports[0]).startswith("illegal access: zeros on stream default")
+    assert not allocations_while_paused_avoid_the_paused_pool(late)
+    assert not nothing_served_from_paused_segments(late)
 
 
 class _PauseWithoutWait(mg.Trainer):

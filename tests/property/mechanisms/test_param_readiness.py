@@ -12,6 +12,9 @@
   but has a handle", never starts a gather with the hooks removed or during a
   graph capture, never gathers twice into one buffer in one iteration, a dead
   wrapper is a no-op, re-wrapping removes stale callbacks, dedupe by identity.
+  "Hooks removed" is read on the state before the call: a callback that
+  starts a gather and waits it ends PUBLISHED, like one that started nothing
+  (the mutant ``_StartsGatherWithHooksRemoved`` shows the difference).
 """
 
 from __future__ import annotations
@@ -209,13 +212,18 @@ def callback_rules_hold(fixes: pr.Fixes, actions: list[tuple[str, int]]) -> None
         if act == "hook":
             ddp.forward_pre_hook(params[i])
         elif act == "ensure":
+            # read before the call: a callback that starts a gather and waits it ends PUBLISHED with fresh
+            # weights, so the state after it cannot tell whether the gather was started with the hooks removed
+            hooks_removed = not ddp.hooks_installed
             pr.ensure_params_ready([params[i]])
+            if hooks_removed:
+                assert dev.gathers == before  # hooks removed: the callback never starts a gather
             if ddp.hooks_installed:
                 assert g.state == pr.PUBLISHED
             if g.state == pr.PUBLISHED:
                 assert torch.equal(params[i].data, weight_values(version, ddp.buckets[i].start, 8))
             else:
-                assert dev.gathers == before  # hooks removed: the callback never starts a gather
+                assert dev.gathers == before  # left unpublished: it started no gather either
             counts = (dev.gathers, dev.waits)
             pr.ensure_params_ready([params[i]])
             assert (dev.gathers, dev.waits) == counts  # idempotent
@@ -260,6 +268,53 @@ def test_callback_rules_catch_the_callback_bugs(variant: str) -> None:
         "param-ready-skips-undispatched": [("ensure", 0)],
         "param-no-drain-on-disable": [("hook", 0), ("disable", 0)],  # the hook chained group 1
     }[variant]
+
+
+class _StartsGatherWithHooksRemoved(pr.BucketParamReady):
+    """A mutant of FIXED's callback: it starts an undispatched gather whether or not the hooks are installed.
+
+    It waits the gather before it returns, so the group ends PUBLISHED with this iteration's weights and the hooks
+    are still removed: only the state before the call shows the rule broken.
+    """
+
+    __slots__ = ()
+
+    def __call__(self) -> None:
+        group, ddp = self._group(), self._ddp()
+        if group is None or group.published or ddp is None or ddp.capturing:
+            return
+        # FIXED starts (and finishes) an undispatched gather only while ddp.hooks_installed: that test is dropped
+        group.finish_param_sync(skip_next=not ddp.owns_schedule)
+
+
+def test_callback_rules_catch_a_gather_started_with_the_hooks_removed(monkeypatch: pytest.MonkeyPatch) -> None:
+    def breaks(actions: list[tuple[str, int]]) -> bool:
+        try:
+            callback_rules_hold(pr.FIXED, actions)
+        except AssertionError:
+            return True
+        return False
+
+    # the wrapper stamps pr.BucketParamReady on its parameters: every wrapper made in this test gets the mutant
+    monkeypatch.setattr(pr, "BucketParamReady", _StartsGatherWithHooksRemoved)
+    found = find(_ACTIONS, breaks, settings=_FIND)
+    assert found == [("disable", 0), ("ensure", 0)]
+    monkeypatch.undo()
+    callback_rules_hold(pr.FIXED, found)  # the real callback does nothing there
+
+
+def test_the_state_after_the_call_lets_a_gather_with_the_hooks_removed_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the old check read only the state after the call: hooks removed (so no demand to be PUBLISHED), the group
+    # PUBLISHED with this iteration's weights (so the data check passes), and the gather count was looked at only
+    # for a group left unpublished: it passed this mutant
+    monkeypatch.setattr(pr, "BucketParamReady", _StartsGatherWithHooksRemoved)
+    dev, params, ddp = _wrap()
+    ddp.disable_forward_pre_hook(param_sync=False)
+    pr.ensure_params_ready([params[0]])
+    assert dev.gathers == 1  # started with the hooks removed
+    assert ddp.groups[0].state == pr.PUBLISHED
+    assert not ddp.hooks_installed
+    assert torch.equal(params[0].data, weight_values(0, ddp.buckets[0].start, 8))  # and the data is right
 
 
 def test_hot_path_does_nothing_on_a_published_group() -> None:

@@ -1,0 +1,75 @@
+"""An operation reads its inputs when it starts and lands its writes when it completes, whether it is computed at
+its start or at its completion.
+
+An in-place operation is computed at its completion (no copy of its destination is held while it runs), so every
+write that lands while it runs first keeps, for it, what its inputs held (``InFlight.before_write``). Rules, each
+with a test a mutation of it fails:
+
+- a racing write to an input, landing while the operation runs, is not seen by it (it reads the start's value);
+- a racing write to its destination, landing while it runs, is not what it computes from either, and its own
+  result lands last (at its completion);
+- only the inputs a write overlaps are kept, once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from simdevice import SimDevice, peek
+from simdevice.runtime.memory import InFlight
+
+#: large enough that the in-place operation on stream a outlasts the short one racing it on stream b
+N = 1 << 18
+
+
+def _race(dev: Any, on_a: Any, on_b: Any, y0: float) -> torch.Tensor:
+    x = torch.ones(N, device=dev.device)
+    y = torch.full((N,), y0, device=dev.device)
+    a, b = dev.Stream(name="a"), dev.Stream(name="b")
+    a.wait_stream(dev.current_stream())
+    b.wait_stream(dev.current_stream())
+    with dev.stream(a):
+        on_a(x, y)  # starts first, completes last
+    with dev.stream(b):
+        on_b(x, y)  # starts a host step later, completes while a's operation runs
+    dev.synchronize()
+    return y
+
+
+def test_a_write_landing_on_an_input_while_the_operation_runs_is_not_seen() -> None:
+    run = SimDevice().run(lambda dev: _race(dev, lambda x, y: y.add_(x), lambda x, y: x.fill_(5), 0.0))
+    assert {r.kind for r in run.reports} == {"race"}
+    assert torch.equal(peek(run.result), torch.ones(N))  # 0 + x as it was at the start (1), not 5
+
+
+def test_a_write_landing_on_the_destination_is_not_computed_from_and_is_overwritten() -> None:
+    run = SimDevice().run(lambda dev: _race(dev, lambda x, y: y.mul_(2), lambda x, y: y.fill_(7), 1.0))
+    assert {r.kind for r in run.reports} == {"race"}
+    assert torch.equal(peek(run.result), torch.full((N,), 2.0))  # 1 * 2 lands at a's completion, after the 7
+
+
+def test_the_operations_trace_is_the_start_and_completion_order() -> None:
+    run = SimDevice().run(lambda dev: _race(dev, lambda x, y: y.add_(x), lambda x, y: x.fill_(5), 0.0))
+    events = [what for _, who, what in run.trace if who in ("a", "b") and what.split()[0] in ("start", "done")]
+    assert events == ["start add_ #0", "start fill_ #0", "done fill_ #0", "done add_ #0"]
+
+
+def test_only_the_inputs_a_write_overlaps_are_kept_once() -> None:
+    buf = torch.arange(16.0)
+    x, y, other = buf[:8], buf[8:].clone(), torch.zeros(4)
+    in_flight = InFlight()
+    reading = in_flight.open([x, y])
+    in_flight.before_write([other])
+    assert reading.snaps == {}
+    in_flight.before_write([buf])  # x's storage
+    assert set(reading.snaps) == {id(x)}
+    kept = reading.snaps[id(x)]
+    x.fill_(-1)
+    in_flight.before_write([buf])
+    assert reading.snaps[id(x)] is kept  # the first value is the start's; a later write does not replace it
+    assert torch.equal(kept, torch.arange(8.0))
+    in_flight.close(reading)
+    in_flight.before_write([y])  # nothing in flight any more
+    assert id(y) not in reading.snaps
