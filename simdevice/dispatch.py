@@ -42,7 +42,6 @@ import attrs
 import torch
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 from reference.contract import OpKind, op_kind, poison
 from simdevice.runtime import Runtime
@@ -114,6 +113,43 @@ def classify(func: torch._ops.OpOverload) -> OpFacts:
         seeded=torch.Tag.nondeterministic_seeded in func.tags,
         dynamic=torch.Tag.dynamic_output_shape in func.tags,
     )
+
+
+def _leaves_of(tree: Any) -> tuple[list[Any], None]:
+    """The leaves of an aten op's arguments or results (tuples, lists and dicts of tensors and scalars), in
+    order; as ``torch.utils._pytree.tree_flatten`` gives them, at a fraction of its cost (a third of a simulated
+    op's time went to pytree)."""
+    out: list[Any] = []
+    _collect(tree, out)
+    return out, None
+
+
+def _collect(x: Any, out: list[Any]) -> None:
+    if isinstance(x, (tuple, list)):
+        for y in x:
+            _collect(y, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _collect(y, out)
+    else:
+        out.append(x)
+
+
+def _tree_map(fn: Callable[[Any], Any], x: Any) -> Any:
+    """``fn`` on every leaf of ``x``, the structure kept (``torch.utils._pytree.tree_map`` for aten's values)."""
+    t = type(x)
+    if t is tuple:
+        return tuple(_tree_map(fn, y) for y in x)
+    if t is list:
+        return [_tree_map(fn, y) for y in x]
+    if t is dict:
+        return {k: _tree_map(fn, v) for k, v in x.items()}
+    if isinstance(x, tuple):  # a named tuple or a torch.return_types structseq
+        items = [_tree_map(fn, y) for y in x]
+        return t(*items) if hasattr(t, "_fields") else t(items)
+    if isinstance(x, (list, dict)):
+        raise TypeError(f"unexpected container {t.__name__} in an aten op's values")
+    return fn(x)
 
 
 class SimTensor(torch.Tensor):
@@ -295,9 +331,17 @@ def _sig(x: Any) -> Any:
         return ("T", tuple(x.shape), tuple(x.stride()), x.dtype)
     if isinstance(x, (list, tuple)):
         return tuple(_sig(y) for y in x)
+    if isinstance(x, dict):
+        return tuple((k, _sig(v)) for k, v in x.items())
     if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format)):
-        return x
-    return repr(x)
+        return (type(x), x)  # 1 and 1.0 and True give outputs of different dtypes
+    return (type(x), repr(x))
+
+
+#: the meta kernels' outputs by (op, signature of its arguments), shared by every run of the process (the same
+#: programs issue the same ops run after run); emptied when it grows past _META_CACHE_MAX entries
+_META_CACHE: dict[Any, Any] = {}
+_META_CACHE_MAX = 8192
 
 
 def _written(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -317,7 +361,6 @@ class Dispatcher:
     def __init__(self, rt: Runtime, shown: torch.device = META) -> None:
         self.rt = rt
         self.config = rt.config
-        self._meta_cache: dict[Any, Any] = {}
         #: the device simulated tensors show to Python code; factories and copies to it make device memory
         self.shown = shown
         self._device_types = {"meta", shown.type}
@@ -357,7 +400,7 @@ class Dispatcher:
     # -- entry point ----------------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         facts = classify(func)
-        flat, _ = tree_flatten((args, kwargs))
+        flat, _ = _leaves_of((args, kwargs))
         has_sim = False
         for x in flat:
             if isinstance(x, SimTensor):
@@ -370,20 +413,20 @@ class Dispatcher:
             return self._host_op(func, facts, args, kwargs, flat)
         if facts.kind == "view":
             base = next(x for x in flat if isinstance(x, SimTensor))
-            out = func(*tree_map(data_of, args), **tree_map(data_of, kwargs))
-            return tree_map(lambda t: SimTensor(t, base._st, self) if isinstance(t, torch.Tensor) else t, out)
+            out = func(*_tree_map(data_of, args), **_tree_map(data_of, kwargs))
+            return _tree_map(lambda t: SimTensor(t, base._st, self) if isinstance(t, torch.Tensor) else t, out)
         if facts.kind == "alloc":
-            kw = dict(tree_map(data_of, kwargs))
+            kw = dict(_tree_map(data_of, kwargs))
             kw["device"] = CPU
             kw.pop("pin_memory", None)
-            like = func(*tree_map(data_of, args), **kw)
+            like = func(*_tree_map(data_of, args), **kw)
             return self.new_device(like, self.rt.current())
         if facts.kind == "meta":
             if func is aten.is_pinned.default:
                 return False
             if func is aten.record_stream.default:
                 return self._record_stream(args[0], args[1])
-            return func(*tree_map(data_of, args), **kwargs)
+            return func(*_tree_map(data_of, args), **kwargs)
         a = self.rt.host_step(facts.name)
         return self.issue(a, a.current_stream, func, facts, args, kwargs, flat, user_source())
 
@@ -432,13 +475,15 @@ class Dispatcher:
             x = args[0]
             return torch.empty_strided(x.shape, x.stride(), dtype=kwargs.get("dtype") or x.dtype, device=META)
         key = (func, _sig(args), _sig(kwargs))
-        if key in self._meta_cache:
-            return self._meta_cache[key]
+        if key in _META_CACHE:
+            return _META_CACHE[key]
         try:
-            out = func(*tree_map(_meta_of, args), **tree_map(_meta_of, kwargs))
+            out = func(*_tree_map(_meta_of, args), **_tree_map(_meta_of, kwargs))
         except (NotImplementedError, RuntimeError):
             out = None  # nonzero, boolean indexing, repeat_interleave without a size: the values decide
-        self._meta_cache[key] = out
+        if len(_META_CACHE) >= _META_CACHE_MAX:
+            _META_CACHE.clear()
+        _META_CACHE[key] = out
         return out
 
     def _outputs(
@@ -469,8 +514,8 @@ class Dispatcher:
             if kwargs.get("pin_memory"):
                 self.new_pinned(host_out, a.name)
             return host_out, [host_out]
-        result = tree_map(lambda m: self.new_device(m, a) if isinstance(m, torch.Tensor) else m, meta)
-        return result, [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
+        result = _tree_map(lambda m: self.new_device(m, a) if isinstance(m, torch.Tensor) else m, meta)
+        return result, [x for x in _leaves_of(result)[0] if isinstance(x, torch.Tensor)]
 
     def _inputs(
         self, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
@@ -569,8 +614,8 @@ class Dispatcher:
         )
         self.rt.host_waits_for(a, rec, f"stream {s.name} to finish {facts.name} #{index} (its output size)")
         values = box["value"]
-        result = tree_map(lambda v: self.new_device(v, a) if isinstance(v, torch.Tensor) else v, values)
-        outs = [(o, v) for o, v in zip(tree_flatten(result)[0], tree_flatten(values)[0], strict=True)
+        result = _tree_map(lambda v: self.new_device(v, a) if isinstance(v, torch.Tensor) else v, values)
+        outs = [(o, v) for o, v in zip(_leaves_of(result)[0], _leaves_of(values)[0], strict=True)
                 if isinstance(o, torch.Tensor)]
         self.rt.device_writes(s, facts.name, index, self._refs([o for o, _ in outs]), src)
         with self.rt.device_side():
@@ -635,7 +680,7 @@ class Dispatcher:
                 for w in written:
                     w.copy_(box["copies"][id(w)])
                 return
-            vals = [v for v in tree_flatten(box["value"])[0] if isinstance(v, torch.Tensor)]
+            vals = [v for v in _leaves_of(box["value"])[0] if isinstance(v, torch.Tensor)]
             for o, v in zip(outputs, vals, strict=True):
                 o.copy_(v)
 
@@ -667,8 +712,8 @@ def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], replace: dict
             return CPU
         return x
 
-    real_args = tree_map(real, args)
-    real_kwargs = tree_map(real, kwargs)
+    real_args = _tree_map(real, args)
+    real_kwargs = _tree_map(real, kwargs)
     if "device" in real_kwargs:
         real_kwargs["device"] = CPU
     real_kwargs.pop("pin_memory", None)
@@ -695,7 +740,7 @@ class _Aliases:
         return al
 
     def of(self, tree: Any) -> Any:
-        return tree_map(self.one, tree)
+        return _tree_map(self.one, tree)
 
     def all(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return [self.one(t) for t in tensors]

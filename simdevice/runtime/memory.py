@@ -115,8 +115,11 @@ class Storage:
         """The bytes of this storage that tensor ``t`` (a view of it) covers."""
         esize = t.element_size()
         lo = t.data_ptr() - self.base
-        if t.numel() == 0:
+        n = t.numel()
+        if n == 0:
             return lo, lo
+        if t.is_contiguous():
+            return lo, lo + n * esize
         extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True) if s > 0)
         return lo, lo + extent * esize
 
