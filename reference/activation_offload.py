@@ -9,13 +9,21 @@ group to reload (a LIFO per microbatch) on ``h2d_stream`` and records
 ``_reload_event``; the start of a group's backward makes the compute stream
 wait for that event. A tensor that nobody prefetched is reloaded inline by
 ``tensor_pop``, on the compute stream. One ``ChunkOffloadHandler`` per
-microbatch holds the groups; the manager walks them with a forward cursor.
+microbatch holds the groups; the manager walks them with a forward cursor,
+and backward takes them in the same order, whether every forward runs first
+or a pipeline's 1F1B order runs later forwards between earlier backwards.
 The first pass (warmup) offloads every group, later passes the first
 ``activation_offload_fraction`` of them; the rest stay resident.
 
 Invariant: every tensor popped in backward equals the tensor pushed in forward,
 because D2H(g) completes before any H2D(g) starts and H2D(g) before compute
-reads g, and backward consumes the chunk handler that forward filled.
+reads g, and backward consumes the chunk handler that forward filled. And the
+pinned pool hands a buffer to the next D2H only once the H2D that read it is
+ordered before that D2H: a prefetched group's buffers go back to the pool with
+its ``_reload_event``, which the taker's stream waits for (the event is reused
+every pass; a later record only makes the taker wait longer). The other
+buffers go back at ``reset()`` with no event: their last reader, if any, is an
+inline H2D on the compute stream, which every D2H waits for.
 
 Known bugs (``Fixes`` flags below sit where the upstream fixes changed the code):
 
@@ -39,6 +47,16 @@ an unconditional wait, because the event is reused every pass: a group not
 offloaded this pass must not wait on a stale edge, so ``reset()`` clears
 latches of groups never reloaded. A chunk's forward is finished when no group
 of that name remains after its cursor.
+
+Not upstream, a mutation the pool-reuse property must catch:
+
+- ``pool-reuse-on-enqueue``: (1) under 1F1B the end of microbatch 0's backward
+  primes microbatch 1's last group: its H2D is enqueued on ``h2d_stream`` and
+  its buffers go back to the pool at once; (2) microbatch 2's forward takes
+  them for its D2H, ordered after the compute stream only, which has not waited
+  for that H2D yet; (3) the D2H overwrites a buffer the H2D may still be
+  reading. With every forward before any backward no D2H comes between a
+  prefetch and the compute stream's wait for it, so it hides there.
 
 The simulated device runs this module's autograd route as is: its tensors
 are wrapper subclasses, ``saved_tensors_hooks`` receive them and backward runs
@@ -78,6 +96,9 @@ class Fixes:
     reset_clears_latch: bool = True
     #: a chunk's forward is finished when no group of that name remains after the cursor
     cursor_by_remaining_groups: bool = True
+    #: a prefetched group's buffers go back to the pool with its ``_reload_event`` (False: as soon as the H2D is
+    #: enqueued, with nothing the next taker waits for)
+    pool_waits_reload: bool = True
 
 
 FIXED = Fixes()
@@ -87,6 +108,8 @@ OFFLOAD_QUEUE_EMPTY_CURSOR = Fixes(cursor_by_remaining_groups=False)
 UNCONDITIONAL_WAIT = Fixes(latch_keys_wait=False)
 PREFETCH_KEEPS_LATCH = Fixes(prefetch_clears_latch=False)
 RESET_KEEPS_LATCH = Fixes(reset_clears_latch=False)
+# Not upstream: a mutation of the pool's reuse rule, which only a pipeline (1F1B) microbatch order shows.
+POOL_REUSE_ON_ENQUEUE = Fixes(pool_waits_reload=False)
 
 BUGS = {"offload-inline-no-wait": OFFLOAD_INLINE_NO_WAIT, "offload-queue-empty-cursor": OFFLOAD_QUEUE_EMPTY_CURSOR}
 SLOW_ARMS = {
@@ -94,7 +117,8 @@ SLOW_ARMS = {
     "prefetch-keeps-latch": PREFETCH_KEEPS_LATCH,
     "reset-keeps-latch": RESET_KEEPS_LATCH,
 }
-VARIANTS: dict[str, Fixes] = {"FIXED": FIXED, **BUGS, **SLOW_ARMS}
+MUTANTS = {"pool-reuse-on-enqueue": POOL_REUSE_ON_ENQUEUE}
+VARIANTS: dict[str, Fixes] = {"FIXED": FIXED, **BUGS, **SLOW_ARMS, **MUTANTS}
 
 
 # ---------------------------------------------------------------------------
@@ -222,16 +246,27 @@ class ChunkOffloadHandler:
 
 
 class PinnedPool:
-    """Pinned host staging buffers, reused across passes by shape and dtype."""
+    """Pinned host staging buffers, reused across passes (and within one, under 1F1B) by shape and dtype.
 
-    def __init__(self) -> None:
-        self._free: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
+    A buffer comes back with the event recorded after the last copy that reads it, or with none when its
+    readers are already ordered before every later D2H; the stream that takes it next waits for that event."""
+
+    def __init__(self, dev: Device) -> None:
+        self.dev = dev
+        self._free: dict[tuple[tuple[int, ...], torch.dtype], list[tuple[torch.Tensor, Event | None]]] = {}
         self.allocated = 0
+        #: buffers handed out again behind a wait (bookkeeping the properties count)
+        self.waited = 0
 
     def take(self, like: torch.Tensor) -> torch.Tensor:
         free = self._free.get((tuple(like.shape), like.dtype))
         if free:
-            return free.pop()
+            buf, after = free.pop()
+            if after is not None:
+                # wait: the H2D that read this buffer last may still be reading it
+                self.dev.current_stream().wait_event(after)
+                self.waited += 1
+            return buf
         self.allocated += 1
         return torch.empty(like.shape, dtype=like.dtype, pin_memory=True)
 
@@ -242,8 +277,8 @@ class PinnedPool:
             self.allocated += 1
             self.give_back(torch.empty(shape, dtype=dtype, pin_memory=True))
 
-    def give_back(self, buf: torch.Tensor) -> None:
-        self._free.setdefault((tuple(buf.shape), buf.dtype), []).append(buf)
+    def give_back(self, buf: torch.Tensor, after: Event | None = None) -> None:
+        self._free.setdefault((tuple(buf.shape), buf.dtype), []).append((buf, after))
 
 
 # ---------------------------------------------------------------------------
@@ -264,7 +299,7 @@ class ActivationOffloadManager:
         self.compute_stream = dev.current_stream()
         self.d2h_stream = dev.Stream(name="d2h")
         self.h2d_stream = dev.Stream(name="h2d")
-        self.pool = PinnedPool()
+        self.pool = PinnedPool(dev)
         self.handlers: list[ChunkOffloadHandler] = []
         self._cur_forward = -1
         self._cur_backward = 0
@@ -392,6 +427,14 @@ class ActivationOffloadManager:
                 dst.copy_(t.buf, non_blocking=True)
                 group._tensors[i] = dst
             group._reload_event.record()
+        if on_host:
+            # The H2D is the buffers' last reader: they go back to the pool now, for a later forward's D2H (under
+            # 1F1B, before the compute stream waited for this reload), with the event that says the H2D is done.
+            after = group._reload_event if self.fixes.pool_waits_reload else None  # mutant: back once enqueued
+            for _, t in on_host:
+                self.pool.give_back(t.buf, after)
+            back = {id(t.buf) for _, t in on_host}
+            group._buffers = [b for b in group._buffers if id(b) not in back]
         group._reload_scheduled = True
         if self.fixes.prefetch_clears_latch:
             group.reload_pending = False

@@ -24,6 +24,9 @@ def entry() -> None:
         if "--json" in sys.argv[1:]:
             print('{"interrupted": true}')
         code = stopped()
+    # the command is done: a signal now would only turn its exit code into a traceback or a death by signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.stdout.flush()
     gc.freeze()
     sys.exit(code)

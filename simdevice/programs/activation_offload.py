@@ -1,10 +1,15 @@
 """The harness of ``activation_offload`` (``reference/activation_offload.py``): configuration, model, oracle.
 
 The body trains a small model (layers x microbatches x iterations, forward
-then backward through ``saved_tensors_hooks``) with one variant's ``Fixes``.
-The oracle: every popped tensor equals the pushed one and the final weights
-equal a CPU run of the same model without offload. A ``Chunk mismatch`` ends
-the run as a host error.
+then backward through ``saved_tensors_hooks``) with one variant's ``Fixes``,
+in a pipeline's microbatch order (``inflight``): every forward before any
+backward (the default), or 1F1B with at most ``inflight`` microbatches between
+their forward and their backward (``inflight=2``, three microbatches: F0 F1 B0
+F2 B1 B2), where a later forward's D2H can take a pinned buffer that a
+prefetch for an earlier backward still reads. The oracle: every popped tensor
+equals the pushed one and the final weights equal a CPU run of the same model
+without offload (the order changes neither). A ``Chunk mismatch`` ends the run
+as a host error.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from reference.schedule import in_range
 from simdevice.programs import Program, register
 
 # ---------------------------------------------------------------------------
-# The configuration, and a small model that drives the manager: forward of every microbatch, then their
-# backward, then SGD
+# The configuration, and a small model that drives the manager: forwards and backwards of the microbatches in
+# the configured order, then SGD
 
 
 @attrs.frozen
@@ -41,6 +46,9 @@ class TrainConfig:
     warmup: int = attrs.field(default=1, validator=in_range(0, 1))
     #: a forward-only evaluation pass before training (its groups are offloaded, never reloaded)
     evalfirst: int = attrs.field(default=0, validator=in_range(0, 1))
+    #: the microbatch order: 0 runs every forward before any backward; k > 0 runs 1F1B with at most k microbatches
+    #: in flight (k forwards, then one backward and one forward in turn: a pipeline stage k stages from the last)
+    inflight: int = attrs.field(default=0, validator=in_range(0, 8))
     #: size of each saved activation in KiB (the GPU run scales it)
     kib: int = attrs.field(default=64, validator=in_range(1, 1 << 20))
     #: compare every popped tensor with the pushed one at the end (keeps the pushed ones alive)
@@ -67,6 +75,18 @@ def _host_values(n: int, seed: float) -> torch.Tensor:
 
 def input_seed(it: int, mb: int) -> float:
     return 1.0 + 7.0 * it + 3.0 * mb
+
+
+def microbatch_order(mb: int, inflight: int) -> list[tuple[str, int]]:
+    """One iteration's steps: ``("F", i)`` is microbatch i's forward, ``("B", i)`` its backward. Backwards run in
+    forward order, as the manager's backward cursor requires. ``microbatch_order(3, 2)`` is F0 F1 B0 F2 B1 B2."""
+    ahead = mb if inflight == 0 else min(inflight, mb)
+    steps = [("F", i) for i in range(ahead)]
+    for i in range(mb):
+        steps.append(("B", i))
+        if ahead + i < mb:
+            steps.append(("F", ahead + i))
+    return steps
 
 
 def layer_forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -134,9 +154,12 @@ def train(
             if manager:
                 manager.reset()
         for it in range(cfg.iters):
-            losses = [forward(it, mb) for mb in range(cfg.mb)]
-            for loss in losses:
-                loss.backward()
+            losses: dict[int, torch.Tensor] = {}
+            for step, mb in microbatch_order(cfg.mb, cfg.inflight):
+                if step == "F":
+                    losses[mb] = forward(it, mb)
+                else:
+                    losses.pop(mb).backward()
             with torch.no_grad():
                 for w in weights:
                     w.sub_(LR * w.grad)
@@ -162,6 +185,7 @@ def train(
         "pops": len(pairs),
         "waits": tuple(manager.waits) if manager else (),
         "reloads": tuple(manager.reloads) if manager else (),
+        "pool_waits": manager.pool.waited if manager else 0,
     }
 
 
@@ -219,6 +243,7 @@ PROGRAM = register(
             "iters": ("1", "2", "3"),
             "warmup": ("1", "0"),
             "evalfirst": ("0", "1"),
+            "inflight": ("0", "1", "2"),
         },
         size_keys=("kib",),
         # the shrunk schedule, the same at upstream's 256 MiB per group (kib=128 on the GPU), and stalls of d2h

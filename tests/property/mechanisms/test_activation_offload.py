@@ -2,9 +2,12 @@
 
 FIXED must hold every property under every drawn configuration (layers 1..4,
 microbatches 1..3, fraction 0/0.5/1, iterations 1..3, warmup on/off, an
-evaluation pass first or not) and schedule. Each property is also shown to
-catch a named variant, so none of them holds vacuously: the two upstream
-bugs, and three correct-but-slower arms that only the wait counts tell apart.
+evaluation pass first or not, the microbatch order: every forward first or
+1F1B with one or two microbatches in flight) and schedule. Each property is
+also shown to catch a named variant, so none of them holds vacuously: the two
+upstream bugs, three correct-but-slower arms that only the wait counts tell
+apart, and a mutant of the pinned pool (``pool-reuse-on-enqueue``) that only a
+1F1B order shows.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from hypothesis import find, given
 from reference import activation_offload as ao
 from reference.schedule import Schedule
 from simdevice import SimDevice
-from simdevice.programs.activation_offload import PROGRAM, body, oracle
+from simdevice.programs.activation_offload import PROGRAM, body, microbatch_order, oracle
 from simdevice.search import Outcome, execute, search_settings
 from simdevice.search.strategies import configs, schedules, schedules_of
 from simdevice.search.targets import ProgramTarget
@@ -30,7 +33,7 @@ FIND = search_settings()  # what simdevice check searches with
 
 
 def run(s: Schedule) -> Outcome:
-    """Run a schedule of any variant in ``ao.VARIANTS`` (the slow arms are not registered programs)."""
+    """Run a schedule of any variant in ``ao.VARIANTS`` (the slow arms and the mutants are not registered programs)."""
     if s.variant in PROGRAM.variants:
         return execute(s)
     cfg = PROGRAM.parse_config(s.config_dict())
@@ -68,6 +71,19 @@ def prefetch_adds_no_compute_wait(out: Outcome) -> bool:
     return True
 
 
+def pool_reuse_ordered(out: Outcome) -> bool:
+    """The pool hands a pinned buffer to the next D2H only once the H2D that read it is ordered before that D2H: no
+    D2H write of a pinned buffer races an H2D read issued before it, and no H2D read sees a D2H issued after it."""
+    for r in out.run.reports:
+        if r.kind == "race" and r.current.storage.startswith("pinned") and "(D2H)" in r.current.op \
+                and r.current.kind == "write" and "(H2D)" in r.previous.op and r.previous.kind == "read":
+            return False
+        if r.kind == "stale-read" and r.stale_by < 0 and "(H2D)" in r.read.op and r.seen is not None \
+                and "(D2H)" in r.seen.op:
+            return False
+    return True
+
+
 def no_stale_event_wait(out: Outcome) -> bool:
     """The latch: a group not offloaded in this pass never waits on its (stale) offload event."""
     return not any(w.event == "offload" and not w.offloaded for w in out.run.result["waits"])
@@ -77,6 +93,7 @@ PROPERTIES: list[Callable[[Outcome], bool]] = [
     no_report,
     values_right,
     no_chunk_mismatch,
+    pool_reuse_ordered,
     prefetch_adds_no_compute_wait,
     no_stale_event_wait,
 ]
@@ -103,13 +120,20 @@ CATCHES = [
     (prefetch_adds_no_compute_wait, "prefetch-keeps-latch"),
     (no_stale_event_wait, "reset-keeps-latch"),
     (no_stale_event_wait, "unconditional-wait"),
+    (pool_reuse_ordered, "pool-reuse-on-enqueue"),
 ]
+
+
+#: where a catch searches a narrower space than the program's, to keep the test fast: three microbatches are the
+#: fewest at which 1F1B runs a forward between a prefetch and compute's wait for it (the whole space finds it too,
+#: after about 45 examples instead of a few)
+NARROW: dict[str, dict[str, tuple[str, ...]]] = {"pool-reuse-on-enqueue": {"mb": ("3",)}}
 
 
 def _fails(prop: Callable[[Outcome], bool]) -> Callable[[Schedule], bool]:
     def fails(s: Schedule) -> bool:
         out = run(s)
-        if out.run.result is None and prop not in (no_report, no_chunk_mismatch):
+        if out.run.result is None and prop not in (no_report, no_chunk_mismatch, pool_reuse_ordered):
             return False  # a wait-count property needs a finished run
         return not prop(out)
 
@@ -126,10 +150,68 @@ class _Arm(ProgramTarget):
 
 @pytest.mark.parametrize(("prop", "variant"), CATCHES, ids=lambda x: getattr(x, "__name__", x))
 def test_property_catches_variant(prop: Callable[[Outcome], bool], variant: str) -> None:
-    s = find(schedules_of(_Arm(PROGRAM, variant), configs(PROGRAM)), _fails(prop), settings=FIND)
+    space = attrs.evolve(PROGRAM, config_space={**PROGRAM.config_space, **NARROW.get(variant, {})})
+    s = find(schedules_of(_Arm(PROGRAM, variant), configs(space)), _fails(prop), settings=FIND)
     again = Schedule.parse(str(s))
     assert again == s
     assert not prop(run(again)), str(s)
+
+
+def test_microbatch_orders() -> None:
+    """Every forward first (the default), or 1F1B: at most ``inflight`` microbatches between forward and backward."""
+    def text(mb: int, inflight: int) -> str:
+        return " ".join(f"{step}{i}" for step, i in microbatch_order(mb, inflight))
+
+    assert text(3, 0) == text(3, 3) == text(3, 8) == "F0 F1 F2 B0 B1 B2"
+    assert text(3, 2) == "F0 F1 B0 F2 B1 B2"
+    assert text(3, 1) == "F0 B0 F1 B1 F2 B2"
+    assert text(4, 2) == "F0 F1 B0 F2 B1 F3 B2 B3"
+    for mb in range(1, 9):
+        for inflight in range(9):
+            steps = microbatch_order(mb, inflight)
+            assert [i for s, i in steps if s == "F"] == [i for s, i in steps if s == "B"] == list(range(mb))
+            for k, (step, i) in enumerate(steps):  # a backward after its forward, never more in flight than allowed
+                ahead = sum(1 for s, _ in steps[: k + 1] if s == "F") - sum(1 for s, _ in steps[:k] if s == "B")
+                assert step == "F" or ("F", i) in steps[:k]
+                assert ahead <= (inflight or mb)
+
+
+@pytest.mark.parametrize("inflight", ["0", "1", "2", "3"])
+def test_fixed_holds_under_every_order_with_stalls(inflight: str) -> None:
+    """FIXED under each order, with a stalled prefetch (so a waited-for H2D is really still running) and a stalled
+    D2H; its pool hands out again, behind a wait, buffers a prefetch gave back."""
+    cfg = f"layers=2,mb=3,iters=2,frac=50,inflight={inflight}"
+    for delays in ("h2d#0+30", "h2d#2+30,d2h#4+30"):
+        out = run(Schedule.parse(f"activation_offload/FIXED:{cfg}:{delays}"))
+        assert out.clean, out.text()
+        assert not out.run.unfired
+        assert all(prop(out) for prop in PROPERTIES), out.text()
+        assert out.run.result["pool_waits"] > 0
+
+
+def test_pool_reuse_mutant_needs_a_pipeline_order() -> None:
+    """The pool taking a buffer back once its H2D is enqueued: with every forward first, or one microbatch in
+    flight, no D2H comes between a prefetch and compute's wait for it; under 1F1B with two in flight microbatch 2's
+    D2H overwrites the buffers microbatch 1's primed reload reads (a race whatever the timing, wrong values when the
+    H2D is stalled). FIXED, under the same schedules, waits for the reload before the reuse."""
+    mutant = "activation_offload/pool-reuse-on-enqueue"
+    for cfg in ("mb=3", "mb=3,inflight=1", "layers=2,mb=3,iters=2,frac=50", "layers=2,mb=3,iters=2,inflight=1"):
+        assert run(Schedule.parse(f"{mutant}:{cfg}:h2d#0+30")).clean, cfg
+    bare = run(Schedule.parse(f"{mutant}:mb=3,inflight=2"))
+    assert not pool_reuse_ordered(bare)
+    assert not no_report(bare)
+    assert values_right(bare)  # unstalled, the H2D has read the buffer before the D2H writes it
+    races = [r for r in bare.run.reports if r.kind == "race"]
+    assert len(races) == 2
+    assert all("(D2H)" in r.current.op and "(H2D)" in r.previous.op for r in races)
+    stalled = run(Schedule.parse(f"{mutant}:mb=3,inflight=2:h2d#0+30"))
+    assert not pool_reuse_ordered(stalled)
+    assert not values_right(stalled)
+    assert any(r.kind == "stale-read" and r.stale_by < 0 for r in stalled.run.reports)
+    for line in ("activation_offload/FIXED:mb=3,inflight=2", "activation_offload/FIXED:mb=3,inflight=2:h2d#0+30"):
+        fixed = run(Schedule.parse(line))
+        assert fixed.clean, fixed.text()
+        assert fixed.run.result["pool_waits"] == 2  # the two buffers of microbatch 1's primed group
 
 
 def test_slow_arms_are_correct_under_their_shrunk_schedules() -> None:

@@ -91,7 +91,8 @@ def test_ctrl_c_in_replay_trials_keeps_the_trials_run() -> None:
 
 
 def test_ctrl_c_in_exhaust_says_how_far_it_got() -> None:
-    code, out, err = _stop(["exhaust", "offload_reload/correct:"], "running ", 0.5)
+    # 1082 schedules: seconds of work, so the signal comes while they run
+    code, out, err = _stop(["exhaust", "offload_reload/correct:", "--delays", "2", "--units", "1"], "running ", 0.5)
     assert code == 130, err
     _no_traceback(err)
     assert out.startswith("offload_reload/correct: interrupted after "), out

@@ -1,0 +1,99 @@
+"""The cost of one simulated operation and of one ``simdevice replay``, for two revisions side by side.
+
+    PYTHONPATH=. python benchmarks/bench_ops.py BEFORE AFTER [--runs 5]
+
+BEFORE and AFTER are git revisions of this repository (or paths to checkouts), each checked out into a temporary
+worktree. Measured in turn, alternating between the two, each in a fresh process:
+
+- a simulated in-place op's marginal cost: a program of 2000 ``x.mul_(0.5)`` on a 16 KiB device tensor against
+  one of 200 (set-up cancels out), median of five runs each, in microseconds per op;
+- the wall time of ``simdevice replay "offload_reload/racy::d2h#0+1" --no-fix`` (start-up, imports and exit
+  included).
+
+Medians over ``--runs`` and their ratio are printed. Figures, not assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MARGINAL = r"""
+import statistics, time, torch
+from simdevice import SimDevice
+
+def prog(dev, k):
+    x = torch.ones(4096, device=dev.device)
+    for _ in range(k):
+        x.mul_(0.5)
+    dev.synchronize()
+
+def t(k):
+    ts = []
+    for _ in range(5):
+        d = SimDevice()
+        t0 = time.perf_counter()
+        d.run(lambda dev: prog(dev, k))
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+t(10)
+print((t(2000) - t(200)) / 1800 * 1e6)
+"""
+
+
+def checkout(rev: str, into: Path) -> Path:
+    if Path(rev).is_dir():
+        return Path(rev).resolve()
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(into), rev],
+                   check=True, capture_output=True)
+    return into
+
+
+def marginal(tree: Path) -> float:
+    out = subprocess.run([sys.executable, "-c", MARGINAL], cwd=tree, env={"PYTHONPATH": str(tree), "PATH": ""},
+                         capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
+def replay(tree: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "simdevice", "replay", "offload_reload/racy::d2h#0+1", "--no-fix"],
+                   cwd=tree, env={"PYTHONPATH": str(tree), "PATH": ""}, capture_output=True, check=False)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("before")
+    p.add_argument("after")
+    p.add_argument("--runs", type=int, default=5)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = [checkout(args.before, Path(tmp) / "before"), checkout(args.after, Path(tmp) / "after")]
+        try:
+            figures: dict[str, list[list[float]]] = {"op": [[], []], "replay": [[], []]}
+            for _ in range(args.runs):
+                for i, tree in enumerate(trees):
+                    figures["op"][i].append(marginal(tree))
+                    figures["replay"][i].append(replay(tree))
+            for name, unit in (("op", "us per in-place op"), ("replay", "s per replay")):
+                b, a = (statistics.median(x) for x in figures[name])
+                print(f"{unit}: before {b:.2f} ({', '.join(f'{x:.2f}' for x in figures[name][0])}), "
+                      f"after {a:.2f} ({', '.join(f'{x:.2f}' for x in figures[name][1])}), after/before {a / b:.2f}")
+        finally:
+            for tree in trees:
+                if str(tree).startswith(tmp):
+                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                                   capture_output=True, check=False)
+
+
+if __name__ == "__main__":
+    main()
