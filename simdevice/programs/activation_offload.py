@@ -205,9 +205,15 @@ def reference_weights(cfg: TrainConfig) -> list[torch.Tensor]:
     return [w.detach() for w in weights]
 
 
-@functools.lru_cache(maxsize=16)
 def _reference(cfg: TrainConfig) -> tuple[torch.Tensor, ...]:
-    return tuple(reference_weights(cfg))
+    """:func:`reference_weights`, cached on the fields it depends on (the offload's own fields, the order and the
+    checks change nothing of it: keyed on the whole configuration, the cache missed across drawn schedules)."""
+    return _reference_of(cfg.layers, cfg.mb, cfg.iters, cfg.kib, cfg.seed)
+
+
+@functools.lru_cache(maxsize=64)
+def _reference_of(layers: int, mb: int, iters: int, kib: int, seed: int) -> tuple[torch.Tensor, ...]:
+    return tuple(reference_weights(TrainConfig(layers=layers, mb=mb, iters=iters, kib=kib, seed=seed)))
 
 
 def body(dev: Device, variant: str, cfg: TrainConfig) -> dict[str, Any]:

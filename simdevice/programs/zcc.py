@@ -61,7 +61,7 @@ def snapshot_steps(cfg: ZccConfig) -> list[tuple[int, str]]:
     return out
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=32)
 def expected_states(steps: int, chunks: int, mutate: bool, n: int) -> tuple[torch.Tensor, ...]:
     """The fused buffer at the end of each step 0..steps, replayed on the CPU (read-only)."""
     storage = zcc.initial_storage(n)
