@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,14 +122,14 @@ def _pytest(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 
 def test_check_explore_and_pytest_agree_on_verdict_and_schedule(pytester: pytest.Pytester, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                 monkeypatch: pytest.MonkeyPatch, run_cli: Any) -> None:
     here = _user_dir(pytester)
-    env = _clean_env(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
     monkeypatch.chdir(here)
     monkeypatch.syspath_prepend(str(here))
     cli, api = {}, {}
-    for fn in FUNCTIONS:
-        p = _cli(["check", f"protocols.py::{fn}", "--json", "--examples", "60", "--no-fix"], here, env)
+    for fn in FUNCTIONS:  # the command line in this process (test_nothing_is_written... starts real ones)
+        p = run_cli(["check", f"protocols.py::{fn}", "--json", "--examples", "60", "--no-fix"], here)
         doc = json.loads(p.stdout)
         cli[fn] = (p.returncode, doc["schedule"])
         found = simdevice.explore(f"protocols.py::{fn}", max_examples=60)
@@ -145,7 +146,7 @@ def test_check_explore_and_pytest_agree_on_verdict_and_schedule(pytester: pytest
         assert f"simdevice: test_user.py::test_{fn} fails under a schedule" in out
         assert f'schedule "{cli[fn][1]}" on sim: ' in out
         assert f'replay: simdevice replay "{cli[fn][1]}" [--gpu]' in out
-    p = _cli(["replay", cli["plain_racy"][1]], here, env)  # the printed line replays
+    p = run_cli(["replay", cli["plain_racy"][1]], here)  # the printed line replays
     assert p.returncode == 1
     assert "stale reload" in p.stdout
 
@@ -193,7 +194,8 @@ def test_nothing_is_written_where_the_user_did_not_ask(pytester: pytest.Pytester
     assert after == before
 
 
-def test_the_database_and_trace_options_write_where_asked(pytester: pytest.Pytester, tmp_path: Path) -> None:
+def test_the_database_and_trace_options_write_where_asked(pytester: pytest.Pytester, tmp_path: Path,
+                                                         run_cli: Any) -> None:
     here = _user_dir(pytester)
     db, traces = tmp_path / "db", tmp_path / "traces"
     # no --hypothesis-seed here: with a seed given, Hypothesis keeps no database
@@ -206,11 +208,10 @@ def test_the_database_and_trace_options_write_where_asked(pytester: pytest.Pytes
     assert json.loads(timeline.read_text())["metadata"]["schedule"] == "protocols.py::plain_racy::d2h#0+1"
     assert f"trace: {trace}" in result.stdout.str()
     assert any(db.rglob("*"))  # the failure is saved, to be replayed first next time
-    env = _clean_env(tmp_path)
     cli_db = tmp_path / "cli-db"
-    assert _cli(["check", "protocols.py::plain_racy", "--db", str(cli_db), "--no-fix"], here, env).returncode == 1
+    assert run_cli(["check", "protocols.py::plain_racy", "--db", str(cli_db), "--no-fix"], here).returncode == 1
     assert any(cli_db.rglob("*"))
-    p = _cli(["check", "protocols.py::plain_racy", "--db", str(trace)], here, env)
+    p = run_cli(["check", "protocols.py::plain_racy", "--db", str(trace)], here)
     assert p.returncode == 2
     assert "is a file, not a directory" in p.stderr
 
@@ -223,9 +224,9 @@ def test_pytest_xdist_spreads_the_fuzz_tests_over_workers(pytester: pytest.Pytes
     assert 'schedule "protocols.py::plain_racy::d2h#0+1" on sim' in result.stdout.str()
 
 
-def test_list_shows_the_functions_of_a_file_with_their_actors(pytester: pytest.Pytester, tmp_path: Path) -> None:
+def test_list_shows_the_functions_of_a_file_with_their_actors(pytester: pytest.Pytester, run_cli: Any) -> None:
     here = _user_dir(pytester)
-    p = _cli(["list", "protocols.py"], here, _clean_env(tmp_path))
+    p = run_cli(["list", "protocols.py"], here)
     assert p.returncode == 0
     assert p.stdout.splitlines()[:2] == [
         "protocols.py::plain_racy  [plain torch.cuda](n=1024)",
@@ -233,5 +234,5 @@ def test_list_shows_the_functions_of_a_file_with_their_actors(pytester: pytest.P
     ]
     assert "protocols.py::contract_correct  [contract (dev)](n=1024)" in p.stdout
     assert "_plain" not in p.stdout  # private helpers are no targets
-    p = _cli(["list", "test_user.py"], here, _clean_env(tmp_path))
+    p = run_cli(["list", "test_user.py"], here)
     assert "test_user.py::test_pinned  [plain torch.cuda](n=1024)" in p.stdout  # a @fuzz test stands for its function

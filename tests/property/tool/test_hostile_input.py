@@ -93,6 +93,7 @@ MALFORMED = [
     (['list', 'broken.py'], "importing 'broken.py' failed: SyntaxError:"),
     (['nosuchcommand'], 'argument COMMAND: invalid choice:'),
     (['replay', L + ':kib=+16'], "bad value '+16' for configuration key 'kib'"),
+    (['replay', L, '--perfetto', 'x.json', '--gpu'], '--perfetto and --png draw the simulator'),
     (['replay', L + '::host#0+1' + '0' * 310], 'units must be in 1..1000000, got'),
     (['replay', L + '::host#1000000001+1'], 'index must be in 0..1000000000, got 1000000001'),
     (['replay', L + '::host#\u0663+1'], "bad delay 'host#\u0663+1': expected"),
