@@ -306,7 +306,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
             print(f"{target.name}: interrupted after {ran[0]} schedules, none failed so far")
         return _interrupted()
     if not args.quiet and sys.stderr.isatty():
-        print("\r", end="", file=sys.stderr)
+        print("\r\x1b[K", end="", file=sys.stderr)  # clear the progress line
     out = result.failure
     fix = _suggest(target, out, args.quiet or args.json) if out is not None and args.fix is not False else None
     if args.json:
@@ -336,7 +336,7 @@ def _suggest(target: Any, out: Any, quiet: bool) -> Any:
         print("checking a fix ...", file=sys.stderr, flush=True)
     fix = suggest(target, out, progress=lambda n: show("fix", n))
     if not quiet and sys.stderr.isatty():
-        print("\r", end="", file=sys.stderr)
+        print("\r\x1b[K", end="", file=sys.stderr)  # clear the progress line
     return fix
 
 
@@ -534,12 +534,15 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
                      "--delays or --units, a configuration, or a larger --max-schedules")
     if not args.quiet:
         print(f"running {total} schedules", file=sys.stderr, flush=True)
-    show = _progress(args.quiet)
     ran = [0]
+    began = time.monotonic()
 
     def step(k: int) -> None:
         ran[0] = k
-        show(args.target, k)
+        if not args.quiet and sys.stderr.isatty() and (k % 10 == 0 or k == total):
+            left = (time.monotonic() - began) / k * (total - k)  # the command's own wall clock, not the simulator's
+            print(f"\r  {args.target}: {k}/{total} schedules, about {left:.0f}s left ", end="", file=sys.stderr,
+                  flush=True)
 
     try:
         n, failed = exhaust_target(target, args.delays, units, step, config)
@@ -548,7 +551,7 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
         print(f"{target.name}: interrupted after {max(ran[0] - 1, 0)} of {total} schedules, all clean so far")
         return _interrupted()
     if not args.quiet and sys.stderr.isatty():
-        print("\r", end="", file=sys.stderr)
+        print("\r\x1b[K", end="", file=sys.stderr)  # clear the progress line
     scope = "the configuration given" if fixed or (builtin and config is not None) else (
         "every configuration" if builtin else "its defaults")
     where = f"{target.name} ({scope})"

@@ -131,6 +131,13 @@ def test_check_on_a_terminal_shows_progress_bars_and_a_table() -> None:
     assert "checking offload_reload/racy ..." not in shown  # the plain progress lines are for scripts
 
 
+def test_exhaust_on_a_terminal_shows_its_progress_with_the_time_left() -> None:
+    shown = _on_a_terminal(["exhaust", "offload_reload/correct:", "--units", "1"])
+    assert "offload_reload/correct:: 10/47 schedules, about " in shown
+    assert "\x1b[K" in shown  # the progress line is cleared before the result
+    assert "clean over all 47 schedules" in shown
+
+
 def test_check_off_a_terminal_prints_plain_lines_for_scripts(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--program", "offload_reload", "--examples", "20"]) == 0
     captured = capsys.readouterr()
