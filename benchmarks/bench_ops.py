@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_check import checkout  # this folder is the script's: on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 
 MARGINAL = r"""
@@ -47,14 +49,6 @@ def t(k):
 t(10)
 print((t(2000) - t(200)) / 1800 * 1e6)
 """
-
-
-def checkout(rev: str, into: Path) -> Path:
-    if Path(rev).is_dir():
-        return Path(rev).resolve()
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(into), rev],
-                   check=True, capture_output=True)
-    return into
 
 
 def marginal(tree: Path) -> float:

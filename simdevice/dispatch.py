@@ -46,7 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from reference.contract import OpKind, op_kind, poison
 from simdevice.runtime import Runtime
 from simdevice.runtime.execution import HostActor
-from simdevice.runtime.memory import Ref, Storage
+from simdevice.runtime.memory import Ref, Storage, overlap, span
 from simdevice.runtime.reports import user_source
 from simdevice.runtime.streams import SimStream
 
@@ -689,16 +689,8 @@ class Dispatcher:
 
 def _overlap(reads: list[torch.Tensor], written: list[torch.Tensor]) -> bool:
     """Whether an input other than a destination itself shares bytes with a destination."""
-    for r in reads:
-        if any(r is w for w in written):
-            continue
-        st = r.untyped_storage()
-        lo, hi = st.data_ptr(), st.data_ptr() + st.nbytes()
-        for w in written:
-            ws = w.untyped_storage()
-            if lo < ws.data_ptr() + ws.nbytes() and ws.data_ptr() < hi:
-                return True
-    return False
+    spans = [span(w) for w in written]
+    return any(overlap(span(r), w) for r in reads if not any(r is d for d in written) for w in spans)
 
 
 def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], replace: dict[int, torch.Tensor],

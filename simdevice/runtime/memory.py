@@ -172,11 +172,16 @@ class Issued:
         self.writes: list[tuple[Storage, Access, int]] = []
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
+def span(t: torch.Tensor) -> tuple[int, int]:
     """The bytes of ``t``'s storage (a view's is its base's: conservative)."""
     st = t.untyped_storage()
     lo = int(st.data_ptr())
     return lo, lo + int(st.nbytes())
+
+
+def overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether two byte spans (lo, hi) share a byte."""
+    return a[0] < b[1] and b[0] < a[1]
 
 
 class Reading:
@@ -186,7 +191,7 @@ class Reading:
 
     def __init__(self, inputs: list[torch.Tensor]) -> None:
         self.inputs = inputs
-        self.spans = [_span(x) for x in inputs]
+        self.spans = [span(x) for x in inputs]
         #: id of an input -> its bytes as they were when the operation started (taken before they changed)
         self.snaps: dict[int, torch.Tensor] = {}
 
@@ -220,10 +225,10 @@ class InFlight:
         they hold now."""
         if not self._reading or not tensors:
             return
-        spans = [_span(t) for t in tensors]
+        spans = [span(t) for t in tensors]
         for r in self._reading:
-            for x, (lo, hi) in zip(r.inputs, r.spans, strict=True):
-                if id(x) not in r.snaps and any(lo < whi and wlo < hi for wlo, whi in spans):
+            for x, sp in zip(r.inputs, r.spans, strict=True):
+                if id(x) not in r.snaps and any(overlap(sp, w) for w in spans):
                     r.snaps[id(x)] = x.clone()
 
 

@@ -2,17 +2,16 @@
 traceback; valid but extreme input gets its documented behaviour (a step-limit report, an out-of-memory report, a
 refusal naming the limit, a note for a delay that never applied, a clean run for the longest stall).
 
-The commands run in-process (``main(argv)``), in a folder holding a few files of a user's: ``ok.py`` (a function
-target), ``notprog.py`` (no function), ``broken.py`` (a syntax error) and the folder ``somedir``.
+The commands run in-process (the ``run_cli`` fixture), in a folder holding a few files of a user's: ``ok.py`` (a
+function target), ``notprog.py`` (no function), ``broken.py`` (a syntax error) and the folder ``somedir``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
-
-from simdevice.cli import main
 
 L = "offload_reload/correct"
 
@@ -112,22 +111,15 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def _main(argv: list[str]) -> int:
-    try:
-        return main(argv)
-    except SystemExit as e:  # argparse's own errors (the parser's error() exits 2 after its one line)
-        return int(e.code or 0)
-
-
 def test_the_table_is_large_enough() -> None:
     assert len(MALFORMED) >= 60
 
 
 @pytest.mark.parametrize(("argv", "message"), MALFORMED, ids=[f"{i}" for i in range(len(MALFORMED))])
-def test_malformed_input_is_one_line_and_exit_2(argv: list[str], message: str, user_dir: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    assert _main(argv) == 2
-    out, err = capsys.readouterr()
+def test_malformed_input_is_one_line_and_exit_2(argv: list[str], message: str, user_dir: Path, run_cli: Any) -> None:
+    p = run_cli(argv, user_dir)
+    assert p.returncode == 2
+    out, err = p.stdout, p.stderr
     assert err.startswith(f"simdevice: error: {message}"), err
     assert err.count("\n") == 1, err
     assert len(err) < 400, err  # a long input is not echoed in full
@@ -147,8 +139,9 @@ EXTREME = [
 
 @pytest.mark.parametrize(("argv", "code", "says"), EXTREME)
 def test_extreme_but_valid_input_gets_its_documented_behaviour(argv: list[str], code: int, says: str, user_dir: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    assert _main(argv) == code
-    out, err = capsys.readouterr()
+                                                              run_cli: Any) -> None:
+    p = run_cli(argv, user_dir)
+    assert p.returncode == code
+    out, err = p.stdout, p.stderr
     assert says in out, out
     assert "Traceback" not in out + err
