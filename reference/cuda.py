@@ -47,7 +47,7 @@ def calibrate_sleep_cycles_per_ms(samples: int = 3) -> float:
 class _Counter:
     """Counts operations per actor and stalls the delayed ones (the CUDA side of a schedule)."""
 
-    def __init__(self, schedule: Schedule | None, cycles_per_ms: float) -> None:
+    def __init__(self, schedule: Schedule | None, cycles_per_ms: float, timed: bool = False) -> None:
         self.delays: dict[str, dict[int, int]] = {}
         if schedule is not None:
             for d in schedule.delays:
@@ -55,9 +55,14 @@ class _Counter:
         self.counts: dict[str, int] = {}
         self.fired: set[tuple[str, int]] = set()
         self.cycles_per_ms = cycles_per_ms
+        #: with ``timed``: per actor, the wall clock (``perf_counter_ns``) at each of its counted operations (what
+        #: ``scripts/calibrate`` measures a host step's cost from)
+        self.stamps: dict[str, list[int]] | None = {} if timed else None
 
     def next(self, actor: str) -> int:
         """Count one operation of ``actor``; return the units it must be stalled first."""
+        if self.stamps is not None:
+            self.stamps.setdefault(actor, []).append(time.perf_counter_ns())
         k = self.counts.get(actor, 0)
         self.counts[actor] = k + 1
         units = self.delays.get(actor, {}).get(k, 0)
@@ -319,13 +324,15 @@ class CudaDevice:
         *,
         actor: str = "host",
         cycles_per_ms: float | None = None,
+        timed: bool = False,
     ) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("CudaDevice needs a CUDA GPU")
         self.schedule = schedule
         self.actor = actor
         self.cycles_per_ms = cycles_per_ms or calibrate_sleep_cycles_per_ms()
-        self.counter = _Counter(schedule, self.cycles_per_ms)
+        #: ``timed``: ``counter.stamps`` has the wall clock of every counted host step and stream operation
+        self.counter = _Counter(schedule, self.cycles_per_ms, timed)
         self._names: dict[int, str] = {}
         self._streams = 0
         self._prefix = "" if actor == "host" else f"{actor}."

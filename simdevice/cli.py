@@ -42,6 +42,9 @@ _MAX_STEPS = ("host steps one simulated run may make before it is stopped with a
 _DEVICE_MEMORY = ("bytes the simulated device may hold (its bytes are this machine's memory): 512M, 8G, 1.5GiB or a "
                   "number of bytes; past it an allocation raises torch's OutOfMemoryError (default: half of this "
                   "machine's memory)")
+_PROFILE = ("the simulator's costs: default (a fast host, 5 us per host step: the narrowest windows, for finding "
+            "bugs), a profile measured on a GPU by scripts/calibrate (shipped: simdevice/profiles/NAME.json), or the "
+            "path of a profile's .json; the output names the profile that judged it")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -88,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     c.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
     c.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
+    c.add_argument("--profile", default=None, metavar="NAME", help=_PROFILE)
 
     r = sub.add_parser(
         "replay",
@@ -109,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
                         "'replay with it' line of a suggested fix)")
     r.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
     r.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
+    r.add_argument("--profile", default=None, metavar="NAME", help=_PROFILE)
     r.add_argument("--perfetto", metavar="FILE.json", default=None,
                    help="write the run's timeline as a Perfetto / Chrome trace (open in ui.perfetto.dev)")
     r.add_argument("--png", metavar="FILE.png", default=None,
@@ -133,6 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     e.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
     e.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
+    e.add_argument("--profile", default=None, metavar="NAME", help=_PROFILE)
     e.add_argument("--max-schedules", type=int, default=100_000, metavar="N",
                    help="refuse to start when there are more schedules than this (default 100000)")
 
@@ -187,9 +193,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         results = [dict(f.as_dict(), **({"fix": fixes[i].as_dict()} if i in fixes else {}))
                    for i, f in enumerate(findings)]
-        print(json.dumps({"ok": ok, "seconds": round(time.monotonic() - started, 2), "results": results,
+        print(json.dumps({"ok": ok, "seconds": round(time.monotonic() - started, 2), "profile": _profile(),
+                          "results": results,
                           **({"interrupted": True} if interrupted else {})}, indent=2))
     else:
+        if _profile() != "default":
+            print(f"cost profile: {_profile()}")
         if sys.stdout.isatty():
             _rich_table(findings)
         else:
@@ -207,6 +216,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     if interrupted:
         return _interrupted()
     return 0 if ok else 1
+
+
+def _profile() -> str:
+    """The cost profile runs made now are judged with (``--profile``)."""
+    from simdevice.runtime.config import SimConfig, with_overrides
+
+    return with_overrides(SimConfig()).profile
 
 
 def _interrupted() -> int:
@@ -311,7 +327,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
     fix = _suggest(target, out, args.quiet or args.json) if out is not None and args.fix is not False else None
     if args.json:
         print(json.dumps({
-            "target": target.name, "found": out is not None, "examples": result.examples,
+            "target": target.name, "found": out is not None, "examples": result.examples, "profile": _profile(),
             "seconds": result.seconds, "schedule": result.schedule,
             "summary": out.verdict() if out is not None else "clean",
             "reports": [str(r) for r in out.run.reports] if out is not None else [],
@@ -322,6 +338,8 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
     else:
         print(f"{target.name}: found after {result.examples} schedules ({result.seconds}s)")
         print(out.text())
+        if _profile() != "default":
+            print(f"  (judged with the cost profile {_profile()})")
         if fix is not None:
             _print_fix(fix, str(out.schedule))
     return 1 if out is not None else 0
@@ -487,6 +505,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "schedule": str(schedule), "backend": backend, "trials": len(outcomes), "failed": bad,
+            **({"profile": _profile()} if backend == "sim" else {}),
             "edges": [str(e) for e in edges],
             "verdicts": [o.verdict() for o in outcomes],
             "reports": [str(r) for r in first.run.reports], "problems": list(first.problems),
@@ -495,6 +514,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         }, indent=2))
     else:
         print(first.text())
+        if backend == "sim" and _profile() != "default":
+            print(f"  (judged with the cost profile {_profile()})")
         if edges:
             print(f"  (with {len(edges)} inserted edge{'s' if len(edges) > 1 else ''}: "
                   f"{', '.join(str(e) for e in edges)})")
@@ -618,7 +639,16 @@ def main(argv: list[str] | None = None) -> int:
             # a simulated device's tensors are small and many: one intra-op thread (two spin against each other and
             # the host actors on a loaded machine, 20% slower measured under a load of 2 on 2 cores)
             torch.set_num_threads(1)
-            fields: dict[str, int] = {}
+            fields: dict[str, Any] = {}
+            spec = getattr(args, "profile", None)
+            if spec is not None:
+                from simdevice.runtime.profiles import ProfileError, load
+
+                try:
+                    profile = load(spec)
+                except ProfileError as e:
+                    return _fail(str(e))
+                fields.update(profile.fields, profile=profile.name)
             steps = getattr(args, "max_steps", None)
             if steps is not None:
                 if steps < 1:

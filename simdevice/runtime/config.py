@@ -54,6 +54,9 @@ class SimConfig:
     #: bytes the caching allocator may reserve (its segments, real CPU bytes); past it, after releasing its cached
     #: segments, an allocation raises torch.OutOfMemoryError as CUDA does
     device_memory: int = attrs.field(factory=default_device_memory, validator=_positive)
+    #: the cost profile the costs above come from: ``default`` (a fast host, the conservative choice for finding
+    #: bugs) or a profile measured on a GPU (``simdevice.runtime.profiles``, ``--profile NAME``); reports name it
+    profile: str = "default"
 
     def copy_ns(self, nbytes: int) -> int:
         return max(self.launch_ns, nbytes * self.byte_scale // self.copy_bytes_per_ns)

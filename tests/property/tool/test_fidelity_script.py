@@ -28,6 +28,25 @@ def test_the_plan_is_deterministic_and_carries_the_simulators_verdicts(tmp_path:
     assert len(rows) == 4
     assert rows[0]["schedule"].startswith("offload_reload/racy")
     assert all(isinstance(r["sim_fails"], bool) for r in rows)
+    assert len({r["schedule"] for r in rows}) == 4  # no schedule twice
+    assert json.loads(a.read_text())["profile"] == "default"
+
+
+def test_the_plan_judges_with_the_profile_it_is_given(tmp_path: Path) -> None:
+    """The verdicts are the profile's: a host as slow as a GPU machine's closes a window the fast host opens."""
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps({"name": "slow-host", "fields": {"host_step_ns": 200_000}}))
+    verdicts = {}
+    for name, extra in (("fast", []), ("slow", ["--profile", str(slow)])):
+        out = tmp_path / f"{name}.json"
+        p = _run("plan", "--per-variant", "6", "--seed", "1", "--where", "ranks=1", "--variant",
+                 "param_readiness/param-prefetch-no-ready", *extra, "-o", str(out))
+        assert p.returncode == 0, p.stderr
+        doc = json.loads(out.read_text())
+        verdicts[name] = {r["schedule"]: r["sim_fails"] for r in doc["rows"]}
+        assert doc["profile"] == ("slow-host" if extra else "default")
+    assert verdicts["fast"].keys() == verdicts["slow"].keys()  # the same schedules, judged differently
+    assert any(verdicts["fast"][s] and not verdicts["slow"][s] for s in verdicts["fast"])
 
 
 def test_the_table_counts_agreement_and_lists_each_disagreement(tmp_path: Path) -> None:
@@ -51,6 +70,7 @@ def test_the_table_counts_agreement_and_lists_each_disagreement(tmp_path: Path) 
     (["plan", "--variant", "nope/x", "-o", "/dev/null"], "unknown variant 'nope/x'"),
     (["plan", "--per-variant", "0", "-o", "/dev/null"], "must be >= 1"),
     (["table", "/no/such/file.json"], "cannot read the results"),
+    (["plan", "--profile", "no-such-gpu", "-o", "/dev/null"], "no cost profile 'no-such-gpu'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
     p = _run(*args)

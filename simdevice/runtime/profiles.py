@@ -1,0 +1,84 @@
+"""Cost profiles: the simulator's costs measured on a GPU, by name.
+
+The default costs (:class:`~simdevice.runtime.config.SimConfig`) model a fast host: a host step costs 5 µs, so
+the simulator sees the narrowest windows a program opens, which is what finding bugs wants. A *profile* holds
+the costs ``scripts/calibrate`` measured on one GPU with one torch (a host step's median wall time between two
+counted operations of the real programs, the copy and kernel laws fitted to timed copies and kernels): with it
+the simulator judges a schedule as that machine would (``--profile NAME``; the fidelity campaign).
+
+A profile is a JSON file: ``{"name": ..., "fields": {SimConfig field: int, ...}, "measured": {...}}``, shipped
+under ``simdevice/profiles/NAME.json`` or given by its path.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from simdevice.runtime.config import SimConfig
+
+SHIPPED = Path(__file__).resolve().parent.parent / "profiles"
+
+#: the SimConfig fields a profile may set: the cost model, nothing about bounds or capacity (nor byte_scale, which
+#: maps simulated sizes to the GPU replay's and so must be the same on both)
+COST_FIELDS = ("host_step_ns", "copy_bytes_per_ns", "kernel_bytes_per_ns", "launch_ns")
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be loaded (one line, naming the problem)."""
+
+
+@attrs.frozen
+class Profile:
+    name: str
+    fields: dict[str, int]
+    #: what was measured, on what (device, torch, date, command, samples): shown, never read by the simulator
+    measured: dict[str, Any]
+
+    def config(self, base: SimConfig | None = None) -> SimConfig:
+        return attrs.evolve(base or SimConfig(), profile=self.name, **self.fields)
+
+
+def names() -> list[str]:
+    """The shipped profiles."""
+    return sorted(p.stem for p in SHIPPED.glob("*.json"))
+
+
+def parse(doc: Any, where: str) -> Profile:
+    if not isinstance(doc, dict):
+        raise ProfileError(f"{where}: a profile is a JSON object, got {type(doc).__name__}")
+    name = doc.get("name")
+    if not isinstance(name, str) or not name or len(name) > 64 or not name.isprintable():
+        raise ProfileError(f"{where}: 'name' must be a short string")
+    fields = doc.get("fields")
+    if not isinstance(fields, dict) or not fields:
+        raise ProfileError(f"{where}: 'fields' must be an object of SimConfig costs ({', '.join(COST_FIELDS)})")
+    for k, v in fields.items():
+        if k not in COST_FIELDS:
+            raise ProfileError(f"{where}: {k!r} is not a cost a profile may set ({', '.join(COST_FIELDS)})")
+        if type(v) is not int or not 0 < v < 1 << 62:
+            raise ProfileError(f"{where}: {k} must be a positive integer, got {v!r}")
+    measured = doc.get("measured", {})
+    return Profile(name, dict(fields), measured if isinstance(measured, dict) else {})
+
+
+def load(spec: str) -> Profile:
+    """A profile by shipped name or by path; ProfileError (one line) if there is none or it is malformed."""
+    path = Path(spec) if spec.endswith(".json") or "/" in spec else SHIPPED / f"{spec}.json"
+    if spec == "default":
+        return Profile("default", {}, {"note": "the built-in fast host (5 µs per host step)"})
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        known = ", ".join(["default", *names()])
+        raise ProfileError(f"no cost profile {spec!r} (known: {known}; or a path to a profile's .json)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProfileError(f"cannot read the cost profile {spec!r}: {e}") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise ProfileError(f"{spec}: not JSON ({e})") from None
+    return parse(doc, spec)

@@ -1,0 +1,87 @@
+"""Cost profiles (``--profile``): a measured profile's costs reach every run, the output names the profile that
+judged it, and a bad profile is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from subprocess import CompletedProcess
+
+import pytest
+
+from simdevice.runtime.config import SimConfig
+from simdevice.runtime.profiles import COST_FIELDS, ProfileError, load, names
+
+Cli = Callable[[list[str], Path], CompletedProcess[str]]
+
+#: a race whose window is a few host steps wide: on a fast host (the default) the read overtakes the gather, on a
+#: host as slow as Python on a GPU machine (about 200 µs a step) it does not
+EAGER = "param_readiness/param-prefetch-no-ready:bucket=2,eager=1,iters=1,layers=2,ranks=1:rank0.nccl#1+1"
+
+
+def _profile(tmp_path: Path, **fields: object) -> Path:
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps({"name": "slow-host", "fields": fields, "measured": {"device": "none"}}))
+    return path
+
+
+def test_a_profile_sets_the_cost_fields_and_names_itself(tmp_path: Path) -> None:
+    profile = load(str(_profile(tmp_path, host_step_ns=200_000, launch_ns=3_000)))
+    config = profile.config()
+    assert (config.host_step_ns, config.launch_ns, config.profile) == (200_000, 3_000, "slow-host")
+    assert config.copy_bytes_per_ns == SimConfig().copy_bytes_per_ns  # what it does not set stays
+    assert load("default").config() == SimConfig()
+
+
+def test_every_shipped_profile_loads_and_sets_only_costs() -> None:
+    for name in names():
+        profile = load(name)
+        assert profile.name == name
+        assert set(profile.fields) <= set(COST_FIELDS)
+        assert profile.measured.get("device")  # says where it was measured, and how
+        assert profile.measured.get("command")
+
+
+def test_the_profile_judges_the_run_and_the_output_says_which(tmp_path: Path, run_cli: Cli) -> None:
+    fast = run_cli(["replay", EAGER, "--json", "--no-fix"], tmp_path)
+    slow = run_cli(["replay", EAGER, "--json", "--no-fix", "--profile", str(_profile(tmp_path, host_step_ns=200_000))],
+                   tmp_path)
+    fast_doc, slow_doc = json.loads(fast.stdout), json.loads(slow.stdout)
+    # the race is there under any costs (no edge orders the two accesses); the wrong values only where the read
+    # overtakes the gather
+    assert "wrong values" in fast_doc["verdicts"][0]
+    assert "wrong values" not in slow_doc["verdicts"][0]
+    assert "race" in slow_doc["verdicts"][0]
+    assert (fast_doc["profile"], slow_doc["profile"]) == ("default", "slow-host")
+    text = run_cli(["replay", EAGER, "--no-fix", "--profile", str(_profile(tmp_path, host_step_ns=200_000))], tmp_path)
+    assert "judged with the cost profile slow-host" in text.stdout
+    assert "judged with" not in run_cli(["replay", EAGER, "--no-fix"], tmp_path).stdout
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    ("[1, 2]", "a profile is a JSON object"),
+    ('{"name": "x"}', "'fields' must be an object"),
+    ('{"name": "x", "fields": {"max_host_steps": 5}}', "'max_host_steps' is not a cost a profile may set"),
+    ('{"name": "x", "fields": {"host_step_ns": 0}}', "host_step_ns must be a positive integer"),
+    ('{"name": "x", "fields": {"host_step_ns": 1.5}}', "host_step_ns must be a positive integer"),
+    ('{"name": "x", "fields": {"host_step_ns": true}}', "host_step_ns must be a positive integer"),
+    ('{"fields": {"host_step_ns": 5}}', "'name' must be a short string"),
+    ("{nope", "not JSON"),
+])
+def test_a_malformed_profile_is_one_line_and_exit_2(tmp_path: Path, run_cli: Cli, doc: str, message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(doc)
+    with pytest.raises(ProfileError, match=r"\S"):
+        load(str(path))
+    p = run_cli(["replay", "offload_reload/racy", "--profile", str(path)], tmp_path)
+    assert p.returncode == 2
+    assert message in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert p.stdout == ""
+
+
+def test_an_unknown_profile_names_the_known_ones(tmp_path: Path, run_cli: Cli) -> None:
+    p = run_cli(["check", "--program", "offload_reload", "--profile", "no-such-gpu"], tmp_path)
+    assert p.returncode == 2
+    assert "no cost profile 'no-such-gpu' (known: default" in p.stderr
