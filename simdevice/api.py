@@ -29,6 +29,7 @@ from simdevice.runtime.memsaver import SimMemorySaver
 from simdevice.runtime.reports import user_source
 from simdevice.runtime.runtime import Mailbox, SharedCell
 from simdevice.runtime.streams import EventRecord, SimStream
+from simdevice.signals import checkpoint
 
 #: the device type a simulated stream reports to torch (its tensors report ``meta`` too), as torch numbers it
 _META_TYPE = torch.Stream(device="meta").device_type
@@ -240,6 +241,7 @@ class SimDevice:
 
     def run(self, program: Callable[..., Any], *args: Any) -> Run:
         """Run ``program(dev, *args)`` as host actor ``host``; a SimDevice runs one program once."""
+        checkpoint()  # a Ctrl-C that landed in a callback and was swallowed stops the command here
         result = self.runtime.run(lambda: program(self, *args))
         return self.outcome(result)
 

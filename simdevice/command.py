@@ -10,12 +10,12 @@ import gc
 import signal
 import sys
 
-from simdevice.signals import on_sigterm, stopped
+from simdevice.signals import install, stopped
 
 
 def entry() -> None:
     """The ``simdevice`` command."""
-    signal.signal(signal.SIGTERM, on_sigterm)
+    install()
     try:
         from simdevice.cli import main
 

@@ -116,3 +116,46 @@ def test_ctrl_c_at_five_moments_of_check(wait_s: float) -> None:
     assert code == 130, err
     _no_traceback(err)
     assert out.strip().splitlines()[-1].startswith("interrupted: ")
+
+
+def test_a_ctrl_c_swallowed_in_a_callback_stops_the_next_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C that lands while a ``__del__`` or a weakref callback runs is "unraisable": Python printed "Exception
+    ignored in ..." and went on, and a ``replay --trials 400`` ran all its trials. Kept by the command's hook, the
+    next simulated run raises it."""
+    import gc
+    import signal as signal_module
+
+    from simdevice import SimDevice, signals
+
+    class Dropped:
+        def __del__(self) -> None:
+            raise KeyboardInterrupt  # where a signal can land: Python cannot raise it here
+
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    monkeypatch.setattr(signals, "_SWALLOWED", [])
+    old_term = signal_module.getsignal(signal_module.SIGTERM)
+    try:
+        signals.install()
+        Dropped()
+        gc.collect()
+        with pytest.raises(KeyboardInterrupt):
+            SimDevice().run(lambda dev: None)
+        SimDevice().run(lambda dev: None)  # raised once: the next run goes on
+    finally:
+        signal_module.signal(signal_module.SIGTERM, old_term)
+
+
+def test_without_the_hook_the_swallowed_ctrl_c_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant: no hook installed, the same ``__del__`` stops nothing (what the test above would miss)."""
+    from simdevice import SimDevice, signals
+
+    class Dropped:
+        def __del__(self) -> None:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(signals, "_SWALLOWED", [])
+    seen: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    Dropped()
+    SimDevice().run(lambda dev: None)
+    assert seen  # Python reported it as unraisable, and the run went on
