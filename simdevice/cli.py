@@ -109,8 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--trace", action="store_true", help="print every host step and stream operation (simulator)")
     r.add_argument("--edge", action="append", default=[], metavar="A@FILE:LINE->B@FILE:LINE",
                    help="insert this synchronization (repeatable): every operation of actor B issued at that line "
-                        "waits for the latest of actor A's at its line, as a fix would (simulator; the "
-                        "'replay with it' line of a suggested fix)")
+                        "waits for the latest of actor A's at its line, as a fix would; a forward edge "
+                        "A@FILE:LINE[+D]=>B@FILE:LINE: the k-th operation of B at its line waits for the (k+D)-th "
+                        "of A at its line, issued later (simulator; the 'replay with it' line of a suggested fix)")
     r.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
     r.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
     r.add_argument("--profile", default=None, metavar="NAME", help=_PROFILE)

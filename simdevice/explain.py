@@ -11,12 +11,21 @@ then checks them counterfactually: the same schedule is re-run with the edges in
 search over the same configuration looks for a schedule that still fails or races with them. The answer says
 which edges, in the program's words, and whether they were enough.
 
+When every race is ordered as issued and the values are still wrong, the program issues an operation before one it
+depends on (a read before the write it needs; across processes, one process moves on before the other copied). Then
+:func:`forward_for` proposes *forward* edges (``Edge(..., forward=True)``): the earlier-issued operation waits for
+the later one, matched by occurrence with the offset of the racing pair (counted on a re-run of the schedule,
+:func:`~simdevice.runtime.runtime.counted`), in place of the backward edges they reverse; the smallest set of them
+that makes the failing schedule clean is checked the same way (the bounded search). Its advice is the reordering:
+issue the operation first and wait on it, or across processes a handshake.
+
 A failure without a race (a deadlock, a host error, an illegal access) gets no edge: :attr:`Fix.why_none` says
 why.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -35,11 +44,12 @@ from simdevice.runtime.reports import (
     is_collective,
     process_of,
 )
+from simdevice.runtime.runtime import Occurrences, counted
 from simdevice.search.execute import Outcome
 from simdevice.search.explore import kept_patched, search_target
 from simdevice.search.targets import Target
 
-__all__ = ["Fix", "edge_for", "suggest"]
+__all__ = ["Fix", "edge_for", "forward_for", "suggest"]
 
 #: schedules the bounded search runs with the suggested edges (per round)
 SCHEDULES = 200
@@ -80,8 +90,10 @@ class Fix:
         return {
             "kind": "edges" if self.edges else "none",
             "edges": [
-                {"after": {"actor": e.after.actor, "source": e.after.source},
-                 "before": {"actor": e.before.actor, "source": e.before.source}, "text": str(e)}
+                {"kind": "forward" if e.forward else "backward",
+                 "after": {"actor": e.after.actor, "source": e.after.source},
+                 "before": {"actor": e.before.actor, "source": e.before.source},
+                 **({"offset": e.offset} if e.forward else {}), "text": str(e)}
                 for e in self.edges
             ],
             "advice": list(self.advice),
@@ -162,6 +174,51 @@ def _races(out: Outcome) -> list[Race]:
     return [r for r in out.run.reports if isinstance(r, Race)]
 
 
+def forward_for(race: Race, occ: Occurrences) -> Edge | None:
+    """The forward edge that orders a race's accesses against the issue order: the earlier-issued operation waits
+    for the later-issued one, matched by occurrence (the k-th at the earlier one's site waits for the (k + offset)-th
+    at the later one's, the offset this pair's). None when both are one stream's or one host's (an actor cannot wait
+    for what it issues later) or ``occ`` does not know them."""
+    first, second = _ordered(race)
+    a, b = occ.of(first.seq), occ.of(second.seq)
+    if a is None or b is None or first.actor == second.actor:
+        return None
+    (waiter, k), (awaited, j) = a, b
+    if (waiter.actor, awaited.actor) != (first.actor, second.actor):
+        return None
+    return Edge(awaited, waiter, forward=True, offset=j - k)
+
+
+def _forward_advice(race: Race, edge: Edge) -> str:
+    """A forward edge in the program's words: issue the awaited operation first and wait on it, or across
+    processes a handshake."""
+    first, second = _ordered(race)
+    x = f"`{second.op}` on `{second.actor}` ({second.source})"
+    y = f"`{first.op}` on {'the host' if first.on == 'host' else f'`{first.actor}`'} ({first.source})"
+    match = ""
+    if edge.offset:
+        match = f" (the k-th `{first.op}` there waits for the (k{edge.offset:+d})-th `{second.op}`)"
+    proc = process_of(first.actor)
+    if proc != process_of(second.actor):
+        host = "the main process's host" if proc == "host" else f"`{proc}`'s host"
+        return f"have {host} wait for {x} before {y}: a handshake{match}"
+    return f"issue {x} before {y} and wait on it{match}"
+
+
+def _reverses(e: Edge, forward: list[Edge]) -> bool:
+    """Whether backward edge ``e`` orders a pair the other way round from one of the forward edges."""
+    return not e.forward and any((f.after, f.before) == (e.before, e.after) for f in forward)
+
+
+def _reorder_case(o: Outcome) -> bool:
+    """Every race ordered as issued, and still wrong: the program issues an operation before one it depends on."""
+    return not _races(o) and o.corrupted
+
+
+#: subsets of the candidate forward edges tried on the failing schedule (smallest first)
+FORWARD_TRIALS = 15
+
+
 def suggest(
     target: Target,
     out: Outcome,
@@ -171,41 +228,101 @@ def suggest(
     progress: Callable[[int], None] | None = None,
 ) -> Fix:
     """The edges that order ``out``'s races, checked: ``out.schedule`` and a bounded search over its configuration,
-    both with the edges inserted."""
+    both with the edges inserted. Backward edges first (each race ordered as issued); when the values are still
+    wrong with every race so ordered, forward edges (:func:`forward_for`) in place of the backward ones they
+    reverse, checked the same way."""
     races = _races(out)
     if not races:
         return Fix((), (), False, 0, why_none=_why_none(out))
     edges: list[Edge] = []
-    advice: list[str] = []
+    said: dict[Edge, str] = {}
     unordered: list[Race] = []
 
-    def add(found: list[Race]) -> bool:
-        """Edges for ``found``'s races not ordered yet; whether any was new."""
+    def backward(found: list[Race], into: list[Edge], words: dict[Edge, str], note: bool = True) -> bool:
+        """Backward edges for ``found``'s races not ordered yet (none that reverses a forward edge of ``into``);
+        whether any was new."""
         new = False
+        fwd = [e for e in into if e.forward]
         for r in found:
             e = edge_for(r)
             if e is None:
-                unordered.append(r)
-            elif e not in edges:
-                edges.append(e)
-                advice.append(_advice(r, e))
+                if note:
+                    unordered.append(r)
+            elif e not in into and not _reverses(e, fwd):
+                into.append(e)
+                words[e] = _advice(r, e)
                 new = True
         return new
 
     def failing(o: Outcome) -> bool:
         return target.failed(o) or bool(o.races)
 
+    def settle(schedule: Schedule, trial: list[Edge], words: dict[Edge, str], note: bool) -> Outcome | None:
+        """``schedule`` with ``trial`` inserted, adding backward edges for the races that remain (a few rounds):
+        what still fails, or None."""
+        again: Outcome | None = None
+        for _ in range(ROUNDS):
+            with inserted(trial):
+                again = target.run(schedule)
+            if not failing(again):
+                return None
+            if not backward(_races(again), trial, words, note):
+                break
+        return again
+
+    tried: str | None = None
+
+    def forward(failed: Outcome) -> str | None:
+        """Forward edges for the races of ``failed``'s schedule run without edges, in place of the backward edges
+        they reverse: the smallest set that makes that schedule (and ``out``'s) clean goes into ``edges``; else
+        why none did."""
+        with counted() as occ:
+            plain = target.run(failed.schedule)
+        candidates: dict[Edge, Race] = {}
+        for r in _races(plain):
+            f = forward_for(r, occ)
+            if f is not None and f not in candidates:
+                candidates[f] = r
+        if not candidates:
+            return "no racing pair's earlier operation can wait for the later one (both one actor's)"
+        subsets = [list(c) for n in range(1, len(candidates) + 1)
+                   for c in itertools.combinations(candidates, n)][:FORWARD_TRIALS]
+        last: Outcome | None = None
+        for fwd in subsets:
+            trial = [e for e in edges if not _reverses(e, fwd)] + fwd
+            words = {e: said[e] for e in trial if e in said} | {f: _forward_advice(candidates[f], f) for f in fwd}
+            last = settle(failed.schedule, trial, words, False)
+            if last is None and failed.schedule != out.schedule:
+                last = settle(out.schedule, trial, words, False)
+            if last is None:
+                # a backward edge between the same two sites as a forward one is often implied by it: drop it
+                # where the failing schedule stays clean without it (the search then checks what is left)
+                for e in [e for e in trial if not e.forward and any(
+                        (f.after, f.before) == (e.after, e.before) for f in fwd)]:
+                    fewer = [x for x in trial if x != e]
+                    with inserted(fewer):
+                        if not failing(target.run(out.schedule)) and not failing(target.run(failed.schedule)):
+                            trial = fewer
+                edges[:] = trial
+                said.update(words)
+                return None
+        assert last is not None
+        how = (f"forward edges make it deadlock ({len(subsets)} tried): an operation waits for one that never "
+               "comes, or for one issued after something that waits for it" if any(
+                   isinstance(r, Deadlock) for r in last.run.reports)
+               else f"forward edges for its racing pairs leave it {last.verdict()} ({len(subsets)} tried)")
+        return f'"{last.schedule}" {how}'
+
     schedule = out.schedule
-    add(races)
+    backward(races, edges, said)
     searched = 0
     remains: Outcome | None = None
     with kept_patched(target):
-        for _ in range(ROUNDS):
-            with inserted(edges):
-                again = target.run(schedule)
-            remains = again if failing(again) else None
-            if remains is None or not add(_races(again)):
-                break
+        remains = settle(schedule, edges, said, True)
+        if remains is not None and _reorder_case(remains):
+            tried = forward(remains)
+            if tried is None:
+                remains = None
         if remains is None:
             config = st.just(dict(schedule.config_dict()))
             for _ in range(ROUNDS):
@@ -214,18 +331,28 @@ def suggest(
                                           config=config, progress=progress)
                 searched += found.examples
                 remains = found.failure
-                if remains is None or not add(_races(remains)):
+                if remains is None:
                     break
+                if backward(_races(remains), edges, said):
+                    continue
+                if tried is None and _reorder_case(remains) and not any(e.forward for e in edges):
+                    tried = forward(remains)
+                    if tried is None:
+                        continue
+                break
+    advice = tuple(said[e] for e in edges)
     if remains is None:
-        return Fix(tuple(edges), tuple(advice), True, searched)
+        return Fix(tuple(edges), advice, True, searched)
     what = f'"{remains.schedule}" still {remains.verdict()}'
-    if not _races(remains) and remains.corrupted:
+    if _reorder_case(remains) and not any(e.forward for e in edges):
         what += (" with every racing pair ordered as issued: the program issues an operation before one it "
-                 "depends on, which no edge can fix (a wait cannot name an operation issued later); "
+                 "depends on, and a wait on an operation issued later (a forward edge) did not fix it; "
                  + "; ".join(_reorder(races)))
+    if tried is not None:
+        what += f"; {tried}"
     if unordered:
         what += f"; {len(unordered)} race(s) begin at a host step, which no event can be recorded after"
-    return Fix(tuple(edges), tuple(advice), False, searched, remains=what)
+    return Fix(tuple(edges), advice, False, searched, remains=what)
 
 
 def check_edges(target: Target, schedule: Schedule, edges: list[Edge]) -> Outcome:

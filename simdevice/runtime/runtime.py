@@ -62,8 +62,57 @@ def inserted(edges: tuple[sync.Edge, ...] | list[sync.Edge]) -> Iterator[None]:
 
 
 def inserted_edges() -> tuple[sync.Edge, ...]:
-    """The edges :func:`inserted` adds to runs made now (a cache of runs must not serve one made without them)."""
-    return _INSERTED.get()
+    """The edges :func:`inserted` adds to runs made now (a cache of runs must not serve one made without them;
+    while :func:`counted` records, the no-op :data:`COUNTING` is among them: a cached run recorded nothing)."""
+    edges = _INSERTED.get()
+    return (*edges, COUNTING) if _COUNTED.get() is not None else edges
+
+
+@attrs.define
+class Occurrences:
+    """Where each access of a run was issued: its operation's site and occurrence there (the k-th operation issued
+    at that site, from 0, in program order), by the access's ``seq``: what a forward edge's offset is taken from."""
+
+    by_seq: dict[int, tuple[sync.Site, int]] = attrs.field(factory=dict)
+
+    def of(self, seq: int) -> tuple[sync.Site, int] | None:
+        return self.by_seq.get(seq)
+
+
+#: an edge between sites no run has: inserting it changes nothing (what :func:`inserted_edges` adds while counting)
+COUNTING = sync.Edge(sync.Site("", ""), sync.Site("", ""))
+_COUNTED: contextvars.ContextVar[Occurrences | None] = contextvars.ContextVar("counted_occurrences", default=None)
+
+
+@contextlib.contextmanager
+def counted() -> Iterator[Occurrences]:
+    """Every simulated run made inside the block records its accesses' sites and occurrences (the last run's
+    are kept): the same run, recorded, since nothing else changes."""
+    occ = Occurrences()
+    token = _COUNTED.set(occ)
+    try:
+        yield occ
+    finally:
+        _COUNTED.reset(token)
+
+
+#: a forward edge's awaited operation: its site and occurrence
+_Key = tuple[sync.Site, int]
+
+
+@attrs.define
+class _Held:
+    """An operation issued on a held stream: its accesses wait, with its clock as of its issue, for the awaited
+    operations to be issued."""
+
+    op: StreamOp
+    who: Accessor
+    reads: list[Ref]
+    writes: list[Ref]
+    needs: frozenset[_Key]
+    site: sync.Site
+    k: int
+    record: Callable[[], EventRecord]
 
 
 class SharedCell:
@@ -111,13 +160,25 @@ class Runtime:
         #: the device RNG: a base seed, and random ops issued so far (each gets a seed of its own)
         self._seed = options.seed
         self._random_ops = 0
-        #: inserted edges by the site that waits; the sites waited for; their latest operation's record
+        #: inserted edges by the site that waits; the sites backward edges wait for; their latest operation's record
         self._waits_at: dict[sync.Site, list[sync.Edge]] = {}
         edges = (*options.edges, *_INSERTED.get())
         for e in edges:
             self._waits_at.setdefault(e.before, []).append(e)
-        self._waited_for = {e.after for e in edges}
+        self._waited_for = {e.after for e in edges if not e.forward}
         self._latest: dict[sync.Site, Callable[[], EventRecord]] = {}
+        #: forward edges: the sites whose operations are counted (all of them while counting), the count so far
+        self._counted = _COUNTED.get()
+        self._awaited = {e.after for e in edges if e.forward}
+        self._tracked = self._awaited | {e.before for e in edges if e.forward}
+        self._occurrences: dict[sync.Site, int] = {}
+        #: awaited operations issued so far (their record); per held stream, what its operations wait for; the
+        #: operations held, in issue order; events recorded on held streams, with what they wait for
+        self._issued: dict[_Key, Callable[[], EventRecord]] = {}
+        self._pending: dict[str, frozenset[_Key]] = {}
+        self._held: list[_Held] = []
+        self._held_records: dict[int, tuple[EventRecord, frozenset[_Key]]] = {}
+        self._releasing = False
         #: "stream#index" -> (the line that issued it, bytes it reads and writes): for timelines
         self.op_sites: dict[str, tuple[str, int]] = {}
 
@@ -314,7 +375,7 @@ class Runtime:
     def _stream_waits(self, s: SimStream, rec: EventRecord | None, what: str) -> None:
         if rec is None:  # waiting on a never-recorded event is a no-op, as in CUDA
             return
-        self.execution.enqueue(s, sync.stream_waits(s, rec, what))
+        self._wait_on(s, rec, what)
 
     def stream_wait_event(self, s: SimStream, rec: EventRecord | None) -> None:
         self.host_step(f"{s.name}.wait_event")
@@ -322,7 +383,7 @@ class Runtime:
 
     def stream_wait_stream(self, s: SimStream, other: SimStream) -> None:
         self.host_step(f"{s.name}.wait_stream({other.name})")
-        self._stream_waits(s, sync.record(other), f"stream {other.name}")
+        self._stream_waits(s, self._record(other), f"stream {other.name}")
 
     def _host_waits(self, a: HostActor, recs: list[EventRecord], desc: str) -> None:
         self.execution.block(a, desc, lambda: all(r.done() for r in recs))
@@ -331,7 +392,7 @@ class Runtime:
 
     def stream_synchronize(self, s: SimStream) -> None:
         a = self.host_step(f"{s.name}.synchronize")
-        self._host_waits(a, [sync.record(s)], f"stream(s) {s.name} to finish")
+        self._host_waits(a, [self._record(s)], f"stream(s) {s.name} to finish")
 
     def stream_query(self, s: SimStream) -> bool:
         a = self.host_step(f"{s.name}.query")
@@ -343,11 +404,11 @@ class Runtime:
     def synchronize(self) -> None:
         a = self.host_step("synchronize")
         names = ", ".join(s.name for s in a.streams)
-        self._host_waits(a, [sync.record(s) for s in a.streams], f"stream(s) {names} to finish")
+        self._host_waits(a, [self._record(s) for s in a.streams], f"stream(s) {names} to finish")
 
     def event_record(self, s: SimStream | None, timing: bool = False) -> EventRecord:
         a = self.host_step("event.record")
-        rec = sync.record(s if s is not None else a.current_stream)
+        rec = self._record(s if s is not None else a.current_stream)
         if timing:  # note when the stream gets past this point (now, if it already has)
             rec.stream.done_at[rec.position] = self.now if rec.done() else None
         self.execution.progress()
@@ -442,38 +503,167 @@ class Runtime:
         finish: Callable[[], None] | None = None,
     ) -> tuple[int, EventRecord]:
         """Enqueue one counted operation of ``a`` (its host step taken) on ``s``: its index, and a record of it."""
+        at = self._occurrence(s.name, source)
         if self._waits_at:
-            self._inserted_waits(a, s, source)
+            self._inserted_waits(a, s, source, at)
         epoch = sync.issue(a, s)
         index = s.ops
         s.ops += 1
         op = StreamOp(s, f"{desc} #{index}", index, duration, start, finish)
-        op.issued = self.memory.issue(Accessor(s.name, epoch, s.clock, desc, index, source), reads, writes)
+        needs = self._pending.get(s.name) if self._pending else None
+        mark = self.memory.issues
+        if needs is None:
+            op.issued = self.memory.issue(Accessor(s.name, epoch, s.clock, desc, index, source), reads, writes)
         self.op_sites[f"{s.name}#{index}"] = (source, nbytes((*reads, *writes)))
         self.execution.enqueue(s, op)
-        rec = sync.record(s)
+        rec = self._record(s)
         self._issued_at(s.name, source, lambda: rec)
+        if needs is None:
+            self._issued_now(at, lambda: rec, mark)
+        else:  # held by a forward edge: its accesses are issued once what the stream waits for is
+            site, k = at if at is not None else (sync.Site(s.name, source), -1)
+            who = Accessor(s.name, epoch, sync.held_clock(s), desc, index, source)
+            self._held.append(_Held(op, who, reads, writes, needs, site, k, lambda: rec))
         return index, rec
 
+    # -- inserted edges ------------------------------------------------------------------------------
     def _issued_at(self, actor: str, source: str, record: Callable[[], EventRecord]) -> None:
-        """An operation issued at a site an inserted edge waits for: later waits are on this one."""
+        """An operation issued at a site a backward inserted edge waits for: later waits are on this one."""
         if self._waited_for:
             site = sync.Site(actor, source)
             if site in self._waited_for:
                 self._latest[site] = record
 
-    def _inserted_waits(self, a: HostActor, s: SimStream | None, source: str) -> None:
+    def _occurrence(self, actor: str, source: str) -> _Key | None:
+        """The site of an operation about to be issued and its occurrence there (the k-th issued at that site),
+        where a forward edge names the site or the run is counted; else None."""
+        if self._counted is None and not self._tracked:
+            return None
+        site = sync.Site(actor, source)
+        if self._counted is None and site not in self._tracked:
+            return None
+        k = self._occurrences.get(site, 0)
+        self._occurrences[site] = k + 1
+        return site, k
+
+    def _issued_now(self, at: _Key | None, record: Callable[[], EventRecord], mark: int) -> None:
+        """The operation ``at`` made its accesses (``memory.issues`` was ``mark`` before them): a counted run notes
+        their site; a forward edge waiting for it is released."""
+        if at is None:
+            return
+        if self._counted is not None:
+            for seq in range(mark + 1, self.memory.issues + 1):
+                self._counted.by_seq[seq] = at
+        if at[0] in self._awaited:
+            self._issued[at] = record
+            self._release()
+            self.execution.changed()  # a host blocked on it may go on
+
+    def _record(self, s: SimStream) -> EventRecord:
+        """``sync.record(s)``; on a stream held by a forward edge, the record is released with it."""
+        rec = sync.record(s)
+        needs = self._pending.get(s.name) if self._pending else None
+        if needs is not None:
+            self._held_records[id(rec)] = (rec, needs)
+        return rec
+
+    def _inherit(self, s: SimStream, rec: EventRecord) -> None:
+        """``s`` waits for an event recorded on a held stream: it is held with it (what it issues from now is after
+        the operations that stream waits for)."""
+        held = self._held_records.get(id(rec))
+        if held is not None and held[0] is rec:
+            self._pending[s.name] = self._pending.get(s.name, frozenset()) | held[1]
+
+    def _wait_on(self, s: SimStream, rec: EventRecord, what: str) -> None:
+        if self._held_records:
+            self._inherit(s, rec)
+        self.execution.enqueue(s, sync.stream_waits(s, rec, what))
+
+    def _release(self) -> None:
+        """Awaited operations were issued: every held stream, event and operation whose awaited operations are all
+        issued now is ordered after them, and the held operations make their accesses, in issue order (one may be
+        awaited in turn)."""
+        if self._releasing:
+            return
+        self._releasing = True
+        try:
+            while True:
+                issued = self._issued
+                for name, needs in list(self._pending.items()):
+                    if needs <= issued.keys():
+                        sync.released(self.execution.streams[name].clock, [issued[n]() for n in needs])
+                        del self._pending[name]
+                for key, (rec, needs) in list(self._held_records.items()):
+                    if needs <= issued.keys():
+                        sync.released(rec.clock, [issued[n]() for n in needs])
+                        del self._held_records[key]
+                ready = next((h for h in self._held if h.needs <= issued.keys()), None)
+                if ready is None:
+                    return
+                self._held.remove(ready)
+                sync.released(ready.who.clock, [issued[n]() for n in ready.needs])
+                mark = self.memory.issues
+                ready.op.issued = self.memory.issue(ready.who, ready.reads, ready.writes)
+                self._issued_now((ready.site, ready.k) if ready.k >= 0 else None, ready.record, mark)
+        finally:
+            self._releasing = False
+
+    def _inserted_waits(self, a: HostActor, s: SimStream | None, source: str, at: _Key | None,
+                        collective: bool = False) -> None:
         """The inserted edges into the operation about to be issued at ``source`` on ``s`` (None: a host step of
-        ``a``): its stream waits for (or its host synchronizes on) the latest operation at each edge's start."""
+        ``a``; ``collective``: ``s`` is the communication stream of a collective): its stream waits for (or its host
+        synchronizes on) the latest operation at each backward edge's start, and the matching operation at each
+        forward edge's."""
         for e in self._waits_at.get(sync.Site(s.name if s is not None else a.name, source), ()):
+            if e.forward:
+                if at is not None:
+                    self._forward_wait(a, s, e, at[1] + e.offset, collective)
+                continue
             latest = self._latest.get(e.after)
             if latest is None:
                 continue
             rec = latest()
             if s is not None:
-                self.execution.enqueue(s, sync.stream_waits(s, rec, f"inserted edge from {e.after}"))
+                self._wait_on(s, rec, f"inserted edge from {e.after}")
             else:
                 self._host_waits(a, [rec], f"inserted edge from {e.after}")
+
+    def _collective_waits(self, a: HostActor, source: str) -> _Key | None:
+        """The inserted edges into a collective about to be issued at ``source``; its site and occurrence."""
+        if not (self._waits_at or self._tracked or self._counted is not None):
+            return None
+        comm = self.collectives.comm_stream(a)
+        at = self._occurrence(comm.name, source)
+        if self._waits_at:
+            self._inserted_waits(a, comm, source, at, collective=True)
+        return at
+
+    def _forward_wait(self, a: HostActor, s: SimStream | None, e: sync.Edge, j: int, collective: bool) -> None:
+        """A forward edge into the operation about to be issued: it waits for the ``j``-th operation at
+        ``e.after`` (none: no wait). Issued already: as a backward edge's wait on it. Not yet: a stream is held
+        until it is issued and passes once it is done; a host step's host blocks until then; a collective's
+        host blocks until it is issued (the collective makes its accesses when called), its stream then waits."""
+        if j < 0:
+            return
+        key = (e.after, j)
+        what = f"inserted forward edge from {e.after} (its operation {j})"
+        got = self._issued.get(key)
+        if got is None and (s is None or collective):
+            self.execution.block(a, f"{what} to be issued", lambda: key in self._issued)
+            got = self._issued.get(key)
+        if s is None:
+            self._host_waits(a, [got()] if got is not None else [], what)
+            return
+        if got is not None:
+            self._wait_on(s, got(), what)
+            return
+        self._pending[s.name] = self._pending.get(s.name, frozenset()) | {key}
+
+        def ready() -> bool:
+            r = self._issued.get(key)
+            return r is not None and r().done()
+
+        self.execution.enqueue(s, sync.forward_marker(s, what, ready))
 
     def device_writes(self, s: SimStream, desc: str, index: int, writes: list[Ref], source: str) -> None:
         """Stream ``s`` writes ``writes`` now, as part of its operation ``index`` (the output of an op whose size
@@ -489,13 +679,18 @@ class Runtime:
 
     def host_access(self, a: HostActor, op: str, reads: list[Ref], writes: list[Ref], source: str) -> None:
         """A host step of ``a`` reads and writes host memory the device also reaches (pinned buffers), now."""
+        at = self._occurrence(a.name, source)
         if self._waits_at:
-            self._inserted_waits(a, None, source)
+            self._inserted_waits(a, None, source, at)
         who = Accessor(a.name, a.clock.get(a.name), a.clock, op, -1, source, on="host")
+        mark = self.memory.issues
         issued = self.memory.issue(who, reads, writes)
         self.memory.start(issued, self.now)
         self.memory.finish(issued)
         self.execution.progress()
+        if at is not None:
+            rec = sync.host_record(a, a.current_stream)
+            self._issued_now(at, lambda: rec, mark)
 
     def device_side(self) -> contextlib.AbstractContextManager[None]:
         """The device's own work on bytes (a stream operation's effect): no access of the program."""
@@ -584,11 +779,12 @@ class Runtime:
 
     def all_gather(self, out: Ref, inp: Ref, source: str) -> Gather:
         a = self.host_step("all_gather_into_tensor")
-        if self._waits_at:
-            self._inserted_waits(a, self.collectives.comm_stream(a), source)
+        at = self._collective_waits(a, source)
+        mark = self.memory.issues
         g = self.collectives.all_gather(a, out, inp, source)
         self._kept_for(a, [out, inp])
         self._issued_at(g.rec.stream.name, source, g.record)
+        self._issued_now(at, g.record, mark)
         self._collective_site(g, source, [out, inp])
         return g
 
@@ -614,11 +810,12 @@ class Runtime:
     ) -> Gather:
         """Any collective of the current actor's world (``all_reduce``, ``broadcast``, ``barrier``, ...)."""
         a = self.host_step(kind)
-        if self._waits_at:
-            self._inserted_waits(a, self.collectives.comm_stream(a), source)
+        at = self._collective_waits(a, source)
+        mark = self.memory.issues
         g = self.collectives.collective(a, kind, outs, inp, combine, source)
         self._kept_for(a, [*outs, *([inp] if inp is not None else [])])
         self._issued_at(g.rec.stream.name, source, g.record)
+        self._issued_now(at, g.record, mark)
         self._collective_site(g, source, [*outs, *([inp] if inp is not None else [])])
         return g
 

@@ -27,11 +27,17 @@ the runtime calls these and never joins or ticks a clock itself:
   every rank has issued (:func:`work_record`).
 - inserted edges (:class:`Edge`): a synchronization the program does not make, added by the simulator to check a
   suggested fix without editing the program: the stream of the later operation waits for an event recorded right
-  after the earlier one (:func:`stream_waits`), or the host synchronizes on it (:func:`host_observes`).
+  after the earlier one (:func:`stream_waits`), or the host synchronizes on it (:func:`host_observes`);
+- forward edges (``Edge(..., forward=True)``): an operation waits for one its program issues *later*: until that
+  one is issued, its stream is held (:func:`forward_marker`); the held stream's operations are checked as if
+  issued right after it, their clocks taken at their issue (:func:`held_clock`) and joined with its record when it
+  comes (:func:`released`).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
@@ -149,6 +155,31 @@ def work_record(rec: EventRecord, collective: Clocked | None, complete: bool) ->
 # -- inserted edges ------------------------------------------------------------------------------------------
 
 
+def forward_marker(stream: SimStream, what: str, ready: Callable[[], bool]) -> StreamOp:
+    """A forward edge's wait on ``stream`` for an operation not issued yet: the stream passes the marker once
+    ``ready()`` (that operation issued and done). It joins no clock now: :func:`released` does, when it is issued."""
+    return StreamOp(stream, what, -1, 0, ready=ready)
+
+
+def held_clock(stream: SimStream) -> VectorClock:
+    """The clock of an operation issued on a held stream, as of its issue (its accesses wait for the release)."""
+    return stream.clock.copy()
+
+
+def host_record(actor: Clocked, stream: SimStream) -> EventRecord:
+    """A host step as an awaited operation: done at once, ordered after the host's past (``stream``: any of the
+    host's, the record sits before its first item)."""
+    return EventRecord(stream, 0, actor.clock.copy())
+
+
+def released(clock: VectorClock, recs: list[EventRecord]) -> None:
+    """What a forward edge orders: everything held behind it (a held operation's clock, a held stream, an event
+    recorded on it meanwhile) is after the awaited operations, once they are issued."""
+    for rec in recs:
+        clock.join(rec.clock)
+
+
+
 @attrs.frozen(order=True)
 class Site:
     """Where an operation is issued: its actor (a stream such as ``d2h`` or ``rank0.nccl``, or a host actor) and the
@@ -161,24 +192,52 @@ class Site:
         return f"{self.actor}@{self.source}"
 
 
+_OFFSET = re.compile(r"^(.*)\[([+-]\d+)\]$")
+EDGE_SYNTAX = "ACTOR@FILE:LINE->ACTOR@FILE:LINE or ACTOR@FILE:LINE[+D]=>ACTOR@FILE:LINE"
+
+
 @attrs.frozen(order=True)
 class Edge:
-    """An inserted happens-before edge: every operation issued at ``before`` waits for the latest operation issued
-    at ``after`` before it (an event recorded after that operation, waited on by the later one's stream, or
-    synchronized on by its host). What a code fix at those two lines would do."""
+    """An inserted happens-before edge from the operations issued at ``after`` to those issued at ``before``.
+
+    A backward edge (``A@L1->B@L2``, the default): every operation issued at ``before`` waits for the latest
+    operation issued at ``after`` before it (an event recorded after that operation, waited on by the later one's
+    stream, or synchronized on by its host). What a code fix at those two lines would do.
+
+    A forward edge (``forward=True``, ``A@L1=>B@L2``, with ``[+D]`` after the first site when ``offset`` is not
+    0): the k-th operation issued at ``before`` waits for the (k + ``offset``)-th operation issued at ``after``
+    (counting from 0, per site, in the order the program issues them), which may be issued later, by another actor
+    or another process: until it is issued and done, a stream waiter's stream is held (its host goes on), a host
+    step's host is blocked; a collective's host is blocked until it is issued, then its stream waits for it. No
+    such operation (k + offset < 0) is no wait; one that never comes is a deadlock of the run. What reordering the
+    code does: issue the awaited operation first and wait on it, or across processes a handshake."""
 
     after: Site
     before: Site
+    forward: bool = False
+    #: forward edges: the k-th operation at ``before`` waits for the (k + offset)-th at ``after``
+    offset: int = 0
 
     def __str__(self) -> str:
-        return f"{self.after}->{self.before}"
+        if not self.forward:
+            return f"{self.after}->{self.before}"
+        shift = f"[{self.offset:+d}]" if self.offset else ""
+        return f"{self.after}{shift}=>{self.before}"
 
     @classmethod
     def parse(cls, text: str) -> Edge:
-        """``d2h@my_offload.py:11->default@my_offload.py:19``."""
+        """``d2h@my_offload.py:11->default@my_offload.py:19``, or a forward edge
+        ``nccl@my_prefetch.py:30=>side@my_prefetch.py:22`` (``nccl@my_prefetch.py:30[+1]=>...``: with an offset)."""
+        forward = "=>" in text
         try:
-            a, b = text.split("->")
+            a, b = text.split("=>" if forward else "->")
+            offset = 0
+            m = _OFFSET.match(a.strip())
+            if m is not None and forward:
+                a, offset = m.group(1), int(m.group(2))
             sites = [Site(*part.strip().split("@", 1)) for part in (a, b)]
         except (ValueError, TypeError):
-            raise ValueError(f"bad edge {text!r}: expected ACTOR@FILE:LINE->ACTOR@FILE:LINE") from None
-        return cls(sites[0], sites[1])
+            raise ValueError(f"bad edge {text!r}: expected {EDGE_SYNTAX}") from None
+        if not all(s.actor and s.source for s in sites):
+            raise ValueError(f"bad edge {text!r}: expected {EDGE_SYNTAX}")
+        return cls(sites[0], sites[1], forward, offset)

@@ -15,35 +15,46 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from reference.naming import short_path
 from reference.schedule import Schedule
 from simdevice.explain import check_edges, suggest
 from simdevice.programs import REGISTRY, load_all
 from simdevice.runtime import Edge
-from simdevice.search.targets import ProgramTarget
+from simdevice.search.targets import FunctionTarget, ProgramTarget
 from simdevice.timeline import perfetto, slices, write_png
 
 ROOT = Path(__file__).resolve().parents[3]
+HERE = short_path(__file__)
 load_all()
 
-#: variant -> its shrunk schedule, and per suggested edge: (after actor, code on its line, before actor, code)
-EDGE_FIXES = {
+#: variant -> its shrunk schedule, and per suggested edge: (after actor, code on its line, before actor, code, forward).
+#: A backward edge (``->``) orders a race as issued; a forward edge (``=>``) makes the earlier-issued operation wait
+#: for the later one: the program issues a read before the write it needs (or one process moves on before the other
+#: copied), which no wait on an operation issued before can fix.
+FIXES = {
     "offload_reload/racy": ("offload_reload/racy::d2h#0+1",
-                            [("d2h", "copy_(", "default", "copy_(")]),
+                            [("d2h", "copy_(", "default", "copy_(", False)]),
     "activation_offload/offload-inline-no-wait": ("activation_offload/offload-inline-no-wait",
-                                                  [("d2h", "copy_(", "default", "copy_(")]),
+                                                  [("d2h", "copy_(", "default", "copy_(", False)]),
     "param_readiness/param-no-drain-on-disable": (
         "param_readiness/param-no-drain-on-disable:bucket=2,eager=1,iters=1,layers=2,ranks=1",
-        [("rank0.nccl", "all_gather_into_tensor", "rank0.default", "copy_(")]),
-}
-#: variants whose races no edge can fix: an operation is issued before one it depends on
-REORDER = {
-    "param_readiness/param-prefetch-no-ready": "param_readiness/param-prefetch-no-ready:evaluate=0,iters=1,layers=2,"
-                                               "ranks=1",
-    "param_readiness/param-ready-skips-undispatched": "param_readiness/param-ready-skips-undispatched:evaluate=0,"
-                                                      "iters=1,layers=2,ranks=1",
-    "zcc/zcc-frozen-step": "zcc/zcc-frozen-step",
-    "zcc/zcc-late-barrier": "zcc/zcc-late-barrier",
+        [("rank0.nccl", "all_gather_into_tensor", "rank0.default", "copy_(", False)]),
+    # the prefetch's copy waits for the gather its pre-hook issues later: ensure_params_ready's dispatch-then-wait
+    "param_readiness/param-prefetch-no-ready": (
+        "param_readiness/param-prefetch-no-ready:evaluate=0,iters=1,layers=2,ranks=1",
+        [("rank0.nccl", "all_gather_into_tensor", "rank0.prefetch", "copy_(", True)]),
+    "param_readiness/param-ready-skips-undispatched": (
+        "param_readiness/param-ready-skips-undispatched:evaluate=0,iters=1,layers=2,ranks=1",
+        [("rank0.nccl", "all_gather_into_tensor", "rank0.prefetch", "copy_(", True)]),
+    # the trainer's on_step_begin rescale waits for the worker's copy: the step-begin barrier (a handshake)
+    "zcc/zcc-frozen-step": ("zcc/zcc-frozen-step",
+                            [("worker0.d2h", "copy_(", "default", "mul_(", False),
+                             ("worker0.d2h", "copy_(", "default", "sub_(", False),
+                             ("worker0.d2h", "copy_(", "default", "mul_(", True)]),
+    "zcc/zcc-late-barrier": ("zcc/zcc-late-barrier",
+                             [("worker0.d2h", "copy_(", "default", "mul_(", True)]),
 }
 #: variants without a race: why no edge is suggested
 NO_RACE = {
@@ -68,12 +79,16 @@ def _code(source: str) -> str:
 
 def test_every_bug_variant_is_covered() -> None:
     bugs = {f"{p.name}/{v}" for p in REGISTRY.values() for v in p.buggy}
-    assert bugs == set(EDGE_FIXES) | set(REORDER) | set(NO_RACE)
+    assert bugs == set(FIXES) | set(NO_RACE)
 
 
-@pytest.mark.parametrize("variant", sorted(EDGE_FIXES))
-def test_the_suggested_edge_makes_the_schedule_and_a_search_clean(variant: str) -> None:
-    line, expected = EDGE_FIXES[variant]
+def _reversed(e: Edge) -> Edge:
+    return Edge(e.before, e.after, e.forward, -e.offset)
+
+
+@pytest.mark.parametrize("variant", sorted(FIXES))
+def test_the_suggested_fix_makes_the_schedule_and_a_search_clean(variant: str) -> None:
+    line, expected = FIXES[variant]
     target, schedule = _target(line)
     out = target.run(schedule)
     assert out.races
@@ -81,34 +96,51 @@ def test_the_suggested_edge_makes_the_schedule_and_a_search_clean(variant: str) 
     fix = suggest(target, out)
     assert fix.checked, fix.lines()
     assert fix.schedules >= 200
-    assert len(fix.edges) == len(expected)
-    for edge, (after, after_code, before, before_code) in zip(fix.edges, expected, strict=True):
-        assert (edge.after.actor, edge.before.actor) == (after, before)
+    assert len(fix.edges) == len(expected), fix.edges
+    for edge, (after, after_code, before, before_code, forward) in zip(fix.edges, expected, strict=True):
+        assert (edge.after.actor, edge.before.actor, edge.forward) == (after, before, forward)
         assert after_code in _code(edge.after.source), edge
         assert before_code in _code(edge.before.source), edge
+    kinds = [e["kind"] for e in fix.as_dict()["edges"]]
+    assert kinds == ["forward" if f else "backward" for *_, f in expected]
     # checked means it: with the edges inserted the schedule is clean, without them it is not
-    assert check_edges(target, schedule, list(fix.edges)).clean
+    edges = list(fix.edges)
+    assert check_edges(target, schedule, edges).clean
     assert not check_edges(target, schedule, []).clean
+    # the reversed edges do not pass
+    assert not check_edges(target, schedule, [_reversed(e) for e in edges]).clean
+    # a forward edge is needed: ordered as issued instead (backward), the values stay wrong
+    if any(e.forward for e in edges):
+        as_issued = [Edge(e.before, e.after) if e.forward else e for e in edges]
+        assert not check_edges(target, schedule, as_issued).clean
     assert any(line.startswith("suggested fix: ") for line in fix.lines())
+    assert fix.lines()[-1].startswith("checked: ")
+    for e in edges:  # what --edge takes back
+        assert Edge.parse(str(e)) == e
 
 
-def test_an_edge_the_wrong_way_round_does_not_pass_the_check() -> None:
-    target, schedule = _target(EDGE_FIXES["offload_reload/racy"][0])
-    fix = suggest(target, target.run(schedule))
-    [right] = fix.edges
-    wrong = Edge(right.before, right.after)
-    assert not check_edges(target, schedule, [wrong]).clean
+def impossible_check(dev: Any) -> None:
+    """A read issued before the write it needs, and a check no order of the two can pass."""
+    x = torch.zeros(1024, device=dev.device)
+    out = torch.empty(1024, device=dev.device)
+    side = dev.Stream(name="side")
+    side.wait_stream(dev.current_stream())
+    with dev.stream(side):
+        out.copy_(x)
+    x.fill_(2.0)
+    dev.current_stream().wait_stream(side)
+    assert float(out.sum().cpu()) == 3.0 * 1024, "the check no order passes"
 
 
-@pytest.mark.parametrize("variant", sorted(REORDER))
-def test_a_race_no_edge_can_fix_says_which_operation_is_issued_too_late(variant: str) -> None:
-    target, schedule = _target(REORDER[variant])
-    out = target.run(schedule)
+def test_when_forward_edges_do_not_fix_it_either_the_answer_says_not_enough_and_why() -> None:
+    target = FunctionTarget(f"{HERE}::impossible_check", impossible_check, "contract")
+    out = target.run(target.schedule())
     assert out.races
-    fix = suggest(target, out, schedules=50)
+    fix = suggest(target, out, schedules=20)
     assert not fix.checked
     assert fix.remains is not None
     assert "issues an operation before one it depends on" in fix.remains
+    assert "forward edges for its racing pairs leave it" in fix.remains
     assert fix.lines()[-1].startswith("not enough: ")
 
 
@@ -127,17 +159,19 @@ def test_a_failure_without_a_race_says_why_no_edge_is_suggested(variant: str) ->
 
 
 def test_edges_parse_and_print_as_the_command_line_takes_them() -> None:
-    text = "d2h@my_offload.py:11->default@my_offload.py:19"
-    assert str(Edge.parse(text)) == text
-    with pytest.raises(ValueError, match="expected ACTOR@FILE:LINE->ACTOR@FILE:LINE"):
-        Edge.parse("d2h->default")
+    for text in ("d2h@my_offload.py:11->default@my_offload.py:19", "nccl@my_gather.py:30=>side@my_gather.py:22",
+                 "d2h@zcc.py:205[-1]=>default@zcc.py:151"):
+        assert str(Edge.parse(text)) == text
+    for bad in ("d2h->default", "d2h@a.py:1=>", "@a.py:1->b@a.py:2"):
+        with pytest.raises(ValueError, match="expected ACTOR@FILE:LINE->ACTOR@FILE:LINE"):
+            Edge.parse(bad)
 
 
 # -- the timeline ---------------------------------------------------------------------------------
 
 
 def _racy() -> tuple[ProgramTarget, object]:
-    target, schedule = _target(EDGE_FIXES["offload_reload/racy"][0])
+    target, schedule = _target(FIXES["offload_reload/racy"][0])
     return target, target.run(schedule)
 
 
@@ -196,7 +230,7 @@ def test_slices_pair_every_start_with_its_end_and_keep_unrun_operations() -> Non
     assert all(s.source for s in ops)
 
 
-SHRUNK = [line for line, _ in EDGE_FIXES.values()] + list(REORDER.values()) + [line for line, _ in NO_RACE.values()]
+SHRUNK = [line for line, _ in FIXES.values()] + [line for line, _ in NO_RACE.values()]
 
 
 @pytest.mark.parametrize("line", SHRUNK)
@@ -214,7 +248,7 @@ def test_a_picture_is_written_for_every_variants_shrunk_schedule(line: str, tmp_
 
 
 def test_replay_suggests_the_fix_checks_it_and_replays_with_it(tmp_path: Path, run_cli: Any) -> None:
-    line = EDGE_FIXES["offload_reload/racy"][0]
+    line = FIXES["offload_reload/racy"][0]
     p = run_cli(["replay", line, "--perfetto", str(tmp_path / "t.json"), "--png", str(tmp_path / "t.png")], ROOT)
     assert p.returncode == 1
     assert "  suggested fix: record an event on `d2h` after `copy_ (D2H)`" in p.stdout
@@ -237,3 +271,18 @@ def test_check_json_carries_the_fix(run_cli: Any) -> None:
     assert fix["edges"][0]["after"]["actor"] == "d2h_stream"
     assert run_cli(["check", "examples/offload_plain.py::reload_racy", "--json", "--examples", "30", "--no-fix"],
                    ROOT).stdout.count('"fix": null') == 1
+
+
+def test_replay_prints_a_forward_fix_checked_and_a_working_edge_line(run_cli: Any) -> None:
+    line = FIXES["param_readiness/param-ready-skips-undispatched"][0]
+    p = run_cli(["replay", line], ROOT)
+    assert p.returncode == 1
+    assert "  suggested fix: issue `all_gather (receive)` on `rank0.nccl` (reference/param_readiness.py:" in p.stdout
+    assert "  checked: with it inserted, the failing schedule and 200 searched schedules are clean" in p.stdout
+    replay = next(x for x in p.stdout.splitlines() if x.startswith("  replay with it: "))
+    edge = replay.split('--edge "')[1].rstrip('"')
+    assert "=>" in edge
+    fixed = run_cli(["replay", line, "--edge", edge, "--json"], ROOT)
+    assert fixed.returncode == 0
+    assert json.loads(fixed.stdout)["edges"] == [edge]
+    assert "clean" in fixed.stdout
