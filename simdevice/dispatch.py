@@ -574,11 +574,13 @@ class Dispatcher:
         alias = _Aliases()
         real_args, real_kwargs, real_written = alias.of(args), alias.of(kwargs), alias.all(written)
         seed = self.rt.next_seed() if facts.seeded else None
+        start = self._starter(func, real_args, real_kwargs, real_written, staged, box, seed,
+                              alias.all([x for x in inputs if id(x) not in staged]))
         index, rec = self.rt.enqueue(
-            a, s, desc, duration, self._refs(inputs), self._refs(outputs), src,
-            start=self._starter(func, real_args, real_kwargs, real_written, staged, box, seed,
-                                alias.all([x for x in inputs if id(x) not in staged])),
+            a, s, desc, duration, self._refs(inputs), self._refs(outputs), src, start=start,
             finish=self._finisher(func, real_args, real_kwargs, real_written, alias.all(outputs), staged, box, seed),
+            # a copy moves its bytes in order; one that reads its source at its completion can trail another
+            sweeps=facts.copy and box["deferred"] and not staged,
         )
 
         blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)

@@ -243,17 +243,24 @@ class Execution:
         if prio == _START:
             op = s.queue[0]
             s.running = op
-            self.memory.start(op.issued, self.now)
+            self.memory.start(op.issued, self.now, self.now + op.duration, op.sweeps)
             if op.start is not None:
-                op.start()
+                self.memory.in_flight.starting = op.issued
+                try:
+                    op.start()
+                finally:
+                    self.memory.in_flight.starting = None
             self.trace.append((self.now, s.name, f"start {op.desc}"))
             self.waiting_until(self.now + op.duration)
             self._push(self.now + op.duration, _COMPLETE, s.order, s)
         else:
             op = s.queue.popleft()
             self.memory.finish(op.issued)
-            if op.finish is not None:
-                op.finish()  # may raise (the op's own error, named by s.running)
+            try:
+                if op.finish is not None:
+                    op.finish()  # may raise (the op's own error, named by s.running)
+            finally:
+                self.memory.in_flight.landing = None
             s.running = None
             s.complete_one(self.now)
             s.busy = False

@@ -163,13 +163,31 @@ class Accessor:
 
 
 class Issued:
-    """The accesses of one operation, issued: reads with the versions they expect, writes with their ids."""
+    """The accesses of one operation, issued: reads with the versions they expect, writes with their ids; for a
+    sweeping copy, the landing copies it follows (their ``Issued``, found at its start: :meth:`Memory.start`)."""
 
-    __slots__ = ("reads", "writes")
+    __slots__ = ("follows", "reads", "writes")
 
     def __init__(self) -> None:
         self.reads: list[tuple[Storage, Access, Expectation]] = []
         self.writes: list[tuple[Storage, Access, int]] = []
+        self.follows: list[Issued] = []
+
+
+#: a copy landing: the shadow's id and the write's id -> (its Issued, start, end, first byte, end byte in the
+#: shadow's coordinates)
+_Landing = tuple[Issued, int, int, int, int]
+
+
+def trails(writer: tuple[int, int, int, int], reader: tuple[int, int, int, int], lo: int, hi: int) -> bool:
+    """Whether a copy ``reader`` (start, end, first byte, end byte) reaches every byte of ``[lo, hi)`` no earlier
+    than a copy ``writer`` writes it, each moving its bytes in order at a constant rate: the byte at ``b`` is
+    reached at ``start + (b - first) * (end - start) / (last - first)``. Both are linear in ``b``, so the two
+    ends of the range decide (exact, in integers)."""
+    ws, we, wlo, whi = writer
+    rs, re_, rlo, rhi = reader
+    wl, rl = max(whi - wlo, 1), max(rhi - rlo, 1)
+    return all((ws * wl + (b - wlo) * (we - ws)) * rl <= (rs * rl + (b - rlo) * (re_ - rs)) * wl for b in (lo, hi))
 
 
 def span(t: torch.Tensor) -> tuple[int, int]:
@@ -187,11 +205,13 @@ def overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
 class Reading:
     """The inputs of one operation in flight that reads them when it completes (see :class:`InFlight`)."""
 
-    __slots__ = ("inputs", "snaps", "spans")
+    __slots__ = ("follows", "inputs", "snaps", "spans")
 
     def __init__(self, inputs: list[torch.Tensor]) -> None:
         self.inputs = inputs
         self.spans = [span(x) for x in inputs]
+        #: the landing copies this one trails (their ``Issued``): their writes are what it reads
+        self.follows: list[Issued] = []
         #: id of an input -> its bytes as they were when the operation started (taken before they changed)
         self.snaps: dict[int, torch.Tensor] = {}
 
@@ -211,9 +231,16 @@ class InFlight:
 
     def __init__(self) -> None:
         self._reading: list[Reading] = []
+        #: the operation whose writes are landing now (set by :meth:`Memory.finish`, cleared after its effects):
+        #: a reader that follows it (a copy trailing a copy) keeps no older copy of what it writes
+        self.landing: Issued | None = None
+        #: what the operation starting now follows (set by :meth:`Memory.start`'s caller, taken by :meth:`open`)
+        self.starting: Issued | None = None
 
     def open(self, inputs: list[torch.Tensor]) -> Reading:
         r = Reading(inputs)
+        if self.starting is not None:
+            r.follows = self.starting.follows
         self._reading.append(r)
         return r
 
@@ -226,7 +253,10 @@ class InFlight:
         if not self._reading or not tensors:
             return
         spans = [span(t) for t in tensors]
+        landing = self.landing
         for r in self._reading:
+            if landing is not None and landing in r.follows:
+                continue  # it trails this copy: it reads what lands now
             for x, sp in zip(r.inputs, r.spans, strict=True):
                 if id(x) not in r.snaps and any(overlap(sp, w) for w in spans):
                     r.snaps[id(x)] = x.clone()
@@ -251,6 +281,8 @@ class Memory:
         self.issues = 0
         #: operations in flight that read their inputs at completion (every write that lands tells it first)
         self.in_flight = InFlight()
+        #: copies in flight, by the writes they are landing (see :meth:`start`)
+        self._landing: dict[tuple[int, int], _Landing] = {}
 
     # -- allocation ------------------------------------------------------------
     def register(
@@ -311,18 +343,34 @@ class Memory:
         return Access(who.actor, who.epoch, who.op, who.index, kind, st.label, lo, hi, who.source, 0, who.on,
                       self.issues)
 
-    def start(self, issued: Issued, now: int) -> None:
-        """The operation runs: its reads see what has landed by now; unmapped memory is an illegal access."""
+    def start(self, issued: Issued, now: int, until: int | None = None, sweeps: bool = False) -> None:
+        """The operation runs (until ``until``): its reads see what has landed by now; unmapped memory is an illegal
+        access. ``sweeps``: it is a copy that reads its source at its completion.
+
+        A copy moves its bytes in order at a constant rate, so a copy that starts while another copy is still
+        writing its source sees that copy's bytes where it never overtakes it: it reaches each byte no earlier
+        than the writer wrote it (:func:`trails`) and completes after the writer landed. Such a read is not
+        stale, and since a sweeping copy reads its source at its completion (after the writer landed), it gets
+        the writer's data: ``follows`` names the writer, so that :class:`InFlight` keeps no older copy for it. A
+        copy the reader would overtake, a kernel on either side, or a writer that has not started yet: the
+        reader sees what had landed when it started, as before."""
+        end = now if until is None else until
         for st, access, expected in issued.reads:
             if self.check_mapped(st, access):
-                self.execute_read(st, access, expected, now)
-        for st, access, _ in issued.writes:
+                self.execute_read(st, access, expected, now, issued if sweeps else None, end)
+        for st, access, wid in issued.writes:
             self.check_mapped(st, access)
+            if sweeps and until is not None:
+                base = st.offset
+                self._landing[(id(st.shadow), wid)] = (issued, now, until, base + access.lo, base + access.hi)
 
     def finish(self, issued: Issued) -> None:
         """The operation completed: its writes land."""
         for st, access, wid in issued.writes:
             self.execute_write(st, access.lo, access.hi, wid)
+            if self._landing:
+                self._landing.pop((id(st.shadow), wid), None)
+        self.in_flight.landing = issued
 
     # -- the happens-before layer (at issue) -------------------------------------
     def _race(self, cur: Access, prev: Access) -> None:
@@ -370,12 +418,30 @@ class Memory:
         self.reports.add(IllegalAccess(access=access, allocation=st.label, reason=st.unmapped))
         return False
 
-    def execute_read(self, st: Storage, access: Access, expected: Expectation, now: int) -> None:
+    def execute_read(self, st: Storage, access: Access, expected: Expectation, now: int,
+                     sweeping: Issued | None = None, end: int = 0) -> None:
         for elo, ehi, wid in expected:
-            for _, _, cell in st.cells(elo, ehi):
-                if cell.done != wid:
+            for lo, hi, cell in st.cells(elo, ehi):
+                if cell.done != wid and not (sweeping is not None and self._trails(st, access, wid, lo, hi,
+                                                                                   sweeping, now, end)):
                     self.reports.add(self._stale(st, access, wid, cell.done, now))
                     return
+
+    def _trails(self, st: Storage, access: Access, wid: int, lo: int, hi: int, reader: Issued, now: int,
+                end: int) -> bool:
+        """Whether the sweeping ``reader`` follows the copy landing write ``wid`` over ``[lo, hi)`` (and completes
+        after it lands); if so it is noted in ``reader.follows``."""
+        landing = self._landing.get((id(st.shadow), wid))
+        if landing is None:
+            return False
+        writer, ws, we, wlo, whi = landing
+        base = st.offset
+        if we > end or not trails((ws, we, wlo, whi), (now, end, base + access.lo, base + access.hi),
+                                  base + lo, base + hi):
+            return False
+        if writer not in reader.follows:
+            reader.follows.append(writer)
+        return True
 
     def _stale(self, st: Storage, access: Access, expected: int, seen: int, now: int) -> StaleRead:
         writes = st.shadow.writes

@@ -501,8 +501,10 @@ class Runtime:
         source: str,
         start: Callable[[], Any] | None = None,
         finish: Callable[[], None] | None = None,
+        sweeps: bool = False,
     ) -> tuple[int, EventRecord]:
-        """Enqueue one counted operation of ``a`` (its host step taken) on ``s``: its index, and a record of it."""
+        """Enqueue one counted operation of ``a`` (its host step taken) on ``s``: its index, and a record of it.
+        ``sweeps``: a copy that reads its source at its completion (``Memory.start``)."""
         at = self._occurrence(s.name, source)
         if self._waits_at:
             self._inserted_waits(a, s, source, at)
@@ -510,6 +512,7 @@ class Runtime:
         index = s.ops
         s.ops += 1
         op = StreamOp(s, f"{desc} #{index}", index, duration, start, finish)
+        op.sweeps = sweeps
         needs = self._pending.get(s.name) if self._pending else None
         mark = self.memory.issues
         if needs is None:

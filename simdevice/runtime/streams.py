@@ -31,6 +31,7 @@ class StreamOp:
         "ready",
         "start",
         "stream",
+        "sweeps",
     )
 
     def __init__(
@@ -55,6 +56,8 @@ class StreamOp:
         #: the memory accesses it makes (checked when it starts, landed when it completes)
         self.issued = Issued()
         self.position = 0
+        #: a copy that moves its bytes in order and reads its source at its completion (see ``Memory.start``)
+        self.sweeps = False
 
 
 class SimStream:
