@@ -7,6 +7,7 @@ second on it).
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import sys
 
@@ -20,6 +21,10 @@ def entry() -> None:
         from simdevice.cli import main
 
         code = main()
+    except BrokenPipeError:  # the reader went away (simdevice ... | head): stop quietly, as a killed writer would
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 141  # 128 + SIGPIPE
     except KeyboardInterrupt:  # during the imports, before main's own handling (and its parsing of --json)
         if "--json" in sys.argv[1:]:
             print('{"interrupted": true}')
