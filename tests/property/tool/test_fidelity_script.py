@@ -77,3 +77,19 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert p.returncode == 2
     assert message in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_rejudge_keeps_the_gpu_verdicts_and_recomputes_the_simulators(tmp_path: Path) -> None:
+    row = {"variant": "offload_reload/racy", "schedule": "offload_reload/racy::d2h#0+1", "sim_fails": False,
+           "sim_verdict": "clean", "deadlock": False, "gpu_fails": True, "gpu_failed_trials": 2, "trials": 2}
+    doc = {"meta": {"device": "GPU", "torch": "t", "trials": 2, "date": "d", "seed": 0, "profile": "default"},
+           "results": [row]}
+    before, after = tmp_path / "r.json", tmp_path / "again.json"
+    before.write_text(json.dumps(doc))
+    p = _run("rejudge", str(before), "-o", str(after))
+    assert p.returncode == 0, p.stderr
+    assert "1 verdict(s) changed" in p.stderr
+    (again,) = json.loads(after.read_text())["results"]
+    assert again["sim_fails"] is True  # the D2H a unit late: the reload reads the buffer before it lands
+    assert again["gpu_fails"] is True
+    assert again["was"] == {"sim_fails": False, "sim_verdict": "clean"}
