@@ -159,3 +159,16 @@ def test_without_the_hook_the_swallowed_ctrl_c_is_lost(monkeypatch: pytest.Monke
     Dropped()
     SimDevice().run(lambda dev: None)
     assert seen  # Python reported it as unraisable, and the run went on
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """``simdevice replay ... --trace | head -1``: the pipe closes under the command; it ends with 141 (128 +
+    SIGPIPE) and no traceback."""
+    p = subprocess.Popen([sys.executable, "-m", "simdevice", "replay", "activation_offload/FIXED:layers=3,mb=2",
+                          "--trace", "--no-fix"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141, err
+    assert "Traceback" not in err
