@@ -166,7 +166,8 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
     SIGPIPE) and no traceback."""
     p = subprocess.Popen([sys.executable, "-m", "simdevice", "replay", "activation_offload/FIXED:layers=3,mb=2",
                           "--trace", "--no-fix"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert p.stdout is not None and p.stderr is not None
+    assert p.stdout is not None
+    assert p.stderr is not None
     p.stdout.readline()
     p.stdout.close()
     err = p.stderr.read().decode()
