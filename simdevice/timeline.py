@@ -103,10 +103,16 @@ def _find(ss: list[Slice], actor: str, index: int) -> Slice | None:
 
 def _edge_ends(ss: list[Slice], edge: Any) -> list[tuple[Slice, Slice]]:
     """For a suggested edge: each operation at its ``before`` site, with the latest one at its ``after`` site
-    issued (started) before it."""
+    issued (started) before it; for a forward edge, the k-th at ``before`` with the (k + offset)-th at ``after``
+    (issue order), the operation it waits for though the run issued that one later."""
     ends = []
     ops = [s for s in ss if s.kind in ("op", "pending")]
     afters = [s for s in ops if s.actor == edge.after.actor and s.source == edge.after.source]
+    if getattr(edge, "forward", False):
+        befores = sorted((s for s in ops if s.actor == edge.before.actor and s.source == edge.before.source),
+                         key=lambda s: s.index)
+        afters.sort(key=lambda s: s.index)
+        return [(afters[k + edge.offset], b) for k, b in enumerate(befores) if 0 <= k + edge.offset < len(afters)]
     for b in ops:
         if b.actor == edge.before.actor and b.source == edge.before.source:
             prior = [a for a in afters if a.start <= b.start] or afters[:1]

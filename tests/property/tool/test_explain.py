@@ -286,3 +286,17 @@ def test_replay_prints_a_forward_fix_checked_and_a_working_edge_line(run_cli: An
     assert fixed.returncode == 0
     assert json.loads(fixed.stdout)["edges"] == [edge]
     assert "clean" in fixed.stdout
+
+
+def test_a_forward_edge_is_drawn_between_the_occurrences_it_matches() -> None:
+    """The picture's and the trace's arrow for ``A=>B`` with offset D joins the k-th operation at B with the
+    (k+D)-th at A (issue order), not the latest one at A started before it (a backward edge's ends)."""
+    from simdevice.runtime import Edge
+    from simdevice.timeline import Slice, _edge_ends
+
+    ops = [Slice("s", "op", "mul_", 10 * k, 10 * k + 5, k, "x.py:1") for k in range(3)]
+    ops += [Slice("t", "op", "copy_", 10 * k + 7, 10 * k + 9, k, "x.py:2") for k in range(3)]
+    forward = Edge.parse("t@x.py:2[-1]=>s@x.py:1")
+    assert [(a.index, b.index) for a, b in _edge_ends(ops, forward)] == [(0, 1), (1, 2)]
+    backward = Edge.parse("t@x.py:2->s@x.py:1")
+    assert [(a.index, b.index) for a, b in _edge_ends(ops, backward)] == [(0, 0), (0, 1), (1, 2)]
