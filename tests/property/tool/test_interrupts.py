@@ -163,8 +163,9 @@ def test_without_the_hook_the_swallowed_ctrl_c_is_lost(monkeypatch: pytest.Monke
 
 def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
     """``simdevice replay ... --trace | head -1``: the pipe closes under the command; it ends with 141 (128 +
-    SIGPIPE) and no traceback."""
-    p = subprocess.Popen([sys.executable, "-m", "simdevice", "replay", "activation_offload/FIXED:layers=3,mb=2",
+    SIGPIPE) and no traceback. The trace is about 150 KB, more than a pipe holds (64 KiB), so the command is still
+    writing when the reader goes."""
+    p = subprocess.Popen([sys.executable, "-m", "simdevice", "replay", "activation_offload/FIXED:layers=4,mb=4,iters=6",
                           "--trace", "--no-fix"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert p.stdout is not None
     assert p.stderr is not None
