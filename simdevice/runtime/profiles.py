@@ -13,6 +13,7 @@ under ``simdevice/profiles/NAME.json`` or given by its path.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,19 @@ class Profile:
 
     def config(self, base: SimConfig | None = None) -> SimConfig:
         return attrs.evolve(base or SimConfig(), profile=self.name, **self.fields)
+
+
+def fields_from(measured: dict[str, Any]) -> dict[str, int]:
+    """A profile's costs from what ``scripts/calibrate`` measured (its ``measured`` block): the host step is the
+    median of the programs' median gaps (so no program's step count outweighs another's), the laws their medians.
+    ValueError if a measurement is missing."""
+    medians = [v["median_ns"] for v in measured.get("host_steps", {}).values() if "median_ns" in v]
+    if not medians:
+        raise ValueError("no program's host steps were timed")
+    return {"host_step_ns": round(statistics.median(medians)),
+            "copy_bytes_per_ns": max(1, round(measured["copies"]["bytes_per_ns"])),
+            "kernel_bytes_per_ns": max(1, round(measured["kernels"]["bytes_per_ns"])),
+            "launch_ns": max(1, round(measured["launch"]["ns"]))}
 
 
 def names() -> list[str]:

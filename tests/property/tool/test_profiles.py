@@ -11,7 +11,7 @@ from subprocess import CompletedProcess
 import pytest
 
 from simdevice.runtime.config import SimConfig
-from simdevice.runtime.profiles import COST_FIELDS, ProfileError, load, names
+from simdevice.runtime.profiles import COST_FIELDS, ProfileError, fields_from, load, names
 
 Cli = Callable[[list[str], Path], CompletedProcess[str]]
 
@@ -41,6 +41,19 @@ def test_every_shipped_profile_loads_and_sets_only_costs() -> None:
         assert set(profile.fields) <= set(COST_FIELDS)
         assert profile.measured.get("device")  # says where it was measured, and how
         assert profile.measured.get("command")
+        # measured, not fitted: its costs are what its own measurements give, nothing edited by hand
+        assert profile.fields == fields_from(profile.measured)
+    assert "h200-torch2.11" in names()
+
+
+def test_the_costs_come_from_the_measurements() -> None:
+    measured = {"host_steps": {"a": {"median_ns": 40_000}, "b": {"median_ns": 100_000}, "c": {"skipped": "x"},
+                               "d": {"median_ns": 60_000}},
+                "copies": {"bytes_per_ns": 54.6}, "kernels": {"bytes_per_ns": 3000.4}, "launch": {"ns": 0.2}}
+    assert fields_from(measured) == {"host_step_ns": 60_000, "copy_bytes_per_ns": 55, "kernel_bytes_per_ns": 3000,
+                                     "launch_ns": 1}
+    with pytest.raises(ValueError, match="no program's host steps"):
+        fields_from({**measured, "host_steps": {"c": {"skipped": "x"}}})
 
 
 def test_the_profile_judges_the_run_and_the_output_says_which(tmp_path: Path, run_cli: Cli) -> None:
