@@ -429,14 +429,16 @@ class Memory:
 
     def _trails(self, st: Storage, access: Access, wid: int, lo: int, hi: int, reader: Issued, now: int,
                 end: int) -> bool:
-        """Whether the sweeping ``reader`` follows the copy landing write ``wid`` over ``[lo, hi)`` (and completes
-        after it lands); if so it is noted in ``reader.follows``."""
+        """Whether the sweeping ``reader`` follows the copy landing write ``wid`` over ``[lo, hi)`` and completes
+        after it lands (strictly); if so it is noted in ``reader.follows``."""
         landing = self._landing.get((id(st.shadow), wid))
         if landing is None:
             return False
         writer, ws, we, wlo, whi = landing
         base = st.offset
-        if we > end or not trails((ws, we, wlo, whi), (now, end, base + access.lo, base + access.hi),
+        # it must complete after the writer lands (at the same moment the event order could put it first, and it
+        # would read the old bytes at its completion with no stale read reported)
+        if we >= end or not trails((ws, we, wlo, whi), (now, end, base + access.lo, base + access.hi),
                                   base + lo, base + hi):
             return False
         if writer not in reader.follows:

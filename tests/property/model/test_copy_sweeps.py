@@ -99,3 +99,32 @@ def test_the_trailing_rule_is_what_makes_the_values_right(monkeypatch: pytest.Mo
 ])
 def test_trails_compares_both_ends_of_the_range(writer: Any, reader: Any, span: Any, want: bool) -> None:
     assert memory.trails(writer, reader, *span) is want
+
+
+def test_side_by_side_copies_are_judged_consistently() -> None:
+    """Reader and writer released by the same event, the same size: both end at one moment, and the reader's stream
+    (made first) completes first. It must not count as trailing (it would read the old bytes at its completion
+    with no stale read reported); the values and the report agree."""
+
+    def program(dev: Any) -> torch.Tensor:
+        src = torch.arange(N, dtype=torch.float32, device=dev.device) + 1
+        pinned = torch.empty(N, dtype=torch.float32, pin_memory=True)
+        back = torch.zeros(N, dtype=torch.float32, device=dev.device)
+        torch.ones(N * 64, device=dev.device).mul_(2)  # the default stream busy while both copies are issued
+        h2d, d2h = dev.Stream(name="h2d"), dev.Stream(name="d2h")
+        h2d.wait_stream(dev.current_stream())
+        d2h.wait_stream(dev.current_stream())
+        with dev.stream(d2h):
+            pinned.copy_(src, non_blocking=True)
+        with dev.stream(h2d):
+            back.copy_(pinned, non_blocking=True)
+        dev.synchronize()
+        return back.cpu()
+
+    run = SimDevice().run(program)
+    starts = {who: t for t, who, what in run.trace if what.startswith("start copy_")}
+    assert starts["h2d"] == starts["d2h"]  # side by side indeed
+    right = torch.equal(peek(run.result), torch.arange(N, dtype=torch.float32) + 1)
+    stale = any(r.kind == "stale-read" for r in run.reports)
+    assert right != stale  # wrong values always come with the stale read that explains them
+    assert "race" in {r.kind for r in run.reports}
