@@ -584,6 +584,8 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     else:
         print(f"{where}: fails at schedule {n}:")
         print(failed.text())
+    if _profile() != "default":
+        print(f"  (judged with the cost profile {_profile()})")
     if builtin:
         expect_bug = target.variant not in target.program.clean
         return 0 if (failed is not None) == expect_bug else 1

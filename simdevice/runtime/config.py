@@ -87,6 +87,11 @@ def with_overrides(config: SimConfig) -> SimConfig:
     return attrs.evolve(config, **fields) if fields else config
 
 
+def active_profile() -> str:
+    """The cost profile runs made now are judged with (``--profile``; ``default`` outside any)."""
+    return str(dict(_OVERRIDES.get()).get("profile", "default"))
+
+
 def overrides_active() -> bool:
     """Whether runs made now get overridden fields (a cache of runs made without them must not serve these)."""
     return bool(_OVERRIDES.get())

@@ -56,6 +56,15 @@ def fields_from(measured: dict[str, Any]) -> dict[str, int]:
             "launch_ns": max(1, round(measured["launch"]["ns"]))}
 
 
+#: profile name -> how it was asked for (a shipped name or a path): what a replay line must say to get it again
+_SOURCES: dict[str, str] = {}
+
+
+def spec_of(name: str) -> str:
+    """How to ask for the profile ``name`` again (``--profile``): its path if it was loaded from one."""
+    return _SOURCES.get(name, name)
+
+
 def names() -> list[str]:
     """The shipped profiles."""
     return sorted(p.stem for p in SHIPPED.glob("*.json"))
@@ -95,4 +104,6 @@ def load(spec: str) -> Profile:
         doc = json.loads(text)
     except ValueError as e:
         raise ProfileError(f"{spec}: not JSON ({e})") from None
-    return parse(doc, spec)
+    profile = parse(doc, spec)
+    _SOURCES[profile.name] = spec
+    return profile

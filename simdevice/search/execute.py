@@ -17,6 +17,7 @@ from reference.schedule import Schedule
 from simdevice.api import SimDevice
 from simdevice.programs import Program, resolve
 from simdevice.runtime import SimConfig
+from simdevice.runtime.config import active_profile
 from simdevice.runtime.reports import Race, summarize
 
 
@@ -27,6 +28,8 @@ class Outcome:
     #: what the value oracle found wrong
     problems: tuple[str, ...]
     backend: str = "sim"
+    #: the cost profile that judged a simulated run (``--profile``)
+    profile: str = "default"
 
     @property
     def races(self) -> tuple[Race, ...]:
@@ -69,7 +72,12 @@ class Outcome:
         lines += [f"  note: {n}" for n in self.run.notes]
         if self.run.unfired:
             lines.append(f"  note: delays never applied (their operation never came): {', '.join(self.run.unfired)}")
-        lines.append(f'  replay: simdevice replay "{self.schedule}" [--gpu]')
+        again = ""
+        if self.backend == "sim" and self.profile != "default":  # the same costs, or the verdict may differ
+            from simdevice.runtime.profiles import spec_of
+
+            again = f" --profile {spec_of(self.profile)}"
+        lines.append(f'  replay: simdevice replay "{self.schedule}"{again} [--gpu]')
         return "\n".join(lines)
 
 
@@ -97,7 +105,7 @@ def execute(schedule: Schedule, backend: str = "sim", sim_config: SimConfig | No
     problems: tuple[str, ...] = ()
     if run.result is not None or not run.reports:
         problems = tuple(program.oracle(config, run.result)) if run.result is not None else ("no result",)
-    return Outcome(schedule, run, problems, backend)
+    return Outcome(schedule, run, problems, backend, active_profile() if backend == "sim" else "default")
 
 
 def counts_as_failure(program: Program, variant: str, out: Outcome) -> bool:

@@ -98,3 +98,17 @@ def test_an_unknown_profile_names_the_known_ones(tmp_path: Path, run_cli: Cli) -
     p = run_cli(["check", "--program", "offload_reload", "--profile", "no-such-gpu"], tmp_path)
     assert p.returncode == 2
     assert "no cost profile 'no-such-gpu' (known: default" in p.stderr
+
+
+def test_the_replay_line_carries_the_profile_that_judged_the_run(tmp_path: Path, run_cli: Cli) -> None:
+    """The same schedule under other costs can get another verdict: the line printed to replay it asks for the same
+    profile (by the path it was given), and exhaust says which profile judged it."""
+    path = _profile(tmp_path, host_step_ns=200_000)
+    p = run_cli(["replay", "offload_reload/racy::d2h#0+1", "--no-fix", "--profile", str(path)], tmp_path)
+    assert f'replay: simdevice replay "offload_reload/racy::d2h#0+1" --profile {path} [--gpu]' in p.stdout
+    p = run_cli(["replay", "offload_reload/racy::d2h#0+1", "--no-fix", "--profile", "h200-torch2.11"], tmp_path)
+    assert '--profile h200-torch2.11 [--gpu]' in p.stdout
+    p = run_cli(["replay", "offload_reload/racy::d2h#0+1", "--no-fix"], tmp_path)
+    assert 'replay: simdevice replay "offload_reload/racy::d2h#0+1" [--gpu]' in p.stdout
+    p = run_cli(["exhaust", "offload_reload/racy:", "--units", "1", "--profile", str(path)], tmp_path)
+    assert "(judged with the cost profile slow-host)" in p.stdout
