@@ -221,9 +221,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _profile() -> str:
     """The cost profile runs made now are judged with (``--profile``)."""
-    from simdevice.runtime.config import SimConfig, with_overrides
+    from simdevice.runtime.config import active_profile
 
-    return with_overrides(SimConfig()).profile
+    return active_profile()
+
+
+def _say_judged() -> None:
+    """Under a measured cost profile, say which judged what was just printed."""
+    if _profile() != "default":
+        print(f"  (judged with the cost profile {_profile()})")
 
 
 def _interrupted() -> int:
@@ -339,8 +345,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
     else:
         print(f"{target.name}: found after {result.examples} schedules ({result.seconds}s)")
         print(out.text())
-        if _profile() != "default":
-            print(f"  (judged with the cost profile {_profile()})")
+        _say_judged()
         if fix is not None:
             _print_fix(fix, str(out.schedule))
     return 1 if out is not None else 0
@@ -515,8 +520,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         }, indent=2))
     else:
         print(first.text())
-        if backend == "sim" and _profile() != "default":
-            print(f"  (judged with the cost profile {_profile()})")
+        if backend == "sim":
+            _say_judged()
         if edges:
             print(f"  (with {len(edges)} inserted edge{'s' if len(edges) > 1 else ''}: "
                   f"{', '.join(str(e) for e in edges)})")
@@ -584,8 +589,7 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     else:
         print(f"{where}: fails at schedule {n}:")
         print(failed.text())
-    if _profile() != "default":
-        print(f"  (judged with the cost profile {_profile()})")
+    _say_judged()
     if builtin:
         expect_bug = target.variant not in target.program.clean
         return 0 if (failed is not None) == expect_bug else 1
@@ -651,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
                     profile = load(spec)
                 except ProfileError as e:
                     return _fail(str(e))
-                fields.update(profile.fields, profile=profile.name)
+                fields.update(profile.overrides())
             steps = getattr(args, "max_steps", None)
             if steps is not None:
                 if steps < 1:

@@ -39,8 +39,12 @@ class Profile:
     #: what was measured, on what (device, torch, date, command, samples): shown, never read by the simulator
     measured: dict[str, Any]
 
+    def overrides(self) -> dict[str, Any]:
+        """The SimConfig fields it sets, its name among them (what ``config.overridden`` takes)."""
+        return {**self.fields, "profile": self.name}
+
     def config(self, base: SimConfig | None = None) -> SimConfig:
-        return attrs.evolve(base or SimConfig(), profile=self.name, **self.fields)
+        return attrs.evolve(base or SimConfig(), **self.overrides())
 
 
 def fields_from(measured: dict[str, Any]) -> dict[str, int]:

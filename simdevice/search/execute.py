@@ -17,7 +17,6 @@ from reference.schedule import Schedule
 from simdevice.api import SimDevice
 from simdevice.programs import Program, resolve
 from simdevice.runtime import SimConfig
-from simdevice.runtime.config import active_profile
 from simdevice.runtime.reports import Race, summarize
 
 
@@ -105,7 +104,8 @@ def execute(schedule: Schedule, backend: str = "sim", sim_config: SimConfig | No
     problems: tuple[str, ...] = ()
     if run.result is not None or not run.reports:
         problems = tuple(program.oracle(config, run.result)) if run.result is not None else ("no result",)
-    return Outcome(schedule, run, problems, backend, active_profile() if backend == "sim" else "default")
+    # the profile of the device that judged it (a sim_config given here, or the command's --profile)
+    return Outcome(schedule, run, problems, backend, dev.config.profile if isinstance(dev, SimDevice) else "default")
 
 
 def counts_as_failure(program: Program, variant: str, out: Outcome) -> bool:
