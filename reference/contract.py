@@ -47,7 +47,13 @@ protocol below (mypy checks it where a harness passes either as a
 Schedules (``reference.schedule``) are realized by counting operations per
 actor the same way on both backends: :func:`op_kind` decides which aten ops
 are stream operations (a kernel or a copy; views and bare allocations are
-not), and every contract call that can block or publish is a host step.
+not), and every contract call that can block, publish or observe is a host
+step. Consecutive polls of an actor (host steps that only observe: a
+``SharedValue`` read, ``SharedQueue.empty``, ``Event.query``,
+``Stream.query``, ``Work.is_completed``; and ``Device.sleep``) count as one
+operation, the first, so a polling loop counts the same however long it
+polls; any other counted step of the actor ends the poll.
+``Process.is_alive`` is no host step on either backend.
 """
 
 from __future__ import annotations

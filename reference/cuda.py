@@ -45,7 +45,14 @@ def calibrate_sleep_cycles_per_ms(samples: int = 3) -> float:
 
 
 class _Counter:
-    """Counts operations per actor and stalls the delayed ones (the CUDA side of a schedule)."""
+    """Counts operations per actor and stalls the delayed ones (the CUDA side of a schedule).
+
+    Consecutive polls of an actor (host steps that only observe, or sleep: ``Value.value`` reads,
+    ``Queue.empty``, an event's or a stream's ``query``, ``is_completed``, ``dev.sleep``) count as one operation,
+    the first: a poll right after a poll is not counted (no index, no delay) until the actor makes any other
+    counted step. So a polling loop counts the same however long the GPU makes it poll, as the simulator counts
+    it (``simdevice.runtime.execution.HostActor.count``, the same rule).
+    """
 
     def __init__(self, schedule: Schedule | None, cycles_per_ms: float, timed: bool = False) -> None:
         self.delays: dict[str, dict[int, int]] = {}
@@ -54,13 +61,22 @@ class _Counter:
                 self.delays.setdefault(d.actor, {})[d.index] = d.units
         self.counts: dict[str, int] = {}
         self.fired: set[tuple[str, int]] = set()
+        #: the actors whose last counted step was a poll
+        self.polling: set[str] = set()
         self.cycles_per_ms = cycles_per_ms
         #: with ``timed``: per actor, the wall clock (``perf_counter_ns``) at each of its counted operations (what
         #: ``scripts/calibrate`` measures a host step's cost from)
         self.stamps: dict[str, list[int]] | None = {} if timed else None
 
-    def next(self, actor: str) -> int:
-        """Count one operation of ``actor``; return the units it must be stalled first."""
+    def next(self, actor: str, poll: bool = False) -> int:
+        """Count one operation of ``actor`` (``poll``: a query or a sleep); return the units it must be stalled
+        first (0 for a poll that is not counted)."""
+        if poll:
+            if actor in self.polling:
+                return 0
+            self.polling.add(actor)
+        else:
+            self.polling.discard(actor)
         if self.stamps is not None:
             self.stamps.setdefault(actor, []).append(time.perf_counter_ns())
         k = self.counts.get(actor, 0)
@@ -105,7 +121,7 @@ class CudaStream(torch.cuda.Stream):
         self.raw.synchronize()
 
     def query(self) -> bool:
-        self.dev._host_step()
+        self.dev._host_step(poll=True)
         return bool(self.raw.query())
 
     def record_event(self, event: contract.Event | None = None) -> contract.Event:
@@ -141,7 +157,7 @@ class CudaEvent:
         (stream or self.dev.current_stream()).wait_event(self)
 
     def query(self) -> bool:
-        self.dev._host_step()
+        self.dev._host_step(poll=True)
         return bool(self.raw.query())
 
     def synchronize(self) -> None:
@@ -161,7 +177,7 @@ class CudaValue:
 
     @property
     def value(self) -> Any:
-        _current_cuda_device()._host_step()
+        _current_cuda_device()._host_step(poll=True)
         return self.raw.value
 
     @value.setter
@@ -183,7 +199,7 @@ class CudaQueue:
         return self.raw.get(timeout=timeout)
 
     def empty(self) -> bool:
-        _current_cuda_device()._host_step()
+        _current_cuda_device()._host_step(poll=True)
         return bool(self.raw.empty())
 
 
@@ -233,7 +249,7 @@ class CudaWork:
         self.raw.wait()
 
     def is_completed(self) -> bool:
-        self.dev._host_step()
+        self.dev._host_step(poll=True)
         return bool(self.raw.is_completed())
 
 
@@ -351,8 +367,9 @@ class CudaDevice:
             _CURRENT.pop()
         return Run(result=result, op_counts=dict(self.counter.counts), unfired=self.counter.unfired())
 
-    def _host_step(self) -> None:
-        units = self.counter.next(self.actor)
+    def _host_step(self, poll: bool = False) -> None:
+        """One host step of this actor (``poll``: a query or a sleep, see :class:`_Counter`)."""
+        units = self.counter.next(self.actor, poll)
         if units:
             time.sleep(units * 1e-3)
 
@@ -405,9 +422,9 @@ class CudaDevice:
     def prefix(self) -> str:
         return self._prefix
 
-    def host_step(self) -> None:
-        """One host step of this actor (delayed if the schedule says so)."""
-        self._host_step()
+    def host_step(self, poll: bool = False) -> None:
+        """One host step of this actor (delayed if the schedule says so; ``poll``: a query or a sleep)."""
+        self._host_step(poll)
 
     def count_op(self, actor: str) -> int:
         """Count one operation of ``actor``; the units it must be stalled first."""
@@ -465,7 +482,7 @@ class CudaDevice:
         return CudaQueue(self._ctx().Queue())
 
     def sleep(self, units: float) -> None:
-        self._host_step()
+        self._host_step(poll=True)
         time.sleep(units * 1e-3)
 
     def empty_cache(self) -> None:

@@ -10,7 +10,8 @@ GPU run must count what the simulator counts, and name the streams as it names t
 - a host step is taken (and a host delay applied) by what takes one in the simulator: a stream's
   ``wait_event``, ``wait_stream``, ``synchronize``, ``query``, an event's ``record``, ``query``,
   ``synchronize``, ``elapsed_time``, ``torch.cuda.synchronize()``, ``empty_cache()``, each collective call,
-  and (through ``CudaDevice``'s dispatch mode) every aten op on device or pinned memory;
+  and (through ``CudaDevice``'s dispatch mode) every aten op on device or pinned memory; consecutive queries
+  (``query``, ``is_completed``) count as one, as ``CudaDevice`` counts polls;
 - collectives of ``torch.distributed`` count one operation on this actor's ``nccl`` actor (stalled on a side
   stream of their own, so that a delay stalls NCCL alone), and a blocking one a second host step for its wait.
 
@@ -36,7 +37,7 @@ class CudaDevice(Protocol):
 
     @property
     def prefix(self) -> str: ...
-    def host_step(self) -> None: ...
+    def host_step(self, poll: bool = False) -> None: ...
     def count_op(self, actor: str) -> int: ...
     def name_stream(self, raw: torch.cuda.Stream, name: str) -> None: ...
     def stream_names(self) -> set[str]: ...
@@ -82,7 +83,7 @@ class CountingStream(torch.cuda.Stream):
         super().synchronize()
 
     def query(self) -> bool:
-        _dev().host_step()
+        _dev().host_step(poll=True)
         return bool(super().query())
 
     def record_event(self, event: Any = None) -> Any:
@@ -114,7 +115,7 @@ class CountingEvent(torch.cuda.Event):
         _RawEvent.wait(self, stream)
 
     def query(self) -> bool:
-        _dev().host_step()
+        _dev().host_step(poll=True)
         return bool(super().query())
 
     def synchronize(self) -> None:
@@ -142,7 +143,7 @@ class CountingWork:
         return bool(self.raw.wait() if timeout is None else self.raw.wait(timeout))
 
     def is_completed(self) -> bool:
-        _dev().host_step()
+        _dev().host_step(poll=True)
         return bool(self.raw.is_completed())
 
     def __getattr__(self, name: str) -> Any:

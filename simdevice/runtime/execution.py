@@ -10,9 +10,11 @@ Streams have no threads: whichever actor holds control runs their
 operations inline, so a thread switch is paid only when the running host
 actor changes.
 
-A schedule's delay on a host actor postpones its k-th step; on a stream,
-the start of its k-th counted operation. No wall clock and no random state:
-one schedule gives one run.
+A schedule's delay on a host actor postpones its k-th counted step; on a
+stream, the start of its k-th counted operation. A host actor's consecutive
+polls (queries and sleeps) are one counted step, its first
+(:meth:`HostActor.count`), so a polling loop counts the same however long it
+polls. No wall clock and no random state: one schedule gives one run.
 
 When no actor can move (all blocked, nothing in flight), or when nothing but
 polling has happened for ``SimConfig.stall_horizon_ns`` past the last thing due (a stall or an operation in
@@ -61,7 +63,10 @@ class HostActor:
         self.sem = threading.Semaphore(0)
         self.thread: threading.Thread | None = None
         self.time = 0
+        #: counted host steps so far (a schedule's index of the next one)
         self.steps = 0
+        #: whether the last host step was a poll (a query or a sleep): a poll after it is not counted
+        self.polling = False
         self.state = "new"
         self.wait_desc = ""
         self.wait_pred: Callable[[], bool] | None = None
@@ -75,6 +80,18 @@ class HostActor:
         #: unnamed streams made so far (they are called s1, s2, ...)
         self.unnamed = 0
         self.result: Any = None
+
+    def count(self, poll: bool) -> int | None:
+        """Count one host step; its index, or None where it is not counted. ``poll``: a step that only observes
+        (a query: a shared value read, ``Queue.empty``, an event's or a stream's ``query``, ``is_completed``) or
+        a sleep. Consecutive polls count as one operation, the first: a poll right after a poll has no index
+        (and no delay); any other step counts, and the next poll counts again. The same rule as
+        ``reference.cuda._Counter.next``, so a schedule's index names the same step on both machines."""
+        if poll and self.polling:
+            return None
+        self.polling = poll
+        self.steps += 1
+        return self.steps - 1
 
     @property
     def current_stream(self) -> SimStream:
@@ -358,16 +375,17 @@ class Execution:
         self.join_threads()
 
     # -- host steps --------------------------------------------------------------------
-    def host_step(self, desc: str) -> HostActor:
-        """One host step of the current actor at its virtual time (after its delay, if any)."""
+    def host_step(self, desc: str, poll: bool = False) -> HostActor:
+        """One host step of the current actor at its virtual time (after its delay, if any). ``poll``: a query or
+        a sleep (:meth:`HostActor.count`); one that is not counted is a step all the same (its host time, a
+        scheduling point, the trace, the step limit, the deadlock horizon), with no delay."""
         a = self.current()
         if self.aborting:
             raise SimAbort
-        k = a.steps
-        a.steps += 1
+        k = a.count(poll)
         self.host_steps += 1
         delay = 0
-        if k in a.delays:
+        if k is not None and k in a.delays:
             delay = a.delays[k] * UNIT_NS
             a.fired.add(k)
             self.trace.append((max(a.time, self.now), a.name, f"stall {a.delays[k]} units before #{k}"))

@@ -242,8 +242,9 @@ class Runtime:
     def current_or_none(self) -> HostActor | None:
         return self.execution.current_or_none()
 
-    def host_step(self, desc: str) -> HostActor:
-        a = self.execution.host_step(desc)
+    def host_step(self, desc: str, poll: bool = False) -> HostActor:
+        """One host step of the current actor (``poll``: a query or a sleep, see ``HostActor.count``)."""
+        a = self.execution.host_step(desc, poll)
         allocator = self.memsaver.allocator
         if allocator.has_pending:  # the program dropped tensors since its last step: their frees come first
             allocator.collect_frees()
@@ -395,7 +396,7 @@ class Runtime:
         self._host_waits(a, [self._record(s)], f"stream(s) {s.name} to finish")
 
     def stream_query(self, s: SimStream) -> bool:
-        a = self.host_step(f"{s.name}.query")
+        a = self.host_step(f"{s.name}.query", poll=True)
         if s.idle():
             sync.host_observes(a, sync.record(s))
             return True
@@ -425,7 +426,7 @@ class Runtime:
         return (t1 - t0) / UNIT_NS
 
     def event_query(self, rec: EventRecord | None) -> bool:
-        a = self.host_step("event.query")
+        a = self.host_step("event.query", poll=True)
         if rec is None:
             return True
         if rec.done():
@@ -719,7 +720,7 @@ class Runtime:
         sync.observe(a, child)
 
     def value_get(self, cell: SharedCell) -> Any:
-        a = self.host_step("Value.get")
+        a = self.host_step("Value.get", poll=True)
         sync.observe(a, cell)
         return cell.value
 
@@ -744,13 +745,13 @@ class Runtime:
         return item
 
     def queue_empty(self, box: Mailbox) -> bool:
-        self.host_step("Queue.empty")
+        self.host_step("Queue.empty", poll=True)
         return not box.items
 
     def sleep(self, units: float) -> None:
         if not units >= 0:  # also NaN
             raise ValueError(f"sleep({units}): a sleep must be >= 0 units")
-        a = self.host_step(f"sleep({units})")
+        a = self.host_step(f"sleep({units})", poll=True)
         a.time += int(units * UNIT_NS)
 
     # -- collectives ----------------------------------------------------------------------------------------
@@ -838,7 +839,7 @@ class Runtime:
         self._stream_waits(a.current_stream, work.record(), "collective")
 
     def work_is_completed(self, work: Gather) -> bool:
-        a = self.host_step("work.is_completed")
+        a = self.host_step("work.is_completed", poll=True)
         if work.rec.done():
             sync.host_observes(a, work.record())
             return True

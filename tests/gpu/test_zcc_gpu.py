@@ -54,12 +54,27 @@ def rate(variant: str, text: str) -> tuple[int, list[Outcome]]:
     return bad, outs
 
 
-def test_cuda_counts_worker_operations_as_the_simulator_does() -> None:
-    """A worker's steps and copies are counted alike on both machines, so a delay on them lands alike."""
-    s = Schedule.parse("zcc/FIXED:steps=2")
+#: schedules whose trainer polls for a while on the GPU (its workers take seconds to spawn; a stalled worker or D2H
+#: makes it poll longer), with one and with two workers and chunks
+COUNTED = [
+    "zcc/FIXED:steps=2",
+    "zcc/FIXED:steps=2:worker0.d2h#1+50",
+    "zcc/FIXED:chunks=2,steps=4,workers=2,mutate=0:worker0#0+20",
+]
+
+
+@pytest.mark.parametrize("text", COUNTED)
+def test_cuda_counts_worker_operations_as_the_simulator_does(text: str) -> None:
+    """Every actor's steps and operations (the trainer's host and streams, each worker's and its streams') are
+    counted alike on both machines, however long the GPU makes the trainer poll (consecutive polls count as one),
+    so a delay on any of them lands alike. The simulator also lists streams that got no operation."""
+    s = Schedule.parse(text)
     sim, gpu = execute(s), execute(s, backend="cuda")
-    actors = ["worker0", "worker0.d2h"]
-    assert {a: sim.run.op_counts[a] for a in actors} == {a: gpu.run.op_counts.get(a) for a in actors}
+    assert not sim.problems, sim.text()
+    assert not gpu.problems, gpu.text()
+    assert {a: n for a, n in gpu.run.op_counts.items() if n} == {a: n for a, n in sim.run.op_counts.items() if n}
+    assert {"host", "default", "worker0", "worker0.d2h"} <= set(gpu.run.op_counts)
+    assert not gpu.run.unfired, gpu.text()
 
 
 @pytest.mark.parametrize("variant", list(PINNED))
