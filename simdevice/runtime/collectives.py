@@ -169,7 +169,12 @@ class Collectives:
         coll.issued += 1
         sync.collective_issued(coll, a, comm)
 
-        send = self._enqueue(comm, f"{kind} (send)", True, ex.config.launch_ns, [inp] if inp else [], [], src)
+        # A world of one is NCCL's one-rank path (``ncclLaunchOneRank``): no kernel, one ``cudaMemcpyAsync`` of the
+        # input into the output, so the receive starts with the send and moves its bytes in order as any copy
+        # (a copy that trails it reads its bytes, ``Memory.start``). Between ranks the receive lands in ring order.
+        one = world.size == 1
+        send_ns = 0 if one else ex.config.launch_ns
+        send = self._enqueue(comm, f"{kind} (send)", True, send_ns, [inp] if inp else [], [], src)
         data_in = inp[1] if inp is not None else None
 
         def sent() -> None:
@@ -193,6 +198,7 @@ class Collectives:
                 d.copy_(v.reshape(d.shape))
 
         recv.finish = received
+        recv.sweeps = one and inp is not None
         ex.enqueue(comm, recv)
         if coll.complete:
             # the last rank in: peers' comm streams may be parked at their rendezvous

@@ -66,3 +66,51 @@ def test_ranks_that_disagree_on_the_collectives_deadlock_instead_of_hanging() ->
     assert "every rank's send of collective 1 (2 ranks)" in str(report)
 
 
+
+
+def _gather_then_copy(dev: Any, n: int) -> Any:
+    """Gather into ``out`` without waiting its handle, then copy ``out`` on another stream one host step later."""
+    inp = torch.empty(n, device=dev.device)
+    inp.copy_(torch.full((n,), float(dev.rank + 1)))
+    out = torch.zeros(n * dev.world_size, device=dev.device)
+    side = dev.Stream(name="side")
+    dev.all_gather_into_tensor(out, inp)
+    side.wait_stream(dev.current_stream())  # after the input's producer, not after the gather
+    with dev.stream(side):
+        got = torch.empty_like(out)
+        got.copy_(out)
+    dev.synchronize()
+    return got.cpu()
+
+
+def _one_rank(run: Any) -> tuple[set[str], bool, list[tuple[int, str]]]:
+    nccl = [(t, what) for t, actor, what in run.trace if actor == "rank0.nccl" and what.startswith("start")]
+    right = torch.equal(run.result[0], torch.ones(4096)) if run.result else False
+    return {r.kind for r in run.reports}, right, nccl
+
+
+def test_a_world_of_one_gathers_by_one_copy_that_a_copy_behind_it_trails() -> None:
+    """NCCL's one-rank path is one ``cudaMemcpyAsync`` (no kernel, no ring): the receive starts with the send,
+    and a copy issued after it that never overtakes it reads the gathered bytes. The race is reported all the
+    same (nothing orders the two); with two ranks the receive starts after the send's launch and the same copy
+    reads what was there before."""
+    from simdevice.runtime import memory
+
+    run = SimDevice().run(lambda dev: dev.spawn_ranks(_gather_then_copy, 1, (4096,)))
+    kinds, right, nccl = _one_rank(run)
+    assert "race" in kinds
+    assert "stale-read" not in kinds
+    assert right
+    [(send, _), (recv, _)] = nccl
+    assert send == recv
+    two = SimDevice().run(lambda dev: dev.spawn_ranks(_gather_then_copy, 2, (4096,)))
+    assert "stale-read" in {r.kind for r in two.reports}
+
+    def never(*_: Any) -> bool:
+        return False
+
+    with pytest.MonkeyPatch.context() as mp:  # the trailing rule off: the copy reads what had landed
+        mp.setattr(memory, "trails", never)
+        kinds, right, _ = _one_rank(SimDevice().run(lambda dev: dev.spawn_ranks(_gather_then_copy, 1, (4096,))))
+    assert "stale-read" in kinds
+    assert not right
