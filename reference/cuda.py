@@ -523,11 +523,14 @@ class CudaDevice:
             from torch.utils._python_dispatch import _disable_current_modes
 
             _init_nccl_group(0, 1, None)
-            child = CudaDevice(self.schedule, actor="rank0", cycles_per_ms=self.cycles_per_ms)
+            timed = self.counter.stamps is not None
+            child = CudaDevice(self.schedule, actor="rank0", cycles_per_ms=self.cycles_per_ms, timed=timed)
             with _disable_current_modes():
                 run = child.run(fn, *args)
             self.counter.counts.update(child.counter.counts)
             self.counter.fired |= child.counter.fired
+            if self.counter.stamps is not None and child.counter.stamps is not None:
+                self.counter.stamps.update(child.counter.stamps)
             return [run.result]
         import socket
 

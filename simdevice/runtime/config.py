@@ -47,6 +47,9 @@ class SimConfig:
     launch_ns: int = attrs.field(default=5_000, validator=_positive)
     #: one host step (a launch, a query, a shared-value access)
     host_step_ns: int = attrs.field(default=5_000, validator=_positive)
+    #: what issuing a collective costs the host beyond a host step (the process group's own work around NCCL's
+    #: enqueue): none on the fast host
+    collective_host_ns: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     #: a run in which nothing but polling happens for this long is a deadlock
     stall_horizon_ns: int = attrs.field(default=1_000 * UNIT_NS, validator=_positive)
     #: hard bound on host steps in one run

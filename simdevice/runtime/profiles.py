@@ -25,7 +25,7 @@ SHIPPED = Path(__file__).resolve().parent.parent / "profiles"
 
 #: the SimConfig fields a profile may set: the cost model, nothing about bounds or capacity (nor byte_scale, which
 #: maps simulated sizes to the GPU replay's and so must be the same on both)
-COST_FIELDS = ("host_step_ns", "copy_bytes_per_ns", "kernel_bytes_per_ns", "launch_ns")
+COST_FIELDS = ("host_step_ns", "copy_bytes_per_ns", "kernel_bytes_per_ns", "launch_ns", "collective_host_ns")
 
 
 class ProfileError(ValueError):
@@ -54,10 +54,16 @@ def fields_from(measured: dict[str, Any]) -> dict[str, int]:
     medians = [v["median_ns"] for v in measured.get("host_steps", {}).values() if "median_ns" in v]
     if not medians:
         raise ValueError("no program's host steps were timed")
-    return {"host_step_ns": round(statistics.median(medians)),
-            "copy_bytes_per_ns": max(1, round(measured["copies"]["bytes_per_ns"])),
-            "kernel_bytes_per_ns": max(1, round(measured["kernels"]["bytes_per_ns"])),
-            "launch_ns": max(1, round(measured["launch"]["ns"]))}
+    fields = {"host_step_ns": round(statistics.median(medians)),
+              "copy_bytes_per_ns": max(1, round(measured["copies"]["bytes_per_ns"])),
+              "kernel_bytes_per_ns": max(1, round(measured["kernels"]["bytes_per_ns"])),
+              "launch_ns": max(1, round(measured["launch"]["ns"]))}
+    if "collective" in measured:
+        # the host time of issuing a collective beyond issuing a kernel (a host step already pays for that)
+        gather = measured["collective"]
+        extra = statistics.median(r["issue_ns"] for r in gather["samples"]) - gather["kernel_issue_ns"]
+        fields["collective_host_ns"] = max(1, round(extra))
+    return fields
 
 
 #: profile name -> how it was asked for (a shipped name or a path): what a replay line must say to get it again

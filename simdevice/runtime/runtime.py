@@ -790,6 +790,7 @@ class Runtime:
         self._issued_at(g.rec.stream.name, source, g.record)
         self._issued_now(at, g.record, mark)
         self._collective_site(g, source, [out, inp])
+        a.time += self.config.collective_host_ns  # the rest of the issuing call, after its kernel is enqueued
         return g
 
     def _collective_site(self, g: Gather, source: str, refs: list[Ref]) -> None:
@@ -821,6 +822,7 @@ class Runtime:
         self._issued_at(g.rec.stream.name, source, g.record)
         self._issued_now(at, g.record, mark)
         self._collective_site(g, source, [*outs, *([inp] if inp is not None else [])])
+        a.time += self.config.collective_host_ns
         return g
 
     def exchange_objects(self, obj: Any) -> list[Any]:

@@ -3,6 +3,7 @@ judged it, and a bad profile is one line and exit 2."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +55,38 @@ def test_the_costs_come_from_the_measurements() -> None:
                                      "launch_ns": 1}
     with pytest.raises(ValueError, match="no program's host steps"):
         fields_from({**measured, "host_steps": {"c": {"skipped": "x"}}})
+    # a collective's issue beyond a kernel's: the median issue (40 us) less the kernel's (8 us)
+    gather = {"samples": [{"issue_ns": 50_000}, {"issue_ns": 30_000}, {"issue_ns": 40_000}], "kernel_issue_ns": 8_000}
+    assert fields_from({**measured, "collective": gather})["collective_host_ns"] == 32_000
+
+
+#: the evaluation's read of a bucket one host step after its gather was issued, on a host as slow as the H200's
+NO_DRAIN = "param_readiness/param-no-drain-on-disable:bucket=4,eager=1,iters=1,layers=2,ranks=2"
+
+
+def test_a_collective_costs_the_host_its_issue() -> None:
+    """``collective_host_ns``: the host returns from issuing a collective that much later than from a launch, so
+    the step after it comes later; on a host like the H200's that closes this window (the gather of 2 x 128 MiB
+    lands before the evaluation reads it), which a host step alone leaves open."""
+    import attrs
+
+    from reference.schedule import Schedule
+    from simdevice.search import execute
+
+    host = SimConfig(host_step_ns=84_454, copy_bytes_per_ns=55, kernel_bytes_per_ns=3059, launch_ns=12_352)
+    plain = execute(Schedule.parse(NO_DRAIN), sim_config=host)
+    issued = execute(Schedule.parse(NO_DRAIN), sim_config=attrs.evolve(host, collective_host_ns=30_000))
+    assert plain.corrupted
+    assert not issued.corrupted
+    assert any("race" in line for line in issued.text().splitlines())  # the race is there under any costs
+
+    def after_gathers(out: object) -> list[int]:
+        trace = out.run.trace  # type: ignore[attr-defined]
+        steps = [(t, what) for t, actor, what in trace if actor == "rank0"]  # rank1's are alike
+        return [b[0] - a[0] for a, b in itertools.pairwise(steps) if a[1] == "all_gather_into_tensor"]
+
+    assert len(after_gathers(plain)) == 2  # the step and the evaluation each gather once
+    assert [g - 30_000 for g in after_gathers(issued)] == after_gathers(plain)
 
 
 def test_the_profile_judges_the_run_and_the_output_says_which(tmp_path: Path, run_cli: Cli) -> None:
