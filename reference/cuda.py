@@ -13,6 +13,7 @@ device memory over CUDA IPC and talking NCCL.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import tempfile
@@ -42,6 +43,15 @@ def calibrate_sleep_cycles_per_ms(samples: int = 3) -> float:
         rates.append(cycles / start.elapsed_time(end))
     rates.sort()
     return float(rates[len(rates) // 2])
+
+
+def _warm_caches() -> None:
+    """Before a run: free what earlier runs left to Python's cycle collector, so their page-locked and device
+    blocks are back in torch's caches. A warm-up run then warms them: without it, a run can pay a fresh
+    ``cudaHostAlloc`` (tens of milliseconds for 64 MiB, and it synchronizes the device) wherever the collector
+    had not run yet, and the same schedule would run with other timings from one trial to the next."""
+    if not _CURRENT:  # a world of one runs inside its parent's run: that one has collected already
+        gc.collect()
 
 
 class _Counter:
@@ -358,6 +368,7 @@ class CudaDevice:
 
     # -- running a program ---------------------------------------------------
     def run(self, program: Callable[..., Any], *args: Any) -> Run:
+        _warm_caches()
         _CURRENT.append(self)
         try:
             with _CountingMode(self):
@@ -402,6 +413,7 @@ class CudaDevice:
 
         if world_size is not None:
             raise NotImplementedError("plain torch.cuda code on several GPUs: launch it with torchrun")
+        _warm_caches()
         _CURRENT.append(self)
         try:
             with _world_of_one(), counting_torch_cuda(self), _CountingMode(self, poisons=True):

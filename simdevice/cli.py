@@ -103,7 +103,9 @@ def _parser() -> argparse.ArgumentParser:
                    "(PROGRAM/VARIANT:CONFIG:DELAYS or FILE.py::FUNCTION:CONFIG:DELAYS)")
     r.add_argument("--gpu", action="store_true",
                    help="run it on the CUDA GPU instead of the simulator (after one warm-up run, not counted: a "
-                        "cold caching allocator's cudaMalloc synchronizes the device and can hide a race)")
+                        "cold caching allocator's cudaMalloc or cudaHostAlloc synchronizes the device and can hide "
+                        "a race; each run starts with gc.collect(), so what the last one left is back in the "
+                        "caches)")
     r.add_argument("--trials", type=int, default=1, metavar="N", help="repeat N times and report the rate")
     r.add_argument("--json", action="store_true", help="print the outcome as JSON")
     r.add_argument("--trace", action="store_true", help="print every host step and stream operation (simulator)")
