@@ -1,17 +1,37 @@
 """``scripts/fidelity``: the plan samples deterministic schedules with the simulator's verdicts, the table counts
-agreement, and bad input is one line and exit 2 (the GPU step itself runs on a GPU: docs/fidelity.md)."""
+agreement, and bad input is one line and exit 2 (the GPU step itself runs on a GPU: docs/fidelity.md). A
+memsaver_guard trial's process is tested here without a GPU: its command line and environment, and how its exit
+and output become a trial (fake children, tiny ``python -c`` scripts)."""
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "fidelity"
+
+
+def _script() -> ModuleType:
+    loader = importlib.machinery.SourceFileLoader("fidelity_script", str(SCRIPT))
+    spec = importlib.util.spec_from_loader("fidelity_script", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+fid = _script()
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -93,3 +113,207 @@ def test_rejudge_keeps_the_gpu_verdicts_and_recomputes_the_simulators(tmp_path: 
     assert again["sim_fails"] is True  # the D2H a unit late: the reload reads the buffer before it lands
     assert again["gpu_fails"] is True
     assert again["was"] == {"sim_fails": False, "sim_verdict": "clean"}
+
+
+# -- memsaver_guard: a trial in a process of its own -----------------------------------------------------------
+
+MEMSAVER = "memsaver_guard/memsaver-connect-unguarded:kib=16"
+
+
+def test_a_memsaver_trial_process_is_started_with_the_preload_hook_and_the_process_wide_saver() -> None:
+    base = {"PATH": "/bin", "LD_PRELOAD": "/other.so", "LD_LIBRARY_PATH": "/mine", "PYTHONPATH": "/site",
+            "TMS_INIT_ENABLE": "0", "TMS_INIT_ENABLE_CPU_BACKUP": "0", "NCCL_NVLS_ENABLE": "1"}
+    env = fid.child_env(base, "/pkg/torch_memory_saver_hook_mode_preload_cu13.abi3.so", ["/cuda/lib", "/torch/lib"])
+    # only the hook: torch_memory_saver refuses an LD_PRELOAD naming it twice, and the process is the region
+    assert env["LD_PRELOAD"] == "/pkg/torch_memory_saver_hook_mode_preload_cu13.abi3.so"
+    assert env["TMS_INIT_ENABLE"] == "1"
+    assert env["TMS_INIT_ENABLE_CPU_BACKUP"] == "1"  # the reference's region asks for a backup
+    assert env["LD_LIBRARY_PATH"] == os.pathsep.join(["/cuda/lib", "/torch/lib", "/mine"])  # before torch loads
+    assert env["PYTHONPATH"] == os.pathsep.join([str(ROOT), "/site"])  # this checkout, then the wheel's site
+    assert env["NCCL_NVLS_ENABLE"] == "0"
+    assert env["PATH"] == "/bin"
+    assert base["TMS_INIT_ENABLE"] == "0"  # the parent's own environment is left alone
+    warm = MEMSAVER + ",cycles=3"
+    assert fid.child_command(MEMSAVER, warm) == [sys.executable, str(SCRIPT), "_child", MEMSAVER, "--warm-up", warm]
+    assert fid.child_command(MEMSAVER, None) == [sys.executable, str(SCRIPT), "_child", MEMSAVER]
+    assert fid._own_process(MEMSAVER)
+    assert not fid._own_process("offload_reload/racy::d2h#0+1")
+
+
+def test_the_child_command_is_one_the_child_accepts(missing_saver: dict[str, str]) -> None:
+    """The real child, on this machine (no GPU, and no torch_memory_saver as the test makes it): it takes the command
+    line and dies in its setup, a failing trial naming why."""
+    env = dict(os.environ, **missing_saver)
+    trial = fid.run_trial(fid.child_command(MEMSAVER, MEMSAVER), env, 120)
+    assert trial["failed"] is True
+    assert trial["error"].startswith("the child died (exit 1) in the setup: ImportError: torch_memory_saver is not")
+
+
+def _fake(code: str) -> list[str]:
+    return [sys.executable, "-c", "import os, sys, json, time\n" + code]
+
+
+def _line(kind: str, value: Any) -> str:
+    prefix = fid.PHASE if kind == "phase" else fid.RESULT
+    return f"print({(prefix + (value if kind == 'phase' else json.dumps(value)))!r}, flush=True)\n"
+
+
+CLEAN = {"clean": True, "verdict": "clean", "problems": [], "error": None}
+WRONG = {"clean": False, "verdict": "wrong values", "problems": ["cycle 0: 3 of 4096 engine weights differ"],
+         "error": None}
+ILLEGAL_TEXT = "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+@pytest.mark.parametrize(("code", "failed", "error"), [
+    (_line("phase", "trial") + _line("result", {"warm_up": CLEAN, "trial": CLEAN}), False, None),
+    (_line("result", {"warm_up": None, "trial": CLEAN}), False, None),
+    (_line("result", {"warm_up": WRONG, "trial": CLEAN}), False, None),  # the warm-up's values are not counted
+    (_line("result", {"warm_up": CLEAN, "trial": WRONG}), True, "wrong values; cycle 0: 3 of 4096 engine weights"),
+    (_line("result", {"warm_up": CLEAN, "trial": {"clean": False, "error": ILLEGAL_TEXT}}), True, ILLEGAL_TEXT),
+    (_line("result", {"warm_up": {"clean": False, "error": "ValueError: x"}, "trial": None}), True,
+     "in the warm-up: ValueError: x"),
+    (_line("result", {"setup": "the memory saver is not active"}), None, "the memory saver is not active"),
+    (_line("result", {"warm_up": CLEAN, "trial": None}), True, "the child printed no trial's result"),
+    # a child the illegal access killed: the first line naming it, and the phase it died in
+    (_line("phase", "setup") + _line("phase", "warm-up")
+     + f"print({ILLEGAL_TEXT!r}, file=sys.stderr, flush=True)\nprint('c10::Error frame #0', file=sys.stderr)\n"
+     "sys.stderr.flush()\nos.abort()\n", True, f"illegal memory access in the warm-up: {ILLEGAL_TEXT}"),
+    (_line("phase", "setup") + "print('NCCL failed', file=sys.stderr)\nsys.exit(3)\n", True,
+     "the child died (exit 3) in the setup: NCCL failed"),
+    (_line("phase", "trial") + "os.kill(os.getpid(), 9)\n", True, "the child died (killed by signal 9) in the trial"),
+    ("print('FIDELITY-RESULT {not json', flush=True)\nsys.exit(1)\n", True, "the child died (exit 1) in the setup"),
+])
+def test_a_childs_exit_and_output_are_its_trial(code: str, failed: bool | None, error: str | None) -> None:
+    trial = fid.run_trial(_fake(code), dict(os.environ), 60)
+    assert trial["failed"] is failed
+    if error is None:
+        assert trial["error"] is None
+    else:
+        assert trial["error"].startswith(error), trial["error"]
+
+
+def test_a_child_past_its_limit_is_a_hang_and_killed_with_its_own_children(tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild"
+    code = (_line("phase", "trial") + "import subprocess\n"
+            f"p = subprocess.Popen(['sleep', '60'])\nopen({str(pid_file)!r}, 'w').write(str(p.pid))\ntime.sleep(60)\n")
+    t0 = time.monotonic()
+    trial = fid.run_trial(_fake(code), dict(os.environ), 2)
+    assert time.monotonic() - t0 < 30
+    assert trial == {"failed": True, "error": "hung in the trial: killed past 2 s"}
+    stat = Path(f"/proc/{pid_file.read_text()}/stat")
+    for _ in range(50):  # killed with the child's process group: gone, or a zombie until something reaps it
+        if not stat.exists() or stat.read_text().split()[2] in ("Z", "X"):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the child's own child outlived it: {stat.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def missing_saver(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """PYTHONPATH with a torch_memory_saver that does not import first: the library missing, whether it is installed
+    here or not."""
+    package = tmp_path_factory.mktemp("missing") / "torch_memory_saver"
+    package.mkdir()
+    (package / "__init__.py").write_text('raise ImportError("torch_memory_saver is not installed (test)")\n')
+    return {"PYTHONPATH": os.pathsep.join([str(package.parent), os.environ.get("PYTHONPATH", "")])}
+
+
+def _plan(tmp_path: Path, *schedules: str) -> Path:
+    rows = [{"variant": s.split(":")[0], "schedule": s, "sim_fails": False, "sim_verdict": "clean",
+             "deadlock": False} for s in schedules]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"seed": 0, "per_variant": 1, "profile": "default", "rows": rows}))
+    return path
+
+
+@pytest.mark.parametrize(("schedules", "resumed", "message"), [
+    ([MEMSAVER, "offload_reload/racy"], [],
+     "the plan has 1 memsaver_guard schedule(s) to replay, whose GPU runs need torch_memory_saver, and it does not "
+     "import (ImportError: torch_memory_saver is not installed (test)): pip install"),
+    (["offload_reload/racy"], [], "the gpu step needs a CUDA GPU"),  # no memsaver schedule: the library not needed
+    ([MEMSAVER, "offload_reload/racy"], [MEMSAVER], "the gpu step needs a CUDA GPU"),  # replayed already
+])
+def test_a_missing_memory_saver_is_one_line_and_exit_2_before_anything_runs(
+        tmp_path: Path, missing_saver: dict[str, str], schedules: list[str], resumed: list[str], message: str) -> None:
+    plan = _plan(tmp_path, *schedules)
+    resume = tmp_path / "done.json"
+    resume.write_text(json.dumps({"meta": {}, "results": [{"schedule": s, "gpu_fails": False} for s in resumed]}))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **missing_saver)
+    p = subprocess.run([sys.executable, str(SCRIPT), "gpu", str(plan), "--resume", str(resume),
+                        "-o", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 2
+    assert p.stderr.startswith(f"fidelity: error: {message}"), p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_the_table_counts_schedules_not_run_apart_from_deadlocks(tmp_path: Path) -> None:
+    rows = [
+        {"variant": "x/a", "schedule": "x/a", "sim_fails": False, "gpu_fails": False, "sim_verdict": "clean",
+         "gpu_failed_trials": 0, "trials": 2},
+        {"variant": "x/a", "schedule": "x/a:k=1", "sim_fails": False, "gpu_fails": None, "deadlock": False,
+         "note": "not run: the memory saver is not active"},
+        {"variant": "x/b", "schedule": "x/b", "sim_fails": True, "gpu_fails": None, "deadlock": True,
+         "note": "deadlock: not replayed"},
+    ]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"meta": {"device": "GPU", "torch": "t", "trials": 2, "date": "d", "seed": 0},
+                                "results": rows}))
+    p = _run("table", str(path))
+    assert p.returncode == 0, p.stderr
+    assert "overall: 1/1 agree (100.0%); 1 deadlock schedule(s) not replayed; 1 other(s) not run" in p.stdout
+    assert "\n  not run: the memory saver is not active\n" in p.stdout
+
+
+def test_gpu_replays_a_memsaver_schedule_a_process_per_trial_with_the_same_result_fields(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gpu step's loop, with a fake GPU and fake trial processes: each trial a process of its own started with
+    the hook (its warm-up first), the other programs' fields, and a child whose saver is inactive: not run."""
+    import signal
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda _: "fake GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(signal, "signal", lambda *_: None)
+    monkeypatch.setattr(fid, "memsaver_missing", lambda: None)
+    monkeypatch.setattr(fid, "preload_library", lambda: "/pkg/hook.so")
+    monkeypatch.setattr(fid, "_cuda_lib_dirs", lambda: [])
+    inactive = "memsaver_guard/memsaver-connect-unguarded:cycles=3,kib=16"
+    calls: list[tuple[list[str], dict[str, str], float]] = []
+
+    def run_trial(command: list[str], env: dict[str, str], limit: float) -> dict[str, Any]:
+        calls.append((command, env, limit))
+        if command[3] == inactive:
+            return {"failed": None, "error": "the memory saver is not active"}
+        if len(calls) == 2:
+            return {"failed": True, "error": "illegal memory access in the trial: boom"}
+        return {"failed": False, "error": None}
+
+    monkeypatch.setattr(fid, "run_trial", run_trial)
+    plan, out = _plan(tmp_path, MEMSAVER, inactive), tmp_path / "r.json"
+    args = fid.argparse.Namespace(plan=str(plan), resume=None, trials=3, budget_s=600, hang_factor=5,
+                                  child_timeout_s=77.0, output=str(out))
+    assert fid.gpu(args) == 0
+    assert [c[0] for c in calls[:3]] == [fid.child_command(MEMSAVER, MEMSAVER)] * 3  # warm-up, then the trial
+    assert all(env["TMS_INIT_ENABLE"] == "1" and env["LD_PRELOAD"] == "/pkg/hook.so" for _, env, _ in calls)
+    assert all(limit == 77.0 for *_, limit in calls)
+    first, second = json.loads(out.read_text())["results"]
+    assert first["gpu_fails"] is True
+    assert first["gpu_failed_trials"] == 1
+    assert first["trials"] == 3
+    assert first["errors"] == ["trial 2: illegal memory access in the trial: boom"]
+    assert isinstance(first["seconds"], float)
+    assert second["gpu_fails"] is None
+    assert second["note"] == "not run: the memory saver is not active"
+
+    # resumed: the schedule not run is tried again, the one replayed is kept
+    monkeypatch.setattr(fid, "run_trial", lambda *_: {"failed": False, "error": None})
+    again = tmp_path / "again.json"
+    assert fid.gpu(fid.argparse.Namespace(**{**vars(args), "resume": str(out), "output": str(again)})) == 0
+    kept, retried = json.loads(again.read_text())["results"]
+    assert kept == first
+    assert retried["schedule"] == inactive
+    assert retried["gpu_fails"] is False
