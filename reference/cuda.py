@@ -75,8 +75,10 @@ class _Counter:
         self.polling: set[str] = set()
         self.cycles_per_ms = cycles_per_ms
         #: with ``timed``: per actor, the wall clock (``perf_counter_ns``) at each of its counted operations (what
-        #: ``scripts/calibrate`` measures a host step's cost from)
+        #: ``scripts/calibrate`` measures a host step's cost from), and which of the actors are hosts (a stream's
+        #: stamps are its operations' issue times)
         self.stamps: dict[str, list[int]] | None = {} if timed else None
+        self.hosts: set[str] = set()
 
     def next(self, actor: str, poll: bool = False) -> int:
         """Count one operation of ``actor`` (``poll``: a query or a sleep); return the units it must be stalled
@@ -380,6 +382,8 @@ class CudaDevice:
 
     def _host_step(self, poll: bool = False) -> None:
         """One host step of this actor (``poll``: a query or a sleep, see :class:`_Counter`)."""
+        if self.counter.stamps is not None:
+            self.counter.hosts.add(self.actor)
         units = self.counter.next(self.actor, poll)
         if units:
             time.sleep(units * 1e-3)
@@ -543,6 +547,7 @@ class CudaDevice:
             self.counter.fired |= child.counter.fired
             if self.counter.stamps is not None and child.counter.stamps is not None:
                 self.counter.stamps.update(child.counter.stamps)
+                self.counter.hosts |= child.counter.hosts
             return [run.result]
         import socket
 
