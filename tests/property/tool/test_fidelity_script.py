@@ -317,3 +317,24 @@ def test_gpu_replays_a_memsaver_schedule_a_process_per_trial_with_the_same_resul
     assert kept == first
     assert retried["schedule"] == inactive
     assert retried["gpu_fails"] is False
+
+
+def test_the_cold_pinned_experiment_judges_the_activation_rows_twice(tmp_path: Path) -> None:
+    """scripts/fidelity-cold-pinned: the warm model and the cold one, each against the GPU's verdicts, on the
+    activation_offload rows only (here one, which fails either way: the pool is reserved before the first D2H);
+    a results file it cannot read is one line and exit 2."""
+    import subprocess
+    import sys
+
+    rows = [{"variant": "activation_offload/offload-inline-no-wait", "gpu_fails": True,
+             "schedule": "activation_offload/offload-inline-no-wait"},
+            {"variant": "offload_reload/racy", "gpu_fails": True, "schedule": "offload_reload/racy::d2h#0+1"}]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"meta": {"profile": "default"}, "results": rows}))
+    script = str(ROOT / "scripts" / "fidelity-cold-pinned")
+    out = subprocess.run([sys.executable, script, str(path), "--sync"], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout.splitlines()
+    assert out == ["warm (the simulator): 1/1 agree with the GPU", "cold + sync: 1/1 agree with the GPU"]
+    bad = subprocess.run([sys.executable, script, str(tmp_path / "none.json")], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1
