@@ -154,6 +154,17 @@ def test_unguarded_connection_hits_illegal_memory_access(working_mode: str) -> N
 
 
 @needs_saver
+def test_cuda_counts_operations_as_the_simulator_does(working_mode: str) -> None:
+    """Every actor's operations are counted alike on both machines, so a delay lands on the same one (the child
+    runs each schedule on the simulator and, after a warm-up, on the GPU, and prints both counts)."""
+    outcome, tail = child(working_mode, "counts", FIXED, FIXED + ",offload=0", BUG.replace(",drop=0", ",drop=1"))
+    for line in tail.splitlines():
+        if line.startswith("COUNTS "):
+            print(line)
+    assert outcome == "equal", tail
+
+
+@needs_saver
 def test_allocation_inside_disable_while_paused(working_mode: str) -> None:
     """What disable() allocates while paused is ordinary memory in the working mode; the rest is printed."""
     probes = [("process", "freed-inside"), ("process", "outlives-disable"), ("preload", "freed-inside"),
@@ -237,13 +248,32 @@ def _probe(saver: Any, order: str) -> None:
 
 def _main() -> None:
     mode, what, *args = sys.argv[1:]
-    if what not in ("fixed", "run", "probe") or not args:
-        sys.exit(f"usage: {sys.argv[0]} MODE fixed|run SCHEDULE... | MODE probe ORDER")
+    if what not in ("fixed", "run", "probe", "counts") or not args:
+        sys.exit(f"usage: {sys.argv[0]} MODE fixed|run|counts SCHEDULE... | MODE probe ORDER")
     saver = _setup(mode)
     if what == "probe":
         _probe(saver, args[0])
         return
+    if what == "counts":
+        _counts(args)
+        return
     _run(args)
+
+
+def _counts(args: list[str]) -> None:
+    """Per schedule, the simulator's and the GPU's per-actor operation counts (the GPU's after a warm-up run)."""
+    from reference.schedule import Schedule
+    from simdevice.search import execute
+
+    equal = True
+    for text in args:
+        s = Schedule.parse(text)
+        sim = {a: n for a, n in sorted(execute(s).run.op_counts.items()) if n}
+        execute(s, backend="cuda")  # warm-up
+        gpu = {a: n for a, n in sorted(execute(s, backend="cuda").run.op_counts.items()) if n}
+        equal = equal and sim == gpu
+        print("COUNTS " + json.dumps({"schedule": text, "sim": sim, "gpu": gpu}), flush=True)
+    print(f"RESULT {'equal' if equal else 'differ'}")
 
 
 def _run(args: list[str]) -> None:
