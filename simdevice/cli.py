@@ -42,6 +42,9 @@ _MAX_STEPS = ("host steps one simulated run may make before it is stopped with a
 _DEVICE_MEMORY = ("bytes the simulated device may hold (its bytes are this machine's memory): 512M, 8G, 1.5GiB or a "
                   "number of bytes; past it an allocation raises torch's OutOfMemoryError (default: half of this "
                   "machine's memory)")
+_NO_VALUES = ("race-only: compute no value, so memory does not grow with the device's bytes (a configuration of "
+              "64 GiB runs in a few hundred MiB): races and stale reads are found as with values; the program's value "
+              "checks are skipped and a host read of device memory gets a placeholder (True, or 0); the output says so")
 _PROFILE = ("the simulator's costs: default (a fast host, 5 us per host step: the narrowest windows, for finding "
             "bugs), a profile measured on a GPU by scripts/calibrate (shipped: simdevice/profiles/NAME.json), or the "
             "path of a profile's .json; the output names the profile that judged it")
@@ -91,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     c.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
     c.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
+    c.add_argument("--no-values", action="store_true", help=_NO_VALUES)
     c.add_argument("--profile", default=None, metavar="NAME", help=_PROFILE)
 
     r = sub.add_parser(
@@ -116,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
                         "of A at its line, issued later (simulator; the 'replay with it' line of a suggested fix)")
     r.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
     r.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
+    r.add_argument("--no-values", action="store_true", help=_NO_VALUES)
     r.add_argument("--profile", default=None, metavar="NAME", help=_PROFILE)
     r.add_argument("--perfetto", metavar="FILE.json", default=None,
                    help="write the run's timeline as a Perfetto / Chrome trace (open in ui.perfetto.dev)")
@@ -141,6 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     e.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
     e.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
+    e.add_argument("--no-values", action="store_true", help=_NO_VALUES)
     e.add_argument("--profile", default=None, metavar="NAME", help=_PROFILE)
     e.add_argument("--max-schedules", type=int, default=100_000, metavar="N",
                    help="refuse to start when there are more schedules than this (default 100000)")
@@ -197,7 +203,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         results = [dict(f.as_dict(), **({"fix": fixes[i].as_dict()} if i in fixes else {}))
                    for i, f in enumerate(findings)]
         print(json.dumps({"ok": ok, "seconds": round(time.monotonic() - started, 2), "profile": _profile(),
-                          "results": results,
+                          "values": _values(), "results": results,
                           **({"interrupted": True} if interrupted else {})}, indent=2))
     else:
         if _profile() != "default":
@@ -226,6 +232,13 @@ def _profile() -> str:
     from simdevice.runtime.config import active_profile
 
     return active_profile()
+
+
+def _values() -> bool:
+    """Whether runs made now compute values (``--no-values``: a race-only run)."""
+    from simdevice.runtime.config import active_values
+
+    return active_values()
 
 
 def _say_judged() -> None:
@@ -337,6 +350,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
     if args.json:
         print(json.dumps({
             "target": target.name, "found": out is not None, "examples": result.examples, "profile": _profile(),
+            "values": _values(),
             "seconds": result.seconds, "schedule": result.schedule,
             "summary": out.verdict() if out is not None else "clean",
             "reports": [str(r) for r in out.run.reports] if out is not None else [],
@@ -513,7 +527,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "schedule": str(schedule), "backend": backend, "trials": len(outcomes), "failed": bad,
-            **({"profile": _profile()} if backend == "sim" else {}),
+            **({"profile": _profile(), "values": _values()} if backend == "sim" else {}),
             "edges": [str(e) for e in edges],
             "verdicts": [o.verdict() for o in outcomes],
             "reports": [str(r) for r in first.run.reports], "problems": list(first.problems),
@@ -670,6 +684,8 @@ def main(argv: list[str] | None = None) -> int:
                     return _fail(f"--device-memory must be a size such as 512M, 8G or a number of bytes, got "
                                  f"{size[:40]!r}")
                 fields["device_memory"] = nbytes
+            if getattr(args, "no_values", False):
+                fields["values"] = False
             if not fields:
                 return commands[args.command](args)
             from simdevice.runtime.config import overridden

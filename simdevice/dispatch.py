@@ -376,7 +376,7 @@ class Dispatcher:
     # -- storages ---------------------------------------------------------------------
     def new_device(self, like: torch.Tensor, actor: HostActor) -> SimTensor:
         data, st, fresh = self.rt.allocate(like, actor)
-        if fresh:  # memory nobody wrote yet; a reused block keeps its last owner's bytes, as on a GPU
+        if fresh and self.config.values:  # memory nobody wrote yet; a reused block keeps its last owner's bytes
             poison(data)
         return SimTensor(data, st, self)
 
@@ -440,7 +440,7 @@ class Dispatcher:
             kw = dict(kwargs)
             kw["pin_memory"] = False
             out = func(*args, **kw)
-            if facts.kind == "alloc":
+            if facts.kind == "alloc" and self.config.values:
                 poison(out)
             return self.new_pinned(out, actor.name)
         if func is aten.is_pinned.default:
@@ -510,7 +510,8 @@ class Dispatcher:
         device = kwargs.get("device")
         if func is aten._to_copy.default and device is not None and not self.on_device(device):
             host_out = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
-            poison(host_out)
+            if self.config.values:
+                poison(host_out)
             if kwargs.get("pin_memory"):
                 self.new_pinned(host_out, a.name)
             return host_out, [host_out]
@@ -538,7 +539,7 @@ class Dispatcher:
                     f"{facts.name}: expected all tensors on the device, got a host tensor of shape {tuple(x.shape)}"
                 )
             if self.rt.lookup_pinned(x) is None:
-                staged[id(x)] = x.clone()
+                staged[id(x)] = x.clone() if self.config.values else x
         return inputs, staged
 
     def issue(
@@ -612,7 +613,8 @@ class Dispatcher:
         alias = _Aliases()
         index, rec = self.rt.enqueue(
             a, s, facts.name, duration, self._refs(inputs), [], src,
-            start=self._starter(func, alias.of(args), alias.of(kwargs), [], staged, box),
+            # its output's size comes from values, so it computes them even in a race-only run (what memory holds)
+            start=self._starter(func, alias.of(args), alias.of(kwargs), [], staged, box, compute=True),
         )
         self.rt.host_waits_for(a, rec, f"stream {s.name} to finish {facts.name} #{index} (its output size)")
         values = box["value"]
@@ -639,16 +641,23 @@ class Dispatcher:
         box: dict[str, Any],
         seed: int | None = None,
         reads: list[torch.Tensor] | None = None,
+        compute: bool = False,
     ) -> Callable[[], None]:
         """The operation's start. It reads its inputs now; an in-place (or ``out=``) operation whose inputs do not
         overlap its destination reads them at its completion instead, which is the same unless a write lands on
         them in between (then :class:`~simdevice.runtime.memory.InFlight` kept what they held): no copy of the
-        destination is held meanwhile. Any other operation computes now, on copies of what it mutates."""
+        destination is held meanwhile. Any other operation computes now, on copies of what it mutates. In a
+        race-only run (``SimConfig.values`` off) nothing is computed unless ``compute``: a host value is a
+        placeholder (:func:`_placeholder`)."""
         in_flight = self.rt.memory.in_flight
         reads = reads or []
         box["deferred"] = bool(written) and not _overlap(reads, written)
+        values = self.config.values or compute
 
         def start() -> None:
+            if not values:
+                box["value"] = _placeholder(func, args)
+                return
             if box["deferred"]:
                 box["reading"] = in_flight.open(reads)
                 return
@@ -663,8 +672,11 @@ class Dispatcher:
         outputs: list[torch.Tensor], staged: dict[int, torch.Tensor], box: dict[str, Any], seed: int | None = None,
     ) -> Callable[[], None]:
         in_flight = self.rt.memory.in_flight
+        values = self.config.values
 
         def finish() -> None:
+            if not values:
+                return  # a race-only run: no bytes move
             if box["deferred"]:
                 reading = box.pop("reading")
                 in_flight.close(reading)
@@ -687,6 +699,21 @@ class Dispatcher:
                 o.copy_(v)
 
         return finish
+
+
+def _placeholder(func: Any, args: tuple[Any, ...]) -> Any:
+    """What a host read of device memory gets in a race-only run, where no value is computed: True for a truth
+    value (``equal``, ``allclose``, ``.item()`` of a bool), 0 for a number (``.item()``), None otherwise."""
+    returns = func._schema.returns
+    if not returns:
+        return None
+    kind = str(returns[0].type)
+    x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if kind == "bool" or (x is not None and x.dtype == torch.bool):
+        return True
+    if kind == "int" or (x is not None and not x.is_floating_point() and not x.is_complex()):
+        return 0
+    return 0.0 if kind in ("float", "number") else None
 
 
 def _overlap(reads: list[torch.Tensor], written: list[torch.Tensor]) -> bool:

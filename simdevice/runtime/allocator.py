@@ -44,6 +44,7 @@ ever dangles.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import weakref
 from collections.abc import Callable
 
@@ -111,11 +112,15 @@ class Block:
 class Segment:
     """One underlying allocation: its CPU bytes, its blocks, its stream, and its memory-saver state."""
 
-    def __init__(self, sid: int, pool: PoolTag, nbytes: int, small: bool, stream: SimStream | None = None) -> None:
+    def __init__(
+        self, sid: int, pool: PoolTag, nbytes: int, small: bool, stream: SimStream | None = None, lazy: bool = False
+    ) -> None:
         self.id, self.pool, self.nbytes, self.small = sid, pool, nbytes, small
         self.stream = stream
         self.label = f"seg#{sid}"
-        self.data = torch.empty(nbytes, dtype=torch.uint8)
+        #: ``lazy`` (a race-only run, whose operations move no bytes): address space only, no page until one is
+        #: written, whatever the size (``MAP_NORESERVE``: not counted against this machine's memory either)
+        self.data = _lazy_bytes(nbytes) if lazy else torch.empty(nbytes, dtype=torch.uint8)
         #: the shadow of these bytes, shared by every allocation made here (history survives reuse)
         self.shadow = Shadow(nbytes)
         self.blocks: list[Block] = [Block(self, 0, nbytes)]
@@ -156,6 +161,13 @@ class _Freed:
         self.block, self.where, self.uses, self.by, self.source = block, where, uses, by, source
 
 
+def _lazy_bytes(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of address space: an anonymous private mapping, its pages made only when written (reading an
+    untouched page reads zeros, and costs no memory either)."""
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0x4000)
+    return torch.frombuffer(mmap.mmap(-1, max(nbytes, 1), flags=flags), dtype=torch.uint8)[:nbytes]
+
+
 class CachingAllocator:
     """Pools of stream-ordered segments and blocks; reuse of freed blocks; ``record_stream``; ``empty_cache``."""
 
@@ -167,8 +179,11 @@ class CachingAllocator:
         on_release: Callable[[Segment], None] | None = None,
         current: Callable[[], HostActor | None] = lambda: None,
         capacity: int | None = None,
+        lazy: bool = False,
     ) -> None:
         self.memory = memory
+        #: segments as address space only (a race-only run: no operation writes them)
+        self.lazy = lazy
         #: bytes its segments may take together (None: no bound)
         self.capacity = capacity
         self._reserved = 0
@@ -270,7 +285,7 @@ class CachingAllocator:
             self.reused += 1
         else:
             self._reserve(segment_size(size))
-            seg = Segment(len(self._segments) + 1, pool, segment_size(size), small, stream)
+            seg = Segment(len(self._segments) + 1, pool, segment_size(size), small, stream, self.lazy)
             self._segments.append(seg)
             self.pools.setdefault(pool, []).append(seg)
             if self._on_segment is not None:

@@ -177,8 +177,10 @@ class Collectives:
         send = self._enqueue(comm, f"{kind} (send)", True, send_ns, [inp] if inp else [], [], src)
         data_in = inp[1] if inp is not None else None
 
+        values = ex.config.values  # race-only: no bytes move
+
         def sent() -> None:
-            coll.sent[rank] = data_in.clone() if data_in is not None else torch.empty(0)
+            coll.sent[rank] = data_in.clone() if data_in is not None and values else torch.empty(0)
 
         send.start = sent
         ex.enqueue(comm, send)
@@ -192,9 +194,11 @@ class Collectives:
         recv = self._enqueue(comm, f"{kind} (receive)", False, ex.config.kernel_ns(2 * nbytes(outs)), [], outs, src)
 
         def received() -> None:
-            values = combine(rank, [coll.sent[q] for q in range(world.size)])
+            if not values:
+                return
+            values_in = combine(rank, [coll.sent[q] for q in range(world.size)])
             self._memory.in_flight.before_write([d for _, d in outs])
-            for (_, d), v in zip(outs, values, strict=True):
+            for (_, d), v in zip(outs, values_in, strict=True):
                 d.copy_(v.reshape(d.shape))
 
         recv.finish = received

@@ -57,6 +57,10 @@ class SimConfig:
     #: bytes the caching allocator may reserve (its segments, real CPU bytes); past it, after releasing its cached
     #: segments, an allocation raises torch.OutOfMemoryError as CUDA does
     device_memory: int = attrs.field(factory=default_device_memory, validator=_positive)
+    #: compute the values (the default), or race-only: storages keep their shadows (versions, accesses) and no
+    #: operation moves bytes, so memory does not grow with the simulated bytes; races and stale reads are found as
+    #: with values, value checks are skipped and a host read of device memory gets a placeholder (``--no-values``)
+    values: bool = True
     #: the cost profile the costs above come from: ``default`` (a fast host, the conservative choice for finding
     #: bugs) or a profile measured on a GPU (``simdevice.runtime.profiles``, ``--profile NAME``); reports name it
     profile: str = "default"
@@ -93,6 +97,11 @@ def with_overrides(config: SimConfig) -> SimConfig:
 def active_profile() -> str:
     """The cost profile runs made now are judged with (``--profile``; ``default`` outside any)."""
     return str(dict(_OVERRIDES.get()).get("profile", "default"))
+
+
+def active_values() -> bool:
+    """Whether runs made now compute values (False under ``--no-values``, a race-only run)."""
+    return bool(dict(_OVERRIDES.get()).get("values", True))
 
 
 def overrides_active() -> bool:

@@ -236,6 +236,8 @@ class InFlight:
         self.landing: Issued | None = None
         #: what the operation starting now follows (set by :meth:`Memory.start`'s caller, taken by :meth:`open`)
         self.starting: Issued | None = None
+        #: False in a race-only run (``SimConfig.values``): no bytes move, so nothing is kept for a reader
+        self.values = True
 
     def open(self, inputs: list[torch.Tensor]) -> Reading:
         r = Reading(inputs)
@@ -250,7 +252,7 @@ class InFlight:
     def before_write(self, tensors: list[torch.Tensor]) -> None:
         """Bytes of ``tensors`` are about to be written: keep, for each operation in flight reading them, what
         they hold now."""
-        if not self._reading or not tensors:
+        if not self._reading or not tensors or not self.values:
             return
         spans = [span(t) for t in tensors]
         landing = self.landing

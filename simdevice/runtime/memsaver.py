@@ -61,7 +61,7 @@ class SimMemorySaver:
         # the library hooks the allocator's segments, as torch_memory_saver hooks cudaMalloc
         self.allocator = CachingAllocator(
             memory, pick, on_segment=self._on_segment, on_release=self._on_release, current=execution.current_or_none,
-            capacity=execution.config.device_memory,
+            capacity=execution.config.device_memory, lazy=not execution.config.values,
         )
         self.fixes = fixes
         #: per actor: stack of active pools (a tag inside region(), None inside disable())
@@ -160,10 +160,11 @@ class SimMemorySaver:
             for seg in self.allocator.segments(t):
                 if seg.handle is None:
                     continue
-                if self._backup.get(t):
-                    self._saved[seg.id] = seg.data.clone()
-                self._memory.in_flight.before_write([seg.data])
-                seg.data.fill_(0xFF)
+                if self._exec.config.values:  # race-only: the contents are not kept, so nothing to lose
+                    if self._backup.get(t):
+                        self._saved[seg.id] = seg.data.clone()
+                    self._memory.in_flight.before_write([seg.data])
+                    seg.data.fill_(0xFF)
                 seg.last_handle = seg.handle
                 self._release_handle(seg, seg.handle, f"pause of {seg.label}")
                 seg.handle = None

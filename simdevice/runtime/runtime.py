@@ -149,6 +149,7 @@ class Runtime:
         self._picked: set[tuple[str, int]] = set()
         self.reports = ReportSink()
         self.memory = Memory(self.reports)
+        self.memory.in_flight.values = config.values
         self.execution = Execution(config, delays, self.memory, self.reports)
         self.memsaver = SimMemorySaver(self.execution, self.memory, options.library, options.alloc_pick)
         self.collectives = Collectives(self.execution, self.memory)
@@ -287,6 +288,10 @@ class Runtime:
         """What could make a clean run mean less than it seems: with several streams, a stream the program made
         that got no operation, or whose operations touched no memory any other stream or the host touched."""
         out = self._free_notes()
+        if not self.config.values:
+            out.insert(0, "race-only (--no-values): no value was computed, so the program's value checks were "
+                          "skipped and each host read of device memory got a placeholder (True for a truth value, "
+                          "0 for a number); races and stale reads are found as with values")
         made = [s for s in self.execution.streams.values() if not s.name.endswith(("default", "nccl"))]
         if not made:
             return tuple(out)

@@ -29,6 +29,8 @@ class Outcome:
     backend: str = "sim"
     #: the cost profile that judged a simulated run (``--profile``)
     profile: str = "default"
+    #: False for a race-only run (``--no-values``): no value computed, no value checked
+    values: bool = True
 
     @property
     def races(self) -> tuple[Race, ...]:
@@ -76,6 +78,8 @@ class Outcome:
             from simdevice.runtime.profiles import spec_of
 
             again = f" --profile {spec_of(self.profile)}"
+        if not self.values:
+            again += " --no-values"
         lines.append(f'  replay: simdevice replay "{self.schedule}"{again} [--gpu]')
         return "\n".join(lines)
 
@@ -102,10 +106,12 @@ def execute(schedule: Schedule, backend: str = "sim", sim_config: SimConfig | No
     dev, config = device_for(schedule, backend, sim_config)
     run = dev.run(program.body, schedule.variant, config)
     problems: tuple[str, ...] = ()
-    if run.result is not None or not run.reports:
+    # the profile of the device that judged it (a sim_config given here, or the command's --profile), and whether it
+    # computed values: a race-only run did not, so the program's value checks have nothing to check
+    profile, values = (dev.config.profile, dev.config.values) if isinstance(dev, SimDevice) else ("default", True)
+    if values and (run.result is not None or not run.reports):
         problems = tuple(program.oracle(config, run.result)) if run.result is not None else ("no result",)
-    # the profile of the device that judged it (a sim_config given here, or the command's --profile)
-    return Outcome(schedule, run, problems, backend, dev.config.profile if isinstance(dev, SimDevice) else "default")
+    return Outcome(schedule, run, problems, backend, profile, values)
 
 
 def counts_as_failure(program: Program, variant: str, out: Outcome) -> bool:

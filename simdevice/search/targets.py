@@ -31,7 +31,7 @@ from simdevice.api import SimDevice
 from simdevice.dropin import DropIn
 from simdevice.programs import Program
 from simdevice.runtime import inserted_edges
-from simdevice.runtime.config import active_profile, overrides_active
+from simdevice.runtime.config import active_profile, active_values, overrides_active
 from simdevice.runtime.reports import describe, error_source
 from simdevice.search.execute import Outcome, counts_as_failure, execute
 
@@ -111,7 +111,7 @@ class FunctionTarget:
             run = DropIn(schedule).run(self.fn, world_size=self.world_size, **kwargs)
         else:
             run = SimDevice(schedule).run(self._contract_body(kwargs))
-        return Outcome(schedule, run, (), "sim", active_profile())
+        return Outcome(schedule, run, (), "sim", active_profile(), active_values())
 
     def _run_cuda(self, schedule: Schedule, kwargs: dict[str, Any]) -> Outcome:
         """On the GPU: what the function raises (a failing ``assert``) is the run's problem, as a host error is
