@@ -304,7 +304,8 @@ class CachingAllocator:
                 raise torch.OutOfMemoryError(
                     f"simulated device out of memory: tried to allocate {_size(nbytes)}; {_size(self._reserved)} "
                     f"reserved of {_size(self.capacity)} (raise it: SimConfig(device_memory=N), or --device-memory "
-                    "on the command line)")
+                    "on the command line" + ("" if self.lazy else "; with --no-values, a race-only run, its bytes cost "
+                                             "this machine no memory") + ")")
         self._reserved += nbytes
 
     @staticmethod
