@@ -291,7 +291,8 @@ class Runtime:
         if not self.config.values:
             out.insert(0, "race-only (--no-values): no value was computed, so the program's value checks were "
                           "skipped and each host read of device memory got a placeholder (True for a truth value, "
-                          "0 for a number); races and stale reads are found as with values")
+                          "0 for a number, zeros for .cpu()): a host error raised by the program's own check of a "
+                          "value it read back is no finding here; races and stale reads are found as with values")
         made = [s for s in self.execution.streams.values() if not s.name.endswith(("default", "nccl"))]
         if not made:
             return tuple(out)
