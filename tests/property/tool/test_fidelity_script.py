@@ -5,33 +5,22 @@ and output become a trial (fake children, tiny ``python -c`` scripts)."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "fidelity"
 
 
-def _script() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader("fidelity_script", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("fidelity_script", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-fid = _script()
+fid = load_script("fidelity")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

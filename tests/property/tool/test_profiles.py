@@ -8,9 +8,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from subprocess import CompletedProcess
-from typing import Any
 
 import pytest
+from script_modules import load_script
 
 from simdevice.runtime.config import SimConfig
 from simdevice.runtime.profiles import COST_FIELDS, ProfileError, fields_from, load, names
@@ -148,24 +148,11 @@ def test_the_replay_line_carries_the_profile_that_judged_the_run(tmp_path: Path,
     assert "(judged with the cost profile slow-host)" in p.stdout
 
 
-def _calibrate() -> Any:
-    import importlib.machinery
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[3] / "scripts" / "calibrate"
-    loader = importlib.machinery.SourceFileLoader("calibrate_script", str(path))
-    spec = importlib.util.spec_from_loader("calibrate_script", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
 def test_calibrate_times_host_steps_of_host_actors_only() -> None:
     """A host step's cost is the gap between two counted steps of one host actor; a stream's stamps (its
     operations' issue times, named ``d2h`` on the host, ``rank0.default`` on a rank) are no host steps, and two
     actors' stamps never make a gap."""
-    cal = _calibrate()
+    cal = load_script("calibrate")
     stamps = {"host": [(0,), (10,)], "d2h": [(1,), (500,)], "default": [(2,), (3,)], "rank0": [(20,), (50,), (51,)],
               "rank0.default": [(21,), (900,)]}
     gaps = cal._host_gaps(stamps, {"host", "rank0"})
