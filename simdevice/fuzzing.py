@@ -59,7 +59,8 @@ class FuzzFailure(AssertionError):  # noqa: N818 (a test failure, as AssertionEr
         if len(reports) > SHOWN:
             lines.append(f"  ... and {len(reports) - SHOWN} more (simdevice replay shows them all)")
         lines += [f"  note: {n}" for n in out.run.notes]
-        lines.append(f'  replay: simdevice replay "{out.schedule}" [--gpu]')
+        again = "" if out.values else " --no-values"
+        lines.append(f'  replay: simdevice replay "{out.schedule}"{again} [--gpu]')
         if self.trace_path is not None:
             lines.append(f"  trace: {self.trace_path}")
         return "\n".join(lines)
@@ -128,12 +129,15 @@ def fuzz(
     max_delays: int = 3,
     config: st.SearchStrategy[dict[str, Any]] | None = None,
     world_size: int | None = None,
+    values: bool = True,
     **strategies: st.SearchStrategy[Any],
 ) -> Any:
     """Make ``fn`` (plain torch.cuda code, or contract code ``fn(dev, ...)``) a test that searches its schedules.
 
     ``config`` (a strategy of keyword-argument dicts) or keyword strategies draw its parameters, shrinking with
     the schedule; without them it runs with its defaults. ``max_examples`` overrides the Hypothesis profile's.
+    ``values=False``: race-only runs (``--no-values``), for configurations too large to compute; the function's own
+    checks of values it reads back see placeholders there.
     """
     if config is not None and strategies:
         raise TypeError("fuzz takes config=... or keyword strategies, not both")
@@ -141,7 +145,7 @@ def fuzz(
         config = st.fixed_dictionaries(strategies)
 
     def decorate(f: Callable[..., Any]) -> Any:
-        return _fuzz_test(f, max_examples, max_delays, config, world_size)
+        return _fuzz_test(f, max_examples, max_delays, config, world_size, values)
 
     return decorate(fn) if fn is not None else decorate
 
@@ -152,8 +156,9 @@ def _fuzz_test(
     max_delays: int,
     config: st.SearchStrategy[dict[str, Any]] | None,
     world_size: int | None,
+    values: bool = True,
 ) -> Any:
-    target = from_function(f, world_size=world_size)
+    target = from_function(f, world_size=world_size, values=values)
 
     def run_schedule(schedule: Any) -> None:
         out = target.run(schedule)
@@ -182,6 +187,7 @@ def _fuzz_test(
     # what the command line and HypoFuzz need: the function it stands for, and the Hypothesis test inside
     test.__simdevice_target__ = f  # type: ignore[attr-defined]
     test.__simdevice_world_size__ = world_size  # type: ignore[attr-defined]
+    test.__simdevice_values__ = values  # type: ignore[attr-defined]
     test.hypothesis = inner.hypothesis  # type: ignore[attr-defined]
     test.is_hypothesis_test = True  # type: ignore[attr-defined]
     test._hypothesis_internal_use_settings = _settings()  # type: ignore[attr-defined]

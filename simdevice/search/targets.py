@@ -31,7 +31,7 @@ from simdevice.api import SimDevice
 from simdevice.dropin import DropIn
 from simdevice.programs import Program
 from simdevice.runtime import inserted_edges
-from simdevice.runtime.config import active_profile, active_values, overrides_active
+from simdevice.runtime.config import SimConfig, active_profile, active_values, overrides_active
 from simdevice.runtime.reports import describe, error_source
 from simdevice.search.execute import Outcome, counts_as_failure, execute
 
@@ -71,6 +71,8 @@ class FunctionTarget:
     params: dict[str, Any] = attrs.field(factory=dict)
     #: ranks to run it on (None: the host actor alone)
     world_size: int | None = None
+    #: False: every simulated run of it is race-only (``SimConfig.values``), its probe's too
+    values: bool = True
     #: the delay-free run of each configuration made so far (the probe's)
     _defaults: dict[Any, Outcome] = attrs.field(factory=dict, repr=False)
 
@@ -107,11 +109,12 @@ class FunctionTarget:
         return _once(self._defaults, schedule, _key(kwargs), lambda: self._run_sim(schedule, kwargs))
 
     def _run_sim(self, schedule: Schedule, kwargs: dict[str, Any]) -> Outcome:
+        config = None if self.values else SimConfig(values=False)
         if self.style == "plain":
-            run = DropIn(schedule).run(self.fn, world_size=self.world_size, **kwargs)
+            run = DropIn(schedule, config).run(self.fn, world_size=self.world_size, **kwargs)
         else:
-            run = SimDevice(schedule).run(self._contract_body(kwargs))
-        return Outcome(schedule, run, (), "sim", active_profile(), active_values())
+            run = SimDevice(schedule, config).run(self._contract_body(kwargs))
+        return Outcome(schedule, run, (), "sim", active_profile(), self.values and active_values())
 
     def _run_cuda(self, schedule: Schedule, kwargs: dict[str, Any]) -> Outcome:
         """On the GPU: what the function raises (a failing ``assert``) is the run's problem, as a host error is
@@ -345,11 +348,14 @@ def _where_text(where: str) -> str:
     return rel if not rel.startswith("..") else os.path.abspath(where)
 
 
-def from_function(fn: Callable[..., Any], name: str | None = None, world_size: int | None = None) -> FunctionTarget:
+def from_function(
+    fn: Callable[..., Any], name: str | None = None, world_size: int | None = None, values: bool = True
+) -> FunctionTarget:
     """A target for a function object (``name``: how schedule lines call it; default from its module). A test
     made by ``@simdevice.fuzz`` stands for the function it decorates."""
     if world_size is None:
         world_size = getattr(fn, "__simdevice_world_size__", None)
+    values = values and getattr(fn, "__simdevice_values__", True)
     fn = getattr(fn, "__simdevice_target__", fn)
     if name is None:
         name = _name_of(fn)
@@ -373,7 +379,7 @@ def from_function(fn: Callable[..., Any], name: str | None = None, world_size: i
         defaults[p.name] = p.default
     if not is_function_target(name):
         raise TargetError(f"cannot name {name!r} in a schedule line: expected FILE.py::FUNCTION or MODULE::FUNCTION")
-    return FunctionTarget(name, fn, style, defaults, world_size)
+    return FunctionTarget(name, fn, style, defaults, world_size, values)
 
 
 def _name_of(fn: Callable[..., Any]) -> str:

@@ -142,3 +142,30 @@ def test_the_command_line_runs_race_only() -> None:
     assert (bare["values"], full["values"]) == (False, True)
     assert "wrong values" not in bare["verdicts"][0]
     assert "wrong values" in full["verdicts"][0]
+
+
+def _big_reload(n: int = 1 << 30) -> None:
+    """Plain torch.cuda: 4 GiB offloaded and reloaded without a wait (n floats), its own check at the end."""
+    act = torch.ones(n, device="cuda")
+    pinned = torch.empty(n, pin_memory=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        pinned.copy_(act, non_blocking=True)
+    back = torch.empty_like(act)
+    back.copy_(pinned, non_blocking=True)
+    torch.cuda.synchronize()
+
+
+def test_a_fuzz_test_can_be_race_only() -> None:
+    """``@simdevice.fuzz(values=False)``: its runs and its probe are race-only, so 8 GiB of device tensors and
+    4 GiB of pinned memory cost this machine nothing; the failure's replay line keeps the mode."""
+    import simdevice
+    from simdevice.fuzzing import FuzzFailure
+
+    fuzzed = simdevice.fuzz(_big_reload, values=False, max_examples=3)
+    with pytest.raises(FuzzFailure) as caught:
+        fuzzed()
+    assert "race" in caught.value.outcome.verdict()
+    assert caught.value.outcome.values is False
+    assert "--no-values [--gpu]" in caught.value.block()
