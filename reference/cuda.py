@@ -19,6 +19,7 @@ import pickle
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -603,6 +604,48 @@ class CudaDevice:
         if self._memory_saver is None:
             self._memory_saver = load_memory_saver()
         return self._memory_saver
+
+
+def memory_saver_preload() -> str:
+    """The path of ``torch_memory_saver``'s preload hook built for this CUDA (what ``LD_PRELOAD`` names)."""
+    from torch_memory_saver.utils import get_binary_path_from_package
+
+    return str(get_binary_path_from_package("torch_memory_saver_hook_mode_preload"))
+
+
+def cuda_runtime_dirs() -> list[str]:
+    """The folders of the CUDA runtime torch's wheels carry: a preloaded hook needs it before torch loads it."""
+    site = Path(torch.__file__).resolve().parents[1]
+    return sorted({str(p.parent) for p in site.glob("nvidia/**/libcudart.so*")} | {str(site / "torch" / "lib")})
+
+
+def start_memory_saver_process(mode: str) -> tuple[MemorySaver, int]:
+    """In a process started with the preload hook (``mode`` ``process``: with ``TMS_INIT_ENABLE=1``; or ``preload``,
+    ``torch``: the library's hook modes): the memory saver, NCCL's buffers made first as ordinary memory (a pause
+    must not take them), and how many bytes a pause of a 2 GiB region released (none where the hook is not in place:
+    then every schedule would look clean; run with nothing else allocating on the GPU)."""
+    import torch.distributed as dist
+    import torch_memory_saver
+
+    torch_memory_saver.torch_memory_saver.hook_mode = "preload" if mode == "process" else mode
+    saver = load_memory_saver()  # what the reference gets from CudaDevice: process-wide in mode "process"
+    torch.cuda.set_device(0)
+    with saver.disable() if mode == "process" else contextlib.nullcontext():
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+        x = torch.ones(1024, device="cuda")
+        out = torch.empty(1024, device="cuda")
+        dist.all_gather_into_tensor(out, x)
+        torch.cuda.synchronize()
+        del x, out
+    with saver.region("setup-check", enable_cpu_backup=True):
+        held = torch.ones(2 << 30, dtype=torch.uint8, device="cuda")  # large: other processes' use is noise
+    torch.cuda.synchronize()
+    free0, _ = torch.cuda.mem_get_info()
+    saver.pause("setup-check")
+    free1, _ = torch.cuda.mem_get_info()
+    saver.resume("setup-check")
+    del held
+    return saver, free1 - free0
 
 
 def load_memory_saver() -> MemorySaver:

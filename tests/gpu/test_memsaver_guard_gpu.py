@@ -54,19 +54,6 @@ REPEATS = 5
 ILLEGAL = re.compile(r"illegal (memory access|address)", re.IGNORECASE)
 
 
-def _preload_library() -> str:
-    from torch_memory_saver.utils import get_binary_path_from_package
-
-    return str(get_binary_path_from_package("torch_memory_saver_hook_mode_preload"))
-
-
-def _cuda_lib_dirs() -> list[str]:
-    import torch
-
-    site = Path(torch.__file__).resolve().parents[1]
-    return sorted({str(p.parent) for p in site.glob("nvidia/**/libcudart.so*")} | {str(site / "torch" / "lib")})
-
-
 def child(mode: str, *args: str, timeout: int = 120) -> tuple[str, str]:
     """Run this file as a child in ``mode``; return (outcome, output tail)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_NCCL_AVOID_RECORD_STREAMS="1", NCCL_NVLS_ENABLE="0")
@@ -76,9 +63,11 @@ def child(mode: str, *args: str, timeout: int = 120) -> tuple[str, str]:
     if mode == "process":
         env.update(TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1")
     if mode in ("process", "preload"):
-        env["LD_PRELOAD"] = _preload_library()
+        from reference.cuda import cuda_runtime_dirs, memory_saver_preload
+
+        env["LD_PRELOAD"] = memory_saver_preload()
         # the preloaded library needs the CUDA runtime that torch's wheels carry, before torch loads it
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([*_cuda_lib_dirs(), env.get("LD_LIBRARY_PATH", "")])
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*cuda_runtime_dirs(), env.get("LD_LIBRARY_PATH", "")])
     try:
         p = subprocess.run(
             [sys.executable, __file__, mode, *args], env=env, capture_output=True, text=True, timeout=timeout
@@ -185,37 +174,13 @@ def test_allocation_inside_disable_while_paused(working_mode: str) -> None:
 
 
 def _setup(mode: str) -> Any:
-    """Set the process up (NCCL, the hook check); return the memory saver (its hook mode is set once)."""
-    import contextlib
+    """Set the process up (NCCL, the hook check: ``reference.cuda.start_memory_saver_process``); return the memory
+    saver (its hook mode is set once)."""
+    from reference.cuda import start_memory_saver_process
 
-    import torch
-    import torch.distributed as dist
-    import torch_memory_saver
-
-    from reference.cuda import load_memory_saver
-
-    torch_memory_saver.torch_memory_saver.hook_mode = "preload" if mode == "process" else mode
-    saver = load_memory_saver()  # what the reference gets from CudaDevice: process-wide in mode "process"
-    torch.cuda.set_device(0)
-    # NCCL's own buffers are made now, as ordinary memory: a pause must not take them
-    with saver.disable() if mode == "process" else contextlib.nullcontext():
-        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
-        x = torch.ones(1024, device="cuda")
-        out = torch.empty(1024, device="cuda")
-        dist.all_gather_into_tensor(out, x)
-        torch.cuda.synchronize()
-        del x, out
-    # a mode whose hook is not in place would pause nothing, and every schedule would look clean
-    with saver.region("setup-check", enable_cpu_backup=True):
-        held = torch.ones(2 << 30, dtype=torch.uint8, device="cuda")  # large: other processes' use is noise
-    torch.cuda.synchronize()
-    free0, _ = torch.cuda.mem_get_info()
-    saver.pause("setup-check")
-    free1, _ = torch.cuda.mem_get_info()
-    saver.resume("setup-check")
-    del held
-    if free1 - free0 < 1 << 30:
-        print(f"RESULT saver-inactive (pause released {(free1 - free0) >> 20} MiB of 2048)")
+    saver, freed = start_memory_saver_process(mode)
+    if freed < 1 << 30:
+        print(f"RESULT saver-inactive (pause released {freed >> 20} MiB of 2048)")
         sys.stdout.flush()
         os._exit(0)
     return saver

@@ -268,8 +268,10 @@ def test_gpu_replays_a_memsaver_schedule_a_process_per_trial_with_the_same_resul
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(signal, "signal", lambda *_: None)
     monkeypatch.setattr(fid, "memsaver_missing", lambda: None)
-    monkeypatch.setattr(fid, "preload_library", lambda: "/pkg/hook.so")
-    monkeypatch.setattr(fid, "_cuda_lib_dirs", lambda: [])
+    import reference.cuda
+
+    monkeypatch.setattr(reference.cuda, "memory_saver_preload", lambda: "/pkg/hook.so")
+    monkeypatch.setattr(reference.cuda, "cuda_runtime_dirs", lambda: [])
     inactive = "memsaver_guard/memsaver-connect-unguarded:cycles=3,kib=16"
     calls: list[tuple[list[str], dict[str, str], float]] = []
 
