@@ -602,7 +602,7 @@ class CudaDevice:
         ``pause``/``resume`` act on all of the process's pausable memory.
         """
         if self._memory_saver is None:
-            self._memory_saver = load_memory_saver()
+            self._memory_saver = CountedMemorySaver(load_memory_saver(), self._host_step)
         return self._memory_saver
 
 
@@ -681,6 +681,30 @@ class ProcessWideMemorySaver:
 
     def resume(self, tag: str | None = None) -> None:
         self._saver.resume(None)
+
+
+class CountedMemorySaver:
+    """A memory saver whose ``pause`` and ``resume`` are each one host step of the calling actor, as on the simulated
+    device (``simdevice.runtime.memsaver``): a delay on that step lands before the call, and the actor's later
+    operations keep the simulator's indices. ``region()`` and ``disable()`` only change where allocations go: no
+    step, on either backend."""
+
+    def __init__(self, saver: MemorySaver, step: Callable[[], None]) -> None:
+        self._saver, self._step = saver, step
+
+    def region(self, tag: str = "default", enable_cpu_backup: bool = False) -> Any:
+        return self._saver.region(tag, enable_cpu_backup=enable_cpu_backup)
+
+    def disable(self) -> Any:
+        return self._saver.disable()
+
+    def pause(self, tag: str | None = None) -> None:
+        self._step()
+        self._saver.pause(tag)
+
+    def resume(self, tag: str | None = None) -> None:
+        self._step()
+        self._saver.resume(tag)
 
 
 def _init_nccl_group(rank: int, world_size: int, port: int | None) -> None:
