@@ -645,6 +645,11 @@ def start_memory_saver_process(mode: str) -> tuple[MemorySaver, int]:
     free1, _ = torch.cuda.mem_get_info()
     saver.resume("setup-check")
     del held
+    # give the check's segment back: cached, the caching allocator would carve the run's tensors out of it (no
+    # size limit on splitting), so a run's layout would not be the simulator's, which starts with no segment; in
+    # mode process that segment is pausable, and a later pause would unmap blocks the simulator has mapped
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     return saver, free1 - free0
 
 

@@ -20,6 +20,12 @@ The semantics of ``torch_memory_saver`` over the caching allocator of
   that no cached block fits gets a fresh, mapped segment, as on a GPU.)
 - ``resume(tag)``: a fresh handle mapped at the same addresses; contents back
   only with a backup.
+- The library pauses only active allocations and resumes only paused ones
+  (``torch_memory_saver``'s ``pause`` and ``resume`` exit the process on any
+  other allocation of the tag): pausing a paused region, resuming one that is
+  not paused, and resuming a region that got a fresh segment while paused
+  (an allocation outside ``disable()`` that no cached block fitted: active,
+  not paused) each end the process, reported as a host error.
 - Free while paused: when the allocator releases a segment
   (``empty_cache``), the memory saver releases its handle and its addresses.
   A paused segment's handle was already released by the pause: releasing it
@@ -148,10 +154,34 @@ class SimMemorySaver:
         ex = self._exec
         ex.host_step(f"memory_saver.pause({tag})")
         self.allocator.collect()
+        self._refuse(tag, "pause")
         # the library's own work on segment bytes (unmap, back up) is no access by the program
         with ex.device_side():
             self._pause(tag)
         ex.progress()
+
+    def _refuse(self, tag: str | None, what: str) -> None:
+        """The library pauses only active allocations and resumes only paused ones: any other allocation of the
+        tag (every tag for None) makes it print why and exit the process (``exit(1)``), raised here as a host
+        error. An allocation made while its region is paused, outside ``disable()``, is active: still cached or
+        alive at the resume, it ends the process there."""
+        for t in self._tags_of(tag):
+            for seg in self.allocator.segments(t):
+                if what == "pause" and seg.paused is not None:
+                    why = f"already paused ({seg.paused})"
+                elif what == "resume" and seg.paused is None:
+                    why = (
+                        f"not paused: made while the region was paused, outside disable(), and still "
+                        f"{'alive' if self.allocator.live_blocks(seg) else 'cached'}"
+                        if t in self._paused
+                        else "not paused (the region is not paused)"
+                    )
+                else:
+                    continue
+                raise RuntimeError(
+                    f"memory_saver.{what}({tag!r}) meets {seg.label} of region {t!r}, {why}: the memory saver "
+                    f"refuses to {what} it and exits the process"
+                )
 
     def _pause(self, tag: str | None) -> None:
         for t in self._tags_of(tag):
@@ -177,6 +207,7 @@ class SimMemorySaver:
         ex = self._exec
         ex.host_step(f"memory_saver.resume({tag})")
         self.allocator.collect()
+        self._refuse(tag, "resume")
         with ex.device_side():
             self._resume(tag)
         ex.progress()

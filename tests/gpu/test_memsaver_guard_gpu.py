@@ -143,12 +143,24 @@ def test_unguarded_connection_hits_illegal_memory_access(working_mode: str) -> N
 
 
 @needs_saver
+def test_unguarded_fresh_segment_ends_the_process_at_resume(working_mode: str) -> None:
+    """With ``drop=1`` the paused segments are freed, so the handshake gets a fresh segment, active while its region
+    is paused; the library's resume refuses an allocation that is not paused and exits the process (the simulator:
+    a host error at ``memory_saver.resume``, ``simdevice.runtime.memsaver``)."""
+    text = BUG.replace(",drop=0", ",drop=1")
+    outcome, tail = child(working_mode, "run", text)
+    print(f"RESUME {text} [{working_mode}]: {outcome}")
+    assert outcome.startswith("crash rc="), tail
+    assert "not paused" in tail, tail
+
+
+@needs_saver
 def test_cuda_counts_operations_as_the_simulator_does(working_mode: str) -> None:
     """Every actor's operations are counted alike on both machines, so a delay lands on the same one (the child
     runs each schedule on the simulator and, after a warm-up, on the GPU, and prints both counts)."""
     failed = []
     # each schedule in a process of its own, so that a failure names its schedule and the others still count
-    for text in (FIXED, FIXED + ",offload=0", BUG.replace(",drop=0", ",drop=1")):
+    for text in (FIXED, FIXED + ",offload=0", FIXED.replace(",drop=0", ",drop=1"), FIXED + ",fail=1"):
         outcome, tail = child(working_mode, "counts", text)
         counts = [line for line in tail.splitlines() if line.startswith("COUNTS ")]
         print(counts[-1] if counts else f"COUNTS {text}: {outcome}")

@@ -110,9 +110,82 @@ def test_allocation_in_paused_region_comes_from_cache_or_fresh_segment() -> None
         return keep, cached, fresh, ordinary
 
     dev, run = sim(body)
-    assert [type(r) for r in run.reports] == [IllegalAccess]
+    # the fresh segment is active, not paused, when the region resumes: the library refuses it and exits
+    assert [type(r) for r in run.reports] == [IllegalAccess, HostError]
     assert "device#2" in str(run.reports[0])
+    assert "resume('train') meets seg#2 of region 'train', not paused" in str(run.reports[1])
     assert len(dev.runtime.memsaver.allocator.served_paused) == 1
+
+
+def _paused_then(dev: Any, then: str) -> Any:
+    """A region paused, then: ``fresh`` (a segment made while paused, outside disable(), kept or only cached),
+    ``disabled`` (the same inside disable()), ``twice`` (paused again), ``unpaused`` (resumed twice), ``fits``
+    (an allocation a cached block of the paused segment serves: no segment made). Then resume."""
+    ms = dev.memory_saver
+    with ms.region("train"):
+        keep = torch.zeros(1024, device=dev.device)
+        dev.synchronize()
+        ms.pause("train")
+        if then in ("fresh", "fresh-freed"):
+            x = torch.empty(64 * 1024, device=dev.device)
+            if then == "fresh-freed":
+                del x
+        elif then == "disabled":
+            with ms.disable():
+                x = torch.ones(64 * 1024, device=dev.device)
+                del x
+        elif then == "twice":
+            ms.pause("train")
+        elif then == "fits":
+            x = torch.empty(512, device=dev.device)  # the cached rest of keep's segment: paused, no new segment
+            del x
+        ms.resume("train")
+        if then == "unpaused":
+            ms.resume("train")
+    return keep
+
+
+@pytest.mark.parametrize(
+    ("then", "refused"),
+    [
+        ("fresh", "memory_saver.resume('train') meets seg#2 of region 'train', not paused: made while the region was "
+         "paused, outside disable(), and still alive"),
+        ("fresh-freed", "memory_saver.resume('train') meets seg#2 of region 'train', not paused: made while the "
+         "region was paused, outside disable(), and still cached"),
+        ("twice", "memory_saver.pause('train') meets seg#1 of region 'train', already paused"),
+        ("unpaused", "memory_saver.resume('train') meets seg#1 of region 'train', not paused (the region is not "
+         "paused)"),
+        ("disabled", None),
+        ("fits", None),
+    ],
+)
+def test_the_library_pauses_only_active_and_resumes_only_paused_allocations(then: str, refused: str | None) -> None:
+    """torch_memory_saver's pause and resume exit the process on an allocation of the tag in the other state."""
+    _, run = sim(lambda dev: _paused_then(dev, then))
+    if refused is None:
+        assert run.reports == ()
+    else:
+        assert [type(r) for r in run.reports] == [HostError]
+        assert refused in str(run.reports[0])
+        assert "refuses" in str(run.reports[0])
+        assert "exits the process" in str(run.reports[0])
+
+
+def test_the_refusal_is_per_tag() -> None:
+    """A segment made while another region is paused is that region's business: resuming "train" ignores it."""
+    def body(dev: Any) -> Any:
+        ms = dev.memory_saver
+        with ms.region("train"):
+            keep = torch.zeros(1024, device=dev.device)
+        dev.synchronize()
+        ms.pause("train")
+        with ms.region("other"):
+            other = torch.zeros(64 * 1024, device=dev.device)
+        ms.resume("train")
+        return keep, other
+
+    _, run = sim(body)
+    assert run.reports == ()
 
 
 @pytest.mark.parametrize("fixed", [True, False])
