@@ -224,6 +224,8 @@ class SimDevice:
     ) -> None:
         self.schedule = schedule
         self.config = with_overrides(config or SimConfig())
+        if schedule is not None:
+            self.config = self.config.for_program(schedule.program)
         delays = schedule.delays_for if schedule is not None else _no_delays
         choices = schedule.choices_for if schedule is not None else _no_delays
         #: the model of this run (tests and tools read its allocator, streams and trace)

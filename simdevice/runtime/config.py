@@ -61,9 +61,18 @@ class SimConfig:
     #: operation moves bytes, so memory does not grow with the simulated bytes; races and stale reads are found as
     #: with values, value checks are skipped and a host read of device memory gets a placeholder (``--no-values``)
     values: bool = True
+    #: per program (a schedule's program name, ``activation_offload``): that program's own host step, measured on
+    #: the profile's GPU, in place of ``host_step_ns`` for its runs (a program the profile did not time gets
+    #: ``host_step_ns``, the median over the programs it timed)
+    program_host_step_ns: tuple[tuple[str, int], ...] = ()
     #: the cost profile the costs above come from: ``default`` (a fast host, the conservative choice for finding
     #: bugs) or a profile measured on a GPU (``simdevice.runtime.profiles``, ``--profile NAME``); reports name it
     profile: str = "default"
+
+    def for_program(self, program: str) -> SimConfig:
+        """The costs of a run of ``program``: its own host step where the profile measured one."""
+        own = dict(self.program_host_step_ns).get(program)
+        return attrs.evolve(self, host_step_ns=own) if own is not None and own != self.host_step_ns else self
 
     def copy_ns(self, nbytes: int) -> int:
         return max(self.launch_ns, nbytes * self.byte_scale // self.copy_bytes_per_ns)

@@ -6,8 +6,11 @@ the costs ``scripts/calibrate`` measured on one GPU with one torch (a host step'
 counted operations of the real programs, the copy and kernel laws fitted to timed copies and kernels): with it
 the simulator judges a schedule as that machine would (``--profile NAME``; the fidelity campaign).
 
-A profile is a JSON file: ``{"name": ..., "fields": {SimConfig field: int, ...}, "measured": {...}}``, shipped
-under ``simdevice/profiles/NAME.json`` or given by its path.
+A profile is a JSON file: ``{"name": ..., "fields": {SimConfig field: int, ...}, "programs": {program:
+{"host_step_ns": int}, ...}, "measured": {...}}``, shipped under ``simdevice/profiles/NAME.json`` or given by its
+path. ``programs`` (optional) holds each timed program's own host step: the host's speed differs between programs
+(on the H200, activation_offload's median step took 169 µs, param_readiness's 64 µs), so a program's runs are
+judged with its own; any other program, a user's among them, gets ``fields``' median.
 """
 
 from __future__ import annotations
@@ -38,10 +41,13 @@ class Profile:
     fields: dict[str, int]
     #: what was measured, on what (device, torch, date, command, samples): shown, never read by the simulator
     measured: dict[str, Any]
+    #: program -> its own costs (only ``host_step_ns``)
+    programs: dict[str, dict[str, int]] = attrs.field(factory=dict)
 
     def overrides(self) -> dict[str, Any]:
         """The SimConfig fields it sets, its name among them (what ``config.overridden`` takes)."""
-        return {**self.fields, "profile": self.name}
+        own = tuple(sorted((p, c["host_step_ns"]) for p, c in self.programs.items()))
+        return {**self.fields, "program_host_step_ns": own, "profile": self.name}
 
     def config(self, base: SimConfig | None = None) -> SimConfig:
         return attrs.evolve(base or SimConfig(), **self.overrides())
@@ -64,6 +70,16 @@ def fields_from(measured: dict[str, Any]) -> dict[str, int]:
         extra = statistics.median(r["issue_ns"] for r in gather["samples"]) - gather["kernel_issue_ns"]
         fields["collective_host_ns"] = max(1, round(extra))
     return fields
+
+
+def programs_from(measured: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Each timed program's own host step (the median gap of its run; ``measured["host_steps"]`` is keyed by the
+    schedule calibrate ran, ``activation_offload/FIXED``)."""
+    out: dict[str, dict[str, int]] = {}
+    for spec, v in measured.get("host_steps", {}).items():
+        if "median_ns" in v:
+            out[spec.split("/", 1)[0]] = {"host_step_ns": max(1, round(v["median_ns"]))}
+    return out
 
 
 #: profile name -> how it was asked for (a shipped name or a path): what a replay line must say to get it again
@@ -94,8 +110,18 @@ def parse(doc: Any, where: str) -> Profile:
             raise ProfileError(f"{where}: {k!r} is not a cost a profile may set ({', '.join(COST_FIELDS)})")
         if type(v) is not int or not 0 < v < 1 << 62:
             raise ProfileError(f"{where}: {k} must be a positive integer, got {v!r}")
+    programs = doc.get("programs", {})
+    if not isinstance(programs, dict):
+        raise ProfileError(f"{where}: 'programs' must be an object of program -> {{\"host_step_ns\": int}}")
+    for program, costs in programs.items():
+        if not isinstance(costs, dict) or set(costs) != {"host_step_ns"}:
+            raise ProfileError(f"{where}: programs[{program!r}] must be {{\"host_step_ns\": int}}")
+        v = costs["host_step_ns"]
+        if type(v) is not int or not 0 < v < 1 << 62:
+            raise ProfileError(f"{where}: programs[{program!r}].host_step_ns must be a positive integer, got {v!r}")
     measured = doc.get("measured", {})
-    return Profile(name, dict(fields), measured if isinstance(measured, dict) else {})
+    return Profile(name, dict(fields), measured if isinstance(measured, dict) else {},
+                   {p: dict(c) for p, c in programs.items()})
 
 
 def load(spec: str) -> Profile:

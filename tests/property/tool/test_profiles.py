@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from subprocess import CompletedProcess
+from typing import Any
 
 import pytest
 from script_modules import load_script
 
-from simdevice.runtime.config import SimConfig
-from simdevice.runtime.profiles import COST_FIELDS, ProfileError, fields_from, load, names
+from reference.schedule import Schedule
+from simdevice import SimDevice
+from simdevice.runtime.config import SimConfig, overridden
+from simdevice.runtime.profiles import COST_FIELDS, ProfileError, fields_from, load, names, programs_from
+from simdevice.search import execute
 
 Cli = Callable[[list[str], Path], CompletedProcess[str]]
 
@@ -45,7 +50,43 @@ def test_every_shipped_profile_loads_and_sets_only_costs() -> None:
         assert profile.measured.get("command")
         # measured, not fitted: its costs are what its own measurements give, nothing edited by hand
         assert profile.fields == fields_from(profile.measured)
+        assert profile.programs == programs_from(profile.measured)
     assert "h200-torch2.11" in names()
+
+
+def test_a_program_the_profile_timed_runs_with_its_own_host_step(tmp_path: Path) -> None:
+    """``programs``: each timed program's median host step replaces the profile's median for its runs only."""
+    doc = {"name": "own", "fields": {"host_step_ns": 100_000},
+           "programs": {"offload_reload": {"host_step_ns": 250_000}}}
+    (tmp_path / "own.json").write_text(json.dumps(doc))
+    profile = load(str(tmp_path / "own.json"))
+    with overridden(**profile.overrides()):
+        own = SimDevice(Schedule.parse("offload_reload/correct")).config
+        other = SimDevice(Schedule.parse("activation_offload/FIXED")).config
+        plain = SimDevice().config
+    assert (own.host_step_ns, other.host_step_ns, plain.host_step_ns) == (250_000, 100_000, 100_000)
+    # and the run's host steps are charged so: two consecutive host steps of offload_reload 250 us apart
+    with overridden(**profile.overrides()):
+        run = execute(Schedule.parse("offload_reload/correct"))
+    host = [t for t, actor, what in run.run.trace if actor == "host" and not what.startswith("stall")]
+    assert min(b - a for a, b in itertools.pairwise(host)) == 250_000
+
+
+def test_programs_come_from_each_programs_own_measurement() -> None:
+    measured = {"host_steps": {"a/FIXED": {"median_ns": 40_000.4}, "b/FIXED:ranks=1": {"median_ns": 100_000},
+                               "c/FIXED": {"skipped": "x"}}}
+    assert programs_from(measured) == {"a": {"host_step_ns": 40_000}, "b": {"host_step_ns": 100_000}}
+
+
+@pytest.mark.parametrize(("programs", "why"), [
+    ([], "'programs' must be an object"),
+    ({"a": {"launch_ns": 5}}, "programs['a'] must be"),
+    ({"a": {"host_step_ns": 0}}, "programs['a'].host_step_ns must be a positive integer"),
+])
+def test_a_bad_programs_block_is_one_line(tmp_path: Path, programs: Any, why: str) -> None:
+    (tmp_path / "bad.json").write_text(json.dumps({"name": "x", "fields": {"host_step_ns": 5}, "programs": programs}))
+    with pytest.raises(ProfileError, match=re.escape(why)):
+        load(str(tmp_path / "bad.json"))
 
 
 def test_the_costs_come_from_the_measurements() -> None:
