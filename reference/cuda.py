@@ -16,6 +16,7 @@ import contextlib
 import gc
 import os
 import pickle
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -291,9 +292,13 @@ class _CountingMode(TorchDispatchMode):
             if where:
                 # a host step for every op on device or pinned memory; a stream operation only for device ones
                 # (a host op on a pinned buffer runs on the CPU), as the simulator counts them
-                self.dev._host_step()
+                what = _copy_kind(func, args, kwargs) if self.dev.timeline is not None else ""
+                self.dev._host_step(what=what.split(" ")[0])
                 if where == "device":
-                    self.dev._stream_step()
+                    started = self.dev._stream_step(what)
+                    out = func(*args, **kwargs)
+                    self.dev._stream_done(started)
+                    return out
         out = func(*args, **kwargs)
         if kind == "alloc" and self.poisons and isinstance(out, torch.Tensor) and (out.is_cuda or out.is_pinned()):
             # uninitialized memory that cannot pass for data: the caching allocators hand back blocks that may
@@ -337,6 +342,85 @@ def _world_of_one() -> Iterator[None]:
             dist.destroy_process_group()
 
 
+_TIMELINES: list[bool] = []
+
+
+@contextlib.contextmanager
+def timelines() -> Iterator[None]:
+    """Every ``CudaDevice`` made inside keeps the run's GPU timeline in ``Run.trace`` (``replay --gpu --trace``)."""
+    _TIMELINES.append(True)
+    try:
+        yield
+    finally:
+        _TIMELINES.pop()
+
+
+class GpuTimeline:
+    """A run's timeline on the GPU, in the simulator's trace format: each counted host step at its wall time, each
+    counted stream operation's start and end on its stream, from CUDA events recorded around it (``enable_timing``),
+    all relative to an event recorded when the run starts (after a device synchronize, so the two clocks start
+    together, within the event's own few microseconds). The events cost the host a few microseconds per operation
+    beside the counting; a collective is shown where the host issues it (NCCL's own stream has no events here)."""
+
+    def __init__(self) -> None:
+        self.t0: Any = None
+        self.t0_wall = 0
+        self.host: list[tuple[int, str, str]] = []
+        #: (stream, index, what, start event, end event)
+        self.ops: list[tuple[str, int, str, Any, Any]] = []
+
+    def start(self) -> None:
+        torch.cuda.synchronize()
+        self.t0 = torch.cuda.Event(enable_timing=True)
+        self.t0.record(torch.cuda.default_stream())
+        self.t0_wall = time.perf_counter_ns()
+
+    def host_step(self, actor: str, what: str) -> None:
+        self.host.append((time.perf_counter_ns() - self.t0_wall, actor, what))
+
+    def op_start(self, stream: str, index: int, what: str) -> tuple[str, int, str, Any]:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return stream, index, what, ev
+
+    def op_end(self, started: tuple[str, int, str, Any]) -> None:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        self.ops.append((*started, ev))
+
+    def trace(self) -> tuple[tuple[int, str, str], ...]:
+        """The entries, in time order (ns since the run's start); call after the device is synchronized."""
+        return timeline_entries(self.host, [(s, k, w, self.t0.elapsed_time(a), self.t0.elapsed_time(b))
+                                            for s, k, w, a, b in self.ops])
+
+
+def timeline_entries(host: list[tuple[int, str, str]],
+                     ops: list[tuple[str, int, str, float, float]]) -> tuple[tuple[int, str, str], ...]:
+    """Host steps ``(ns, actor, what)`` and stream operations ``(stream, index, what, start ms, end ms)`` as the
+    simulator's trace: ``start OP #k`` and ``done OP #k`` on the stream, sorted by time (a start before a done at
+    the same instant, host steps first)."""
+    out = [(t, 0, actor, what) for t, actor, what in host]
+    for stream, k, what, start, end in ops:
+        out.append((round(start * 1e6), 1, stream, f"start {what} #{k}"))
+        out.append((round(end * 1e6), 2, stream, f"done {what} #{k}"))
+    out.sort(key=lambda e: (e[0], e[1]))
+    return tuple((t, actor, what) for t, _, actor, what in out)
+
+
+def _copy_kind(func: Any, args: Any, kwargs: dict[str, Any] | None = None) -> str:
+    """``copy_ (D2H)``, ``_to_copy (H2D)`` and the like for a copy between host and device, as the simulator names
+    it; any other operation by its name (``mul_``)."""
+    name = str(func.__name__).split(".")[0]
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if name == "copy_" and len(tensors) >= 2 and tensors[0].is_cuda != tensors[1].is_cuda:
+        return f"{name} ({'H2D' if tensors[0].is_cuda else 'D2H'})"
+    if name == "_to_copy" and tensors:
+        dst = (kwargs or {}).get("device")
+        if dst is not None and (torch.device(dst).type == "cuda") != tensors[0].is_cuda:
+            return f"{name} ({'D2H' if tensors[0].is_cuda else 'H2D'})"
+    return name
+
+
 class CudaDevice:
     """The device contract on real CUDA, realizing a schedule's delays.
 
@@ -368,10 +452,15 @@ class CudaDevice:
         self._names[torch.cuda.default_stream().stream_id] = f"{self._prefix}default"
         self._mp: Any = None
         self._memory_saver: MemorySaver | None = None
+        #: inside :func:`timelines`: the run's GPU timeline, in ``Run.trace``
+        self.timeline: GpuTimeline | None = GpuTimeline() if _TIMELINES else None
+        self._tl_stream: torch.cuda.Stream | None = None
 
     # -- running a program ---------------------------------------------------
     def run(self, program: Callable[..., Any], *args: Any) -> Run:
         _warm_caches()
+        if self.timeline is not None and self.timeline.t0 is None:  # a world-of-one rank shares its parent's
+            self.timeline.start()
         _CURRENT.append(self)
         try:
             with _CountingMode(self):
@@ -379,20 +468,43 @@ class CudaDevice:
             torch.cuda.synchronize()
         finally:
             _CURRENT.pop()
-        return Run(result=result, op_counts=dict(self.counter.counts), unfired=self.counter.unfired())
+        return self._result(result)
 
-    def _host_step(self, poll: bool = False) -> None:
-        """One host step of this actor (``poll``: a query or a sleep, see :class:`_Counter`)."""
+    def _result(self, result: Any) -> Run:
+        trace = self.timeline.trace() if self.timeline is not None else ()
+        return Run(result=result, op_counts=dict(self.counter.counts), unfired=self.counter.unfired(), trace=trace)
+
+    def _host_step(self, poll: bool = False, what: str | None = None) -> None:
+        """One host step of this actor (``poll``: a query or a sleep, see :class:`_Counter`; ``what``: its name in
+        a timeline, else the calling method's)."""
         if self.counter.stamps is not None:
             self.counter.hosts.add(self.actor)
+        before = self.counter.counts.get(self.actor, 0)
         units = self.counter.next(self.actor, poll)
         if units:
             time.sleep(units * 1e-3)
+        if self.timeline is not None and self.counter.counts.get(self.actor, 0) > before:
+            self.timeline.host_step(self.actor, what or sys._getframe(1).f_code.co_name.lstrip("_"))
 
-    def _stream_step(self) -> None:
-        units = self.counter.next(self._name_of(torch.cuda.current_stream()))
+    def _stream_step(self, what: str = "op") -> tuple[str, int, str, Any] | None:
+        """Count one operation of the current stream, stalled first if the schedule says so; with a timeline, the
+        operation's start (pass it to :meth:`_stream_done` once it is issued)."""
+        name = self._name_of(torch.cuda.current_stream())
+        units = self.counter.next(name)
         if units:
             torch.cuda._sleep(int(units * self.cycles_per_ms))
+        if self.timeline is None:
+            return None
+        return self.timeline.op_start(name, self.counter.counts[name] - 1, what)
+
+    def _timeline_stream(self) -> torch.cuda.Stream:
+        if self._tl_stream is None:
+            self._tl_stream = torch.cuda.Stream()
+        return self._tl_stream
+
+    def _stream_done(self, started: tuple[str, int, str, Any] | None) -> None:
+        if started is not None and self.timeline is not None:
+            self.timeline.op_end(started)
 
     def _name_of(self, raw: torch.cuda.Stream) -> str:
         """A stream's schedule name: as given, or ``s1``, ``s2``, ... (counting only unnamed streams, skipping
@@ -422,11 +534,13 @@ class CudaDevice:
         _CURRENT.append(self)
         try:
             with _world_of_one(), counting_torch_cuda(self), _CountingMode(self, poisons=True):
+                if self.timeline is not None:  # after the process group's set-up, which synchronizes the device
+                    self.timeline.start()
                 result = fn(*args, **kwargs)
             torch.cuda.synchronize()
         finally:
             _CURRENT.pop()
-        return Run(result=result, op_counts=dict(self.counter.counts), unfired=self.counter.unfired())
+        return self._result(result)
 
     def name_stream(self, raw: torch.cuda.Stream, name: str) -> None:
         """Give a stream the schedule name ``name`` (a full name, with this actor's prefix)."""
@@ -523,7 +637,17 @@ class CudaDevice:
             with torch.cuda.stream(launch):
                 torch.cuda._sleep(int(units * self.cycles_per_ms))
         with torch.cuda.stream(launch), _disable_current_modes():
-            work = CudaWork(self, dist.all_gather_into_tensor(output, input, async_op=True))
+            started = None
+            if self.timeline is not None:  # where NCCL's stream can start it: its launch stream's position
+                name = f"{self._prefix}nccl"
+                started = self.timeline.op_start(name, self.counter.counts[name] - 1, "all_gather")
+            raw = dist.all_gather_into_tensor(output, input, async_op=True)
+            work = CudaWork(self, raw)
+        if started is not None:
+            # its end: a stream of the timeline's own waits for the collective, then records (nothing waits on it)
+            with torch.cuda.stream(self._timeline_stream()), _disable_current_modes():
+                raw.wait()
+                self._stream_done(started)
         if async_op:
             return work
         work.wait()  # a host step, as in the simulator
@@ -542,6 +666,7 @@ class CudaDevice:
             _init_nccl_group(0, 1, None)
             timed = self.counter.stamps is not None
             child = CudaDevice(self.schedule, actor="rank0", cycles_per_ms=self.cycles_per_ms, timed=timed)
+            child.timeline = self.timeline  # one timeline, one start: the rank's steps land in this run's
             with _disable_current_modes():
                 run = child.run(fn, *args)
             self.counter.counts.update(child.counter.counts)

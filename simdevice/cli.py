@@ -8,6 +8,7 @@ replay: the run shows a failure), 2 for bad input (a one-line message).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -112,7 +113,9 @@ def _parser() -> argparse.ArgumentParser:
                         "caches)")
     r.add_argument("--trials", type=int, default=1, metavar="N", help="repeat N times and report the rate")
     r.add_argument("--json", action="store_true", help="print the outcome as JSON")
-    r.add_argument("--trace", action="store_true", help="print every host step and stream operation (simulator)")
+    r.add_argument("--trace", action="store_true",
+                   help="print every host step and stream operation (with --gpu: the GPU's, timed by CUDA events "
+                        "around each operation, in the same form)")
     r.add_argument("--edge", action="append", default=[], metavar="A@FILE:LINE->B@FILE:LINE",
                    help="insert this synchronization (repeatable): every operation of actor B issued at that line "
                         "waits for the latest of actor A's at its line, as a fix would; a forward edge "
@@ -502,9 +505,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     outcomes: list[Any] = []
     interrupted = False
+    timed: Any = contextlib.nullcontext()
+    if args.trace and backend == "cuda":
+        from reference.cuda import timelines
+
+        timed = timelines()
     try:
-        for _ in range(args.trials):
-            outcomes.append(check_edges(target, schedule, edges) if edges else target.run(schedule, backend))
+        with timed:
+            for _ in range(args.trials):
+                outcomes.append(check_edges(target, schedule, edges) if edges else target.run(schedule, backend))
     except KeyboardInterrupt:
         interrupted = True
     if not outcomes:  # interrupted in the first run: nothing to show
@@ -545,7 +554,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
             _print_fix(fix, str(schedule))
         if args.trials > 1:
             print(f"{bad}/{len(outcomes)} trials failed" + (f" (interrupted, of {args.trials})" if interrupted else ""))
-        if args.trace and backend == "sim":
+        if args.trace:
+            if backend == "cuda":
+                print("  the GPU's timeline (ms since the run's start; CUDA events around each counted operation, "
+                      "a collective from its launch stream's position to its end):")
             print("".join(f"  {line}\n" for line in first.trace_text().splitlines()), end="")
     if interrupted:
         return _interrupted()

@@ -55,7 +55,7 @@ class Outcome:
             raise AssertionError(self.text())
 
     def trace_text(self) -> str:
-        """The run's trace, a line per host step and stream operation (empty for a GPU run)."""
+        """The run's trace, a line per host step and stream operation (a GPU run: its timeline, when kept)."""
         return "".join(f"{t / 1e6:10.3f}  {actor:<16} {what}\n" for t, actor, what in self.run.trace)
 
     def verdict(self) -> str:
