@@ -329,3 +329,13 @@ def test_the_cold_pinned_experiment_judges_the_activation_rows_twice(tmp_path: P
     bad = subprocess.run([sys.executable, script, str(tmp_path / "none.json")], capture_output=True, text=True)
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["timeline"], "gpu-campaign: timeline needs at least one schedule"),
+    (["bogus"], "gpu-campaign: unknown step 'bogus' (plan, run, zcc, table, timeline)"),
+])
+def test_the_campaign_scripts_bad_steps_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-campaign"), *args], capture_output=True, text=True,
+                         timeout=60)
+    assert (out.returncode, out.stderr.strip(), out.stdout) == (2, message, "")
