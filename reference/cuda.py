@@ -360,7 +360,10 @@ class GpuTimeline:
     counted stream operation's start and end on its stream, from CUDA events recorded around it (``enable_timing``),
     all relative to an event recorded when the run starts (after a device synchronize, so the two clocks start
     together, within the event's own few microseconds). The events cost the host a few microseconds per operation
-    beside the counting; a collective is shown where the host issues it (NCCL's own stream has no events here)."""
+    beside the counting. A collective runs on NCCL's own stream, which takes no events here: it is shown from its
+    launch stream's position (an event there) to its end (an event on a stream of the timeline's own that waits for
+    it), so its start is when NCCL could start it. Operations of other processes (spawned ranks, workers) are not
+    in it."""
 
     def __init__(self) -> None:
         self.t0: Any = None
