@@ -150,7 +150,9 @@ def test_unguarded_fresh_segment_ends_the_process_at_resume(working_mode: str) -
     text = BUG.replace(",drop=0", ",drop=1")
     outcome, tail = child(working_mode, "run", text)
     print(f"RESUME {text} [{working_mode}]: {outcome}")
-    assert outcome.startswith("crash rc="), tail
+    # torch_memory_saver 0.0.10 prints why and exits (core.cpp); a later version might raise instead: either way
+    # the run fails, for the reason the simulator gives
+    assert outcome != "clean", tail
     assert "not paused" in tail, tail
 
 
