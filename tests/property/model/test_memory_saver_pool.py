@@ -220,12 +220,16 @@ _OP = st.one_of(
 def pool_program(ops: list[tuple[Any, ...]], pick: int, fixes: LibraryFixes) -> list[str]:
     """Run a random program on the pool; what it finds wrong (an empty list when all holds)."""
 
+    made_while_paused = []
+
     def body(dev: Any) -> list[str]:
         ms, live, bad = dev.memory_saver, [], []  # live: [tensor, in_region, value, address]
         paused = False
         with ms.region("train", enable_cpu_backup=True):
             for op in ops:
                 if op[0] == "alloc":
+                    if op[2] and paused:
+                        made_while_paused.append(op)
                     with contextlib.nullcontext() if op[2] else ms.disable():
                         # empty: in a paused region the block may be unmapped, so no write yet
                         live.append([torch.empty(op[1], device=dev.device), op[2], 0.0, 0])
@@ -259,7 +263,13 @@ def pool_program(ops: list[tuple[Any, ...]], pick: int, fixes: LibraryFixes) -> 
     dev = SimDevice(options=Options(library=fixes, alloc_pick=pick))
     run = dev.run(body)
     released = list(dev.runtime.memsaver.released)
-    return [str(r) for r in run.reports] + (run.result or []) + (
+    reports = [str(r) for r in run.reports]
+    # an allocation in the paused region that no cached block fitted got a fresh, active segment: the library's
+    # resume refuses it and the process ends there (the rule has its own tests above); the run stops at that resume,
+    # so only what happened before it is checked
+    if made_while_paused and len(reports) == 1 and "not paused: made while the region was paused" in reports[0]:
+        reports = []
+    return reports + (run.result or []) + (
         ["a handle released twice"] if len(set(released)) != len(released) else []
     )
 
