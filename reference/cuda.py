@@ -400,14 +400,15 @@ class GpuTimeline:
 def timeline_entries(host: list[tuple[int, str, str]],
                      ops: list[tuple[str, int, str, float, float]]) -> tuple[tuple[int, str, str], ...]:
     """Host steps ``(ns, actor, what)`` and stream operations ``(stream, index, what, start ms, end ms)`` as the
-    simulator's trace: ``start OP #k`` and ``done OP #k`` on the stream, sorted by time (a start before a done at
-    the same instant, host steps first)."""
-    out = [(t, 0, actor, what) for t, actor, what in host]
+    simulator's trace: ``start OP #k`` and ``done OP #k`` on the stream, sorted by time; at one instant host steps
+    first, then in operation order (an operation's start before its done, a stream's ``done #k`` before its
+    ``start #k+1``, as the simulator's trace has them)."""
+    out = [((t, 0, 0, 0), actor, what) for t, actor, what in host]
     for stream, k, what, start, end in ops:
-        out.append((round(start * 1e6), 1, stream, f"start {what} #{k}"))
-        out.append((round(end * 1e6), 2, stream, f"done {what} #{k}"))
-    out.sort(key=lambda e: (e[0], e[1]))
-    return tuple((t, actor, what) for t, _, actor, what in out)
+        out.append(((round(start * 1e6), 1, k, 0), stream, f"start {what} #{k}"))
+        out.append(((round(end * 1e6), 1, k, 1), stream, f"done {what} #{k}"))
+    out.sort(key=lambda e: e[0])
+    return tuple((key[0], actor, what) for key, actor, what in out)
 
 
 def _copy_kind(func: Any, args: Any, kwargs: dict[str, Any] | None = None) -> str:

@@ -28,6 +28,12 @@ def test_a_start_sorts_before_a_done_at_the_same_instant_and_host_steps_first() 
     assert [w for _, _, w in entries] == ["record", "start add #3", "done add #3"]
 
 
+def test_a_streams_next_operation_starting_as_the_last_ends_comes_after_its_done() -> None:
+    entries = timeline_entries([], [("d2h", 1, "copy_ (D2H)", 1.0, 2.0), ("d2h", 0, "copy_ (D2H)", 0.0, 1.0)])
+    assert [w for _, _, w in entries] == ["start copy_ (D2H) #0", "done copy_ (D2H) #0", "start copy_ (D2H) #1",
+                                          "done copy_ (D2H) #1"]
+
+
 def test_an_op_between_host_tensors_keeps_its_name() -> None:
     a, b = torch.zeros(2), torch.ones(2)
     assert _copy_kind(torch.ops.aten.copy_.default, (a, b)) == "copy_"
