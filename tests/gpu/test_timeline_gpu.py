@@ -10,27 +10,23 @@ import itertools
 import subprocess
 import sys
 from collections import defaultdict
+from typing import Any
 
 from reference.cuda import timelines
 from reference.schedule import Schedule
 from simdevice.search import execute
+from simdevice.timeline import slices
 
 SCHEDULE = "offload_reload/racy::d2h#0+1"
 
 
-def _ops(trace: tuple[tuple[int, str, str], ...]) -> dict[str, list[tuple[int, int, int]]]:
-    """Per stream: (index, start ns, end ns) of each operation."""
-    starts: dict[tuple[str, int], int] = {}
-    out: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-    for t, actor, what in trace:
-        kind, _, rest = what.partition(" ")
-        if kind in ("start", "done") and "#" in rest:
-            k = int(rest.rsplit("#", 1)[1])
-            if kind == "start":
-                starts[actor, k] = t
-            else:
-                out[actor].append((k, starts.pop((actor, k)), t))
-    return dict(out)
+def _ops(out: Any) -> dict[str, list[tuple[int, int, int]]]:
+    """Per stream: (index, start ns, end ns) of each operation (``simdevice.timeline.slices``)."""
+    ops: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for sl in slices(out):
+        if sl.kind == "op":
+            ops[sl.actor].append((sl.index, sl.start, sl.end))
+    return dict(ops)
 
 
 def test_the_gpu_timeline_has_every_counted_operation_in_order() -> None:
@@ -40,7 +36,7 @@ def test_the_gpu_timeline_has_every_counted_operation_in_order() -> None:
         gpu = execute(s, backend="cuda")
     sim = execute(s)
     print("simulator:\n" + sim.trace_text() + "GPU:\n" + gpu.trace_text())
-    ops = _ops(gpu.run.trace)
+    ops = _ops(gpu)
     host = [t for t, actor, what in gpu.run.trace if actor == "host"]
     # every counted operation is there, once: the host's steps and each stream's operations, as counted
     assert len(host) == gpu.run.op_counts["host"]
@@ -54,7 +50,7 @@ def test_the_gpu_timeline_has_every_counted_operation_in_order() -> None:
         # one stream runs its operations one after another
         assert all(a_end <= b_start for (_, _, a_end), (_, b_start, _) in itertools.pairwise(rows)), stream
     # the same operations per stream as the simulator's
-    assert {a: len(r) for a, r in ops.items()} == {a: len(r) for a, r in _ops(sim.run.trace).items()}
+    assert {a: len(r) for a, r in ops.items()} == {a: len(r) for a, r in _ops(sim).items()}
     # the delay d2h#0+1 (one unit, 1 ms) stalls the first D2H: it starts at least 0.9 ms after the host issued it
     issued = next(t for t, actor, what in gpu.run.trace if actor == "host" and what.startswith("copy_"))
     d2h0 = min(ops["d2h"])
