@@ -17,7 +17,7 @@ from reference.schedule import Schedule
 from simdevice.api import SimDevice
 from simdevice.programs import Program, resolve
 from simdevice.runtime import SimConfig
-from simdevice.runtime.reports import Race, summarize
+from simdevice.runtime.reports import Race, StaleRead, summarize
 
 
 @attrs.frozen
@@ -44,6 +44,16 @@ class Outcome:
     def corrupted(self) -> bool:
         """Wrong values or a report a GPU would show (anything but a race)."""
         return bool(self.problems or self.corruption)
+
+    @property
+    def shows_on_gpu(self) -> bool:
+        """What a GPU run of the schedule would show: wrong values, or a report a GPU shows itself (a host error,
+        an illegal access, an out-of-memory error, a deadlock's hang). Races and stale reads are the simulator's
+        own sight: on a GPU a stale read shows only through the values it leads to, which a run with values
+        checks. A race-only run has no values, so there a stale read counts (as :attr:`corrupted`)."""
+        if not self.values:
+            return self.corrupted
+        return bool(self.problems or any(not isinstance(r, (Race, StaleRead)) for r in self.run.reports))
 
     @property
     def clean(self) -> bool:

@@ -339,3 +339,30 @@ def test_the_campaign_scripts_bad_steps_are_one_line_and_exit_2(args: list[str],
     out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-campaign"), *args], capture_output=True, text=True,
                          timeout=60)
     assert (out.returncode, out.stderr.strip(), out.stdout) == (2, message, "")
+
+
+@pytest.mark.parametrize(
+    ("schedule", "values", "shows"),
+    [
+        # the prefetch, delayed, copies the bucket after the gather landed: a stale read (newer data than the
+        # program's order gives it) whose values are right, as a GPU ran it clean in both trials (seed 9)
+        ("param_readiness/param-prefetch-no-ready:bucket=4,evaluate=0,iters=1,ranks=1:rank0.prefetch#0+5", True, False),
+        # race-only: no values, so the stale read is what predicts the GPU
+        ("param_readiness/param-prefetch-no-ready:bucket=4,evaluate=0,iters=1,ranks=1:rank0.prefetch#0+5", False, True),
+        ("offload_reload/racy::d2h#0+1", True, True),  # wrong values
+        ("offload_reload/racy", True, False),  # clean
+    ],
+)
+def test_a_plans_verdict_is_what_a_gpu_would_show(schedule: str, values: bool, shows: bool) -> None:
+    from reference.schedule import Schedule
+    from simdevice.programs import REGISTRY, load_all
+    from simdevice.runtime.config import overridden
+    from simdevice.search.targets import ProgramTarget
+
+    load_all()
+    s = Schedule.parse(schedule)
+    with overridden(values=values):
+        out = ProgramTarget(REGISTRY[s.program], s.variant).run(s)
+    assert out.shows_on_gpu is shows, out.verdict()
+    if not shows and s.delays:
+        assert out.corrupted  # a search still counts it: the stale read is a real ordering bug
