@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import attrs
 import torch
 
 from reference import contract
@@ -29,6 +30,7 @@ from simdevice.runtime.memsaver import SimMemorySaver
 from simdevice.runtime.reports import user_source
 from simdevice.runtime.runtime import Mailbox, SharedCell
 from simdevice.runtime.streams import EventRecord, SimStream
+from simdevice.runtime.tls import NeedsThreads
 from simdevice.signals import checkpoint
 
 #: the device type a simulated stream reports to torch (its tensors report ``meta`` too), as torch numbers it
@@ -226,12 +228,17 @@ class SimDevice:
         self.config = with_overrides(config or SimConfig())
         if schedule is not None:
             self.config = self.config.for_program(schedule.program)
-        delays = schedule.delays_for if schedule is not None else _no_delays
-        choices = schedule.choices_for if schedule is not None else _no_delays
-        #: the model of this run (tests and tools read its allocator, streams and trace)
-        self.runtime = Runtime(self.config, delays, options or Options(), self._enter, choices)
+        self._options = options or Options()
         #: the device simulated tensors show to Python code (``meta``; ``cuda:0`` under the torch.cuda drop-in)
         self.shown = shown or torch.device("meta")
+        self._build()
+
+    def _build(self) -> None:
+        s = self.schedule
+        delays = s.delays_for if s is not None else _no_delays
+        choices = s.choices_for if s is not None else _no_delays
+        #: the model of this run (tests and tools read its allocator, streams and trace)
+        self.runtime = Runtime(self.config, delays, self._options, self._enter, choices)
         self._dispatcher = Dispatcher(self.runtime, self.shown)
         self._memory_saver = MemorySaverHandle(self.runtime.memsaver)
 
@@ -244,7 +251,15 @@ class SimDevice:
     def run(self, program: Callable[..., Any], *args: Any) -> Run:
         """Run ``program(dev, *args)`` as host actor ``host``; a SimDevice runs one program once."""
         checkpoint()  # a Ctrl-C that landed in a callback and was swallowed stops the command here
-        result = self.runtime.run(lambda: program(self, *args))
+        try:
+            result = self.runtime.run(lambda: program(self, *args))
+        except NeedsThreads:
+            # the actors met torch state one thread cannot hold for two of them (simdevice.runtime.tls): the same
+            # run again from its start, each actor on a thread of its own (what the program did outside the
+            # simulated device before that point, it does twice)
+            self.config = attrs.evolve(self.config, actors="thread")
+            self._build()
+            result = self.runtime.run(lambda: program(self, *args))
         return self.outcome(result)
 
     @contextlib.contextmanager

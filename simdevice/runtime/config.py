@@ -68,6 +68,10 @@ class SimConfig:
     #: the cost profile the costs above come from: ``default`` (a fast host, the conservative choice for finding
     #: bugs) or a profile measured on a GPU (``simdevice.runtime.profiles``, ``--profile NAME``); reports name it
     profile: str = "default"
+    #: how host actors take turns: ``greenlet`` (the default: one thread, a switch costs little) or ``thread`` (a
+    #: thread each). The same run either way; a greenlet run that meets torch state one thread cannot hold for two
+    #: actors (inference mode, autocast, two backwards at once: ``simdevice.runtime.tls``) starts again on threads
+    actors: str = attrs.field(default="greenlet", validator=attrs.validators.in_(("greenlet", "thread")))
 
     def for_program(self, program: str) -> SimConfig:
         """The costs of a run of ``program``: its own host step where the profile measured one."""

@@ -1,14 +1,18 @@
 """The virtual-time loop: host actors, streams, delays, deadlock detection.
 
-Host actors are Python threads that run one at a time. An actor runs its
-own code until it makes a device call (a *host step*); there it hands the
-scheduler a step at its virtual time and the scheduler processes everything
-that happens earlier (stream operations starting and completing, other
-actors' steps) in virtual-time order, ties broken by a fixed rule
-(completions, then starts, then host steps; then actor creation order).
-Streams have no threads: whichever actor holds control runs their
-operations inline, so a thread switch is paid only when the running host
-actor changes.
+Host actors run one at a time: greenlets on the thread that started the
+run (``SimConfig.actors``, the default), or Python threads (a run made with
+``threads``, a program run as a ``with`` block, and a greenlet run that meets
+torch state one thread cannot hold for two actors, which starts again on
+threads: :mod:`simdevice.runtime.tls`). An actor runs its own code until it
+makes a device call (a *host step*); there it hands the scheduler a step at
+its virtual time and the scheduler processes everything that happens earlier
+(stream operations starting and completing, other actors' steps) in
+virtual-time order, ties broken by a fixed rule (completions, then starts,
+then host steps; then actor creation order). Streams have no threads:
+whichever actor holds control runs their operations inline, so a switch is
+paid only when the running host actor changes. Both ways give the same run:
+only how control passes differs.
 
 A schedule's delay on a host actor postpones its k-th counted step; on a
 stream, the start of its k-th counted operation. A host actor's consecutive
@@ -35,17 +39,26 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from simdevice.runtime import sync
+from simdevice.runtime import sync, tls
 from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.config import UNIT_NS, SimConfig
 from simdevice.runtime.memory import Memory
 from simdevice.runtime.reports import Deadlock, HostError, ReportSink, StepLimit, describe, error_source
 from simdevice.runtime.streams import SimStream, StreamOp
+from simdevice.runtime.tls import NeedsThreads
+
+try:
+    from greenlet import getcurrent as _getcurrent
+    from greenlet import greenlet as _Greenlet
+except ImportError:  # pragma: no cover - greenlet is a dependency; without it every run is on threads
+    _Greenlet = None
 
 #: per actor: {operation index: units}
 Delays = Callable[[str], dict[int, int]]
 
 _COMPLETE, _START, _HOST = 0, 1, 2
+#: what a greenlet is switched to with when its turn comes (a finished child's next actor is anything else)
+_RESUMED = object()
 #: host steps without progress past the stall horizon that make a deadlock (a poll loop, not one long wait)
 POLLS = 64
 
@@ -62,6 +75,11 @@ class HostActor:
         self.order = order
         self.sem = threading.Semaphore(0)
         self.thread: threading.Thread | None = None
+        #: the actor's greenlet (a greenlet run), and its torch state while it is not running
+        self.glet: Any = None
+        self.hold: tls.Hold = None
+        #: when it last stopped (a greenlet run unwinds the last stopped first)
+        self.stopped = 0
         self.time = 0
         #: counted host steps so far (a schedule's index of the next one)
         self.steps = 0
@@ -129,6 +147,16 @@ class Execution:
         self._local = threading.local()
         #: True while stream operations are applied (their aten calls are not the program's)
         self.in_engine = False
+        #: actors as greenlets on the thread that starts the run (else threads); the running one
+        self.greenlets = config.actors == "greenlet" and _Greenlet is not None
+        self._cur: HostActor | None = None
+        self._hub: Any = None
+        self._thread = threading.get_ident()
+        self._switches = 0
+        self._engine = tls.EngineWatch()
+        #: why a greenlet run must start again on threads; an interrupt that reached an actor's greenlet
+        self.needs_threads: str | None = None
+        self._interrupt: BaseException | None = None
 
     @contextlib.contextmanager
     def device_side(self) -> Iterator[None]:
@@ -141,12 +169,15 @@ class Execution:
 
     # -- actors and streams ------------------------------------------------------
     def current(self) -> HostActor:
-        a: HostActor | None = getattr(self._local, "actor", None)
+        a = self.current_or_none()
         if a is None:
             raise RuntimeError("simulated device call outside a simulated host actor (use SimDevice.run)")
         return a
 
     def current_or_none(self) -> HostActor | None:
+        if self.greenlets:
+            # another thread (one the program started) is no actor, as it is not on threads
+            return self._cur if threading.get_ident() == self._thread else None
         return getattr(self._local, "actor", None)
 
     def new_stream(self, actor: HostActor, name: str) -> SimStream:
@@ -175,7 +206,10 @@ class Execution:
         return a
 
     def start_actor(self, a: HostActor, body: Callable[[], Any], enter: Callable[[], Any]) -> None:
-        """Create ``a``'s thread; it runs ``body`` once the scheduler gives it its first turn."""
+        """Create ``a``'s greenlet or thread; it runs ``body`` once the scheduler gives it its first turn."""
+        if self.greenlets:
+            self._start_greenlet(a, body, enter)
+            return
 
         def main() -> None:
             a.sem.acquire()
@@ -201,10 +235,43 @@ class Execution:
         self._push(a.time, _HOST, a.order, a)
         a.thread.start()
 
+    def _start_greenlet(self, a: HostActor, body: Callable[[], Any], enter: Callable[[], Any]) -> None:
+        if self._hub is None:
+            self._hub = _getcurrent()  # the run's own greenlet: every actor's parent, which unwinds them
+
+        def main(_: Any) -> HostActor | None:
+            # a fresh actor starts with a fresh thread's torch state: the greenlet that stopped took its own off
+            a.hold = tls.hold()
+            try:
+                if self.aborting:
+                    raise SimAbort
+                with enter():
+                    a.state = "running"
+                    a.result = body()
+            except SimAbort:
+                pass
+            except NeedsThreads as e:
+                self.needs_threads = self.needs_threads or str(e)
+                self._abort()
+            except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (signals.py): on threads the starting thread's
+                self._interrupt = self._interrupt or e
+                self._abort()
+            except BaseException as e:  # the program's own error: report it, end the run
+                self.reports.add(HostError(a.name, describe(e), error_source(e)))
+                self._abort()
+            tls.release(a.hold)
+            return self._exit(a)
+
+        a.state = "ready"
+        a.glet = _Greenlet(main, parent=self._hub)
+        self._live += 1
+        self._push(a.time, _HOST, a.order, a)
+
     def adopt(self, a: HostActor) -> None:
         """The calling thread is actor ``a`` from now on, and has the first turn (``start_actor`` without a new
         thread: a program written as a ``with`` block runs where it is)."""
         self._local.actor = a
+        assert not self.greenlets, "a program run as a with block has its actors on threads"
         a.thread = threading.current_thread()
         a.state = "running"
         with self._lock:
@@ -222,7 +289,9 @@ class Execution:
         self.finished.wait()
         self._local.actor = None
 
-    def _exit(self, a: HostActor) -> None:
+    def _exit(self, a: HostActor) -> HostActor | None:
+        """``a`` is done; on threads, hand the next actor its turn; in a greenlet run, return it (its greenlet's
+        result, which goes to the run's greenlet)."""
         a.state = "done"
         with self._lock:
             self._live -= 1
@@ -230,10 +299,13 @@ class Execution:
         if self.aborting:
             if last:
                 self.finished.set()
-            return
+            return None
         self.progress()
         self._wake_blocked()
+        if self.greenlets:
+            return self._next()
         self._dispatch()
+        return None
 
     # -- the event heap -------------------------------------------------------------
     def _push(self, t: int, prio: int, order: int, obj: Any) -> None:
@@ -293,8 +365,8 @@ class Execution:
         self.now = t
         return prio, obj
 
-    def _dispatch(self) -> None:
-        """Run events until some actor's turn comes and hand it control (or end the run)."""
+    def _next(self) -> HostActor | None:
+        """Run events until some actor's turn comes: that actor (or None: the run is over or ending)."""
         while True:
             ev = self._pop()
             if ev is None:
@@ -306,15 +378,22 @@ class Execution:
                     self._deadlock("the run ended with stream work that can never run")
                 else:
                     self.finished.set()
-                return
+                return None
             prio, obj = ev
             if prio == _HOST:
-                obj.sem.release()
-                return
+                return obj  # type: ignore[no-any-return]
             if not self._process_stream_event(prio, obj):
-                return
+                return None
+
+    def _dispatch(self) -> None:
+        """On threads: run events until some actor's turn comes and hand it control (or end the run)."""
+        nxt = self._next()
+        if nxt is not None:
+            nxt.sem.release()
 
     def _wait_turn(self, a: HostActor) -> None:
+        if self.aborting:
+            raise SimAbort
         while True:
             ev = self._pop()
             if ev is None:
@@ -323,13 +402,70 @@ class Execution:
             prio, obj = ev
             if prio == _HOST:
                 if obj is not a:
-                    obj.sem.release()
-                    a.sem.acquire()
+                    if self.greenlets:
+                        self._switch(a, obj)
+                    else:
+                        obj.sem.release()
+                        a.sem.acquire()
                 if self.aborting:
                     raise SimAbort
                 return
             if not self._process_stream_event(prio, obj):
                 raise SimAbort
+
+    # -- greenlets ------------------------------------------------------------------------------------
+    def _switch(self, a: HostActor, to: HostActor) -> None:
+        """Actor ``a`` stops, ``to`` goes on; returns when ``a``'s turn comes again (or the run unwinds it)."""
+        self._engine.leaving(a)  # raises NeedsThreads before anything moved
+        state = tls.take(a.hold)
+        self._switches += 1
+        a.stopped = self._switches
+        try:
+            self._hand(to, a)
+        finally:
+            a.hold = tls.put(state)
+            self._cur = a
+
+    def _hand(self, to: HostActor | None, me: HostActor | None) -> None:
+        """Give control to ``to``; come back when ``me``'s turn comes (``me`` None: the run's greenlet, which a
+        finished actor's greenlet returns to with the next actor, until there is none)."""
+        while to is not None and to is not me:
+            self._cur = to
+            nxt = to.glet.switch(_RESUMED)
+            if nxt is _RESUMED:
+                return  # someone gave ``me`` its turn
+            to = nxt  # an actor ended (only the run's greenlet hears of it): the next one it named
+        self._cur = me
+
+    def _run_greenlets(self) -> None:
+        """The run's greenlet: run the actors to the end, then unwind those an early end left stopped (the last
+        stopped first: an actor stopped inside a backward nests in the engine's state as it does on its stack)."""
+        # the caller's torch state is not the actors' (a thread of theirs would not have it)
+        mine, fresh = tls.leave_caller()
+        try:
+            self._hand(self._next(), None)
+        finally:
+            if self.aborting:
+                self._unwind()
+            tls.back_to_caller(mine, fresh)
+        if self._interrupt is not None:
+            raise self._interrupt
+
+    def _unwind(self) -> None:
+        while True:
+            stopped = [a for a in self.actors.values() if a.state != "done" and a.glet is not None]
+            if not stopped:
+                break
+            a = max(stopped, key=lambda x: (bool(x.glet), x.stopped))
+            if not a.glet:  # never started: nothing of it ran
+                a.glet = None
+                a.state = "done"
+                self._live -= 1
+                continue
+            self._cur = a
+            a.glet.switch(_RESUMED)  # it raises SimAbort where it stopped, unwinds, and ends
+        self._cur = None
+        self.finished.set()
 
     @contextlib.contextmanager
     def unraisable_reported(self) -> Iterator[None]:
@@ -341,7 +477,8 @@ class Execution:
             a = self.current_or_none()
             if isinstance(u.exc_value, SimAbort):
                 return  # the run is ending: what a finalizer was doing then stops there, as the actors do
-            if a is None or u.exc_value is None:
+            if a is None or u.exc_value is None or isinstance(u.exc_value, KeyboardInterrupt):
+                # no actor's (a stop, which lands in an actor's greenlet, is the command's: signals.py keeps it)
                 previous(u)
                 return
             where = getattr(u.object, "__qualname__", None) or type(u.object).__name__
@@ -357,10 +494,15 @@ class Execution:
             sys.unraisablehook = previous
 
     def begin(self) -> None:
-        """Called by the thread that starts a run: give the first actor its turn."""
-        self._dispatch()
+        """Called by the thread that starts a run: give the first actor its turn (a greenlet run: run it all)."""
+        if self.greenlets:
+            self._run_greenlets()
+        else:
+            self._dispatch()
 
     def join_threads(self) -> None:
+        if self.greenlets:
+            return
         me = threading.current_thread()
         for a in self.actors.values():
             if a.thread is not None and a.thread is not me:
@@ -372,6 +514,10 @@ class Execution:
         left inside torch when the interpreter exits. An actor running code that never reaches the device is
         waited for; a second interrupt stops the wait."""
         self._abort()
+        if self.greenlets:
+            if _getcurrent() is self._hub:
+                self._unwind()
+            return
         self.join_threads()
 
     # -- host steps --------------------------------------------------------------------
@@ -511,7 +657,7 @@ class Execution:
         self.aborting = True
         me = self.current_or_none()
         for a in self.actors.values():
-            if a is not me and a.state != "done" and a.thread is not None:
+            if a is not me and a.state != "done" and a.thread is not None and not self.greenlets:
                 a.sem.release()
         with self._lock:
             if self._live == 0:

@@ -30,6 +30,7 @@ from simdevice.runtime.memory import Accessor, Memory, Ref, Storage, nbytes
 from simdevice.runtime.memsaver import LibraryFixes, SimMemorySaver
 from simdevice.runtime.reports import Race, ReportSink
 from simdevice.runtime.streams import EventRecord, SimStream, StreamOp
+from simdevice.runtime.tls import NeedsThreads
 
 
 @attrs.frozen
@@ -207,6 +208,8 @@ class Runtime:
                 ex.join_threads()
         finally:
             torch.set_num_threads(threads)
+        if ex.needs_threads is not None:
+            raise NeedsThreads(ex.needs_threads)  # the caller runs the program again on threads (SimDevice.run)
         return main.result
 
     @contextlib.contextmanager
@@ -217,6 +220,7 @@ class Runtime:
             raise RuntimeError("a SimDevice runs one program; make a new one per run")
         self._ran = True
         ex = self.execution
+        ex.greenlets = False  # the block runs where it is, on the calling thread: the actors it spawns get threads
         main = ex.new_actor("host", None)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)

@@ -1,0 +1,169 @@
+"""torch's per-thread state, moved off the thread and back where host actors share one thread (greenlets).
+
+A thread has one of each: dispatch-mode stack, torch-function-mode stack and its disabled state, saved-tensor
+hooks, grad mode, forward-grad mode, the local dispatch-key sets. Host actors on threads of their own each have
+theirs; greenlets share one thread, so at a switch the actor that stops :func:`take` s its state off the thread
+(leaving a fresh thread's) and the one that goes on :func:`put` s its own back. A fresh actor starts with a fresh
+thread's state, as a new thread does.
+
+What cannot be moved from Python is refused with :class:`NeedsThreads` before anything is changed: inference mode
+(its flag is set only by a guard object), autocast, the infra dispatch modes (fake, proxy, functional), disabled
+saved-tensor hooks, and autograd's engine, whose state (the graph task, the ready queue) is the thread's own: an
+actor that starts a backward while another actor's backward is suspended would share that state
+(:class:`EngineWatch`). The run then starts again on threads (``simdevice.runtime.execution``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+_C = torch._C
+_AG = torch._C._autograd
+_INFRA = tuple(_C._TorchDispatchModeKey.__members__.values())
+
+
+class NeedsThreads(BaseException):
+    """A greenlet run met torch state one thread cannot hold for two actors: the run starts again on threads."""
+
+
+def _fresh_state() -> tuple[Any, Any, Any]:
+    """A new thread's dispatch-key sets and torch-function state."""
+    out: list[tuple[Any, Any, Any]] = []
+
+    def read() -> None:
+        out.append((_C._dispatch_tls_local_include_set(), _C._dispatch_tls_local_exclude_set(),
+                    _C._get_torch_function_state()))
+
+    t = threading.Thread(target=read, name="simdevice-tls-probe")
+    t.start()
+    t.join()
+    return out[0]
+
+
+_FRESH_INCLUDE, _FRESH_EXCLUDE, _FRESH_FUNCTION_STATE = _fresh_state()
+
+
+def movable() -> str | None:
+    """Why the calling thread's torch state cannot be moved to another greenlet, or None."""
+    if _C.is_inference_mode_enabled():
+        return "inference mode"
+    if _C._is_any_autocast_enabled():
+        return "autocast"
+    if any(_C._get_dispatch_mode(k) is not None for k in _INFRA):
+        return "an infra dispatch mode (fake, proxy or functional tensors)"
+    if not _AG._saved_tensors_hooks_is_enabled():
+        return "saved-tensor hooks disabled"
+    return None
+
+
+#: a greenlet's hold on the thread's dispatch-key sets: entered with its own sets where it goes on, exited where it
+#: stops, which puts back the sets the thread had at entry (a fresh thread's: whoever stopped before left those)
+Hold = Any
+State = tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], bool, bool, Any, Any, Any]
+
+
+def hold() -> Hold:
+    """A hold on the sets the thread has now (a fresh actor's first moment, the run's greenlet's)."""
+    return _hold(_C._dispatch_tls_local_include_set(), _C._dispatch_tls_local_exclude_set())
+
+
+def _hold(include: Any, exclude: Any) -> Hold:
+    guard = _C._ForceDispatchKeyGuard(include, exclude)
+    guard.__enter__()
+    return guard
+
+
+def take(held: Hold) -> State:
+    """The calling greenlet's torch state, taken off the thread, which is left as ``held`` found it (a fresh
+    thread's, for a fresh actor's and an actor's turn alike)."""
+    why = movable()
+    if why is not None:
+        raise NeedsThreads(why)
+    # the sets first: popping the last mode takes the Python keys out of them, which pushing it back puts in
+    include, exclude = _C._dispatch_tls_local_include_set(), _C._dispatch_tls_local_exclude_set()
+    modes = []
+    while _C._len_torch_dispatch_stack():
+        modes.append(_C._pop_torch_dispatch_stack(None))
+    functions = []
+    while _C._len_torch_function_stack():
+        functions.append(_C._pop_torch_function_stack())
+    hooks = []
+    while (h := _AG._top_saved_tensors_default_hooks(True)) is not None:
+        hooks.append(h)
+        _AG._pop_saved_tensors_default_hooks()
+    state = (tuple(modes), tuple(functions), tuple(hooks), _C.is_grad_enabled(), _C._is_fwd_grad_enabled(),
+             include, exclude, _C._get_torch_function_state())
+    release(held)
+    return state
+
+
+def release(held: Hold) -> None:
+    """Leave the thread as ``held`` found it, with no modes or hooks (where a greenlet stops, or an actor ends)."""
+    while _C._len_torch_dispatch_stack():
+        _C._pop_torch_dispatch_stack(None)
+    while _C._len_torch_function_stack():
+        _C._pop_torch_function_stack()
+    while _AG._top_saved_tensors_default_hooks(True) is not None:
+        _AG._pop_saved_tensors_default_hooks()
+    _C._set_grad_enabled(True)
+    _C._set_fwd_grad_enabled(True)
+    _C._set_torch_function_state(_FRESH_FUNCTION_STATE)
+    held.__exit__(None, None, None)
+
+
+def leave_caller() -> tuple[State, Hold]:
+    """The run's greenlet (its caller's code) hands the thread to the actors: its state, and a hold on a fresh
+    thread's sets, whose release puts the caller's back (:func:`back_to_caller`)."""
+    caller = hold()
+    state = take(caller)
+    return state, _hold(_FRESH_INCLUDE, _FRESH_EXCLUDE)
+
+
+def back_to_caller(state: State, fresh: Hold) -> None:
+    release(fresh)
+    put(state).__exit__(None, None, None)  # the caller's own sets are back: no hold of ours stays on them
+
+
+def put(state: State) -> Hold:
+    """Put a greenlet's state (from :func:`take`) back on the thread; the hold :func:`take` releases next."""
+    modes, functions, hooks, grad, fwd, include, exclude, function_state = state
+    for m in reversed(modes):
+        _C._push_on_torch_dispatch_stack(m)
+    for f in reversed(functions):
+        _C._push_on_torch_function_stack(f)
+    for pack, unpack in reversed(hooks):
+        _AG._push_saved_tensors_default_hooks(pack, unpack)
+    _C._set_grad_enabled(grad)
+    _C._set_fwd_grad_enabled(fwd)
+    _C._set_torch_function_state(function_state)
+    return _hold(include, exclude)
+
+
+class EngineWatch:
+    """Autograd's engine keeps its graph task on the thread: at most one greenlet actor may be inside a backward
+    when it stops. :meth:`leaving` is called as an actor stops; it raises :class:`NeedsThreads` when a second
+    actor would stop inside a backward of its own while another actor's is suspended."""
+
+    def __init__(self) -> None:
+        #: the actor suspended inside a backward, and the graph tasks it was seen in (nested ones included)
+        self.owner: object | None = None
+        self.tasks: set[int] = set()
+
+    def leaving(self, actor: object) -> None:
+        task = _C._current_graph_task_id()
+        if self.owner is None or self.owner is actor:
+            if task == -1:
+                self.owner, self.tasks = None, set()
+            else:
+                if self.owner is None:
+                    self.tasks = set()
+                self.owner = actor
+                self.tasks.add(task)
+            return
+        # another actor is suspended inside a backward; this one sees its graph task (the thread's, not its own)
+        # unless it started one of its own, which the engine took for a nested backward of the other's
+        if task != -1 and task not in self.tasks:
+            raise NeedsThreads("two actors inside autograd's backward at once")

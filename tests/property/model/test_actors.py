@@ -1,0 +1,272 @@
+"""Host actors as greenlets give the runs that actors as threads give (``simdevice.runtime.execution``, ``.tls``).
+
+- The same run: random schedules of every program's variants give the same outcome, operation counts and trace
+  with actors as greenlets (the default) and as threads.
+- Each actor keeps its own torch state across switches, as a thread of its own would: grad mode, a dispatch mode
+  it entered, saved-tensor hooks. A fresh actor starts with a fresh thread's state, not its caller's.
+- What one thread cannot hold for two actors makes the run start again on threads, with the thread run's
+  outcome: two backwards at once (autograd's engine keeps its graph task on the thread), inference mode.
+- A Ctrl-C (a signal's exception lands in whichever actor's greenlet runs) ends the run, every actor unwinds.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from reference.schedule import Delay
+from simdevice import SimConfig, SimDevice
+from simdevice.programs import REGISTRY, load_all
+from simdevice.runtime.config import overridden
+from simdevice.search.targets import ProgramTarget
+
+load_all()
+VARIANTS = [(p, v) for p in REGISTRY.values() for v in p.variants]
+
+
+def _key(run: Any) -> tuple[Any, ...]:
+    return (tuple(map(repr, run.reports)), tuple(sorted(run.op_counts.items())), run.trace, run.unfired,
+            repr(run.result))
+
+
+@given(st.data())
+def test_greenlets_and_threads_give_the_same_run(data: st.DataObject) -> None:
+    program, variant = data.draw(st.sampled_from(VARIANTS), label="variant")
+    target = ProgramTarget(program, variant)
+    config = data.draw(st.sampled_from(target.configs()), label="config")
+    counts = target.probe(config)
+    slots = sorted((a, k) for a, n in counts.items() for k in range(n))
+    picked = data.draw(st.lists(st.sampled_from(slots), max_size=3, unique=True), label="slots") if slots else []
+    delays = [Delay(a, k, data.draw(st.sampled_from((1, 5, 20)))) for a, k in picked]
+    schedule = target.canonical(target.schedule(config, delays))
+    runs = {}
+    for mode in ("thread", "greenlet"):
+        with overridden(actors=mode):
+            runs[mode] = target.run(schedule)
+    assert runs["greenlet"].verdict() == runs["thread"].verdict(), schedule
+    assert _key(runs["greenlet"].run) == _key(runs["thread"].run), schedule
+
+
+# -- each actor's own torch state ---------------------------------------------------------------------------
+
+
+BOTH = pytest.mark.parametrize("actors", ["greenlet", "thread"])
+
+
+def _interleaved(log: list[tuple[str, Any]]) -> bool:
+    names = [n for n, _ in log]
+    return any(a != b for a, b in zip(names, names[1:], strict=False)) and names.count("host") > 1
+
+
+@BOTH
+def test_each_actor_keeps_its_grad_mode(actors: str) -> None:
+    def worker(dev: Any, log: list[tuple[str, bool]]) -> None:
+        with torch.no_grad():
+            for _ in range(5):
+                dev.sleep(1)
+                log.append(("worker", torch.is_grad_enabled()))
+
+    def host(dev: Any) -> list[tuple[str, bool]]:
+        log: list[tuple[str, bool]] = []
+        p = dev.Process(worker, (log,))
+        p.start()
+        for _ in range(5):
+            dev.sleep(1)
+            log.append(("host", torch.is_grad_enabled()))
+        p.join()
+        return log
+
+    run = SimDevice(config=SimConfig(actors=actors)).run(host)
+    assert run.reports == ()
+    assert _interleaved(run.result), run.result
+    assert {(n, g) for n, g in run.result} == {("host", True), ("worker", False)}
+
+
+class _Counting(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _stack() -> tuple[Any, ...]:
+    return tuple(torch._C._get_dispatch_stack_at(i) for i in range(torch._C._len_torch_dispatch_stack()))
+
+
+@BOTH
+def test_a_dispatch_mode_an_actor_entered_sees_its_ops_alone(actors: str) -> None:
+    stacks: list[bool] = []
+
+    def worker(dev: Any, mode: _Counting) -> None:
+        x = torch.zeros(16, device=dev.device)
+        with mode:
+            mine = _stack()
+            for _ in range(4):
+                x.mul_(2.0)
+                dev.sleep(1)
+                stacks.append(_stack() == mine)
+
+    def host(dev: Any) -> list[str]:
+        mode = _Counting()
+        y = torch.zeros(16, device=dev.device)
+        p = dev.Process(worker, (mode,))
+        p.start()
+        mine = _stack()
+        for _ in range(6):
+            y.add_(1.0)
+            dev.sleep(1)
+            stacks.append(_stack() == mine)
+        p.join()
+        return mode.ops
+
+    alone = _Counting()
+    SimDevice(config=SimConfig(actors=actors)).run(worker, alone)  # the worker with no other actor: no switch
+    stacks.clear()
+    run = SimDevice(config=SimConfig(actors=actors)).run(host)
+    assert run.reports == ()
+    # the worker's own ops, as the mode sees them where nothing switches; never the host's add_
+    assert alone.ops and set(alone.ops) == {"aten.mul_.Tensor"}
+    assert run.result == alone.ops, run.result
+    assert stacks == [True] * 10  # each actor's own modes, after every switch
+
+
+@BOTH
+def test_saved_tensor_hooks_an_actor_entered_see_its_saves_alone(actors: str) -> None:
+    def worker(dev: Any, packed: list[str]) -> None:
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            packed.append("worker")
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            for _ in range(3):
+                a = torch.ones(4, requires_grad=True)
+                (a * a).sum()
+                dev.sleep(1)
+
+    def host(dev: Any) -> list[str]:
+        packed: list[str] = []
+        p = dev.Process(worker, (packed,))
+        p.start()
+        for _ in range(5):
+            b = torch.ones(4, requires_grad=True)
+            (b * b).sum()  # saves b twice: the host's saves, which no hook of the worker's may see
+            dev.sleep(1)
+        p.join()
+        return packed
+
+    run = SimDevice(config=SimConfig(actors=actors)).run(host)
+    assert run.reports == ()
+    assert run.result == ["worker"] * 6, run.result
+
+
+@BOTH
+def test_an_actor_starts_with_a_fresh_threads_state_not_its_callers(actors: str) -> None:
+    def host(dev: Any) -> tuple[bool, int]:
+        return torch.is_grad_enabled(), torch._C._len_torch_dispatch_stack()
+
+    outer = _Counting()
+    with torch.no_grad(), outer:
+        run = SimDevice(config=SimConfig(actors=actors)).run(host)
+        after = torch.is_grad_enabled(), torch._C._len_torch_dispatch_stack()
+    assert run.reports == ()
+    assert run.result == (True, 1)  # the actor's own SimMode alone
+    assert after == (False, 1)  # and the caller's state is its own again
+    assert outer.ops == []
+
+
+# -- what one thread cannot hold: the run starts again on threads ----------------------------------------------
+
+
+def _backward_rank(dev: Any) -> float:
+    w = torch.ones(64, device=dev.device, requires_grad=True)
+    x = torch.full((64,), float(dev.rank + 1), device=dev.device)
+    for _ in range(4):  # long enough a backward that the ranks' steps interleave inside it
+        x = (x * w).tanh()
+    loss = x.sum()
+    loss.backward()  # without the engine watch, the two greenlets' backwards share one graph task: the process dies
+    assert w.grad is not None
+    return float(w.grad.sum().item())
+
+
+def test_two_backwards_at_once_start_the_run_again_on_threads() -> None:
+    runs = {}
+    for actors in ("greenlet", "thread"):
+        dev = SimDevice(config=SimConfig(actors=actors))
+        runs[actors] = dev.run(lambda d: d.spawn_ranks(_backward_rank, 2))
+        assert dev.config.actors == "thread"  # the greenlet run met the engine's state and started again
+    assert runs["thread"].reports == ()
+    assert _key(runs["greenlet"]) == _key(runs["thread"])
+    assert runs["greenlet"].result[0] != runs["greenlet"].result[1]  # each rank's own gradient
+
+
+def test_one_backward_at_a_time_stays_on_greenlets() -> None:
+    def one_then_other(dev: Any) -> list[float]:
+        return [_backward_rank(dev), _backward_rank(dev)]
+
+    dev = SimDevice(config=SimConfig(actors="greenlet"))
+    run = dev.run(one_then_other)
+    assert run.reports == ()
+    assert dev.config.actors == "greenlet"
+
+
+def test_inference_mode_across_a_switch_starts_the_run_again_on_threads() -> None:
+    def worker(dev: Any) -> None:
+        with torch.inference_mode():
+            for _ in range(3):
+                dev.sleep(1)
+
+    def host(dev: Any) -> bool:
+        p = dev.Process(worker)
+        p.start()
+        for _ in range(3):
+            dev.sleep(1)
+        p.join()
+        return torch.is_inference_mode_enabled()
+
+    runs = {}
+    for actors in ("greenlet", "thread"):
+        dev = SimDevice(config=SimConfig(actors=actors))
+        runs[actors] = dev.run(host)
+        assert dev.config.actors == "thread"
+    assert runs["greenlet"].reports == ()
+    assert _key(runs["greenlet"]) == _key(runs["thread"])
+
+
+# -- a Ctrl-C ----------------------------------------------------------------------------------------------------
+
+
+@BOTH
+def test_a_ctrl_c_in_an_actor_ends_the_run_and_every_actor_unwinds(actors: str) -> None:
+    unwound: list[str] = []
+
+    def worker(dev: Any) -> None:
+        try:
+            for _ in range(50):
+                dev.sleep(1)
+        finally:
+            unwound.append("worker")
+
+    def host(dev: Any) -> None:
+        p = dev.Process(worker)
+        p.start()
+        try:
+            for k in range(50):
+                dev.sleep(1)
+                if k == 5:
+                    signal.raise_signal(signal.SIGINT)
+        finally:
+            unwound.append("host")
+
+    dev = SimDevice(config=SimConfig(actors=actors))
+    with pytest.raises(KeyboardInterrupt):
+        dev.run(host)
+    assert sorted(unwound) == ["host", "worker"]
