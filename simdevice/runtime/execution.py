@@ -48,10 +48,10 @@ from simdevice.runtime.streams import SimStream, StreamOp
 from simdevice.runtime.tls import NeedsThreads
 
 try:
-    from greenlet import getcurrent as _getcurrent
-    from greenlet import greenlet as _Greenlet
+    from greenlet import getcurrent as _getcurrent  # type: ignore[import-untyped]
+    from greenlet import greenlet as _greenlet  # type: ignore[import-untyped]
 except ImportError:  # pragma: no cover - greenlet is a dependency; without it every run is on threads
-    _Greenlet = None
+    _greenlet = None
 
 #: per actor: {operation index: units}
 Delays = Callable[[str], dict[int, int]]
@@ -148,7 +148,7 @@ class Execution:
         #: True while stream operations are applied (their aten calls are not the program's)
         self.in_engine = False
         #: actors as greenlets on the thread that starts the run (else threads); the running one
-        self.greenlets = config.actors == "greenlet" and _Greenlet is not None
+        self.greenlets = config.actors == "greenlet" and _greenlet is not None
         self._cur: HostActor | None = None
         self._hub: Any = None
         self._thread = threading.get_ident()
@@ -263,7 +263,7 @@ class Execution:
             return self._exit(a)
 
         a.state = "ready"
-        a.glet = _Greenlet(main, parent=self._hub)
+        a.glet = _greenlet(main, parent=self._hub)
         self._live += 1
         self._push(a.time, _HOST, a.order, a)
 
