@@ -36,7 +36,7 @@ import torch
 from simdevice.runtime import sync
 from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.execution import Execution, HostActor
-from simdevice.runtime.memory import Accessor, Memory, Ref, nbytes
+from simdevice.runtime.memory import Accessor, Memory, Ref, Storage, nbytes, ranges_without
 from simdevice.runtime.streams import EventRecord, SimStream, StreamOp
 
 
@@ -193,16 +193,40 @@ class Collectives:
         sync.collective_receive(comm, coll)
         recv = self._enqueue(comm, f"{kind} (receive)", False, ex.config.kernel_ns(2 * nbytes(outs)), [], outs, src)
 
+        def parts(st: Storage, d: torch.Tensor, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+            """Storage byte ranges within ``d`` (``st``'s, contiguous) as element ranges of ``d``."""
+            first, size = st.byte_range(d)[0], d.element_size()
+            return [((a - first) // size, (b - first) // size) for a, b in ranges]
+
         def received() -> None:
             if not values:
                 return
             values_in = combine(rank, [coll.sent[q] for q in range(world.size)])
-            self._memory.in_flight.before_write([d for _, d in outs])
-            for (_, d), v in zip(outs, values_in, strict=True):
-                d.copy_(v.reshape(d.shape))
+            early = recv.issued.landed_early
+            for (st, d), v in zip(outs, values_in, strict=True):
+                lo, hi = st.byte_range(d)
+                flat, src = d.view(-1), v.reshape(-1)
+                # what landed early holds what was written since (a later write's bytes stay)
+                for a, b in parts(st, d, ranges_without(lo, hi, [(x, y) for s, x, y in early if s is st])):
+                    self._memory.in_flight.before_write([flat[a:b]])
+                    flat[a:b].copy_(src[a:b])
+
+        def land_early(st: Storage, lo: int, hi: int) -> None:
+            """Bytes ``[lo, hi)`` of ``st`` land now: a copy that trails this one over them completes first."""
+            if not values:
+                return
+            values_in = combine(rank, [coll.sent[q] for q in range(world.size)])
+            for (s, d), v in zip(outs, values_in, strict=True):
+                if s is st:
+                    [(a, b)] = parts(st, d, [(lo, hi)])
+                    flat = d.view(-1)
+                    self._memory.in_flight.before_write([flat[a:b]])
+                    flat[a:b].copy_(v.reshape(-1)[a:b])
 
         recv.finish = received
         recv.sweeps = one and inp is not None
+        if recv.sweeps:  # NCCL's one-rank copy: its bytes are known from its start, so a part can land early
+            recv.issued.early = land_early
         ex.enqueue(comm, recv)
         if coll.complete:
             # the last rank in: peers' comm streams may be parked at their rendezvous

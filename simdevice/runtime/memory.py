@@ -26,7 +26,7 @@ it (a stream operation, a host step touching pinned memory, a collective);
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 import torch
@@ -164,14 +164,25 @@ class Accessor:
 
 class Issued:
     """The accesses of one operation, issued: reads with the versions they expect, writes with their ids; for a
-    sweeping copy, the landing copies it follows (their ``Issued``, found at its start: :meth:`Memory.start`)."""
+    sweeping copy, the landing copies it follows (their ``Issued``, found at its start: :meth:`Memory.start`).
 
-    __slots__ = ("follows", "reads", "writes")
+    A landing copy that can land part of its bytes before it completes (``early``: NCCL's one-rank copy, whose
+    bytes are known when it starts) lets a copy that trails it over a part and completes first read that part:
+    the reader's ``pending`` parts land at its completion (:meth:`Memory.finish`), and the writer's completion
+    leaves what it ``landed_early`` as it is then."""
+
+    __slots__ = ("early", "follows", "landed_early", "pending", "reads", "writes")
 
     def __init__(self) -> None:
         self.reads: list[tuple[Storage, Access, Expectation]] = []
         self.writes: list[tuple[Storage, Access, int]] = []
         self.follows: list[Issued] = []
+        #: a writer's: land its bytes ``[lo, hi)`` of a storage now (storage coordinates), data only
+        self.early: Callable[[Storage, int, int], None] | None = None
+        #: a reader's: parts of writers it trails that land at its completion (writer, storage, lo, hi, write id)
+        self.pending: list[tuple[Issued, Storage, int, int, int]] = []
+        #: a writer's: the parts it landed before its completion (storage, lo, hi)
+        self.landed_early: list[tuple[Storage, int, int]] = []
 
 
 #: a copy landing: the shadow's id and the write's id -> (its Issued, start, end, first byte, end byte in the
@@ -188,6 +199,14 @@ def trails(writer: tuple[int, int, int, int], reader: tuple[int, int, int, int],
     rs, re_, rlo, rhi = reader
     wl, rl = max(whi - wlo, 1), max(rhi - rlo, 1)
     return all((ws * wl + (b - wlo) * (we - ws)) * rl <= (rs * rl + (b - rlo) * (re_ - rs)) * wl for b in (lo, hi))
+
+
+def ranges_without(lo: int, hi: int, cut: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``[lo, hi)`` less the ranges ``cut``, as ranges in order."""
+    out = [(lo, hi)]
+    for a, b in cut:
+        out = [piece for x, y in out for piece in ((x, min(y, a)), (max(x, b), y)) if piece[0] < piece[1]]
+    return out
 
 
 def span(t: torch.Tensor) -> tuple[int, int]:
@@ -367,9 +386,18 @@ class Memory:
                 self._landing[(id(st.shadow), wid)] = (issued, now, until, base + access.lo, base + access.hi)
 
     def finish(self, issued: Issued) -> None:
-        """The operation completed: its writes land."""
+        """The operation completed: the parts of copies it trails that it needs land first (see :class:`Issued`),
+        then its writes land (but for what landed early: the bytes there are those written since)."""
+        for writer, st, lo, hi, wid in issued.pending:
+            if (id(st.shadow), wid) in self._landing and writer.early is not None:
+                self.in_flight.landing = writer  # what follows it reads what lands; the others keep what was there
+                writer.early(st, lo, hi)
+                self.execute_write(st, lo, hi, wid)
+                writer.landed_early.append((st, lo, hi))
+        issued.pending = []
         for st, access, wid in issued.writes:
-            self.execute_write(st, access.lo, access.hi, wid)
+            for lo, hi in ranges_without(access.lo, access.hi, [(a, b) for s, a, b in issued.landed_early if s is st]):
+                self.execute_write(st, lo, hi, wid)
             if self._landing:
                 self._landing.pop((id(st.shadow), wid), None)
         self.in_flight.landing = issued
@@ -438,11 +466,14 @@ class Memory:
             return False
         writer, ws, we, wlo, whi = landing
         base = st.offset
-        # it must complete after the writer lands (at the same moment the event order could put it first, and it
-        # would read the old bytes at its completion with no stale read reported)
-        if we >= end or not trails((ws, we, wlo, whi), (now, end, base + access.lo, base + access.hi),
-                                  base + lo, base + hi):
+        if not trails((ws, we, wlo, whi), (now, end, base + access.lo, base + access.hi), base + lo, base + hi):
             return False
+        # it completes after the writer lands, or (a writer that can) the part it read lands at its completion: at
+        # the same moment the event order could put the reader first, and it would read the old bytes
+        if we >= end:
+            if writer.early is None:
+                return False
+            reader.pending.append((writer, st, lo, hi, wid))
         if writer not in reader.follows:
             reader.follows.append(writer)
         return True

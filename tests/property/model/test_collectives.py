@@ -114,3 +114,69 @@ def test_a_world_of_one_gathers_by_one_copy_that_a_copy_behind_it_trails() -> No
         kinds, right, _ = _one_rank(SimDevice().run(lambda dev: dev.spawn_ranks(_gather_then_copy, 1, (4096,))))
     assert "stale-read" in kinds
     assert not right
+
+
+def _gather_then_part(dev: Any, n: int, part: str, overwrite: bool) -> Any:
+    """A one-rank gather of ``3n`` floats; on a side stream, one host step later, a copy of one third of the output
+    (``first`` or ``last``), then (``overwrite``) a fill of the first third, while the gather may still run."""
+    inp = torch.empty(3 * n, device=dev.device)
+    inp.copy_(torch.arange(3 * n, dtype=torch.float32))
+    out = torch.zeros(3 * n, device=dev.device)
+    side = dev.Stream(name="side")
+    dev.synchronize()  # the gather starts when it is issued; the copy, two host steps later
+    dev.all_gather_into_tensor(out, inp)
+    side.wait_stream(dev.current_stream())
+    with dev.stream(side):
+        got = torch.empty(n, device=dev.device)
+        got.copy_(out[:n] if part == "first" else out[2 * n:])
+        if overwrite:
+            out[:n].fill_(7.0)
+    dev.synchronize()
+    return got.cpu(), out.cpu()
+
+
+def _timed(run: Any) -> dict[str, tuple[int, int]]:
+    starts: dict[str, int] = {}
+    spans = {}
+    for t, actor, what in run.trace:
+        if actor in ("rank0.nccl", "rank0.side") and what.startswith(("start", "done")):
+            kind, name = what.split(" ", 1)
+            if kind == "start":
+                starts[name] = t
+            else:
+                spans[name] = (starts[name], t)
+    return spans
+
+
+def test_a_copy_that_trails_a_one_rank_gather_over_a_part_and_completes_first_reads_that_part() -> None:
+    """NCCL's one-rank copy writes its bytes in order; a copy of its first third that starts after it and reads no
+    byte before it is written gets the gathered bytes, though it completes before the gather does: that part
+    lands at its completion. Of the last third, which the gather writes last, it would read the old bytes first:
+    a stale read, and what was there. A fill after the first copy, while the gather still runs, is what the first
+    third holds at the end (the gather wrote those bytes before)."""
+    n = 4096
+    want = torch.arange(3 * n, dtype=torch.float32)
+    run = SimDevice().run(lambda dev: dev.spawn_ranks(_gather_then_part, 1, (n, "first", False)))
+    spans = _timed(run)
+    (recv_start, recv_end), (copy_start, copy_end) = spans["all_gather (receive)"], spans["copy_ #0"]
+    assert recv_start < copy_start and copy_end < recv_end  # it starts after the gather and completes first
+    got, out = run.result[0]
+    kinds = {r.kind for r in run.reports}
+    assert "race" in kinds  # nothing orders the two
+    assert "stale-read" not in kinds
+    assert torch.equal(got, want[:n])
+    assert torch.equal(out, want)
+
+    last = SimDevice().run(lambda dev: dev.spawn_ranks(_gather_then_part, 1, (n, "last", False)))
+    got, _ = last.result[0]
+    assert "stale-read" in {r.kind for r in last.reports}
+    assert torch.equal(got, torch.zeros(n))
+
+    filled = SimDevice().run(lambda dev: dev.spawn_ranks(_gather_then_part, 1, (n, "first", True)))
+    spans = _timed(filled)
+    assert spans["fill_ #1"][1] < spans["all_gather (receive)"][1]  # the fill lands while the gather runs
+    assert "stale-read" not in {r.kind for r in filled.reports}  # the end's reads see the fill where it landed
+    got, out = filled.result[0]
+    assert torch.equal(got, want[:n])
+    assert torch.equal(out[:n], torch.full((n,), 7.0))
+    assert torch.equal(out[n:], want[n:])

@@ -48,7 +48,7 @@ def test_the_plan_judges_with_the_profile_it_is_given(tmp_path: Path) -> None:
     verdicts = {}
     for name, extra in (("fast", []), ("slow", ["--profile", str(slow)])):
         out = tmp_path / f"{name}.json"
-        p = _run("plan", "--per-variant", "6", "--seed", "1", "--where", "ranks=1", "--variant",
+        p = _run("plan", "--per-variant", "6", "--seed", "4", "--where", "ranks=1", "--variant",
                  "param_readiness/param-prefetch-no-ready", *extra, "-o", str(out))
         assert p.returncode == 0, p.stderr
         doc = json.loads(out.read_text())
@@ -366,3 +366,27 @@ def test_a_plans_verdict_is_what_a_gpu_would_show(schedule: str, values: bool, s
     assert out.shows_on_gpu is shows, out.verdict()
     if not shows and s.delays:
         assert out.corrupted  # a search still counts it: the stale read is a real ordering bug
+
+
+def test_the_campaign_plans_with_a_named_profile_on_any_machine(tmp_path: Path) -> None:
+    """``plan SEED PER PER_ZCC PER_MEMSAVER PROFILE``: no calibration (no GPU needed), every variant planned with
+    that profile; a profile it does not know is one line and exit 2, and nothing is written."""
+    (tmp_path / "scripts").mkdir()
+    for name in ("gpu-campaign", "fidelity"):
+        (tmp_path / "scripts" / name).write_text((ROOT / "scripts" / name).read_text())
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = str(tmp_path / "scripts" / "gpu-campaign")
+    bad = subprocess.run(["bash", script, "plan", "3", "1", "1", "1", "nosuch"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert (bad.returncode, bad.stderr.count("\n"), bad.stdout) == (2, 1, "")
+    assert "no cost profile 'nosuch'" in bad.stderr
+    assert not (tmp_path / ".fid").exists()
+    p = subprocess.run(["bash", script, "plan", "3", "1", "1", "1", "h200-torch2.11"], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr
+    plan = json.loads((tmp_path / ".fid" / "plan.json").read_text())
+    zplan = json.loads((tmp_path / ".fid" / "zplan.json").read_text())
+    assert not (tmp_path / ".fid" / "profile.json").exists()  # nothing calibrated
+    assert (plan["profile"], zplan["profile"]) == ("h200-torch2.11", "h200-torch2.11")
+    assert len(plan["rows"]) == 11  # nine variants and memsaver_guard's two, one schedule each
+    assert len(zplan["rows"]) == 4

@@ -24,7 +24,9 @@ Cli = Callable[[list[str], Path], CompletedProcess[str]]
 
 #: a race whose window is a few host steps wide: on a fast host (the default) the read overtakes the gather, on a
 #: host as slow as Python on a GPU machine (about 200 µs a step) it does not
-EAGER = "param_readiness/param-prefetch-no-ready:bucket=2,eager=1,iters=1,layers=2,ranks=1:rank0.nccl#1+1"
+#: the prefetch's copy waits for the step's last kernel, as the gather does: with a fast host both start at its end
+#: and the copy reads the bucket ahead of the gather; with a host step of 200 us the gather is over when it is issued
+EAGER = "param_readiness/param-prefetch-no-ready:eager=1,evaluate=0,iters=1,ranks=1"
 
 
 def _profile(tmp_path: Path, **fields: object) -> Path:
