@@ -44,6 +44,7 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from reference.contract import OpKind, op_kind, poison
+from simdevice import elementwise
 from simdevice.runtime import Runtime
 from simdevice.runtime.execution import HostActor
 from simdevice.runtime.memory import Ref, Storage, overlap, span
@@ -477,10 +478,14 @@ class Dispatcher:
         key = (func, _sig(args), _sig(kwargs))
         if key in _META_CACHE:
             return _META_CACHE[key]
-        try:
-            out = func(*_tree_map(_meta_of, args), **_tree_map(_meta_of, kwargs))
-        except (NotImplementedError, RuntimeError):
-            out = None  # nonzero, boolean indexing, repeat_interleave without a size: the values decide
+        margs, mkwargs = _tree_map(_meta_of, args), _tree_map(_meta_of, kwargs)
+        # a plain pointwise op by TensorIterator's rules: its meta kernel is a Python reference that imports dynamo
+        out = elementwise.output(func, margs, mkwargs)
+        if out is None:
+            try:
+                out = func(*margs, **mkwargs)
+            except (NotImplementedError, RuntimeError):
+                out = None  # nonzero, boolean indexing, repeat_interleave without a size: the values decide
         if len(_META_CACHE) >= _META_CACHE_MAX:
             _META_CACHE.clear()
         _META_CACHE[key] = out
