@@ -388,16 +388,21 @@ class Memory:
     def finish(self, issued: Issued) -> None:
         """The operation completed: the parts of copies it trails that it needs land first (see :class:`Issued`),
         then its writes land (but for what landed early: the bytes there are those written since)."""
-        for writer, st, lo, hi, wid in issued.pending:
-            if (id(st.shadow), wid) in self._landing and writer.early is not None:
-                self.in_flight.landing = writer  # what follows it reads what lands; the others keep what was there
-                writer.early(st, lo, hi)
-                self.execute_write(st, lo, hi, wid)
-                writer.landed_early.append((st, lo, hi))
-        issued.pending = []
+        if issued.pending:
+            for writer, st, lo, hi, wid in issued.pending:
+                if (id(st.shadow), wid) in self._landing and writer.early is not None:
+                    self.in_flight.landing = writer  # what follows it reads what lands; the others keep theirs
+                    writer.early(st, lo, hi)
+                    self.execute_write(st, lo, hi, wid)
+                    writer.landed_early.append((st, lo, hi))
+            issued.pending = []
+        early = issued.landed_early
         for st, access, wid in issued.writes:
-            for lo, hi in ranges_without(access.lo, access.hi, [(a, b) for s, a, b in issued.landed_early if s is st]):
-                self.execute_write(st, lo, hi, wid)
+            if not early:
+                self.execute_write(st, access.lo, access.hi, wid)
+            else:
+                for lo, hi in ranges_without(access.lo, access.hi, [(a, b) for s, a, b in early if s is st]):
+                    self.execute_write(st, lo, hi, wid)
             if self._landing:
                 self._landing.pop((id(st.shadow), wid), None)
         self.in_flight.landing = issued
