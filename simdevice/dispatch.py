@@ -570,7 +570,9 @@ class Dispatcher:
         if facts.copy and host_touch:
             desc += " (D2H)" if any(not isinstance(o, SimTensor) for o in outputs) else " (H2D)"
         if host_touch:
-            duration = self.config.copy_ns(sum(o.numel() * o.element_size() for o in outputs))
+            # from a pageable source (staged at issue) or into a pageable destination: the pageable rate
+            pageable = "h2d" if staged else "d2h" if self._pageable(outputs) else None
+            duration = self.config.copy_ns(sum(o.numel() * o.element_size() for o in outputs), pageable)
         else:
             duration = self.config.kernel_ns(sum(x.numel() * x.element_size() for x in inputs + outputs))
 

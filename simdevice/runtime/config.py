@@ -47,6 +47,11 @@ class SimConfig:
     launch_ns: int = attrs.field(default=5_000, validator=_positive)
     #: one host step (a launch, a query, a shared-value access)
     host_step_ns: int = attrs.field(default=5_000, validator=_positive)
+    #: copies to and from pageable (not pinned) host memory, bytes per microsecond: a copy from a program's own CPU
+    #: tensor (staged by the driver) and ``.cpu()`` into a fresh one run far below the pinned rate on a GPU; 0: at
+    #: the pinned rate (the fast default)
+    pageable_h2d_bytes_per_us: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    pageable_d2h_bytes_per_us: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     #: what issuing a collective costs the host beyond a host step (the process group's own work around NCCL's
     #: enqueue): none on the fast host
     collective_host_ns: int = attrs.field(default=0, validator=attrs.validators.ge(0))
@@ -78,7 +83,12 @@ class SimConfig:
         own = dict(self.program_host_step_ns).get(program)
         return attrs.evolve(self, host_step_ns=own) if own is not None and own != self.host_step_ns else self
 
-    def copy_ns(self, nbytes: int) -> int:
+    def copy_ns(self, nbytes: int, pageable: str | None = None) -> int:
+        """A host copy of ``nbytes``; ``pageable``: ``"h2d"`` from or ``"d2h"`` to pageable host memory, at its own
+        rate where the profile measured one."""
+        per_us = {"h2d": self.pageable_h2d_bytes_per_us, "d2h": self.pageable_d2h_bytes_per_us}.get(pageable or "", 0)
+        if per_us:
+            return max(self.launch_ns, nbytes * self.byte_scale * 1000 // per_us)
         return max(self.launch_ns, nbytes * self.byte_scale // self.copy_bytes_per_ns)
 
     def kernel_ns(self, nbytes: int) -> int:

@@ -28,7 +28,8 @@ SHIPPED = Path(__file__).resolve().parent.parent / "profiles"
 
 #: the SimConfig fields a profile may set: the cost model, nothing about bounds or capacity (nor byte_scale, which
 #: maps simulated sizes to the GPU replay's and so must be the same on both)
-COST_FIELDS = ("host_step_ns", "copy_bytes_per_ns", "kernel_bytes_per_ns", "launch_ns", "collective_host_ns")
+COST_FIELDS = ("host_step_ns", "copy_bytes_per_ns", "kernel_bytes_per_ns", "launch_ns", "collective_host_ns",
+               "pageable_h2d_bytes_per_us", "pageable_d2h_bytes_per_us")
 
 
 class ProfileError(ValueError):
@@ -69,6 +70,12 @@ def fields_from(measured: dict[str, Any]) -> dict[str, int]:
         gather = measured["collective"]
         extra = statistics.median(r["issue_ns"] for r in gather["samples"]) - gather["kernel_issue_ns"]
         fields["collective_host_ns"] = max(1, round(extra))
+    if "pageable" in measured:
+        # copies from and to pageable CPU tensors: bytes over the median time of each direction
+        pageable = measured["pageable"]
+        for way in ("h2d", "d2h"):
+            ms = statistics.median(pageable[f"{way}_ms"])
+            fields[f"pageable_{way}_bytes_per_us"] = max(1, round(pageable["bytes"] / (ms * 1000)))
     return fields
 
 

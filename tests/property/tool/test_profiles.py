@@ -102,6 +102,10 @@ def test_the_costs_come_from_the_measurements() -> None:
     # a collective's issue beyond a kernel's: the median issue (40 us) less the kernel's (8 us)
     gather = {"samples": [{"issue_ns": 50_000}, {"issue_ns": 30_000}, {"issue_ns": 40_000}], "kernel_issue_ns": 8_000}
     assert fields_from({**measured, "collective": gather})["collective_host_ns"] == 32_000
+    # pageable copies: bytes over each direction's median time (64 MiB in 10.5 ms: 6,391 bytes per us)
+    pageable = {"bytes": 67108864, "h2d_ms": [10.5, 9.8, 13.2], "d2h_ms": [48.7, 54.4, 49.6, 54.0]}
+    got = fields_from({**measured, "pageable": pageable})
+    assert (got["pageable_h2d_bytes_per_us"], got["pageable_d2h_bytes_per_us"]) == (6391, 1296)
 
 
 #: the evaluation's read of a bucket one host step after its gather was issued, on a host as slow as the H200's
