@@ -215,16 +215,7 @@ class Execution:
             a.sem.acquire()
             self._local.actor = a
             try:
-                if self.aborting:
-                    raise SimAbort
-                with enter():
-                    a.state = "running"
-                    a.result = body()
-            except SimAbort:
-                pass
-            except BaseException as e:  # the program's own error: report it, end the run
-                self.reports.add(HostError(a.name, describe(e), error_source(e)))
-                self._abort()
+                self._body(a, body, enter)
             finally:
                 self._exit(a)
 
@@ -242,23 +233,7 @@ class Execution:
         def main(_: Any) -> HostActor | None:
             # a fresh actor starts with a fresh thread's torch state: the greenlet that stopped took its own off
             a.hold = tls.hold()
-            try:
-                if self.aborting:
-                    raise SimAbort
-                with enter():
-                    a.state = "running"
-                    a.result = body()
-            except SimAbort:
-                pass
-            except NeedsThreads as e:
-                self.needs_threads = self.needs_threads or str(e)
-                self._abort()
-            except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (signals.py): on threads the starting thread's
-                self._interrupt = self._interrupt or e
-                self._abort()
-            except BaseException as e:  # the program's own error: report it, end the run
-                self.reports.add(HostError(a.name, describe(e), error_source(e)))
-                self._abort()
+            self._body(a, body, enter)
             tls.release(a.hold)
             return self._exit(a)
 
@@ -266,6 +241,28 @@ class Execution:
         a.glet = _greenlet(main, parent=self._hub)
         self._live += 1
         self._push(a.time, _HOST, a.order, a)
+
+    def _body(self, a: HostActor, body: Callable[[], Any], enter: Callable[[], Any]) -> None:
+        """Run actor ``a``'s code to its end; what it raises ends the run (its own error, reported)."""
+        try:
+            if self.aborting:
+                raise SimAbort
+            with enter():
+                a.state = "running"
+                a.result = body()
+        except SimAbort:
+            pass
+        except NeedsThreads as e:  # a greenlet run's: it starts again on threads
+            self.needs_threads = self.needs_threads or str(e)
+            self._abort()
+        except BaseException as e:
+            if self.greenlets and isinstance(e, KeyboardInterrupt):
+                # Ctrl-C or SIGTERM (signals.py) lands in whichever greenlet runs: the run's, as on threads, where
+                # it reaches the starting thread alone
+                self._interrupt = self._interrupt or e
+            else:  # the program's own error: report it, end the run
+                self.reports.add(HostError(a.name, describe(e), error_source(e)))
+            self._abort()
 
     def adopt(self, a: HostActor) -> None:
         """The calling thread is actor ``a`` from now on, and has the first turn (``start_actor`` without a new
