@@ -250,7 +250,7 @@ class SimDevice:
 
     def run(self, program: Callable[..., Any], *args: Any) -> Run:
         """Run ``program(dev, *args)`` as host actor ``host``; a SimDevice runs one program once."""
-        checkpoint()  # a Ctrl-C that landed in a callback and was swallowed stops the command here
+        checkpoint()  # a Ctrl-C that was raised and lost on its way (simdevice.signals) stops the command here
         try:
             result = self.runtime.run(lambda: program(self, *args))
         except NeedsThreads:
@@ -260,6 +260,7 @@ class SimDevice:
             self.config = attrs.evolve(self.config, actors="thread")
             self._build()
             result = self.runtime.run(lambda: program(self, *args))
+        checkpoint()  # a stop lost during the run (cut short in a callback, the run may show what it never did)
         return self.outcome(result)
 
     @contextlib.contextmanager

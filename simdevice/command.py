@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from simdevice.signals import install, stopped
+from simdevice.signals import install, pending, stopped
 
 
 def entry() -> None:
@@ -28,6 +28,8 @@ def entry() -> None:
     except KeyboardInterrupt:  # during the imports, before main's own handling (and its parsing of --json)
         if "--json" in sys.argv[1:]:
             print('{"interrupted": true}')
+        code = stopped()
+    if pending():  # a stop that was lost on its way after the last simulated run: the command was stopped all the same
         code = stopped()
     # the command is done: a signal now would only turn its exit code into a traceback or a death by signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -17,42 +17,61 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread."""
 
 
+#: a stop that was raised and that the command has not answered yet (:func:`stopped` answers it). Python can lose
+#: the exception on its way: where it lands in a ``__del__`` or a weakref callback it is "unraisable" (printed as
+#: "Exception ignored in ..." and dropped), and C code may clear it (an extension module's import that Hypothesis
+#: starts between two runs did). Kept here, :func:`checkpoint` raises it again.
+_PENDING: list[KeyboardInterrupt] = []
+
+
+def on_sigint(signum: int, frame: Any) -> None:
+    """The SIGINT handler: raise ``KeyboardInterrupt``, as Python's own does, and keep it until it is answered."""
+    e = KeyboardInterrupt()
+    _PENDING[:] = [e]
+    raise e
+
+
 def on_sigterm(signum: int, frame: Any) -> None:
     """The SIGTERM handler: raise :class:`Terminated` (a second SIGTERM ends the process at once)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _STOPPED["word"] = "terminated"
-    raise Terminated
-
-
-#: a stop whose exception Python swallowed: it came while a weakref callback or a ``__del__`` ran, where an
-#: exception is "unraisable" (printed as "Exception ignored in ..." and dropped); :func:`checkpoint` raises it again
-_SWALLOWED: list[KeyboardInterrupt] = []
+    e = Terminated()
+    _PENDING[:] = [e]
+    raise e
 
 
 def _unraisable(u: Any) -> None:
     """``sys.unraisablehook``: keep a swallowed Ctrl-C or SIGTERM for :func:`checkpoint`, silently; anything else
     as Python reports it."""
     if isinstance(u.exc_value, KeyboardInterrupt):
-        _SWALLOWED[:] = [u.exc_value]
+        _PENDING[:] = [u.exc_value]
         return
     sys.__unraisablehook__(u)
 
 
 def install() -> None:
-    """From the command's first moment: SIGTERM raises :class:`Terminated`, and a stop that lands in a callback is
-    kept rather than lost."""
+    """From the command's first moment: SIGINT and SIGTERM raise a stop that is kept until the command answers
+    it, and a stop that lands in a callback is kept rather than printed."""
+    signal.signal(signal.SIGINT, on_sigint)
     signal.signal(signal.SIGTERM, on_sigterm)
     sys.unraisablehook = _unraisable
 
 
 def checkpoint() -> None:
-    """A safe point (each simulated run starts at one): a stop Python swallowed is raised here, so the command
-    stops as it would have (it ran on, to its end, before)."""
-    if _SWALLOWED:
-        raise _SWALLOWED.pop()
+    """A safe point (each simulated run starts and ends at one): a stop that was raised and never reached the
+    command is raised here, so the command stops as it would have (it ran on, to its end, before; and a run it
+    cut short in a callback could report what it never did)."""
+    if _PENDING:
+        raise _PENDING.pop()
+
+
+def pending() -> bool:
+    """Whether a stop was raised and lost on its way, with no checkpoint since (the command's last moments)."""
+    return bool(_PENDING)
 
 
 def stopped() -> int:
-    """Say on stderr that the command was stopped early, and return its exit code."""
+    """Say on stderr that the command was stopped early, and return its exit code (the stop is answered)."""
+    _PENDING.clear()
     print(f"simdevice: {_STOPPED['word']}", file=sys.stderr, flush=True)
     return _CODES[_STOPPED["word"]]
