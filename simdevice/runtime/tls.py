@@ -130,6 +130,10 @@ def back_to_caller(state: State, fresh: Hold) -> None:
 def put(state: State) -> Hold:
     """Put a greenlet's state (from :func:`take`) back on the thread; the hold :func:`take` releases next."""
     modes, functions, hooks, grad, fwd, include, exclude, function_state = state
+    # the hold first: it keeps the sets the thread has now, which its release puts back; pushing a mode puts the
+    # Python keys in, and a hold taken after that would put them back with no mode left (an op with no tensor
+    # argument run then, as a collective's start did, fails in torch's Python fallback)
+    held = _hold(include, exclude)
     for m in reversed(modes):
         _C._push_on_torch_dispatch_stack(m)
     for f in reversed(functions):
@@ -139,7 +143,7 @@ def put(state: State) -> Hold:
     _C._set_grad_enabled(grad)
     _C._set_fwd_grad_enabled(fwd)
     _C._set_torch_function_state(function_state)
-    return _hold(include, exclude)
+    return held
 
 
 class EngineWatch:

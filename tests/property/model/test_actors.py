@@ -141,6 +141,36 @@ def test_a_dispatch_mode_an_actor_entered_sees_its_ops_alone(actors: str) -> Non
     assert stacks == [True] * 10  # each actor's own modes, after every switch
 
 
+def test_a_state_put_back_and_released_leaves_the_threads_keys_as_it_found_them() -> None:
+    """Where a greenlet goes on (``put``) and later ends (``release``), the thread's dispatch keys are those it had
+    before: with a mode taken off and put back, the Python keys go with the mode (the mutant that holds the keys
+    after pushing the modes leaves them set with no mode, where an op with no tensor argument fails)."""
+    from simdevice.runtime import tls
+
+    before = torch._C._dispatch_tls_local_include_set()
+    held = tls.hold()
+    _Counting().__enter__()  # an actor's mode: pushed, the Python keys in
+    state = tls.take(held)
+    assert torch._C._dispatch_tls_local_include_set() == before
+    again = tls.put(state)
+    assert torch._C._len_torch_dispatch_stack() == 1
+    tls.release(again)  # the actor ends
+    assert torch._C._len_torch_dispatch_stack() == 0
+    assert torch._C._dispatch_tls_local_include_set() == before
+    torch.empty(0)  # no tensor argument: torch's Python fallback refused it when the keys stayed
+
+
+def test_a_collective_that_starts_after_an_actor_ended_runs_race_only() -> None:
+    """The run that showed it: the host's last switch put its state back, it ended, and the nccl stream's send
+    (``torch.empty(0)`` in a race-only run) started next, on the thread it left."""
+    from reference.schedule import Schedule
+    from simdevice.search.execute import execute
+
+    s = Schedule.parse("param_readiness/FIXED:bucket=2,eager=1,evaluate=0,iters=1,layers=2,overlap=1,ranks=1"
+                       ":rank0.nccl#1+3")
+    assert execute(s, sim_config=SimConfig(values=False)).run.reports == ()
+
+
 @BOTH
 def test_saved_tensor_hooks_an_actor_entered_see_its_saves_alone(actors: str) -> None:
     def worker(dev: Any, packed: list[str]) -> None:
