@@ -126,25 +126,32 @@ def _leaves_of(tree: Any) -> tuple[list[Any], None]:
 
 
 def _collect(x: Any, out: list[Any]) -> None:
-    if isinstance(x, (tuple, list)):
-        for y in x:
-            _collect(y, out)
-    elif isinstance(x, dict):
-        for y in x.values():
-            _collect(y, out)
-    else:
+    if isinstance(x, dict):
+        x = x.values()
+    elif not isinstance(x, (tuple, list)):
         out.append(x)
+        return
+    for y in x:
+        if isinstance(y, _NODES):
+            _collect(y, out)
+        else:
+            out.append(y)
+
+
+#: what holds aten's values (anything else is a leaf)
+_NODES = (tuple, list, dict)
 
 
 def _tree_map(fn: Callable[[Any], Any], x: Any) -> Any:
     """``fn`` on every leaf of ``x``, the structure kept (``torch.utils._pytree.tree_map`` for aten's values)."""
     t = type(x)
+    # a leaf inside a plain container is mapped where it is (no call per leaf: an op's values are mostly leaves)
     if t is tuple:
-        return tuple(_tree_map(fn, y) for y in x)
+        return tuple([_tree_map(fn, y) if isinstance(y, _NODES) else fn(y) for y in x])
     if t is list:
-        return [_tree_map(fn, y) for y in x]
+        return [_tree_map(fn, y) if isinstance(y, _NODES) else fn(y) for y in x]
     if t is dict:
-        return {k: _tree_map(fn, v) for k, v in x.items()}
+        return {k: _tree_map(fn, v) if isinstance(v, _NODES) else fn(v) for k, v in x.items()}
     if isinstance(x, tuple):  # a named tuple or a torch.return_types structseq
         items = [_tree_map(fn, y) for y in x]
         return t(*items) if hasattr(t, "_fields") else t(items)
@@ -745,11 +752,12 @@ def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], replace: dict
     if "device" in real_kwargs:
         real_kwargs["device"] = CPU
     real_kwargs.pop("pin_memory", None)
+    call = getattr(func, "_op", func)  # an OpOverload's own call is one Python frame around this
     if seed is None:
-        return func(*real_args, **real_kwargs)
+        return call(*real_args, **real_kwargs)
     with torch.random.fork_rng(devices=[]):  # a random op: its own generator, seeded when the host issued it
         torch.manual_seed(seed)
-        return func(*real_args, **real_kwargs)
+        return call(*real_args, **real_kwargs)
 
 
 class _Aliases:

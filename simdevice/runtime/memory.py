@@ -129,11 +129,14 @@ class Storage:
         dtype_view = self.data.view(t.dtype)
         return dtype_view.as_strided(t.shape, t.stride(), (t.data_ptr() - self.base) // t.element_size())
 
-    def cells(self, lo: int, hi: int) -> Iterator[tuple[int, int, _Cell]]:
+    def cells(self, lo: int, hi: int) -> list[tuple[int, int, _Cell]]:
         """The shadow cells over this storage's bytes ``lo:hi`` (storage coordinates in, storage coordinates out)."""
-        off = self.offset
-        for a, b, cell in self.shadow.cells(off + lo, off + hi):
-            yield a - off, b - off, cell
+        if hi <= lo:
+            return []
+        off, sh = self.offset, self.shadow
+        i, j = sh._boundary(off + lo), sh._boundary(off + hi)
+        bounds, cells = sh._bounds, sh._cells
+        return [(bounds[k] - off, bounds[k + 1] - off, cells[k]) for k in range(i, j)]
 
 
 #: what an access touches: a storage and the CPU view of its bytes that the access covers

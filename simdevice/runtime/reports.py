@@ -263,12 +263,28 @@ def _internal(filename: str) -> bool:
     return known
 
 
+#: (code, line) -> its ``dir/file.py:LINE`` (a program has few lines that call the device, each called often);
+#: emptied as each run starts (the name is relative to the working directory then)
+_SOURCES: dict[tuple[Any, int], str] = {}
+
+
+def forget_sources() -> None:
+    _SOURCES.clear()
+
+
 def user_source() -> str:
     """The first frame outside the simulator and torch: where the program made this call (``dir/file.py:LINE``)."""
     f = sys._getframe(1)
     while f is not None:
-        if not _internal(f.f_code.co_filename):
-            return f"{short_path(f.f_code.co_filename)}:{f.f_lineno}"
+        code = f.f_code
+        if not _internal(code.co_filename):
+            key = (code, f.f_lineno)
+            text = _SOURCES.get(key)
+            if text is None:
+                if len(_SOURCES) >= 4096:
+                    _SOURCES.clear()
+                text = _SOURCES[key] = f"{short_path(code.co_filename)}:{f.f_lineno}"
+            return text
         f = f.f_back  # type: ignore[assignment]
     return "?"
 

@@ -28,7 +28,7 @@ from simdevice.runtime.config import UNIT_NS, SimConfig
 from simdevice.runtime.execution import Delays, Execution, HostActor
 from simdevice.runtime.memory import Accessor, Memory, Ref, Storage, nbytes
 from simdevice.runtime.memsaver import LibraryFixes, SimMemorySaver
-from simdevice.runtime.reports import Race, ReportSink
+from simdevice.runtime.reports import Race, ReportSink, forget_sources
 from simdevice.runtime.streams import EventRecord, SimStream, StreamOp
 from simdevice.runtime.tls import NeedsThreads
 
@@ -148,6 +148,7 @@ class Runtime:
         self._allocs: dict[str, int] = {}
         self._picks: dict[str, dict[int, int]] = {}
         self._picked: set[tuple[str, int]] = set()
+        forget_sources()  # report lines name files relative to the working directory as the run starts
         self.reports = ReportSink()
         self.memory = Memory(self.reports)
         self.memory.in_flight.values = config.values
