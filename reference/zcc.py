@@ -252,13 +252,17 @@ class ZeroCostCheckpointManager:
         self.dump_dir = tempfile.mkdtemp(prefix="zcc-")
         self.results = dev.Queue()
         self.workers = []
-        for i in range(cfg.workers):
-            tasks, status, echo = dev.Queue(), dev.Value("i", IDLE), dev.Value("i", 0)
-            # The fused buffer travels to the worker by CUDA IPC: both processes address the same memory.
-            args = (i, storage, tasks, status, echo, self.results, self.dump_dir, cfg.chunks, cfg.dump)
-            p = dev.Process(target=zcc_worker, args=args, name=f"worker{i}")
-            p.start()
-            self.workers.append(ZccWorker(i, p, tasks, status, echo))
+        try:
+            for i in range(cfg.workers):
+                tasks, status, echo = dev.Queue(), dev.Value("i", IDLE), dev.Value("i", 0)
+                # The fused buffer travels to the worker by CUDA IPC: both processes address the same memory.
+                args = (i, storage, tasks, status, echo, self.results, self.dump_dir, cfg.chunks, cfg.dump)
+                p = dev.Process(target=zcc_worker, args=args, name=f"worker{i}")
+                p.start()
+                self.workers.append(ZccWorker(i, p, tasks, status, echo))
+        except BaseException:  # stopped while the workers start (no manager for the caller to close): no folder left
+            self.close()
+            raise
 
     def update_zcc_workers(self, fused_buffer_version: int, global_step: int) -> None:
         """Refresh the workers' buffer mapping (the buffer never moves here) and, upstream, the step."""

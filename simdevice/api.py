@@ -31,7 +31,7 @@ from simdevice.runtime.reports import user_source
 from simdevice.runtime.runtime import Mailbox, SharedCell
 from simdevice.runtime.streams import EventRecord, SimStream
 from simdevice.runtime.tls import NeedsThreads
-from simdevice.signals import checkpoint
+from simdevice.signals import checkpoint, delivered
 
 #: the device type a simulated stream reports to torch (its tensors report ``meta`` too), as torch numbers it
 _META_TYPE = torch.Stream(device="meta").device_type
@@ -252,14 +252,18 @@ class SimDevice:
         """Run ``program(dev, *args)`` as host actor ``host``; a SimDevice runs one program once."""
         checkpoint()  # a Ctrl-C that was raised and lost on its way (simdevice.signals) stops the command here
         try:
-            result = self.runtime.run(lambda: program(self, *args))
-        except NeedsThreads:
-            # the actors met torch state one thread cannot hold for two of them (simdevice.runtime.tls): the same
-            # run again from its start, each actor on a thread of its own (what the program did outside the
-            # simulated device before that point, it does twice)
-            self.config = attrs.evolve(self.config, actors="thread")
-            self._build()
-            result = self.runtime.run(lambda: program(self, *args))
+            try:
+                result = self.runtime.run(lambda: program(self, *args))
+            except NeedsThreads:
+                # the actors met torch state one thread cannot hold for two of them (simdevice.runtime.tls): the
+                # same run again from its start, each actor on a thread of its own (what the program did outside
+                # the simulated device before that point, it does twice)
+                self.config = attrs.evolve(self.config, actors="thread")
+                self._build()
+                result = self.runtime.run(lambda: program(self, *args))
+        except KeyboardInterrupt as e:
+            delivered(e)  # the stop goes on to the caller, as raised
+            raise
         checkpoint()  # a stop lost during the run (cut short in a callback, the run may show what it never did)
         return self.outcome(result)
 

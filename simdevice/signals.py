@@ -65,6 +65,13 @@ def checkpoint() -> None:
         raise _PENDING.pop()
 
 
+def delivered(e: BaseException) -> None:
+    """A stop left a simulated run as it should, raised to the run's caller: it is on its way, no longer lost
+    (the next run does not raise it again)."""
+    if _PENDING and isinstance(e, KeyboardInterrupt):
+        _PENDING.clear()
+
+
 def pending() -> bool:
     """Whether a stop was raised and lost on its way, with no checkpoint since (the command's last moments)."""
     return bool(_PENDING)

@@ -9,6 +9,7 @@ upstream fix leaves open are expected failures.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import attrs
 import pytest
@@ -245,3 +246,19 @@ def test_bad_configuration_is_a_one_line_error(bad: str) -> None:
 def test_default_configuration() -> None:
     _, cfg = resolve(Schedule.parse("zcc/FIXED"))
     assert cfg == ZccConfig()
+
+
+def test_a_run_stopped_while_the_workers_start_leaves_no_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manager makes its dump folder, then starts the workers: a run stopped in between (a step limit here;
+    Ctrl-C or SIGTERM in the command) left the folder, since the caller had no manager to close yet. Every stopping
+    point of the first 60 host steps leaves none (the old order left one at 3)."""
+    import tempfile
+
+    from simdevice.runtime.config import SimConfig
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for n in range(1, 60):
+        execute(Schedule.parse("zcc/FIXED"), sim_config=SimConfig(max_host_steps=n))
+        assert list(tmp_path.iterdir()) == [], n

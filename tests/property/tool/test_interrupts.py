@@ -134,7 +134,7 @@ def test_a_ctrl_c_swallowed_in_a_callback_stops_the_next_run(monkeypatch: pytest
 
     monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
     monkeypatch.setattr(signals, "_PENDING", [])
-    old_term = signal_module.getsignal(signal_module.SIGTERM)
+    old = {s: signal_module.getsignal(s) for s in (signal_module.SIGINT, signal_module.SIGTERM)}
     try:
         signals.install()
         Dropped()
@@ -143,7 +143,8 @@ def test_a_ctrl_c_swallowed_in_a_callback_stops_the_next_run(monkeypatch: pytest
             SimDevice().run(lambda dev: None)
         SimDevice().run(lambda dev: None)  # raised once: the next run goes on
     finally:
-        signal_module.signal(signal_module.SIGTERM, old_term)
+        for s, h in old.items():
+            signal_module.signal(s, h)
 
 
 def test_without_the_hook_the_swallowed_ctrl_c_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -194,6 +195,27 @@ def test_a_ctrl_c_lost_inside_a_run_ends_it_unreported(monkeypatch: pytest.Monke
 
     with pytest.raises(KeyboardInterrupt):
         SimDevice().run(program)
+
+
+def test_a_ctrl_c_raised_out_of_a_run_is_not_raised_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop that left its run as raised reached the run's caller (a test's ``pytest.raises``, a library's own
+    handler): the next run starts as usual, not with that stop again."""
+    import signal as signal_module
+
+    from simdevice import SimDevice, signals
+
+    monkeypatch.setattr(signals, "_PENDING", [])
+
+    def program(dev: object) -> None:
+        signals.on_sigint(signal_module.SIGINT, None)
+
+    with pytest.raises(KeyboardInterrupt):
+        SimDevice().run(program)
+    try:
+        again = SimDevice().run(lambda dev: 7)
+    except KeyboardInterrupt:
+        pytest.fail("the next run raised the stop again")
+    assert again.result == 7
 
 
 def test_python_s_own_handler_loses_the_swallowed_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
