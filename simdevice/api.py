@@ -261,8 +261,8 @@ class SimDevice:
                 self.config = attrs.evolve(self.config, actors="thread")
                 self._build()
                 result = self.runtime.run(lambda: program(self, *args))
-        except KeyboardInterrupt as e:
-            delivered(e)  # the stop goes on to the caller, as raised
+        except KeyboardInterrupt:
+            delivered()  # the stop goes on to the caller, as raised
             raise
         checkpoint()  # a stop lost during the run (cut short in a callback, the run may show what it never did)
         return self.outcome(result)

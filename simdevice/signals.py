@@ -24,20 +24,21 @@ class Terminated(KeyboardInterrupt):
 _PENDING: list[KeyboardInterrupt] = []
 
 
-def on_sigint(signum: int, frame: Any) -> None:
-    """The SIGINT handler: raise ``KeyboardInterrupt``, as Python's own does, and keep it until it is answered."""
-    e = KeyboardInterrupt()
+def _raise_kept(e: KeyboardInterrupt) -> None:
     _PENDING[:] = [e]
     raise e
+
+
+def on_sigint(signum: int, frame: Any) -> None:
+    """The SIGINT handler: raise ``KeyboardInterrupt``, as Python's own does, and keep it until it is answered."""
+    _raise_kept(KeyboardInterrupt())
 
 
 def on_sigterm(signum: int, frame: Any) -> None:
     """The SIGTERM handler: raise :class:`Terminated` (a second SIGTERM ends the process at once)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _STOPPED["word"] = "terminated"
-    e = Terminated()
-    _PENDING[:] = [e]
-    raise e
+    _raise_kept(Terminated())
 
 
 def _unraisable(u: Any) -> None:
@@ -65,11 +66,10 @@ def checkpoint() -> None:
         raise _PENDING.pop()
 
 
-def delivered(e: BaseException) -> None:
+def delivered() -> None:
     """A stop left a simulated run as it should, raised to the run's caller: it is on its way, no longer lost
     (the next run does not raise it again)."""
-    if _PENDING and isinstance(e, KeyboardInterrupt):
-        _PENDING.clear()
+    _PENDING.clear()
 
 
 def pending() -> bool:

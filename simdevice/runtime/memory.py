@@ -26,7 +26,7 @@ it (a stream operation, a host step touching pinned memory, a collective);
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import attrs
 import torch
@@ -80,12 +80,13 @@ class Shadow:
         self._cells.insert(i, self._cells[i - 1].split_copy())
         return i
 
-    def cells(self, lo: int, hi: int) -> Iterator[tuple[int, int, _Cell]]:
+    def cells(self, lo: int, hi: int, off: int = 0) -> list[tuple[int, int, _Cell]]:
+        """The cells over ``[lo, hi)`` (shadow coordinates), each with its bounds less ``off``."""
         if hi <= lo:
-            return
+            return []
         i, j = self._boundary(lo), self._boundary(hi)
-        for k in range(i, j):
-            yield self._bounds[k], self._bounds[k + 1], self._cells[k]
+        bounds, cells = self._bounds, self._cells
+        return [(bounds[k] - off, bounds[k + 1] - off, cells[k]) for k in range(i, j)]
 
 
 class Storage:
@@ -131,12 +132,8 @@ class Storage:
 
     def cells(self, lo: int, hi: int) -> list[tuple[int, int, _Cell]]:
         """The shadow cells over this storage's bytes ``lo:hi`` (storage coordinates in, storage coordinates out)."""
-        if hi <= lo:
-            return []
-        off, sh = self.offset, self.shadow
-        i, j = sh._boundary(off + lo), sh._boundary(off + hi)
-        bounds, cells = sh._bounds, sh._cells
-        return [(bounds[k] - off, bounds[k + 1] - off, cells[k]) for k in range(i, j)]
+        off = self.offset
+        return self.shadow.cells(off + lo, off + hi, off)
 
 
 #: what an access touches: a storage and the CPU view of its bytes that the access covers
