@@ -6,8 +6,9 @@ simulator does (:func:`reference.contract.op_kind`, a dispatch mode) and
 stalling the ones the schedule delays: a stream with ``torch.cuda._sleep``
 enqueued just before the delayed operation (calibrated at run time), a host
 actor with ``time.sleep`` before the delayed step. Worker processes
-(``Process``) and ranks (``spawn_ranks``) are real spawned processes sharing
-device memory over CUDA IPC and talking NCCL.
+(``Process``) and ranks (``spawn_ranks``) are real processes (forked from a
+preloaded fork server, :func:`process_context`) sharing device memory over
+CUDA IPC and talking NCCL.
 """
 
 from __future__ import annotations
@@ -45,6 +46,32 @@ def calibrate_sleep_cycles_per_ms(samples: int = 3) -> float:
         rates.append(cycles / start.elapsed_time(end))
     rates.sort()
     return float(rates[len(rates) // 2])
+
+
+#: how workers and ranks start: the first of these the platform has (:func:`process_context`)
+START_METHODS = ("forkserver", "spawn")
+#: what the fork server imports once, before it forks any child
+PRELOAD = ["torch", "reference.cuda"]
+
+
+def process_context() -> Any:
+    """The ``torch.multiprocessing`` context that workers (``Process``) and ranks (``spawn_ranks``) start from.
+
+    A fork server that has imported torch and this module once, where the platform has one: a new worker then
+    costs a fork and its own CUDA initialization, where ``spawn`` starts a fresh interpreter that imports torch
+    again (seconds per worker, during which the trainer polls). CUDA is never initialized in the server (it only
+    imports), so each child sets up its own CUDA context, as a spawned one does, and device tensors still travel
+    over CUDA IPC. A child's environment is the server's, taken when it started: what a child must have set, it
+    sets itself (``_rank_entry``)."""
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    method = next(m for m in START_METHODS if m in (*multiprocessing.get_all_start_methods(), "spawn"))
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 def _warm_caches() -> None:
@@ -598,9 +625,7 @@ class CudaDevice:
     # -- host actors -----------------------------------------------------------
     def _ctx(self) -> Any:
         if self._mp is None:
-            import torch.multiprocessing as mp
-
-            self._mp = mp.get_context("spawn")
+            self._mp = process_context()
         return self._mp
 
     def Process(self, target: Callable[..., Any], args: tuple[Any, ...] = (), name: str = "worker") -> CudaProcess:
@@ -857,6 +882,9 @@ def _init_nccl_group(rank: int, world_size: int, port: int | None) -> None:
 
 def _rank_entry(payload: bytes, rank: int, world_size: int, port: int, results: Any) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # NVLink multicast stays off (the machines are shared); a fork server started before spawn_ranks set it
+    # would not pass it on
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     schedule, cycles, fn, args = pickle.loads(payload)
     try:
         _init_nccl_group(rank, world_size, port)
