@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import gc
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -45,6 +46,25 @@ class Options:
     seed: int = 0
     #: synchronizations the simulator adds to the program (a suggested fix, checked without editing the code)
     edges: tuple[sync.Edge, ...] = ()
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cycle collector does not run during a simulated run (an explicit ``gc.collect()`` of the program
+    still does); what a run leaves to it is collected after the run, as Python goes on.
+
+    Determinism: where an automatic collection lands depends on everything the process allocated before the run (a
+    search's earlier runs, Hypothesis), so a tensor held in a reference cycle would be freed, its block handed on,
+    at another step of the same schedule in a replay. Never collected during a run, it is freed at the same step
+    (none) every time. Speed: a run makes many objects that outlive a young collection (accesses in the shadow, the
+    trace), which brought full collections over every object of torch and the search, a seventh of a run's time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 #: edges inserted into every run made inside :func:`inserted` (beside each run's ``Options.edges``)
@@ -199,7 +219,7 @@ class Runtime:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            with ex.unraisable_reported():
+            with ex.unraisable_reported(), collector_paused():
                 try:
                     ex.begin()
                     ex.finished.wait()
@@ -228,7 +248,7 @@ class Runtime:
         ex.adopt(main)
         error: BaseException | None = None
         try:
-            with ex.unraisable_reported():
+            with ex.unraisable_reported(), collector_paused():
                 try:
                     with self._enter():
                         yield main
