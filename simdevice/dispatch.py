@@ -172,6 +172,8 @@ class SimTensor(torch.Tensor):
     _data: torch.Tensor
     _st: Storage
     _ops: Dispatcher
+    #: the alias of its bytes that queued operations hold (:func:`_alias_of`), made once
+    _alias: torch.Tensor | None
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, st: Storage, ops: Dispatcher) -> SimTensor:
@@ -187,6 +189,7 @@ class SimTensor(torch.Tensor):
         r._data = data
         r._st = st
         r._ops = ops
+        r._alias = None
         return r  # type: ignore[no-any-return]
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
@@ -253,6 +256,7 @@ class SimTensor(torch.Tensor):
             torch.Tensor.set_(self, shell, offset, shape, stride)
         self._data = data
         self._st = st
+        self._alias = None
         return self
 
     def __repr__(self) -> str:  # never syncs: printing must not change the schedule
@@ -539,8 +543,10 @@ class Dispatcher:
             not_read = {id(x) for x in flat}
         elif facts.not_read == "self":
             not_read = {id(args[0])}
+        elif facts.out_variant or "out" in kwargs:
+            not_read = {id(x) for x in written}
         else:
-            not_read = {id(x) for x in written if facts.out_variant or "out" in kwargs}
+            not_read = set()
         inputs = [x for x in flat if isinstance(x, torch.Tensor) and id(x) not in not_read]
         staged: dict[int, torch.Tensor] = {}
         for x in inputs:
@@ -566,46 +572,54 @@ class Dispatcher:
         src: str,
     ) -> Any:
         """Enqueue one aten op on stream ``s`` for host actor ``a`` (its host step already taken)."""
-        written = _written(facts, args, kwargs)
+        written = _written(facts, args, kwargs) if facts.written else []
         if not written and (facts.dynamic or (facts.returns_tensor and self._meta_outputs(func, args, kwargs) is None)):
             return self._data_dependent(a, s, func, facts, args, kwargs, flat, src)
         result, outputs = self._outputs(a, func, facts, args, kwargs, written)
         inputs, staged = self._inputs(facts, args, kwargs, flat, written)
 
-        host_touch = any(not isinstance(x, SimTensor) for x in inputs + outputs)
+        touched = inputs + outputs
+        host_touch = False
+        for x in touched:
+            if not isinstance(x, SimTensor):
+                host_touch = True
+                break
         desc = facts.name
-        if facts.copy and host_touch:
-            desc += " (D2H)" if any(not isinstance(o, SimTensor) for o in outputs) else " (H2D)"
+        pageable_out = host_touch and self._pageable(outputs)
         if host_touch:
+            if facts.copy:
+                desc += " (D2H)" if any(not isinstance(o, SimTensor) for o in outputs) else " (H2D)"
             # from a pageable source (staged at issue) or into a pageable destination: the pageable rate
-            pageable = "h2d" if staged else "d2h" if self._pageable(outputs) else None
+            pageable = "h2d" if staged else "d2h" if pageable_out else None
             duration = self.config.copy_ns(sum(o.numel() * o.element_size() for o in outputs), pageable)
         else:
-            duration = self.config.kernel_ns(sum(x.numel() * x.element_size() for x in inputs + outputs))
+            n = 0
+            for x in touched:
+                n += x.numel() * x.element_size()
+            duration = self.config.kernel_ns(n)
 
-        # Effects: compute from the inputs as they are at start, land the outputs at completion. The closures
-        # hold aliases of the bytes, not the tensors: the program's del frees a block while an op is queued.
-        box: dict[str, Any] = {}
-        alias = _Aliases()
-        real_args, real_kwargs, real_written = alias.of(args), alias.of(kwargs), alias.all(written)
-        seed = self.rt.next_seed() if facts.seeded else None
-        start = self._starter(func, real_args, real_kwargs, real_written, staged, box, seed,
-                              alias.all([x for x in inputs if id(x) not in staged]))
-        index, rec = self.rt.enqueue(
-            a, s, desc, duration, self._refs(inputs), self._refs(outputs), src, start=start,
-            finish=self._finisher(func, real_args, real_kwargs, real_written, alias.all(outputs), staged, box, seed),
-            # a copy moves its bytes in order; one that reads its source at its completion can trail another
-            sweeps=facts.copy and box["deferred"] and not staged,
-        )
-
+        # Effects: compute from the inputs as they are at start, land the outputs at completion. The effect holds
+        # aliases of the bytes, not the tensors: the program's del frees a block while an op is queued.
+        made: dict[int, torch.Tensor] = {}
+        eff = _Effect(self, func, _aliased(args, made), _aliased_kwargs(kwargs, made), _all_aliased(written, made),
+                      staged, self.rt.next_seed() if facts.seeded else None)
+        eff.prepare([made.get(id(x), x) for x in inputs if id(x) not in staged])
+        eff.outputs = _all_aliased(outputs, made)
         blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)
         host_value = facts.has_returns and not outputs
-        if host_value or blocking_copy or self._pageable(outputs):
-            # The host waits for results it reads itself (.item(), equal, .cpu(), a pageable destination) and
-            # for a copy to or from host memory without non_blocking=True (CUDA synchronizes its stream then).
+        # The host waits for results it reads itself (.item(), equal, .cpu(), a pageable destination) and for a
+        # copy to or from host memory without non_blocking=True (CUDA synchronizes its stream then).
+        waits = host_value or blocking_copy or pageable_out
+        index, rec = self.rt.enqueue(
+            a, s, desc, duration, self._refs(inputs), self._refs(outputs), src, start=eff.start, finish=eff.finish,
+            # a copy moves its bytes in order; one that reads its source at its completion can trail another
+            sweeps=facts.copy and eff.deferred and not staged, record=waits,
+        )
+        if waits:
+            assert rec is not None
             self.rt.host_waits_for(a, rec, f"stream {s.name} to finish {desc} #{index}")
             if host_value:
-                return box["value"]
+                return eff.value
         return result
 
     def _data_dependent(
@@ -623,15 +637,14 @@ class Dispatcher:
         compute it (it needs the size to allocate), then the output is written on the stream."""
         inputs, staged = self._inputs(facts, args, kwargs, flat, [])
         duration = self.config.kernel_ns(sum(x.numel() * x.element_size() for x in inputs))
-        box: dict[str, Any] = {}
-        alias = _Aliases()
-        index, rec = self.rt.enqueue(
-            a, s, facts.name, duration, self._refs(inputs), [], src,
-            # its output's size comes from values, so it computes them even in a race-only run (what memory holds)
-            start=self._starter(func, alias.of(args), alias.of(kwargs), [], staged, box, compute=True),
-        )
+        made: dict[int, torch.Tensor] = {}
+        # its output's size comes from values, so it computes them even in a race-only run (what memory holds)
+        eff = _Effect(self, func, _aliased(args, made), _aliased_kwargs(kwargs, made), [], staged, None, compute=True)
+        eff.prepare([])
+        index, rec = self.rt.enqueue(a, s, facts.name, duration, self._refs(inputs), [], src, start=eff.start)
+        assert rec is not None
         self.rt.host_waits_for(a, rec, f"stream {s.name} to finish {facts.name} #{index} (its output size)")
-        values = box["value"]
+        values = eff.value
         result = _tree_map(lambda v: self.new_device(v, a) if isinstance(v, torch.Tensor) else v, values)
         outs = [(o, v) for o, v in zip(_leaves_of(result)[0], _leaves_of(values)[0], strict=True)
                 if isinstance(o, torch.Tensor)]
@@ -644,76 +657,6 @@ class Dispatcher:
 
     def _pageable(self, outputs: list[torch.Tensor]) -> bool:
         return any(not isinstance(o, SimTensor) and self.rt.lookup_pinned(o) is None for o in outputs)
-
-    def _starter(
-        self,
-        func: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        written: list[torch.Tensor],
-        staged: dict[int, torch.Tensor],
-        box: dict[str, Any],
-        seed: int | None = None,
-        reads: list[torch.Tensor] | None = None,
-        compute: bool = False,
-    ) -> Callable[[], None]:
-        """The operation's start. It reads its inputs now; an in-place (or ``out=``) operation whose inputs do not
-        overlap its destination reads them at its completion instead, which is the same unless a write lands on
-        them in between (then :class:`~simdevice.runtime.memory.InFlight` kept what they held): no copy of the
-        destination is held meanwhile. Any other operation computes now, on copies of what it mutates. In a
-        race-only run (``SimConfig.values`` off) nothing is computed unless ``compute``: a host value is a
-        placeholder (:func:`_placeholder`)."""
-        in_flight = self.rt.memory.in_flight
-        reads = reads or []
-        box["deferred"] = bool(written) and not _overlap(reads, written)
-        values = self.config.values or compute
-
-        def start() -> None:
-            if not values:
-                box["value"] = _placeholder(func, args)
-                return
-            if box["deferred"]:
-                box["reading"] = in_flight.open(reads)
-                return
-            copies = {id(w): w.clone() for w in written}
-            box["value"] = _run(func, args, kwargs, {**staged, **copies}, seed)
-            box["copies"] = copies
-
-        return start
-
-    def _finisher(
-        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], written: list[torch.Tensor],
-        outputs: list[torch.Tensor], staged: dict[int, torch.Tensor], box: dict[str, Any], seed: int | None = None,
-    ) -> Callable[[], None]:
-        in_flight = self.rt.memory.in_flight
-        values = self.config.values
-
-        def finish() -> None:
-            if not values:
-                return  # a race-only run: no bytes move
-            if box["deferred"]:
-                reading = box.pop("reading")
-                in_flight.close(reading)
-                in_flight.before_write(written)  # others in flight reading the destination keep what it holds
-                snaps = reading.snaps
-                if not any(id(w) in snaps for w in written):
-                    box["value"] = _run(func, args, kwargs, {**staged, **snaps}, seed)  # straight into place
-                    return
-                # a write landed on the destination it reads (a race): the start-time rule, on copies of it
-                copies = {id(w): snaps[id(w)].clone() if id(w) in snaps else w.clone() for w in written}
-                box["value"] = _run(func, args, kwargs, {**staged, **snaps, **copies}, seed)
-                box["copies"] = copies
-            in_flight.before_write(written or outputs)
-            if written:
-                for w in written:
-                    w.copy_(box["copies"][id(w)])
-                return
-            vals = [v for v in _leaves_of(box["value"])[0] if isinstance(v, torch.Tensor)]
-            for o, v in zip(outputs, vals, strict=True):
-                o.copy_(v)
-
-        return finish
-
 
 def _placeholder(func: Any, args: tuple[Any, ...]) -> Any:
     """What a host read of device memory gets in a race-only run, where no value is computed: True for a truth
@@ -732,54 +675,152 @@ def _placeholder(func: Any, args: tuple[Any, ...]) -> Any:
 
 def _overlap(reads: list[torch.Tensor], written: list[torch.Tensor]) -> bool:
     """Whether an input other than a destination itself shares bytes with a destination."""
+    others = [r for r in reads if not any(r is d for d in written)]
+    if not others:  # it reads nothing but its destinations (an in-place op on itself)
+        return False
     spans = [span(w) for w in written]
-    return any(overlap(span(r), w) for r in reads if not any(r is d for d in written) for w in spans)
+    return any(overlap(span(r), w) for r in others for w in spans)
+
+
+class _Effect:
+    """What one stream operation does to the bytes: :meth:`start` when it starts, :meth:`finish` when it completes.
+
+    It reads its inputs at its start; an in-place (or ``out=``) operation whose inputs do not overlap its destination
+    reads them at its completion instead (``deferred``), which is the same unless a write lands on them in between
+    (then :class:`~simdevice.runtime.memory.InFlight` kept what they held): no copy of the destination is held
+    meanwhile. Any other operation computes at its start, on copies of what it mutates, and lands at its completion.
+    In a race-only run (``SimConfig.values`` off) nothing is computed unless ``compute``: a host value is a
+    placeholder (:func:`_placeholder`). ``args`` and ``kwargs`` are the op's, with aliases for device tensors and the
+    CPU for devices (:func:`_aliased`)."""
+
+    __slots__ = ("args", "compute", "copies", "deferred", "func", "in_flight", "kwargs", "land", "outputs", "reading",
+                 "reads", "seed", "staged", "value", "written")
+
+    def __init__(self, ops: Dispatcher, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 written: list[torch.Tensor], staged: dict[int, torch.Tensor], seed: int | None,
+                 compute: bool = False) -> None:
+        self.func, self.args, self.kwargs, self.seed = func, args, kwargs, seed
+        self.written, self.staged = written, staged
+        self.in_flight = ops.rt.memory.in_flight
+        values = ops.config.values
+        #: whether it computes at all (a race-only run computes only what the host must have), and lands its bytes
+        self.compute = values or compute
+        self.land = values
+        self.outputs: list[torch.Tensor] = []
+        self.reads: list[torch.Tensor] = []
+        self.deferred = False
+        self.value: Any = None
+        self.copies: dict[int, torch.Tensor] = {}
+        self.reading: Any = None
+
+    def prepare(self, reads: list[torch.Tensor]) -> None:
+        """``reads``: the inputs it reads from device or pinned memory (aliases); whether it reads them at its
+        completion follows."""
+        self.reads = reads
+        self.deferred = bool(self.written) and not _overlap(reads, self.written)
+
+    def start(self) -> None:
+        if not self.compute:
+            self.value = _placeholder(self.func, self.args)
+            return
+        if self.deferred:
+            self.reading = self.in_flight.open(self.reads)
+            return
+        copies = {id(w): w.clone() for w in self.written}
+        replace = {**self.staged, **copies} if self.staged else copies
+        self.value = _run(self.func, self.args, self.kwargs, replace, self.seed)
+        self.copies = copies
+
+    def finish(self) -> None:
+        if not self.land:
+            return  # a race-only run: no bytes move
+        written, in_flight = self.written, self.in_flight
+        if self.deferred:
+            reading = self.reading
+            self.reading = None
+            in_flight.close(reading)
+            in_flight.before_write(written)  # others in flight reading the destination keep what it holds
+            snaps = reading.snaps
+            if not snaps or not any(id(w) in snaps for w in written):
+                replace = {**self.staged, **snaps} if snaps else self.staged
+                self.value = _run(self.func, self.args, self.kwargs, replace, self.seed)  # straight into place
+                return
+            # a write landed on the destination it reads (a race): the start-time rule, on copies of it
+            copies = {id(w): snaps[id(w)].clone() if id(w) in snaps else w.clone() for w in written}
+            self.value = _run(self.func, self.args, self.kwargs, {**self.staged, **snaps, **copies}, self.seed)
+            self.copies = copies
+        in_flight.before_write(written or self.outputs)
+        if written:
+            copies = self.copies
+            for w in written:
+                w.copy_(copies[id(w)])
+            return
+        vals = [v for v in _leaves_of(self.value)[0] if isinstance(v, torch.Tensor)]
+        for o, v in zip(self.outputs, vals, strict=True):
+            o.copy_(v)
 
 
 def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], replace: dict[int, torch.Tensor],
          seed: int | None) -> Any:
-    """Run ``func`` on the CPU bytes, each tensor in ``replace`` (by id) standing for the one given."""
+    """Run ``func`` on the CPU bytes (``args`` and ``kwargs`` as :func:`_aliased` made them), each tensor in
+    ``replace`` (by id) standing for the one given."""
+    if replace:
 
-    def real(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            return replace.get(id(x), x)
+        def real(x: Any) -> Any:
+            return replace.get(id(x), x) if isinstance(x, torch.Tensor) else x
+
+        args, kwargs = _tree_map(real, args), _tree_map(real, kwargs)
+    call = getattr(func, "_op", func)  # an OpOverload's own call is one Python frame around this
+    if seed is None:
+        return call(*args, **kwargs)
+    with torch.random.fork_rng(devices=[]):  # a random op: its own generator, seeded when the host issued it
+        torch.manual_seed(seed)
+        return call(*args, **kwargs)
+
+
+def _alias_of(x: SimTensor) -> torch.Tensor:
+    """The bytes of a simulated tensor as an alias that does not keep its block allocated (what a queued operation
+    holds: the program's ``del`` frees the block as on a GPU), made once per tensor."""
+    al = x._alias
+    if al is None:
+        al = x._alias = x._st.alias(x._data)
+    return al
+
+
+def _aliased(args: Any, made: dict[int, torch.Tensor]) -> Any:
+    """An op's arguments as its effect runs them: each simulated tensor as its alias (noted in ``made`` by the
+    tensor's id), a device as the CPU."""
+
+    def one(x: Any) -> Any:
+        if isinstance(x, SimTensor):
+            al = made[id(x)] = _alias_of(x)
+            return al
         if isinstance(x, torch.device):
             return CPU
         return x
 
-    real_args = _tree_map(real, args)
-    real_kwargs = _tree_map(real, kwargs)
-    if "device" in real_kwargs:
-        real_kwargs["device"] = CPU
-    real_kwargs.pop("pin_memory", None)
-    call = getattr(func, "_op", func)  # an OpOverload's own call is one Python frame around this
-    if seed is None:
-        return call(*real_args, **real_kwargs)
-    with torch.random.fork_rng(devices=[]):  # a random op: its own generator, seeded when the host issued it
-        torch.manual_seed(seed)
-        return call(*real_args, **real_kwargs)
+    return _tree_map(one, args)
 
 
-class _Aliases:
-    """The bytes a queued operation will touch, as aliases that do not keep their blocks allocated: one per
-    simulated tensor (the same tensor twice is one alias); host tensors stay as they are."""
+def _aliased_kwargs(kwargs: dict[str, Any], made: dict[int, torch.Tensor]) -> dict[str, Any]:
+    if not kwargs:
+        return {}
+    out = dict(_aliased(kwargs, made))
+    if "device" in out:
+        out["device"] = CPU
+    out.pop("pin_memory", None)
+    return out
 
-    def __init__(self) -> None:
-        self._made: dict[int, torch.Tensor] = {}
 
-    def one(self, x: Any) -> Any:
-        if not isinstance(x, SimTensor):
-            return x
-        al = self._made.get(id(x))
-        if al is None:
-            al = self._made[id(x)] = x._st.alias(x._data)
-        return al
-
-    def of(self, tree: Any) -> Any:
-        return _tree_map(self.one, tree)
-
-    def all(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [self.one(t) for t in tensors]
+def _all_aliased(tensors: list[torch.Tensor], made: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+    out = []
+    for t in tensors:
+        if isinstance(t, SimTensor):
+            al = made[id(t)] = _alias_of(t)
+            out.append(al)
+        else:
+            out.append(t)
+    return out
 
 
 class SimMode(TorchDispatchMode):

@@ -8,7 +8,9 @@ of (inputs of one shape, or 0-dimensional, or Python numbers; contiguous; real d
 the shape is the common one, the dtype the promoted one (``torch.result_type``), ints and bools to the default
 float for the ops that compute in floating point, the output contiguous. ``arange(end)`` too (its decomposition is
 such a reference): ``ceil(end)`` elements, of the dtype asked for, else int64 for an integral end and the default
-float for a float one (a float end with an integral dtype is left to the meta kernel). Anything else is None,
+float for a float one (a float end with an integral dtype is left to the meta kernel). ``ones_like`` and the other
+``*_like`` factories of such an input too (every ``backward()`` makes its ``grad_output`` with ``ones_like``).
+Anything else is None,
 and the meta kernel decides, as before. tests/property/model/test_elementwise_meta.py compares the two on random
 calls and on every dtype pair.
 """
@@ -36,8 +38,11 @@ _SAME_UNARY = {aten.neg.default, aten.abs.default, aten.relu.default}
 _REAL = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
          torch.int64, torch.uint8)
 _SCALARS = (bool, int, float)
-OPS = frozenset(_PROMOTED | _TRUE_DIVIDE | _FLOAT_UNARY | _SAME_UNARY | {aten.arange.default})
+#: a new tensor shaped like its input (``grad_output``'s ``ones_like`` in every ``backward()``)
+_LIKE = {aten.empty_like.default, aten.zeros_like.default, aten.ones_like.default, aten.full_like.default}
+OPS = frozenset(_PROMOTED | _TRUE_DIVIDE | _FLOAT_UNARY | _SAME_UNARY | _LIKE | {aten.arange.default})
 _ARANGE_KWARGS = {"dtype", "layout", "device", "pin_memory"}
+_LIKE_KWARGS = {"dtype", "layout", "device", "pin_memory", "memory_format"}
 
 
 def _row_major(shape: torch.Size) -> tuple[int, ...]:
@@ -50,8 +55,10 @@ def _row_major(shape: torch.Size) -> tuple[int, ...]:
 
 def _plain(t: torch.Tensor, shape: torch.Size | None) -> bool:
     """A real dtype, of ``shape`` (or 0-dimensional), with the row-major strides themselves (``is_contiguous`` also
-    takes other strides on dimensions of size 1, and the output follows an input's strides)."""
-    if t.dtype not in _REAL or t.stride() != _row_major(t.shape):
+    takes other strides on dimensions of size 1, and the output follows an input's strides), or of one dimension,
+    whatever its stride (an output of one dimension is dense whatever its inputs: a slice with a step, an
+    expanded number, as a ``sum``'s backward makes)."""
+    if t.dtype not in _REAL or (t.dim() > 1 and t.stride() != _row_major(t.shape)):
         return False
     return t.dim() == 0 or shape is None or t.shape == shape
 
@@ -62,6 +69,8 @@ def output(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Te
         return None
     if func is aten.arange.default:
         return _arange(args, kwargs)
+    if func in _LIKE:
+        return _like(func, args, kwargs)
     if func in _FLOAT_UNARY or func in _SAME_UNARY:
         if kwargs or len(args) != 1 or not isinstance(args[0], torch.Tensor):
             return None
@@ -110,3 +119,25 @@ def _arange(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | Non
     if dtype not in _REAL or (isinstance(end, float) and not dtype.is_floating_point):
         return None  # an integral arange of a float end counts to the end cast first: the meta kernel's
     return torch.empty(math.ceil(end), dtype=dtype, device="meta")
+
+
+def _like(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``empty_like``, ``zeros_like``, ``ones_like``, ``full_like`` of a row-major input of a real dtype, in the
+    input's or a real dtype, keeping its format or asking for the contiguous one: the input's shape, row-major."""
+    if len(args) != (2 if func is aten.full_like.default else 1) or not set(kwargs) <= _LIKE_KWARGS:
+        return None
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or not _plain(x, None):
+        return None
+    if len(args) == 2 and (isinstance(args[1], bool) or not isinstance(args[1], (int, float))):
+        return None
+    if kwargs.get("layout") not in (None, torch.strided) or kwargs.get("pin_memory"):
+        return None
+    if kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+        return None
+    dtype = kwargs.get("dtype")
+    if dtype is None:
+        dtype = x.dtype
+    if dtype not in _REAL:
+        return None
+    return torch.empty(x.shape, dtype=dtype, device="meta")

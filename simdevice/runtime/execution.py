@@ -39,6 +39,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+
 from simdevice.runtime import sync, tls
 from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.config import UNIT_NS, SimConfig
@@ -52,6 +54,9 @@ try:
     from greenlet import greenlet as _greenlet  # type: ignore[import-untyped]
 except ImportError:  # pragma: no cover - greenlet is a dependency; without it every run is on threads
     _greenlet = None
+
+#: torch's guard that turns off Python dispatch (modes and subclasses) for the calls made inside it
+_NO_PYTHON_DISPATCH = torch._C._DisableTorchDispatch
 
 #: per actor: {operation index: units}
 Delays = Callable[[str], dict[int, int]]
@@ -160,10 +165,12 @@ class Execution:
 
     @contextlib.contextmanager
     def device_side(self) -> Iterator[None]:
-        """Work the device does on its own bytes (a stream operation's effect, an unmap): no access of the program."""
+        """Work the device does on its own bytes (a stream operation's effect, an unmap): no access of the program.
+        Its aten calls, on plain CPU tensors, skip Python dispatch (the dispatch mode would only let them through)."""
         prev, self.in_engine = self.in_engine, True
         try:
-            yield
+            with _NO_PYTHON_DISPATCH():
+                yield
         finally:
             self.in_engine = prev
 
@@ -311,10 +318,15 @@ class Execution:
 
     def _process_stream_event(self, prio: int, s: SimStream) -> bool:
         """Run one stream event; False when its operation raised (reported, and the run is ending)."""
-        # Stream work is the device's, not a host step: the dispatch mode lets its ops through.
+        # Stream work is the device's, not a host step: its aten calls on the CPU bytes skip the dispatch mode
+        # (as device_side, inline: two of these come with every operation)
         try:
-            with self.device_side():
-                self._stream_event(prio, s)
+            prev, self.in_engine = self.in_engine, True
+            try:
+                with _NO_PYTHON_DISPATCH():
+                    self._stream_event(prio, s)
+            finally:
+                self.in_engine = prev
         except SimAbort:
             raise
         except Exception as e:  # the op itself failed (a dtype, a shape): the run's error, never a hang
@@ -533,8 +545,13 @@ class Execution:
             a.fired.add(k)
             self.trace.append((max(a.time, self.now), a.name, f"stall {a.delays[k]} units before #{k}"))
             self.waiting_until(a.time + delay)
-        self._push(a.time + delay, _HOST, a.order, a)
-        self._wait_turn(a)
+        t = a.time + delay
+        top = self._heap[0] if self._heap else None
+        if top is None or (top[0], top[1], top[2]) > (t, _HOST, a.order):
+            self.now = t  # nothing comes before this step: its turn, without a trip through the heap
+        else:
+            self._push(t, _HOST, a.order, a)
+            self._wait_turn(a)
         a.time = self.now + self.config.host_step_ns
         a.last_step = desc
         sync.host_step(a, a.name)
@@ -562,6 +579,8 @@ class Execution:
         a.time = self.now + self.config.host_step_ns
 
     def _wake_blocked(self) -> None:
+        if not self.blocked:
+            return
         for a in list(self.blocked):
             assert a.wait_pred is not None
             if a.wait_pred():
@@ -629,7 +648,8 @@ class Execution:
         while moved:
             moved = False
             for s in self.streams.values():
-                moved |= self._advance(s)
+                if not s.busy and s.queue:  # what _advance looks at first, without the call for an idle stream
+                    moved |= self._advance(s)
 
     # -- ending a run early ----------------------------------------------------------------
     def _waits(self) -> tuple[tuple[str, str], ...]:

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from typing import NamedTuple
 
-import attrs
 import torch
 
 from simdevice.runtime.clock import VectorClock
@@ -70,6 +70,9 @@ class Shadow:
         self._cells = [_Cell()]
         #: (lo, hi, the write) by write id, in shadow coordinates (id 1 is writes[0])
         self.writes: list[tuple[int, int, Access]] = []
+        #: what :meth:`cells` answered, by its arguments, until the next split: a program touches the same ranges
+        #: over and over (every access of an operation asks four times), and a split is rare once they are cut
+        self._answers: dict[tuple[int, int, int], list[tuple[int, int, _Cell]]] = {}
 
     def _boundary(self, x: int) -> int:
         i = bisect.bisect_left(self._bounds, x)
@@ -78,15 +81,22 @@ class Shadow:
         # x falls inside cell i-1: split it
         self._bounds.insert(i, x)
         self._cells.insert(i, self._cells[i - 1].split_copy())
+        self._answers.clear()
         return i
 
     def cells(self, lo: int, hi: int, off: int = 0) -> list[tuple[int, int, _Cell]]:
-        """The cells over ``[lo, hi)`` (shadow coordinates), each with its bounds less ``off``."""
+        """The cells over ``[lo, hi)`` (shadow coordinates), each with its bounds less ``off`` (a list the caller
+        must not change: it is kept for the next call with the same arguments)."""
+        key = (lo, hi, off)
+        got = self._answers.get(key)
+        if got is not None:
+            return got
         if hi <= lo:
             return []
         i, j = self._boundary(lo), self._boundary(hi)
         bounds, cells = self._bounds, self._cells
-        return [(bounds[k] - off, bounds[k + 1] - off, cells[k]) for k in range(i, j)]
+        got = self._answers[key] = [(bounds[k] - off, bounds[k + 1] - off, cells[k]) for k in range(i, j)]
+        return got
 
 
 class Storage:
@@ -142,12 +152,15 @@ Ref = tuple["Storage", torch.Tensor]
 
 def nbytes(refs: list[Ref] | tuple[Ref, ...]) -> int:
     """The bytes the tensors of ``refs`` span."""
-    return sum(d.numel() * d.element_size() for _, d in refs)
+    n = 0
+    for _, d in refs:
+        n += d.numel() * d.element_size()
+    return n
 
 
-@attrs.frozen
-class Accessor:
-    """Who makes an access, and where: the facts every access of one operation or host step shares."""
+class Accessor(NamedTuple):
+    """Who makes an access, and where: the facts every access of one operation or host step shares (a named
+    tuple: made for every operation, it costs a third of a frozen attrs class)."""
 
     actor: str
     #: ``actor``'s own vector-clock component at the access
@@ -155,8 +168,8 @@ class Accessor:
     #: ``actor``'s clock at the access: what happened before it
     clock: VectorClock
     op: str
-    #: the operation's index on its actor, as schedules count them (-1 for uncounted)
-    index: int
+    #: the operation's index on its actor, as schedules count them (-1 for uncounted); it hides the tuple's index()
+    index: int  # type: ignore[assignment]
     source: str
     #: "stream" for a stream operation, "host" for a host step
     on: str = "stream"
@@ -224,15 +237,22 @@ def overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
 class Reading:
     """The inputs of one operation in flight that reads them when it completes (see :class:`InFlight`)."""
 
-    __slots__ = ("follows", "inputs", "snaps", "spans")
+    __slots__ = ("_spans", "follows", "inputs", "snaps")
 
     def __init__(self, inputs: list[torch.Tensor]) -> None:
         self.inputs = inputs
-        self.spans = [span(x) for x in inputs]
+        self._spans: list[tuple[int, int]] | None = None
         #: the landing copies this one trails (their ``Issued``): their writes are what it reads
         self.follows: list[Issued] = []
         #: id of an input -> its bytes as they were when the operation started (taken before they changed)
         self.snaps: dict[int, torch.Tensor] = {}
+
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        """The inputs' byte spans (:func:`span`), found when a write first lands while it is in flight."""
+        if self._spans is None:
+            self._spans = [span(x) for x in self.inputs]
+        return self._spans
 
 
 class InFlight:
@@ -330,20 +350,20 @@ class Memory:
         """Record the reads and writes of one operation or host step in the happens-before layer."""
         self.issues += 1
         issued = Issued()
-        if any(st.released is not None for st, _ in (*reads, *writes)):
-            reads = self._allocated(who, "read", reads)
-            writes = self._allocated(who, "write", writes)
+        for st, _ in (*reads, *writes):
+            if st.released is not None:  # an access to a storage released with resize_(0): reported, not made
+                reads = self._allocated(who, "read", reads)
+                writes = self._allocated(who, "write", writes)
+                break
         seen = self.touched.get(who.actor)
         if seen is None:
             seen = self.touched[who.actor] = set()
-        for st, _ in reads:
-            seen.add(st.id)
-        for st, _ in writes:
-            seen.add(st.id)
         for st, data in reads:
+            seen.add(st.id)
             acc = self._access(who, "read", st, data)
             issued.reads.append((st, acc, self.issue_read(st, acc, who.clock)))
         for st, data in writes:
+            seen.add(st.id)
             acc = self._access(who, "write", st, data)
             issued.writes.append((st, acc, self.issue_write(st, acc, who.clock)))
         return issued

@@ -275,9 +275,11 @@ def forget_sources() -> None:
 def user_source() -> str:
     """The first frame outside the simulator and torch: where the program made this call (``dir/file.py:LINE``)."""
     f = sys._getframe(1)
+    internal = _INTERNAL
     while f is not None:
         code = f.f_code
-        if not _internal(code.co_filename):
+        known = internal.get(code.co_filename)
+        if not (_internal(code.co_filename) if known is None else known):
             key = (code, f.f_lineno)
             text = _SOURCES.get(key)
             if text is None:

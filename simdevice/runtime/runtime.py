@@ -534,31 +534,36 @@ class Runtime:
         start: Callable[[], Any] | None = None,
         finish: Callable[[], None] | None = None,
         sweeps: bool = False,
-    ) -> tuple[int, EventRecord]:
-        """Enqueue one counted operation of ``a`` (its host step taken) on ``s``: its index, and a record of it.
+        record: bool = True,
+    ) -> tuple[int, EventRecord | None]:
+        """Enqueue one counted operation of ``a`` (its host step taken) on ``s``: its index, and a record of it
+        (None when ``record`` is False: the caller waits for nothing, and no inserted edge needs it).
         ``sweeps``: a copy that reads its source at its completion (``Memory.start``)."""
-        at = self._occurrence(s.name, source)
+        at = self._occurrence(s.name, source) if self._counted is not None or self._tracked else None
         if self._waits_at:
             self._inserted_waits(a, s, source, at)
         epoch = sync.issue(a, s)
         index = s.ops
         s.ops += 1
-        op = StreamOp(s, f"{desc} #{index}", index, duration, start, finish)
-        op.sweeps = sweeps
         needs = self._pending.get(s.name) if self._pending else None
         mark = self.memory.issues
+        issued = None
         if needs is None:
-            op.issued = self.memory.issue(Accessor(s.name, epoch, s.clock, desc, index, source), reads, writes)
-        self.op_sites[f"{s.name}#{index}"] = (source, nbytes((*reads, *writes)))
+            issued = self.memory.issue(Accessor(s.name, epoch, s.clock, desc, index, source), reads, writes)
+        op = StreamOp(s, f"{desc} #{index}", index, duration, start, finish, issued=issued)
+        op.sweeps = sweeps
+        self.op_sites[f"{s.name}#{index}"] = (source, nbytes(reads) + nbytes(writes))
         self.execution.enqueue(s, op)
-        rec = self._record(s)
-        self._issued_at(s.name, source, lambda: rec)
+        rec = self._record(s) if record or self._waited_for or at is not None or needs is not None else None
+        if self._waited_for:
+            self._issued_at(s.name, source, lambda: rec)  # type: ignore[arg-type,return-value]
         if needs is None:
-            self._issued_now(at, lambda: rec, mark)
+            if at is not None:
+                self._issued_now(at, lambda: rec, mark)  # type: ignore[arg-type,return-value]
         else:  # held by a forward edge: its accesses are issued once what the stream waits for is
             site, k = at if at is not None else (sync.Site(s.name, source), -1)
             who = Accessor(s.name, epoch, sync.held_clock(s), desc, index, source)
-            self._held.append(_Held(op, who, reads, writes, needs, site, k, lambda: rec))
+            self._held.append(_Held(op, who, reads, writes, needs, site, k, lambda: rec))  # type: ignore[arg-type,return-value]
         return index, rec
 
     # -- inserted edges ------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ class StreamOp:
         start: Callable[[], Any] | None = None,
         finish: Callable[[], None] | None = None,
         ready: Callable[[], bool] | None = None,
+        issued: Issued | None = None,
     ) -> None:
         self.stream = stream
         self.desc = desc
@@ -54,7 +55,7 @@ class StreamOp:
         #: for markers: whether the stream may pass it
         self.ready = ready
         #: the memory accesses it makes (checked when it starts, landed when it completes)
-        self.issued = Issued()
+        self.issued = issued if issued is not None else Issued()
         self.position = 0
         #: a copy that moves its bytes in order and reads its source at its completion (see ``Memory.start``)
         self.sweeps = False

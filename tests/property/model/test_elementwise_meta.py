@@ -31,6 +31,11 @@ def tensors(draw: st.DrawFn, shape: tuple[int, ...]) -> torch.Tensor:
     t = torch.empty(shape, dtype=dtype, device="meta")
     if t.dim() >= 2 and draw(st.booleans()):
         t = t.transpose(0, 1)  # not contiguous: the meta kernel decides
+    elif t.dim() == 1 and draw(st.booleans()):
+        # one dimension, not contiguous: a number expanded (as a sum's backward makes), or a slice with a step
+        n = t.shape[0]
+        t = draw(st.sampled_from([torch.empty((), dtype=dtype, device="meta").expand(n),
+                                  torch.empty(2 * n, dtype=dtype, device="meta")[::2]]))
     return t
 
 
@@ -82,12 +87,50 @@ def test_arange_by_the_rules_is_the_meta_kernels(end: float, dtype: torch.dtype 
         assert (tuple(mine.shape), mine.dtype, mine.stride()) == want, (end, kwargs)
 
 
+LIKE = sorted((op for op in elementwise.OPS if op.__name__.split(".")[0].endswith("_like")), key=str)
+
+
+@given(st.sampled_from(LIKE), st.lists(st.integers(1, 4), max_size=3), st.sampled_from(DTYPES),
+       st.sampled_from([None, *DTYPES]), st.sampled_from([None, torch.preserve_format, torch.contiguous_format,
+                                                          torch.channels_last]),
+       st.booleans(), st.one_of(st.integers(-3, 3), st.floats(-2, 2, allow_nan=False), st.booleans()))
+def test_like_factories_by_the_rules_are_the_meta_kernels(
+    func: Any, shape: list[int], dtype: torch.dtype, asked: torch.dtype | None, fmt: Any, transposed: bool,
+    fill: Any,
+) -> None:
+    x = torch.empty(shape, dtype=dtype, device="meta")
+    if x.dim() >= 2 and transposed:
+        x = x.transpose(0, 1)
+    args: tuple[Any, ...] = (x, fill) if func is aten.full_like.default else (x,)
+    kwargs: dict[str, Any] = {"device": torch.device("meta")}
+    if asked is not None:
+        kwargs["dtype"] = asked
+    if fmt is not None:
+        kwargs["memory_format"] = fmt
+    mine = elementwise.output(func, args, kwargs)
+    want = _meta(func, args, kwargs)
+    if mine is not None:
+        assert want is not None, (func, args, kwargs)
+        assert (tuple(mine.shape), mine.dtype, mine.stride()) == want, (func, args, kwargs)
+
+
 def test_the_rules_cover_the_common_calls() -> None:
     x = torch.empty(4, 3, device="meta")
     for func, args in [(aten.add.Tensor, (x, 1.0)), (aten.mul.Tensor, (x, x)), (aten.tanh.default, (x,)),
                        (aten.tanh_backward.default, (x, x)), (aten.div.Tensor, (x.int(), 2)),
-                       (aten.arange.default, (4096,)), (aten.arange.default, (10.5,))]:
+                       (aten.arange.default, (4096,)), (aten.arange.default, (10.5,)),
+                       (aten.ones_like.default, (x,)), (aten.zeros_like.default, (x,)),
+                       (aten.empty_like.default, (x,)), (aten.full_like.default, (x, 2.0))]:
         assert elementwise.output(func, args, {}) is not None, func
+
+
+def test_a_run_with_a_backward_does_not_import_dynamo() -> None:
+    """``backward()`` makes its ``grad_output`` with ``ones_like`` (a Python reference as its meta kernel)."""
+    code = ("import sys; from simdevice.search import execute; from reference.schedule import Schedule; "
+            "out = execute(Schedule.parse('activation_offload/FIXED')); "
+            "print('DYNAMO' if 'torch._dynamo' in sys.modules else 'NO-DYNAMO', out.clean)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().splitlines()[-1] == "NO-DYNAMO True", out.stdout + out.stderr
 
 
 def test_a_replay_of_the_demonstration_does_not_import_dynamo() -> None:
