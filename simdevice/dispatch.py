@@ -34,7 +34,6 @@ seed alone, never on the global random state or on timing.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -92,10 +91,26 @@ class OpFacts:
     seeded: bool
     #: the output's shape depends on the input's values (``nonzero``, ``masked_select``, ``unique``)
     dynamic: bool
+    #: the op itself, without OpOverload.__call__'s Python frame around it
+    call: Any = attrs.field(eq=False, repr=False)
 
 
-@functools.cache
+#: each op's facts by the op's id, with the op (the id stays its own while the op lives, and torch keeps every
+#: OpOverload for good): a dict keyed by the op would call OpOverload.__hash__, a Python method, for every call
+_FACTS: dict[int, tuple[Any, OpFacts]] = {}
+
+
 def classify(func: torch._ops.OpOverload) -> OpFacts:
+    """The op's :class:`OpFacts`, read from its schema once."""
+    got = _FACTS.get(id(func))
+    if got is not None and got[0] is func:
+        return got[1]
+    facts = _classify(func)
+    _FACTS[id(func)] = (func, facts)
+    return facts
+
+
+def _classify(func: torch._ops.OpOverload) -> OpFacts:
     schema = func._schema
     written = tuple(
         (i, a.name, bool(a.kwarg_only))
@@ -113,6 +128,7 @@ def classify(func: torch._ops.OpOverload) -> OpFacts:
         copy=func in _COPIES,
         seeded=torch.Tag.nondeterministic_seeded in func.tags,
         dynamic=torch.Tag.dynamic_output_shape in func.tags,
+        call=getattr(func, "_op", func),
     )
 
 
@@ -123,6 +139,36 @@ def _leaves_of(tree: Any) -> tuple[list[Any], None]:
     out: list[Any] = []
     _collect(tree, out)
     return out, None
+
+
+def _flat(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """``_leaves_of((args, kwargs))``, in one call for the usual flat arguments."""
+    out: list[Any] = []
+    for x in args:
+        if isinstance(x, _NODES):
+            _collect(x, out)
+        else:
+            out.append(x)
+    if kwargs:
+        for x in kwargs.values():
+            if isinstance(x, _NODES):
+                _collect(x, out)
+            else:
+                out.append(x)
+    return out
+
+
+def _unwrapped(args: tuple[Any, ...]) -> list[Any]:
+    """An op's positional arguments with each simulated tensor as its CPU bytes (``_tree_map(data_of, args)``)."""
+    out: list[Any] = []
+    for x in args:
+        if isinstance(x, SimTensor):
+            out.append(x._data)
+        elif isinstance(x, _NODES):
+            out.append(_tree_map(data_of, x))
+        else:
+            out.append(x)
+    return out
 
 
 def _collect(x: Any, out: list[Any]) -> None:
@@ -412,26 +458,31 @@ class Dispatcher:
     # -- entry point ----------------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         facts = classify(func)
-        flat, _ = _leaves_of((args, kwargs))
-        has_sim = False
+        flat = _flat(args, kwargs)
+        base = None
         for x in flat:
             if isinstance(x, SimTensor):
                 if x._ops is not self:
                     raise RuntimeError(f"{facts.name}: a tensor of another simulated run (a SimDevice made before "
                                        "this one); a run reads its own tensors only (simdevice.peek(t) reads one "
                                        "after its run)")
-                has_sim = True
-        if not has_sim and not self.on_device(kwargs.get("device")):
+                if base is None:
+                    base = x
+        if base is None and not (kwargs and self.on_device(kwargs.get("device"))):
             return self._host_op(func, facts, args, kwargs, flat)
-        if facts.kind == "view":
-            base = next(x for x in flat if isinstance(x, SimTensor))
-            out = func(*_tree_map(data_of, args), **_tree_map(data_of, kwargs))
-            return _tree_map(lambda t: SimTensor(t, base._st, self) if isinstance(t, torch.Tensor) else t, out)
-        if facts.kind == "alloc":
+        kind = facts.kind
+        if kind == "view":
+            assert base is not None
+            out = facts.call(*_unwrapped(args), **(_tree_map(data_of, kwargs) if kwargs else {}))
+            st = base._st
+            if isinstance(out, torch.Tensor):
+                return SimTensor(out, st, self)
+            return _tree_map(lambda t: SimTensor(t, st, self) if isinstance(t, torch.Tensor) else t, out)
+        if kind == "alloc":
             kw = dict(_tree_map(data_of, kwargs))
             kw["device"] = CPU
             kw.pop("pin_memory", None)
-            like = func(*_tree_map(data_of, args), **kw)
+            like = facts.call(*_unwrapped(args), **kw)
             return self.new_device(like, self.rt.current())
         if facts.kind == "meta":
             if func is aten.is_pinned.default:

@@ -43,6 +43,7 @@ ever dangles.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import mmap
 import weakref
@@ -140,6 +141,38 @@ class Segment:
         return len(self.blocks) == 1 and self.blocks[0].free
 
 
+class _FreeBlocks:
+    """The free blocks of live segments, by (pool, small or large, stream), each list in best-fit order (size, then
+    segment, then offset): the fitting blocks of a request are the tail from its size on, found by bisection, not by
+    a walk over every block of every segment. The allocator tells it each change (a block taken, freed, split or
+    merged; a segment made or released), before a free block's size changes."""
+
+    def __init__(self) -> None:
+        self._lists: dict[tuple[PoolTag, bool, SimStream | None], list[tuple[int, int, int, Block]]] = {}
+
+    @staticmethod
+    def _key(block: Block) -> tuple[PoolTag, bool, SimStream | None]:
+        seg = block.segment
+        return seg.pool, seg.small, seg.stream
+
+    def add(self, block: Block) -> None:
+        bisect.insort(self._lists.setdefault(self._key(block), []),
+                      (block.nbytes, block.segment.id, block.offset, block))
+
+    def remove(self, block: Block) -> None:
+        entries = self._lists[self._key(block)]
+        i = bisect.bisect_left(entries, (block.nbytes, block.segment.id, block.offset))
+        assert entries[i][3] is block
+        del entries[i]
+
+    def fitting(self, pool: PoolTag, small: bool, stream: SimStream | None, size: int) -> list[Block]:
+        """The free blocks of at least ``size`` bytes, in best-fit order."""
+        entries = self._lists.get((pool, small, stream))
+        if not entries:
+            return []
+        return [e[3] for e in entries[bisect.bisect_left(entries, (size,)):]]
+
+
 class Allocation:
     """What ``malloc`` hands out: the block, the tensor's bytes (they keep the block allocated), a second alias of
     them for the storage record (it does not), and whether the bytes are fresh (never handed out before)."""
@@ -193,6 +226,7 @@ class CachingAllocator:
         self.pick = pick
         self.pools: dict[PoolTag, list[Segment]] = {}
         self._segments: list[Segment] = []  # every segment ever made: keeps CPU bytes alive for the run
+        self._free = _FreeBlocks()  # the free blocks of live segments
         self._pending: list[_Freed] = []  # blocks whose last tensor died, not yet processed
         self._deferred: list[_Freed] = []  # freed, waiting for the streams recorded with record_stream
         self._by_storage: dict[int, Block] = {}  # live allocations: storage id -> block
@@ -271,16 +305,15 @@ class CachingAllocator:
         buf = (ctypes.c_uint8 * max(need, 1)).from_address(block.segment.address + block.offset)
         return torch.frombuffer(buf, dtype=torch.uint8)[:need], buf
 
+    def fitting(self, pool: PoolTag, small: bool, stream: SimStream | None, size: int) -> list[Block]:
+        """The free blocks a request of ``size`` bytes (small or large) on ``stream`` from ``pool`` may take, in
+        best-fit order (size, segment, offset): the blocks of its pool's live segments of its kind made for its
+        stream."""
+        return self._free.fitting(pool, small, stream, size)
+
     def _take(self, pool: PoolTag, size: int, small: bool, stream: SimStream | None, pick: int) -> Block:
-        fits = [
-            b
-            for seg in self.pools.get(pool, [])
-            if seg.small == small and not seg.released and seg.stream is stream
-            for b in seg.blocks
-            if b.free and b.nbytes >= size
-        ]
+        fits = self.fitting(pool, small, stream, size)
         if fits:
-            fits.sort(key=lambda b: (b.nbytes, b.segment.id, b.offset))
             block = fits[pick % len(fits)]
             self.reused += 1
         else:
@@ -291,7 +324,11 @@ class CachingAllocator:
             if self._on_segment is not None:
                 self._on_segment(seg)
             block = seg.blocks[0]
-        self._split(block, size)
+            self._free.add(block)
+        self._free.remove(block)
+        tail = self._split(block, size)
+        if tail is not None:
+            self._free.add(tail)
         block.free = False
         return block
 
@@ -309,13 +346,16 @@ class CachingAllocator:
         self._reserved += nbytes
 
     @staticmethod
-    def _split(block: Block, size: int) -> None:
+    def _split(block: Block, size: int) -> Block | None:
+        """Cut ``block`` to ``size``; the free rest, if any."""
         rest = block.nbytes - size
         if rest >= ROUND:
             seg = block.segment
             tail = Block(seg, block.offset + size, rest, block.fresh)
             seg.blocks.insert(seg.blocks.index(block) + 1, tail)
             block.nbytes = size
+            return tail
+        return None
 
     # -- freeing ----------------------------------------------------------------------
     def collect(self, actor: HostActor | None = None) -> None:
@@ -352,20 +392,27 @@ class CachingAllocator:
             else:
                 self._release(block)
 
-    @staticmethod
-    def _release(block: Block) -> None:
+    def _release(self, block: Block) -> None:
         block.free = True
         seg = block.segment
+        live = not seg.released
         i = seg.blocks.index(block)
         if i + 1 < len(seg.blocks) and seg.blocks[i + 1].free:
             nxt = seg.blocks.pop(i + 1)
+            if live:
+                self._free.remove(nxt)
             block.nbytes += nxt.nbytes
             block.fresh = block.fresh and nxt.fresh
         if i > 0 and seg.blocks[i - 1].free:
             prev = seg.blocks[i - 1]
+            if live:
+                self._free.remove(prev)
             prev.nbytes += block.nbytes
             prev.fresh = prev.fresh and block.fresh
             seg.blocks.pop(i)
+            block = prev
+        if live:
+            self._free.add(block)
 
     def empty_cache(self) -> list[Segment]:
         """Release every entirely free segment (``torch.cuda.empty_cache``); returns them."""
@@ -374,6 +421,7 @@ class CachingAllocator:
         for pool, segs in self.pools.items():
             for seg in [s for s in segs if s.all_free()]:
                 segs.remove(seg)
+                self._free.remove(seg.blocks[0])
                 seg.released = True
                 self._reserved -= seg.nbytes
                 released.append(seg)

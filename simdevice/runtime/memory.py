@@ -339,7 +339,7 @@ class Memory:
 
     def lookup(self, t: torch.Tensor) -> Storage | None:
         """The pinned storage of a plain CPU tensor, if the simulator owns it."""
-        if t.device.type != "cpu":
+        if not self.storages or not t.is_cpu:  # (the dict holds the pinned storages alone)
             return None
         # A registered storage keeps its bytes alive, so its address cannot be reused meanwhile.
         st = self.storages.get(t.untyped_storage().data_ptr())
