@@ -32,8 +32,8 @@ allocator closely enough for its hazards to appear as they do on a GPU:
 - ``empty_cache()`` releases segments that are entirely free (the memory saver
   then frees their handle: see :mod:`simdevice.runtime.memsaver`).
 
-A device tensor's bytes are a CPU alias of its block (``torch.frombuffer`` over
-the segment's address), with a storage of its own: when the program drops the
+A device tensor's bytes are a CPU alias of its block (``torch.from_numpy`` of a
+NumPy view of the segment's bytes), with a storage of its own: when the program drops the
 last tensor or view of an allocation, a ``weakref`` finalizer returns the block,
 as ``del t`` does with the caching allocator. The storage record kept by
 :class:`~simdevice.runtime.memory.Memory` is a second alias, so it does not keep the
@@ -44,10 +44,10 @@ ever dangles.
 from __future__ import annotations
 
 import bisect
-import ctypes
 import mmap
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -122,6 +122,7 @@ class Segment:
         #: ``lazy`` (a race-only run, whose operations move no bytes): address space only, no page until one is
         #: written, whatever the size (``MAP_NORESERVE``: not counted against this machine's memory either)
         self.data = _lazy_bytes(nbytes) if lazy else torch.empty(nbytes, dtype=torch.uint8)
+        self._array: Any = None
         #: the shadow of these bytes, shared by every allocation made here (history survives reuse)
         self.shadow = Shadow(nbytes)
         self.blocks: list[Block] = [Block(self, 0, nbytes)]
@@ -136,6 +137,12 @@ class Segment:
     @property
     def address(self) -> int:
         return int(self.data.data_ptr())
+
+    def array(self) -> Any:
+        """The segment's bytes as a NumPy array (the same memory), made once."""
+        if self._array is None:
+            self._array = self.data.numpy()
+        return self._array
 
     def all_free(self) -> bool:
         return len(self.blocks) == 1 and self.blocks[0].free
@@ -260,8 +267,8 @@ class CachingAllocator:
         raw, anchor = self._alias(block, need)
         data = raw.view(like.dtype).as_strided(like.shape, like.stride(), like.storage_offset())
         record, _ = self._alias(block, need)
-        # torch.frombuffer keeps its buffer object alive as long as the storage made from it (shared by every
-        # view) lives: the buffer's death is the moment the program dropped the allocation
+        # torch.from_numpy keeps its array alive as long as the storage made from it (shared by every view)
+        # lives: the array's death is the moment the program dropped the allocation
         block.gen += 1
         weakref.finalize(anchor, self._dropped, block, block.gen)
         fresh, block.fresh = block.fresh, False
@@ -302,8 +309,11 @@ class CachingAllocator:
             block.uses.append(stream)
 
     def _alias(self, block: Block, need: int) -> tuple[torch.Tensor, object]:
-        buf = (ctypes.c_uint8 * max(need, 1)).from_address(block.segment.address + block.offset)
-        return torch.frombuffer(buf, dtype=torch.uint8)[:need], buf
+        """``need`` bytes at the block's address, as a tensor with a storage of its own, and the object whose death
+        is that storage's (a NumPy view of the segment's bytes: it lives exactly as long as the storage made from
+        it, shared by every view of the tensor)."""
+        piece = block.segment.array()[block.offset:block.offset + max(need, 1)]
+        return torch.from_numpy(piece)[:need], piece
 
     def fitting(self, pool: PoolTag, small: bool, stream: SimStream | None, size: int) -> list[Block]:
         """The free blocks a request of ``size`` bytes (small or large) on ``stream`` from ``pool`` may take, in
