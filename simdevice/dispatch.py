@@ -384,16 +384,23 @@ def _meta_of(x: Any) -> Any:
     return x
 
 
+#: values that are their own signature (with their type: 1 and 1.0 and True give outputs of different dtypes)
+_PLAIN_VALUES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format})
+
+
 def _sig(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
-        return ("T", tuple(x.shape), tuple(x.stride()), x.dtype)
+        return ("T", x.shape, x.stride(), x.dtype)
+    t = type(x)
+    if t in _PLAIN_VALUES:
+        return (t, x)
     if isinstance(x, (list, tuple)):
-        return tuple(_sig(y) for y in x)
+        return tuple([_sig(y) for y in x])
     if isinstance(x, dict):
-        return tuple((k, _sig(v)) for k, v in x.items())
-    if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format)):
-        return (type(x), x)  # 1 and 1.0 and True give outputs of different dtypes
-    return (type(x), repr(x))
+        return tuple([(k, _sig(v)) for k, v in x.items()])
+    if isinstance(x, (int, float, bool, str, torch.dtype, torch.device, torch.memory_format)):
+        return (t, x)
+    return (t, repr(x))
 
 
 #: the meta kernels' outputs by (op, signature of its arguments), shared by every run of the process (the same
@@ -448,11 +455,15 @@ class Dispatcher:
         return self.rt.lookup_pinned(t)
 
     def _refs(self, tensors: list[torch.Tensor]) -> list[Ref]:
+        """The storage and bytes of each tensor that has a storage of the simulator's (device or pinned)."""
         refs = []
         for t in tensors:
-            st = self._storage_of(t)
-            if st is not None:
-                refs.append((st, data_of(t)))
+            if isinstance(t, SimTensor):
+                refs.append((t._st, t._data))
+            else:
+                st = self.rt.lookup_pinned(t)
+                if st is not None:
+                    refs.append((st, t))
         return refs
 
     # -- entry point ----------------------------------------------------------------------
@@ -561,8 +572,10 @@ class Dispatcher:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         written: list[torch.Tensor],
+        meta: Any,
     ) -> tuple[Any, list[torch.Tensor]]:
-        """The call's result and the tensors it writes: the mutated arguments, or fresh allocations."""
+        """The call's result and the tensors it writes: the mutated arguments, or fresh allocations (shaped as
+        ``meta``, the outputs' meta tensors, when it writes no argument)."""
         if written:
             if not facts.returns_tensor:
                 return None, written  # returns nothing, writes its mutable arguments (_foreach_add_, _fused_adam_)
@@ -572,7 +585,6 @@ class Dispatcher:
             return result, written
         if not facts.returns_tensor:
             return None, []  # nothing (an async kernel that only reads), or a host value (.item(), equal)
-        meta = self._meta_outputs(func, args, kwargs)
         assert meta is not None
         device = kwargs.get("device")
         if func is aten._to_copy.default and device is not None and not self.on_device(device):
@@ -624,9 +636,13 @@ class Dispatcher:
     ) -> Any:
         """Enqueue one aten op on stream ``s`` for host actor ``a`` (its host step already taken)."""
         written = _written(facts, args, kwargs) if facts.written else []
-        if not written and (facts.dynamic or (facts.returns_tensor and self._meta_outputs(func, args, kwargs) is None)):
-            return self._data_dependent(a, s, func, facts, args, kwargs, flat, src)
-        result, outputs = self._outputs(a, func, facts, args, kwargs, written)
+        meta = None
+        if not written:
+            if facts.returns_tensor and not facts.dynamic:
+                meta = self._meta_outputs(func, args, kwargs)
+            if facts.dynamic or (facts.returns_tensor and meta is None):
+                return self._data_dependent(a, s, func, facts, args, kwargs, flat, src)
+        result, outputs = self._outputs(a, func, facts, args, kwargs, written, meta)
         inputs, staged = self._inputs(facts, args, kwargs, flat, written)
 
         touched = inputs + outputs
@@ -839,8 +855,22 @@ def _alias_of(x: SimTensor) -> torch.Tensor:
 
 
 def _aliased(args: Any, made: dict[int, torch.Tensor]) -> Any:
-    """An op's arguments as its effect runs them: each simulated tensor as its alias (noted in ``made`` by the
-    tensor's id), a device as the CPU."""
+    """An op's arguments (its positional tuple, its keywords, or a container among them) as its effect runs them:
+    each simulated tensor as its alias (noted in ``made`` by the tensor's id), a device as the CPU."""
+    t = type(args)
+    if t is tuple or t is list:  # the usual case, without a call per leaf
+        out = []
+        for x in args:
+            if isinstance(x, SimTensor):
+                al = made[id(x)] = _alias_of(x)
+                out.append(al)
+            elif isinstance(x, torch.device):
+                out.append(CPU)
+            elif isinstance(x, _NODES):
+                out.append(_aliased(x, made))
+            else:
+                out.append(x)
+        return tuple(out) if t is tuple else out
 
     def one(x: Any) -> Any:
         if isinstance(x, SimTensor):

@@ -609,8 +609,10 @@ class Execution:
         s.queue.append(op)
         s.enqueued += 1
         op.position = s.enqueued
-        self.progress()
-        self.kick(s)
+        self.last_progress = max(self.last_progress, self.now)  # progress(), inline: one comes with every op
+        self.steps_since_progress = 0
+        if self._advance(s):  # kick(s)
+            self.kick_all()
 
     def kick(self, s: SimStream) -> None:
         """Let ``s`` start its next operation; a marker it passes may release any other stream."""
