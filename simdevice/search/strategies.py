@@ -9,6 +9,7 @@ defaults).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from hypothesis import assume
@@ -26,12 +27,18 @@ def delays_at(
     counts: dict[str, int], max_delays: int = 3, max_units: int = MAX_UNITS
 ) -> st.SearchStrategy[list[Delay]]:
     """Up to ``max_delays`` delays on distinct (actor, operation) pairs, only at operations that exist."""
-    actors = sorted(a for a, n in counts.items() if n > 0)
-    if not actors or max_delays == 0:
+    return _delays_at(tuple(sorted((a, n) for a, n in counts.items() if n > 0)), max_delays, max_units)
+
+
+@functools.lru_cache(maxsize=1024)
+def _delays_at(counts: tuple[tuple[str, int], ...], max_delays: int, max_units: int) -> st.SearchStrategy[list[Delay]]:
+    """:func:`delays_at`, made once per operation counts: a search draws the same counts over and over (one
+    configuration's probe), and Hypothesis checks every new strategy it meets (a tenth of ``check`` went to
+    validating strategies made afresh for each schedule)."""
+    if not counts or max_delays == 0:
         return st.just([])
-    one = st.sampled_from(actors).flatmap(
-        lambda a: st.builds(Delay, st.just(a), st.integers(0, counts[a] - 1), st.integers(1, max_units))
-    )
+    per_actor = {a: st.builds(Delay, st.just(a), st.integers(0, n - 1), st.integers(1, max_units)) for a, n in counts}
+    one = st.sampled_from([a for a, _ in counts]).flatmap(per_actor.__getitem__)
     return st.lists(one, max_size=max_delays, unique_by=lambda d: (d.actor, d.index))
 
 
