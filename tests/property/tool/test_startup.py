@@ -2,9 +2,9 @@
 
 A replay runs one schedule and never searches: it imports neither Hypothesis (about 0.4 s of its start on a
 2-core machine, pytest and trio with it) nor the search; ``--fix`` (the default) checks its suggestion with a
-search and imports them then. Each case runs the command's real entry point in a fresh interpreter (this one has
-imported everything) and reads the names in ``sys.modules`` when the process ends, from an ``atexit`` handler.
-Names, not times: the project asserts no timing.
+search and imports them then. ``simdevice --help`` imports no torch. Each case runs the command's real entry
+point in a fresh interpreter (this one has imported everything) and reads the names in ``sys.modules`` when the
+process ends, from an ``atexit`` handler. Names, not times: the project asserts no timing.
 """
 
 from __future__ import annotations
@@ -81,6 +81,12 @@ def test_list_imports_no_search(tmp_path: Path) -> None:
     code, modules = imported(["list"], tmp_path)
     assert code == 0
     assert present(modules, SEARCH + EXTRAS) == []
+
+
+def test_help_imports_no_torch(tmp_path: Path) -> None:
+    code, modules = imported(["--help"], tmp_path)
+    assert code == 0
+    assert present(modules, ("torch", "numpy", *SEARCH)) == []
 
 
 @pytest.mark.parametrize("name", ["execute", "exhaust", "explore"])
