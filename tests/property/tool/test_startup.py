@@ -4,7 +4,8 @@ A replay runs one schedule and never searches: it imports neither Hypothesis (ab
 2-core machine, pytest and trio with it) nor the search; ``--fix`` (the default) checks its suggestion with a
 search and imports them then. ``simdevice --help`` imports no torch. Each case runs the command's real entry
 point in a fresh interpreter (this one has imported everything) and reads the names in ``sys.modules`` when the
-process ends, from an ``atexit`` handler. Names, not times: the project asserts no timing.
+process ends, from an ``atexit`` handler (which also checks that the command's quick exit, ``os._exit`` after
+the ``atexit`` handlers, still runs them). Names, not times: the project asserts no timing.
 """
 
 from __future__ import annotations
