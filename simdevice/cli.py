@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from reference.schedule import Schedule, ScheduleError, is_function_target
@@ -663,7 +664,9 @@ def _list_functions(path: str) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, imported: Callable[[], None] | None = None) -> int:
+    """The command line: its exit code. ``imported`` is called once torch is imported (the ``simdevice`` command
+    then has the garbage collector leave torch's objects alone: :func:`simdevice.command.entry`)."""
     parser = _parser()
     args = parser.parse_args(argv)
     commands = {"check": cmd_check, "replay": cmd_replay, "exhaust": cmd_exhaust, "list": cmd_list}
@@ -671,6 +674,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in commands:
             import torch
 
+            if imported is not None:
+                imported()
             # a simulated device's tensors are small and many: one intra-op thread (two spin against each other and
             # the host actors on a loaded machine, 20% slower measured under a load of 2 on 2 cores)
             torch.set_num_threads(1)
