@@ -64,11 +64,27 @@ def present(modules: set[str], names: tuple[str, ...]) -> list[str]:
     return sorted(n for n in names if any(m == n or m.startswith(f"{n}.") for m in modules))
 
 
+#: the other programs' harnesses and protocols: a replay of offload_reload loads only its own
+OTHER_PROGRAMS = tuple(f"{package}.{name}" for package in ("simdevice.programs", "reference")
+                       for name in ("activation_offload", "memsaver_guard", "param_readiness", "zcc"))
+
+
 def test_a_replay_without_fix_imports_no_search(tmp_path: Path) -> None:
     code, modules = imported(["replay", DEMO, "--no-fix"], tmp_path)
     assert code == 1  # the demonstration's race, found
-    assert present(modules, SEARCH + EXTRAS) == []
-    assert "torch" in modules
+    assert present(modules, SEARCH + EXTRAS + OTHER_PROGRAMS) == []
+    assert {"torch", "simdevice.programs.offload_reload", "reference.offload_reload"} <= modules
+
+
+def test_the_programs_are_listed_in_one_order_whichever_was_resolved_first() -> None:
+    """``resolve`` imports only the program a schedule names; ``programs()`` (check's table, ``list``) still lists
+    them all in the registry's order: the demonstration first, then by name."""
+    script = ("import sys; from reference.schedule import Schedule; from simdevice.programs import programs, resolve; "
+              "[resolve(Schedule.parse(a)) for a in sys.argv[1:]]; print(' '.join(p.name for p in programs()))")
+    orders = {subprocess.run([sys.executable, "-c", script, *first], cwd=ROOT, capture_output=True, text=True,
+                             check=True, timeout=300).stdout.strip()
+              for first in ([], ["zcc/FIXED"], ["param_readiness/FIXED", "activation_offload/FIXED"])}
+    assert orders == {"offload_reload activation_offload memsaver_guard param_readiness zcc"}
 
 
 def test_a_replay_with_edges_imports_no_search(tmp_path: Path) -> None:
@@ -90,6 +106,7 @@ def test_list_imports_no_search(tmp_path: Path) -> None:
     code, modules = imported(["list"], tmp_path)
     assert code == 0
     assert present(modules, SEARCH + EXTRAS) == []
+    assert present(modules, OTHER_PROGRAMS) == sorted(OTHER_PROGRAMS)  # list shows every program
 
 
 def test_help_imports_no_torch(tmp_path: Path) -> None:
