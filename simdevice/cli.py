@@ -39,6 +39,19 @@ def _version() -> str:
         return "(not installed)"
 
 
+class _Version(argparse.Action):
+    """``--version``: the installed version, looked up only when asked (importlib.metadata and the lookup were
+    about a quarter of ``simdevice --help``'s time)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"simdevice {_version()}")
+        parser.exit()
+
+
 _MAX_STEPS = ("host steps one simulated run may make before it is stopped with a step-limit report (default "
               "200000)")
 _DEVICE_MEMORY = ("bytes the simulated device may hold (its bytes are this machine's memory): 512M, 8G, 1.5GiB or a "
@@ -66,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="simdevice",
         description="Find, shrink and replay data races in GPU offload protocols on a simulated device.",
     )
-    p.add_argument("--version", action="version", version=f"simdevice {_version()}")
+    p.add_argument("--version", action=_Version, help="show program's version number and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     c = sub.add_parser(
         "check",

@@ -14,6 +14,7 @@ import importlib
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,15 @@ def test_list_imports_no_search(tmp_path: Path) -> None:
 def test_help_imports_no_torch(tmp_path: Path) -> None:
     code, modules = imported(["--help"], tmp_path)
     assert code == 0
-    assert present(modules, ("torch", "numpy", *SEARCH)) == []
+    assert present(modules, ("torch", "numpy", "importlib.metadata", *SEARCH)) == []
+
+
+def test_version_is_looked_up_when_asked(run_cli: Callable[[list[str], Path], subprocess.CompletedProcess[str]],
+                                         tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    out = run_cli(["--version"], tmp_path)
+    assert (out.returncode, out.stdout, out.stderr) == (0, f"simdevice {version('simdevice')}\n", "")
 
 
 def test_the_collector_leaves_torchs_objects_alone_and_is_on_for_the_run(tmp_path: Path) -> None:
