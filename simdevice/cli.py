@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from reference.schedule import Schedule, ScheduleError, is_function_target
@@ -36,6 +37,19 @@ def _version() -> str:
         return version("simdevice")
     except PackageNotFoundError:
         return "(not installed)"
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed version, looked up only when asked (importlib.metadata and the lookup were
+    about a quarter of ``simdevice --help``'s time)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"simdevice {_version()}")
+        parser.exit()
 
 
 _MAX_STEPS = ("host steps one simulated run may make before it is stopped with a step-limit report (default "
@@ -65,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="simdevice",
         description="Find, shrink and replay data races in GPU offload protocols on a simulated device.",
     )
-    p.add_argument("--version", action="version", version=f"simdevice {_version()}")
+    p.add_argument("--version", action=_Version, help="show program's version number and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     c = sub.add_parser(
         "check",
@@ -663,7 +677,9 @@ def _list_functions(path: str) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, imported: Callable[[], None] | None = None) -> int:
+    """The command line: its exit code. ``imported`` is called once torch is imported (the ``simdevice`` command
+    then has the garbage collector leave torch's objects alone: :func:`simdevice.command.entry`)."""
     parser = _parser()
     args = parser.parse_args(argv)
     commands = {"check": cmd_check, "replay": cmd_replay, "exhaust": cmd_exhaust, "list": cmd_list}
@@ -671,6 +687,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in commands:
             import torch
 
+            if imported is not None:
+                imported()
             # a simulated device's tensors are small and many: one intra-op thread (two spin against each other and
             # the host actors on a loaded machine, 20% slower measured under a load of 2 on 2 cores)
             torch.set_num_threads(1)

@@ -30,7 +30,6 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from hypothesis import strategies as st
 
 from reference.schedule import Schedule
 from simdevice.runtime import Edge, Site, inserted
@@ -46,8 +45,7 @@ from simdevice.runtime.reports import (
 )
 from simdevice.runtime.runtime import Occurrences, counted
 from simdevice.search.execute import Outcome
-from simdevice.search.explore import kept_patched, search_target
-from simdevice.search.targets import Target
+from simdevice.search.targets import Target, kept_patched
 
 __all__ = ["Fix", "edge_for", "forward_for", "suggest"]
 
@@ -231,6 +229,11 @@ def suggest(
     both with the edges inserted. Backward edges first (each race ordered as issued); when the values are still
     wrong with every race so ordered, forward edges (:func:`forward_for`) in place of the backward ones they
     reverse, checked the same way."""
+    # the bounded search is Hypothesis's: imported here, so that a replay that asks for no fix does not import it
+    from hypothesis import strategies as st
+
+    from simdevice.search.explore import search_target
+
     races = _races(out)
     if not races:
         return Fix((), (), False, 0, why_none=_why_none(out))

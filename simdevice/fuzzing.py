@@ -30,9 +30,9 @@ from hypothesis.database import ExampleDatabase
 
 from simdevice.search import engine
 from simdevice.search.execute import Outcome
-from simdevice.search.explore import kept_patched, pin
+from simdevice.search.explore import pin
 from simdevice.search.strategies import schedules_of
-from simdevice.search.targets import from_function
+from simdevice.search.targets import from_function, kept_patched
 
 #: reports shown in a failure's message (the rest: ``simdevice replay`` of its line)
 SHOWN = 6

@@ -12,7 +12,6 @@ simplest configuration; the result's line replays with ``simdevice replay``.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -25,11 +24,10 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.errors import NoSuchExample
 
 from reference.schedule import Schedule
-from simdevice.dropin.session import held
 from simdevice.search import engine
 from simdevice.search.execute import Outcome
 from simdevice.search.strategies import schedules_of
-from simdevice.search.targets import FunctionTarget, Target, from_function, resolve
+from simdevice.search.targets import Target, from_function, kept_patched, resolve
 
 
 @attrs.frozen
@@ -84,11 +82,6 @@ def as_target(fn: Callable[..., Any] | str | Target, world_size: int | None = No
     if callable(fn) and not hasattr(fn, "probe"):
         return from_function(fn, world_size=world_size)
     return fn  # type: ignore[return-value]
-
-
-def kept_patched(target: Target) -> contextlib.AbstractContextManager[Any]:
-    """Plain code: torch stays patched across a search's runs, each run only swaps the device."""
-    return held() if isinstance(target, FunctionTarget) and target.style == "plain" else contextlib.nullcontext()
 
 
 def search_target(

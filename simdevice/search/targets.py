@@ -12,6 +12,7 @@ makes, so that a search draws delays only at operations that exist.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -29,6 +30,7 @@ from reference.contract import Run
 from reference.schedule import Schedule, ScheduleError, is_function_target, parse_int
 from simdevice.api import SimDevice
 from simdevice.dropin import DropIn
+from simdevice.dropin.session import held
 from simdevice.programs import Program
 from simdevice.runtime import inserted_edges
 from simdevice.runtime.config import SimConfig, active_profile, active_values, overrides_active
@@ -229,6 +231,11 @@ class ProgramTarget:
         every = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(space[k] for k in keys))]
         keep = self.program.config_filter
         return [c for c in every if keep is None or keep(c)]
+
+
+def kept_patched(target: Target) -> contextlib.AbstractContextManager[Any]:
+    """Plain code: torch stays patched across a search's runs, each run only swaps the device."""
+    return held() if isinstance(target, FunctionTarget) and target.style == "plain" else contextlib.nullcontext()
 
 
 def target_of(text: str) -> Target:
