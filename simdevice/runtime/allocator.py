@@ -93,10 +93,13 @@ def segment_size(nbytes: int) -> int:
 
 
 class Block:
-    __slots__ = ("free", "fresh", "gen", "nbytes", "offset", "segment", "storage", "uses")
+    __slots__ = ("_segment", "free", "fresh", "gen", "nbytes", "offset", "storage", "uses")
 
     def __init__(self, segment: Segment, offset: int, nbytes: int, fresh: bool = True) -> None:
-        self.segment, self.offset, self.nbytes = segment, offset, nbytes
+        # its segment holds it (Segment.blocks); a weak reference back, so that a run's allocator dies by reference
+        # counting when the run is dropped (a cycle here kept every shadow and access of the run for the collector)
+        self._segment = weakref.ref(segment)
+        self.offset, self.nbytes = offset, nbytes
         self.free = True
         #: never handed out since its segment was made: its bytes are whatever cudaMalloc gave (poisoned)
         self.fresh = fresh
@@ -105,6 +108,12 @@ class Block:
         self.uses: list[SimStream] = []
         #: how many times it was handed out: a finalizer of an earlier owner must not free a later one
         self.gen = 0
+
+    @property
+    def segment(self) -> Segment:
+        seg = self._segment()
+        assert seg is not None, "a block outlived its segment"
+        return seg
 
     def __repr__(self) -> str:
         return f"block {self.segment.label}+{self.offset}"
@@ -208,6 +217,16 @@ def _lazy_bytes(nbytes: int) -> torch.Tensor:
     return torch.frombuffer(mmap.mmap(-1, max(nbytes, 1), flags=flags), dtype=torch.uint8)[:nbytes]
 
 
+def _weak(callback: Callable[[Segment], None] | None) -> Callable[[], Callable[[Segment], None] | None]:
+    """A callback held without holding its object: the memory saver holds the allocator and hooks it with its own
+    methods, a cycle that would leave a run's whole memory model to the cycle collector."""
+    if callback is None:
+        return lambda: None
+    if hasattr(callback, "__self__"):
+        return weakref.WeakMethod(callback)  # type: ignore[arg-type]
+    return lambda: callback
+
+
 class CachingAllocator:
     """Pools of stream-ordered segments and blocks; reuse of freed blocks; ``record_stream``; ``empty_cache``."""
 
@@ -241,8 +260,8 @@ class CachingAllocator:
         #: keep max_memory_allocated exact (a scan per allocation: only once a program asked for it)
         self._track_peak = False
         #: called when a new segment is made (the memory saver maps a handle) and when one is released
-        self._on_segment = on_segment
-        self._on_release = on_release
+        self._on_segment = _weak(on_segment)
+        self._on_release = _weak(on_release)
         #: facts for tests: (pool, block, segment) of every allocation served from a paused segment
         self.served_paused: list[tuple[PoolTag, str, str]] = []
         self.allocations = 0
@@ -331,8 +350,9 @@ class CachingAllocator:
             seg = Segment(len(self._segments) + 1, pool, segment_size(size), small, stream, self.lazy)
             self._segments.append(seg)
             self.pools.setdefault(pool, []).append(seg)
-            if self._on_segment is not None:
-                self._on_segment(seg)
+            on_segment = self._on_segment()
+            if on_segment is not None:
+                on_segment(seg)
             block = seg.blocks[0]
             self._free.add(block)
         self._free.remove(block)
@@ -435,8 +455,9 @@ class CachingAllocator:
                 seg.released = True
                 self._reserved -= seg.nbytes
                 released.append(seg)
-                if self._on_release is not None:
-                    self._on_release(seg)
+                on_release = self._on_release()
+                if on_release is not None:
+                    on_release(seg)
             self.pools[pool] = segs
         return released
 

@@ -198,11 +198,13 @@ class Collectives:
             first, size = st.byte_range(d)[0], d.element_size()
             return [((a - first) // size, (b - first) // size) for a, b in ranges]
 
+        issued = recv.issued  # (the effect holds the accesses, not the operation that holds the effect: no cycle)
+
         def received() -> None:
             if not values:
                 return
             values_in = combine(rank, [coll.sent[q] for q in range(world.size)])
-            early = recv.issued.landed_early
+            early = issued.landed_early
             for (st, d), v in zip(outs, values_in, strict=True):
                 lo, hi = st.byte_range(d)
                 flat, src = d.view(-1), v.reshape(-1)

@@ -338,33 +338,43 @@ class Execution:
         return True
 
     def _stream_event(self, prio: int, s: SimStream) -> None:
+        # two of these come with every operation: waiting_until, _push and progress are inline
+        now = self.now
+        memory = self.memory
         if prio == _START:
             op = s.queue[0]
             s.running = op
-            self.memory.start(op.issued, self.now, self.now + op.duration, op.sweeps)
+            end = now + op.duration
+            memory.start(op.issued, now, end, op.sweeps)
             if op.start is not None:
-                self.memory.in_flight.starting = op.issued
+                in_flight = memory.in_flight
+                in_flight.starting = op.issued
                 try:
                     op.start()
                 finally:
-                    self.memory.in_flight.starting = None
-            self.trace.append((self.now, s.name, f"start {op.desc}"))
-            self.waiting_until(self.now + op.duration)
-            self._push(self.now + op.duration, _COMPLETE, s.order, s)
+                    in_flight.starting = None
+            self.trace.append((now, s.name, "start " + op.desc))
+            if end > self.last_progress:
+                self.last_progress = end
+            self._seq += 1
+            heapq.heappush(self._heap, (end, _COMPLETE, s.order, self._seq, s))
         else:
             op = s.queue.popleft()
-            self.memory.finish(op.issued)
+            memory.finish(op.issued)
             try:
                 if op.finish is not None:
                     op.finish()  # may raise (the op's own error, named by s.running)
             finally:
-                self.memory.in_flight.landing = None
+                memory.in_flight.landing = None
             s.running = None
-            s.complete_one(self.now)
+            s.complete_one(now)
             s.busy = False
-            self.trace.append((self.now, s.name, f"done {op.desc}"))
-            self.progress()
-            self._wake_blocked()
+            self.trace.append((now, s.name, "done " + op.desc))
+            if now > self.last_progress:
+                self.last_progress = now
+            self.steps_since_progress = 0
+            if self.blocked:
+                self._wake_blocked()
             self.kick_all()
 
     def _pop(self) -> tuple[int, Any] | None:

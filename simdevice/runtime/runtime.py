@@ -67,6 +67,10 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _no_more_actors() -> contextlib.AbstractContextManager[Any]:
+    raise RuntimeError("the run is over: no actor starts any more")
+
+
 #: edges inserted into every run made inside :func:`inserted` (beside each run's ``Options.edges``)
 _INSERTED: contextvars.ContextVar[tuple[sync.Edge, ...]] = contextvars.ContextVar("inserted_edges", default=())
 
@@ -229,9 +233,15 @@ class Runtime:
                 ex.join_threads()
         finally:
             torch.set_num_threads(threads)
+            self._ended()
         if ex.needs_threads is not None:
             raise NeedsThreads(ex.needs_threads)  # the caller runs the program again on threads (SimDevice.run)
         return main.result
+
+    def _ended(self) -> None:
+        """The run is over: no actor starts any more, so what an actor enters (the façade's, which holds the façade,
+        which holds this runtime) is let go; the run's objects then die by reference counting when it is dropped."""
+        self._enter = _no_more_actors
 
     @contextlib.contextmanager
     def here(self) -> Iterator[HostActor]:
@@ -259,6 +269,7 @@ class Runtime:
                     ex.join_threads()
         finally:
             torch.set_num_threads(threads)
+            self._ended()
         if isinstance(error, (KeyboardInterrupt, SystemExit)):
             raise error
 
