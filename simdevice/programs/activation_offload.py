@@ -179,7 +179,7 @@ def train(
     dev.synchronize()
     # Only copies that went through a pinned buffer are compared.
     mismatches = [label for label, pushed, popped in pairs if not torch.equal(pushed, popped)]
-    return {
+    result = {
         "weights": [w.detach().cpu() for w in weights],
         "mismatches": mismatches,
         "pops": len(pairs),
@@ -187,6 +187,13 @@ def train(
         "reloads": tuple(manager.reloads) if manager else (),
         "pool_waits": manager.pool.waited if manager else 0,
     }
+    if manager:
+        # the manager and its chunks refer to each other (as upstream's do): let go of the chunks, so that the run's
+        # tensors and the simulator's model of them are freed as the run ends, not when the collector next runs
+        for handler in manager.handlers:
+            handler.offload_groups.clear()
+        manager.handlers.clear()
+    return result
 
 
 def reference_weights(cfg: TrainConfig) -> list[torch.Tensor]:
