@@ -355,17 +355,22 @@ class Memory:
                 reads = self._allocated(who, "read", reads)
                 writes = self._allocated(who, "write", writes)
                 break
-        seen = self.touched.get(who.actor)
+        actor, epoch, clock, op, index, source, on = who
+        seen = self.touched.get(actor)
         if seen is None:
-            seen = self.touched[who.actor] = set()
+            seen = self.touched[actor] = set()
+        seq = self.issues
+        # (as _access, inline: two or more of these come with every operation)
         for st, data in reads:
             seen.add(st.id)
-            acc = self._access(who, "read", st, data)
-            issued.reads.append((st, acc, self.issue_read(st, acc, who.clock)))
+            lo, hi = st.byte_range(data)
+            acc = Access(actor, epoch, op, index, "read", st.label, lo, hi, source, 0, on, seq)
+            issued.reads.append((st, acc, self.issue_read(st, acc, clock)))
         for st, data in writes:
             seen.add(st.id)
-            acc = self._access(who, "write", st, data)
-            issued.writes.append((st, acc, self.issue_write(st, acc, who.clock)))
+            lo, hi = st.byte_range(data)
+            acc = Access(actor, epoch, op, index, "write", st.label, lo, hi, source, 0, on, seq)
+            issued.writes.append((st, acc, self.issue_write(st, acc, clock)))
         return issued
 
     def _allocated(self, who: Accessor, kind: AccessKind, refs: list[Ref]) -> list[Ref]:
@@ -438,13 +443,19 @@ class Memory:
 
     def issue_read(self, st: Storage, access: Access, clock: VectorClock) -> Expectation:
         expected: Expectation = []
-        for lo, hi, cell in st.cells(access.lo, access.hi):
+        actor = access.actor
+        off = st.offset
+        for lo, hi, cell in st.shadow.cells(off + access.lo, off + access.hi, off):
             lw = cell.last_write
-            if lw is not None and lw.actor != access.actor and not clock.happens_before(lw.actor, lw.epoch):
+            if lw is not None and lw.actor != actor and not clock.happens_before(lw.actor, lw.epoch):
                 self._race(access, lw)
             # A later read by the same actor subsumes its earlier ones (program order), so keep one per actor.
-            cell.reads = [r for r in cell.reads if r.actor != access.actor]
-            cell.reads.append(access)
+            reads = cell.reads
+            if reads:
+                cell.reads = reads = [r for r in reads if r.actor != actor]
+                reads.append(access)
+            else:
+                cell.reads = [access]
             if expected and expected[-1][2] == cell.issued and expected[-1][1] == lo:
                 expected[-1] = (expected[-1][0], hi, cell.issued)
             else:
@@ -452,14 +463,15 @@ class Memory:
         return expected
 
     def issue_write(self, st: Storage, access: Access, clock: VectorClock) -> int:
-        st.shadow.writes.append((st.offset + access.lo, st.offset + access.hi, access))
-        wid = len(st.shadow.writes)
-        for _, _, cell in st.cells(access.lo, access.hi):
+        shadow, off, actor = st.shadow, st.offset, access.actor
+        shadow.writes.append((off + access.lo, off + access.hi, access))
+        wid = len(shadow.writes)
+        for _, _, cell in shadow.cells(off + access.lo, off + access.hi, off):
             lw = cell.last_write
-            if lw is not None and lw.actor != access.actor and not clock.happens_before(lw.actor, lw.epoch):
+            if lw is not None and lw.actor != actor and not clock.happens_before(lw.actor, lw.epoch):
                 self._race(access, lw)
             for r in cell.reads:
-                if r.actor != access.actor and not clock.happens_before(r.actor, r.epoch):
+                if r.actor != actor and not clock.happens_before(r.actor, r.epoch):
                     self._race(access, r)
             cell.last_write = access
             cell.reads = []
@@ -475,8 +487,9 @@ class Memory:
 
     def execute_read(self, st: Storage, access: Access, expected: Expectation, now: int,
                      sweeping: Issued | None = None, end: int = 0) -> None:
+        shadow, off = st.shadow, st.offset
         for elo, ehi, wid in expected:
-            for lo, hi, cell in st.cells(elo, ehi):
+            for lo, hi, cell in shadow.cells(off + elo, off + ehi, off):
                 if cell.done != wid and not (sweeping is not None and self._trails(st, access, wid, lo, hi,
                                                                                    sweeping, now, end)):
                     self.reports.add(self._stale(st, access, wid, cell.done, now))
@@ -539,5 +552,6 @@ class Memory:
                     self.unordered_frees.append(UnorderedFree(access, other))
 
     def execute_write(self, st: Storage, lo: int, hi: int, wid: int) -> None:
-        for _, _, cell in st.cells(lo, hi):
+        off = st.offset
+        for _, _, cell in st.shadow.cells(off + lo, off + hi, off):
             cell.done = wid
