@@ -39,6 +39,18 @@ def per_operation(runs: int) -> tuple[float, float, float]:
     return med / ops * 1e6, 1 / med, ops
 
 
+def runs_per_second_searched(runs: int) -> float:
+    """Runs per second of ``offload_reload/correct`` the way a search and ``simdevice exhaust`` make them
+    (``execute``: the run, its oracle and its outcome), without Hypothesis."""
+    s = Schedule.parse("offload_reload/correct")
+    for _ in range(10):
+        execute(s)
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        execute(s)
+    return runs / (time.perf_counter() - t0)
+
+
 def marginal_per_operation(runs: int) -> float:
     """µs per extra operation: iters=16 against iters=2 (thread start and set-up cancel out)."""
     t2, o2 = median_run("offload_reload/correct:iters=2", runs)
@@ -77,6 +89,7 @@ def main() -> None:
     args = ap.parse_args()
     us, rps, ops = per_operation(args.runs)
     print(f"offload_reload/correct: {ops} operations per run; median {us:.1f} us per operation, {rps:.1f} runs/s")
+    print(f"the same as a search runs it (execute): {runs_per_second_searched(args.runs):.1f} runs/s")
     print(f"marginal cost: {marginal_per_operation(max(20, args.runs // 4)):.1f} us per operation (iters=16 vs 2)")
     print(f"with Hypothesis generating: {schedules_per_second_with_hypothesis(args.runs):.1f} schedules/s")
     t, ex, found = time_to_find(args.seeds)

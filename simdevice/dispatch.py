@@ -653,6 +653,7 @@ class Dispatcher:
                 break
         desc = facts.name
         pageable_out = host_touch and self._pageable(outputs)
+        n = -1  # the bytes of its device and pinned tensors, where known here (all on the device: all of them)
         if host_touch:
             if facts.copy:
                 desc += " (D2H)" if any(not isinstance(o, SimTensor) for o in outputs) else " (H2D)"
@@ -680,7 +681,7 @@ class Dispatcher:
         index, rec = self.rt.enqueue(
             a, s, desc, duration, self._refs(inputs), self._refs(outputs), src, start=eff.start, finish=eff.finish,
             # a copy moves its bytes in order; one that reads its source at its completion can trail another
-            sweeps=facts.copy and eff.deferred and not staged, record=waits,
+            sweeps=facts.copy and eff.deferred and not staged, record=waits, nbytes=n,
         )
         if waits:
             assert rec is not None
@@ -894,13 +895,13 @@ def _aliased_kwargs(kwargs: dict[str, Any], made: dict[int, torch.Tensor]) -> di
 
 
 def _all_aliased(tensors: list[torch.Tensor], made: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+    """Each of ``tensors`` as :func:`_aliased` makes it (the alias already made for one of the op's arguments)."""
     out = []
     for t in tensors:
-        if isinstance(t, SimTensor):
+        al = made.get(id(t))
+        if al is None and isinstance(t, SimTensor):
             al = made[id(t)] = _alias_of(t)
-            out.append(al)
-        else:
-            out.append(t)
+        out.append(t if al is None else al)
     return out
 
 

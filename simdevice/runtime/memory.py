@@ -402,10 +402,11 @@ class Memory:
         reader sees what had landed when it started, as before."""
         end = now if until is None else until
         for st, access, expected in issued.reads:
-            if self.check_mapped(st, access):
+            if st.unmapped is None or self.check_mapped(st, access):
                 self.execute_read(st, access, expected, now, issued if sweeps else None, end)
         for st, access, wid in issued.writes:
-            self.check_mapped(st, access)
+            if st.unmapped is not None:
+                self.check_mapped(st, access)
             if sweeps and until is not None:
                 base = st.offset
                 self._landing[(id(st.shadow), wid)] = (issued, now, until, base + access.lo, base + access.hi)

@@ -27,7 +27,8 @@ from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.collectives import Collectives, Gather
 from simdevice.runtime.config import UNIT_NS, SimConfig
 from simdevice.runtime.execution import Delays, Execution, HostActor
-from simdevice.runtime.memory import Accessor, Memory, Ref, Storage, nbytes
+from simdevice.runtime.memory import Accessor, Memory, Ref, Storage
+from simdevice.runtime.memory import nbytes as span_bytes
 from simdevice.runtime.memsaver import LibraryFixes, SimMemorySaver
 from simdevice.runtime.reports import Race, ReportSink, forget_sources
 from simdevice.runtime.streams import EventRecord, SimStream, StreamOp
@@ -546,10 +547,12 @@ class Runtime:
         finish: Callable[[], None] | None = None,
         sweeps: bool = False,
         record: bool = True,
+        nbytes: int = -1,
     ) -> tuple[int, EventRecord | None]:
         """Enqueue one counted operation of ``a`` (its host step taken) on ``s``: its index, and a record of it
         (None when ``record`` is False: the caller waits for nothing, and no inserted edge needs it).
-        ``sweeps``: a copy that reads its source at its completion (``Memory.start``)."""
+        ``sweeps``: a copy that reads its source at its completion (``Memory.start``); ``nbytes``: the bytes
+        ``reads`` and ``writes`` span, where the caller knows them (-1: counted here)."""
         at = self._occurrence(s.name, source) if self._counted is not None or self._tracked else None
         if self._waits_at:
             self._inserted_waits(a, s, source, at)
@@ -563,7 +566,8 @@ class Runtime:
             issued = self.memory.issue(Accessor(s.name, epoch, s.clock, desc, index, source), reads, writes)
         op = StreamOp(s, f"{desc} #{index}", index, duration, start, finish, issued=issued)
         op.sweeps = sweeps
-        self.op_sites[f"{s.name}#{index}"] = (source, nbytes(reads) + nbytes(writes))
+        spans = nbytes if nbytes >= 0 else span_bytes(reads) + span_bytes(writes)
+        self.op_sites[f"{s.name}#{index}"] = (source, spans)
         self.execution.enqueue(s, op)
         rec = self._record(s) if record or self._waited_for or at is not None or needs is not None else None
         if self._waited_for:
@@ -843,7 +847,7 @@ class Runtime:
     def _collective_site(self, g: Gather, source: str, refs: list[Ref]) -> None:
         """A collective's counted operation (its send) for timelines: its line and the bytes it moves."""
         comm = g.rec.stream
-        self.op_sites[f"{comm.name}#{comm.ops - 1}"] = (source, nbytes(refs))
+        self.op_sites[f"{comm.name}#{comm.ops - 1}"] = (source, span_bytes(refs))
 
     def _kept_for(self, a: HostActor, refs: list[Ref]) -> None:
         """As ProcessGroupNCCL does (it records a collective's tensors on its stream, or stashes them in the work):
