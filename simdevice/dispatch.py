@@ -913,9 +913,8 @@ class SimMode(TorchDispatchMode):
         self.ops = ops
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if self.ops.rt.in_engine:
-            return func(*args, **(kwargs or {}))
-        return self.ops.dispatch(func, tuple(args), dict(kwargs or {}))
+        # (the device's own work on its bytes never comes here: Execution turns Python dispatch off for it)
+        return self.ops.dispatch(func, args if type(args) is tuple else tuple(args), kwargs if kwargs else {})
 
 
 # TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._disable_dynamo, whose first call imports
