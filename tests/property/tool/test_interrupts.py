@@ -44,7 +44,14 @@ def _stop(args: list[str], after: str | None, wait_s: float, sig: int = signal.S
         os.killpg(proc.pid, sig)
     else:
         proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # the test fails; what it started does not run on
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()
+        raise
     return proc.returncode, out, "".join(seen) + err
 
 
