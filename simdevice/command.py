@@ -18,6 +18,9 @@ def entry() -> None:
     """The ``simdevice`` command."""
     install()
     try:
+        from simdevice.jobs import start_early
+
+        start_early(sys.argv[1:])  # check's workers' fork server imports torch while this process does
         from simdevice.cli import main
 
         code = main()

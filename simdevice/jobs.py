@@ -101,6 +101,41 @@ def context() -> Any:
     return ctx
 
 
+#: ``check``'s options that take a value (``simdevice.cli``'s parser: tests/property/tool/test_jobs.py keeps the two
+#: the same), for :func:`wants_workers`'s reading of the command line
+VALUED = ("--budget", "--db", "--device-memory", "--examples", "--jobs", "--max-steps", "--profile", "--program")
+
+
+def start_early(argv: list[str]) -> None:
+    """Start the fork server now when ``argv`` (the command's words) asks for a table checked in workers
+    (:func:`wants_workers`): its imports (torch, the simulator: seconds) then run on another core while the
+    command's own do."""
+    if wants_workers(argv) and "forkserver" in multiprocessing.get_all_start_methods():
+        from multiprocessing import forkserver
+
+        context()
+        forkserver.ensure_running()
+
+
+def wants_workers(argv: list[str]) -> bool:
+    """Whether the command's words ask for ``check``'s table in more than one worker: no TARGET, and ``--jobs``
+    above 1 or not given on a machine of more than one CPU. Read from the words alone, before the parser and its
+    imports are there: a wrong guess costs a fork server started late or never used, never another result."""
+    if argv[:1] != ["check"]:
+        return False
+    jobs, target = None, False
+    words = iter(argv[1:])
+    for word in words:
+        name, eq, value = word.partition("=")
+        if name in VALUED and not eq:
+            value = next(words, "")
+        if name == "--jobs":
+            jobs = value
+        elif not word.startswith("-"):
+            target = True
+    return not target and jobs != "1" and (jobs is not None or default_jobs() > 1)
+
+
 def check_in_workers(tasks: list[tuple[str, str]], jobs: int, setup: Setup, listener: Listener,
                      order: Sequence[int] | None = None) -> None:
     """Search each ``(program, variant)`` of ``tasks`` in at most ``jobs`` workers, handed out in ``order`` (indices

@@ -199,3 +199,37 @@ print(json.dumps({"mine": mine, "theirs": theirs}))
     pools = json.loads(p.stdout.splitlines()[-1])
     assert len(pools["mine"]) > 100
     assert pools["theirs"] == pools["mine"]
+
+
+def test_the_early_start_reads_check_s_options_as_the_parser_does() -> None:
+    """``simdevice.jobs.VALUED`` (what :func:`~simdevice.jobs.wants_workers` skips as an option's value) is the set
+    of ``check``'s options that take one.
+
+    Mutation caught: an option added to the parser and not to ``VALUED`` (``--jobs`` left out)."""
+    from simdevice.cli import _parser
+    from simdevice.jobs import VALUED
+
+    check = next(a for a in _parser()._subparsers._group_actions[0].choices.items() if a[0] == "check")[1]
+    valued = {s for a in check._actions for s in a.option_strings if s.startswith("--") and a.nargs != 0}
+    assert valued == set(VALUED)
+
+
+@pytest.mark.parametrize(("argv", "cpus", "want"), [
+    (["check"], 2, True),
+    (["check"], 1, False),
+    (["check", "--jobs", "2"], 1, True),
+    (["check", "--jobs", "1"], 2, False),
+    (["check", "--jobs=1"], 2, False),
+    (["check", "--program", "zcc", "--db", "d", "--examples", "5", "-q"], 2, True),
+    (["check", "--program=zcc", "--json"], 2, True),
+    (["check", "examples/offload_plain.py::reload_racy"], 2, False),
+    (["check", "--examples", "5", "offload_reload/racy"], 2, False),
+    (["replay", "offload_reload/racy::d2h#0+1"], 2, False),
+])
+def test_the_fork_server_starts_early_for_a_parallel_table_only(argv: list[str], cpus: int, want: bool,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation caught: an option's value read as a TARGET (``--program`` left out of ``VALUED``)."""
+    from simdevice import jobs
+
+    monkeypatch.setattr(jobs, "default_jobs", lambda: cpus)
+    assert jobs.wants_workers(argv) is want
