@@ -150,8 +150,8 @@ def check_in_workers(tasks: list[tuple[str, str]], jobs: int, setup: Setup, list
     workers: list[_Worker] = []
     try:
         for _ in range(min(jobs, len(tasks))):
-            workers.append(_Worker(ctx, setup))
-            workers[-1].give(todo, tasks)
+            workers.append(_Worker(ctx, setup))  # listed before it starts: a stop meanwhile still ends it
+            workers[-1].start(todo, tasks)
         while any(w.index is not None for w in workers):
             busy = [w for w in workers if w.index is not None]
             ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=1.0))
@@ -163,7 +163,7 @@ def check_in_workers(tasks: list[tuple[str, str]], jobs: int, setup: Setup, list
                 workers.remove(w)
                 if todo:  # a worker died: another takes its place
                     workers.append(_Worker(ctx, setup))
-                    workers[-1].give(todo, tasks)
+                    workers[-1].start(todo, tasks)
     finally:
         with _deferred_stops():
             _stop(workers)
@@ -173,15 +173,19 @@ class _Worker:
     """One worker process, its end of the pipe, and the index of the variant it holds (None: idle)."""
 
     def __init__(self, ctx: Any, setup: Setup) -> None:
-        self.conn, theirs = ctx.Pipe()
-        self.process = ctx.Process(target=_work, args=(theirs, setup), name="simdevice-check-worker")
-        self.process.start()
-        theirs.close()
+        self.conn, self.theirs = ctx.Pipe()
+        self.process = ctx.Process(target=_work, args=(self.theirs, setup), name="simdevice-check-worker")
         self.index: int | None = None
         #: it was told to end (no variant left)
         self.told = False
         #: the process ended (or its pipe broke): the command no longer talks to it
         self.dead = False
+
+    def start(self, todo: deque[int], tasks: list[tuple[str, str]]) -> None:
+        """Start the process and give it its first variant."""
+        self.process.start()
+        self.theirs.close()  # the worker's end is the worker's: when it ends, this end reads the end of the pipe
+        self.give(todo, tasks)
 
     def give(self, todo: deque[int], tasks: list[tuple[str, str]]) -> None:
         """Send it the next variant, or tell it to end when none is left."""
@@ -252,8 +256,10 @@ def _stop(workers: list[_Worker]) -> None:
     for w in workers:
         if w.process.is_alive():
             w.process.kill()
-        w.process.join()
-        w.conn.close()
+        if w.process.pid is not None:  # started (a stop can come while it starts)
+            w.process.join()
+        w.conn.close()  # a worker started unbeknown to the command reads the end of the pipe, and ends
+        w.theirs.close()
 
 
 @contextlib.contextmanager
