@@ -1,11 +1,13 @@
 """Wall time of ``simdevice check`` for two revisions, side by side: the same machine, runs interleaved.
 
     PYTHONPATH=. python benchmarks/bench_check.py BEFORE AFTER [--runs 3] [--args "--program zcc"]
+    PYTHONPATH=. python benchmarks/bench_check.py . . --before-args "--jobs 1"   # one tree, two ways
 
 BEFORE and AFTER are git revisions of this repository (or paths to checkouts). Each is checked out into a
 temporary worktree; ``python -m simdevice check --json --quiet`` runs there, alternating between the two, and
 the medians are printed with their ratio, together with whether both found the same (verdicts, examples,
-shrunk schedules). Figures, not assertions.
+shrunk schedules, summaries, the verdict at the default schedule). ``--args`` go to both sides,
+``--before-args`` and ``--after-args`` to one. Figures, not assertions.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ def checkout(rev: str, into: Path) -> Path:
     return into
 
 
-def one_run(tree: Path, extra: list[str]) -> tuple[float, list[tuple[str, str, bool, int, str | None]]]:
+Found = list[tuple[str, str, bool, int, str | None, str, bool]]
+
+
+def one_run(tree: Path, extra: list[str]) -> tuple[float, Found]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     start = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "simdevice", "check", "--json", "--quiet", *extra], cwd=tree,
@@ -41,7 +46,8 @@ def one_run(tree: Path, extra: list[str]) -> tuple[float, list[tuple[str, str, b
     if p.returncode not in (0, 1):
         raise SystemExit(f"check failed in {tree}: {p.stderr.strip().splitlines()[-1:]}")
     doc = json.loads(p.stdout)
-    found = [(r["program"], r["variant"], r["found"], r["examples"], r["schedule"]) for r in doc["results"]]
+    found = [(r["program"], r["variant"], r["found"], r["examples"], r["schedule"], r["summary"],
+              r["race_at_default"]) for r in doc["results"]]
     return seconds, found
 
 
@@ -51,17 +57,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("after")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--args", default="", help="extra arguments for simdevice check")
+    ap.add_argument("--before-args", default="", help="extra arguments for BEFORE's runs only")
+    ap.add_argument("--after-args", default="", help="extra arguments for AFTER's runs only")
     args = ap.parse_args(argv)
-    extra = shlex.split(args.args)
+    extra = {"before": shlex.split(args.args) + shlex.split(args.before_args),
+             "after": shlex.split(args.args) + shlex.split(args.after_args)}
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"before": checkout(args.before, Path(tmp) / "before"),
                  "after": checkout(args.after, Path(tmp) / "after")}
         times: dict[str, list[float]] = {k: [] for k in trees}
-        found: dict[str, list[tuple[str, str, bool, int, str | None]]] = {}
+        found: dict[str, Found] = {}
         try:
             for _ in range(args.runs):
                 for name, tree in trees.items():
-                    seconds, found[name] = one_run(tree, extra)
+                    seconds, found[name] = one_run(tree, extra[name])
                     times[name].append(seconds)
         finally:
             for tree in trees.values():
@@ -70,11 +79,13 @@ def main(argv: list[str] | None = None) -> int:
                                    capture_output=True, check=False)
     med = {k: statistics.median(v) for k, v in times.items()}
     for k, v in times.items():
-        print(f"{k:6} {args.before if k == 'before' else args.after}: median {med[k]:.1f} s over {len(v)} runs "
+        print(f"{k:6} {args.before if k == 'before' else args.after} {' '.join(extra[k])}: median {med[k]:.1f} s "
+              f"over {len(v)} runs "
               f"({', '.join(f'{x:.1f}' for x in v)})")
     print(f"after / before: {med['after'] / med['before']:.2f}")
     same = [b == a for b, a in zip(found["before"], found["after"], strict=False)]
-    print(f"same verdicts, examples and schedules: {sum(same)}/{len(same)}")
+    rows = max(len(found["before"]), len(found["after"]))
+    print(f"same verdicts, examples, schedules and summaries: {sum(same)}/{rows}")
     for b, a in zip(found["before"], found["after"], strict=False):
         if b != a:
             print(f"  differs: {b} -> {a}")

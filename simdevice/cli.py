@@ -19,6 +19,10 @@ from typing import Any, NoReturn
 
 from reference.schedule import Schedule, ScheduleError, is_function_target
 
+# imported whether or not the table runs in workers: Hypothesis draws from the loaded modules' constants, so the
+# command's process loads the same modules either way (simdevice.jobs says more)
+from simdevice.jobs import Setup, check_in_workers, default_jobs, loaded_modules
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -103,6 +107,10 @@ def _parser() -> argparse.ArgumentParser:
         "--budget", type=float, default=None, metavar="SECONDS", help="stop searching a variant after this long"
     )
     c.add_argument("--program", action="append", metavar="NAME", help="check only this program (repeatable)")
+    c.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="check the table's variants in N worker processes at once, with the same results (default: "
+                        "one per CPU this process may use, at most one per variant; 1: one after another in this "
+                        "process); a TARGET is one search and ignores it")
     c.add_argument("--fix", action=argparse.BooleanOptionalAction, default=None,
                    help="suggest the missing synchronization for a failure and check it by re-running with it "
                         "inserted (default: on for a TARGET, off for the table of every program)")
@@ -197,6 +205,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         return _fail(f"--budget must be > 0 seconds, got {args.budget}")
     if args.db is not None and os.path.exists(args.db) and not os.path.isdir(args.db):
         return _fail(f"--db {args.db!r} is a file, not a directory")
+    if args.jobs is not None and args.jobs < 1:
+        return _fail(f"--jobs must be >= 1, got {args.jobs}")
     db = database(args.db)
     if args.target:
         return _check_target(args, db)
@@ -207,20 +217,23 @@ def cmd_check(args: argparse.Namespace) -> int:
             return _fail(f"unknown program {unknown[0]!r}; known: {', '.join(sorted(REGISTRY))}")
         progs = programs(args.program)
     findings: list[Any] = []
+    errors: list[tuple[str, str, str]] = []
     started = time.monotonic()
     bars = not (args.quiet or args.json) and sys.stderr.isatty()
     interrupted = False
     try:
-        _check_all(args, progs, db, bars, findings)
+        _check_all(args, progs, db, bars, findings, errors)
     except KeyboardInterrupt:  # what was done is kept: the variants checked so far are printed as usual
         interrupted = True
     fixes = _fixes(findings, args.quiet or args.json) if args.fix and not interrupted else {}
-    ok = all(f.ok for f in findings) and not interrupted
+    ok = all(f.ok for f in findings) and not errors and not interrupted
     if args.json:
         results = [dict(f.as_dict(), **({"fix": fixes[i].as_dict()} if i in fixes else {}))
                    for i, f in enumerate(findings)]
         print(json.dumps({"ok": ok, "seconds": round(time.monotonic() - started, 2), "profile": _profile(),
                           "values": _values(), "results": results,
+                          **({"errors": [{"program": p, "variant": v, "error": why} for p, v, why in errors]}
+                             if errors else {}),
                           **({"interrupted": True} if interrupted else {})}, indent=2))
     else:
         if _profile() != "default":
@@ -229,16 +242,20 @@ def cmd_check(args: argparse.Namespace) -> int:
             _rich_table(findings)
         else:
             _table(findings)
+        for program, variant, why in errors:
+            print(f"{program}/{variant}: no verdict: {why}")
         for i, fix in fixes.items():
             print(f"\n{findings[i].program}/{findings[i].variant}: {findings[i].schedule}")
             _print_fix(fix, str(findings[i].schedule))
         total = sum(len(prog.variants) for prog in progs)
+        failed = f" ({len(errors)} with no verdict)" if errors else ""
         if interrupted:
             print(f"\ninterrupted: {len(findings)} of {total} variants checked, "
-                  f"{sum(f.ok for f in findings)} as expected, {time.monotonic() - started:.1f}s")
+                  f"{sum(f.ok for f in findings)} as expected{failed}, {time.monotonic() - started:.1f}s")
         else:
             print(f"\n{'all as expected' if ok else 'NOT as expected'}: "
-                  f"{sum(f.ok for f in findings)}/{len(findings)} variants, {time.monotonic() - started:.1f}s")
+                  f"{sum(f.ok for f in findings)}/{len(findings) + len(errors)} variants{failed}, "
+                  f"{time.monotonic() - started:.1f}s")
     if interrupted:
         return _interrupted()
     return 0 if ok else 1
@@ -271,26 +288,88 @@ def _interrupted() -> int:
     return stopped()
 
 
-def _check_all(args: argparse.Namespace, progs: list[Any], db: Any, bars: bool, findings: list[Any]) -> None:
-    """Check every variant of ``progs``, appending each finding as it is made."""
-    from simdevice.search import check_variant
-
+def _check_all(args: argparse.Namespace, progs: list[Any], db: Any, bars: bool, findings: list[Any],
+               errors: list[tuple[str, str, str]]) -> None:
+    """Check every variant of ``progs``, one after another in this process or in ``--jobs`` workers
+    (:mod:`simdevice.jobs`), and put each finding in ``findings`` in table order (program, then variant), whatever
+    order they were made in; a variant left with no verdict (its worker died) goes in ``errors``. On a stop, what
+    was done is there."""
+    tasks = [(prog.name, variant) for prog, variant in _variants(progs)]
+    jobs = min(args.jobs or default_jobs(), len(tasks))
     with _Bars(bars) as progress:
-        for prog in progs:
-            for variant in prog.variants:
-                label = f"{prog.name}/{variant}"
-                if not args.quiet and not bars:
-                    print(f"checking {label} ...", file=sys.stderr, flush=True)
-                task = progress.start(label, args.examples)
-                f = check_variant(prog, variant, args.examples, args.budget, lambda n, t=task: progress.step(t, n),
-                                  db)
-                verdict = "ok" if f.ok else "UNEXPECTED"
-                line = f"{verdict}: {'found' if f.found else 'clean'} after {f.examples} schedules, {f.seconds}s"
-                if bars:
-                    progress.finish(task, f"{label}: {line}", f.ok)
-                elif not args.quiet:
-                    print(f"  {line}", file=sys.stderr, flush=True)
-                findings.append(f)
+        shown = _Shown(tasks, args, bars, progress, named=jobs > 1)
+        try:
+            if jobs > 1:
+                db_path = os.path.abspath(args.db) if args.db is not None else None
+                setup = Setup(args.examples, args.budget, db_path, _overrides(), loaded_modules())
+                # clean variants first: they run every schedule, where a bug is usually found in a few, so the
+                # longest searches start early and the last to end is a short one
+                clean = [i for i, (prog, variant) in enumerate(_variants(progs)) if variant in prog.clean]
+                check_in_workers(tasks, jobs, setup, shown, clean + [i for i in range(len(tasks)) if i not in clean])
+                return
+            from simdevice.search import check_variant
+
+            for i, (prog, variant) in enumerate(_variants(progs)):
+                shown.started(i)
+                shown.finished(i, check_variant(prog, variant, args.examples, args.budget,
+                                                lambda n, i=i: shown.stepped(i, n), db))
+        finally:
+            findings.extend(shown.findings[i] for i in sorted(shown.findings))
+            errors.extend((*tasks[i], shown.errors[i]) for i in sorted(shown.errors))
+
+
+def _variants(progs: list[Any]) -> list[tuple[Any, str]]:
+    """Each variant of ``progs`` with its program, in table order."""
+    return [(prog, variant) for prog in progs for variant in prog.variants]
+
+
+def _overrides() -> tuple[tuple[str, Any], ...]:
+    """The SimConfig fields runs made now get (``--profile``, ``--max-steps``, ...: what ``main`` set)."""
+    from simdevice.runtime.config import active_overrides
+
+    return active_overrides()
+
+
+class _Shown:
+    """``check``'s progress per variant, told by index in the table (a :class:`simdevice.jobs.Listener`): bars on a
+    terminal, plain lines for scripts otherwise (none with ``--quiet`` or ``--json``); with ``named`` (variants
+    checked at once, whose lines interleave) a variant's last line names it. Keeps the findings and the variants
+    left with no verdict."""
+
+    def __init__(self, tasks: list[tuple[str, str]], args: argparse.Namespace, bars: bool, progress: _Bars,
+                 named: bool) -> None:
+        self.labels = [f"{program}/{variant}" for program, variant in tasks]
+        self.plain = not (args.quiet or bars)
+        self.examples = args.examples
+        self.progress = progress
+        self.named = named
+        self.tasks: dict[int, Any] = {}
+        self.findings: dict[int, Any] = {}
+        self.errors: dict[int, str] = {}
+
+    def started(self, index: int) -> None:
+        if self.plain:
+            print(f"checking {self.labels[index]} ...", file=sys.stderr, flush=True)
+        self.tasks[index] = self.progress.start(self.labels[index], self.examples)
+
+    def stepped(self, index: int, n: int) -> None:
+        self.progress.step(self.tasks[index], n)
+
+    def finished(self, index: int, f: Any) -> None:
+        verdict = "ok" if f.ok else "UNEXPECTED"
+        line = f"{verdict}: {'found' if f.found else 'clean'} after {f.examples} schedules, {f.seconds}s"
+        self.progress.finish(self.tasks[index], f"{self.labels[index]}: {line}", f.ok)
+        if self.plain:
+            print(f"  {line}" + (f" ({self.labels[index]})" if self.named else ""), file=sys.stderr, flush=True)
+        self.findings[index] = f
+
+    def failed(self, index: int, why: str, detail: str) -> None:
+        if index in self.tasks:
+            self.progress.finish(self.tasks[index], f"{self.labels[index]}: no verdict: {why}", False)
+        print(f"simdevice: error: {self.labels[index]}: {why}", file=sys.stderr, flush=True)
+        if detail:
+            print(detail, end="", file=sys.stderr, flush=True)
+        self.errors[index] = why
 
 
 def _fixes(findings: list[Any], quiet: bool) -> dict[int, Any]:

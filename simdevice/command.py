@@ -23,6 +23,9 @@ def entry() -> None:
     install()
     gc.disable()  # until torch is imported: _imported
     try:
+        from simdevice.jobs import start_early
+
+        start_early(sys.argv[1:])  # check's workers' fork server imports torch while this process does
         from simdevice.cli import main
 
         code = main(imported=_imported)

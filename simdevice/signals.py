@@ -58,6 +58,15 @@ def install() -> None:
     sys.unraisablehook = _unraisable
 
 
+def install_worker() -> None:
+    """In a worker process of the command (``check --jobs``): Ctrl-C is the command's to answer (a terminal sends
+    it to every process of the group; the command stops its workers itself), SIGTERM (how the command stops a
+    worker) unwinds the worker's run as it would the command's, and a stop swallowed in a callback is kept."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    sys.unraisablehook = _unraisable
+
+
 def checkpoint() -> None:
     """A safe point (each simulated run starts and ends at one): a stop that was raised and never reached the
     command is raised here, so the command stops as it would have (it ran on, to its end, before; and a run it

@@ -117,6 +117,12 @@ def with_overrides(config: SimConfig) -> SimConfig:
     return attrs.evolve(config, **fields) if fields else config
 
 
+def active_overrides() -> tuple[tuple[str, Any], ...]:
+    """The fields of the enclosing :func:`overridden` blocks, as ``overridden(**dict(...))`` takes them again (how
+    ``check --jobs`` gives its workers the command line's settings)."""
+    return _OVERRIDES.get()
+
+
 def active_profile() -> str:
     """The cost profile runs made now are judged with (``--profile``; ``default`` outside any)."""
     return str(dict(_OVERRIDES.get()).get("profile", "default"))

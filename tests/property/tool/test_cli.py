@@ -139,7 +139,8 @@ def test_exhaust_on_a_terminal_shows_its_progress_with_the_time_left() -> None:
 
 
 def test_check_off_a_terminal_prints_plain_lines_for_scripts(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", "--program", "offload_reload", "--examples", "20"]) == 0
+    # one after another: each variant's two lines together (test_jobs.py has the lines of a parallel check)
+    assert main(["check", "--program", "offload_reload", "--examples", "20", "--jobs", "1"]) == 0
     captured = capsys.readouterr()
     assert "━" not in captured.err + captured.out
     assert "checking offload_reload/racy ...\n  ok: found after" in captured.err

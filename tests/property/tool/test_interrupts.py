@@ -25,11 +25,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _stop(args: list[str], after: str | None, wait_s: float, sig: int = signal.SIGINT,
-          env: dict[str, str] | None = None) -> tuple[int, str, str]:
+          env: dict[str, str] | None = None, group: bool = False) -> tuple[int, str, str]:
     """Run ``simdevice ARGS``; once a stderr line contains ``after`` (None: at once), wait ``wait_s`` and send
-    ``sig``; return the exit code, stdout and stderr."""
+    ``sig`` (with ``group``: to the command's process group, as a terminal sends Ctrl-C, and the command in a
+    session of its own, which :func:`_left_in_session` then reads); return the exit code, stdout and stderr."""
     proc = subprocess.Popen([sys.executable, "-m", "simdevice", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=group)
+    _SESSION[:] = [proc.pid]
     assert proc.stderr is not None
     seen = []
     if after is not None:
@@ -40,9 +42,39 @@ def _stop(args: list[str], after: str | None, wait_s: float, sig: int = signal.S
         else:
             raise AssertionError(f"never saw {after!r} on stderr:\n{''.join(seen)}")
     time.sleep(wait_s)
-    proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
+    if group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # the test fails; what it started does not run on
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()
+        raise
     return proc.returncode, out, "".join(seen) + err
+
+
+#: the last command's process id (with ``group``: its session's)
+_SESSION: list[int] = []
+
+
+def _left_in_session() -> list[str]:
+    """The processes of the last command's session still alive (zombies aside), as ``pid state cmdline``."""
+    left = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[3]) == _SESSION[0] and fields[0] != "Z":  # its session, not a zombie
+            left.append(f"{entry.name} {fields[0]} {cmdline[:160]}")
+    return left
 
 
 def _no_traceback(err: str) -> None:
@@ -60,7 +92,7 @@ def test_ctrl_c_during_the_imports_is_one_line_and_130() -> None:
 
 
 def test_ctrl_c_in_check_keeps_the_variants_done() -> None:
-    code, out, err = _stop(["check", "--program", "offload_reload", "--program", "zcc"], "  ok:", 0.3)
+    code, out, err = _stop(["check", "--program", "offload_reload", "--program", "zcc", "--jobs", "1"], "  ok:", 0.3)
     assert code == 130, err
     _no_traceback(err)
     assert err.strip().splitlines()[-1] == "simdevice: interrupted"
@@ -71,7 +103,8 @@ def test_ctrl_c_in_check_keeps_the_variants_done() -> None:
 
 
 def test_ctrl_c_in_check_json_is_a_valid_document_with_the_variants_done() -> None:
-    code, out, err = _stop(["check", "--program", "offload_reload", "--program", "zcc", "--json"], "  ok:", 0.3)
+    code, out, err = _stop(["check", "--program", "offload_reload", "--program", "zcc", "--json", "--jobs", "1"],
+                           "  ok:", 0.3)
     assert code == 130, err
     _no_traceback(err)
     doc = json.loads(out)
@@ -79,6 +112,35 @@ def test_ctrl_c_in_check_json_is_a_valid_document_with_the_variants_done() -> No
     assert doc["ok"] is False
     assert doc["results"]
     assert doc["results"][0]["variant"] == "correct"
+
+
+#: the table of ``check --program offload_reload --program zcc``
+TABLE = ["offload_reload/correct", "offload_reload/racy", "zcc/FIXED", "zcc/zcc-frozen-step", "zcc/zcc-late-barrier",
+         "zcc/zcc-no-step-begin-guard"]
+
+
+def test_ctrl_c_from_a_terminal_stops_a_parallel_check_and_its_workers() -> None:
+    """Ctrl-C on a terminal reaches every process of the group, the workers too: the command stops them, prints the
+    variants done in table order and exits 130, with no traceback from any worker and no process of its session
+    left alive.
+
+    Mutations caught: the workers not stopped on a stop (the command waited at its exit for workers that never
+    end, past the test's two minutes); a worker that lets the stop out of its loop (multiprocessing printed its
+    traceback on the command's stderr)."""
+    args = ["check", "--program", "offload_reload", "--program", "zcc", "--jobs", "2", "--examples", "40"]
+    code, out, err = _stop(args, "  ok:", 0.3, group=True)
+    assert code == 130, err
+    _no_traceback(err)
+    assert err.strip().splitlines()[-1] == "simdevice: interrupted"
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith(("offload_reload/", "zcc/"))]
+    assert rows, out
+    assert rows == sorted(rows, key=TABLE.index)
+    assert out.strip().splitlines()[-1].startswith(f"interrupted: {len(rows)} of 6 variants checked"), out
+    for _ in range(50):  # the fork server and multiprocessing's resource tracker end once the command has gone
+        if not _left_in_session():
+            break
+        time.sleep(0.1)
+    assert _left_in_session() == []
 
 
 def test_ctrl_c_in_replay_trials_keeps_the_trials_run() -> None:
@@ -102,9 +164,14 @@ def test_ctrl_c_in_exhaust_says_how_far_it_got() -> None:
     assert "all clean so far" in out, out
 
 
-def test_sigterm_unwinds_the_run_and_leaves_no_temporary_folder(tmp_path: Path) -> None:
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_sigterm_unwinds_the_run_and_leaves_no_temporary_folder(tmp_path: Path, jobs: str) -> None:
+    """In parallel, the command passes SIGTERM on to the workers, whose runs unwind as the command's own does.
+
+    Mutations caught (``--jobs 2``): the workers killed at once (SIGKILL), their temporary folders left behind; a
+    worker that lets the stop out of its loop (a traceback on stderr)."""
     env = dict(os.environ, TMPDIR=str(tmp_path))  # zcc keeps its workers' checkpoints in a temporary folder
-    code, out, err = _stop(["check", "--program", "zcc"], "checking zcc/", 1.0, signal.SIGTERM, env)
+    code, out, err = _stop(["check", "--program", "zcc", "--jobs", jobs], "checking zcc/", 1.0, signal.SIGTERM, env)
     assert code == 143, err
     _no_traceback(err)
     assert err.strip().splitlines()[-1] == "simdevice: terminated"

@@ -1,0 +1,325 @@
+"""``simdevice check --jobs N``: the table's variants searched in N worker processes at once.
+
+Each variant is an independent, derandomized Hypothesis search, so a worker finds what the command's own process
+finds, provided it runs under the same settings. :class:`Setup` carries them: the command line's (``--examples``,
+``--budget``, ``--db``), the simulator's overridden fields (``--profile``, ``--max-steps``, ``--device-memory``,
+``--no-values``: :func:`simdevice.runtime.config.overridden`), the working directory and environment (a fork
+server keeps those it started with), and the names of the package's modules the command has imported. The last
+is there because Hypothesis draws some values from the constants of the local modules loaded in its process
+(``hypothesis.internal.conjecture.providers``): a worker that had loaded other modules would draw other
+configurations. The command's process loads every such module before its first search (none is imported lazily
+during the table, and ``simdevice.cli`` imports this module whether or not it is used), so a worker that imports
+the same list draws what the command would.
+
+The command hands out one variant at a time to each worker over its own pipe, so it always knows which variant a
+worker holds: a worker that dies leaves that variant without a verdict (reported as such) and is replaced; the
+others go on. Progress comes back over the same pipes (a message per schedule run) and drives the command's bars
+and lines; :func:`check_in_workers` reports each event to a :class:`Listener` in the command's process.
+
+Workers start from a fork server that has imported torch and the search once (``spawn`` where the platform has
+none; never ``fork``, which would copy the command's threads and torch's state). A worker ignores Ctrl-C (a
+terminal sends it to every process of the group: the command answers it) and unwinds its run on SIGTERM, as the
+command does (:func:`simdevice.signals.install_worker`); the command stops its workers with SIGTERM, waits for
+them, and kills one that does not end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections import deque
+from collections.abc import Iterator, Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any, Protocol
+
+import attrs
+
+#: how workers start: the first of these the platform has
+START_METHODS = ("forkserver", "spawn")
+#: what the fork server imports once, before it forks any worker
+PRELOAD = ["torch", "simdevice.programs", "simdevice.search"]
+#: seconds a stopped worker has to unwind its run before it is killed
+STOP_GRACE_S = 10.0
+
+
+@attrs.frozen
+class Setup:
+    """What a worker needs to search a variant as the command's own process would."""
+
+    examples: int
+    budget: float | None
+    #: the example database's directory (``--db``), or None
+    db: str | None
+    #: the SimConfig fields the command runs under (``config.active_overrides``)
+    overrides: tuple[tuple[str, Any], ...] = ()
+    #: the modules of ``simdevice`` and ``reference`` the command has imported (:func:`loaded_modules`)
+    modules: tuple[str, ...] = ()
+    #: the command's working directory and environment (a fork server keeps those it started with)
+    cwd: str = attrs.field(factory=os.getcwd)
+    environ: tuple[tuple[str, str], ...] = attrs.field(factory=lambda: tuple(os.environ.items()))
+
+
+class Listener(Protocol):
+    """What the command does with the workers' news, each call in the command's process, in the order it came."""
+
+    def started(self, index: int) -> None: ...
+
+    def stepped(self, index: int, n: int) -> None: ...
+
+    def finished(self, index: int, finding: Any) -> None: ...
+
+    def failed(self, index: int, why: str, detail: str) -> None:
+        """The variant has no verdict: ``why`` in a few words, ``detail`` (a traceback, or empty) to show."""
+
+
+def default_jobs() -> int:
+    """The CPUs this process may use (its affinity where the platform says, else the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(len(os.sched_getaffinity(0)), 1)
+    return os.cpu_count() or 1
+
+
+def loaded_modules() -> tuple[str, ...]:
+    """The modules of ``simdevice`` and ``reference`` this process has imported (entry points aside)."""
+    return tuple(sorted(name for name in list(sys.modules)
+                        if name.partition(".")[0] in ("simdevice", "reference") and "__main__" not in name))
+
+
+def context() -> Any:
+    """The multiprocessing context workers start from (a fork server with :data:`PRELOAD` imported, or spawn)."""
+    method = next(m for m in START_METHODS if m in multiprocessing.get_all_start_methods())
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+#: ``check``'s options that take a value (``simdevice.cli``'s parser: tests/property/tool/test_jobs.py keeps the two
+#: the same), for :func:`wants_workers`'s reading of the command line
+VALUED = ("--budget", "--db", "--device-memory", "--examples", "--jobs", "--max-steps", "--profile", "--program")
+
+
+def start_early(argv: list[str]) -> None:
+    """Start the fork server now when ``argv`` (the command's words) asks for a table checked in workers
+    (:func:`wants_workers`): its imports (torch, the simulator: seconds) then run on another core while the
+    command's own do."""
+    if wants_workers(argv) and "forkserver" in multiprocessing.get_all_start_methods():
+        from multiprocessing import forkserver
+
+        context()
+        forkserver.ensure_running()
+
+
+def wants_workers(argv: list[str]) -> bool:
+    """Whether the command's words ask for ``check``'s table in more than one worker: no TARGET, and ``--jobs``
+    above 1 or not given on a machine of more than one CPU. Read from the words alone, before the parser and its
+    imports are there: a wrong guess costs a fork server started late or never used, never another result."""
+    if argv[:1] != ["check"]:
+        return False
+    jobs, target = None, False
+    words = iter(argv[1:])
+    for word in words:
+        name, eq, value = word.partition("=")
+        if name in VALUED and not eq:
+            value = next(words, "")
+        if name == "--jobs":
+            jobs = value
+        elif not word.startswith("-"):
+            target = True
+    return not target and jobs != "1" and (jobs is not None or default_jobs() > 1)
+
+
+def check_in_workers(tasks: list[tuple[str, str]], jobs: int, setup: Setup, listener: Listener,
+                     order: Sequence[int] | None = None) -> None:
+    """Search each ``(program, variant)`` of ``tasks`` in at most ``jobs`` workers, handed out in ``order`` (indices
+    into ``tasks``; default: as listed), telling ``listener`` what happens by the variant's index in ``tasks``.
+    Returns when every variant has a finding or has failed; on a stop (``KeyboardInterrupt``, SIGTERM's
+    :class:`~simdevice.signals.Terminated` among them) the workers are stopped before it propagates, and nothing is
+    left running either way."""
+    from simdevice.signals import checkpoint
+
+    ctx = context()
+    todo = deque(range(len(tasks)) if order is None else order)
+    workers: list[_Worker] = []
+    try:
+        for _ in range(min(jobs, len(tasks))):
+            workers.append(_Worker(ctx, setup))  # listed before it starts: a stop meanwhile still ends it
+            workers[-1].start(todo, tasks)
+        while any(w.index is not None for w in workers):
+            busy = [w for w in workers if w.index is not None]
+            ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=1.0))
+            checkpoint()  # a stop that was swallowed on its way here
+            for w in busy:
+                if w.conn in ready or w.process.sentinel in ready:
+                    w.read(listener, todo, tasks)
+            for w in [w for w in workers if w.dead]:
+                workers.remove(w)
+                if todo:  # a worker died: another takes its place
+                    workers.append(_Worker(ctx, setup))
+                    workers[-1].start(todo, tasks)
+    finally:
+        with _deferred_stops():
+            _stop(workers)
+
+
+class _Worker:
+    """One worker process, its end of the pipe, and the index of the variant it holds (None: idle)."""
+
+    def __init__(self, ctx: Any, setup: Setup) -> None:
+        self.conn, self.theirs = ctx.Pipe()
+        self.process = ctx.Process(target=_work, args=(self.theirs, setup), name="simdevice-check-worker")
+        self.index: int | None = None
+        #: it was told to end (no variant left)
+        self.told = False
+        #: the process ended (or its pipe broke): the command no longer talks to it
+        self.dead = False
+
+    def start(self, todo: deque[int], tasks: list[tuple[str, str]]) -> None:
+        """Start the process and give it its first variant."""
+        self.process.start()
+        self.theirs.close()  # the worker's end is the worker's: when it ends, this end reads the end of the pipe
+        self.give(todo, tasks)
+
+    def give(self, todo: deque[int], tasks: list[tuple[str, str]]) -> None:
+        """Send it the next variant, or tell it to end when none is left."""
+        self.index = todo.popleft() if todo else None
+        self.told = self.index is None
+        with contextlib.suppress(OSError):  # a dead worker: its sentinel says so next
+            self.conn.send((self.index, *tasks[self.index]) if self.index is not None else None)
+
+    def read(self, listener: Listener, todo: deque[int], tasks: list[tuple[str, str]]) -> None:
+        """Answer every message waiting from it; a worker that has ended is marked dead (its variant, if it held
+        one, failed)."""
+        try:
+            while self.conn.poll():
+                kind, index, *rest = self.conn.recv()
+                if kind == "start":
+                    listener.started(index)
+                elif kind == "step":
+                    listener.stepped(index, rest[0])
+                elif kind == "done":
+                    listener.finished(index, rest[0])
+                    self.give(todo, tasks)
+                else:  # "error": the search raised
+                    listener.failed(index, rest[0], rest[1])
+                    self.give(todo, tasks)
+        except (EOFError, OSError):  # its end of the pipe closed: it has ended, or is ending
+            self.conn.close()
+        if self.conn.closed or not self.process.is_alive():
+            self.process.join()
+            self.dead = True
+            if self.index is not None:
+                index, self.index = self.index, None
+                listener.failed(index, f"its worker process died ({_exit_text(self.process.exitcode)})", "")
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _stop(workers: list[_Worker]) -> None:
+    """End every worker: an idle one is told to end; one still searching gets SIGTERM (it unwinds its run, its
+    temporary folders removed, and ends); one still there after :data:`STOP_GRACE_S` is killed. What they send
+    meanwhile is read and dropped (a worker blocked on a full pipe would not end)."""
+    for w in workers:
+        if w.process.is_alive():
+            if w.index is None:
+                if not w.told:
+                    with contextlib.suppress(OSError):
+                        w.conn.send(None)
+            else:
+                with contextlib.suppress(OSError, ProcessLookupError):
+                    os.kill(w.process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    left = [w for w in workers if w.process.is_alive()]
+    while left and time.monotonic() < deadline:
+        ready = wait([w.conn for w in left if not w.conn.closed] + [w.process.sentinel for w in left],
+                     timeout=max(deadline - time.monotonic(), 0))
+        for w in left:
+            if w.conn in ready:
+                try:
+                    while w.conn.poll():
+                        w.conn.recv()
+                except (EOFError, OSError):
+                    w.conn.close()
+        left = [w for w in left if w.process.is_alive()]
+    for w in workers:
+        if w.process.is_alive():
+            w.process.kill()
+        if w.process.pid is not None:  # started (a stop can come while it starts)
+            w.process.join()
+        w.conn.close()  # a worker started unbeknown to the command reads the end of the pipe, and ends
+        w.theirs.close()
+
+
+@contextlib.contextmanager
+def _deferred_stops() -> Iterator[None]:
+    """While the block runs, a Ctrl-C or SIGTERM is held, and raised after it (a second Ctrl-C while the workers
+    are being stopped would leave some running); only in the main thread, where handlers live."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    old = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        for signum in dict.fromkeys(held):
+            signal.raise_signal(signum)
+
+
+def prepare(setup: Setup) -> None:
+    """Make this worker process run as the command's own does: its signal handling, working directory,
+    environment, one intra-op thread, and the modules it has loaded."""
+    from simdevice.signals import install_worker
+
+    install_worker()
+    os.chdir(setup.cwd)
+    os.environ.clear()
+    os.environ.update(setup.environ)
+    tempfile.tempdir = None  # found again from the environment (TMPDIR), if the fork server had found it
+    import torch
+
+    torch.set_num_threads(1)  # as the command runs (simdevice.cli.main)
+    for name in setup.modules:  # what the command had loaded: Hypothesis draws from their constants
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
+def _work(conn: Connection, setup: Setup) -> None:
+    """A worker's life: search the variants the command sends, one at a time, until it sends None."""
+    try:
+        prepare(setup)
+        from simdevice.programs import REGISTRY
+        from simdevice.runtime.config import overridden
+        from simdevice.search import check_variant
+        from simdevice.search.engine import database
+
+        db = database(setup.db)
+        with overridden(**dict(setup.overrides)):
+            while (task := conn.recv()) is not None:
+                index, program, variant = task
+                conn.send(("start", index))
+                try:
+                    finding = check_variant(REGISTRY[program], variant, setup.examples, setup.budget,
+                                            lambda n, i=index: conn.send(("step", i, n)), db)
+                except Exception as e:  # a bug: the command reports the variant, with the traceback
+                    conn.send(("error", index, f"its search raised {type(e).__name__}: {e}", traceback.format_exc()))
+                    continue
+                conn.send(("done", index, finding))
+    except (KeyboardInterrupt, EOFError, BrokenPipeError):  # stopped by the command, or the command is gone
+        pass
