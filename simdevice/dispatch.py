@@ -220,6 +220,8 @@ class SimTensor(torch.Tensor):
     _ops: Dispatcher
     #: the alias of its bytes that queued operations hold (:func:`_alias_of`), made once
     _alias: torch.Tensor | None
+    #: its signature in the meta outputs' cache key (:func:`_sig`), made once
+    _sig: Any
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, st: Storage, ops: Dispatcher) -> SimTensor:
@@ -236,6 +238,7 @@ class SimTensor(torch.Tensor):
         r._st = st
         r._ops = ops
         r._alias = None
+        r._sig = None
         return r  # type: ignore[no-any-return]
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
@@ -303,6 +306,7 @@ class SimTensor(torch.Tensor):
         self._data = data
         self._st = st
         self._alias = None
+        self._sig = None
         return self
 
     def __repr__(self) -> str:  # never syncs: printing must not change the schedule
@@ -390,6 +394,11 @@ _PLAIN_VALUES = frozenset({int, float, bool, str, type(None), torch.dtype, torch
 
 def _sig(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
+        if isinstance(x, SimTensor):  # made once per simulated tensor: its shape never changes
+            sig = x._sig
+            if sig is None:
+                sig = x._sig = ("T", x.shape, x.stride(), x.dtype)
+            return sig
         return ("T", x.shape, x.stride(), x.dtype)
     t = type(x)
     if t in _PLAIN_VALUES:

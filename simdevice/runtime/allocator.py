@@ -34,7 +34,7 @@ allocator closely enough for its hazards to appear as they do on a GPU:
 
 A device tensor's bytes are a CPU alias of its block (``torch.from_numpy`` of a
 NumPy view of the segment's bytes), with a storage of its own: when the program drops the
-last tensor or view of an allocation, a ``weakref`` finalizer returns the block,
+last tensor or view of an allocation, a ``weakref`` callback returns the block,
 as ``del t`` does with the caching allocator. The storage record kept by
 :class:`~simdevice.runtime.memory.Memory` is a second alias, so it does not keep the
 block alive. Segments' CPU bytes are never given back during a run, so no alias
@@ -132,6 +132,8 @@ class Segment:
         #: written, whatever the size (``MAP_NORESERVE``: not counted against this machine's memory either)
         self.data = _lazy_bytes(nbytes) if lazy else torch.empty(nbytes, dtype=torch.uint8)
         self._array: Any = None
+        #: where its bytes start (CPU address)
+        self.address = int(self.data.data_ptr())
         #: the shadow of these bytes, shared by every allocation made here (history survives reuse)
         self.shadow = Shadow(nbytes)
         self.blocks: list[Block] = [Block(self, 0, nbytes)]
@@ -142,10 +144,6 @@ class Segment:
         #: why the segment is unmapped (the pause), or None while mapped
         self.paused: str | None = None
         self.released = False
-
-    @property
-    def address(self) -> int:
-        return int(self.data.data_ptr())
 
     def array(self) -> Any:
         """The segment's bytes as a NumPy array (the same memory), made once."""
@@ -191,12 +189,14 @@ class _FreeBlocks:
 
 class Allocation:
     """What ``malloc`` hands out: the block, the tensor's bytes (they keep the block allocated), a second alias of
-    them for the storage record (it does not), and whether the bytes are fresh (never handed out before)."""
+    them for the storage record (it does not), whether the bytes are fresh (never handed out before), and the
+    address and size of the record's storage."""
 
-    __slots__ = ("block", "data", "fresh", "record")
+    __slots__ = ("block", "data", "fresh", "record", "span")
 
-    def __init__(self, block: Block, data: torch.Tensor, record: torch.Tensor, fresh: bool) -> None:
-        self.block, self.data, self.record, self.fresh = block, data, record, fresh
+    def __init__(self, block: Block, data: torch.Tensor, record: torch.Tensor, fresh: bool,
+                 span: tuple[int, int]) -> None:
+        self.block, self.data, self.record, self.fresh, self.span = block, data, record, fresh, span
 
 
 class _Freed:
@@ -215,6 +215,24 @@ def _lazy_bytes(nbytes: int) -> torch.Tensor:
     untouched page reads zeros, and costs no memory either)."""
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0x4000)
     return torch.frombuffer(mmap.mmap(-1, max(nbytes, 1), flags=flags), dtype=torch.uint8)[:nbytes]
+
+
+#: the allocations whose end is awaited: a weak reference's id -> (the reference, the allocator, the block, its
+#: handing-out). A table of the module's, as ``weakref.finalize`` keeps one (no cycle holds an allocator), at a
+#: fraction of finalize's cost, paid for every allocation.
+_WATCHED: dict[int, tuple[Any, CachingAllocator, Block, int]] = {}
+
+
+def _watch(anchor: object, allocator: CachingAllocator, block: Block, gen: int) -> None:
+    """``allocator.dropped(block, gen)`` once ``anchor`` dies (the allocation's last tensor went)."""
+    ref = weakref.ref(anchor, _ended)
+    _WATCHED[id(ref)] = (ref, allocator, block, gen)
+
+
+def _ended(ref: Any) -> None:
+    entry = _WATCHED.pop(id(ref), None)
+    if entry is not None:
+        entry[1].dropped(entry[2], entry[3])
 
 
 def _weak(callback: Callable[[Segment], None] | None) -> Callable[[], Callable[[Segment], None] | None]:
@@ -289,12 +307,12 @@ class CachingAllocator:
         # torch.from_numpy keeps its array alive as long as the storage made from it (shared by every view)
         # lives: the array's death is the moment the program dropped the allocation
         block.gen += 1
-        weakref.finalize(anchor, self._dropped, block, block.gen)
+        _watch(anchor, self, block, block.gen)
         fresh, block.fresh = block.fresh, False
         self._peak = max(self._peak, self.stats()["allocated"]) if self._track_peak else self._peak
-        return Allocation(block, data, record, fresh)
+        return Allocation(block, data, record, fresh, (seg.address + block.offset, max(need, 1)))
 
-    def _dropped(self, block: Block, gen: int) -> None:
+    def dropped(self, block: Block, gen: int) -> None:
         """The program dropped the block's last tensor (a finalizer: record where the streams are, nothing more)."""
         if block.gen != gen or block.free:
             return  # released before (untyped_storage().resize_(0)), perhaps handed out again since
@@ -314,7 +332,7 @@ class CachingAllocator:
         """Free ``st``'s block now, though its tensors live on (``untyped_storage().resize_(0)``)."""
         block = self._by_storage.get(st.id)
         if block is not None:
-            self._dropped(block, block.gen)
+            self.dropped(block, block.gen)
 
     def bind(self, block: Block, st: Storage) -> None:
         """The allocation made in ``block`` is ``st``."""

@@ -103,7 +103,8 @@ class Storage:
     """One allocation: device memory, or pinned host memory registered with the simulator."""
 
     def __init__(
-        self, sid: int, kind: str, process: str, data: torch.Tensor, shadow: Shadow | None = None, offset: int = 0
+        self, sid: int, kind: str, process: str, data: torch.Tensor, shadow: Shadow | None = None, offset: int = 0,
+        span: tuple[int, int] | None = None,
     ) -> None:
         self.id = sid
         self.kind = kind
@@ -111,8 +112,11 @@ class Storage:
         self.label = f"{kind}#{sid}"
         #: the CPU bytes (for device memory, an alias of its block that does not keep the block allocated)
         self.data = data
-        self.base = data.untyped_storage().data_ptr()
-        self.nbytes = data.untyped_storage().nbytes()
+        #: the address and size of ``data``'s storage (``span``, where the caller knows them)
+        if span is None:
+            span = (data.untyped_storage().data_ptr(), data.untyped_storage().nbytes())
+        self.base: int = span[0]
+        self.nbytes: int = span[1]
         self.shadow = shadow if shadow is not None else Shadow(self.nbytes)
         #: where this storage's bytes start in its shadow
         self.offset = offset
@@ -327,12 +331,14 @@ class Memory:
 
     # -- allocation ------------------------------------------------------------
     def register(
-        self, data: torch.Tensor, kind: str, process: str, shadow: Shadow | None = None, offset: int = 0
+        self, data: torch.Tensor, kind: str, process: str, shadow: Shadow | None = None, offset: int = 0,
+        span: tuple[int, int] | None = None,
     ) -> Storage:
         """A new storage over ``data``: device memory lives in its segment's shadow at ``offset``; pinned memory
-        gets a shadow of its own and is found again by address (:meth:`lookup`)."""
+        gets a shadow of its own and is found again by address (:meth:`lookup`). ``span``: the address and size of
+        ``data``'s storage, where the caller knows them."""
         self._next_id += 1
-        st = Storage(self._next_id, kind, process, data, shadow, offset)
+        st = Storage(self._next_id, kind, process, data, shadow, offset, span)
         if kind == "pinned":
             self.storages[st.base] = st
         return st
