@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import io
 import os
 import signal
 import sys
@@ -21,6 +22,7 @@ from simdevice.signals import install, pending, stopped
 def entry() -> None:
     """The ``simdevice`` command."""
     install()
+    whole_writes()
     gc.disable()  # until torch is imported: _imported
     try:
         from simdevice.jobs import start_early
@@ -41,6 +43,20 @@ def entry() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     leave(code)
+
+
+def whole_writes() -> None:
+    """Under ``PYTHONUNBUFFERED`` (or ``python -u``) stdout's and stderr's text layers write straight to the file, and
+    a write that a pipe takes only in part (its reader went away mid-write, or a signal came) loses the rest without
+    a word: ``simdevice replay --trace | head -1`` then ended 0, as if all was written. A buffered layer between them
+    writes everything or raises (``BrokenPipeError``), and is flushed at every line, as unbuffered output asks."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        raw = getattr(stream, "buffer", None)
+        if isinstance(raw, io.FileIO) and getattr(stream, "write_through", False):
+            own = io.FileIO(raw.fileno(), "w", closefd=False)  # the stream it replaces keeps the file
+            setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(own), encoding=stream.encoding,
+                                                errors=stream.errors, line_buffering=True, write_through=True))
 
 
 def _imported() -> None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -336,7 +338,8 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
     SIGPIPE) and no traceback. The trace is about 150 KB, more than a pipe holds (64 KiB), so the command is still
     writing when the reader goes."""
     p = subprocess.Popen([sys.executable, "-m", "simdevice", "replay", "activation_offload/FIXED:layers=4,mb=4,iters=6",
-                          "--trace", "--no-fix"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                          "--trace", "--no-fix"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert p.stdout is not None
     assert p.stderr is not None
     p.stdout.readline()
@@ -344,3 +347,36 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 141, err
     assert "Traceback" not in err
+
+
+def test_unbuffered_output_that_a_pipe_takes_in_part_is_an_error_not_a_silent_loss(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``PYTHONUNBUFFERED`` (``python -u``) the text layer writes straight to the file, and a write the pipe
+    takes in part (its reader gone mid-write) used to return as if all was written: the command ended 0 with most of
+    its output lost. ``command.whole_writes`` puts a buffered layer between: the rest is written or the write
+    raises. Deterministic: the reader takes 100 bytes of a 200 kB write, then closes, while the writer is blocked on a
+    full pipe (64 KiB), so the write is always partial."""
+    from simdevice import command
+
+    r, w = os.pipe()
+    unbuffered = io.TextIOWrapper(io.FileIO(w, "w"), write_through=True)  # what -u makes of stdout
+    monkeypatch.setattr(sys, "stdout", unbuffered)
+    monkeypatch.setattr(sys, "stderr", sys.stderr)  # whole_writes may wrap the test's own: put it back after
+    command.whole_writes()
+    out = sys.stdout
+
+    def reader() -> None:
+        os.read(r, 100)
+        os.close(r)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        with pytest.raises(BrokenPipeError):
+            sys.stdout.write("x" * 200_000)  # one write, as the trace is printed
+    finally:
+        t.join()
+        with contextlib.suppress(BrokenPipeError):
+            out.close()
+        with contextlib.suppress(OSError, ValueError):
+            unbuffered.close()
