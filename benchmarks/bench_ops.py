@@ -8,7 +8,11 @@ worktree. Measured in turn, alternating between the two, each in a fresh process
 - a simulated in-place op's marginal cost: a program of 2000 ``x.mul_(0.5)`` on a 16 KiB device tensor against
   one of 200 (set-up cancels out), median of five runs each, in microseconds per op;
 - the wall time of ``simdevice replay "offload_reload/racy::d2h#0+1" --no-fix`` (start-up, imports and exit
-  included).
+  included);
+- runs per second of ``offload_reload/correct`` at its default schedule (a device made and the program run, as
+  ``simdevice exhaust`` does for each schedule, no Hypothesis), the mean of 200 runs after one warm-up;
+- per mechanism (each FIXED variant at its defaults), microseconds of a run per counted operation (the ops and host
+  steps a schedule counts), the mean of 30 runs after one warm-up.
 
 Medians over ``--runs`` and their ratio are printed. Figures, not assertions.
 """
@@ -16,6 +20,7 @@ Medians over ``--runs`` and their ratio are printed. Figures, not assertions.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -51,6 +56,37 @@ print((t(2000) - t(200)) / 1800 * 1e6)
 """
 
 
+MECHANISMS = r"""
+import json, time
+from reference.schedule import Schedule
+from simdevice.programs import resolve
+from simdevice.search.execute import device_for
+
+def mean(text, n):
+    s = Schedule.parse(text)
+    program, _ = resolve(s)
+    dev, config = device_for(s)
+    run = dev.run(program.body, s.variant, config)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dev, config = device_for(s)
+        run = dev.run(program.body, s.variant, config)
+    return (time.perf_counter() - t0) / n, sum(run.op_counts.values())
+
+out = {"runs_per_s": 1 / mean("offload_reload/correct", 200)[0]}
+for name in ("activation_offload/FIXED", "param_readiness/FIXED", "zcc/FIXED", "memsaver_guard/FIXED"):
+    seconds, ops = mean(name, 30)
+    out[name] = seconds / ops * 1e6
+print(json.dumps(out))
+"""
+
+
+def mechanisms(tree: Path) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-c", MECHANISMS], cwd=tree, env={"PYTHONPATH": str(tree), "PATH": ""},
+                         capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
 def marginal(tree: Path) -> float:
     out = subprocess.run([sys.executable, "-c", MARGINAL], cwd=tree, env={"PYTHONPATH": str(tree), "PATH": ""},
                          capture_output=True, text=True, check=True)
@@ -73,12 +109,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trees = [checkout(args.before, Path(tmp) / "before"), checkout(args.after, Path(tmp) / "after")]
         try:
-            figures: dict[str, list[list[float]]] = {"op": [[], []], "replay": [[], []]}
+            figures: dict[str, list[list[float]]] = {}
             for _ in range(args.runs):
                 for i, tree in enumerate(trees):
-                    figures["op"][i].append(marginal(tree))
-                    figures["replay"][i].append(replay(tree))
-            for name, unit in (("op", "us per in-place op"), ("replay", "s per replay")):
+                    got = {"op": marginal(tree), "replay": replay(tree)}
+                    got.update({k if k == "runs_per_s" else f"us per counted op, {k}": v
+                                for k, v in mechanisms(tree).items()})
+                    for k, v in got.items():
+                        figures.setdefault(k, [[], []])[i].append(v)
+            units = {"op": "us per in-place op", "replay": "s per replay",
+                     "runs_per_s": "runs/s, offload_reload/correct"}
+            for name in figures:
+                unit = units.get(name, name)
                 b, a = (statistics.median(x) for x in figures[name])
                 print(f"{unit}: before {b:.2f} ({', '.join(f'{x:.2f}' for x in figures[name][0])}), "
                       f"after {a:.2f} ({', '.join(f'{x:.2f}' for x in figures[name][1])}), after/before {a / b:.2f}")
