@@ -80,12 +80,52 @@ def test_the_table_counts_agreement_and_lists_each_disagreement(tmp_path: Path) 
     (["plan", "--per-variant", "0", "-o", "/dev/null"], "must be >= 1"),
     (["table", "/no/such/file.json"], "cannot read the results"),
     (["plan", "--profile", "no-such-gpu", "-o", "/dev/null"], "no cost profile 'no-such-gpu'"),
+    (["pace", "/no/such/timeline.txt"], "cannot read the timeline"),
+    (["pace", str(ROOT / "README.md")], "is not a `scripts/gpu-campaign timeline` file"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
     p = _run(*args)
     assert p.returncode == 2
     assert message in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+TIMELINE = """== x/v:k=1 on the GPU
+schedule "x/v:k=1" on cuda: wrong values
+  the GPU's timeline (ms since the run's start; ...):
+       1.000  host             copy_
+       1.100  d2h              start copy_ (D2H) #0
+       1.150  host             copy_
+       1.190  default          start copy_ (H2D) #3
+       1.400  host             sum
+       2.500  d2h              done copy_ (D2H) #0
+== x/v:k=1 on the simulator (h200-torch2.11)
+schedule "x/v:k=1" on sim: 1 race
+  race: copy_ (H2D) on stream default #3 (a.py:2) reads pinned#1[0:8], which copy_ (D2H) on stream d2h #0 (a.py:1) wrote; no happens-before edge orders them
+  note: stream h2d got no operation: nothing ran on it to race
+       0.000  host             copy_
+       0.000  d2h              start copy_ (D2H) #0
+       0.200  host             copy_
+       0.400  host             sum
+       0.400  default          start copy_ (H2D) #3
+       0.500  h2d              pass event recorded on stream d2h (item 1)
+       1.243  d2h              done copy_ (D2H) #0
+"""
+
+
+def test_pace_sets_a_gpu_timeline_beside_the_simulators(tmp_path: Path) -> None:
+    """Each race between two stream operations: who started first, by how much, on each machine; each host actor's
+    gaps. A stream that only passes waits is no host actor."""
+    path = tmp_path / "timeline_1.txt"
+    path.write_text(TIMELINE)
+    p = _run("pace", str(path))
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "x/v:k=1 on the GPU"
+    assert lines[1] == "  against the simulator (h200-torch2.11)"
+    assert "  default #3 after d2h #0: +0.090 ms, +0.400 ms" in lines
+    assert "  host: 200, 150, 250 (3 steps) | 200, 200, 200 (3 steps)" in lines
+    assert not any(line.startswith("  h2d:") or line.startswith("  d2h:") for line in lines)
 
 
 def test_rejudge_keeps_the_gpu_verdicts_and_recomputes_the_simulators(tmp_path: Path) -> None:
