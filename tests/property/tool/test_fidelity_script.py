@@ -101,7 +101,8 @@ schedule "x/v:k=1" on cuda: wrong values
        2.500  d2h              done copy_ (D2H) #0
 == x/v:k=1 on the simulator (h200-torch2.11)
 schedule "x/v:k=1" on sim: 1 race
-  race: copy_ (H2D) on stream default #3 (a.py:2) reads pinned#1[0:8], which copy_ (D2H) on stream d2h #0 (a.py:1) wrote; no happens-before edge orders them
+  race: copy_ (H2D) on stream default #3 (a.py:2) reads pinned#1[0:8], which copy_ (D2H) on stream d2h #0 \
+(a.py:1) wrote; no happens-before edge orders them
   note: stream h2d got no operation: nothing ran on it to race
        0.000  host             copy_
        0.000  d2h              start copy_ (D2H) #0
