@@ -189,14 +189,12 @@ class _FreeBlocks:
 
 class Allocation:
     """What ``malloc`` hands out: the block, the tensor's bytes (they keep the block allocated), a second alias of
-    them for the storage record (it does not), whether the bytes are fresh (never handed out before), and the
-    address and size of the record's storage."""
+    them for the storage record (it does not), and whether the bytes are fresh (never handed out before)."""
 
-    __slots__ = ("block", "data", "fresh", "record", "span")
+    __slots__ = ("block", "data", "fresh", "record")
 
-    def __init__(self, block: Block, data: torch.Tensor, record: torch.Tensor, fresh: bool,
-                 span: tuple[int, int]) -> None:
-        self.block, self.data, self.record, self.fresh, self.span = block, data, record, fresh, span
+    def __init__(self, block: Block, data: torch.Tensor, record: torch.Tensor, fresh: bool) -> None:
+        self.block, self.data, self.record, self.fresh = block, data, record, fresh
 
 
 class _Freed:
@@ -310,7 +308,7 @@ class CachingAllocator:
         _watch(anchor, self, block, block.gen)
         fresh, block.fresh = block.fresh, False
         self._peak = max(self._peak, self.stats()["allocated"]) if self._track_peak else self._peak
-        return Allocation(block, data, record, fresh, (seg.address + block.offset, max(need, 1)))
+        return Allocation(block, data, record, fresh)
 
     def dropped(self, block: Block, gen: int) -> None:
         """The program dropped the block's last tensor (a finalizer: record where the streams are, nothing more)."""

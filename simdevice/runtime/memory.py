@@ -103,8 +103,7 @@ class Storage:
     """One allocation: device memory, or pinned host memory registered with the simulator."""
 
     def __init__(
-        self, sid: int, kind: str, process: str, data: torch.Tensor, shadow: Shadow | None = None, offset: int = 0,
-        span: tuple[int, int] | None = None,
+        self, sid: int, kind: str, process: str, data: torch.Tensor, shadow: Shadow | None = None, offset: int = 0
     ) -> None:
         self.id = sid
         self.kind = kind
@@ -112,11 +111,8 @@ class Storage:
         self.label = f"{kind}#{sid}"
         #: the CPU bytes (for device memory, an alias of its block that does not keep the block allocated)
         self.data = data
-        #: the address and size of ``data``'s storage (``span``, where the caller knows them)
-        if span is None:
-            span = (data.untyped_storage().data_ptr(), data.untyped_storage().nbytes())
-        self.base: int = span[0]
-        self.nbytes: int = span[1]
+        self.base = data.untyped_storage().data_ptr()
+        self.nbytes = data.untyped_storage().nbytes()
         self.shadow = shadow if shadow is not None else Shadow(self.nbytes)
         #: where this storage's bytes start in its shadow
         self.offset = offset
@@ -331,14 +327,12 @@ class Memory:
 
     # -- allocation ------------------------------------------------------------
     def register(
-        self, data: torch.Tensor, kind: str, process: str, shadow: Shadow | None = None, offset: int = 0,
-        span: tuple[int, int] | None = None,
+        self, data: torch.Tensor, kind: str, process: str, shadow: Shadow | None = None, offset: int = 0
     ) -> Storage:
         """A new storage over ``data``: device memory lives in its segment's shadow at ``offset``; pinned memory
-        gets a shadow of its own and is found again by address (:meth:`lookup`). ``span``: the address and size of
-        ``data``'s storage, where the caller knows them."""
+        gets a shadow of its own and is found again by address (:meth:`lookup`)."""
         self._next_id += 1
-        st = Storage(self._next_id, kind, process, data, shadow, offset, span)
+        st = Storage(self._next_id, kind, process, data, shadow, offset)
         if kind == "pinned":
             self.storages[st.base] = st
         return st
@@ -451,8 +445,7 @@ class Memory:
     def issue_read(self, st: Storage, access: Access, clock: VectorClock) -> Expectation:
         expected: Expectation = []
         actor = access.actor
-        off = st.offset
-        for lo, hi, cell in st.shadow.cells(off + access.lo, off + access.hi, off):
+        for lo, hi, cell in st.cells(access.lo, access.hi):
             lw = cell.last_write
             if lw is not None and lw.actor != actor and not clock.happens_before(lw.actor, lw.epoch):
                 self._race(access, lw)
@@ -473,7 +466,7 @@ class Memory:
         shadow, off, actor = st.shadow, st.offset, access.actor
         shadow.writes.append((off + access.lo, off + access.hi, access))
         wid = len(shadow.writes)
-        for _, _, cell in shadow.cells(off + access.lo, off + access.hi, off):
+        for _, _, cell in st.cells(access.lo, access.hi):
             lw = cell.last_write
             if lw is not None and lw.actor != actor and not clock.happens_before(lw.actor, lw.epoch):
                 self._race(access, lw)
@@ -494,9 +487,8 @@ class Memory:
 
     def execute_read(self, st: Storage, access: Access, expected: Expectation, now: int,
                      sweeping: Issued | None = None, end: int = 0) -> None:
-        shadow, off = st.shadow, st.offset
         for elo, ehi, wid in expected:
-            for lo, hi, cell in shadow.cells(off + elo, off + ehi, off):
+            for lo, hi, cell in st.cells(elo, ehi):
                 if cell.done != wid and not (sweeping is not None and self._trails(st, access, wid, lo, hi,
                                                                                    sweeping, now, end)):
                     self.reports.add(self._stale(st, access, wid, cell.done, now))
@@ -559,6 +551,5 @@ class Memory:
                     self.unordered_frees.append(UnorderedFree(access, other))
 
     def execute_write(self, st: Storage, lo: int, hi: int, wid: int) -> None:
-        off = st.offset
-        for _, _, cell in st.shadow.cells(off + lo, off + hi, off):
+        for _, _, cell in st.cells(lo, hi):
             cell.done = wid

@@ -498,7 +498,7 @@ class Runtime:
             self._picked.add((name, k))
         got = ms.allocator.malloc(like, ms.pool_of(actor.name), actor.current_stream, actor, pick)
         block = got.block
-        st = self.memory.register(got.record, "device", actor.name, block.segment.shadow, block.offset, got.span)
+        st = self.memory.register(got.record, "device", actor.name, block.segment.shadow, block.offset)
         ms.allocated(block, st)
         return got.data, st, got.fresh
 
