@@ -5,7 +5,9 @@
 per mechanism holds its protocol, invariant, known bugs and fix flags.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from reference.lazy import lazy_names
 
 if TYPE_CHECKING:
     from reference.contract import Device, Event, MemorySaver, Run, SharedQueue, SharedValue, Stream, Work, op_kind
@@ -19,19 +21,7 @@ _FROM = {
     **dict.fromkeys(("Delay", "Schedule", "ScheduleError"), "reference.schedule"),
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _FROM:
-        raise AttributeError(f"module 'reference' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(_FROM[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_names(__name__, globals(), _FROM)
 
 
 __all__ = [

@@ -15,7 +15,9 @@ holds the programs the tool knows and their harnesses; ``simdevice.search``
 runs, judges and searches schedules.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from reference.lazy import lazy_names
 
 if TYPE_CHECKING:
     from reference.contract import Run
@@ -44,19 +46,7 @@ _FROM = {
     "Exploration": "simdevice.search.explore", "explore": "simdevice.search.explore",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _FROM:
-        raise AttributeError(f"module 'simdevice' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(_FROM[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_names(__name__, globals(), _FROM)
 
 
 __all__ = [

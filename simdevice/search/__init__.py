@@ -21,6 +21,8 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from reference.lazy import lazy_names
+
 if TYPE_CHECKING:
     from simdevice.programs import load_all, programs
     from simdevice.search.engine import search_settings
@@ -52,21 +54,9 @@ _FROM = {
     **dict.fromkeys(("FunctionTarget", "ProgramTarget", "Target", "TargetError", "resolve", "target_of"),
                     "simdevice.search.targets"),
 }
+#: its modules, as attributes without importing them first (as when this package imported them all)
 _MODULES = ("engine", "execute", "exhaust", "explore", "find", "strategies", "targets")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _FROM:
-        value = getattr(importlib.import_module(_FROM[name]), name)
-        globals()[name] = value
-        return value
-    if name in _MODULES:  # simdevice.search.engine without importing it first, as when this package imported all
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*__all__, *_MODULES})
+__getattr__, __dir__ = lazy_names(__name__, globals(), _FROM, _MODULES)
 
 
 def _function(name: str) -> property:
