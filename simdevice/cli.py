@@ -294,7 +294,8 @@ def _check_all(args: argparse.Namespace, progs: list[Any], db: Any, bars: bool, 
     (:mod:`simdevice.jobs`), and put each finding in ``findings`` in table order (program, then variant), whatever
     order they were made in; a variant left with no verdict (its worker died) goes in ``errors``. On a stop, what
     was done is there."""
-    tasks = [(prog.name, variant) for prog, variant in _variants(progs)]
+    variants = _variants(progs)
+    tasks = [(prog.name, variant) for prog, variant in variants]
     jobs = min(args.jobs or default_jobs(), len(tasks))
     with _Bars(bars) as progress:
         shown = _Shown(tasks, args, bars, progress, named=jobs > 1)
@@ -304,12 +305,12 @@ def _check_all(args: argparse.Namespace, progs: list[Any], db: Any, bars: bool, 
                 setup = Setup(args.examples, args.budget, db_path, _overrides(), loaded_modules())
                 # clean variants first: they run every schedule, where a bug is usually found in a few, so the
                 # longest searches start early and the last to end is a short one
-                clean = [i for i, (prog, variant) in enumerate(_variants(progs)) if variant in prog.clean]
+                clean = [i for i, (prog, variant) in enumerate(variants) if variant in prog.clean]
                 check_in_workers(tasks, jobs, setup, shown, clean + [i for i in range(len(tasks)) if i not in clean])
                 return
             from simdevice.search import check_variant
 
-            for i, (prog, variant) in enumerate(_variants(progs)):
+            for i, (prog, variant) in enumerate(variants):
                 shown.started(i)
                 shown.finished(i, check_variant(prog, variant, args.examples, args.budget,
                                                 lambda n, i=i: shown.stepped(i, n), db))
