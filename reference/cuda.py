@@ -29,6 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from reference import contract
 from reference.contract import MemorySaver, Run, op_kind, poison
+from reference.naming import LIBRARIES
+from reference.origin import Origin
 from reference.schedule import Schedule
 
 
@@ -108,6 +110,9 @@ class _Counter:
         #: stamps are its operations' issue times)
         self.stamps: dict[str, list[int]] | None = {} if timed else None
         self.hosts: set[str] = set()
+        #: with ``timed``: per host actor, the indices of its stamps that autograd's engine issued
+        #: (``reference.origin``), which calibrate times apart from the program's Python
+        self.engine: dict[str, set[int]] = {}
 
     def next(self, actor: str, poll: bool = False) -> int:
         """Count one operation of ``actor`` (``poll``: a query or a sleep); return the units it must be stalled
@@ -295,6 +300,17 @@ class CudaWork:
 
 
 _CURRENT: list[CudaDevice] = []
+
+_OWN_FILES = tuple(str(Path(__file__).with_name(m)) for m in ("cuda.py", "cuda_plain.py", "contract.py", "device.py"))
+
+
+def _backend_file(filename: str) -> bool:
+    """A frame of this backend or of a library (torch's among them), not the program's."""
+    return os.path.abspath(filename) in _OWN_FILES or any(s in filename.replace("\\", "/") for s in LIBRARIES)
+
+
+#: whether a timed host step was issued by autograd's engine (``reference.origin``)
+_ORIGIN = Origin(_backend_file)
 
 
 def _current_cuda_device() -> CudaDevice:
@@ -508,10 +524,14 @@ class CudaDevice:
     def _host_step(self, poll: bool = False, what: str | None = None) -> None:
         """One host step of this actor (``poll``: a query or a sleep, see :class:`_Counter`; ``what``: its name in
         a timeline, else the calling method's)."""
-        if self.counter.stamps is not None:
+        stamps, engine = self.counter.stamps, False
+        if stamps is not None:
             self.counter.hosts.add(self.actor)
+            engine = _ORIGIN.from_engine()
         before = self.counter.counts.get(self.actor, 0)
         units = self.counter.next(self.actor, poll)
+        if engine and stamps is not None and self.counter.counts.get(self.actor, 0) > before:
+            self.counter.engine.setdefault(self.actor, set()).add(len(stamps[self.actor]) - 1)
         if units:
             time.sleep(units * 1e-3)
         if self.timeline is not None and self.counter.counts.get(self.actor, 0) > before:

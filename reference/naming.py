@@ -17,7 +17,8 @@ import sys
 from collections.abc import Callable
 
 _ASSIGN = re.compile(r"^\s*(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*)\s*(?::[^=]*)?=[^=]")
-_LIBRARIES = ("/torch/", "<frozen", "/contextlib.py", "/threading.py", "/weakref.py", "/functools.py")
+#: files of libraries, never the program's (torch's among them)
+LIBRARIES = ("/torch/", "<frozen", "/contextlib.py", "/threading.py", "/weakref.py", "/functools.py")
 
 
 def creation_site(internal: Callable[[str], bool]) -> tuple[str, int]:
@@ -25,7 +26,7 @@ def creation_site(internal: Callable[[str], bool]) -> tuple[str, int]:
     f = sys._getframe(1)
     while f is not None:
         name = f.f_code.co_filename
-        if not internal(name) and not any(s in name.replace("\\", "/") for s in _LIBRARIES):
+        if not internal(name) and not any(s in name.replace("\\", "/") for s in LIBRARIES):
             return name, f.f_lineno
         f = f.f_back  # type: ignore[assignment]
     return "?", 0

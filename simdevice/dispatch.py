@@ -43,11 +43,12 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from reference.contract import OpKind, op_kind, poison
+from reference.origin import Origin
 from simdevice import elementwise
 from simdevice.runtime import Runtime
 from simdevice.runtime.execution import HostActor
 from simdevice.runtime.memory import Ref, Storage, overlap, span
-from simdevice.runtime.reports import user_source
+from simdevice.runtime.reports import internal_file, user_source
 from simdevice.runtime.streams import SimStream
 
 aten = torch.ops.aten
@@ -429,12 +430,21 @@ def _written(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> l
     return out
 
 
+_ORIGIN = Origin(internal_file)
+
+
+def _never() -> bool:
+    return False
+
+
 class Dispatcher:
     """Turns aten calls made inside simulated actors into runtime calls: host steps, stream operations."""
 
     def __init__(self, rt: Runtime, shown: torch.device = META) -> None:
         self.rt = rt
         self.config = rt.config
+        #: with a cost for the engine's steps: whether an op comes from autograd's engine (``reference.origin``)
+        self._from_engine = _ORIGIN.from_engine if self.config.engine_step_ns else _never
         #: the device simulated tensors show to Python code; factories and copies to it make device memory
         self.shown = shown
         self._device_types = {"meta", shown.type}
@@ -510,7 +520,7 @@ class Dispatcher:
             if func is aten.record_stream.default:
                 return self._record_stream(args[0], args[1])
             return func(*_tree_map(data_of, args), **kwargs)
-        a = self.rt.host_step(facts.name)
+        a = self.rt.host_step(facts.name, engine=self._from_engine())
         return self.issue(a, a.current_stream, func, facts, args, kwargs, flat, user_source())
 
     # -- host ops (no device tensor involved) -------------------------------------------------
@@ -536,7 +546,7 @@ class Dispatcher:
         if not pinned or actor is None or facts.kind in ("view", "alloc", "meta"):
             return func(*args, **kwargs)
         # A host step touching pinned memory: check it as a host access, then run it now.
-        a = rt.host_step(func.__name__)
+        a = rt.host_step(func.__name__, engine=self._from_engine())
         written = _written(facts, args, kwargs)
         reads = [t for t in pinned if not any(t is w for w in written)]
         rt.host_access(a, func.__name__, self._refs(reads), self._refs(written), user_source())

@@ -47,6 +47,9 @@ class SimConfig:
     launch_ns: int = attrs.field(default=5_000, validator=_positive)
     #: one host step (a launch, a query, a shared-value access)
     host_step_ns: int = attrs.field(default=5_000, validator=_positive)
+    #: a host step autograd's engine issues with no Python before it (a backward formula, a gradient's
+    #: accumulation: ``reference.origin``), measured apart on a GPU; 0: ``host_step_ns`` like any other
+    engine_step_ns: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     #: copies to and from pageable (not pinned) host memory, bytes per microsecond: a copy from a program's own CPU
     #: tensor (staged by the driver) and ``.cpu()`` into a fresh one run far below the pinned rate on a GPU; 0: at
     #: the pinned rate (the fast default)

@@ -540,22 +540,28 @@ class Execution:
         self.join_threads()
 
     # -- host steps --------------------------------------------------------------------
-    def host_step(self, desc: str, poll: bool = False) -> HostActor:
+    def host_step(self, desc: str, poll: bool = False, engine: bool = False) -> HostActor:
         """One host step of the current actor at its virtual time (after its delay, if any). ``poll``: a query or
         a sleep (:meth:`HostActor.count`); one that is not counted is a step all the same (its host time, a
-        scheduling point, the trace, the step limit, the deadlock horizon), with no delay."""
+        scheduling point, the trace, the step limit, the deadlock horizon), with no delay. ``engine``: issued by
+        autograd's engine, so it comes ``engine_step_ns`` after the actor's last step rather than ``host_step_ns``
+        (where the config sets one)."""
         a = self.current()
         if self.aborting:
             raise SimAbort
         k = a.count(poll)
         self.host_steps += 1
+        ready = a.time
+        if engine and self.config.engine_step_ns:
+            # a.time is the last step's time plus host_step_ns (the actor ran nothing else since, nor did anyone)
+            ready = max(self.now, ready - self.config.host_step_ns + self.config.engine_step_ns)
         delay = 0
         if k is not None and k in a.delays:
             delay = a.delays[k] * UNIT_NS
             a.fired.add(k)
-            self.trace.append((max(a.time, self.now), a.name, f"stall {a.delays[k]} units before #{k}"))
-            self.waiting_until(a.time + delay)
-        t = a.time + delay
+            self.trace.append((max(ready, self.now), a.name, f"stall {a.delays[k]} units before #{k}"))
+            self.waiting_until(ready + delay)
+        t = ready + delay
         top = self._heap[0] if self._heap else None
         if top is None or (top[0], top[1], top[2]) > (t, _HOST, a.order):
             self.now = t  # nothing comes before this step: its turn, without a trip through the heap

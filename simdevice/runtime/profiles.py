@@ -28,8 +28,8 @@ SHIPPED = Path(__file__).resolve().parent.parent / "profiles"
 
 #: the SimConfig fields a profile may set: the cost model, nothing about bounds or capacity (nor byte_scale, which
 #: maps simulated sizes to the GPU replay's and so must be the same on both)
-COST_FIELDS = ("host_step_ns", "copy_bytes_per_ns", "kernel_bytes_per_ns", "launch_ns", "collective_host_ns",
-               "pageable_h2d_bytes_per_us", "pageable_d2h_bytes_per_us")
+COST_FIELDS = ("host_step_ns", "engine_step_ns", "copy_bytes_per_ns", "kernel_bytes_per_ns", "launch_ns",
+               "collective_host_ns", "pageable_h2d_bytes_per_us", "pageable_d2h_bytes_per_us")
 
 
 class ProfileError(ValueError):
@@ -56,15 +56,19 @@ class Profile:
 
 def fields_from(measured: dict[str, Any]) -> dict[str, int]:
     """A profile's costs from what ``scripts/calibrate`` measured (its ``measured`` block): the host step is the
-    median of the programs' median gaps (so no program's step count outweighs another's), the laws their medians.
+    median of the programs' median gaps before their Python's steps (so no program's step count outweighs
+    another's), the engine's step the median gap before autograd's engine's, the laws their medians.
     ValueError if a measurement is missing."""
-    medians = [v["median_ns"] for v in measured.get("host_steps", {}).values() if "median_ns" in v]
+    steps = measured.get("host_steps", {})
+    medians = [_python_step(v) for k, v in steps.items() if k != "engine" and "median_ns" in v]
     if not medians:
         raise ValueError("no program's host steps were timed")
     fields = {"host_step_ns": round(statistics.median(medians)),
               "copy_bytes_per_ns": max(1, round(measured["copies"]["bytes_per_ns"])),
               "kernel_bytes_per_ns": max(1, round(measured["kernels"]["bytes_per_ns"])),
               "launch_ns": max(1, round(measured["launch"]["ns"]))}
+    if "median_ns" in steps.get("engine", {}):
+        fields["engine_step_ns"] = max(1, round(steps["engine"]["median_ns"]))
     if "collective" in measured:
         # the host time of issuing a collective beyond issuing a kernel (a host step already pays for that)
         gather = measured["collective"]
@@ -84,9 +88,15 @@ def programs_from(measured: dict[str, Any]) -> dict[str, dict[str, int]]:
     schedule calibrate ran, ``activation_offload/FIXED``)."""
     out: dict[str, dict[str, int]] = {}
     for spec, v in measured.get("host_steps", {}).items():
-        if "median_ns" in v:
-            out[spec.split("/", 1)[0]] = {"host_step_ns": max(1, round(v["median_ns"]))}
+        if spec != "engine" and "median_ns" in v:
+            out[spec.split("/", 1)[0]] = {"host_step_ns": max(1, round(_python_step(v)))}
     return out
+
+
+def _python_step(timed: dict[str, Any]) -> float:
+    """A timed program's step of its own Python: the median of the gaps before the steps it issued (autograd's
+    engine's apart), or of all its gaps where the measurement did not tell them apart (before 2026-12-03)."""
+    return float(timed.get("python_median_ns", timed["median_ns"]))
 
 
 #: profile name -> how it was asked for (a shipped name or a path): what a replay line must say to get it again

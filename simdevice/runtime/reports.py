@@ -252,7 +252,9 @@ _LIBRARIES = ("/torch/", "<frozen", "/contextlib.py", "/threading.py", "/weakref
 _INTERNAL: dict[str, bool] = {}
 
 
-def _internal(filename: str) -> bool:
+def internal_file(filename: str) -> bool:
+    """Whether a frame of ``filename`` is the simulator's own, the device contract's or a library's (torch's
+    among them), not the program's."""
     known = _INTERNAL.get(filename)
     if known is None:
         path = filename if filename.startswith("<") else os.path.abspath(filename)
@@ -279,7 +281,7 @@ def user_source() -> str:
     while f is not None:
         code = f.f_code
         known = internal.get(code.co_filename)
-        if not (_internal(code.co_filename) if known is None else known):
+        if not (internal_file(code.co_filename) if known is None else known):
             key = (code, f.f_lineno)
             text = _SOURCES.get(key)
             if text is None:
@@ -305,7 +307,7 @@ def _innermost_own(e: BaseException) -> Any:
     tb, mine, last = e.__traceback__, None, None
     while tb is not None:
         last = tb
-        if not _internal(tb.tb_frame.f_code.co_filename):
+        if not internal_file(tb.tb_frame.f_code.co_filename):
             mine = tb
         tb = tb.tb_next
     return mine or last

@@ -280,9 +280,10 @@ class Runtime:
     def current_or_none(self) -> HostActor | None:
         return self.execution.current_or_none()
 
-    def host_step(self, desc: str, poll: bool = False) -> HostActor:
-        """One host step of the current actor (``poll``: a query or a sleep, see ``HostActor.count``)."""
-        a = self.execution.host_step(desc, poll)
+    def host_step(self, desc: str, poll: bool = False, engine: bool = False) -> HostActor:
+        """One host step of the current actor (``poll``: a query or a sleep, see ``HostActor.count``; ``engine``:
+        an operation autograd's engine issued, see ``SimConfig.engine_step_ns``)."""
+        a = self.execution.host_step(desc, poll, engine)
         allocator = self.memsaver.allocator
         if allocator.has_pending:  # the program dropped tensors since its last step: their frees come first
             allocator.collect_frees()

@@ -374,7 +374,7 @@ def test_the_cold_pinned_experiment_judges_the_activation_rows_twice(tmp_path: P
 
 @pytest.mark.parametrize(("args", "message"), [
     (["timeline"], "gpu-campaign: timeline needs at least one schedule"),
-    (["bogus"], "gpu-campaign: unknown step 'bogus' (plan, run, zcc, table, timeline)"),
+    (["bogus"], "gpu-campaign: unknown step 'bogus' (plan, run, zcc, sitting, table, timeline)"),
 ])
 def test_the_campaign_scripts_bad_steps_are_one_line_and_exit_2(args: list[str], message: str) -> None:
     out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-campaign"), *args], capture_output=True, text=True,
@@ -431,3 +431,10 @@ def test_the_campaign_plans_with_a_named_profile_on_any_machine(tmp_path: Path) 
     assert (plan["profile"], zplan["profile"]) == ("h200-torch2.11", "h200-torch2.11")
     assert len(plan["rows"]) == 11  # nine variants and memsaver_guard's two, one schedule each
     assert len(zplan["rows"]) == 4
+    # FID: another folder (a sitting's own); PER_ZCC and PER_MEMSAVER 0: those families left out
+    elsewhere = tmp_path / "sitting"
+    p = subprocess.run(["bash", script, "plan", "3", "1", "0", "0", "h200-torch2.11"], capture_output=True,
+                       text=True, env={**env, "FID": str(elsewhere)}, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert sorted(f.name for f in elsewhere.iterdir()) == ["plan.json"]
+    assert len(json.loads((elsewhere / "plan.json").read_text())["rows"]) == 9

@@ -108,6 +108,30 @@ def test_the_costs_come_from_the_measurements() -> None:
     assert (got["pageable_h2d_bytes_per_us"], got["pageable_d2h_bytes_per_us"]) == (6391, 1296)
 
 
+def test_the_engines_steps_are_costed_apart_from_the_programs() -> None:
+    """Where calibrate told the engine's steps apart: each program's step is the median before its Python's steps,
+    the engine's its own field (the median of every program's engine gaps together)."""
+    measured = {"host_steps": {"a/FIXED": {"median_ns": 90_000, "python_median_ns": 150_000},
+                               "b/FIXED": {"median_ns": 60_000, "python_median_ns": 70_000.4},
+                               "c/FIXED": {"median_ns": 50_000},  # measured before the split: all its gaps
+                               "engine": {"n": 40, "median_ns": 21_000.2}},
+                "copies": {"bytes_per_ns": 50}, "kernels": {"bytes_per_ns": 3000}, "launch": {"ns": 5000}}
+    fields = fields_from(measured)
+    assert (fields["host_step_ns"], fields["engine_step_ns"]) == (70_000, 21_000)
+    assert programs_from(measured) == {"a": {"host_step_ns": 150_000}, "b": {"host_step_ns": 70_000},
+                                       "c": {"host_step_ns": 50_000}}
+    del measured["host_steps"]["engine"]
+    assert "engine_step_ns" not in fields_from(measured)  # none measured: every step the program's cost
+
+
+def test_calibrate_tells_the_engines_gaps_from_the_programs() -> None:
+    """Each gap belongs to the step it ends in: before an engine step, the engine's; one actor's stamps only."""
+    cal = load_script("calibrate")
+    stamps = {"host": [0, 100, 110, 125, 300], "d2h": [1, 2, 3], "rank0": [0, 7]}
+    python, engine = cal._gaps_by_origin(stamps, {"host", "rank0"}, {"host": {2, 3}, "d2h": {1}})
+    assert (sorted(python), sorted(engine)) == ([7, 100, 175], [10, 15])
+
+
 #: the evaluation's read of a bucket one host step after its gather was issued, on a host as slow as the H200's
 NO_DRAIN = "param_readiness/param-no-drain-on-disable:bucket=4,eager=1,iters=1,layers=2,ranks=2"
 
