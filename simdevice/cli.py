@@ -617,6 +617,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return _interrupted()
     bad = sum(not o.clean for o in outcomes)
     first = outcomes[0]
+    pace = _pace(args.profile, target, schedule, first) if backend == "sim" and not edges and not interrupted else {}
     fix = None
     if args.fix and backend == "sim" and not edges and not first.clean and not interrupted:
         fix = _suggest(target, first, args.json)
@@ -631,6 +632,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(json.dumps({
             "schedule": str(schedule), "backend": backend, "trials": len(outcomes), "failed": bad,
             **({"profile": _profile(), "values": _values()} if backend == "sim" else {}),
+            **({"pace_sensitive": any(o.shows_on_gpu != first.shows_on_gpu for o in pace.values()),
+                "pace": {str(f): o.verdict() for f, o in pace.items()}} if pace else {}),
             "edges": [str(e) for e in edges],
             "verdicts": [o.verdict() for o in outcomes],
             "reports": [str(r) for r in first.run.reports], "problems": list(first.problems),
@@ -641,6 +644,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(first.text())
         if backend == "sim":
             _say_judged()
+        turned = {f: o for f, o in pace.items() if o.shows_on_gpu != first.shows_on_gpu}
+        if turned:
+            said = "; ".join(f"with the host's costs x{f}: {o.verdict()}" for f, o in turned.items())
+            print(f"  pace-sensitive: {said} (a calibration of the same GPU can find its host that much faster or "
+                  "slower: a GPU shows this schedule at a rate, trial by trial; --gpu --trials 10)")
         if edges:
             print(f"  (with {len(edges)} inserted edge{'s' if len(edges) > 1 else ''}: "
                   f"{', '.join(str(e) for e in edges)})")
@@ -656,6 +664,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if interrupted:
         return _interrupted()
     return 1 if bad else 0
+
+
+def _pace(spec: str | None, target: Any, schedule: Any, first: Any) -> dict[float, Any]:
+    """Under a measured profile (``--profile``, not the fast default): the runs with the host's costs scaled by each
+    factor of ``PACE_SPREAD``, which say whether the verdict turns on the host's pace."""
+    if spec is None or _profile() == "default":
+        return {}
+    from simdevice.runtime.config import overridden
+    from simdevice.runtime.profiles import PACE_SPREAD, load
+
+    profile = load(spec)
+    out = {}
+    for factor in PACE_SPREAD:
+        with overridden(**profile.overrides(pace=factor)):
+            out[factor] = target.run(schedule)
+    return out
 
 
 def cmd_exhaust(args: argparse.Namespace) -> int:

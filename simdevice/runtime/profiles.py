@@ -10,7 +10,9 @@ A profile is a JSON file: ``{"name": ..., "fields": {SimConfig field: int, ...},
 {"host_step_ns": int}, ...}, "measured": {...}}``, shipped under ``simdevice/profiles/NAME.json`` or given by its
 path. ``programs`` (optional) holds each timed program's own host step: the host's speed differs between programs
 (on the H200, activation_offload's median step took 169 µs, param_readiness's 64 µs), so a program's runs are
-judged with its own; any other program, a user's among them, gets ``fields``' median.
+judged with its own; any other program, a user's among them, gets ``fields``' median. ``engine_step_ns``
+(optional) is the step autograd's engine issues with no Python before it (a backward formula; ``reference.origin``),
+timed apart from the program's own steps since 2026-12-03.
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ SHIPPED = Path(__file__).resolve().parent.parent / "profiles"
 COST_FIELDS = ("host_step_ns", "engine_step_ns", "copy_bytes_per_ns", "kernel_bytes_per_ns", "launch_ns",
                "collective_host_ns", "pageable_h2d_bytes_per_us", "pageable_d2h_bytes_per_us")
 
+#: the costs of the host's own time (what ``Profile.overrides(pace=)`` scales)
+HOST_COSTS = ("host_step_ns", "engine_step_ns", "collective_host_ns")
+#: the host's pace from one calibration to another of the same GPU, as factors of a profile's host costs: over eight
+#: calibrations on the H200 (2026-12-01 to 03) a program's median host step lay between x0.66 and x1.31 of its
+#: middle value. A verdict that turns within it is *pace-sensitive*: a GPU shows it at a rate, trial by trial.
+PACE_SPREAD = (0.75, 1.33)
+
 
 class ProfileError(ValueError):
     """A profile that cannot be loaded (one line, naming the problem)."""
@@ -45,10 +54,21 @@ class Profile:
     #: program -> its own costs (only ``host_step_ns``)
     programs: dict[str, dict[str, int]] = attrs.field(factory=dict)
 
-    def overrides(self) -> dict[str, Any]:
-        """The SimConfig fields it sets, its name among them (what ``config.overridden`` takes)."""
+    def overrides(self, pace: float = 1.0) -> dict[str, Any]:
+        """The SimConfig fields it sets, its name among them (what ``config.overridden`` takes). ``pace``: every
+        host cost (a step, the engine's step, a program's own, a collective's issue) times this, the copies and
+        kernels as measured: the same GPU under a slower or faster host (a calibration's host step differs from
+        the next one's by a quarter either way, docs/fidelity.md)."""
         own = tuple(sorted((p, c["host_step_ns"]) for p, c in self.programs.items()))
-        return {**self.fields, "program_host_step_ns": own, "profile": self.name}
+        fields: dict[str, Any] = {**self.fields, "program_host_step_ns": own, "profile": self.name}
+        if pace != 1.0:
+            base = SimConfig()
+            for name in HOST_COSTS:
+                v = fields.get(name, getattr(base, name))
+                if v:
+                    fields[name] = max(1, round(v * pace))
+            fields["program_host_step_ns"] = tuple((p, max(1, round(c * pace))) for p, c in own)
+        return fields
 
     def config(self, base: SimConfig | None = None) -> SimConfig:
         return attrs.evolve(base or SimConfig(), **self.overrides())

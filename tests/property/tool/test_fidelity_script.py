@@ -81,6 +81,8 @@ def test_the_table_counts_agreement_and_lists_each_disagreement(tmp_path: Path) 
     (["table", "/no/such/file.json"], "cannot read the results"),
     (["plan", "--profile", "no-such-gpu", "-o", "/dev/null"], "no cost profile 'no-such-gpu'"),
     (["pace", "/no/such/timeline.txt"], "cannot read the timeline"),
+    (["plan", "--pace-spread", "fast", "-o", "/dev/null"], "--pace-spread 'fast': want LO,HI"),
+    (["plan", "--pace-spread", "1.2,1.5", "-o", "/dev/null"], "want 0 < LO < 1 < HI"),
     (["pace", str(ROOT / "README.md")], "is not a `scripts/gpu-campaign timeline` file"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
@@ -88,6 +90,37 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert p.returncode == 2
     assert message in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+#: a knife edge of seed 11 (GPU 0/2, then 6/10): clean on the simulator with the shipped profile, failing with the
+#: host a quarter faster; and a schedule whose stall decides it whatever the host's pace
+EDGE = "activation_offload/offload-inline-no-wait::host#29+5"
+ROBUST = "offload_reload/racy::d2h#0+5"
+
+
+def test_rejudge_marks_the_schedules_whose_verdict_turns_within_the_pace_spread(tmp_path: Path) -> None:
+    rows = [{"variant": s.split(":")[0], "schedule": s, "sim_fails": False, "sim_verdict": "?", "gpu_fails": True,
+             "gpu_failed_trials": 1, "trials": 2} for s in (EDGE, ROBUST)]
+    before = tmp_path / "r.json"
+    before.write_text(json.dumps({"meta": {"device": "GPU", "torch": "t", "trials": 2, "date": "d",
+                                           "profile": "h200-torch2.11"}, "results": rows}))
+    after = tmp_path / "again.json"
+    p = _run("rejudge", str(before), "-o", str(after))
+    assert p.returncode == 0, p.stderr
+    got = {r["schedule"]: r for r in json.loads(after.read_text())["results"]}
+    assert (got[EDGE]["sim_fails"], got[EDGE]["pace_sensitive"]) == (False, True)
+    assert (got[ROBUST]["sim_fails"], got[ROBUST]["pace_sensitive"]) == (True, False)
+    table = _run("table", str(after)).stdout
+    assert "robust (the verdict holds over the pace spread): 1/1 agree; pace-sensitive: 0/1 agree" in table
+    assert f"disagree: {EDGE}: sim 2 race, gpu 1/2 (pace-sensitive)" in table
+    # a narrower spread, inside the window: no longer marked; none: not judged at all
+    p = _run("rejudge", str(before), "--pace-spread", "0.99,1.01", "-o", str(after))
+    assert p.returncode == 0, p.stderr
+    assert not any(r["pace_sensitive"] for r in json.loads(after.read_text())["results"])
+    p = _run("rejudge", str(before), "--pace-spread", "none", "-o", str(after))
+    assert p.returncode == 0, p.stderr
+    assert not any("pace_sensitive" in r for r in json.loads(after.read_text())["results"])
+    assert "robust" not in _run("table", str(after)).stdout
 
 
 TIMELINE = """== x/v:k=1 on the GPU

@@ -74,6 +74,22 @@ def test_a_program_the_profile_timed_runs_with_its_own_host_step(tmp_path: Path)
     assert min(b - a for a, b in itertools.pairwise(host)) == 250_000
 
 
+def test_a_profiles_pace_scales_the_hosts_costs_alone(tmp_path: Path) -> None:
+    doc = {"name": "p", "fields": {"host_step_ns": 100_000, "engine_step_ns": 40_000, "collective_host_ns": 8_000,
+                                   "copy_bytes_per_ns": 50, "launch_ns": 6_000},
+           "programs": {"a": {"host_step_ns": 200_000}}}
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    profile = load(str(tmp_path / "p.json"))
+    assert profile.overrides(pace=1.0) == profile.overrides()
+    slow = profile.overrides(pace=1.5)
+    assert (slow["host_step_ns"], slow["engine_step_ns"], slow["collective_host_ns"]) == (150_000, 60_000, 12_000)
+    assert slow["program_host_step_ns"] == (("a", 300_000),)
+    assert (slow["copy_bytes_per_ns"], slow["launch_ns"], slow["profile"]) == (50, 6_000, "p")  # the GPU's own
+    fast = load("default").overrides(pace=0.5)  # the fast host, faster still
+    assert fast["host_step_ns"] == SimConfig().host_step_ns // 2
+    assert "engine_step_ns" not in fast  # unset stays unset (0: as any other step)
+
+
 def test_programs_come_from_each_programs_own_measurement() -> None:
     measured = {"host_steps": {"a/FIXED": {"median_ns": 40_000.4}, "b/FIXED:ranks=1": {"median_ns": 100_000},
                                "c/FIXED": {"skipped": "x"}}}
@@ -175,6 +191,26 @@ def test_the_profile_judges_the_run_and_the_output_says_which(tmp_path: Path, ru
     text = run_cli(["replay", EAGER, "--no-fix", "--profile", str(_profile(tmp_path, host_step_ns=200_000))], tmp_path)
     assert "judged with the cost profile slow-host" in text.stdout
     assert "judged with" not in run_cli(["replay", EAGER, "--no-fix"], tmp_path).stdout
+
+
+def test_replay_says_when_the_verdict_turns_on_the_hosts_pace(tmp_path: Path, run_cli: Cli) -> None:
+    """Under a measured profile, replay judges the schedule again with the host's costs x0.75 and x1.33 (how far one
+    calibration of a GPU lies from another) and says so where the verdict turns: a GPU shows it at a rate."""
+    edge = "activation_offload/offload-inline-no-wait::host#29+5"  # GPU: 0/2, then 6/10 (docs/fidelity.md)
+    doc = json.loads(run_cli(["replay", edge, "--json", "--no-fix", "--profile", "h200-torch2.11"], tmp_path).stdout)
+    assert "wrong values" not in doc["verdicts"][0]
+    assert doc["pace_sensitive"] is True
+    assert "wrong values" in doc["pace"]["0.75"]
+    assert "wrong values" not in doc["pace"]["1.33"]
+    text = run_cli(["replay", edge, "--no-fix", "--profile", "h200-torch2.11"], tmp_path).stdout
+    assert "pace-sensitive: with the host's costs x0.75: wrong values" in text
+    robust = "offload_reload/racy::d2h#0+5"  # the stall decides it: wrong values at any pace
+    doc = json.loads(run_cli(["replay", robust, "--json", "--no-fix", "--profile", "h200-torch2.11"], tmp_path).stdout)
+    assert doc["pace_sensitive"] is False
+    assert "pace-sensitive" not in run_cli(["replay", robust, "--no-fix", "--profile", "h200-torch2.11"],
+                                           tmp_path).stdout
+    # the fast default is for finding bugs, not for judging a GPU's verdict: nothing said, nothing run again
+    assert "pace" not in json.loads(run_cli(["replay", edge, "--json", "--no-fix"], tmp_path).stdout)
 
 
 @pytest.mark.parametrize(("doc", "message"), [
