@@ -93,12 +93,15 @@ def segment_size(nbytes: int) -> int:
 
 
 class Block:
-    __slots__ = ("_segment", "free", "fresh", "gen", "nbytes", "offset", "storage", "uses")
+    __slots__ = ("_segment", "free", "fresh", "gen", "key", "nbytes", "offset", "sid", "storage", "uses")
 
     def __init__(self, segment: Segment, offset: int, nbytes: int, fresh: bool = True) -> None:
         # its segment holds it (Segment.blocks); a weak reference back, so that a run's allocator dies by reference
         # counting when the run is dropped (a cycle here kept every shadow and access of the run for the collector)
         self._segment = weakref.ref(segment)
+        #: its segment's id and (pool, small or large, stream), fixed for its life: which free list it goes on
+        self.sid = segment.id
+        self.key: tuple[PoolTag, bool, SimStream | None] = (segment.pool, segment.small, segment.stream)
         self.offset, self.nbytes = offset, nbytes
         self.free = True
         #: never handed out since its segment was made: its bytes are whatever cudaMalloc gave (poisoned)
@@ -164,20 +167,25 @@ class _FreeBlocks:
     def __init__(self) -> None:
         self._lists: dict[tuple[PoolTag, bool, SimStream | None], list[tuple[int, int, int, Block]]] = {}
 
-    @staticmethod
-    def _key(block: Block) -> tuple[PoolTag, bool, SimStream | None]:
-        seg = block.segment
-        return seg.pool, seg.small, seg.stream
-
     def add(self, block: Block) -> None:
-        bisect.insort(self._lists.setdefault(self._key(block), []),
-                      (block.nbytes, block.segment.id, block.offset, block))
+        bisect.insort(self._lists.setdefault(block.key, []), (block.nbytes, block.sid, block.offset, block))
 
     def remove(self, block: Block) -> None:
-        entries = self._lists[self._key(block)]
-        i = bisect.bisect_left(entries, (block.nbytes, block.segment.id, block.offset))
+        entries = self._lists[block.key]
+        i = bisect.bisect_left(entries, (block.nbytes, block.sid, block.offset))
         assert entries[i][3] is block
         del entries[i]
+
+    def take(self, pool: PoolTag, small: bool, stream: SimStream | None, size: int, pick: int) -> Block | None:
+        """``fitting(...)[pick % len(fitting(...))]``, taken off its list; None where no block fits."""
+        entries = self._lists.get((pool, small, stream))
+        if not entries:
+            return None
+        i = bisect.bisect_left(entries, (size,))
+        n = len(entries) - i
+        if n <= 0:
+            return None
+        return entries.pop(i + pick % n)[3]
 
     def fitting(self, pool: PoolTag, small: bool, stream: SimStream | None, size: int) -> list[Block]:
         """The free blocks of at least ``size`` bytes, in best-fit order."""
@@ -299,15 +307,16 @@ class CachingAllocator:
         seg = block.segment
         if seg.paused is not None:
             self.served_paused.append((pool, repr(block), seg.label))
-        raw, anchor = self._alias(block, need)
+        raw, anchor = self._alias(seg, block, need)
         data = raw.view(like.dtype).as_strided(like.shape, like.stride(), like.storage_offset())
-        record, _ = self._alias(block, need)
+        record, _ = self._alias(seg, block, need)
         # torch.from_numpy keeps its array alive as long as the storage made from it (shared by every view)
         # lives: the array's death is the moment the program dropped the allocation
         block.gen += 1
         _watch(anchor, self, block, block.gen)
         fresh, block.fresh = block.fresh, False
-        self._peak = max(self._peak, self.stats()["allocated"]) if self._track_peak else self._peak
+        if self._track_peak:
+            self._peak = max(self._peak, self.stats()["allocated"])
         return Allocation(block, data, record, fresh)
 
     def dropped(self, block: Block, gen: int) -> None:
@@ -343,12 +352,16 @@ class CachingAllocator:
         if block is not None and stream is not block.segment.stream and stream not in block.uses:
             block.uses.append(stream)
 
-    def _alias(self, block: Block, need: int) -> tuple[torch.Tensor, object]:
-        """``need`` bytes at the block's address, as a tensor with a storage of its own, and the object whose death
-        is that storage's (a NumPy view of the segment's bytes: it lives exactly as long as the storage made from
-        it, shared by every view of the tensor)."""
-        piece = block.segment.array()[block.offset:block.offset + max(need, 1)]
-        return torch.from_numpy(piece)[:need], piece
+    @staticmethod
+    def _alias(seg: Segment, block: Block, need: int) -> tuple[torch.Tensor, object]:
+        """``need`` bytes at the block's address (``seg`` its segment), as a tensor with a storage of its own, and
+        the object whose death is that storage's (a NumPy view of the segment's bytes: it lives exactly as long as
+        the storage made from it, shared by every view of the tensor)."""
+        if need:
+            piece = seg.array()[block.offset:block.offset + need]
+            return torch.from_numpy(piece), piece
+        piece = seg.array()[block.offset:block.offset + 1]  # a storage of one byte, seen as none
+        return torch.from_numpy(piece)[:0], piece
 
     def fitting(self, pool: PoolTag, small: bool, stream: SimStream | None, size: int) -> list[Block]:
         """The free blocks a request of ``size`` bytes (small or large) on ``stream`` from ``pool`` may take, in
@@ -357,9 +370,9 @@ class CachingAllocator:
         return self._free.fitting(pool, small, stream, size)
 
     def _take(self, pool: PoolTag, size: int, small: bool, stream: SimStream | None, pick: int) -> Block:
-        fits = self.fitting(pool, small, stream, size)
-        if fits:
-            block = fits[pick % len(fits)]
+        taken = self._free.take(pool, small, stream, size, pick)
+        if taken is not None:
+            block = taken
             self.reused += 1
         else:
             self._reserve(segment_size(size))
@@ -369,9 +382,7 @@ class CachingAllocator:
             on_segment = self._on_segment()
             if on_segment is not None:
                 on_segment(seg)
-            block = seg.blocks[0]
-            self._free.add(block)
-        self._free.remove(block)
+            block = seg.blocks[0]  # (never on the free list)
         tail = self._split(block, size)
         if tail is not None:
             self._free.add(tail)

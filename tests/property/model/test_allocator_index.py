@@ -4,7 +4,8 @@ Rule, with a test a mutation of it fails: the blocks a request may take are the 
 (not released) segments of its kind (small or large) made for its stream, in best-fit order (size, segment,
 offset), whatever the program did before: allocations on several streams and pools, frees that merge neighbours,
 splits, ``empty_cache``. ``CachingAllocator.fitting`` answers from an index kept as blocks change; here every
-answer is compared with the walk the allocator made before it had one.
+answer is compared with the walk the allocator made before it had one, and so is the block an allocation takes
+with each pick (``_FreeBlocks.take``: the pick-th fitting block, modulo their number, or none).
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ def check(alloc: CachingAllocator, streams: list[Any]) -> None:
         for small in (True, False):
             for stream in streams:
                 for size in (ROUND, SMALL_REQUEST, 4096, 1 << 16):
-                    assert alloc.fitting(pool, small, stream, size) == walk(alloc, pool, small, stream, size)
+                    fits = walk(alloc, pool, small, stream, size)
+                    assert alloc.fitting(pool, small, stream, size) == fits
+                    for pick in (0, 1, 2, 5, -1):
+                        taken = alloc._free.take(pool, small, stream, size, pick)
+                        assert taken is (fits[pick % len(fits)] if fits else None)
+                        if taken is not None:
+                            alloc._free.add(taken)  # put back as it was
 
 
 @given(STEPS)
