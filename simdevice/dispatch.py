@@ -417,6 +417,8 @@ def _sig(x: Any) -> Any:
 #: programs issue the same ops run after run); emptied when it grows past _META_CACHE_MAX entries
 _META_CACHE: dict[Any, Any] = {}
 _META_CACHE_MAX = 8192
+#: no entry of _META_CACHE (whose entries may be None)
+_UNSEEN = object()
 
 
 def _written(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -567,9 +569,11 @@ class Dispatcher:
         if func is aten._to_copy.default:
             x = args[0]
             return torch.empty_strided(x.shape, x.stride(), dtype=kwargs.get("dtype") or x.dtype, device=META)
-        key = (func, _sig(args), _sig(kwargs))
-        if key in _META_CACHE:
-            return _META_CACHE[key]
+        # (_sig(args) and _sig(kwargs), inline: the arguments are a tuple, the keywords mostly none)
+        key = (func, tuple([_sig(x) for x in args]), _sig(kwargs) if kwargs else ())
+        got = _META_CACHE.get(key, _UNSEEN)
+        if got is not _UNSEEN:
+            return got
         margs, mkwargs = _tree_map(_meta_of, args), _tree_map(_meta_of, kwargs)
         # a plain pointwise op by TensorIterator's rules: its meta kernel is a Python reference that imports dynamo
         out = elementwise.output(func, margs, mkwargs)
@@ -613,6 +617,9 @@ class Dispatcher:
             if kwargs.get("pin_memory"):
                 self.new_pinned(host_out, a.name)
             return host_out, [host_out]
+        if type(meta) is torch.Tensor:  # one output (what the rest does, without a call per leaf)
+            out = self.new_device(meta, a)
+            return out, [out]
         result = _tree_map(lambda m: self.new_device(m, a) if isinstance(m, torch.Tensor) else m, meta)
         return result, [x for x in _leaves_of(result)[0] if isinstance(x, torch.Tensor)]
 
@@ -842,7 +849,9 @@ class _Effect:
             for w in written:
                 w.copy_(copies[id(w)])
             return
-        vals = [v for v in _leaves_of(self.value)[0] if isinstance(v, torch.Tensor)]
+        value = self.value
+        vals = [value] if type(value) is torch.Tensor else [
+            v for v in _leaves_of(value)[0] if isinstance(v, torch.Tensor)]
         for o, v in zip(self.outputs, vals, strict=True):
             o.copy_(v)
 
