@@ -206,14 +206,17 @@ class Allocation:
 
 
 class _Freed:
-    """A block whose last tensor died: where its stream (and the streams recorded with it) were then."""
+    """A block whose last tensor died: where the streams recorded with it were then, and (None for a block of no
+    stream) its stream's name, its epoch and what the free is ordered after then (``sync.free_point``)."""
 
-    __slots__ = ("block", "by", "source", "uses", "where")
+    __slots__ = ("block", "clock", "epoch", "source", "stream", "uses")
 
     def __init__(
-        self, block: Block, where: EventRecord | None, uses: list[EventRecord], by: VectorClock | None, source: str
+        self, block: Block, stream: str | None, epoch: int, clock: VectorClock | None, uses: list[EventRecord],
+        source: str,
     ) -> None:
-        self.block, self.where, self.uses, self.by, self.source = block, where, uses, by, source
+        self.block, self.stream, self.epoch, self.clock, self.uses, self.source = (
+            block, stream, epoch, clock, uses, source)
 
 
 def _lazy_bytes(nbytes: int) -> torch.Tensor:
@@ -324,11 +327,15 @@ class CachingAllocator:
         if block.gen != gen or block.free:
             return  # released before (untyped_storage().resize_(0)), perhaps handed out again since
         block.gen += 1
-        stream = block.segment.stream
-        where = sync.record(stream) if stream is not None else None
-        actor = self._current()
-        by = sync.snapshot(actor) if actor is not None else None
-        self._pending.append(_Freed(block, where, [sync.record(u) for u in block.uses], by, user_source()))
+        stream = block.key[2]
+        uses = [sync.record(u) for u in block.uses]
+        if stream is None:
+            self._pending.append(_Freed(block, None, 0, None, uses, user_source()))
+            return
+        name = stream.name
+        epoch = stream.clock.get(name)
+        clock = sync.free_point(stream, uses, self._current())
+        self._pending.append(_Freed(block, name, epoch, clock, uses, user_source()))
 
     @property
     def has_pending(self) -> bool:
@@ -434,11 +441,9 @@ class CachingAllocator:
             freed = self._pending.pop(0)
             block = freed.block
             st = block.storage
-            if st is not None and freed.where is not None:
-                where = freed.where
-                name = where.stream.name
-                clock = sync.free_point(where, freed.uses, freed.by)
-                who = Accessor(name, where.clock.get(name), clock, "free", -1, freed.source)
+            if st is not None and freed.clock is not None:
+                assert freed.stream is not None
+                who = Accessor(freed.stream, freed.epoch, freed.clock, "free", -1, freed.source)
                 self.memory.issue_free(who, st)
             if st is not None:
                 self._by_storage.pop(st.id, None)

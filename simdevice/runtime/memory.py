@@ -111,8 +111,9 @@ class Storage:
         self.label = f"{kind}#{sid}"
         #: the CPU bytes (for device memory, an alias of its block that does not keep the block allocated)
         self.data = data
-        self.base = data.untyped_storage().data_ptr()
-        self.nbytes = data.untyped_storage().nbytes()
+        storage = data.untyped_storage()
+        self.base = storage.data_ptr()
+        self.nbytes = storage.nbytes()
         self.shadow = shadow if shadow is not None else Shadow(self.nbytes)
         #: where this storage's bytes start in its shadow
         self.offset = offset
@@ -124,13 +125,13 @@ class Storage:
 
     def byte_range(self, t: torch.Tensor) -> tuple[int, int]:
         """The bytes of this storage that tensor ``t`` (a view of it) covers."""
-        esize = t.element_size()
         lo = t.data_ptr() - self.base
-        n = t.numel()
+        n = t.nbytes  # numel() * element_size()
         if n == 0:
             return lo, lo
         if t.is_contiguous():
-            return lo, lo + n * esize
+            return lo, lo + n
+        esize = t.element_size()
         extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True) if s > 0)
         return lo, lo + extent * esize
 

@@ -94,15 +94,16 @@ def host_observes(actor: Clocked, rec: EventRecord) -> None:
     actor.clock.join(rec.clock)
 
 
-def free_point(where: EventRecord, uses: list[EventRecord], by: VectorClock | None) -> VectorClock:
-    """What a block's free is ordered after: its stream's work so far, the freeing host's past (a host that
-    synchronized with a stream before dropping the tensor made its use safe), and every stream recorded with
-    it (``record_stream``), as of the free. (The streams themselves are not ordered by it.)"""
-    clock = where.clock.copy()
+def free_point(stream: SimStream, uses: list[EventRecord], by: Clocked | None) -> VectorClock:
+    """What a block's free is ordered after, as of now (the free): the work of its stream, ``stream``, so far; the
+    freeing host's past (``by``: a host that synchronized with a stream before dropping the tensor made its use
+    safe); and every stream recorded with it (``uses``: ``record_stream``, their records made now). (The streams
+    themselves are not ordered by it.)"""
+    clock = stream.clock.copy()
     for rec in uses:
         clock.join(rec.clock)
     if by is not None:
-        clock.join(by)
+        clock.join(by.clock)
     return clock
 
 
