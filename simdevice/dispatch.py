@@ -635,8 +635,11 @@ class Dispatcher:
         elif facts.out_variant or "out" in kwargs:
             not_read = {id(x) for x in written}
         else:
-            not_read = set()
-        inputs = [x for x in flat if isinstance(x, torch.Tensor) and id(x) not in not_read]
+            not_read = None  # every tensor argument is read
+        if not_read is None:
+            inputs = [x for x in flat if isinstance(x, torch.Tensor)]
+        else:
+            inputs = [x for x in flat if isinstance(x, torch.Tensor) and id(x) not in not_read]
         staged: dict[int, torch.Tensor] = {}
         for x in inputs:
             if isinstance(x, SimTensor):
@@ -689,14 +692,15 @@ class Dispatcher:
         else:
             n = 0
             for x in touched:
-                n += x.numel() * x.element_size()
+                n += x.nbytes  # numel() * element_size()
             duration = self.config.kernel_ns(n)
 
         # Effects: compute from the inputs as they are at start, land the outputs at completion. The effect holds
         # aliases of the bytes, not the tensors: the program's del frees a block while an op is queued.
         made: dict[int, torch.Tensor] = {}
-        eff = _Effect(self, func, _aliased(args, made), _aliased_kwargs(kwargs, made), _all_aliased(written, made),
-                      staged, self.rt.next_seed() if facts.seeded else None)
+        eff = _Effect(self, func, _aliased(args, made), _aliased_kwargs(kwargs, made) if kwargs else {},
+                      _all_aliased(written, made) if written else [], staged,
+                      self.rt.next_seed() if facts.seeded else None)
         eff.prepare([made.get(id(x), x) for x in inputs if id(x) not in staged])
         eff.outputs = _all_aliased(outputs, made)
         blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)
