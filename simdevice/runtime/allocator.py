@@ -426,7 +426,7 @@ class CachingAllocator:
         """Process the blocks whose tensors died (:meth:`collect_frees`); then give back the deferred ones whose
         recorded streams are past their free, as the allocation ``actor`` is making sees them."""
         self.collect_frees()
-        if actor is None:
+        if actor is None or not self._deferred:
             return
         for freed in [f for f in self._deferred if all(r.done() for r in f.uses)]:
             self._deferred.remove(freed)

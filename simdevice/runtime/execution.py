@@ -625,7 +625,8 @@ class Execution:
         s.queue.append(op)
         s.enqueued += 1
         op.position = s.enqueued
-        self.last_progress = max(self.last_progress, self.now)  # progress(), inline: one comes with every op
+        if self.now > self.last_progress:  # progress(), inline: one comes with every op
+            self.last_progress = self.now
         self.steps_since_progress = 0
         if self._advance(s):  # kick(s)
             self.kick_all()

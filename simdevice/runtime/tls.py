@@ -52,8 +52,9 @@ def movable() -> str | None:
         return "inference mode"
     if _C._is_any_autocast_enabled():
         return "autocast"
-    if any(_C._get_dispatch_mode(k) is not None for k in _INFRA):
-        return "an infra dispatch mode (fake, proxy or functional tensors)"
+    for k in _INFRA:  # (a loop, not any() over a generator: this is asked at every switch of actors)
+        if _C._get_dispatch_mode(k) is not None:
+            return "an infra dispatch mode (fake, proxy or functional tensors)"
     if not _AG._saved_tensors_hooks_is_enabled():
         return "saved-tensor hooks disabled"
     return None
