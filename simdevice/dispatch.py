@@ -773,7 +773,13 @@ def _placeholder(func: Any, args: tuple[Any, ...]) -> Any:
 
 def _overlap(reads: list[torch.Tensor], written: list[torch.Tensor]) -> bool:
     """Whether an input other than a destination itself shares bytes with a destination."""
-    others = [r for r in reads if not any(r is d for d in written)]
+    others = []
+    for r in reads:  # (loops, not any() over a generator per read: asked for every in-place operation)
+        for d in written:
+            if r is d:
+                break
+        else:
+            others.append(r)
     if not others:  # it reads nothing but its destinations (an in-place op on itself)
         return False
     spans = [span(w) for w in written]

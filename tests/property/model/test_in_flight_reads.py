@@ -9,6 +9,8 @@ with a test a mutation of it fails:
 - a racing write to its destination, landing while it runs, is not what it computes from either, and its own
   result lands last (at its completion);
 - only the inputs a write overlaps are kept, once.
+- an operation is computed at its completion unless an input other than a destination itself shares bytes with a
+  destination.
 """
 
 from __future__ import annotations
@@ -73,3 +75,18 @@ def test_only_the_inputs_a_write_overlaps_are_kept_once() -> None:
     in_flight.close(reading)
     in_flight.before_write([y])  # nothing in flight any more
     assert id(y) not in reading.snaps
+
+
+def test_an_input_that_is_its_own_destination_does_not_stop_the_completion_rule() -> None:
+    """Which operations are computed at their completion (``_Effect.deferred``): those whose inputs other than
+    their destinations themselves share no bytes with a destination (spans are storages': conservative)."""
+    from simdevice.dispatch import _overlap
+
+    base, elsewhere = torch.zeros(8), torch.zeros(8)
+    a, rest = base[:4], base[4:]
+    assert not _overlap([a], [a])  # x.mul_(2): it reads only its destination
+    assert not _overlap([a, elsewhere], [a])
+    assert _overlap([rest], [a])  # another view of the destination's storage
+    assert _overlap([a, rest], [a])
+    assert not _overlap([a], [rest, a])
+    assert _overlap([base], [a])
