@@ -413,12 +413,11 @@ def _sig(x: Any) -> Any:
     return (t, repr(x))
 
 
-#: the meta kernels' outputs by (op, signature of its arguments), shared by every run of the process (the same
-#: programs issue the same ops run after run); emptied when it grows past _META_CACHE_MAX entries
-_META_CACHE: dict[Any, Any] = {}
+#: the meta kernels' outputs by (the op's id, signature of its arguments), each with the op, shared by every run of
+#: the process (the same programs issue the same ops run after run); emptied when it grows past _META_CACHE_MAX
+#: entries. Keyed by the op's id, as _FACTS is (hashing the op calls OpOverload.__hash__, a Python method)
+_META_CACHE: dict[Any, tuple[Any, Any]] = {}
 _META_CACHE_MAX = 8192
-#: no entry of _META_CACHE (whose entries may be None)
-_UNSEEN = object()
 
 
 def _written(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -570,10 +569,10 @@ class Dispatcher:
             x = args[0]
             return torch.empty_strided(x.shape, x.stride(), dtype=kwargs.get("dtype") or x.dtype, device=META)
         # (_sig(args) and _sig(kwargs), inline: the arguments are a tuple, the keywords mostly none)
-        key = (func, tuple([_sig(x) for x in args]), _sig(kwargs) if kwargs else ())
-        got = _META_CACHE.get(key, _UNSEEN)
-        if got is not _UNSEEN:
-            return got
+        key = (id(func), tuple([_sig(x) for x in args]), _sig(kwargs) if kwargs else ())
+        got = _META_CACHE.get(key)
+        if got is not None and got[0] is func:
+            return got[1]
         margs, mkwargs = _tree_map(_meta_of, args), _tree_map(_meta_of, kwargs)
         # a plain pointwise op by TensorIterator's rules: its meta kernel is a Python reference that imports dynamo
         out = elementwise.output(func, margs, mkwargs)
@@ -584,7 +583,7 @@ class Dispatcher:
                 out = None  # nonzero, boolean indexing, repeat_interleave without a size: the values decide
         if len(_META_CACHE) >= _META_CACHE_MAX:
             _META_CACHE.clear()
-        _META_CACHE[key] = out
+        _META_CACHE[key] = (func, out)
         return out
 
     def _outputs(
