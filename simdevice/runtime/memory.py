@@ -387,8 +387,8 @@ class Memory:
 
     def _access(self, who: Accessor, kind: AccessKind, st: Storage, data: torch.Tensor) -> Access:
         lo, hi = st.byte_range(data)
-        return Access(who.actor, who.epoch, who.op, who.index, kind, st.label, lo, hi, who.source, 0, who.on,
-                      self.issues)
+        actor, epoch, _, op, index, source, on = who  # (unpacked once: a named tuple's fields are properties)
+        return Access(actor, epoch, op, index, kind, st.label, lo, hi, source, 0, on, self.issues)
 
     def start(self, issued: Issued, now: int, until: int | None = None, sweeps: bool = False) -> None:
         """The operation runs (until ``until``): its reads see what has landed by now; unmapped memory is an illegal
