@@ -21,7 +21,7 @@ import torch
 from reference import contract
 from reference.contract import MemorySaver, Run
 from reference.schedule import Schedule
-from simdevice.dispatch import Dispatcher, SimMode, data_of, storage_of
+from simdevice.dispatch import Dispatcher, SimMode, ref_of
 from simdevice.runtime import Options, Runtime, SimConfig
 from simdevice.runtime.collectives import Gather
 from simdevice.runtime.config import UNIT_NS, with_overrides
@@ -375,8 +375,7 @@ class SimDevice:
         """A :class:`SimWork` when ``async_op``, else None (``reference.contract.Device`` types it per form)."""
         out, inp = output.view(-1), input.reshape(-1)
         # aliases: a collective in flight does not keep its tensors allocated (the program's references do)
-        so, si = storage_of(out), storage_of(inp)
-        gather = self.runtime.all_gather((so, so.alias(data_of(out))), (si, si.alias(data_of(inp))), user_source())
+        gather = self.runtime.all_gather(ref_of(out), ref_of(inp), user_source())
         work = SimWork(self, gather)
         if not async_op:
             work.wait()

@@ -374,6 +374,16 @@ def storage_of(t: torch.Tensor) -> Storage:
     return t._st
 
 
+def ref_of(t: torch.Tensor) -> Ref:
+    """A simulated tensor's storage and a new alias of its bytes that does not keep its block allocated (what a
+    collective in flight holds: the program's references keep its tensors). Made with Python dispatch off: this is
+    called from the program's own code, where the dispatch mode would see the alias's ``view`` and ``as_strided``
+    (plain CPU ops of no storage it checks: the same tensors, at a cost)."""
+    st = storage_of(t)
+    with no_dispatch():
+        return st, st.alias(data_of(t))
+
+
 def _non_blocking(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a copy op was asked for ``non_blocking=True`` (``copy_``'s third argument, or a keyword)."""
     if func is aten.copy_.default and len(args) > 2:

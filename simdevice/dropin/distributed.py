@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from simdevice.api import SimWork
-from simdevice.dispatch import data_of, storage_of
+from simdevice.dispatch import ref_of
 from simdevice.dropin.facade import session_device
 from simdevice.dropin.patches import Patches
 from simdevice.runtime.memory import Ref
@@ -39,8 +39,7 @@ WORLD = _World()
 
 
 def _ref(t: torch.Tensor) -> Ref:
-    st = storage_of(t)
-    return st, st.alias(data_of(t))
+    return ref_of(t)
 
 
 def _reduce(op: Any, sent: list[torch.Tensor]) -> torch.Tensor:
