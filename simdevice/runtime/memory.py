@@ -125,10 +125,11 @@ class Storage:
 
     def byte_range(self, t: torch.Tensor) -> tuple[int, int]:
         """The bytes of this storage that tensor ``t`` (a view of it) covers."""
-        lo = t.data_ptr() - self.base
         n = t.nbytes  # numel() * element_size()
         if n == 0:
+            lo = self._start(t)
             return lo, lo
+        lo = t.data_ptr() - self.base
         if t.is_contiguous():
             return lo, lo + n
         esize = t.element_size()
@@ -139,7 +140,14 @@ class Storage:
         """A view of the same bytes as ``t`` (a view of this storage) that does not keep its block allocated:
         what a queued stream operation holds, so that the program's ``del`` frees the block as on a GPU."""
         dtype_view = self.data.view(t.dtype)
-        return dtype_view.as_strided(t.shape, t.stride(), (t.data_ptr() - self.base) // t.element_size())
+        return dtype_view.as_strided(t.shape, t.stride(), self._start(t) // t.element_size())
+
+    def _start(self, t: torch.Tensor) -> int:
+        """Where ``t``'s first element lies in this storage, in bytes. (An empty tensor's ``data_ptr()`` is 0, not
+        its place: from its storage and offset then.)"""
+        if t.numel():
+            return int(t.data_ptr()) - self.base
+        return int(t.untyped_storage().data_ptr()) - self.base + t.storage_offset() * t.element_size()
 
     def cells(self, lo: int, hi: int) -> list[tuple[int, int, _Cell]]:
         """The shadow cells over this storage's bytes ``lo:hi`` (storage coordinates in, storage coordinates out)."""

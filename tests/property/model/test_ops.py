@@ -146,3 +146,25 @@ def test_an_error_inside_a_stream_operation_is_a_host_error_of_the_run() -> None
     [err] = r.reports
     assert isinstance(err, HostError)
     assert (err.actor, err.error) == ("stream default", "RuntimeError: the kernel failed in boom #1")
+
+
+def test_empty_tensors_are_tensors_like_any_other() -> None:
+    """An empty device tensor (``torch.empty(0)``, a slice of no elements) covers no bytes at its place: ops on it
+    run, copy and race-check as on any tensor. (An empty tensor's ``data_ptr()`` is 0: a range taken from it put
+    the tensor before its storage, and the first op on it raised ``invalid storage offset``.)"""
+    from simdevice.dispatch import storage_of
+
+    def body(dev: Any) -> tuple[Any, ...]:
+        x = torch.empty(0, device=dev.device)
+        y = torch.arange(4.0, device=dev.device)
+        gap = y[2:2]
+        host = torch.empty(0, pin_memory=True)
+        host.copy_(x, non_blocking=True)
+        z = torch.cat([gap * 2, x + 1, y])
+        dev.synchronize()
+        return (storage_of(gap).byte_range(gap._data), tuple((x + 1).shape), tuple(gap.mul(3).shape),
+                z.cpu().tolist())
+
+    r = run(body)
+    assert r.reports == ()
+    assert r.result == ((8, 8), (0,), (0,), [0.0, 1.0, 2.0, 3.0])  # y[2:2] lies at byte 8 of y's, covering none
