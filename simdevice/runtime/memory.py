@@ -112,7 +112,7 @@ class Storage:
         #: the CPU bytes (for device memory, an alias of its block that does not keep the block allocated)
         self.data = data
         storage = data.untyped_storage()
-        self.base = storage.data_ptr()
+        self.base: int = storage.data_ptr()
         self.nbytes = storage.nbytes()
         self.shadow = shadow if shadow is not None else Shadow(self.nbytes)
         #: where this storage's bytes start in its shadow
@@ -147,7 +147,7 @@ class Storage:
         its place: from its storage and offset then.)"""
         if t.numel():
             return int(t.data_ptr()) - self.base
-        return int(t.untyped_storage().data_ptr()) - self.base + t.storage_offset() * t.element_size()
+        return int(t.untyped_storage().data_ptr()) - self.base + int(t.storage_offset()) * int(t.element_size())
 
     def cells(self, lo: int, hi: int) -> list[tuple[int, int, _Cell]]:
         """The shadow cells over this storage's bytes ``lo:hi`` (storage coordinates in, storage coordinates out)."""
