@@ -1,7 +1,7 @@
 """A host step autograd's engine issues costs ``engine_step_ns``, any other ``host_step_ns``.
 
 On a GPU the backward pass's own operations (derivative formulas, gradient accumulation) come from autograd's C++
-engine with no Python before them, several times faster than the forward's, which the program's Python issues.
+engine with no Python before them, faster than the forward's, which the program's Python issues.
 ``reference.origin`` tells the two apart on both backends; the simulator charges an engine step its own cost
 (measured on the GPU by ``scripts/calibrate``), so a race window between a forward's copy and a backward's read
 is as wide as on the GPU. Shown here: the classification on plain CPU autograd (formulas and accumulation from
