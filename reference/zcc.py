@@ -249,10 +249,11 @@ class ZeroCostCheckpointManager:
         self.releases: list[tuple[int, int, int]] = []
         self.requests: list[tuple[int, str, int]] = []
         self._save_step = 0
-        self.dump_dir = tempfile.mkdtemp(prefix="zcc-")
-        self.results = dev.Queue()
+        self.dump_dir = ""
         self.workers = []
-        try:
+        try:  # the folder made inside it: a stop (Ctrl-C, SIGTERM) landing right after it leaves nothing behind
+            self.dump_dir = tempfile.mkdtemp(prefix="zcc-")
+            self.results = dev.Queue()
             for i in range(cfg.workers):
                 tasks, status, echo = dev.Queue(), dev.Value("i", IDLE), dev.Value("i", 0)
                 # The fused buffer travels to the worker by CUDA IPC: both processes address the same memory.
@@ -333,7 +334,13 @@ class ZeroCostCheckpointManager:
         return sorted(snapshots, key=lambda s: (s[0], s[2]))
 
     def close(self) -> None:
-        shutil.rmtree(self.dump_dir, ignore_errors=True)
+        if not self.dump_dir:
+            return
+        try:
+            shutil.rmtree(self.dump_dir, ignore_errors=True)
+        except BaseException:  # a stop landing mid-removal: finish it, then let the stop go on
+            shutil.rmtree(self.dump_dir, ignore_errors=True)
+            raise
 
     def _poll(self, polls: int, what: str) -> None:
         dead = [w.index for w in self.workers if not w.process.is_alive()]

@@ -382,3 +382,45 @@ def test_unbuffered_output_that_a_pipe_takes_in_part_is_an_error_not_a_silent_lo
             out.close()
         with contextlib.suppress(OSError, ValueError):
             unbuffered.close()
+
+
+def test_zccs_folder_is_removed_wherever_a_stop_lands_in_its_making_or_removal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop (Ctrl-C, SIGTERM: a ``KeyboardInterrupt`` at any line) right after the manager made its folder, or in
+    the middle of removing it, leaves no folder behind. (A clean-clone CI run found one left: the stop had landed
+    between the folder's making and the ``try`` that removes it.)"""
+    import shutil
+    import tempfile
+
+    from reference import zcc
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    class Stopped:  # the first thing the manager asks of the device after its folder: where the stop lands
+        def Queue(self) -> Any:  # the contract's name
+            raise KeyboardInterrupt
+
+    plan = zcc.Plan(steps=2, save=1, ema=0, workers=1, chunks=1, mutate=False, log=True, dump=1, numel=8)
+    with pytest.raises(KeyboardInterrupt):
+        zcc.ZeroCostCheckpointManager(Stopped(), zcc.FIXED, None, plan)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+    folder = tmp_path / "zcc-made"
+    (folder / "inner").mkdir(parents=True)
+    (folder / "inner" / "dump.pt").write_bytes(b"x")
+    manager = zcc.ZeroCostCheckpointManager.__new__(zcc.ZeroCostCheckpointManager)
+    manager.dump_dir = str(folder)
+    real = shutil.rmtree
+    calls: list[str] = []
+
+    def stopped_midway(path: str, ignore_errors: bool = False) -> None:
+        calls.append(path)
+        if len(calls) == 1:
+            os.remove(folder / "inner" / "dump.pt")  # a part removed, then the stop
+            raise KeyboardInterrupt
+        real(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(shutil, "rmtree", stopped_midway)
+    with pytest.raises(KeyboardInterrupt):
+        manager.close()
+    assert list(tmp_path.iterdir()) == []
