@@ -14,6 +14,9 @@ worktree. Measured in turn, alternating between the two, each in a fresh process
 - per mechanism (each FIXED variant at its defaults), microseconds of a run per counted operation (the ops and host
   steps a schedule counts), the mean of 30 runs after one warm-up.
 
+Each measuring process freezes the collector after its imports and warm-up (``gc.freeze()``), as the ``simdevice``
+command does once torch is imported: a full collection over torch's objects (about 100 ms, every few hundred runs)
+otherwise lands in some means and not in others (figures before 2026-12-03's third sitting were taken without).
 Medians over ``--runs`` and their ratio are printed. Figures, not assertions.
 """
 
@@ -33,7 +36,7 @@ from bench_check import checkout  # this folder is the script's: on sys.path
 ROOT = Path(__file__).resolve().parents[1]
 
 MARGINAL = r"""
-import statistics, time, torch
+import gc, statistics, time, torch
 from simdevice import SimDevice
 
 def prog(dev, k):
@@ -52,12 +55,14 @@ def t(k):
     return statistics.median(ts)
 
 t(10)
+gc.collect()
+gc.freeze()
 print((t(2000) - t(200)) / 1800 * 1e6)
 """
 
 
 MECHANISMS = r"""
-import json, time
+import gc, json, time
 from reference.schedule import Schedule
 from simdevice.programs import resolve
 from simdevice.search.execute import device_for
@@ -67,6 +72,8 @@ def mean(text, n):
     program, _ = resolve(s)
     dev, config = device_for(s)
     run = dev.run(program.body, s.variant, config)
+    gc.collect()
+    gc.freeze()
     t0 = time.perf_counter()
     for _ in range(n):
         dev, config = device_for(s)
