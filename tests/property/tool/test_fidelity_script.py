@@ -99,6 +99,9 @@ ROBUST = "offload_reload/racy::d2h#0+5"
 
 
 def test_rejudge_marks_the_schedules_whose_verdict_turns_within_the_pace_spread(tmp_path: Path) -> None:
+    from simdevice.runtime.profiles import PACE_SPREAD
+
+    assert ",".join(str(f) for f in PACE_SPREAD) == fid.SPREAD  # the script's default is replay's spread
     rows = [{"variant": s.split(":")[0], "schedule": s, "sim_fails": False, "sim_verdict": "?", "gpu_fails": True,
              "gpu_failed_trials": 1, "trials": 2} for s in (EDGE, ROBUST)]
     before = tmp_path / "r.json"
