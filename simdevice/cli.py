@@ -671,15 +671,9 @@ def _pace(spec: str | None, target: Any, schedule: Any, first: Any) -> dict[floa
     factor of ``PACE_SPREAD``, which say whether the verdict turns on the host's pace."""
     if spec is None or _profile() == "default":
         return {}
-    from simdevice.runtime.config import overridden
-    from simdevice.runtime.profiles import PACE_SPREAD, load
+    from simdevice.runtime.profiles import load, paced
 
-    profile = load(spec)
-    out = {}
-    for factor in PACE_SPREAD:
-        with overridden(**profile.overrides(pace=factor)):
-            out[factor] = target.run(schedule)
-    return out
+    return paced(load(spec), lambda: target.run(schedule))
 
 
 def cmd_exhaust(args: argparse.Namespace) -> int:

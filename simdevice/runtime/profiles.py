@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
-from simdevice.runtime.config import SimConfig
+from simdevice.runtime.config import SimConfig, overridden
 
 SHIPPED = Path(__file__).resolve().parent.parent / "profiles"
+
+T = TypeVar("T")
 
 #: the SimConfig fields a profile may set: the cost model, nothing about bounds or capacity (nor byte_scale, which
 #: maps simulated sizes to the GPU replay's and so must be the same on both)
@@ -72,6 +75,17 @@ class Profile:
 
     def config(self, base: SimConfig | None = None) -> SimConfig:
         return attrs.evolve(base or SimConfig(), **self.overrides())
+
+
+def paced(profile: Profile, run: Callable[[], T], spread: Sequence[float] = PACE_SPREAD) -> dict[float, T]:
+    """``run()`` once per factor of ``spread``, with ``profile``'s host costs scaled by it
+    (``Profile.overrides(pace=)``): whether a verdict turns on the host's pace (``replay --profile``,
+    ``scripts/fidelity``)."""
+    out: dict[float, T] = {}
+    for factor in spread:
+        with overridden(**profile.overrides(pace=factor)):
+            out[factor] = run()
+    return out
 
 
 def fields_from(measured: dict[str, Any]) -> dict[str, int]:
