@@ -132,6 +132,21 @@ class _Counter:
             self.fired.add((actor, k))
         return units
 
+    def host_costs(self) -> dict[str, tuple[int, ...]]:
+        """With ``timed``: per host actor, each counted step's cost as the simulator charges it
+        (``SimConfig.host_trace``): the wall time until the actor's next counted step, less the stall the schedule
+        put at that step (the sleep's overshoot stays in). A step's cost holds whatever the host did before its
+        next step: the operation itself (a launch, or a wait), then the program's Python (polls the schedule
+        does not count included). An actor's last step has none."""
+        if self.stamps is None:
+            return {}
+        out = {}
+        for actor in sorted(self.hosts):
+            ts = self.stamps.get(actor, [])
+            stalls = self.delays.get(actor, {})
+            out[actor] = tuple(max(1, ts[k + 1] - ts[k] - stalls.get(k, 0) * 1_000_000) for k in range(len(ts) - 1))
+        return out
+
     def unfired(self) -> tuple[str, ...]:
         return tuple(
             f"{a}#{k}+{u}" for a, ds in self.delays.items() for k, u in ds.items() if (a, k) not in self.fired
@@ -386,6 +401,21 @@ def _world_of_one() -> Iterator[None]:
 
 
 _TIMELINES: list[bool] = []
+#: inside :func:`host_traces`: the devices made there, in order
+_TRACED: list[list[CudaDevice]] = []
+
+
+@contextlib.contextmanager
+def host_traces() -> Iterator[list[CudaDevice]]:
+    """Every ``CudaDevice`` made inside is timed and listed in the list this yields: after a run, even one that
+    raised, ``dev.counter.host_costs()`` is what its host did, step by step (a world of one's rank is in its
+    parent's), for the simulator to judge that run with (``SimConfig.host_trace``)."""
+    made: list[CudaDevice] = []
+    _TRACED.append(made)
+    try:
+        yield made
+    finally:
+        _TRACED.pop()
 
 
 @contextlib.contextmanager
@@ -491,6 +521,9 @@ class CudaDevice:
         self.schedule = schedule
         self.actor = actor
         self.cycles_per_ms = cycles_per_ms or calibrate_sleep_cycles_per_ms()
+        if _TRACED:
+            timed = True
+            _TRACED[-1].append(self)
         #: ``timed``: ``counter.stamps`` has the wall clock of every counted host step and stream operation
         self.counter = _Counter(schedule, self.cycles_per_ms, timed)
         self._names: dict[int, str] = {}
@@ -723,6 +756,7 @@ class CudaDevice:
             if self.counter.stamps is not None and child.counter.stamps is not None:
                 self.counter.stamps.update(child.counter.stamps)
                 self.counter.hosts |= child.counter.hosts
+                self.counter.engine.update(child.counter.engine)
             return [run.result]
         import socket
 

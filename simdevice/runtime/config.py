@@ -26,6 +26,18 @@ def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
         raise ValueError(f"SimConfig.{attribute.name} must be > 0, got {value}")
 
 
+def host_trace(value: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``SimConfig.host_trace`` from a mapping or pairs of actor -> step costs (ns), each cost a positive integer."""
+    pairs = value.items() if isinstance(value, dict) else value
+    out = []
+    for actor, costs in pairs:
+        costs = tuple(costs)
+        if not isinstance(actor, str) or not all(isinstance(c, int) and c > 0 for c in costs):
+            raise ValueError(f"SimConfig.host_trace: {actor!r} wants positive integer step costs (ns)")
+        out.append((actor, costs))
+    return tuple(sorted(out))
+
+
 def default_device_memory() -> int:
     """The simulated device's default capacity: half of this machine's physical memory (its bytes are real CPU
     bytes; a fixed figure per machine, so a run does not depend on what else is running)."""
@@ -73,6 +85,12 @@ class SimConfig:
     #: the profile's GPU, in place of ``host_step_ns`` for its runs (a program the profile did not time gets
     #: ``host_step_ns``, the median over the programs it timed)
     program_host_step_ns: tuple[tuple[str, int], ...] = ()
+    #: per host actor (``host``, ``rank0``): the measured cost of each of its counted steps, by index, in place of
+    #: ``host_step_ns`` (and ``engine_step_ns``, ``collective_host_ns``, a sleep's length: what the host did
+    #: between two steps is in the measurement). A GPU run's own host, step by step (``reference.cuda``'s
+    #: ``host_traces``): the simulator then judges that run with its host's pace, and its own device costs. A
+    #: step past an actor's trace, an actor without one, and a poll the schedule does not count cost as without
+    host_trace: tuple[tuple[str, tuple[int, ...]], ...] = attrs.field(default=(), converter=host_trace)
     #: the cost profile the costs above come from: ``default`` (a fast host, the conservative choice for finding
     #: bugs) or a profile measured on a GPU (``simdevice.runtime.profiles``, ``--profile NAME``); reports name it
     profile: str = "default"

@@ -97,6 +97,10 @@ class HostActor:
         self.clock = VectorClock()
         self.delays = delays
         self.fired: set[int] = set()
+        #: each counted step's measured cost (``SimConfig.host_trace``), or None; whether the last step's cost
+        #: came from it (then it already holds the host's time until the next step, whatever the step did)
+        self.trace: tuple[int, ...] | None = None
+        self.traced = False
         self.default_stream: SimStream | None = None
         self.stream_stack: list[SimStream] = []
         self.streams: list[SimStream] = []
@@ -162,6 +166,7 @@ class Execution:
         #: why a greenlet run must start again on threads; an interrupt that reached an actor's greenlet
         self.needs_threads: str | None = None
         self._interrupt: BaseException | None = None
+        self._traces = dict(config.host_trace)
 
     @contextlib.contextmanager
     def device_side(self) -> Iterator[None]:
@@ -206,6 +211,7 @@ class Execution:
             raise ValueError(f"an actor or stream named {name!r} already exists")
         a = HostActor(name, len(self.streams) + len(self.actors) + 1, self._delays(name))
         self.actors[name] = a
+        a.trace = self._traces.get(name)
         a.default_stream = self.new_stream(a, "default")
         if parent is not None:
             sync.spawned(parent, a)
@@ -552,7 +558,7 @@ class Execution:
         k = a.count(poll)
         self.host_steps += 1
         ready = a.time
-        if engine and self.config.engine_step_ns:
+        if engine and self.config.engine_step_ns and not a.traced:
             # a.time is the last step's time plus host_step_ns (the actor ran nothing else since, nor did anyone)
             ready = max(self.now, ready - self.config.host_step_ns + self.config.engine_step_ns)
         delay = 0
@@ -568,7 +574,12 @@ class Execution:
         else:
             self._push(t, _HOST, a.order, a)
             self._wait_turn(a)
-        a.time = self.now + self.config.host_step_ns
+        cost = self.config.host_step_ns
+        if a.trace is not None:
+            a.traced = k is not None and k < len(a.trace)
+            if a.traced:
+                cost = a.trace[k]  # type: ignore[index]
+        a.time = self.now + cost
         a.last_step = desc
         sync.host_step(a, a.name)
         self.trace.append((self.now, a.name, desc))
@@ -592,7 +603,8 @@ class Execution:
         self.blocked.append(a)
         self._wait_turn(a)
         a.state = "running"
-        a.time = self.now + self.config.host_step_ns
+        # a measured step's cost holds its wait: the host went on then, or now where the wait ended later here
+        a.time = max(a.time, self.now) if a.traced else self.now + self.config.host_step_ns
 
     def _wake_blocked(self) -> None:
         if not self.blocked:

@@ -804,7 +804,8 @@ class Runtime:
         if not units >= 0:  # also NaN
             raise ValueError(f"sleep({units}): a sleep must be >= 0 units")
         a = self.host_step(f"sleep({units})", poll=True)
-        a.time += int(units * UNIT_NS)
+        if not a.traced:  # a measured step's cost holds its sleep
+            a.time += int(units * UNIT_NS)
 
     # -- collectives ----------------------------------------------------------------------------------------
     def rank(self) -> int:
@@ -842,7 +843,8 @@ class Runtime:
         self._issued_at(g.rec.stream.name, source, g.record)
         self._issued_now(at, g.record, mark)
         self._collective_site(g, source, [out, inp])
-        a.time += self.config.collective_host_ns  # the rest of the issuing call, after its kernel is enqueued
+        if not a.traced:  # the rest of the issuing call, after its kernel is enqueued (in a measured step's cost)
+            a.time += self.config.collective_host_ns
         return g
 
     def _collective_site(self, g: Gather, source: str, refs: list[Ref]) -> None:
@@ -874,7 +876,8 @@ class Runtime:
         self._issued_at(g.rec.stream.name, source, g.record)
         self._issued_now(at, g.record, mark)
         self._collective_site(g, source, [*outs, *([inp] if inp is not None else [])])
-        a.time += self.config.collective_host_ns
+        if not a.traced:
+            a.time += self.config.collective_host_ns
         return g
 
     def exchange_objects(self, obj: Any) -> list[Any]:

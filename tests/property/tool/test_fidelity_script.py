@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -124,6 +125,48 @@ def test_rejudge_marks_the_schedules_whose_verdict_turns_within_the_pace_spread(
     assert p.returncode == 0, p.stderr
     assert not any("pace_sensitive" in r for r in json.loads(after.read_text())["results"])
     assert "robust" not in _run("table", str(after)).stdout
+
+
+def _edge_trials(tmp_path: Path, traces: list[dict[str, list[int]]], failed: list[bool]) -> Path:
+    row = {"variant": "activation_offload/offload-inline-no-wait", "schedule": EDGE, "sim_fails": False,
+           "sim_verdict": "?", "deadlock": False, "gpu_fails": any(failed), "gpu_failed_trials": sum(failed),
+           "trials": len(failed), "trials_failed": failed, "host_traces": traces}
+    path = tmp_path / "traced.json"
+    path.write_text(json.dumps({"meta": {"device": "GPU", "torch": "t", "trials": len(failed), "date": "d",
+                                         "profile": "h200-torch2.11"}, "results": [row]}))
+    return path
+
+
+def test_rejudge_judges_each_trial_with_its_own_hosts_measured_steps(tmp_path: Path) -> None:
+    """A knife edge the GPU failed once in two: its failing trial's host ran the steps between the forward's copy
+    and the backward's reload fast, its clean one slowly. Judged with each trial's own steps the simulator says
+    the same of each trial; with the profile alone it has one verdict for both."""
+    steps = 33  # the schedule's counted host steps, less the last
+    fast, slow = {"host": [60_000] * steps}, {"host": [200_000] * steps}
+    before, after = _edge_trials(tmp_path, [fast, slow], [True, False]), tmp_path / "again.json"
+    p = _run("rejudge", str(before), "--pace-spread", "none", "-o", str(after))
+    assert p.returncode == 0, p.stderr
+    assert "1 of them also trial by trial" in p.stderr
+    (row,) = json.loads(after.read_text())["results"]
+    assert row["sim_fails"] is False  # the profile's host: clean
+    assert row["sim_trials"] == [True, False]
+    assert "trace_mismatch" not in row
+    table = _run("table", str(after)).stdout
+    assert "overall: 0/1 agree" in table  # with the profile
+    assert re.search(r"^overall +1 +100\.0% +0 +0 +2/2$", table, re.MULTILINE), table  # trial by trial
+    # the other way round (a slow host failed, a fast one ran clean): the simulator disagrees on both trials
+    p = _run("rejudge", str(_edge_trials(tmp_path, [slow, fast], [True, False])), "--pace-spread", "none",
+             "-o", str(after))
+    assert p.returncode == 0, p.stderr
+    table = _run("table", str(after)).stdout
+    assert re.search(r"^overall +1 +100\.0% +0 +0 +0/2$", table, re.MULTILINE), table
+    # a trace that does not line up with the simulator's steps is said so, and a trial with none is not judged
+    p = _run("rejudge", str(_edge_trials(tmp_path, [{"host": [200_000] * 5}, {}], [False, False])),
+             "--pace-spread", "none", "-o", str(after))
+    assert p.returncode == 0, p.stderr
+    (row,) = json.loads(after.read_text())["results"]
+    assert row["sim_trials"] == [False, None]
+    assert row["trace_mismatch"] == {"host": [6, steps + 1]}
 
 
 TIMELINE = """== x/v:k=1 on the GPU
@@ -332,6 +375,59 @@ def test_the_table_counts_schedules_not_run_apart_from_deadlocks(tmp_path: Path)
     assert "\n  not run: the memory saver is not active\n" in p.stdout
 
 
+def test_a_childs_measured_steps_come_back_with_its_trial() -> None:
+    costs = {"host": [5, 7]}
+    for trial, failed in ((CLEAN, False), (WRONG, True)):
+        got = fid.run_trial(_fake(_line("result", {"warm_up": CLEAN, "trial": {**trial, "host_costs": costs}})),
+                            dict(os.environ), 60)
+        assert (got["failed"], got["host_costs"]) == (failed, costs)
+
+
+def test_gpu_keeps_each_in_process_trials_outcome_and_measured_steps(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gpu step's loop for the programs that run in its own process, with a fake GPU: every trial's outcome
+    and its host's steps (those of a trial that raised too, up to where it raised); a warm-up that raises is one
+    failure with none."""
+    import signal
+    import types
+
+    import torch
+
+    import reference.cuda
+    from simdevice.search.targets import ProgramTarget
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda _: "fake GPU")
+    monkeypatch.setattr(signal, "signal", lambda *_: None)
+    runs: list[str] = []
+    raising = {"activation_offload/FIXED:seed=2", "offload_reload/correct"}
+
+    def run(self: ProgramTarget, schedule: Any, backend: str = "sim") -> Any:
+        assert backend == "cuda"
+        runs.append(str(schedule))
+        if reference.cuda._TRACED:  # a device the trial made, timed
+            counter = types.SimpleNamespace(host_costs=lambda n=len(runs): {"host": (n, n)})
+            reference.cuda._TRACED[-1].append(types.SimpleNamespace(counter=counter))
+        if str(schedule) in raising:
+            raise RuntimeError("Chunk mismatch")
+        return types.SimpleNamespace(clean=False)
+
+    monkeypatch.setattr(ProgramTarget, "run", run)
+    plan, out = _plan(tmp_path, "activation_offload/FIXED", "offload_reload/correct"), tmp_path / "r.json"
+    args = fid.argparse.Namespace(plan=str(plan), resume=None, trials=3, budget_s=600, hang_factor=5,
+                                  child_timeout_s=1.0, output=str(out))
+    assert fid.gpu(args) == 0
+    fixed, correct = json.loads(out.read_text())["results"]
+    # warm-up (seed 0), trial 1 fails, trial 2 raises: the trials stop there
+    assert runs[:3] == [f"activation_offload/FIXED:seed={k}" for k in range(3)]
+    assert fixed["trials_failed"] == [True, True]
+    assert fixed["host_traces"] == [{"host": [2, 2]}, {"host": [3, 3]}]
+    assert (fixed["gpu_fails"], fixed["gpu_failed_trials"]) == (True, 2)
+    assert fixed["errors"] == ["RuntimeError: Chunk mismatch"]
+    # a program without a seed: the warm-up raised
+    assert (correct["trials_failed"], correct["host_traces"], correct["gpu_failed_trials"]) == ([True], [{}], 1)
+
+
 def test_gpu_replays_a_memsaver_schedule_a_process_per_trial_with_the_same_result_fields(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The gpu step's loop, with a fake GPU and fake trial processes: each trial a process of its own started with
@@ -358,7 +454,7 @@ def test_gpu_replays_a_memsaver_schedule_a_process_per_trial_with_the_same_resul
             return {"failed": None, "error": "the memory saver is not active"}
         if len(calls) == 2:
             return {"failed": True, "error": "illegal memory access in the trial: boom"}
-        return {"failed": False, "error": None}
+        return {"failed": False, "error": None, "host_costs": {"host": [len(calls)]}}
 
     monkeypatch.setattr(fid, "run_trial", run_trial)
     plan, out = _plan(tmp_path, MEMSAVER, inactive), tmp_path / "r.json"
@@ -374,6 +470,8 @@ def test_gpu_replays_a_memsaver_schedule_a_process_per_trial_with_the_same_resul
     assert first["trials"] == 3
     assert first["errors"] == ["trial 2: illegal memory access in the trial: boom"]
     assert isinstance(first["seconds"], float)
+    assert first["trials_failed"] == [False, True, False]
+    assert first["host_traces"] == [{"host": [1]}, {}, {"host": [3]}]  # each trial's host, where it printed one
     assert second["gpu_fails"] is None
     assert second["note"] == "not run: the memory saver is not active"
 

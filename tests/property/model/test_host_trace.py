@@ -1,0 +1,243 @@
+"""``SimConfig.host_trace``: each counted host step costs what a GPU run's host measured for it.
+
+A GPU's host does not keep one pace: the Python between two steps differs from step to step and from run to run,
+and a schedule whose window is as wide as that spread fails on the GPU at a rate. With a trial's own steps
+(``reference.cuda.host_traces``, ``_Counter.host_costs``) the simulator judges that trial with its host, and its
+own device costs: what ``scripts/fidelity rejudge`` does with a campaign's measured trials. Shown here: a traced
+step is followed by the next one exactly its cost later (the trace's entry holds whatever the host did between
+them: a wait, a sleep, a collective's own work, so none of those is charged again), a step past the trace or a poll
+the schedule does not count costs ``host_step_ns``, a wait that ends later on the simulator than the trace says
+holds the next step until it ends, and a race window turns with the trace. Each rule has a mutant that fails.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import torch
+
+import simdevice
+from reference.cuda import _Counter
+from reference.schedule import Delay, Schedule
+from simdevice import SimDevice
+from simdevice.runtime import execution, runtime
+from simdevice.runtime.config import UNIT_NS, SimConfig
+
+STEP = 100_000
+
+
+def _gaps(program: Any, trace: dict[str, list[int]], **config: Any) -> list[tuple[str, int]]:
+    run = SimDevice(Schedule.parse("t/t"), SimConfig(host_step_ns=STEP, host_trace=trace, **config)).run(program)
+    host = [(t, what) for t, actor, what in run.trace if actor == "host" and not what.startswith("stall")]
+    return [(what, b - a) for (a, _), (b, what) in itertools.pairwise(host)]
+
+
+def _steps(dev: Any) -> None:
+    x = torch.full((1 << 10,), 2.0, device=dev.device)
+    x.mul_(3)
+    x.add_(1)
+    x.neg_()
+    dev.synchronize()
+
+
+def test_a_traced_step_is_followed_by_the_next_its_measured_cost_later() -> None:
+    assert _gaps(_steps, {"host": [7_000, 250_000, 3_000]}) == [
+        ("mul_", 7_000), ("add_", 250_000), ("neg_", 3_000),
+        ("synchronize", STEP),  # past the trace: the profile's step
+    ]
+    assert _gaps(_steps, {}) == [("mul_", STEP), ("add_", STEP), ("neg_", STEP), ("synchronize", STEP)]
+    assert _gaps(_steps, {"rank0": [1, 1, 1]}) == _gaps(_steps, {})  # another actor's trace is not this one's
+
+
+def test_an_engine_step_in_the_trace_is_charged_as_measured() -> None:
+    def train(dev: Any) -> None:
+        w = torch.ones(1 << 10, device=dev.device, requires_grad=True)
+        (w * torch.full((1 << 10,), 2.0, device=dev.device)).tanh().sum().backward()
+
+    measured = list(range(11_000, 20_000, 1_000))
+    gaps = _gaps(train, {"host": measured}, engine_step_ns=5_000)
+    assert [g for _, g in gaps] == measured[: len(gaps)]
+
+
+def _sleeper(dev: Any) -> None:
+    x = torch.zeros(4, device=dev.device)
+    dev.sleep(2)
+    x.add_(1)
+    dev.synchronize()
+
+
+def test_a_traced_sleep_is_in_its_steps_cost() -> None:
+    assert _gaps(_sleeper, {"host": [10_000, 3_000_000]}) == [("sleep(2)", 10_000), ("add_", 3_000_000),
+                                                            ("synchronize", STEP)]
+    # untraced: the sleep's units after the step
+    assert _gaps(_sleeper, {})[1] == ("add_", STEP + 2 * UNIT_NS)
+
+
+def _waiter(dev: Any) -> None:
+    side = dev.Stream("side")
+    x = torch.zeros(1 << 16, device=dev.device)
+    with dev.stream(side):
+        x.mul_(2)  # held back by the schedule's stall on the side stream
+    side.synchronize()
+    x.add_(1)
+
+
+def _wait(trace: list[int]) -> tuple[int, int, int]:
+    """When the host synchronized, when the side stream's operation was done, and when the host's next step came."""
+    run = SimDevice(Schedule("t", "t", {}, (Delay("side", 0, 3),)),
+                    SimConfig(host_step_ns=STEP, host_trace={"host": trace})).run(_waiter)
+    (sync,) = [t for t, actor, what in run.trace if actor == "host" and what == "side.synchronize"]
+    (done,) = [t for t, actor, what in run.trace if actor == "side" and what.startswith("done")]
+    (add,) = [t for t, actor, what in run.trace if actor == "host" and what == "add_"]
+    return sync, done, add
+
+
+def test_a_wait_that_ends_later_than_the_trace_holds_the_next_step_until_it_ends() -> None:
+    # the synchronize waits out the 3-unit stall: the next step comes when the wait ends, not a host step after
+    sync, done, add = _wait([10_000, 10_000, 10_000])
+    assert done > sync + 3 * UNIT_NS
+    assert add == done
+    # a host that went on later than the wait ends: the trace's
+    sync, done, add = _wait([10_000, 10_000, 9 * UNIT_NS])
+    assert add == sync + 9 * UNIT_NS > done
+
+
+def _poller(dev: Any) -> None:
+    side = dev.Stream("side")
+    x = torch.zeros(1 << 16, device=dev.device)
+    with dev.stream(side):
+        x.mul_(2)
+    while not side.query():
+        pass
+    x.add_(1)
+
+
+def test_a_poll_the_schedule_does_not_count_costs_a_host_step() -> None:
+    run = SimDevice(Schedule("t", "t", {}, (Delay("side", 0, 1),)),
+                    SimConfig(host_step_ns=STEP, host_trace={"host": [1_000, 1_000, 400_000, 1_000]})).run(_poller)
+    times = [t for t, actor, what in run.trace if actor == "host" and what == "side.query"]
+    # the first query is counted (index 2, after zeros and mul_): its measured cost; the rest a host step each
+    assert times[1] - times[0] == 400_000
+    assert len(times) > 3
+    assert {b - a for a, b in itertools.pairwise(times[1:])} == {STEP}
+
+
+def _reduce() -> None:
+    import torch.distributed as dist
+
+    x = torch.ones(4, device="cuda")
+    dist.all_reduce(x)
+    x.add_(1)
+    torch.cuda.synchronize()
+
+
+def _gather(dev: Any) -> Any:
+    def rank(d: Any) -> None:
+        x = torch.ones(4, device=d.device)
+        out = torch.empty(4, device=d.device)
+        d.all_gather_into_tensor(out, x, async_op=False)
+        out.add_(1)
+        d.synchronize()
+
+    return dev.spawn_ranks(rank, 1)
+
+
+def _rank_gaps(trace: dict[str, list[int]], gather: bool) -> list[tuple[str, int]]:
+    config = SimConfig(host_step_ns=STEP, collective_host_ns=500_000, host_trace=trace)
+    if gather:
+        run = SimDevice(Schedule.parse("t/t"), config).run(_gather)
+        steps = [(t, what) for t, actor, what in run.trace if actor == "rank0"]
+    else:
+        session = simdevice.cuda(config=config)
+        session.run(_reduce, world_size=1)
+        assert session.result is not None
+        steps = [(t, what) for t, actor, what in session.result.trace if actor == "rank0"]
+    # each step and the gap after it
+    return [(what, b - a) for (a, what), (b, _) in itertools.pairwise(steps)]
+
+
+@pytest.mark.parametrize("gather", [True, False], ids=["all_gather", "all_reduce"])
+def test_a_traced_collective_is_not_charged_its_host_cost_again(gather: bool) -> None:
+    measured = [10_000, 20_000, 30_000, 40_000, 50_000]
+    untraced = _rank_gaps({}, gather)
+    k = next(i for i, (what, _) in enumerate(untraced) if what.startswith("all_"))
+    assert untraced[k][1] == STEP + 500_000  # a host step, then the collective's own host cost
+    assert _rank_gaps({"rank0": measured}, gather)[k][1] == measured[k]
+
+
+@pytest.mark.parametrize("rule", ["trace", "wait", "sleep", "collective"])
+def test_a_mutant_of_each_rule_is_caught(monkeypatch: pytest.MonkeyPatch, rule: str) -> None:
+    if rule == "trace":  # the trace never read
+        monkeypatch.setattr(execution.Execution, "__init__", _without(execution.Execution.__init__))
+        with pytest.raises(AssertionError):
+            test_a_traced_step_is_followed_by_the_next_its_measured_cost_later()
+        return
+    if rule == "wait":  # after a wait, a host step as if untraced
+        block = execution.Execution.block
+
+        def untraced_block(self: Any, a: Any, desc: str, pred: Any) -> None:
+            was, a.traced = a.traced, False
+            try:
+                block(self, a, desc, pred)
+            finally:
+                a.traced = was
+
+        monkeypatch.setattr(execution.Execution, "block", untraced_block)
+        with pytest.raises(AssertionError):
+            test_a_wait_that_ends_later_than_the_trace_holds_the_next_step_until_it_ends()
+        return
+    if rule == "sleep":  # the sleep's units charged again
+        sleep = runtime.Runtime.sleep
+
+        def twice(self: Any, units: float) -> None:
+            sleep(self, units)
+            self.execution.current().time += int(units * UNIT_NS)
+
+        monkeypatch.setattr(runtime.Runtime, "sleep", twice)
+        with pytest.raises(AssertionError):
+            test_a_traced_sleep_is_in_its_steps_cost()
+        return
+    for name, gather in (("all_gather", True), ("collective", False)):
+        with monkeypatch.context() as m:
+            m.setattr(runtime.Runtime, name, _charged(getattr(runtime.Runtime, name)))
+            with pytest.raises(AssertionError):
+                test_a_traced_collective_is_not_charged_its_host_cost_again(gather)
+
+
+def _charged(method: Any) -> Any:
+    """A collective that charges its host cost after a traced step too."""
+
+    def charged(self: Any, *args: Any, **kwargs: Any) -> Any:
+        g = method(self, *args, **kwargs)
+        a = self.execution.current()
+        if a.traced:
+            a.time += self.config.collective_host_ns
+        return g
+
+    return charged
+
+
+def _without(init: Any) -> Any:
+    def patched(self: Any, config: SimConfig, *args: Any) -> None:
+        init(self, config, *args)
+        self._traces = {}
+
+    return patched
+
+
+def test_the_gpus_counter_gives_each_steps_cost_less_the_schedules_stall() -> None:
+    counter = _Counter(Schedule("t", "t", {}, (Delay("host", 1, 2), Delay("default", 0, 5))), 1.0, timed=True)
+    counter.stamps = {"host": [0, 100, 2_000_400, 2_000_600], "default": [50, 60]}
+    counter.hosts = {"host"}
+    # step 1's gap holds its 2-unit stall (2 ms), taken off; the overshoot (300 ns) stays; streams are no hosts
+    assert counter.host_costs() == {"host": (100, 300, 200)}
+    assert _Counter(None, 1.0).host_costs() == {}  # untimed: nothing
+
+
+def test_a_trace_must_be_positive_integers_per_actor() -> None:
+    assert SimConfig(host_trace={"b": [2], "a": (1,)}).host_trace == (("a", (1,)), ("b", (2,)))
+    for bad in ({"host": [0]}, {"host": [1.5]}, {3: [1]}):
+        with pytest.raises(ValueError, match="host_trace"):
+            SimConfig(host_trace=bad)
