@@ -406,7 +406,8 @@ def test_gpu_keeps_each_in_process_trials_outcome_and_measured_steps(tmp_path: P
         assert backend == "cuda"
         runs.append(str(schedule))
         if reference.cuda._TRACED:  # a device the trial made, timed
-            counter = types.SimpleNamespace(host_costs=lambda n=len(runs): {"host": (n, n)})
+            n = len(runs)
+            counter = types.SimpleNamespace(host_costs=lambda: {"host": (n, n)})
             reference.cuda._TRACED[-1].append(types.SimpleNamespace(counter=counter))
         if str(schedule) in raising:
             raise RuntimeError("Chunk mismatch")
