@@ -387,7 +387,7 @@ def test_gpu_keeps_each_in_process_trials_outcome_and_measured_steps(tmp_path: P
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The gpu step's loop for the programs that run in its own process, with a fake GPU: every trial's outcome
     and its host's steps (those of a trial that raised too, up to where it raised); a warm-up that raises is one
-    failure with none."""
+    failure, with its steps."""
     import signal
     import types
 
@@ -425,8 +425,11 @@ def test_gpu_keeps_each_in_process_trials_outcome_and_measured_steps(tmp_path: P
     assert fixed["host_traces"] == [{"host": [2, 2]}, {"host": [3, 3]}]
     assert (fixed["gpu_fails"], fixed["gpu_failed_trials"]) == (True, 2)
     assert fixed["errors"] == ["RuntimeError: Chunk mismatch"]
-    # a program without a seed: the warm-up raised
-    assert (correct["trials_failed"], correct["host_traces"], correct["gpu_failed_trials"]) == ([True], [{}], 1)
+    assert fixed["trial_schedules"] == ["activation_offload/FIXED:seed=1", "activation_offload/FIXED:seed=2"]
+    # a program without a seed whose warm-up raised: that run is the one failing trial, with its steps
+    assert (correct["trials_failed"], correct["host_traces"], correct["gpu_failed_trials"]) == ([True],
+                                                                                              [{"host": [4, 4]}], 1)
+    assert correct["trial_schedules"] == ["offload_reload/correct"]
 
 
 def test_gpu_replays_a_memsaver_schedule_a_process_per_trial_with_the_same_result_fields(
