@@ -113,6 +113,10 @@ class _Counter:
         #: with ``timed``: per host actor, the indices of its stamps that autograd's engine issued
         #: (``reference.origin``), which calibrate times apart from the program's Python
         self.engine: dict[str, set[int]] = {}
+        #: with ``timed``: the spawned processes' own step costs (``host_costs``), and how long after the parent's
+        #: ``start`` step each one's first step came (ns), as their ``join`` brought them back
+        self.children: dict[str, tuple[int, ...]] = {}
+        self.starts: dict[str, int] = {}
 
     def next(self, actor: str, poll: bool = False) -> int:
         """Count one operation of ``actor`` (``poll``: a query or a sleep); return the units it must be stalled
@@ -137,7 +141,8 @@ class _Counter:
         (``SimConfig.host_trace``): the wall time until the actor's next counted step, less the stall the schedule
         put at that step (the sleep's overshoot stays in). A step's cost holds whatever the host did before its
         next step: the operation itself (a launch, or a wait), then the program's Python (polls the schedule
-        does not count included). An actor's last step has none."""
+        does not count included). An actor's last step has none. A spawned process's actors are in it once its
+        ``join`` brought their steps back (``starts``: when each one's first step came)."""
         if self.stamps is None:
             return {}
         out = {}
@@ -145,7 +150,7 @@ class _Counter:
             ts = self.stamps.get(actor, [])
             stalls = self.delays.get(actor, {})
             out[actor] = tuple(max(1, ts[k + 1] - ts[k] - stalls.get(k, 0) * 1_000_000) for k in range(len(ts) - 1))
-        return out
+        return {**self.children, **out}
 
     def unfired(self) -> tuple[str, ...]:
         return tuple(
@@ -273,9 +278,11 @@ class CudaProcess:
 
     def __init__(self, dev: CudaDevice, raw: Any, counts: Any = None) -> None:
         self.dev, self.raw, self.counts = dev, raw, counts
+        self.started = 0
 
     def start(self) -> None:
         self.dev._host_step()
+        self.started = time.perf_counter_ns()  # one monotonic clock for every process of the machine
         self.raw.start()
 
     def join(self, timeout: float | None = None) -> None:
@@ -285,11 +292,16 @@ class CudaProcess:
             import queue
 
             try:
-                counts, fired = self.counts.get(timeout=1.0)
+                counts, fired, costs, first = self.counts.get(timeout=1.0)
             except queue.Empty:  # the child died before it could tell
                 return
-            self.dev.counter.counts.update(counts)
-            self.dev.counter.fired |= fired
+            counter = self.dev.counter
+            counter.counts.update(counts)
+            counter.fired |= fired
+            if counter.stamps is not None:
+                counter.children.update(costs)
+                if first is not None and self.started:
+                    counter.starts[self.raw.name] = max(1, first - self.started)
 
     def is_alive(self) -> bool:
         return bool(self.raw.is_alive())
@@ -685,7 +697,8 @@ class CudaDevice:
         payload = pickle.dumps((self.schedule, self.cycles_per_ms, target, ()))
         counts = self._ctx().Queue()
         # Device tensors and shared values travel as Process arguments (CUDA IPC, shared memory).
-        raw = self._ctx().Process(target=_child_entry, args=(payload, name, args, counts), name=name)
+        timed = self.counter.stamps is not None
+        raw = self._ctx().Process(target=_child_entry, args=(payload, name, args, counts, timed), name=name)
         return CudaProcess(self, raw, counts)
 
     def Value(self, typecode: str, init: Any) -> CudaValue:
@@ -955,12 +968,15 @@ def _rank_entry(payload: bytes, rank: int, world_size: int, port: int, results: 
             dist.destroy_process_group()
 
 
-def _child_entry(payload: bytes, name: str, args: tuple[Any, ...], counts: Any = None) -> None:
+def _child_entry(payload: bytes, name: str, args: tuple[Any, ...], counts: Any = None, timed: bool = False) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     schedule, cycles, target, _ = pickle.loads(payload)
-    dev = CudaDevice(schedule, actor=name, cycles_per_ms=cycles)
+    dev = CudaDevice(schedule, actor=name, cycles_per_ms=cycles, timed=timed)
     try:
         dev.run(target, *args)
     finally:
         if counts is not None:
-            counts.put((dict(dev.counter.counts), set(dev.counter.fired)))
+            # timed: its steps' costs, and its first step's clock (the parent's start step is on the same clock)
+            stamps = dev.counter.stamps or {}
+            first = stamps[name][0] if stamps.get(name) else None
+            counts.put((dict(dev.counter.counts), set(dev.counter.fired), dev.counter.host_costs(), first))

@@ -38,6 +38,15 @@ def host_trace(value: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
     return tuple(sorted(out))
 
 
+def host_starts(value: Any) -> tuple[tuple[str, int], ...]:
+    """``SimConfig.host_starts`` from a mapping or pairs of actor -> ns, each a positive integer."""
+    pairs = value.items() if isinstance(value, dict) else value
+    out = tuple(sorted((actor, ns) for actor, ns in pairs))
+    if not all(isinstance(a, str) and isinstance(ns, int) and ns > 0 for a, ns in out):
+        raise ValueError(f"SimConfig.host_starts: want actor -> a positive integer (ns), got {value!r}")
+    return out
+
+
 def default_device_memory() -> int:
     """The simulated device's default capacity: half of this machine's physical memory (its bytes are real CPU
     bytes; a fixed figure per machine, so a run does not depend on what else is running)."""
@@ -91,6 +100,10 @@ class SimConfig:
     #: ``host_traces``): the simulator then judges that run with its host's pace, and its own device costs. A
     #: step past an actor's trace, an actor without one, and a poll the schedule does not count cost as without
     host_trace: tuple[tuple[str, tuple[int, ...]], ...] = attrs.field(default=(), converter=host_trace)
+    #: per spawned actor (a ``Process``'s name, ``worker0``): how long after the parent's ``start`` step its first
+    #: step came, measured (a GPU's worker starts an interpreter, imports, makes a CUDA context: seconds); else one
+    #: ``host_step_ns``. The parent polling for it meanwhile is waiting, not a deadlock
+    host_starts: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=host_starts)
     #: the cost profile the costs above come from: ``default`` (a fast host, the conservative choice for finding
     #: bugs) or a profile measured on a GPU (``simdevice.runtime.profiles``, ``--profile NAME``); reports name it
     profile: str = "default"

@@ -167,6 +167,7 @@ class Execution:
         self.needs_threads: str | None = None
         self._interrupt: BaseException | None = None
         self._traces = dict(config.host_trace)
+        self._starts = dict(config.host_starts)
 
     @contextlib.contextmanager
     def device_side(self) -> Iterator[None]:
@@ -215,7 +216,8 @@ class Execution:
         a.default_stream = self.new_stream(a, "default")
         if parent is not None:
             sync.spawned(parent, a)
-            a.time = self.now + self.config.host_step_ns
+            a.time = self.now + self._starts.get(name, self.config.host_step_ns)
+            self.waiting_until(a.time)  # a measured start: the parent polling for it meanwhile is no deadlock
         return a
 
     def start_actor(self, a: HostActor, body: Callable[[], Any], enter: Callable[[], Any]) -> None:

@@ -241,3 +241,95 @@ def test_a_trace_must_be_positive_integers_per_actor() -> None:
     for bad in ({"host": [0]}, {"host": [1.5]}, {3: [1]}):
         with pytest.raises(ValueError, match="host_trace"):
             SimConfig(host_trace=bad)
+
+
+def _spawner(dev: Any) -> None:
+    """The trainer starts a worker and polls a shared value until the worker has set it, as zcc's trainer does."""
+    flag = dev.Value("i", 0)
+
+    def worker(d: Any, flag: Any) -> None:
+        x = torch.ones(4, device=d.device)
+        x.add_(1)
+        flag.value = 1
+
+    p = dev.Process(worker, (flag,), name="worker0")
+    p.start()
+    while flag.value == 0:
+        dev.sleep(1)
+    p.join()
+
+
+def _worker_start(starts: dict[str, int]) -> tuple[int | None, Any]:
+    """How long after the trainer's start step the worker's first step came (None: it never ran), and the run."""
+    run = SimDevice(Schedule.parse("t/t"), SimConfig(host_step_ns=STEP, host_starts=starts)).run(_spawner)
+    (start,) = [t for t, actor, what in run.trace if actor == "host" and what.startswith("Process.start")]
+    first = next((t for t, actor, _ in run.trace if actor == "worker0"), None)
+    return None if first is None else first - start, run
+
+
+def test_a_spawned_process_first_steps_when_its_start_was_measured() -> None:
+    lag, run = _worker_start({"worker0": 3 * UNIT_NS // 2})
+    assert lag == 3 * UNIT_NS // 2
+    assert not run.reports  # the trainer polled for 1.5 ms of a start: waiting, not a deadlock
+    assert _worker_start({})[0] == STEP
+    # a start longer than the stall horizon: still no deadlock while the parent polls for it
+    long = SimConfig().stall_horizon_ns * 3
+    lag, run = _worker_start({"worker0": long})
+    assert lag == long
+    assert not run.reports, run.reports
+
+
+def test_a_mutant_that_ignores_a_measured_start_or_calls_its_wait_a_deadlock(monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as m:
+        m.setattr(execution.Execution, "__init__", _without_starts(execution.Execution.__init__))
+        with pytest.raises(AssertionError):
+            test_a_spawned_process_first_steps_when_its_start_was_measured()
+    with monkeypatch.context() as m:
+        m.setattr(execution.Execution, "waiting_until", lambda self, t: None)
+        with pytest.raises(AssertionError):
+            test_a_spawned_process_first_steps_when_its_start_was_measured()
+
+
+def _without_starts(init: Any) -> Any:
+    def patched(self: Any, config: SimConfig, *args: Any) -> None:
+        init(self, config, *args)
+        self._starts = {}
+
+    return patched
+
+
+def test_the_gpus_process_brings_its_workers_steps_and_start_back_at_join() -> None:
+    import queue
+    import types
+
+    from reference.cuda import CudaProcess
+
+    counter = _Counter(None, 1.0, timed=True)
+    counter.stamps = {"host": [0, 10]}
+    counter.hosts = {"host"}
+    dev = types.SimpleNamespace(counter=counter, _host_step=lambda: None)
+    raw = types.SimpleNamespace(name="worker0", exitcode=None, start=lambda: None, join=lambda timeout=None: None)
+    counts: queue.Queue[Any] = queue.Queue()
+    p = CudaProcess(dev, raw, counts)  # type: ignore[arg-type]
+    p.start()
+    counts.put(({"worker0": 3}, set(), {"worker0": (7, 9)}, p.started + 2_500_000))
+    raw.exitcode = 0
+    p.join()
+    assert counter.counts["worker0"] == 3
+    assert counter.host_costs() == {"host": (10,), "worker0": (7, 9)}
+    assert counter.starts == {"worker0": 2_500_000}
+    # untimed: counts only
+    plain = _Counter(None, 1.0)
+    dev2 = types.SimpleNamespace(counter=plain, _host_step=lambda: None)
+    q2: queue.Queue[Any] = queue.Queue()
+    q2.put(({"worker0": 3}, set(), {}, None))
+    p2 = CudaProcess(dev2, raw, q2)  # type: ignore[arg-type]
+    p2.join()
+    assert (plain.counts, plain.starts, plain.host_costs()) == ({"worker0": 3}, {}, {})
+
+
+def test_a_start_must_be_a_positive_integer_per_actor() -> None:
+    assert SimConfig(host_starts={"w1": 5, "w0": 7}).host_starts == (("w0", 7), ("w1", 5))
+    for bad in ({"w": 0}, {"w": 1.5}, {3: 1}):
+        with pytest.raises(ValueError, match="host_starts"):
+            SimConfig(host_starts=bad)

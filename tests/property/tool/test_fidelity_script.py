@@ -407,7 +407,7 @@ def test_gpu_keeps_each_in_process_trials_outcome_and_measured_steps(tmp_path: P
         runs.append(str(schedule))
         if reference.cuda._TRACED:  # a device the trial made, timed
             n = len(runs)
-            counter = types.SimpleNamespace(host_costs=lambda: {"host": (n, n)})
+            counter = types.SimpleNamespace(host_costs=lambda: {"host": (n, n)}, starts={"worker0": 10 * n})
             reference.cuda._TRACED[-1].append(types.SimpleNamespace(counter=counter))
         if str(schedule) in raising:
             raise RuntimeError("Chunk mismatch")
@@ -426,6 +426,7 @@ def test_gpu_keeps_each_in_process_trials_outcome_and_measured_steps(tmp_path: P
     assert (fixed["gpu_fails"], fixed["gpu_failed_trials"]) == (True, 2)
     assert fixed["errors"] == ["RuntimeError: Chunk mismatch"]
     assert fixed["trial_schedules"] == ["activation_offload/FIXED:seed=1", "activation_offload/FIXED:seed=2"]
+    assert fixed["host_starts"] == [{"worker0": 20}, {"worker0": 30}]  # when each trial's process first stepped
     # a program without a seed whose warm-up raised: that run is the one failing trial, with its steps
     assert (correct["trials_failed"], correct["host_traces"], correct["gpu_failed_trials"]) == ([True],
                                                                                               [{"host": [4, 4]}], 1)
