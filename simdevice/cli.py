@@ -132,7 +132,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="run it on the CUDA GPU instead of the simulator (after one warm-up run, not counted: a "
                         "cold caching allocator's cudaMalloc or cudaHostAlloc synchronizes the device and can hide "
                         "a race; each run starts with gc.collect(), so what the last one left is back in the "
-                        "caches)")
+                        "caches); with --profile NAME each trial's host steps are timed and the trial is judged "
+                        "again on the simulator with them and the profile's device")
     r.add_argument("--trials", type=int, default=1, metavar="N", help="repeat N times and report the rate")
     r.add_argument("--json", action="store_true", help="print the outcome as JSON")
     r.add_argument("--trace", action="store_true",
@@ -604,12 +605,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from reference.cuda import timelines
 
         timed = timelines()
+    # --gpu under a measured profile: each trial's host timed, to judge that trial on the simulator with it
+    judge = backend == "cuda" and _profile() != "default"
+    hosts: list[tuple[dict[str, tuple[int, ...]], dict[str, int]]] = []
     try:
         with timed:
             for _ in range(args.trials):
-                outcomes.append(check_edges(target, schedule, edges) if edges else target.run(schedule, backend))
+                if edges:
+                    outcomes.append(check_edges(target, schedule, edges))
+                elif judge:
+                    outcomes.append(_timed_run(target, schedule, hosts))
+                else:
+                    outcomes.append(target.run(schedule, backend))
     except KeyboardInterrupt:
         interrupted = True
+    judged = _judged(target, schedule, hosts[: len(outcomes)]) if judge and not interrupted else []
     if not outcomes:  # interrupted in the first run: nothing to show
         if args.json:
             print(json.dumps({"schedule": str(schedule), "backend": backend, "trials": 0, "interrupted": True},
@@ -636,6 +646,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 "pace": {str(f): o.verdict() for f, o in pace.items()}} if pace else {}),
             "edges": [str(e) for e in edges],
             "verdicts": [o.verdict() for o in outcomes],
+            **({"judged": [o.verdict() for o in judged], "judged_same": _same(outcomes, judged)} if judged else {}),
             "reports": [str(r) for r in first.run.reports], "problems": list(first.problems),
             "fix": fix.as_dict() if fix is not None else None,
             **({"interrupted": True} if interrupted else {}),
@@ -656,6 +667,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
             _print_fix(fix, str(schedule))
         if args.trials > 1:
             print(f"{bad}/{len(outcomes)} trials failed" + (f" (interrupted, of {args.trials})" if interrupted else ""))
+        if judged:
+            print(f"  each trial judged on the simulator with its own host's steps and the device of cost profile "
+                  f"{_profile()}: {_same(outcomes, judged)}/{len(judged)} the same")
+            for k, (gpu, sim) in enumerate(zip(outcomes, judged, strict=True)):
+                print(f"    trial {k + 1}: GPU {gpu.verdict()}, simulator {sim.verdict()}")
         if args.trace:
             if backend == "cuda":
                 print("  the GPU's timeline (ms since the run's start; CUDA events around each counted operation, "
@@ -664,6 +680,40 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if interrupted:
         return _interrupted()
     return 1 if bad else 0
+
+
+def _timed_run(target: Any, schedule: Any, hosts: list[tuple[dict[str, tuple[int, ...]], dict[str, int]]]) -> Any:
+    """One GPU run with its host timed (``reference.cuda.host_traces``): its steps' costs and its processes' starts
+    go to ``hosts``, even where the run raises."""
+    from reference.cuda import host_traces
+
+    with host_traces() as devices:
+        try:
+            return target.run(schedule, "cuda")
+        finally:
+            costs: dict[str, tuple[int, ...]] = {}
+            starts: dict[str, int] = {}
+            for dev in devices:
+                costs.update(dev.counter.host_costs())
+                starts.update(dev.counter.starts)
+            hosts.append((costs, starts))
+
+
+def _judged(target: Any, schedule: Any, hosts: list[tuple[dict[str, tuple[int, ...]], dict[str, int]]]) -> list[Any]:
+    """Each GPU trial judged on the simulator with its own host (``SimConfig.host_trace``, ``host_starts``) and the
+    command's profile for the device: whether the simulator, given the host that run had, gives what it gave."""
+    from simdevice.runtime.config import overridden
+
+    judged = []
+    for costs, starts in hosts:
+        with overridden(host_trace={a: c for a, c in costs.items() if c}, host_starts=starts):
+            judged.append(target.run(schedule))
+    return judged
+
+
+def _same(outcomes: list[Any], judged: list[Any]) -> int:
+    """Trials whose GPU run failed exactly where the simulator, judging it, shows a failure."""
+    return sum((not gpu.clean) == sim.shows_on_gpu for gpu, sim in zip(outcomes, judged, strict=True))
 
 
 def _pace(spec: str | None, target: Any, schedule: Any, first: Any) -> dict[float, Any]:

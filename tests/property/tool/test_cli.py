@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -161,3 +162,58 @@ def test_a_stall_past_the_stall_horizon_is_no_deadlock(capsys: pytest.CaptureFix
     assert main(["replay", "offload_reload/correct::host#0+1001"]) == 0
     assert main(["exhaust", "offload_reload/correct", "--units", "2000", "-q"]) == 0
     assert "clean over all" in capsys.readouterr().out
+
+
+EDGE = "activation_offload/offload-inline-no-wait::host#29+5"
+
+
+def test_a_gpu_replay_under_a_profile_judges_each_trial_with_its_own_host(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``replay --gpu --profile NAME``: each trial's host is timed and the trial judged on the simulator with it.
+    A fake GPU here: its runs are the simulator's with a fast host (trial 1: the reload reads the buffer the D2H is
+    still writing) and a slow one (trial 2: clean), and they hand those hosts to the timing as CUDA's counter
+    would. Judged with each trial's own host the simulator says what each trial gave; with the profile's one host
+    step it would call both clean."""
+    import types
+
+    import attrs
+
+    import reference.cuda
+    from simdevice import Race, StaleRead
+    from simdevice.runtime.config import overridden
+    from simdevice.search.targets import ProgramTarget
+
+    hosts = iter([[60_000] * 33, [200_000] * 33])
+    sim_run = ProgramTarget.run
+
+    def run(self: ProgramTarget, schedule: Any, backend: str = "sim") -> Any:
+        if backend == "sim":
+            return sim_run(self, schedule)
+        costs = {"host": (200_000,) * 33}  # the warm-up's host: not timed
+        if reference.cuda._TRACED:  # a trial: timed
+            costs = {"host": tuple(next(hosts))}
+            counter = types.SimpleNamespace(host_costs=lambda: costs, starts={})
+            reference.cuda._TRACED[-1].append(types.SimpleNamespace(counter=counter))
+        with overridden(host_trace=costs):
+            out = sim_run(self, schedule)
+        # what a GPU run shows: the values, no race report
+        shown = tuple(r for r in out.run.reports if not isinstance(r, (Race, StaleRead)))
+        return attrs.evolve(out, run=attrs.evolve(out.run, reports=shown), backend="cuda")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ProgramTarget, "run", run)
+    assert main(["replay", EDGE, "--gpu", "--trials", "2", "--profile", "h200-torch2.11", "--json"]) == 1
+    got = json.loads(capsys.readouterr().out)
+    assert got["failed"] == 1
+    assert [v.startswith("wrong values") for v in got["judged"]] == [True, False]
+    assert got["judged_same"] == 2
+    hosts = iter([[60_000] * 33, [200_000] * 33])
+    assert main(["replay", EDGE, "--gpu", "--trials", "2", "--profile", "h200-torch2.11"]) == 1
+    out = capsys.readouterr().out
+    assert ("each trial judged on the simulator with its own host's steps and the device of cost profile "
+            "h200-torch2.11: 2/2 the same") in out
+    assert "    trial 2: GPU " in out
+    # without a profile: no judgement (the fast default host is no GPU's)
+    hosts = iter([[60_000] * 33])
+    main(["replay", EDGE, "--gpu", "--json"])
+    assert "judged" not in json.loads(capsys.readouterr().out)
