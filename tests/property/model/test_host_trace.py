@@ -219,10 +219,11 @@ def _charged(method: Any) -> Any:
     return charged
 
 
-def _without(init: Any) -> Any:
+def _without(init: Any, field: str = "_traces") -> Any:
+    """``Execution.__init__`` that then forgets the config's measured steps (or starts): a mutant."""
     def patched(self: Any, config: SimConfig, *args: Any) -> None:
         init(self, config, *args)
-        self._traces = {}
+        setattr(self, field, {})
 
     return patched
 
@@ -281,21 +282,13 @@ def test_a_spawned_process_first_steps_when_its_start_was_measured() -> None:
 
 def test_a_mutant_that_ignores_a_measured_start_or_calls_its_wait_a_deadlock(monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as m:
-        m.setattr(execution.Execution, "__init__", _without_starts(execution.Execution.__init__))
+        m.setattr(execution.Execution, "__init__", _without(execution.Execution.__init__, "_starts"))
         with pytest.raises(AssertionError):
             test_a_spawned_process_first_steps_when_its_start_was_measured()
     with monkeypatch.context() as m:
         m.setattr(execution.Execution, "waiting_until", lambda self, t: None)
         with pytest.raises(AssertionError):
             test_a_spawned_process_first_steps_when_its_start_was_measured()
-
-
-def _without_starts(init: Any) -> Any:
-    def patched(self: Any, config: SimConfig, *args: Any) -> None:
-        init(self, config, *args)
-        self._starts = {}
-
-    return patched
 
 
 def test_the_gpus_process_brings_its_workers_steps_and_start_back_at_join() -> None:
