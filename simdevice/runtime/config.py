@@ -98,7 +98,8 @@ class SimConfig:
     #: ``host_step_ns`` (and ``engine_step_ns``, ``collective_host_ns``, a sleep's length: what the host did
     #: between two steps is in the measurement). A GPU run's own host, step by step (``reference.cuda``'s
     #: ``host_traces``): the simulator then judges that run with its host's pace, and its own device costs. A
-    #: step past an actor's trace, an actor without one, and a poll the schedule does not count cost as without
+    #: step past an actor's trace, an actor without one, and a poll the schedule does not count cost
+    #: ``host_step_ns`` as before
     host_trace: tuple[tuple[str, tuple[int, ...]], ...] = attrs.field(default=(), converter=host_trace)
     #: per spawned actor (a ``Process``'s name, ``worker0``): how long after the parent's ``start`` step its first
     #: step came, measured (a GPU's worker starts an interpreter, imports, makes a CUDA context: seconds); else one

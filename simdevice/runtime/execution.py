@@ -216,8 +216,10 @@ class Execution:
         a.default_stream = self.new_stream(a, "default")
         if parent is not None:
             sync.spawned(parent, a)
-            a.time = self.now + self._starts.get(name, self.config.host_step_ns)
-            self.waiting_until(a.time)  # a measured start: the parent polling for it meanwhile is no deadlock
+            start = self._starts.get(name)
+            a.time = self.now + (start or self.config.host_step_ns)
+            if start:  # a measured start: the parent polling for it meanwhile is waiting, no deadlock
+                self.waiting_until(a.time)
         return a
 
     def start_actor(self, a: HostActor, body: Callable[[], Any], enter: Callable[[], Any]) -> None:
