@@ -42,8 +42,13 @@ def _steps(dev: Any) -> None:
     dev.synchronize()
 
 
-def test_a_traced_step_is_followed_by_the_next_its_measured_cost_later() -> None:
-    assert _gaps(_steps, {"host": [7_000, 250_000, 3_000]}) == [
+@pytest.mark.parametrize("actors", ["greenlet", "thread"])
+def test_a_traced_step_is_followed_by_the_next_its_measured_cost_later(actors: str) -> None:
+    _steps_follow_their_trace(actors)
+
+
+def _steps_follow_their_trace(actors: str = "greenlet") -> None:
+    assert _gaps(_steps, {"host": [7_000, 250_000, 3_000]}, actors=actors) == [
         ("mul_", 7_000), ("add_", 250_000), ("neg_", 3_000),
         ("synchronize", STEP),  # past the trace: the profile's step
     ]
@@ -172,7 +177,7 @@ def test_a_mutant_of_each_rule_is_caught(monkeypatch: pytest.MonkeyPatch, rule: 
     if rule == "trace":  # the trace never read
         monkeypatch.setattr(execution.Execution, "__init__", _without(execution.Execution.__init__))
         with pytest.raises(AssertionError):
-            test_a_traced_step_is_followed_by_the_next_its_measured_cost_later()
+            _steps_follow_their_trace()
         return
     if rule == "wait":  # after a wait, a host step as if untraced
         block = execution.Execution.block
