@@ -430,6 +430,17 @@ def host_traces() -> Iterator[list[CudaDevice]]:
         _TRACED.pop()
 
 
+def measured_hosts(devices: list[CudaDevice]) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    """What :func:`host_traces`' devices measured of a run: each host actor's step costs (``SimConfig.host_trace``)
+    and when each spawned process's first step came (``SimConfig.host_starts``)."""
+    costs: dict[str, tuple[int, ...]] = {}
+    starts: dict[str, int] = {}
+    for dev in devices:
+        costs.update(dev.counter.host_costs())
+        starts.update(dev.counter.starts)
+    return costs, starts
+
+
 @contextlib.contextmanager
 def timelines() -> Iterator[None]:
     """Every ``CudaDevice`` made inside keeps the run's GPU timeline in ``Run.trace`` (``replay --gpu --trace``)."""

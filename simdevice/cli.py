@@ -685,18 +685,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def _timed_run(target: Any, schedule: Any, hosts: list[tuple[dict[str, tuple[int, ...]], dict[str, int]]]) -> Any:
     """One GPU run with its host timed (``reference.cuda.host_traces``): its steps' costs and its processes' starts
     go to ``hosts``, even where the run raises."""
-    from reference.cuda import host_traces
+    from reference.cuda import host_traces, measured_hosts
 
     with host_traces() as devices:
         try:
             return target.run(schedule, "cuda")
         finally:
-            costs: dict[str, tuple[int, ...]] = {}
-            starts: dict[str, int] = {}
-            for dev in devices:
-                costs.update(dev.counter.host_costs())
-                starts.update(dev.counter.starts)
-            hosts.append((costs, starts))
+            hosts.append(measured_hosts(devices))
 
 
 def _judged(target: Any, schedule: Any, hosts: list[tuple[dict[str, tuple[int, ...]], dict[str, int]]]) -> list[Any]:
