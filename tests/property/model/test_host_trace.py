@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -331,3 +332,68 @@ def test_a_start_must_be_a_positive_integer_per_actor() -> None:
     for bad in ({"w": 0}, {"w": 1.5}, {3: 1}):
         with pytest.raises(ValueError, match="host_starts"):
             SimConfig(host_starts=bad)
+
+
+# -- a run's own steps, measured as the GPU's counter measures them, give the same run ----------------------------
+
+
+def _run_of(schedule: Schedule, config: SimConfig) -> tuple[Any, list[str]]:
+    from simdevice.search.execute import device_for, resolve
+
+    program, _ = resolve(schedule)
+    dev, cfg = device_for(schedule, "sim", config)
+    run = dev.run(program.body, schedule.variant, cfg)
+    return run, list(dev.runtime.execution.actors)
+
+
+def _measured_from(run: Any, actors: list[str], schedule: Schedule) -> dict[str, list[int]]:
+    """Each host actor's step costs as ``reference.cuda._Counter.host_costs`` defines them on a GPU, read off a
+    simulated run: the time from a step to the actor's next, less the stall the schedule put at the next one (whose
+    step the stall precedes on the simulator; on the GPU the stamp comes before the sleep)."""
+    stalls = {(d.actor, d.index): d.units * UNIT_NS for d in schedule.delays}
+    out = {}
+    for actor in actors:
+        times = [t for t, who, what in run.trace if who == actor and not what.startswith("stall ")]
+        out[actor] = [max(1, times[k + 1] - stalls.get((actor, k + 1), 0) - times[k]) for k in range(len(times) - 1)]
+    return {a: c for a, c in out.items() if c}
+
+
+def _starts_from(run: Any, actors: list[str]) -> dict[str, int]:
+    """How long after the step that spawned it each spawned actor's first step came."""
+    out = {}
+    for actor in actors:
+        first = next((t for t, who, what in run.trace if who == actor and not what.startswith("stall ")), None)
+        spawns = [t for t, who, what in run.trace
+                  if who != actor and (what.startswith("spawn_ranks(") or what == f"Process.start({actor})")]
+        before = [t for t in spawns if first is not None and t <= first]
+        if before:
+            out[actor] = max(1, first - before[-1])  # type: ignore[operator]
+    return out
+
+
+@pytest.mark.parametrize("text", [
+    "offload_reload/racy::d2h#0+1",
+    "offload_reload/correct::default#3+5,host#9+1",
+    "activation_offload/FIXED:iters=2,layers=2:host#12+5",
+    "activation_offload/offload-inline-no-wait:inflight=1,iters=2,mb=2",
+    "param_readiness/FIXED:ranks=2:rank1#7+5,rank0.nccl#1+1",
+    "param_readiness/param-prefetch-no-ready:ranks=1:rank0#4+20",
+])
+def test_a_runs_own_steps_measured_as_on_a_gpu_replay_it(text: str) -> None:
+    """The simulator's timeline is a fixed point of its own measurement: measure a run's host steps as the GPU's
+    counter does and judge the schedule again with them, and the run is the same, step for step (with a profile's
+    slow host, so the steps' costs differ from the fast default's). Waits included: a step that blocked measures
+    its wait, and the next step comes when the measurement says. Programs whose host polls are left out: a GPU
+    counts a polling loop as one step, whose cost holds the whole loop."""
+    schedule = Schedule.parse(text)
+    config = SimConfig(host_step_ns=93_000, collective_host_ns=40_000)
+    run, actors = _run_of(schedule, config)
+    measured, starts = _measured_from(run, actors, schedule), _starts_from(run, actors)
+    again, _ = _run_of(schedule, attrs.evolve(config, host_trace=measured, host_starts=starts))
+    assert again.trace == run.trace
+    assert again.reports == run.reports
+    # the measurement decides the host's pace whatever the config's own: judged from the fast default with it, the
+    # same run, where the fast default alone runs another
+    fast, _ = _run_of(schedule, SimConfig(host_trace=measured, host_starts=starts))
+    assert fast.trace == run.trace
+    assert _run_of(schedule, SimConfig())[0].trace != run.trace
