@@ -577,3 +577,25 @@ def test_the_campaign_plans_with_a_named_profile_on_any_machine(tmp_path: Path) 
     assert p.returncode == 0, p.stderr
     assert sorted(f.name for f in elsewhere.iterdir()) == ["plan.json"]
     assert len(json.loads((elsewhere / "plan.json").read_text())["rows"]) == 9
+
+
+def test_the_campaigns_replay_steps_pass_their_trials_on(tmp_path: Path) -> None:
+    """``run BUDGET TRIALS`` and ``zcc BUDGET TRIALS`` replay with that many trials (zcc one by default, under the
+    watchdog at 3 x), then print the table: a fake ``scripts/fidelity`` records what it was asked."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "gpu-campaign").write_text((ROOT / "scripts" / "gpu-campaign").read_text())
+    log = tmp_path / "calls.txt"
+    (tmp_path / "scripts" / "fidelity").write_text(
+        f"import sys\nopen({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
+    script = str(tmp_path / "scripts" / "gpu-campaign")
+    for args in (["zcc", "5"], ["zcc", "5", "2"], ["run", "7", "3"]):
+        p = subprocess.run(["bash", script, *args], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "FID": str(tmp_path / "fid")})
+        assert p.returncode == 0, p.stderr
+    gpu, zcc2, run = [line for line in log.read_text().splitlines() if line.startswith("gpu ")]
+    assert gpu.split()[1].endswith("zplan.json")
+    assert "--trials 1 --hang-factor 3 --budget-s 5" in gpu
+    assert "--trials 2 --hang-factor 3 --budget-s 5" in zcc2
+    assert run.split()[1].endswith("/plan.json")
+    assert "--trials 3 --budget-s 7" in run
+    assert sum(line.startswith("table ") for line in log.read_text().splitlines()) == 3
