@@ -18,7 +18,6 @@ from simdevice.api import SimWork
 from simdevice.dispatch import ref_of
 from simdevice.dropin.facade import session_device
 from simdevice.dropin.patches import Patches
-from simdevice.runtime.memory import Ref
 from simdevice.runtime.reports import user_source
 
 
@@ -36,10 +35,6 @@ class _World:
 
 
 WORLD = _World()
-
-
-def _ref(t: torch.Tensor) -> Ref:
-    return ref_of(t)
 
 
 def _reduce(op: Any, sent: list[torch.Tensor]) -> torch.Tensor:
@@ -99,7 +94,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
                async_op: bool = False) -> SimWork | None:
     _check_group(group)
     rt = session_device().runtime
-    gather = rt.collective("all_gather", [_ref(t) for t in tensor_list], _ref(tensor),
+    gather = rt.collective("all_gather", [ref_of(t) for t in tensor_list], ref_of(tensor),
                            lambda rank, sent: sent, user_source())
     return _finish(gather, async_op)
 
@@ -108,7 +103,7 @@ def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = N
                async_op: bool = False) -> SimWork | None:
     _check_group(group)
     rt = session_device().runtime
-    ref = _ref(tensor)
+    ref = ref_of(tensor)
     gather = rt.collective("all_reduce", [ref], ref, lambda rank, sent: [_reduce(op, sent)], user_source())
     return _finish(gather, async_op)
 
@@ -122,14 +117,14 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = d
     def shard(rank: int, sent: list[torch.Tensor]) -> list[torch.Tensor]:
         return [_reduce(op, sent)[rank * n:(rank + 1) * n]]
 
-    gather = rt.collective("reduce_scatter", [_ref(output)], _ref(input), shard, user_source())
+    gather = rt.collective("reduce_scatter", [ref_of(output)], ref_of(input), shard, user_source())
     return _finish(gather, async_op)
 
 
 def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> SimWork | None:
     _check_group(group)
     rt = session_device().runtime
-    ref = _ref(tensor)
+    ref = ref_of(tensor)
     gather = rt.collective("broadcast", [ref], ref, lambda rank, sent: [sent[src]], user_source())
     return _finish(gather, async_op)
 
