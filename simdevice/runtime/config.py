@@ -105,6 +105,13 @@ class SimConfig:
     #: step came, measured (a GPU's worker starts an interpreter, imports, makes a CUDA context: seconds); else one
     #: ``host_step_ns``. The parent polling for it meanwhile is waiting, not a deadlock
     host_starts: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=host_starts)
+    #: a spawned process (a ``Process``, ``worker0``; not a world's ranks) as a GPU's host runs one, measured by
+    #: ``scripts/calibrate``: its first step this long after the parent's ``start`` step where no start was measured
+    #: for it (``host_starts``; the parent polling for it meanwhile is waiting, not a deadlock), and each of its
+    #: steps ``spawned_host_step_ns`` in place of ``host_step_ns`` (its own interpreter's pace). 0: as any actor
+    #: (the fast default: a host step after its parent's, at the run's host step)
+    spawn_start_ns: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    spawned_host_step_ns: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     #: the cost profile the costs above come from: ``default`` (a fast host, the conservative choice for finding
     #: bugs) or a profile measured on a GPU (``simdevice.runtime.profiles``, ``--profile NAME``); reports name it
     profile: str = "default"

@@ -101,6 +101,8 @@ class HostActor:
         #: came from it (then it already holds the host's time until the next step, whatever the step did)
         self.trace: tuple[int, ...] | None = None
         self.traced = False
+        #: what one of its steps costs (``host_step_ns``, or ``spawned_host_step_ns`` for a spawned process)
+        self.step_ns = 0
         self.default_stream: SimStream | None = None
         self.stream_stack: list[SimStream] = []
         self.streams: list[SimStream] = []
@@ -207,17 +209,24 @@ class Execution:
     def stream_by_order(self, order: int) -> SimStream | None:
         return self._by_order.get(order)
 
-    def new_actor(self, name: str, parent: HostActor | None) -> HostActor:
+    def new_actor(self, name: str, parent: HostActor | None, process: bool = False) -> HostActor:
+        """A host actor; ``parent``: the actor whose step started it; ``process``: a spawned process of its own
+        (``Process``), with the start and the pace of one where the config has them (``spawn_start_ns``,
+        ``spawned_host_step_ns``)."""
         if name in self.actors or name in self.streams:
             raise ValueError(f"an actor or stream named {name!r} already exists")
         a = HostActor(name, len(self.streams) + len(self.actors) + 1, self._delays(name))
         self.actors[name] = a
         a.trace = self._traces.get(name)
+        if process and self.config.spawned_host_step_ns:
+            a.step_ns = self.config.spawned_host_step_ns
+        else:
+            a.step_ns = self.config.host_step_ns
         a.default_stream = self.new_stream(a, "default")
         if parent is not None:
             sync.spawned(parent, a)
-            start = self._starts.get(name)
-            a.time = self.now + (start or self.config.host_step_ns)
+            start = self._starts.get(name) or (self.config.spawn_start_ns if process else 0)
+            a.time = self.now + (start or parent.step_ns)
             if start:  # a measured start: the parent polling for it meanwhile is waiting, no deadlock
                 self.waiting_until(a.time)
         return a
@@ -563,8 +572,8 @@ class Execution:
         self.host_steps += 1
         ready = a.time
         if engine and self.config.engine_step_ns and not a.traced:
-            # a.time is the last step's time plus host_step_ns (the actor ran nothing else since, nor did anyone)
-            ready = max(self.now, ready - self.config.host_step_ns + self.config.engine_step_ns)
+            # a.time is the last step's time plus its step (the actor ran nothing else since, nor did anyone)
+            ready = max(self.now, ready - a.step_ns + self.config.engine_step_ns)
         delay = 0
         if k is not None and k in a.delays:
             delay = a.delays[k] * UNIT_NS
@@ -578,7 +587,7 @@ class Execution:
         else:
             self._push(t, _HOST, a.order, a)
             self._wait_turn(a)
-        cost = self.config.host_step_ns
+        cost = a.step_ns
         if a.trace is not None:
             a.traced = k is not None and k < len(a.trace)
             if a.traced:
@@ -608,7 +617,7 @@ class Execution:
         self._wait_turn(a)
         a.state = "running"
         # a measured step's cost holds its wait: the host went on then, or now where the wait ended later here
-        a.time = max(a.time, self.now) if a.traced else self.now + self.config.host_step_ns
+        a.time = max(a.time, self.now) if a.traced else self.now + a.step_ns
 
     def _wake_blocked(self) -> None:
         if not self.blocked:

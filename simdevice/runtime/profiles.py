@@ -12,7 +12,9 @@ path. ``programs`` (optional) holds each timed program's own host step: the host
 (on the H200, activation_offload's median step took 169 µs, param_readiness's 64 µs), so a program's runs are
 judged with its own; any other program, a user's among them, gets ``fields``' median. ``engine_step_ns``
 (optional) is the step autograd's engine issues with no Python before it (a backward formula; ``reference.origin``),
-timed apart from the program's own steps since 2026-12-03.
+timed apart from the program's own steps since 2026-12-03. ``spawn_start_ns`` and ``spawned_host_step_ns``
+(optional, since 2026-12-03's fifth sitting) are a spawned process's start and its own step (zcc's workers: an
+interpreter of their own, started seconds after the trainer's ``start``, at about twice its step).
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ T = TypeVar("T")
 #: the SimConfig fields a profile may set: the cost model, nothing about bounds or capacity (nor byte_scale, which
 #: maps simulated sizes to the GPU replay's and so must be the same on both)
 COST_FIELDS = ("host_step_ns", "engine_step_ns", "copy_bytes_per_ns", "kernel_bytes_per_ns", "launch_ns",
-               "collective_host_ns", "pageable_h2d_bytes_per_us", "pageable_d2h_bytes_per_us")
+               "collective_host_ns", "pageable_h2d_bytes_per_us", "pageable_d2h_bytes_per_us", "spawn_start_ns",
+               "spawned_host_step_ns")
 
 #: the costs of the host's own time (what ``Profile.overrides(pace=)`` scales)
-HOST_COSTS = ("host_step_ns", "engine_step_ns", "collective_host_ns")
+HOST_COSTS = ("host_step_ns", "engine_step_ns", "collective_host_ns", "spawn_start_ns", "spawned_host_step_ns")
 #: the host's pace from one calibration to another of the same GPU, as factors of a profile's host costs: over eight
 #: calibrations on the H200 (2026-12-01 to 03) a program's median host step lay between x0.66 and x1.31 of its
 #: middle value. A verdict that turns within it is *pace-sensitive*: a GPU shows it at a rate, trial by trial.
@@ -108,6 +111,11 @@ def fields_from(measured: dict[str, Any]) -> dict[str, int]:
         gather = measured["collective"]
         extra = statistics.median(r["issue_ns"] for r in gather["samples"]) - gather["kernel_issue_ns"]
         fields["collective_host_ns"] = max(1, round(extra))
+    spawned = measured.get("spawned", {})
+    if "step_median_ns" in spawned and "start_median_ns" in spawned:
+        # a spawned process's own pace and start, as zcc's workers showed them (calibrate's ``spawned``)
+        fields["spawned_host_step_ns"] = max(1, round(spawned["step_median_ns"]))
+        fields["spawn_start_ns"] = max(1, round(spawned["start_median_ns"]))
     if "pageable" in measured:
         # copies from and to pageable CPU tensors: bytes over the median time of each direction
         pageable = measured["pageable"]
@@ -115,6 +123,23 @@ def fields_from(measured: dict[str, Any]) -> dict[str, int]:
             ms = statistics.median(pageable[f"{way}_ms"])
             fields[f"pageable_{way}_bytes_per_us"] = max(1, round(pageable["bytes"] / (ms * 1000)))
     return fields
+
+
+def spawned_measured(traces: Sequence[dict[str, Sequence[int]]], starts: Sequence[dict[str, int]]) -> dict[str, Any]:
+    """``measured["spawned"]`` from timed runs of a program that spawns processes (calibrate's zcc/FIXED runs, or
+    a campaign's FIXED trials): per run, each host actor's measured step costs (``host_traces``) and when each
+    spawned process's first step came after its parent's ``start`` (``host_starts``; the actors it names are the
+    spawned ones). The medians are what ``fields_from`` takes; {} if no spawned process ran."""
+    steps = sorted(c for trace, begun in zip(traces, starts, strict=True)
+                   for actor, costs in trace.items() if actor in begun for c in costs)
+    begun = sorted(v for run in starts for v in run.values())
+    if not steps or not begun:
+        return {}
+    q = statistics.quantiles(steps, n=10) if len(steps) > 1 else [steps[0]]
+    return {"runs": len(traces), "processes": len(begun), "steps": len(steps),
+            "step_median_ns": round(statistics.median(steps)), "step_p10_ns": round(q[0]),
+            "step_p90_ns": round(q[-1]), "start_median_ns": round(statistics.median(begun)),
+            "starts_ns": begun}
 
 
 def programs_from(measured: dict[str, Any]) -> dict[str, dict[str, int]]:

@@ -761,7 +761,7 @@ class Runtime:
         """``Process.start``: a new host actor of its own process, after the parent's step that started it."""
         ex = self.execution
         parent = self.host_step(f"Process.start({name})")
-        child = ex.new_actor(name, parent)
+        child = ex.new_actor(name, parent, process=True)
         ex.start_actor(child, body, self._enter)
         ex.progress()
         return child

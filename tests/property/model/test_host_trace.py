@@ -297,6 +297,84 @@ def test_a_mutant_that_ignores_a_measured_start_or_calls_its_wait_a_deadlock(mon
             test_a_spawned_process_first_steps_when_its_start_was_measured()
 
 
+def _worker_pace(**config: Any) -> tuple[int | None, list[int], list[int], Any]:
+    """The worker's start after the trainer's start step, the worker's gaps between steps, the trainer's, the run."""
+    def spawner(dev: Any) -> None:
+        flag = dev.Value("i", 0)
+
+        def worker(d: Any, flag: Any) -> None:
+            x = torch.ones(4, device=d.device)
+            x.add_(1)
+            x.mul_(2)
+            x.neg_()
+            flag.value = 1
+
+        p = dev.Process(worker, (flag,), name="worker0")
+        p.start()
+        y = torch.ones(4, device=dev.device)
+        y.add_(1)
+        y.mul_(2)
+        while flag.value == 0:
+            dev.sleep(1)
+        p.join()
+
+    run = SimDevice(Schedule.parse("t/t"), SimConfig(host_step_ns=STEP, **config)).run(spawner)
+    (start,) = [t for t, actor, what in run.trace if actor == "host" and what.startswith("Process.start")]
+    worker = [t for t, actor, _ in run.trace if actor == "worker0"]
+    host = [t for t, actor, what in run.trace if actor == "host" and what in ("add_", "mul_")]
+    lag = worker[0] - start if worker else None
+    return lag, [b - a for a, b in itertools.pairwise(worker)], [b - a for a, b in itertools.pairwise(host)], run
+
+
+def test_a_spawned_process_starts_and_steps_at_the_profiles_pace_for_one() -> None:
+    lag, worker, host, run = _worker_pace(spawn_start_ns=3 * UNIT_NS, spawned_host_step_ns=2 * STEP)
+    assert lag == 3 * UNIT_NS
+    assert worker
+    assert set(worker) == {2 * STEP}  # its own interpreter's step
+    assert host == [STEP]  # the trainer keeps the run's
+    assert not run.reports  # the trainer polling for its start is waiting, not a deadlock
+    # a measured start (a trial's own, host_starts) wins over the profile's
+    assert _worker_pace(spawn_start_ns=3 * UNIT_NS, host_starts={"worker0": UNIT_NS})[0] == UNIT_NS
+    # a measured step wins too; past the trace, the spawned step
+    _, worker, _, _ = _worker_pace(spawned_host_step_ns=2 * STEP, host_trace={"worker0": [7_000]})
+    assert worker[0] == 7_000
+    assert set(worker[1:]) == {2 * STEP}
+    # 0 (the default): a host step after its parent's, at the run's step
+    lag, worker, _, _ = _worker_pace()
+    assert lag == STEP
+    assert set(worker) == {STEP}
+
+
+def test_a_worlds_ranks_are_no_spawned_processes() -> None:
+    def world(dev: Any) -> None:
+        def rank(d: Any) -> None:
+            x = torch.ones(4, device=d.device)
+            x.add_(1)
+            x.mul_(2)
+
+        dev.spawn_ranks(rank, 2)
+
+    config = SimConfig(host_step_ns=STEP, spawn_start_ns=3 * UNIT_NS, spawned_host_step_ns=2 * STEP)
+    run = SimDevice(Schedule.parse("t/t"), config).run(world)
+    steps = [t for t, actor, _ in run.trace if actor == "rank0"]
+    assert steps[0] < UNIT_NS
+    assert {b - a for a, b in itertools.pairwise(steps)} == {STEP}
+
+
+def test_a_mutant_that_treats_a_spawned_process_as_any_actor_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    new_actor = execution.Execution.new_actor
+    with monkeypatch.context() as m:  # the process flag dropped: no spawned start, no spawned step
+        m.setattr(execution.Execution, "new_actor", lambda self, name, parent, process=False:
+                  new_actor(self, name, parent))
+        with pytest.raises(AssertionError):
+            test_a_spawned_process_starts_and_steps_at_the_profiles_pace_for_one()
+    with monkeypatch.context() as m:  # every actor a spawned process: the ranks too
+        m.setattr(execution.Execution, "new_actor", lambda self, name, parent, process=False:
+                  new_actor(self, name, parent, parent is not None))
+        with pytest.raises(AssertionError):
+            test_a_worlds_ranks_are_no_spawned_processes()
+
+
 def test_the_gpus_process_brings_its_workers_steps_and_start_back_at_join() -> None:
     import queue
     import types
