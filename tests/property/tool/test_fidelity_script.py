@@ -599,3 +599,36 @@ def test_the_campaigns_replay_steps_pass_their_trials_on(tmp_path: Path) -> None
     assert run.split()[1].endswith("/plan.json")
     assert "--trials 3 --budget-s 7" in run
     assert sum(line.startswith("table ") for line in log.read_text().splitlines()) == 3
+
+
+def test_spawned_takes_a_spawned_processs_start_and_step_from_a_campaigns_fixed_trials(tmp_path: Path) -> None:
+    """The FIXED trials' workers (the actors their starts name): the median start and step, on top of the given
+    profile's costs; a buggy variant's trials and the trainer's steps are not the workers'."""
+    from simdevice.runtime.profiles import load
+
+    def row(variant: str, steps: list[int], start: int) -> dict[str, Any]:
+        return {"variant": f"zcc/{variant}", "schedule": f"zcc/{variant}", "trials_failed": [False],
+                "host_traces": [{"host": [90_000] * 4, "worker0": steps}], "host_starts": [{"worker0": start}]}
+
+    results = tmp_path / "z.json"
+    results.write_text(json.dumps({"meta": {}, "results": [
+        row("FIXED", [150_000, 170_000], 4_000_000_000), row("FIXED", [190_000], 5_000_000_000),
+        row("zcc-late-barrier", [999_000] * 9, 9_000_000_000),
+        {"variant": "zcc/FIXED", "schedule": "zcc/FIXED:steps=2", "deadlock": False, "gpu_fails": False}]}))
+    out = tmp_path / "p.json"
+    p = _run("spawned", str(results), "--profile", "h200-torch2.11", "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    profile = load(str(out))
+    shipped = load("h200-torch2.11")
+    assert profile.name == "h200-torch2.11-spawned"
+    assert profile.fields == {**shipped.fields, "spawned_host_step_ns": 170_000, "spawn_start_ns": 4_500_000_000}
+    assert profile.programs == shipped.programs
+    assert profile.measured["spawned"]["from"] == str(results)
+    # nothing to take them from, or no such profile: one line, exit 2, nothing written
+    results.write_text(json.dumps({"meta": {}, "results": [row("zcc-late-barrier", [1], 1)]}))
+    for args, why in ((["--profile", "h200-torch2.11"], "no FIXED trial"), (["--profile", "nope"], "no cost profile")):
+        out.unlink(missing_ok=True)
+        p = _run("spawned", str(results), *args, "-o", str(out))
+        assert (p.returncode, len(p.stderr.strip().splitlines())) == (2, 1), p.stderr
+        assert why in p.stderr
+        assert not out.exists()

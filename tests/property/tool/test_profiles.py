@@ -17,7 +17,16 @@ from script_modules import load_script
 from reference.schedule import Schedule
 from simdevice import SimDevice
 from simdevice.runtime.config import SimConfig, overridden
-from simdevice.runtime.profiles import COST_FIELDS, ProfileError, fields_from, load, names, programs_from
+from simdevice.runtime.profiles import (
+    COST_FIELDS,
+    ProfileError,
+    fields_from,
+    load,
+    names,
+    parse,
+    programs_from,
+    spawned_measured,
+)
 from simdevice.search import execute
 
 Cli = Callable[[list[str], Path], CompletedProcess[str]]
@@ -138,6 +147,52 @@ def test_the_engines_steps_are_costed_apart_from_the_programs() -> None:
                                        "c": {"host_step_ns": 50_000}}
     del measured["host_steps"]["engine"]
     assert "engine_step_ns" not in fields_from(measured)  # none measured: every step the program's cost
+
+
+def test_a_spawned_processs_start_and_step_come_from_the_measurements() -> None:
+    """The spawned processes are the actors a run's starts name; their steps' median and their starts' median are
+    the profile's ``spawned_host_step_ns`` and ``spawn_start_ns``, which a pace scales like any host cost."""
+    traces = [{"host": [90_000] * 5, "worker0": [150_000, 200_000, 400_000]},
+              {"host": [80_000] * 5, "worker0": [180_000], "worker1": [190_000, 210_000]}]
+    starts = [{"worker0": 5_000_000_000}, {"worker0": 4_000_000_000, "worker1": 4_500_000_000}]
+    spawned = spawned_measured(traces, starts)
+    assert (spawned["steps"], spawned["step_median_ns"], spawned["start_median_ns"]) == (6, 195_000, 4_500_000_000)
+    assert spawned_measured(traces, [{}, {}]) == {}  # no spawned process: nothing
+    measured = {"host_steps": {"a": {"median_ns": 60_000}}, "copies": {"bytes_per_ns": 50},
+                "kernels": {"bytes_per_ns": 3000}, "launch": {"ns": 5000}}
+    fields = fields_from({**measured, "spawned": spawned})
+    assert (fields["spawned_host_step_ns"], fields["spawn_start_ns"]) == (195_000, 4_500_000_000)
+    assert "spawn_start_ns" not in fields_from({**measured, "spawned": {"skipped": "x"}})
+    profile = parse({"name": "x", "fields": fields}, "x")
+    doubled = profile.overrides(pace=2.0)
+    assert (doubled["spawned_host_step_ns"], doubled["spawn_start_ns"]) == (390_000, 9_000_000_000)
+    assert doubled["copy_bytes_per_ns"] == 50
+
+
+#: the H200's costs of 2026-12-03's fifth sitting (its calibration, and its zcc/FIXED trials' workers: a start 4.88 s
+#: after the trainer's ``Process.start``, a step of 192 us against the trainer's 88 us)
+H200_HOST = SimConfig(host_step_ns=88_384, copy_bytes_per_ns=55, kernel_bytes_per_ns=2985, launch_ns=13_760,
+                      engine_step_ns=119_369, collective_host_ns=37_250)
+H200_WORKERS = {"spawn_start_ns": 4_882_912_268, "spawned_host_step_ns": 192_128}
+
+
+@pytest.mark.parametrize(("schedule", "turns_with"), [
+    ("zcc/zcc-frozen-step::default#6+5", "spawned_host_step_ns"),
+    ("zcc/zcc-late-barrier::default#6+5", "spawn_start_ns"),
+])
+def test_zccs_workers_pace_and_start_turn_a_verdict_the_gpu_gave(schedule: str, turns_with: str) -> None:
+    """Both corrupted the snapshot on the H200 in 2/2 trials; with the trainer's costs alone the simulator's workers
+    keep the trainer's pace from its ``start`` on and its D2H reads the buffers before the step writes them. With
+    a worker's own start and step (each of these two turns with one of them alone) the read lands in the step's
+    writes, as on the GPU. FIXED stays clean with them."""
+    import attrs
+
+    assert not execute(Schedule.parse(schedule), sim_config=H200_HOST).shows_on_gpu
+    assert execute(Schedule.parse(schedule), sim_config=attrs.evolve(H200_HOST, **H200_WORKERS)).corrupted
+    one = attrs.evolve(H200_HOST, **{turns_with: H200_WORKERS[turns_with]})
+    assert execute(Schedule.parse(schedule), sim_config=one).corrupted
+    fixed = schedule.replace(schedule.split("/")[1].split(":")[0], "FIXED")
+    assert not execute(Schedule.parse(fixed), sim_config=attrs.evolve(H200_HOST, **H200_WORKERS)).shows_on_gpu
 
 
 def test_calibrate_tells_the_engines_gaps_from_the_programs() -> None:
@@ -264,3 +319,33 @@ def test_calibrate_times_host_steps_of_host_actors_only() -> None:
               "rank0.default": [(21,), (900,)]}
     gaps = cal._host_gaps(stamps, {"host", "rank0"})
     assert sorted(g for g, _, _ in gaps) == [1, 10, 30]
+
+
+def test_calibrate_times_a_spawning_programs_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """calibrate's ``spawned``: zcc/FIXED on the GPU, a warm-up then each run inside ``host_traces()``; the workers'
+    steps and starts (what ``measured_hosts`` gives) make the block ``fields_from`` reads. A run that raises leaves
+    it out, said in one line. (On fakes: the CPU has no GPU.)"""
+    import contextlib
+
+    import reference.cuda as cuda
+    from simdevice.search import targets
+
+    cal = load_script("calibrate")
+    ran: list[tuple[str, str]] = []
+    measured = iter([({"host": (90_000,) * 3, "worker0": (150_000, 250_000)}, {"worker0": 4_000_000_000}),
+                     ({"host": (80_000,), "worker0": (200_000,)}, {"worker0": 6_000_000_000})])
+    monkeypatch.setattr(targets.ProgramTarget, "run", lambda self, s, backend="sim": ran.append((str(s), backend)))
+    monkeypatch.setattr(cuda, "host_traces", contextlib.contextmanager(lambda: iter([[]])))
+    monkeypatch.setattr(cuda, "measured_hosts", lambda devices: next(measured))
+    out = cal.spawned(2)
+    assert ran == [("zcc/FIXED", "cuda")] * 3  # the warm-up, then the two timed runs
+    assert (out["spec"], out["steps"], out["step_median_ns"], out["start_median_ns"]) == (
+        "zcc/FIXED", 3, 200_000, 5_000_000_000)
+    assert fields_from({"host_steps": {"a": {"median_ns": 1}}, "copies": {"bytes_per_ns": 1},
+                        "kernels": {"bytes_per_ns": 1}, "launch": {"ns": 1}, "spawned": out})["spawn_start_ns"] == 5e9
+
+    def fails(self: Any, s: Any, backend: str = "sim") -> None:
+        raise RuntimeError("CUDA error: out of memory\nmore")
+
+    monkeypatch.setattr(targets.ProgramTarget, "run", fails)
+    assert cal.spawned(2) == {"skipped": "RuntimeError: CUDA error: out of memory"}
