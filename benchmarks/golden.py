@@ -87,6 +87,7 @@ def record(path: Path, schedules: int, seed: int) -> None:
 def recorded(rev: str, into: Path, schedules: int, seed: int) -> list[dict[str, Any]]:
     if Path(rev).is_file():
         return list(json.loads(Path(rev).read_text())["schedules"])
+    into.mkdir(parents=True)
     tree = checkout(rev, into / "tree")
     out = into / "golden.json"
     try:
