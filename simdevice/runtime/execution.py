@@ -326,20 +326,32 @@ class Execution:
         self._seq += 1
         heapq.heappush(self._heap, (t, prio, order, self._seq, obj))
 
-    def _process_stream_event(self, prio: int, s: SimStream) -> bool:
-        """Run one stream event; False when its operation raised (reported, and the run is ending)."""
-        # Stream work is the device's, not a host step: its aten calls on the CPU bytes skip the dispatch mode
-        # (as device_side, inline: two of these come with every operation)
+    def _process_stream_events(self, prio: int, s: SimStream) -> bool:
+        """Run one stream event, then those that follow it at the top of the heap, up to the next host turn (or
+        none left); False when an operation raised (reported, and the run is ending)."""
+        # Stream work is the device's, not a host step: its aten calls on the CPU bytes skip the dispatch mode (as
+        # device_side, inline, and once for a run of events: two come with every operation)
+        heap = self._heap
+        failed: tuple[SimStream, Exception] | None = None
+        prev, self.in_engine = self.in_engine, True
         try:
-            prev, self.in_engine = self.in_engine, True
-            try:
-                with _NO_PYTHON_DISPATCH():
-                    self._stream_event(prio, s)
-            finally:
-                self.in_engine = prev
-        except SimAbort:
-            raise
-        except Exception as e:  # the op itself failed (a dtype, a shape): the run's error, never a hang
+            with _NO_PYTHON_DISPATCH():
+                while True:
+                    try:
+                        self._stream_event(prio, s)
+                    except SimAbort:
+                        raise
+                    except Exception as e:  # the op itself failed (a dtype, a shape): the run's error, never a hang
+                        failed = s, e
+                        break
+                    if not heap or heap[0][1] == _HOST:
+                        break
+                    t, prio, _, _, s = heapq.heappop(heap)  # (_pop, inline)
+                    self.now = t
+        finally:
+            self.in_engine = prev
+        if failed is not None:
+            s, e = failed
             op = s.running or (s.queue[0] if s.queue else None)
             what = f" in {op.desc}" if op is not None else ""
             self.reports.add(HostError(f"stream {s.name}", f"{describe(e)}{what}", error_source(e)))
@@ -411,7 +423,7 @@ class Execution:
             prio, obj = ev
             if prio == _HOST:
                 return obj  # type: ignore[no-any-return]
-            if not self._process_stream_event(prio, obj):
+            if not self._process_stream_events(prio, obj):
                 return None
 
     def _dispatch(self) -> None:
@@ -439,7 +451,7 @@ class Execution:
                 if self.aborting:
                     raise SimAbort
                 return
-            if not self._process_stream_event(prio, obj):
+            if not self._process_stream_events(prio, obj):
                 raise SimAbort
 
     # -- greenlets ------------------------------------------------------------------------------------
