@@ -521,7 +521,9 @@ class Dispatcher:
             return _tree_map(lambda t: SimTensor(t, st, self) if isinstance(t, torch.Tensor) else t, out)
         if kind == "alloc":
             kw = dict(_tree_map(data_of, kwargs))
-            kw["device"] = CPU
+            # its shape, strides and dtype on the meta device (as an op's outputs are): no CPU memory is taken for
+            # a tensor thrown away once the allocator has made the real one
+            kw["device"] = META
             kw.pop("pin_memory", None)
             like = facts.call(*_unwrapped(args), **kw)
             return self.new_device(like, self.rt.current())
