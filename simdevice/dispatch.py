@@ -534,7 +534,8 @@ class Dispatcher:
                 return self._record_stream(args[0], args[1])
             return func(*_tree_map(data_of, args), **kwargs)
         a = self.rt.host_step(facts.name, engine=self._from_engine())
-        return self.issue(a, a.current_stream, func, facts, args, kwargs, flat, user_source())
+        # (its caller is SimMode.__torch_dispatch__, the simulator's)
+        return self.issue(a, a.current_stream, func, facts, args, kwargs, flat, user_source(1))
 
     # -- host ops (no device tensor involved) -------------------------------------------------
     def _host_op(

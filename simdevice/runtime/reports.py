@@ -274,9 +274,11 @@ def forget_sources() -> None:
     _SOURCES.clear()
 
 
-def user_source() -> str:
-    """The first frame outside the simulator and torch: where the program made this call (``dir/file.py:LINE``)."""
-    f = sys._getframe(1)
+def user_source(skip: int = 0) -> str:
+    """The first frame outside the simulator and torch: where the program made this call (``dir/file.py:LINE``).
+    ``skip``: how many frames above the caller's are the simulator's own for certain (passed over unseen: Python
+    makes a frame's object only for the frames a walk looks at)."""
+    f = sys._getframe(1 + skip)
     internal = _INTERNAL
     while f is not None:
         code = f.f_code
