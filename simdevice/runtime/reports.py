@@ -265,8 +265,9 @@ def internal_file(filename: str) -> bool:
     return known
 
 
-#: (code, line) -> its ``dir/file.py:LINE`` (a program has few lines that call the device, each called often);
-#: emptied as each run starts (the name is relative to the working directory then)
+#: (code, instruction offset) -> its ``dir/file.py:LINE`` (a program has few lines that call the device, each called
+#: often: keyed by the offset, ``f_lasti``, so that a line's number, which Python finds by walking the code's whole
+#: line table, is looked up once); emptied as each run starts (the name is relative to the working directory then)
 _SOURCES: dict[tuple[Any, int], str] = {}
 
 
@@ -284,7 +285,7 @@ def user_source(skip: int = 0) -> str:
         code = f.f_code
         known = internal.get(code.co_filename)
         if not (internal_file(code.co_filename) if known is None else known):
-            key = (code, f.f_lineno)
+            key = (code, f.f_lasti)
             text = _SOURCES.get(key)
             if text is None:
                 if len(_SOURCES) >= 4096:
