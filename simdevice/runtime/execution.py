@@ -182,7 +182,11 @@ class Execution:
 
     # -- actors and streams ------------------------------------------------------
     def current(self) -> HostActor:
-        a = self.current_or_none()
+        # (current_or_none, inline: one comes with every host step)
+        if self.greenlets:
+            a = self._cur if threading.get_ident() == self._thread else None
+        else:
+            a = getattr(self._local, "actor", None)
         if a is None:
             raise RuntimeError("simulated device call outside a simulated host actor (use SimDevice.run)")
         return a
@@ -695,8 +699,12 @@ class Execution:
         while moved:
             moved = False
             for s in self.streams.values():
-                if not s.busy and s.queue:  # what _advance looks at first, without the call for an idle stream
-                    moved |= self._advance(s)
+                # what _advance looks at first, without the call for an idle stream or one held at a marker that is
+                # not ready yet (a stream waiting for another's event is asked at every completion)
+                if not s.busy and s.queue:
+                    ready = s.queue[0].ready
+                    if ready is None or ready():
+                        moved |= self._advance(s)
 
     # -- ending a run early ----------------------------------------------------------------
     def _waits(self) -> tuple[tuple[str, str], ...]:
