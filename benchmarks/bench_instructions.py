@@ -112,9 +112,9 @@ def main() -> None:
         trees = [checkout(args.before, Path(tmp) / "before"), checkout(args.after, Path(tmp) / "after")]
         try:
             rows = []
-            for what in ("inplace", "outplace"):
+            for what, label in (("inplace", "in-place"), ("outplace", "out-of-place")):
                 per = [(instructions(t, OPS, what, "300") - instructions(t, OPS, what, "100")) / 200 for t in trees]
-                rows.append((f"instructions per {what.replace('place', '-place')} op", per))
+                rows.append((f"instructions per {label} op", per))
             for name in PROGRAMS:
                 per = [instructions(t, RUNS, name, str(args.runs)) / args.runs for t in trees]
                 rows.append((f"instructions per run, {name}", per))
