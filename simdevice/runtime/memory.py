@@ -315,9 +315,13 @@ class InFlight:
                     r.snaps[id(x)] = x.clone()
 
 
-def _free_access(who: Accessor, storage: str, lo: int, hi: int, seq: int) -> Access:
+#: what :meth:`Memory.issue_free` keeps of a free's access: (actor, epoch, op, index, source, on, storage, lo, hi, seq)
+_FreeFacts = tuple[str, int, str, int, str, str, str, int, int, int]
+
+
+def _free_access(facts: _FreeFacts) -> Access:
     """A free's :class:`Access` (kind ``free``) from what :meth:`Memory.issue_free` kept of it."""
-    actor, epoch, _, op, index, source, on = who
+    actor, epoch, op, index, source, on, storage, lo, hi, seq = facts
     return Access(actor, epoch, op, index, "free", storage, lo, hi, source, 0, on, seq)
 
 
@@ -331,7 +335,7 @@ class Memory:
         self._seen_races: set[tuple[str, int, str, int, str]] = set()
         #: allocation label -> the free that handed its block on, as the facts of its access (:meth:`_free_access`
         #: makes it where a report names it: most frees are never named)
-        self._frees: dict[str, tuple[Accessor, str, int, int, int]] = {}
+        self._frees: dict[str, _FreeFacts] = {}
         #: frees with another stream's access not ordered before them (see :class:`UnorderedFree`)
         self.unordered_frees: list[UnorderedFree] = []
         self._seen_frees: set[tuple[str, str, str]] = set()
@@ -459,7 +463,7 @@ class Memory:
             return
         self._seen_races.add(key)
         free = self._frees.get(prev.storage) if prev.storage != cur.storage else None
-        freed = _free_access(*free) if free is not None else None
+        freed = _free_access(free) if free is not None else None
         self.reports.add(Race(current=cur, previous=prev, freed=freed))
 
     def issue_read(self, st: Storage, access: Access, clock: VectorClock) -> Expectation:
@@ -556,20 +560,20 @@ class Memory:
         race (naming this free). An access of another stream that the free is not ordered after is kept as an
         :class:`UnorderedFree` (the run's notes name those no reuse turned into a race)."""
         lo, hi = st.byte_range(st.data)
-        free = self._frees[st.label] = (who, st.label, lo, hi, self.issues)
-        actor = who.actor
+        actor, epoch, clock, op, index, source, on = who
+        free = self._frees[st.label] = (actor, epoch, op, index, source, on, st.label, lo, hi, self.issues)
         for _, _, cell in st.cells(lo, hi):
             pending = [r for r in cell.reads if r.actor != actor]
             lw = cell.last_write
             if lw is not None and lw.actor != actor and lw.storage == st.label:
                 pending.append(lw)
             for other in pending:
-                if other.storage != st.label or who.clock.happens_before(other.actor, other.epoch):
+                if other.storage != st.label or clock.happens_before(other.actor, other.epoch):
                     continue
-                key = (who.source, other.actor, other.source)
+                key = (source, other.actor, other.source)
                 if key not in self._seen_frees:
                     self._seen_frees.add(key)
-                    self.unordered_frees.append(UnorderedFree(_free_access(*free), other))
+                    self.unordered_frees.append(UnorderedFree(_free_access(free), other))
 
     def execute_write(self, st: Storage, lo: int, hi: int, wid: int) -> None:
         for _, _, cell in st.cells(lo, hi):
