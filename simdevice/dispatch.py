@@ -521,7 +521,9 @@ class Dispatcher:
             return _tree_map(lambda t: SimTensor(t, st, self) if isinstance(t, torch.Tensor) else t, out)
         if kind == "alloc":
             kw = dict(_tree_map(data_of, kwargs))
-            kw["device"] = CPU
+            # its shape, strides and dtype on the meta device (as an op's outputs are): no CPU memory is taken for
+            # a tensor thrown away once the allocator has made the real one
+            kw["device"] = META
             kw.pop("pin_memory", None)
             like = facts.call(*_unwrapped(args), **kw)
             return self.new_device(like, self.rt.current())
@@ -532,7 +534,8 @@ class Dispatcher:
                 return self._record_stream(args[0], args[1])
             return func(*_tree_map(data_of, args), **kwargs)
         a = self.rt.host_step(facts.name, engine=self._from_engine())
-        return self.issue(a, a.current_stream, func, facts, args, kwargs, flat, user_source())
+        # (its caller is SimMode.__torch_dispatch__, the simulator's)
+        return self.issue(a, a.current_stream, func, facts, args, kwargs, flat, user_source(1))
 
     # -- host ops (no device tensor involved) -------------------------------------------------
     def _host_op(

@@ -34,7 +34,9 @@ class VectorClock:
         return self._c.get(actor, 0)
 
     def copy(self) -> VectorClock:
-        return VectorClock(self._c)
+        c = VectorClock.__new__(VectorClock)  # (no __init__: a copy comes with every event record and free)
+        c._c = self._c.copy()
+        return c
 
     def happens_before(self, actor: ActorId, epoch: int) -> bool:
         """Whether the event ``epoch`` of ``actor`` is ordered before this clock."""

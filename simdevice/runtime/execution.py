@@ -184,7 +184,11 @@ class Execution:
 
     # -- actors and streams ------------------------------------------------------
     def current(self) -> HostActor:
-        a = self.current_or_none()
+        # (current_or_none, inline: one comes with every host step)
+        if self.greenlets:
+            a = self._cur if threading.get_ident() == self._thread else None
+        else:
+            a = getattr(self._local, "actor", None)
         if a is None:
             raise RuntimeError("simulated device call outside a simulated host actor (use SimDevice.run)")
         return a
@@ -335,20 +339,32 @@ class Execution:
         self._seq += 1
         heapq.heappush(self._heap, (t, prio, order, self._seq, obj))
 
-    def _process_stream_event(self, prio: int, s: SimStream) -> bool:
-        """Run one stream event; False when its operation raised (reported, and the run is ending)."""
-        # Stream work is the device's, not a host step: its aten calls on the CPU bytes skip the dispatch mode
-        # (as device_side, inline: two of these come with every operation)
+    def _process_stream_events(self, prio: int, s: SimStream) -> bool:
+        """Run one stream event, then those that follow it at the top of the heap, up to the next host turn (or
+        none left); False when an operation raised (reported, and the run is ending)."""
+        # Stream work is the device's, not a host step: its aten calls on the CPU bytes skip the dispatch mode (as
+        # device_side, inline, and once for a run of events: two come with every operation)
+        heap = self._heap
+        failed: tuple[SimStream, Exception] | None = None
+        prev, self.in_engine = self.in_engine, True
         try:
-            prev, self.in_engine = self.in_engine, True
-            try:
-                with _NO_PYTHON_DISPATCH():
-                    self._stream_event(prio, s)
-            finally:
-                self.in_engine = prev
-        except SimAbort:
-            raise
-        except Exception as e:  # the op itself failed (a dtype, a shape): the run's error, never a hang
+            with _NO_PYTHON_DISPATCH():
+                while True:
+                    try:
+                        self._stream_event(prio, s)
+                    except SimAbort:
+                        raise
+                    except Exception as e:  # the op itself failed (a dtype, a shape): the run's error, never a hang
+                        failed = s, e
+                        break
+                    if not heap or heap[0][1] == _HOST:
+                        break
+                    t, prio, _, _, s = heapq.heappop(heap)  # (_pop, inline)
+                    self.now = t
+        finally:
+            self.in_engine = prev
+        if failed is not None:
+            s, e = failed
             op = s.running or (s.queue[0] if s.queue else None)
             what = f" in {op.desc}" if op is not None else ""
             self.reports.add(HostError(f"stream {s.name}", f"{describe(e)}{what}", error_source(e)))
@@ -420,7 +436,7 @@ class Execution:
             prio, obj = ev
             if prio == _HOST:
                 return obj  # type: ignore[no-any-return]
-            if not self._process_stream_event(prio, obj):
+            if not self._process_stream_events(prio, obj):
                 return None
 
     def _dispatch(self) -> None:
@@ -448,7 +464,7 @@ class Execution:
                 if self.aborting:
                     raise SimAbort
                 return
-            if not self._process_stream_event(prio, obj):
+            if not self._process_stream_events(prio, obj):
                 raise SimAbort
 
     # -- greenlets ------------------------------------------------------------------------------------
@@ -692,8 +708,12 @@ class Execution:
         while moved:
             moved = False
             for s in self.streams.values():
-                if not s.busy and s.queue:  # what _advance looks at first, without the call for an idle stream
-                    moved |= self._advance(s)
+                # what _advance looks at first, without the call for an idle stream or one held at a marker that is
+                # not ready yet (a stream waiting for another's event is asked at every completion)
+                if not s.busy and s.queue:
+                    ready = s.queue[0].ready
+                    if ready is None or ready():
+                        moved |= self._advance(s)
 
     # -- ending a run early ----------------------------------------------------------------
     def _waits(self) -> tuple[tuple[str, str], ...]:

@@ -152,7 +152,10 @@ class Storage:
     def cells(self, lo: int, hi: int) -> list[tuple[int, int, _Cell]]:
         """The shadow cells over this storage's bytes ``lo:hi`` (storage coordinates in, storage coordinates out)."""
         off = self.offset
-        return self.shadow.cells(off + lo, off + hi, off)
+        shadow = self.shadow
+        # (the shadow's kept answer asked here first: four of these come with every operation)
+        got = shadow._answers.get((off + lo, off + hi, off))
+        return got if got is not None else shadow.cells(off + lo, off + hi, off)
 
 
 #: what an access touches: a storage and the CPU view of its bytes that the access covers
@@ -312,6 +315,16 @@ class InFlight:
                     r.snaps[id(x)] = x.clone()
 
 
+#: what :meth:`Memory.issue_free` keeps of a free's access: (actor, epoch, op, index, source, on, storage, lo, hi, seq)
+_FreeFacts = tuple[str, int, str, int, str, str, str, int, int, int]
+
+
+def _free_access(facts: _FreeFacts) -> Access:
+    """A free's :class:`Access` (kind ``free``) from what :meth:`Memory.issue_free` kept of it."""
+    actor, epoch, op, index, source, on, storage, lo, hi, seq = facts
+    return Access(actor, epoch, op, index, "free", storage, lo, hi, source, 0, on, seq)
+
+
 class Memory:
     """All storages of one simulation, and the checks run against their shadows."""
 
@@ -320,8 +333,9 @@ class Memory:
         self._next_id = 0
         self.reports = reports
         self._seen_races: set[tuple[str, int, str, int, str]] = set()
-        #: allocation label -> the free that handed its block on
-        self._frees: dict[str, Access] = {}
+        #: allocation label -> the free that handed its block on, as the facts of its access (:meth:`_free_access`
+        #: makes it where a report names it: most frees are never named)
+        self._frees: dict[str, _FreeFacts] = {}
         #: frees with another stream's access not ordered before them (see :class:`UnorderedFree`)
         self.unordered_frees: list[UnorderedFree] = []
         self._seen_frees: set[tuple[str, str, str]] = set()
@@ -448,7 +462,8 @@ class Memory:
         if key in self._seen_races:
             return
         self._seen_races.add(key)
-        freed = self._frees.get(prev.storage) if prev.storage != cur.storage else None
+        free = self._frees.get(prev.storage) if prev.storage != cur.storage else None
+        freed = _free_access(free) if free is not None else None
         self.reports.add(Race(current=cur, previous=prev, freed=freed))
 
     def issue_read(self, st: Storage, access: Access, clock: VectorClock) -> Expectation:
@@ -544,20 +559,21 @@ class Memory:
         keep their history, so a new owner's access that another stream's pending one is not ordered with is the
         race (naming this free). An access of another stream that the free is not ordered after is kept as an
         :class:`UnorderedFree` (the run's notes name those no reuse turned into a race)."""
-        access = self._access(who, "free", st, st.data)
-        self._frees[st.label] = access
-        for _, _, cell in st.cells(access.lo, access.hi):
-            pending = [r for r in cell.reads if r.actor != access.actor]
+        lo, hi = st.byte_range(st.data)
+        actor, epoch, clock, op, index, source, on = who
+        free = self._frees[st.label] = (actor, epoch, op, index, source, on, st.label, lo, hi, self.issues)
+        for _, _, cell in st.cells(lo, hi):
+            pending = [r for r in cell.reads if r.actor != actor]
             lw = cell.last_write
-            if lw is not None and lw.actor != access.actor and lw.storage == st.label:
+            if lw is not None and lw.actor != actor and lw.storage == st.label:
                 pending.append(lw)
             for other in pending:
-                if other.storage != st.label or who.clock.happens_before(other.actor, other.epoch):
+                if other.storage != st.label or clock.happens_before(other.actor, other.epoch):
                     continue
-                key = (access.source, other.actor, other.source)
+                key = (source, other.actor, other.source)
                 if key not in self._seen_frees:
                     self._seen_frees.add(key)
-                    self.unordered_frees.append(UnorderedFree(access, other))
+                    self.unordered_frees.append(UnorderedFree(_free_access(free), other))
 
     def execute_write(self, st: Storage, lo: int, hi: int, wid: int) -> None:
         for _, _, cell in st.cells(lo, hi):

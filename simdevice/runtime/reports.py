@@ -265,8 +265,9 @@ def internal_file(filename: str) -> bool:
     return known
 
 
-#: (code, line) -> its ``dir/file.py:LINE`` (a program has few lines that call the device, each called often);
-#: emptied as each run starts (the name is relative to the working directory then)
+#: (code, instruction offset) -> its ``dir/file.py:LINE`` (a program has few lines that call the device, each called
+#: often: keyed by the offset, ``f_lasti``, so that a line's number, which Python finds by walking the code's whole
+#: line table, is looked up once); emptied as each run starts (the name is relative to the working directory then)
 _SOURCES: dict[tuple[Any, int], str] = {}
 
 
@@ -274,15 +275,17 @@ def forget_sources() -> None:
     _SOURCES.clear()
 
 
-def user_source() -> str:
-    """The first frame outside the simulator and torch: where the program made this call (``dir/file.py:LINE``)."""
-    f = sys._getframe(1)
+def user_source(skip: int = 0) -> str:
+    """The first frame outside the simulator and torch: where the program made this call (``dir/file.py:LINE``).
+    ``skip``: how many frames above the caller's are the simulator's own for certain (passed over unseen: Python
+    makes a frame's object only for the frames a walk looks at)."""
+    f = sys._getframe(1 + skip)
     internal = _INTERNAL
     while f is not None:
         code = f.f_code
         known = internal.get(code.co_filename)
         if not (internal_file(code.co_filename) if known is None else known):
-            key = (code, f.f_lineno)
+            key = (code, f.f_lasti)
             text = _SOURCES.get(key)
             if text is None:
                 if len(_SOURCES) >= 4096:

@@ -431,7 +431,8 @@ class Runtime:
         self._stream_waits(s, self._record(other), f"stream {other.name}")
 
     def _host_waits(self, a: HostActor, recs: list[EventRecord], desc: str) -> None:
-        self.execution.block(a, desc, lambda: all(r.done() for r in recs))
+        # (one record's own method where there is one: the predicate is asked at every completion while blocked)
+        self.execution.block(a, desc, recs[0].done if len(recs) == 1 else lambda: all(r.done() for r in recs))
         for r in recs:
             sync.host_observes(a, r)
 
