@@ -624,6 +624,9 @@ def test_spawned_takes_a_spawned_processs_start_and_step_from_a_campaigns_fixed_
     assert profile.fields == {**shipped.fields, "spawned_host_step_ns": 170_000, "spawn_start_ns": 4_500_000_000}
     assert profile.programs == shipped.programs
     assert profile.measured["spawned"]["from"] == str(results)
+    p = _run("spawned", str(results), "--profile", "h200-torch2.11", "-o", str(tmp_path))  # a folder: one line
+    assert (p.returncode, len(p.stderr.strip().splitlines())) == (2, 1), p.stderr
+    assert "cannot write" in p.stderr
     # nothing to take them from, or no such profile: one line, exit 2, nothing written
     results.write_text(json.dumps({"meta": {}, "results": [row("zcc-late-barrier", [1], 1)]}))
     for args, why in ((["--profile", "h200-torch2.11"], "no FIXED trial"), (["--profile", "nope"], "no cost profile")):
