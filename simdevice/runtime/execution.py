@@ -222,16 +222,13 @@ class Execution:
         a = HostActor(name, len(self.streams) + len(self.actors) + 1, self._delays(name))
         self.actors[name] = a
         a.trace = self._traces.get(name)
-        if process and self.config.spawned_host_step_ns:
-            a.step_ns = self.config.spawned_host_step_ns
-        else:
-            a.step_ns = self.config.host_step_ns
+        a.step_ns = (process and self.config.spawned_host_step_ns) or self.config.host_step_ns
         a.default_stream = self.new_stream(a, "default")
         if parent is not None:
             sync.spawned(parent, a)
             start = self._starts.get(name) or (self.config.spawn_start_ns if process else 0)
             a.time = self.now + (start or parent.step_ns)
-            if start:  # a measured start: the parent polling for it meanwhile is waiting, no deadlock
+            if start:  # a start measured or profiled: the parent polling for it meanwhile is waiting, no deadlock
                 self.waiting_until(a.time)
         return a
 
