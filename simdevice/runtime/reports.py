@@ -34,9 +34,11 @@ def fmt_time(ns: int) -> str:
     return f"t={ns / UNIT_NS:.3f}"
 
 
-@attrs.frozen
+@attrs.define(unsafe_hash=True)
 class Access:
-    """One read or write of a byte range, by a stream operation or a host step."""
+    """One read or write of a byte range, by a stream operation or a host step. Never changed once made, but not
+    frozen: one is made for every access of every operation, and a frozen class's ``__init__`` (a call of
+    ``object.__setattr__`` per field) costs four times a plain one's. Equal and hashed by value, as a frozen one."""
 
     actor: str
     #: epoch of ``actor`` at this access (its own vector-clock component)
