@@ -225,7 +225,7 @@ class SimDevice:
         shown: torch.device | None = None,
     ) -> None:
         self.schedule = schedule
-        self.config = with_overrides(config or SimConfig())
+        self.config = with_overrides(config)
         if schedule is not None:
             self.config = self.config.for_program(schedule.program)
         self._options = options or Options()

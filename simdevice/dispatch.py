@@ -430,6 +430,25 @@ _META_CACHE: dict[Any, tuple[Any, Any]] = {}
 _META_CACHE_MAX = 8192
 
 
+def _template(func: Any, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    """What a bare allocation (``empty``, ``empty_like``, ``empty_strided``) makes, on the meta device: its shape,
+    strides and dtype, no CPU memory taken for a tensor thrown away once the allocator has made the real one.
+    Cached as the meta outputs are (by the op and the signature of its arguments): a program allocates the same
+    shapes over and over, and torch's factory call is most of an allocation's own cost."""
+    key = (id(func), tuple([_sig(x) for x in args]), _sig(kwargs) if kwargs else ())
+    got = _META_CACHE.get(key)
+    if got is not None and got[0] is func:
+        return got[1]  # type: ignore[no-any-return]
+    kw = dict(_tree_map(data_of, kwargs))
+    kw["device"] = META
+    kw.pop("pin_memory", None)
+    like = facts.call(*_unwrapped(args), **kw)
+    if len(_META_CACHE) >= _META_CACHE_MAX:
+        _META_CACHE.clear()
+    _META_CACHE[key] = (func, like)
+    return like  # type: ignore[no-any-return]
+
+
 def _written(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     for i, name, kwarg_only in facts.written:
@@ -520,13 +539,7 @@ class Dispatcher:
                 return SimTensor(out, st, self)
             return _tree_map(lambda t: SimTensor(t, st, self) if isinstance(t, torch.Tensor) else t, out)
         if kind == "alloc":
-            kw = dict(_tree_map(data_of, kwargs))
-            # its shape, strides and dtype on the meta device (as an op's outputs are): no CPU memory is taken for
-            # a tensor thrown away once the allocator has made the real one
-            kw["device"] = META
-            kw.pop("pin_memory", None)
-            like = facts.call(*_unwrapped(args), **kw)
-            return self.new_device(like, self.rt.current())
+            return self.new_device(_template(func, facts, args, kwargs), self.rt.current())
         if facts.kind == "meta":
             if func is aten.is_pinned.default:
                 return False
@@ -704,7 +717,7 @@ class Dispatcher:
         else:
             n = 0
             for x in touched:
-                n += x.nbytes  # numel() * element_size()
+                n += x._data.nbytes  # numel() * element_size(); a plain tensor's answers without torch's subclass check
             duration = self.config.kernel_ns(n)
 
         # Effects: compute from the inputs as they are at start, land the outputs at completion. The effect holds

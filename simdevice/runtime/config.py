@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -122,8 +123,9 @@ class SimConfig:
 
     def for_program(self, program: str) -> SimConfig:
         """The costs of a run of ``program``: its own host step where the profile measured one."""
-        own = dict(self.program_host_step_ns).get(program)
-        return attrs.evolve(self, host_step_ns=own) if own is not None and own != self.host_step_ns else self
+        if not self.program_host_step_ns:
+            return self
+        return _for_program(self, program)
 
     def copy_ns(self, nbytes: int, pageable: str | None = None) -> int:
         """A host copy of ``nbytes``; ``pageable``: ``"h2d"`` from or ``"d2h"`` to pageable host memory, at its own
@@ -135,6 +137,13 @@ class SimConfig:
 
     def kernel_ns(self, nbytes: int) -> int:
         return max(self.launch_ns, nbytes * self.byte_scale // self.kernel_bytes_per_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _for_program(config: SimConfig, program: str) -> SimConfig:
+    """:meth:`SimConfig.for_program`, made once per (config, program): every run of a profile asks."""
+    own = dict(config.program_host_step_ns).get(program)
+    return attrs.evolve(config, host_step_ns=own) if own is not None and own != config.host_step_ns else config
 
 
 #: SimConfig fields every run made inside :func:`overridden` gets (the command line's ``--max-steps``)
@@ -153,10 +162,22 @@ def overridden(**fields: Any) -> Iterator[None]:
         _OVERRIDES.reset(token)
 
 
-def with_overrides(config: SimConfig) -> SimConfig:
-    """``config`` with the fields of an enclosing :func:`overridden` block."""
-    fields = dict(_OVERRIDES.get())
-    return attrs.evolve(config, **fields) if fields else config
+def with_overrides(config: SimConfig | None) -> SimConfig:
+    """``config`` (None: the defaults) with the fields of an enclosing :func:`overridden` block. Made once per
+    (config, fields): every run asks, and a search's runs ask with the same two (a config's ``__init__``, its
+    validators and converters, cost a tenth of an empty run)."""
+    fields = _OVERRIDES.get()
+    try:
+        return _with(config, fields)
+    except TypeError:  # a field's value is not hashable: made afresh
+        base = config if config is not None else SimConfig()
+        return attrs.evolve(base, **dict(fields)) if fields else base
+
+
+@functools.lru_cache(maxsize=64)
+def _with(config: SimConfig | None, fields: tuple[tuple[str, Any], ...]) -> SimConfig:
+    base = config if config is not None else SimConfig()
+    return attrs.evolve(base, **dict(fields)) if fields else base
 
 
 def active_overrides() -> tuple[tuple[str, Any], ...]:
