@@ -43,13 +43,9 @@ import attrs
 
 #: how workers start: the first of these the platform has
 START_METHODS = ("forkserver", "spawn")
-#: what the fork server imports once, before it forks any worker: torch, the simulator, Hypothesis and the search
-#: (each worker imported Hypothesis itself, 0.4 s of its start on a 2-core machine). Of the package's modules, only
-#: those every worker imports before its first search (:func:`_work`'s own), so that a worker's draws are what they
-#: would be without the server's imports; and last :mod:`simdevice.preloaded` (no constants), which freezes what the
-#: others made and lets the server end at once
-PRELOAD = ["torch", "hypothesis", "simdevice.programs", "simdevice.search.engine", "simdevice.search.find",
-           "simdevice.preloaded"]
+#: what the fork server imports once, before it forks any worker: :mod:`simdevice.preloaded` imports torch, the
+#: simulator, Hypothesis and the search, and freezes what they made
+PRELOAD = ["simdevice.preloaded"]
 #: seconds a stopped worker has to unwind its run before it is killed
 STOP_GRACE_S = 10.0
 
