@@ -43,8 +43,9 @@ import attrs
 
 #: how workers start: the first of these the platform has
 START_METHODS = ("forkserver", "spawn")
-#: what the fork server imports once, before it forks any worker
-PRELOAD = ["torch", "simdevice.programs", "simdevice.search"]
+#: what the fork server imports once, before it forks any worker: :mod:`simdevice.preloaded` imports torch, the
+#: simulator, Hypothesis and the search, and freezes what they made
+PRELOAD = ["simdevice.preloaded"]
 #: seconds a stopped worker has to unwind its run before it is killed
 STOP_GRACE_S = 10.0
 
