@@ -170,8 +170,7 @@ def with_overrides(config: SimConfig | None) -> SimConfig:
     try:
         return _with(config, fields)
     except TypeError:  # a field's value is not hashable: made afresh
-        base = config if config is not None else SimConfig()
-        return attrs.evolve(base, **dict(fields)) if fields else base
+        return _with.__wrapped__(config, fields)
 
 
 @functools.lru_cache(maxsize=64)

@@ -349,3 +349,22 @@ def test_calibrate_times_a_spawning_programs_workers(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(targets.ProgramTarget, "run", fails)
     assert cal.spawned(2) == {"skipped": "RuntimeError: CUDA error: out of memory"}
+
+
+def test_a_runs_config_takes_the_overrides_in_force_whatever_their_values() -> None:
+    """A run's config is made once per (config, overrides), and each run gets the fields in force then: the defaults
+    outside any block, the block's inside, a given config's own fields beside them, and a field whose value is not
+    hashable (a list of steps) converted as before.
+
+    Mutations caught: the cache keyed on the config alone (the second block's runs got the first's host step); no
+    way for a value that cannot be hashed (a list raised TypeError)."""
+    plain = SimDevice().config
+    assert SimDevice().config is plain  # made once
+    with overridden(host_step_ns=7_000):
+        assert SimDevice().config.host_step_ns == 7_000
+        assert SimDevice(config=SimConfig(launch_ns=9_000)).config.launch_ns == 9_000
+        with overridden(host_step_ns=8_000, host_trace=[("host", [1, 2])]):
+            inner = SimDevice().config
+            assert (inner.host_step_ns, inner.host_trace) == (8_000, (("host", (1, 2)),))
+        assert SimDevice().config.host_step_ns == 7_000
+    assert SimDevice().config == SimConfig()
