@@ -430,23 +430,44 @@ _META_CACHE: dict[Any, tuple[Any, Any]] = {}
 _META_CACHE_MAX = 8192
 
 
-def _template(func: Any, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-    """What a bare allocation (``empty``, ``empty_like``, ``empty_strided``) makes, on the meta device: its shape,
-    strides and dtype, no CPU memory taken for a tensor thrown away once the allocator has made the real one.
-    Cached as the meta outputs are (by the op and the signature of its arguments): a program allocates the same
-    shapes over and over, and torch's factory call is most of an allocation's own cost."""
+def _on_meta(make: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any], func: Any, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
+    """``make(func, args, kwargs)``, what an op makes on the meta device, cached by the op and the signature of its
+    arguments in :data:`_META_CACHE` (the same programs issue the same ops run after run)."""
+    # (_sig(args) and _sig(kwargs), inline: the arguments are a tuple, the keywords mostly none)
     key = (id(func), tuple([_sig(x) for x in args]), _sig(kwargs) if kwargs else ())
     got = _META_CACHE.get(key)
     if got is not None and got[0] is func:
-        return got[1]  # type: ignore[no-any-return]
+        return got[1]
+    out = make(func, args, kwargs)
+    if len(_META_CACHE) >= _META_CACHE_MAX:
+        _META_CACHE.clear()
+    _META_CACHE[key] = (func, out)
+    return out
+
+
+def _meta_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """An op's outputs from its meta kernel; None when they depend on the data (the meta kernel refuses)."""
+    margs, mkwargs = _tree_map(_meta_of, args), _tree_map(_meta_of, kwargs)
+    # a plain pointwise op by TensorIterator's rules: its meta kernel is a Python reference that imports dynamo
+    out = elementwise.output(func, margs, mkwargs)
+    if out is None:
+        try:
+            out = func(*margs, **mkwargs)
+        except (NotImplementedError, RuntimeError):
+            out = None  # nonzero, boolean indexing, repeat_interleave without a size: the values decide
+    return out
+
+
+def _template(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    """What a bare allocation (``empty``, ``empty_like``, ``empty_strided``) makes, on the meta device: its shape,
+    strides and dtype, no CPU memory taken for a tensor thrown away once the allocator has made the real one (made
+    through :func:`_on_meta`: a program allocates the same shapes over and over, and torch's factory call is most of
+    an allocation's own cost)."""
     kw = dict(_tree_map(data_of, kwargs))
     kw["device"] = META
     kw.pop("pin_memory", None)
-    like = facts.call(*_unwrapped(args), **kw)
-    if len(_META_CACHE) >= _META_CACHE_MAX:
-        _META_CACHE.clear()
-    _META_CACHE[key] = (func, like)
-    return like  # type: ignore[no-any-return]
+    return classify(func).call(*_unwrapped(args), **kw)  # type: ignore[no-any-return]
 
 
 def _written(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -539,7 +560,7 @@ class Dispatcher:
                 return SimTensor(out, st, self)
             return _tree_map(lambda t: SimTensor(t, st, self) if isinstance(t, torch.Tensor) else t, out)
         if kind == "alloc":
-            return self.new_device(_template(func, facts, args, kwargs), self.rt.current())
+            return self.new_device(_on_meta(_template, func, args, kwargs), self.rt.current())
         if facts.kind == "meta":
             if func is aten.is_pinned.default:
                 return False
@@ -594,23 +615,7 @@ class Dispatcher:
         if func is aten._to_copy.default:
             x = args[0]
             return torch.empty_strided(x.shape, x.stride(), dtype=kwargs.get("dtype") or x.dtype, device=META)
-        # (_sig(args) and _sig(kwargs), inline: the arguments are a tuple, the keywords mostly none)
-        key = (id(func), tuple([_sig(x) for x in args]), _sig(kwargs) if kwargs else ())
-        got = _META_CACHE.get(key)
-        if got is not None and got[0] is func:
-            return got[1]
-        margs, mkwargs = _tree_map(_meta_of, args), _tree_map(_meta_of, kwargs)
-        # a plain pointwise op by TensorIterator's rules: its meta kernel is a Python reference that imports dynamo
-        out = elementwise.output(func, margs, mkwargs)
-        if out is None:
-            try:
-                out = func(*margs, **mkwargs)
-            except (NotImplementedError, RuntimeError):
-                out = None  # nonzero, boolean indexing, repeat_interleave without a size: the values decide
-        if len(_META_CACHE) >= _META_CACHE_MAX:
-            _META_CACHE.clear()
-        _META_CACHE[key] = (func, out)
-        return out
+        return _on_meta(_meta_kernel, func, args, kwargs)
 
     def _outputs(
         self,
