@@ -423,9 +423,10 @@ def _sig(x: Any) -> Any:
     return (t, repr(x))
 
 
-#: the meta kernels' outputs by (the op's id, signature of its arguments), each with the op, shared by every run of
-#: the process (the same programs issue the same ops run after run); emptied when it grows past _META_CACHE_MAX
-#: entries. Keyed by the op's id, as _FACTS is (hashing the op calls OpOverload.__hash__, a Python method)
+#: the meta kernels' outputs and the bare allocations' templates (:func:`_on_meta`) by (the op's id, signature of its
+#: arguments), each with the op, shared by every run of the process (the same programs issue the same ops run after
+#: run); emptied past _META_CACHE_MAX entries. Keyed by the op's id, as _FACTS is (hashing the op calls
+#: OpOverload.__hash__, a Python method)
 _META_CACHE: dict[Any, tuple[Any, Any]] = {}
 _META_CACHE_MAX = 8192
 
