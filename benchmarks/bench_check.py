@@ -45,7 +45,11 @@ def one_run(tree: Path, extra: list[str]) -> tuple[float, Found]:
     seconds = time.perf_counter() - start
     if p.returncode not in (0, 1):
         raise SystemExit(f"check failed in {tree}: {p.stderr.strip().splitlines()[-1:]}")
-    doc = json.loads(p.stdout)
+    try:
+        doc = json.loads(p.stdout)
+    except json.JSONDecodeError as e:  # seen once (2026-12-03), not reproduced since: keep what came for a look
+        raise SystemExit(f"check --json in {tree} exited {p.returncode} without a JSON document ({e}); stdout "
+                         f"{p.stdout!r:.2000}; stderr {p.stderr!r:.2000}") from None
     found = [(r["program"], r["variant"], r["found"], r["examples"], r["schedule"], r["summary"],
               r["race_at_default"]) for r in doc["results"]]
     return seconds, found
