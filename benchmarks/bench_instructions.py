@@ -1,7 +1,7 @@
 """Instructions per simulated operation and per run, counted by callgrind: a figure that does not depend on the
 machine's load, for two revisions side by side.
 
-    PYTHONPATH=. python benchmarks/bench_instructions.py BEFORE AFTER [--runs 5]
+    PYTHONPATH=. python benchmarks/bench_instructions.py BEFORE AFTER [--runs 5] [--floor]
 
 BEFORE and AFTER are git revisions of this repository (or paths to checkouts), each checked out into a temporary
 worktree (as ``bench_check.py`` does). Each figure is one process under ``valgrind --tool=callgrind
@@ -12,6 +12,9 @@ turns counting on (``callgrind_control -i on``) around the measured part alone:
   (``y = x * 0.5``): 300 operations less 100, over 200, in instructions per operation;
 - each mechanism's FIXED variant at its defaults (and ``offload_reload/correct``): ``--runs`` runs as ``exhaust``
   makes them (a device made and the program run), in instructions per run.
+
+With ``--floor``, the same in-place op's count without the simulator is printed too: on a plain CPU tensor, and
+under a ``TorchDispatchMode`` that only calls the op (the floor of a design that sees every aten call in Python).
 
 Counts repeat within about 1% from one process to the next (the kernel's and other processes' work is not
 counted). User-space instructions only: a page fault's time in the kernel is not in them. Figures, not
@@ -86,6 +89,35 @@ gc.freeze()
 counted(lambda: go(int(sys.argv[2])))
 """
 
+FLOOR = _COUNTED + r"""
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+class Passing(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+# as SimMode: the plain method, not torch's wrapper that imports dynamo at its first call
+Passing.__torch_dispatch__ = getattr(Passing.__torch_dispatch__, "__wrapped__", Passing.__torch_dispatch__)
+
+x = torch.ones(4096)
+
+def plain(k):
+    for _ in range(k):
+        x.mul_(0.5)
+
+def passing(k):
+    with Passing():
+        for _ in range(k):
+            x.mul_(0.5)
+
+f, k = globals()[sys.argv[1]], int(sys.argv[2])
+f(50)
+gc.collect()
+gc.freeze()
+counted(lambda: f(k))
+"""
+
 PROGRAMS = ("offload_reload/correct", "activation_offload/FIXED", "param_readiness/FIXED", "zcc/FIXED",
             "memsaver_guard/FIXED")
 
@@ -107,7 +139,13 @@ def main() -> None:
     p.add_argument("before")
     p.add_argument("after")
     p.add_argument("--runs", type=int, default=5, help="runs of each program counted (their mean is printed)")
+    p.add_argument("--floor", action="store_true",
+                   help="also count the in-place op on a plain tensor and under a mode that only calls it")
     args = p.parse_args()
+    if args.floor:
+        for what, label in (("plain", "on a plain CPU tensor"), ("passing", "under a mode that only calls it")):
+            n = (instructions(ROOT, FLOOR, what, "1200") - instructions(ROOT, FLOOR, what, "200")) / 1000
+            print(f"instructions per in-place op {label}: {n:,.0f}")
     with tempfile.TemporaryDirectory() as tmp:
         trees = [checkout(args.before, Path(tmp) / "before"), checkout(args.after, Path(tmp) / "after")]
         try:
