@@ -431,7 +431,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
 
     try:
         result = explore(target, max_examples=args.examples, budget_s=args.budget, config=config, progress=step,
-                         db=db)
+                         db=db, default_config=fixed or None)
     except TargetError as e:
         return _fail(str(e))
     except KeyboardInterrupt:  # nothing failed so far (a failure is shrunk before it is reported)

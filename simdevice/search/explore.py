@@ -148,12 +148,15 @@ def explore(
     progress: Callable[[int], None] | None = None,
     db: ExampleDatabase | None = None,
     examples: Sequence[Schedule | str] = (),
+    default_config: dict[str, Any] | None = None,
 ) -> Exploration:
     """Search ``fn``'s schedules (a function, a ``file.py::fn`` / ``module::fn`` target, or a target) for a
     failure and shrink it; when none turns up, a race at the default schedule counts as found.
 
     ``config``: a Hypothesis strategy for the function's keyword arguments (default: its defaults).
     ``examples``: schedule lines (or delays alone, ``"side#0+3"``) to run first, as pins.
+    ``default_config``: the configuration of that default schedule (default: the function's defaults); where
+    ``config`` holds one configuration fixed, that one (the defaults' race is no finding about it).
     """
     target = as_target(fn, world_size)
     pins = [pin(target, e) for e in examples]
@@ -162,7 +165,7 @@ def explore(
     found, count = result.failure, result.examples
     if found is None:
         with kept_patched(target):
-            default = target.run(target.schedule())
+            default = target.run(target.schedule(default_config))
         count += 1
         if default.races or default.corrupted:
             found = default  # a race is there whatever the timing

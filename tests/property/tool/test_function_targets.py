@@ -54,6 +54,34 @@ def test_a_configuration_in_the_target_is_held_fixed(capsys: pytest.CaptureFixtu
     assert "[0:2048]" in " ".join(doc["reports"])  # type: ignore[arg-type]
 
 
+def test_a_fixed_configuration_is_the_one_whose_default_schedule_is_judged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # racy at its defaults whatever the timing (the default stream reads what the side stream wrote, unordered);
+    # with wait=1 ordered: a check of wait=1 must not report the defaults' race as its own
+    f = tmp_path / "user.py"
+    f.write_text(textwrap.dedent("""
+        import torch
+
+        def side_sum(n: int = 256, wait: bool = False) -> None:
+            side = torch.cuda.Stream()
+            x = torch.ones(n, device="cuda")
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                y = x * 2
+            if wait:
+                torch.cuda.current_stream().wait_stream(side)
+            z = y + 1
+            torch.cuda.synchronize()
+    """))
+    code, doc = _check(f"{f}::side_sum", capsys)
+    assert code == 1, doc
+    assert "race" in str(doc["summary"]), doc
+    code, doc = _check(f"{f}::side_sum:wait=1", capsys)
+    assert code == 0, doc
+    assert (doc["found"], doc["summary"]) == (False, "clean")
+
+
 def test_delays_name_streams_by_their_creation_site_and_replay() -> None:
     t = resolve("examples/offload_plain.py::reload_racy")
     assert set(t.probe()) == {"host", "default", "d2h_stream"}
