@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
 
 from simdevice.search import engine
-from simdevice.search.execute import Outcome
+from simdevice.search.execute import Outcome, replay_line
 from simdevice.search.explore import pin
 from simdevice.search.strategies import schedules_of
 from simdevice.search.targets import from_function, kept_patched
@@ -60,7 +60,7 @@ class FuzzFailure(AssertionError):  # noqa: N818 (a test failure, as AssertionEr
             lines.append(f"  ... and {len(reports) - SHOWN} more (simdevice replay shows them all)")
         lines += [f"  note: {n}" for n in out.run.notes]
         again = "" if out.values else " --no-values"
-        lines.append(f'  replay: simdevice replay "{out.schedule}"{again} [--gpu]')
+        lines.append(replay_line(out.schedule, again))
         if self.trace_path is not None:
             lines.append(f"  trace: {self.trace_path}")
         return "\n".join(lines)

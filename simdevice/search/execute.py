@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from reference.contract import Device, Run
-from reference.schedule import Schedule
+from reference.schedule import Schedule, is_function_target
 from simdevice.api import SimDevice
 from simdevice.programs import Program, resolve
 from simdevice.runtime import SimConfig
@@ -92,8 +92,19 @@ class Outcome:
             again = f" --profile {spec_of(self.profile)}"
         if not self.values:
             again += " --no-values"
-        lines.append(f'  replay: simdevice replay "{self.schedule}"{again} [--gpu]')
+        lines.append(replay_line(self.schedule, again))
         return "\n".join(lines)
+
+
+def replay_line(schedule: Schedule, options: str) -> str:
+    """How to run ``schedule`` again: the command line; for a function defined inside another (its line names it
+    ``FILE.py::outer.inner``), which no command can import, through the function object."""
+    qual = schedule.program.partition("::")[2]
+    if qual and "." in qual and is_function_target(schedule.program):
+        name = qual.rsplit(".", 1)[1]
+        return (f'  replay: simdevice.explore({name}, examples=["{schedule}"]) (a function defined inside another: '
+                "its line replays through the function object, not from the command line)")
+    return f'  replay: simdevice replay "{schedule}"{options} [--gpu]'
 
 
 def gpu_config(program: Program, config: Any, byte_scale: int) -> Any:

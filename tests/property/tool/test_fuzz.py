@@ -236,3 +236,28 @@ def test_list_shows_the_functions_of_a_file_with_their_actors(pytester: pytest.P
     assert "_plain" not in p.stdout  # private helpers are no targets
     p = run_cli(["list", "test_user.py"], here)
     assert "test_user.py::test_pinned  [plain torch.cuda](n=1024)" in p.stdout  # a @fuzz test stands for its function
+
+
+def test_a_local_functions_failure_says_how_it_replays_and_that_replays_it() -> None:
+    import torch
+
+    def racy(n: int = 64) -> None:  # defined inside the test: no command can import it
+        side = torch.cuda.Stream()
+        x = torch.ones(n, device="cuda")
+        with torch.cuda.stream(side):
+            y = x * 2
+        assert y.sum().item() == 2 * n
+
+    found = simdevice.explore(racy, max_examples=20)
+    assert found.failure is not None
+    line = str(found.schedule)
+    assert line.split("::")[1].endswith(".racy")
+    replay = found.failure.text().splitlines()[-1]
+    assert replay.startswith(f'  replay: simdevice.explore(racy, examples=["{line}"])'), replay
+    assert "simdevice replay" not in replay
+    again = simdevice.explore(racy, examples=[line])
+    assert again.examples == 1  # the pin, and nothing more: it failed
+    assert again.failure is not None
+    assert again.failure.verdict() == found.failure.verdict()
+    assert again.failure.races == found.failure.races  # (the host error's text holds the objects' addresses)
+    assert simdevice.FuzzFailure(found.failure).block().splitlines()[-1] == replay
