@@ -70,6 +70,26 @@ _INPUT_NOT_READ = frozenset(
 )
 #: in-place ops that overwrite their destination without reading it
 _WRITE_ONLY_SELF = frozenset({aten.copy_.default, aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default})
+
+
+def _shaped_like(*names: str) -> frozenset[Any]:
+    """Every overload of the ops ``names`` whose one tensor argument gives only its shape and options."""
+    out = set()
+    for name in names:
+        packet = getattr(aten, name, None)
+        for overload in packet.overloads() if packet is not None else ():
+            op = getattr(packet, overload)
+            if sum("Tensor" in str(a.type) for a in op._schema.arguments) == 1:
+                out.add(op)
+    return frozenset(out)
+
+
+#: ops that make a tensor on their argument's shape and options without reading its bytes: given a host
+#: ``device=`` (``torch.empty_like(t, device="cpu", pin_memory=True)``, ``t.new_zeros(n, device="cpu")``), they make
+#: it in host memory, as on CUDA, whatever device their argument is on
+_HOST_WHEN_ASKED = _shaped_like("empty_like", "new_empty", "new_empty_strided", "zeros_like", "ones_like",
+                                "full_like", "new_zeros", "new_ones", "new_full", "rand_like", "randn_like",
+                                "randint_like")
 _COPIES = frozenset({aten.copy_.default, aten._to_copy.default})
 
 
@@ -552,6 +572,10 @@ class Dispatcher:
                     base = x
         if base is None and not (kwargs and self.on_device(kwargs.get("device"))):
             return self._host_op(func, facts, args, kwargs, flat)
+        if kwargs and func in _HOST_WHEN_ASKED and kwargs.get("device") is not None and not self.on_device(
+                kwargs["device"]):
+            shaped = [_meta_of(x) if isinstance(x, torch.Tensor) else x for x in args]  # their shape, not bytes
+            return self._host_op(func, facts, tuple(shaped), kwargs, shaped)
         kind = facts.kind
         if kind == "view":
             assert base is not None

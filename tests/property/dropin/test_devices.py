@@ -53,6 +53,57 @@ def test_host_tensors_stay_host_tensors() -> None:
     sim.assert_clean()
 
 
+HOST_FROM_DEVICE = {
+    "empty_like": lambda t: torch.empty_like(t, device="cpu"),
+    "zeros_like": lambda t: torch.zeros_like(t, device="cpu"),
+    "ones_like": lambda t: torch.ones_like(t, device="cpu"),
+    "full_like": lambda t: torch.full_like(t, 7.0, device="cpu"),
+    "rand_like": lambda t: torch.rand_like(t, device="cpu"),
+    "randn_like": lambda t: torch.randn_like(t, device="cpu"),
+    "new_empty": lambda t: t.new_empty((2, 3), device="cpu"),
+    "new_zeros": lambda t: t.new_zeros((2, 3), device="cpu"),
+    "new_ones": lambda t: t.new_ones((2, 3), device="cpu"),
+    "new_full": lambda t: t.new_full((2, 3), 7.0, device="cpu"),
+}
+
+
+@pytest.mark.parametrize("make", HOST_FROM_DEVICE.values(), ids=list(HOST_FROM_DEVICE))
+def test_a_device_tensors_shape_on_a_host_device_is_a_host_tensor(make: Any) -> None:
+    with simdevice.cuda() as sim:
+        t = torch.ones(2, 3, device="cuda")
+        h = make(t)
+        assert h.device.type == "cpu"
+        assert not isinstance(h, SimTensor)
+        assert (h.shape, h.dtype) == (t.shape, t.dtype)
+        assert not h.is_pinned()
+        assert make(t.cpu()).device.type == "cpu"
+        on_device = torch.empty_like(h, device="cuda")
+        assert isinstance(on_device, SimTensor)
+    sim.assert_clean()
+
+
+def test_a_pinned_buffer_shaped_like_a_device_tensor_is_host_memory_the_d2h_lands_in() -> None:
+    with simdevice.cuda() as sim:
+        act = torch.arange(6, dtype=torch.float32, device="cuda").view(2, 3)
+        buf = torch.empty_like(act, device="cpu", pin_memory=True)
+        full = torch.full_like(act, 5.0, device="cpu", pin_memory=True)
+        assert buf.is_pinned()
+        assert full.is_pinned()
+        assert full.tolist() == [[5.0] * 3] * 2
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            buf.copy_(act, non_blocking=True)
+        seen = buf.clone()  # the host reads it before the D2H is known done: a race on host memory
+        torch.cuda.synchronize()
+        assert buf.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    races = [r for r in sim.reports if isinstance(r, simdevice.Race)]
+    assert len(races) == 1, sim.text()
+    assert races[0].current.actor == "host"  # the clone's read, of pinned memory
+    assert races[0].previous.op.startswith("copy_ (D2H)"), sim.text()
+    del seen
+
+
 def test_the_device_shows_cuda_inside_autograd_hooks_and_backward() -> None:
     seen: list[str] = []
 
