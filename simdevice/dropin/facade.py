@@ -178,6 +178,13 @@ def memory_reserved(device: Any = None) -> int:
     return session_device().runtime.memory_stats()["reserved"]
 
 
+def memory_stats(device: Any = None) -> dict[str, int]:
+    """``torch.cuda.memory_stats``: the keys of torch's dict that the simulated allocator counts (all pools)."""
+    stats = session_device().runtime.memory_stats()
+    return {"allocated_bytes.all.current": stats["allocated"], "allocated_bytes.all.peak": stats["peak"],
+            "reserved_bytes.all.current": stats["reserved"]}
+
+
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     total = _properties().total_memory
     return total - memory_reserved(), total
@@ -318,6 +325,8 @@ def install(p: Patches) -> None:
         "max_memory_reserved": memory_reserved,
         "reset_peak_memory_stats": lambda d=None: None,
         "mem_get_info": mem_get_info,
+        "memory_stats": memory_stats,
+        "ipc_collect": lambda: None,  # no process holds this device's memory through an IPC handle to let go of
         "manual_seed": manual_seed,
         "manual_seed_all": manual_seed,
         "seed": lambda: None,

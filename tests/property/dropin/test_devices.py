@@ -143,6 +143,11 @@ def test_the_torch_cuda_namespace_is_the_simulated_device() -> None:
             a = torch.ones(1 << 16, device="cuda")
         assert torch.cuda.memory_allocated() >= a.numel() * 4
         assert torch.cuda.memory_reserved() >= torch.cuda.memory_allocated()
+        stats = torch.cuda.memory_stats()
+        assert stats["allocated_bytes.all.current"] == torch.cuda.memory_allocated()
+        assert stats["allocated_bytes.all.peak"] == torch.cuda.max_memory_allocated()
+        assert stats["reserved_bytes.all.current"] == torch.cuda.memory_reserved()
+        torch.cuda.ipc_collect()  # (the CPU build has no _cuda_ipc_collect for torch's own to call)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         with pytest.raises(NotImplementedError, match="CUDA graphs"):
