@@ -669,7 +669,9 @@ class Dispatcher:
             host_out = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
             if self.config.values:
                 poison(host_out)
-            if kwargs.get("pin_memory"):
+            # a non-blocking copy from the device to a new host tensor lands in pinned memory, and the host goes
+            # on (ATen's _to_copy pins its output then): ``t.to("cpu", non_blocking=True)`` read at once is a race
+            if kwargs.get("pin_memory") or kwargs.get("non_blocking"):
                 self.new_pinned(host_out, a.name)
             return host_out, [host_out]
         if type(meta) is torch.Tensor:  # one output (what the rest does, without a call per leaf)

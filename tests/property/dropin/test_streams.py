@@ -150,3 +150,30 @@ def test_no_note_when_every_stream_shares_memory_with_another() -> None:
     s.assert_clean()
     assert s.result is not None
     assert s.result.notes == ()
+
+
+def test_a_non_blocking_copy_to_a_new_host_tensor_lands_in_pinned_memory_and_the_host_goes_on() -> None:
+    # ATen's _to_copy pins its output for a non-blocking device-to-host copy: read at once, it is a race
+    def fetch(sync: bool) -> list[float]:
+        x = torch.arange(4, dtype=torch.float32, device="cuda")
+        for _ in range(4):
+            x.mul_(1.0)
+        y = x.to("cpu", non_blocking=True)
+        assert y.is_pinned()
+        if sync:
+            torch.cuda.current_stream().synchronize()
+        got: list[float] = y.clone().tolist()  # (an op reads it: tolist alone reads the bytes without one)
+        blocking = x.to("cpu")  # without non_blocking: pageable, and the host waits for it
+        assert not blocking.is_pinned()
+        assert blocking.tolist() == [0.0, 1.0, 2.0, 3.0]
+        return got
+
+    with simdevice.cuda() as racy:
+        fetch(False)
+    races = [r for r in racy.reports if isinstance(r, simdevice.Race)]
+    assert len(races) == 1, racy.text()
+    assert races[0].current.actor == "host"
+    assert races[0].previous.op.startswith("_to_copy (D2H)")
+    with simdevice.cuda() as synced:
+        assert fetch(True) == [0.0, 1.0, 2.0, 3.0]
+    synced.assert_clean()
