@@ -274,6 +274,13 @@ class SimTensor(torch.Tensor):
     def tolist(self) -> Any:  # torch refuses tolist() on subclasses; on CUDA it is a synchronizing D2H
         return self.cpu().tolist()
 
+    def type(self, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:  # type: ignore[override]
+        """``t.type()`` names the device the tensor shows (``torch.cuda.FloatTensor``), not the meta shell's."""
+        if dtype is None and not kwargs:
+            name = super().type()
+            return name.replace("torch.meta.", f"torch.{self.device.type}.", 1)
+        return super().type(dtype, non_blocking, **kwargs)
+
     @property  # type: ignore[override]
     def device(self) -> torch.device:
         return self._ops.shown

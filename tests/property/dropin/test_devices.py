@@ -31,6 +31,8 @@ def test_every_spelling_of_the_device_makes_a_simulated_tensor(d: Any) -> None:
     assert all(isinstance(t, SimTensor) for t in made)
     assert {str(t.device) for t in made} == {"cuda:0"}
     assert all(t.is_cuda and t.get_device() == 0 and not t.is_meta for t in made)
+    assert {t.type() for t in made} >= {"torch.cuda.FloatTensor", "torch.cuda.DoubleTensor"}
+    assert {t.type().split(".")[1] for t in made} == {"cuda"}
 
 
 def test_current_device_is_an_index_factories_accept() -> None:
