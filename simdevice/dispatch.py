@@ -579,7 +579,8 @@ class Dispatcher:
                     base = x
         if base is None and not (kwargs and self.on_device(kwargs.get("device"))):
             return self._host_op(func, facts, args, kwargs, flat)
-        if kwargs and func in _HOST_WHEN_ASKED and kwargs.get("device") is not None and not self.on_device(
+        # (the keyword first: asking the set hashes the op, a Python method of OpOverload's)
+        if kwargs and kwargs.get("device") is not None and func in _HOST_WHEN_ASKED and not self.on_device(
                 kwargs["device"]):
             shaped = [_meta_of(x) if isinstance(x, torch.Tensor) else x for x in args]  # their shape, not bytes
             return self._host_op(func, facts, tuple(shaped), kwargs, shaped)
