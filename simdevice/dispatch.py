@@ -227,6 +227,10 @@ def _tree_map(fn: Callable[[Any], Any], x: Any) -> Any:
     return fn(x)
 
 
+#: torch's own ``Tensor.data`` (a descriptor of the C tensor type), which :class:`SimTensor` extends
+_TENSOR_DATA: Any = torch._C.TensorBase.__dict__["data"]
+
+
 class SimTensor(torch.Tensor):
     """A tensor on the simulated device: a ``meta`` wrapper around CPU bytes.
 
@@ -273,6 +277,22 @@ class SimTensor(torch.Tensor):
 
     def tolist(self) -> Any:  # torch refuses tolist() on subclasses; on CUDA it is a synchronizing D2H
         return self.cpu().tolist()
+
+    @property  # type: ignore[override]
+    def data(self) -> torch.Tensor:
+        return _TENSOR_DATA.__get__(self, type(self))  # type: ignore[no-any-return]
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        """``p.data = t`` (how sharded optimizers point a parameter into a flat buffer): ``p`` shows ``t``'s shape and
+        reads and writes ``t``'s bytes from now on, as torch's ``set_data`` does, not the bytes it had."""
+        if not isinstance(value, SimTensor):
+            raise TypeError(f"a simulated device tensor's .data can only be set to another one, not "
+                            f"{type(value).__name__} on {getattr(value, 'device', '?')} (move it with .to(...) first)")
+        _TENSOR_DATA.__set__(self, value)  # the shape, strides and dtype
+        self._data, self._st = value._data, value._st
+        self._alias = None
+        self._sig = None
 
     def type(self, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:  # type: ignore[override]
         """``t.type()`` names the device the tensor shows (``torch.cuda.FloatTensor``), not the meta shell's."""

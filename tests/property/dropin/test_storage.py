@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import simdevice
@@ -72,6 +73,39 @@ def test_a_set_alias_is_checked_like_the_tensor_it_aliases() -> None:
             alias.add_(1)
         a.add_(1)  # no wait for the side stream's write through the alias
     assert any(isinstance(r, Race) for r in sim.reports), sim.text()
+
+
+def test_setting_data_points_a_parameter_into_a_flat_buffer() -> None:
+    # as sharded optimizers do: each parameter's .data becomes a view of one flat buffer
+    with simdevice.cuda() as sim:
+        flat = torch.zeros(12, device="cuda")
+        params = [torch.nn.Parameter(torch.ones(4, device="cuda")), torch.nn.Parameter(torch.ones(2, 4, device="cuda"))]
+        params[0].data = flat[:4]
+        params[1].data = flat[4:].view(2, 4)
+        with torch.no_grad():
+            params[0].add_(1)
+            params[1].data.add_(2)
+        assert params[1].shape == (2, 4)
+        assert params[0].requires_grad
+        assert flat.cpu().tolist() == [1.0] * 4 + [2.0] * 8
+        assert params[0].data_ptr() == flat.data_ptr()
+        with pytest.raises(TypeError, match="can only be set to another one"):
+            params[0].data = torch.zeros(4)
+    sim.assert_clean()
+
+
+def test_a_gather_into_the_flat_buffer_races_with_a_read_through_a_parameter() -> None:
+    with simdevice.cuda() as sim:
+        flat = torch.zeros(4096, device="cuda")
+        p = torch.nn.Parameter(torch.ones(4096, device="cuda"))
+        p.data = flat
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            flat.fill_(3.0)  # the gather landing in the buffer
+        _ = p * 2  # no wait for the side stream: reads the buffer through the parameter
+    races = [r for r in sim.reports if isinstance(r, Race)]
+    assert races, sim.text()
 
 
 class _Pool:
