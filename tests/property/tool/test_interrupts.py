@@ -31,6 +31,8 @@ def _stop(args: list[str], after: str | None, wait_s: float, sig: int = signal.S
     """Run ``simdevice ARGS``; once a stderr line contains ``after`` (None: at once), wait ``wait_s`` and send
     ``sig`` (with ``group``: to the command's process group, as a terminal sends Ctrl-C, and the command in a
     session of its own, which :func:`_left_in_session` then reads); return the exit code, stdout and stderr."""
+    # a crash (once, under load: SIGSEGV with check's zcc/FIXED stopped early) leaves every thread's Python stack
+    env = {**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "simdevice", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=group)
     _SESSION[:] = [proc.pid]
