@@ -24,9 +24,27 @@ class Terminated(KeyboardInterrupt):
 _PENDING: list[KeyboardInterrupt] = []
 
 
+#: how many sections a stop must not cut are open (0: none). Torch's per-thread state moving between greenlet actors
+#: (``simdevice.runtime.tls``) is one: a ``KeyboardInterrupt`` raised halfway left modes off the dispatch stack with
+#: their dispatch keys still set, and torch's C++ crashed (SIGSEGV) at the next pop. A stop that comes meanwhile is
+#: held, and raised at the next safe point (:func:`raise_held`), else by :func:`checkpoint`.
+HOLDING = [0]
+#: the stop that came while :data:`HOLDING`, not raised yet
+_HELD: list[KeyboardInterrupt] = []
+
+
 def _raise_kept(e: KeyboardInterrupt) -> None:
     _PENDING[:] = [e]
+    if HOLDING[0]:
+        _HELD[:] = [e]
+        return
     raise e
+
+
+def raise_held() -> None:
+    """A safe point after a section a stop must not cut: the stop held meanwhile is raised here."""
+    if _HELD and not HOLDING[0]:
+        raise _HELD.pop()
 
 
 def on_sigint(signum: int, frame: Any) -> None:
@@ -71,6 +89,7 @@ def checkpoint() -> None:
     """A safe point (each simulated run starts and ends at one): a stop that was raised and never reached the
     command is raised here, so the command stops as it would have (it ran on, to its end, before; and a run it
     cut short in a callback could report what it never did)."""
+    _HELD.clear()
     if _PENDING:
         raise _PENDING.pop()
 
@@ -79,6 +98,7 @@ def delivered() -> None:
     """A stop left a simulated run as it should, raised to the run's caller: it is on its way, no longer lost
     (the next run does not raise it again)."""
     _PENDING.clear()
+    _HELD.clear()
 
 
 def pending() -> bool:

@@ -48,6 +48,7 @@ from simdevice.runtime.memory import Memory
 from simdevice.runtime.reports import Deadlock, HostError, ReportSink, StepLimit, describe, error_source
 from simdevice.runtime.streams import SimStream, StreamOp
 from simdevice.runtime.tls import NeedsThreads
+from simdevice.signals import HOLDING, raise_held
 
 try:
     from greenlet import getcurrent as _getcurrent  # type: ignore[import-untyped]
@@ -66,6 +67,16 @@ _COMPLETE, _START, _HOST = 0, 1, 2
 _RESUMED = object()
 #: host steps without progress past the stall horizon that make a deadlock (a poll loop, not one long wait)
 POLLS = 64
+
+
+def _whole(move: Callable[..., Any], *args: Any) -> Any:
+    """``move(*args)``, one of :mod:`tls`'s moves of torch's per-thread state, never cut halfway by a Ctrl-C or
+    SIGTERM (it is held for the next safe point: :func:`simdevice.signals.raise_held`)."""
+    HOLDING[0] += 1
+    try:
+        return move(*args)
+    finally:
+        HOLDING[0] -= 1
 
 
 class SimAbort(BaseException):
@@ -259,9 +270,9 @@ class Execution:
 
         def main(_: Any) -> HostActor | None:
             # a fresh actor starts with a fresh thread's torch state: the greenlet that stopped took its own off
-            a.hold = tls.hold()
+            a.hold = _whole(tls.hold)
             self._body(a, body, enter)
-            tls.release(a.hold)
+            _whole(tls.release, a.hold)
             return self._exit(a)
 
         a.state = "ready"
@@ -468,14 +479,24 @@ class Execution:
     def _switch(self, a: HostActor, to: HostActor) -> None:
         """Actor ``a`` stops, ``to`` goes on; returns when ``a``'s turn comes again (or the run unwinds it)."""
         self._engine.leaving(a)  # raises NeedsThreads before anything moved
-        state = tls.take(a.hold)
+        holding = HOLDING  # (_whole, inline: two of these come with every switch)
+        holding[0] += 1
+        try:
+            state = tls.take(a.hold)
+        finally:
+            holding[0] -= 1
         self._switches += 1
         a.stopped = self._switches
         try:
             self._hand(to, a)
         finally:
-            a.hold = tls.put(state)
+            holding[0] += 1
+            try:
+                a.hold = tls.put(state)
+            finally:
+                holding[0] -= 1
             self._cur = a
+        raise_held()  # a stop that came while the state moved: here, where this actor's is whole again
 
     def _hand(self, to: HostActor | None, me: HostActor | None) -> None:
         """Give control to ``to``; come back when ``me``'s turn comes (``me`` None: the run's greenlet, which a
@@ -492,15 +513,16 @@ class Execution:
         """The run's greenlet: run the actors to the end, then unwind those an early end left stopped (the last
         stopped first: an actor stopped inside a backward nests in the engine's state as it does on its stack)."""
         # the caller's torch state is not the actors' (a thread of theirs would not have it)
-        mine, fresh = tls.leave_caller()
+        mine, fresh = _whole(tls.leave_caller)
         try:
             self._hand(self._next(), None)
         finally:
             if self.aborting:
                 self._unwind()
-            tls.back_to_caller(mine, fresh)
+            _whole(tls.back_to_caller, mine, fresh)
         if self._interrupt is not None:
             raise self._interrupt
+        raise_held()
 
     def _unwind(self) -> None:
         while True:

@@ -426,3 +426,47 @@ def test_zccs_folder_is_removed_wherever_a_stop_lands_in_its_making_or_removal(
     with pytest.raises(KeyboardInterrupt):
         manager.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stop_never_cuts_a_move_of_torch_s_state_between_actors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greenlet actors move torch's per-thread state (dispatch modes, key sets) off the thread and back at each
+    switch. A Ctrl-C that lands halfway is held, and raised where the actor's state is whole again: the run still
+    stops, and leaves no mode behind. (A stop raised halfway crashed the command in torch's C++ once under load.)"""
+    import signal as signal_module
+
+    import torch
+
+    from simdevice import SimDevice, signals
+    from simdevice.runtime import tls
+
+    monkeypatch.setattr(signals, "_PENDING", [])
+    real = tls.release
+    landed: list[str] = []
+
+    def release(held: object) -> None:  # the last step of tls.take: the actor's modes are off the stack by now
+        if not landed and sys._getframe(2).f_code.co_name == "_switch":
+            landed.append("in a move")
+            try:
+                signals.on_sigint(signal_module.SIGINT, None)  # as Python runs the handler between two bytecodes
+            except KeyboardInterrupt:
+                landed.append("raised there")
+                raise
+        real(held)
+
+    monkeypatch.setattr(tls, "release", release)
+
+    def ranks(dev: Any) -> None:
+        def rank(d: Any) -> None:
+            x = torch.ones(4, device=d.device)
+            for _ in range(3):
+                x.add_(1)
+            d.synchronize()
+
+        dev.spawn_ranks(rank, 2)
+
+    with pytest.raises(KeyboardInterrupt):
+        SimDevice().run(ranks)
+    assert landed == ["in a move"]
+    assert torch._C._len_torch_dispatch_stack() == 0
+    monkeypatch.setattr(tls, "release", real)
+    assert SimDevice().run(lambda dev: torch.ones(2, device=dev.device).sum().item()).result == 2.0
