@@ -25,9 +25,10 @@ _PENDING: list[KeyboardInterrupt] = []
 
 
 #: how many sections a stop must not cut are open (0: none). Torch's per-thread state moving between greenlet actors
-#: (``simdevice.runtime.tls``) is one: a ``KeyboardInterrupt`` raised halfway left modes off the dispatch stack with
-#: their dispatch keys still set, and torch's C++ crashed (SIGSEGV) at the next pop. A stop that comes meanwhile is
-#: held, and raised at the next safe point (:func:`raise_held`), else by :func:`checkpoint`.
+#: (``simdevice.runtime.tls``) is one: a ``KeyboardInterrupt`` raised halfway leaves it half moved (modes off the
+#: dispatch stack, a key-set guard entered or left out of turn), the likely cause of a SIGSEGV in torch's mode pop
+#: that ended ``check`` after a Ctrl-C. A stop that comes meanwhile is held, and raised at the next safe point
+#: (:func:`raise_held`), else by :func:`checkpoint`.
 HOLDING = [0]
 #: the stop that came while :data:`HOLDING`, not raised yet
 _HELD: list[KeyboardInterrupt] = []
