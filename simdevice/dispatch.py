@@ -290,7 +290,12 @@ class SimTensor(torch.Tensor):
             raise TypeError(f"a simulated device tensor's .data can only be set to another one, not "
                             f"{type(value).__name__} on {getattr(value, 'device', '?')} (move it with .to(...) first)")
         _TENSOR_DATA.__set__(self, value)  # the shape, strides and dtype
-        self._data, self._st = value._data, value._st
+        self._point_at(value._data, value._st)
+
+    def _point_at(self, data: torch.Tensor, st: Storage) -> None:
+        """From now on this tensor is ``data`` (CPU bytes) of storage ``st`` (its shell changed to match)."""
+        self._data = data
+        self._st = st
         self._alias = None
         self._sig = None
 
@@ -351,10 +356,7 @@ class SimTensor(torch.Tensor):
             data = torch.empty(0, dtype=self.dtype).set_(storage, offset, shape, stride)
             shell = torch.empty(storage.nbytes(), dtype=torch.uint8, device=META).untyped_storage()
             torch.Tensor.set_(self, shell, offset, shape, stride)
-        self._data = data
-        self._st = st
-        self._alias = None
-        self._sig = None
+        self._point_at(data, st)
         return self
 
     def __repr__(self) -> str:  # never syncs: printing must not change the schedule
