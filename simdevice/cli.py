@@ -21,7 +21,7 @@ from reference.schedule import Schedule, ScheduleError, is_function_target
 
 # imported whether or not the table runs in workers: Hypothesis draws from the loaded modules' constants, so the
 # command's process loads the same modules either way (simdevice.jobs says more)
-from simdevice.jobs import Setup, check_in_workers, default_jobs, loaded_modules
+from simdevice.jobs import PARALLEL_FROM, Setup, check_in_workers, default_jobs, loaded_modules
 
 
 class _Parser(argparse.ArgumentParser):
@@ -176,6 +176,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--profile", default=None, metavar="NAME", help=_PROFILE)
     e.add_argument("--max-schedules", type=int, default=100_000, metavar="N",
                    help="refuse to start when there are more schedules than this (default 100000)")
+    e.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="run the schedules in N worker processes (default: one per CPU; 1: in this process); the "
+                   f"answer is the same. Fewer than {PARALLEL_FROM} schedules run in this process")
 
     ls = sub.add_parser(
         "list",
@@ -722,7 +725,9 @@ def _pace(spec: str | None, target: Any, schedule: Any, first: Any) -> dict[floa
 
 
 def cmd_exhaust(args: argparse.Namespace) -> int:
+    from simdevice.jobs import CHUNK, WorkerError, exhaust_in_workers
     from simdevice.search import count_target_schedules, exhaust_target
+    from simdevice.search.exhaust import target_schedules
     from simdevice.search.targets import ProgramTarget
 
     try:
@@ -733,6 +738,8 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
         return _fail(f"--units must be >= 1, got {args.units!r}")
     if not 0 <= args.delays <= 4:
         return _fail(f"--delays must be in 0..4, got {args.delays}")
+    if args.jobs is not None and args.jobs < 1:
+        return _fail(f"--jobs must be >= 1, got {args.jobs}")
     try:
         target, fixed = _target_and_config(args.target, "exhaust")
     except ScheduleError as e:
@@ -744,23 +751,37 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     if total > args.max_schedules:
         return _fail(f"too many schedules: at least {total}, more than --max-schedules {args.max_schedules}; fewer "
                      "--delays or --units, a configuration, or a larger --max-schedules")
+    jobs = min(args.jobs or default_jobs(), -(-total // CHUNK)) if total >= PARALLEL_FROM else 1
     if not args.quiet:
-        print(f"running {total} schedules", file=sys.stderr, flush=True)
-    ran = [0]
+        print(f"running {total} schedules" + (f" in {jobs} worker processes" if jobs > 1 else ""), file=sys.stderr,
+              flush=True)
+    #: schedules run to their end so far, and whether all were clean
+    ran = [0, True]
     began = time.monotonic()
 
-    def step(k: int) -> None:
-        ran[0] = k
-        if not args.quiet and sys.stderr.isatty() and (k % 10 == 0 or k == total):
-            left = (time.monotonic() - began) / k * (total - k)  # the command's own wall clock, not the simulator's
+    def step(k: int, clean: bool = True) -> None:
+        ran[:] = [k, clean]
+        if not args.quiet and sys.stderr.isatty() and (jobs > 1 or k % 10 == 0 or k == total):
+            left = (time.monotonic() - began) / max(k, 1) * (total - k)  # the command's own clock, not the simulator's
             print(f"\r  {args.target}: {k}/{total} schedules, about {left:.0f}s left ", end="", file=sys.stderr,
                   flush=True)
 
     try:
-        n, failed = exhaust_target(target, args.delays, units, step, config)
+        if jobs > 1:
+            setup = Setup(overrides=_overrides(), modules=loaded_modules())
+            n, failed = exhaust_in_workers(target.name, target_schedules(target, args.delays, units, config), jobs,
+                                           setup, step)
+        else:
+            # the schedule running when a stop comes is not counted: step(k) comes before it runs
+            n, failed = exhaust_target(target, args.delays, units, lambda k: step(k - 1), config)
+    except WorkerError as e:
+        if e.detail:
+            print(e.detail, file=sys.stderr, end="")
+        _fail(f"{target.name}: {e}; the target cannot be called clean")
+        return 1
     except KeyboardInterrupt:
-        # the schedule in progress when it came is not counted: it did not finish
-        print(f"{target.name}: interrupted after {max(ran[0] - 1, 0)} of {total} schedules, all clean so far")
+        clean = ", all clean so far" if ran[1] else ", one failed (not shown: the schedules before it had not all run)"
+        print(f"{target.name}: interrupted after {ran[0]} of {total} schedules{clean}")
         return _interrupted()
     if not args.quiet and sys.stderr.isatty():
         print("\r\x1b[K", end="", file=sys.stderr)  # clear the progress line

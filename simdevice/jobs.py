@@ -1,20 +1,28 @@
-"""``simdevice check --jobs N``: the table's variants searched in N worker processes at once.
+"""``simdevice check --jobs N`` and ``simdevice exhaust --jobs N``: work shared out to N worker processes.
 
-Each variant is an independent, derandomized Hypothesis search, so a worker finds what the command's own process
-finds, provided it runs under the same settings. :class:`Setup` carries them: the command line's (``--examples``,
-``--budget``, ``--db``), the simulator's overridden fields (``--profile``, ``--max-steps``, ``--device-memory``,
-``--no-values``: :func:`simdevice.runtime.config.overridden`), the working directory and environment (a fork
-server keeps those it started with), and the names of the package's modules the command has imported. The last
-is there because Hypothesis draws some values from the constants of the local modules loaded in its process
+``check``: the table's variants searched at once. Each variant is an independent, derandomized Hypothesis search, so
+a worker finds what the command's own process finds, provided it runs under the same settings. :class:`Setup`
+carries them: the command line's (``--examples``, ``--budget``, ``--db``), the simulator's overridden fields
+(``--profile``, ``--max-steps``, ``--device-memory``, ``--no-values``:
+:func:`simdevice.runtime.config.overridden`), the working directory and environment (a fork server keeps those it
+started with), and the names of the package's modules the command has imported. The last is there because
+Hypothesis draws some values from the constants of the local modules loaded in its process
 (``hypothesis.internal.conjecture.providers``): a worker that had loaded other modules would draw other
 configurations. The command's process loads every such module before its first search (none is imported lazily
 during the table, and ``simdevice.cli`` imports this module whether or not it is used), so a worker that imports
 the same list draws what the command would.
 
-The command hands out one variant at a time to each worker over its own pipe, so it always knows which variant a
-worker holds: a worker that dies leaves that variant without a verdict (reported as such) and is replaced; the
-others go on. Progress comes back over the same pipes (a message per schedule run) and drives the command's bars
-and lines; :func:`check_in_workers` reports each event to a :class:`Listener` in the command's process.
+``exhaust``: the bounded schedules of one target run in workers, :data:`CHUNK` at a time
+(:func:`exhaust_in_workers`). A run is deterministic, so the answer is the serial one: the command still names the
+first schedule that fails in the serial order, not the first a worker happened to find; it waits for the chunks
+before that one, and runs the failing schedule once more itself for its outcome (which need not pickle: it holds
+what the user's function returned).
+
+The command hands out one item (a variant, a chunk of schedules) at a time to each worker over its own pipe, so it
+always knows what a worker holds: a worker that dies leaves that item without an answer (``check`` reports the
+variant as such, the others go on; ``exhaust`` cannot call its target clean, and says which schedules) and is
+replaced. Progress comes back over the same pipes and drives the command's bars and lines; :func:`check_in_workers`
+reports each event to a :class:`Listener` in the command's process.
 
 Workers start from a fork server that has imported torch and the search once (``spawn`` where the platform has
 none; never ``fork``, which would copy the command's threads and torch's state). A worker ignores Ctrl-C (a
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
 import multiprocessing
 import os
 import signal
@@ -35,7 +44,7 @@ import tempfile
 import time
 import traceback
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
 
@@ -50,14 +59,26 @@ PRELOAD = ["simdevice.preloaded"]
 STOP_GRACE_S = 10.0
 
 
+#: schedules a worker of ``exhaust --jobs`` runs per hand-out: a few milliseconds each, so a chunk is tens of
+#: milliseconds, small enough to share the last ones out and to stop soon after a failure, large enough that the
+#: pipe's messages cost nothing measurable
+CHUNK = 16
+#: ``exhaust`` runs fewer schedules than this in its own process, whatever ``--jobs`` says: workers start from a
+#: fork server that imports torch and the simulator (seconds of one CPU, begun with the command: ``start_early``).
+#: Measured on 2 CPUs (docs/benchmarks.md): 139 schedules took 1.6-2.1 s alone, 2.0 s in two workers; 1,082 took
+#: 4.0-4.6 s alone, 3.1-3.4 s in two
+PARALLEL_FROM = 300
+
+
 @attrs.frozen
 class Setup:
-    """What a worker needs to search a variant as the command's own process would."""
+    """What a worker needs to run as the command's own process would."""
 
-    examples: int
-    budget: float | None
+    #: ``check``'s ``--examples`` and ``--budget`` (``exhaust`` leaves these three as they are)
+    examples: int = 0
+    budget: float | None = None
     #: the example database's directory (``--db``), or None
-    db: str | None
+    db: str | None = None
     #: the SimConfig fields the command runs under (``config.active_overrides``)
     overrides: tuple[tuple[str, Any], ...] = ()
     #: the modules of ``simdevice`` and ``reference`` the command has imported (:func:`loaded_modules`)
@@ -108,9 +129,8 @@ VALUED = ("--budget", "--db", "--device-memory", "--examples", "--jobs", "--max-
 
 
 def start_early(argv: list[str]) -> None:
-    """Start the fork server now when ``argv`` (the command's words) asks for a table checked in workers
-    (:func:`wants_workers`): its imports (torch, the simulator: seconds) then run on another core while the
-    command's own do."""
+    """Start the fork server now when ``argv`` (the command's words) may want workers (:func:`wants_workers`): its
+    imports (torch, the simulator: seconds) then run on another core while the command's own do."""
     if wants_workers(argv) and "forkserver" in multiprocessing.get_all_start_methods():
         from multiprocessing import forkserver
 
@@ -119,10 +139,11 @@ def start_early(argv: list[str]) -> None:
 
 
 def wants_workers(argv: list[str]) -> bool:
-    """Whether the command's words ask for ``check``'s table in more than one worker: no TARGET, and ``--jobs``
-    above 1 or not given on a machine of more than one CPU. Read from the words alone, before the parser and its
-    imports are there: a wrong guess costs a fork server started late or never used, never another result."""
-    if argv[:1] != ["check"]:
+    """Whether the command's words ask for work in more than one worker: ``check``'s table (no TARGET) or
+    ``exhaust`` (which uses them for :data:`PARALLEL_FROM` schedules or more), with ``--jobs`` above 1 or not given
+    on a machine of more than one CPU. Read from the words alone, before the parser and its imports are there: a
+    wrong guess costs a fork server started late or never used, never another result."""
+    if argv[:1] not in (["check"], ["exhaust"]):
         return False
     jobs, target = None, False
     words = iter(argv[1:])
@@ -134,7 +155,7 @@ def wants_workers(argv: list[str]) -> bool:
             jobs = value
         elif not word.startswith("-"):
             target = True
-    return not target and jobs != "1" and (jobs is not None or default_jobs() > 1)
+    return (argv[0] == "exhaust" or not target) and jobs != "1" and (jobs is not None or default_jobs() > 1)
 
 
 def check_in_workers(tasks: list[tuple[str, str]], jobs: int, setup: Setup, listener: Listener,
@@ -144,81 +165,215 @@ def check_in_workers(tasks: list[tuple[str, str]], jobs: int, setup: Setup, list
     Returns when every variant has a finding or has failed; on a stop (``KeyboardInterrupt``, SIGTERM's
     :class:`~simdevice.signals.Terminated` among them) the workers are stopped before it propagates, and nothing is
     left running either way."""
+    todo = deque(range(len(tasks)) if order is None else order)
+
+    def next_task() -> tuple[Any, ...] | None:
+        if not todo:
+            return None
+        index = todo.popleft()
+        return (index, *tasks[index])
+
+    def handle(kind: str, index: int, rest: list[Any]) -> bool:
+        if kind == "start":
+            listener.started(index)
+        elif kind == "step":
+            listener.stepped(index, rest[0])
+        elif kind == "done":
+            listener.finished(index, rest[0])
+            return True
+        else:  # "error": the search raised
+            listener.failed(index, rest[0], rest[1])
+            return True
+        return False
+
+    _serve("simdevice-check-worker", _work, (setup,), jobs, next_task, handle,
+           lambda index, why: listener.failed(index, f"its worker process died ({why})", ""))
+
+
+def _serve(name: str, work: Callable[..., None], args: tuple[Any, ...], jobs: int,
+           next_item: Callable[[], tuple[Any, ...] | None], handle: Callable[[str, int, list[Any]], bool],
+           died: Callable[[int, str], None], finished: Callable[[], bool] = lambda: False) -> None:
+    """Hand out work to at most ``jobs`` worker processes (named ``name``), each running ``work(conn, *args)``,
+    until none is left or ``finished()``: each worker gets ``next_item()`` (an index and what it names; None:
+    nothing left, the worker ends) when it starts and whenever ``handle`` answers True to one of its messages
+    (``kind, index, *rest``). A worker that dies holding an item is ``died(index, why)``, and another takes its
+    place while items are left. Nothing is left running when it returns or raises (a stop: the workers are
+    stopped first)."""
     from simdevice.signals import checkpoint
 
     ctx = context()
-    todo = deque(range(len(tasks)) if order is None else order)
     workers: list[_Worker] = []
+
+    def add(item: tuple[Any, ...] | None) -> None:
+        if item is not None:
+            workers.append(_Worker(ctx, name, work, args))  # listed before it starts: a stop meanwhile still ends it
+            workers[-1].start(item)
+
     try:
-        for _ in range(min(jobs, len(tasks))):
-            workers.append(_Worker(ctx, setup))  # listed before it starts: a stop meanwhile still ends it
-            workers[-1].start(todo, tasks)
-        while any(w.index is not None for w in workers):
+        for _ in range(jobs):
+            add(next_item())
+        while any(w.index is not None for w in workers) and not finished():
             busy = [w for w in workers if w.index is not None]
             ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=1.0))
             checkpoint()  # a stop that was swallowed on its way here
             for w in busy:
                 if w.conn in ready or w.process.sentinel in ready:
-                    w.read(listener, todo, tasks)
+                    for kind, index, *rest in w.receive():
+                        if handle(kind, index, rest):
+                            w.give(next_item())
+                    if w.dead and w.index is not None:
+                        index, w.index = w.index, None
+                        died(index, _exit_text(w.process.exitcode))
             for w in [w for w in workers if w.dead]:
                 workers.remove(w)
-                if todo:  # a worker died: another takes its place
-                    workers.append(_Worker(ctx, setup))
-                    workers[-1].start(todo, tasks)
+                add(next_item())  # a worker died: another takes its place, if anything is left
     finally:
         with _deferred_stops():
             _stop(workers)
 
 
 class _Worker:
-    """One worker process, its end of the pipe, and the index of the variant it holds (None: idle)."""
+    """One worker process, its end of the pipe, and the index of the item it holds (None: idle)."""
 
-    def __init__(self, ctx: Any, setup: Setup) -> None:
+    def __init__(self, ctx: Any, name: str, work: Callable[..., None], args: tuple[Any, ...]) -> None:
         self.conn, self.theirs = ctx.Pipe()
-        self.process = ctx.Process(target=_work, args=(self.theirs, setup), name="simdevice-check-worker")
+        self.process = ctx.Process(target=work, args=(self.theirs, *args), name=name)
         self.index: int | None = None
-        #: it was told to end (no variant left)
+        #: it was told to end (no item left)
         self.told = False
         #: the process ended (or its pipe broke): the command no longer talks to it
         self.dead = False
 
-    def start(self, todo: deque[int], tasks: list[tuple[str, str]]) -> None:
-        """Start the process and give it its first variant."""
+    def start(self, item: tuple[Any, ...]) -> None:
+        """Start the process and give it its first item."""
         self.process.start()
         self.theirs.close()  # the worker's end is the worker's: when it ends, this end reads the end of the pipe
-        self.give(todo, tasks)
+        self.give(item)
 
-    def give(self, todo: deque[int], tasks: list[tuple[str, str]]) -> None:
-        """Send it the next variant, or tell it to end when none is left."""
-        self.index = todo.popleft() if todo else None
-        self.told = self.index is None
+    def give(self, item: tuple[Any, ...] | None) -> None:
+        """Send it an item (its index first), or tell it to end (None)."""
+        self.index = item[0] if item is not None else None
+        self.told = item is None
         with contextlib.suppress(OSError):  # a dead worker: its sentinel says so next
-            self.conn.send((self.index, *tasks[self.index]) if self.index is not None else None)
+            self.conn.send(item)
 
-    def read(self, listener: Listener, todo: deque[int], tasks: list[tuple[str, str]]) -> None:
-        """Answer every message waiting from it; a worker that has ended is marked dead (its variant, if it held
-        one, failed)."""
+    def receive(self) -> list[tuple[Any, ...]]:
+        """Every message waiting from it; a worker that has ended is marked dead (after its last messages)."""
+        got = []
         try:
             while self.conn.poll():
-                kind, index, *rest = self.conn.recv()
-                if kind == "start":
-                    listener.started(index)
-                elif kind == "step":
-                    listener.stepped(index, rest[0])
-                elif kind == "done":
-                    listener.finished(index, rest[0])
-                    self.give(todo, tasks)
-                else:  # "error": the search raised
-                    listener.failed(index, rest[0], rest[1])
-                    self.give(todo, tasks)
+                got.append(self.conn.recv())
         except (EOFError, OSError):  # its end of the pipe closed: it has ended, or is ending
             self.conn.close()
         if self.conn.closed or not self.process.is_alive():
             self.process.join()
             self.dead = True
-            if self.index is not None:
-                index, self.index = self.index, None
-                listener.failed(index, f"its worker process died ({_exit_text(self.process.exitcode)})", "")
+        return got
+
+
+class WorkerError(Exception):
+    """``exhaust --jobs``: a chunk of schedules has no answer (its worker died, or a run raised): the target cannot
+    be called clean. ``detail``: a traceback, or empty."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+def exhaust_in_workers(target: str, schedules: Iterable[Any], jobs: int, setup: Setup,
+                       progress: Callable[[int, bool], None] | None = None) -> tuple[int, Any]:
+    """What :func:`simdevice.search.exhaust.exhaust_target` answers for the target named ``target`` (its schedule
+    target: ``program/variant`` or ``file.py::fn``) over ``schedules``, their runs shared out to at most ``jobs``
+    workers :data:`CHUNK` at a time: how many ran up to the first that failed in the order of ``schedules`` (1 for
+    the first) and its outcome, or how many ran and None. ``progress(n, clean)`` after each chunk: ``n`` run so far,
+    ``clean``: no failure found yet. :class:`WorkerError` when a chunk has no answer; on a stop the workers are
+    stopped before it propagates."""
+    source = iter(schedules)
+    #: each chunk handed out and not answered yet: its first index (from 0) -> its length
+    pending: dict[int, int] = {}
+    handed = [0]
+    ran = [0]
+    #: the first failure found so far: (its index, its schedule)
+    first: list[tuple[int, Any]] = []
+    broken: list[WorkerError] = []
+
+    def next_chunk() -> tuple[int, list[Any]] | None:
+        if first or broken:
+            return None  # what is left comes after the failure found (chunks go out in order)
+        chunk = list(itertools.islice(source, CHUNK))
+        if not chunk:
+            return None
+        start = handed[0]
+        handed[0] += len(chunk)
+        pending[start] = len(chunk)
+        return start, chunk
+
+    def which(start: int) -> str:
+        return f"schedules {start + 1}-{start + pending.pop(start)}"
+
+    def handle(kind: str, start: int, rest: list[Any]) -> bool:
+        if kind == "done":
+            n, failed = rest
+            del pending[start]
+            ran[0] += n
+            if failed is not None and (not first or start + n - 1 < first[0][0]):
+                first[:] = [(start + n - 1, failed)]
+            if progress is not None:
+                progress(ran[0], not first)
+        else:  # "error": a run raised
+            broken.append(WorkerError(f"{which(start)}: {rest[0]}", rest[1]))
+        return True
+
+    def died(start: int, why: str) -> None:
+        broken.append(WorkerError(f"{which(start)}: their worker process died ({why})"))
+
+    def finished() -> bool:
+        # the answer is known when nothing before the first failure is still running
+        return bool(broken) or (bool(first) and not any(start < first[0][0] for start in pending))
+
+    _serve("simdevice-exhaust-worker", _exhaust_work, (setup, target), jobs, next_chunk, handle, died, finished)
+    if broken:
+        raise broken[0]
+    if not first:
+        return ran[0], None
+    index, schedule = first[0]
+    from simdevice.search.targets import target_of
+
+    # the outcome, run here (a run is deterministic): the worker's holds what the user's function returned
+    t = target_of(target)
+    out = t.run(schedule)
+    if not t.failed(out):
+        raise WorkerError(f"schedule {index + 1} failed in a worker and not in the command's own run: {schedule}")
+    return index + 1, out
+
+
+def _exhaust_work(conn: Connection, setup: Setup, name: str) -> None:
+    """A worker of ``exhaust --jobs``: run the chunks of schedules the command sends, each up to its first failure,
+    until it sends None; the answer to a chunk is how many ran and the failing schedule, or None."""
+    try:
+        prepare(setup)
+        from simdevice.runtime.config import overridden
+        from simdevice.search.targets import target_of
+
+        target = None
+        with overridden(**dict(setup.overrides)):
+            while (item := conn.recv()) is not None:
+                start, chunk = item
+                try:
+                    if target is None:
+                        target = target_of(name)
+                    n, failed = 0, None
+                    for schedule in chunk:
+                        n += 1
+                        if target.failed(target.run(schedule)):
+                            failed = schedule
+                            break
+                except Exception as e:  # a bug: the command reports the schedules, with the traceback
+                    conn.send(("error", start, f"a run raised {type(e).__name__}: {e}", traceback.format_exc()))
+                    continue
+                conn.send(("done", start, n, failed))
+    except (KeyboardInterrupt, EOFError, BrokenPipeError):  # stopped by the command, or the command is gone
+        pass
 
 
 def _exit_text(code: int | None) -> str:

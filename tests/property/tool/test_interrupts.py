@@ -13,6 +13,7 @@ import gc
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -161,13 +162,19 @@ def test_ctrl_c_in_replay_trials_keeps_the_trials_run() -> None:
         assert len(doc.get("verdicts", [])) == doc["trials"]
 
 
-def test_ctrl_c_in_exhaust_says_how_far_it_got() -> None:
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_ctrl_c_in_exhaust_says_how_far_it_got(jobs: str) -> None:
+    """In this process or in workers (the default on a machine of two CPUs or more), the same line: how many
+    schedules had finished, all clean, and exit 130."""
     # 1082 schedules: seconds of work, so the signal comes while they run
-    code, out, err = _stop(["exhaust", "offload_reload/correct:", "--delays", "2", "--units", "1"], "running ", 0.5)
+    code, out, err = _stop(["exhaust", "offload_reload/correct:", "--delays", "2", "--units", "1", "--jobs", jobs],
+                           "running ", 0.5)
     assert code == 130, err
     _no_traceback(err)
-    assert out.startswith("offload_reload/correct: interrupted after "), out
-    assert "all clean so far" in out, out
+    assert ("worker processes" in err) is (jobs != "1"), err
+    m = re.fullmatch(r"offload_reload/correct: interrupted after (\d+) of 1082 schedules, all clean so far\n", out)
+    assert m is not None, out
+    assert int(m.group(1)) < 1082
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])

@@ -249,10 +249,15 @@ def test_the_early_start_reads_check_s_options_as_the_parser_does() -> None:
     (["check", "examples/offload_plain.py::reload_racy"], 2, False),
     (["check", "--examples", "5", "offload_reload/racy"], 2, False),
     (["replay", "offload_reload/racy::d2h#0+1"], 2, False),
+    (["exhaust", "offload_reload/correct"], 2, True),
+    (["exhaust", "offload_reload/correct", "--units", "1"], 1, False),
+    (["exhaust", "offload_reload/correct", "--jobs", "1"], 2, False),
+    (["exhaust", "--delays", "2", "offload_reload/correct", "--jobs=3"], 1, True),
 ])
-def test_the_fork_server_starts_early_for_a_parallel_table_only(argv: list[str], cpus: int, want: bool,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """Mutation caught: an option's value read as a TARGET (``--program`` left out of ``VALUED``)."""
+def test_the_fork_server_starts_early_for_work_in_workers_only(argv: list[str], cpus: int, want: bool,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutations caught: an option's value read as a TARGET (``--program`` left out of ``VALUED``); ``exhaust``
+    left out (its workers waited for the server's imports after the command's own)."""
     from simdevice import jobs
 
     monkeypatch.setattr(jobs, "default_jobs", lambda: cpus)
