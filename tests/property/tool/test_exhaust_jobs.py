@@ -83,6 +83,19 @@ def test_a_clean_walk_in_workers_counts_every_schedule(run_cli: RunCli, shared: 
     assert parallel.stderr.endswith(" schedules in 3 worker processes\n")
 
 
+def test_the_command_line_s_settings_reach_the_workers(run_cli: RunCli, shared: Path) -> None:
+    """``--max-steps`` (a SimConfig field, as ``--profile``, ``--device-memory`` and ``--no-values`` are) acts in a
+    worker as in the command's own process: with 10 host steps every run is cut short, so the clean variant fails.
+
+    Mutation caught: the worker runs without ``config.overridden`` (the walk ended clean)."""
+    args = ["exhaust", "offload_reload/correct:work=0", "--units", "1", "--max-steps", "10"]
+    serial = run_cli([*args, "--jobs", "1"], shared)
+    parallel = run_cli([*args, "--jobs", "2"], shared)
+    assert (serial.returncode, parallel.returncode) == (1, 1), parallel.stderr
+    assert "fails at schedule 1:" in serial.stdout
+    assert parallel.stdout == serial.stdout
+
+
 def test_the_order_decides_whatever_order_the_chunks_come_back_in(monkeypatch: pytest.MonkeyPatch,
                                                                    shared: Path) -> None:
     """The workers' answers, given back last chunk first (in this process, without workers): still the serial
