@@ -306,6 +306,9 @@ def _module_of(where: str) -> Any:
             if not os.path.isfile(path):
                 raise TargetError(f"no file {where[:200]!r}")
             return _load_file(path)
+        here = os.getcwd()
+        if "" not in sys.path and here not in sys.path:
+            sys.path.insert(0, here)  # a module of the folder the command runs in, as python -m would find it
         return importlib.import_module(where)
     except TargetError:
         raise

@@ -130,3 +130,18 @@ def test_replay_refuses_a_delay_on_an_actor_the_function_lacks(capsys: pytest.Ca
     err = capsys.readouterr().err
     assert "delay gpu#0+1 names actor 'gpu', which examples/offload_plain.py::reload_racy does not have" in err
     assert "actors: d2h_stream, default, host" in err
+
+
+def test_a_module_target_is_found_in_the_folder_the_command_runs_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``MODULE::FUNCTION`` of a package in the current folder, as ``python -m`` would import it, also from the
+    installed ``simdevice`` command (whose ``sys.path`` starts with its own folder, not the current one).
+
+    Mutation caught: the current folder not put on ``sys.path`` ("no module 'userpkg.proto'", exit 2)."""
+    (tmp_path / "userpkg").mkdir()
+    (tmp_path / "userpkg" / "__init__.py").write_text("")
+    (tmp_path / "userpkg" / "proto.py").write_text((ROOT / "examples" / "offload_plain.py").read_text())
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
+    monkeypatch.chdir(tmp_path)
+    assert main(["replay", "userpkg.proto::reload_racy", "--no-fix"]) == 1
+    assert 'replay: simdevice replay "userpkg.proto::reload_racy"' in capsys.readouterr().out
