@@ -48,12 +48,15 @@ def main(argv: list[str] | None = None) -> int:
             seconds, out = one_run(words, jobs)
             times[jobs].append(seconds)
             answers[jobs].add(out)
-    m = re.search(r"(\d+) schedules", next(iter(answers[1])))
-    n = int(m.group(1)) if m else 0
+    answer = next(iter(answers[1]))
+    print(answer.splitlines()[0] if answer else "(no answer)")
+    m = re.search(r"(?:over all|fails at schedule) (\d+)", answer)
+    n = int(m.group(1)) if m else 0  # the schedules run: all of them, or up to the first that failed
     one, par = statistics.median(times[1]), statistics.median(times[args.jobs])
     for jobs, t in ((1, one), (args.jobs, par)):
         runs = ", ".join(f"{x:.2f}" for x in times[jobs])
-        print(f"--jobs {jobs}: median {t:.2f} s ({runs}); {n / t:.0f} schedules/s of the command's wall time")
+        print(f"--jobs {jobs}: median {t:.2f} s ({runs}); {n / t:.0f} schedules run per second of the command's "
+              "wall time")
     print(f"ratio --jobs {args.jobs} / --jobs 1: {par / one:.2f}; same answer: {answers[1] == answers[args.jobs]}")
     return 0
 
