@@ -347,6 +347,17 @@ def exhaust_in_workers(target: str, schedules: Iterable[Any], jobs: int, setup: 
     return index + 1, out
 
 
+def run_chunk(target: Any, chunk: list[Any]) -> tuple[int, Any]:
+    """Run the schedules of ``chunk`` on ``target`` in order up to the first that fails: how many ran, and that
+    schedule (None: all passed)."""
+    n = 0
+    for schedule in chunk:
+        n += 1
+        if target.failed(target.run(schedule)):
+            return n, schedule
+    return n, None
+
+
 def _exhaust_work(conn: Connection, setup: Setup, name: str) -> None:
     """A worker of ``exhaust --jobs``: run the chunks of schedules the command sends, each up to its first failure,
     until it sends None; the answer to a chunk is how many ran and the failing schedule, or None."""
@@ -362,12 +373,7 @@ def _exhaust_work(conn: Connection, setup: Setup, name: str) -> None:
                 try:
                     if target is None:
                         target = target_of(name)
-                    n, failed = 0, None
-                    for schedule in chunk:
-                        n += 1
-                        if target.failed(target.run(schedule)):
-                            failed = schedule
-                            break
+                    n, failed = run_chunk(target, chunk)
                 except Exception as e:  # a bug: the command reports the schedules, with the traceback
                     conn.send(("error", start, f"a run raised {type(e).__name__}: {e}", traceback.format_exc()))
                     continue

@@ -112,13 +112,7 @@ def test_the_order_decides_whatever_order_the_chunks_come_back_in(monkeypatch: p
         while (item := next_item()) is not None:
             items.append(item)
         for start, chunk in reversed(items):
-            ran, failed = 0, None
-            for s in chunk:
-                ran += 1
-                if target.failed(target.run(s)):
-                    failed = s
-                    break
-            handle("done", start, [ran, failed])
+            handle("done", start, list(jobs.run_chunk(target, chunk)))
 
     monkeypatch.setattr(jobs, "_serve", backwards)
     monkeypatch.chdir(shared)
