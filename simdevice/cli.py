@@ -769,8 +769,8 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     try:
         if jobs > 1:
             setup = Setup(overrides=_overrides(), modules=loaded_modules())
-            n, failed = exhaust_in_workers(target.name, target_schedules(target, args.delays, units, config), jobs,
-                                           setup, step)
+            n, failed = exhaust_in_workers(target, target_schedules(target, args.delays, units, config), jobs, setup,
+                                           step)
         else:
             # the schedule running when a stop comes is not counted: step(k) comes before it runs
             n, failed = exhaust_target(target, args.delays, units, lambda k: step(k - 1), config)

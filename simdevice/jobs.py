@@ -280,14 +280,14 @@ class WorkerError(Exception):
         self.detail = detail
 
 
-def exhaust_in_workers(target: str, schedules: Iterable[Any], jobs: int, setup: Setup,
+def exhaust_in_workers(target: Any, schedules: Iterable[Any], jobs: int, setup: Setup,
                        progress: Callable[[int, bool], None] | None = None) -> tuple[int, Any]:
-    """What :func:`simdevice.search.exhaust.exhaust_target` answers for the target named ``target`` (its schedule
-    target: ``program/variant`` or ``file.py::fn``) over ``schedules``, their runs shared out to at most ``jobs``
-    workers :data:`CHUNK` at a time: how many ran up to the first that failed in the order of ``schedules`` (1 for
-    the first) and its outcome, or how many ran and None. ``progress(n, clean)`` after each chunk: ``n`` run so far,
-    ``clean``: no failure found yet. :class:`WorkerError` when a chunk has no answer; on a stop the workers are
-    stopped before it propagates."""
+    """What :func:`simdevice.search.exhaust.exhaust_target` answers for ``target`` (a
+    :class:`~simdevice.search.targets.Target`, which the workers find again by its name) over ``schedules``, their
+    runs shared out to at most ``jobs`` workers :data:`CHUNK` at a time: how many ran up to the first that failed
+    in the order of ``schedules`` (1 for the first) and its outcome, or how many ran and None. ``progress(n,
+    clean)`` after each chunk: ``n`` run so far, ``clean``: no failure found yet. :class:`WorkerError` when a chunk
+    has no answer; on a stop the workers are stopped before it propagates."""
     source = iter(schedules)
     #: each chunk handed out and not answered yet: its first index (from 0) -> its length
     pending: dict[int, int] = {}
@@ -331,18 +331,16 @@ def exhaust_in_workers(target: str, schedules: Iterable[Any], jobs: int, setup: 
         # the answer is known when nothing before the first failure is still running
         return bool(broken) or (bool(first) and not any(start < first[0][0] for start in pending))
 
-    _serve("simdevice-exhaust-worker", _exhaust_work, (setup, target), jobs, next_chunk, handle, died, finished)
+    _serve("simdevice-exhaust-worker", _exhaust_work, (setup, target.name), jobs, next_chunk, handle, died,
+           finished)
     if broken:
         raise broken[0]
     if not first:
         return ran[0], None
     index, schedule = first[0]
-    from simdevice.search.targets import target_of
-
     # the outcome, run here (a run is deterministic): the worker's holds what the user's function returned
-    t = target_of(target)
-    out = t.run(schedule)
-    if not t.failed(out):
+    out = target.run(schedule)
+    if not target.failed(out):
         raise WorkerError(f"schedule {index + 1} failed in a worker and not in the command's own run: {schedule}")
     return index + 1, out
 

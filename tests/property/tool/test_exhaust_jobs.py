@@ -117,7 +117,7 @@ def test_the_order_decides_whatever_order_the_chunks_come_back_in(monkeypatch: p
     monkeypatch.setattr(jobs, "_serve", backwards)
     monkeypatch.chdir(shared)
     target = target_of("late.py::late")
-    n, out = jobs.exhaust_in_workers("late.py::late", target_schedules(target), 2, jobs.Setup())
+    n, out = jobs.exhaust_in_workers(target, target_schedules(target), 2, jobs.Setup())
     serial_n, serial_out = exhaust_target(target)
     assert (n, out.schedule) == (serial_n, serial_out.schedule) == (32, serial_out.schedule)
     assert out.text() == serial_out.text()
