@@ -59,6 +59,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import uuid
 from typing import Any
 
 import attrs
@@ -252,7 +253,10 @@ class ZeroCostCheckpointManager:
         self.dump_dir = ""
         self.workers = []
         try:  # the folder made inside it: a stop (Ctrl-C, SIGTERM) landing right after it leaves nothing behind
-            self.dump_dir = tempfile.mkdtemp(prefix="zcc-")
+            # named before it is made (mkdtemp returns its name only after making it: a stop landing in between
+            # left a folder that close() did not know of)
+            self.dump_dir = os.path.join(tempfile.gettempdir(), f"zcc-{uuid.uuid4().hex}")
+            os.mkdir(self.dump_dir, 0o700)
             self.results = dev.Queue()
             for i in range(cfg.workers):
                 tasks, status, echo = dev.Queue(), dev.Value("i", IDLE), dev.Value("i", 0)
