@@ -347,12 +347,15 @@ def exhaust_in_workers(target: Any, schedules: Iterable[Any], jobs: int, setup: 
 
 def run_chunk(target: Any, chunk: list[Any]) -> tuple[int, Any]:
     """Run the schedules of ``chunk`` on ``target`` in order up to the first that fails: how many ran, and that
-    schedule (None: all passed)."""
+    schedule (None: all passed). Plain torch.cuda code: torch stays patched across the chunk's runs."""
+    from simdevice.search.targets import kept_patched
+
     n = 0
-    for schedule in chunk:
-        n += 1
-        if target.failed(target.run(schedule)):
-            return n, schedule
+    with kept_patched(target):
+        for schedule in chunk:
+            n += 1
+            if target.failed(target.run(schedule)):
+                return n, schedule
     return n, None
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from reference.schedule import Delay, Schedule
 from simdevice.programs import Program
 from simdevice.search.execute import Outcome
-from simdevice.search.targets import ProgramTarget, Target
+from simdevice.search.targets import ProgramTarget, Target, kept_patched
 
 
 def _slots(target: Target, config: dict[str, Any]) -> list[tuple[str, int]]:
@@ -64,15 +64,17 @@ def exhaust_target(
     config: dict[str, Any] | None = None,
 ) -> tuple[int, Outcome | None]:
     """Run every bounded schedule; return how many ran and the first that failed (None: all passed). A failure
-    is what the target counts as one (``target.failed``)."""
+    is what the target counts as one (``target.failed``). Plain torch.cuda code: torch stays patched across the
+    runs (``kept_patched``), as in a search."""
     n = 0
-    for s in target_schedules(target, max_delays, units, config):
-        n += 1
-        if progress:
-            progress(n)
-        out = target.run(s)
-        if target.failed(out):
-            return n, out
+    with kept_patched(target):
+        for s in target_schedules(target, max_delays, units, config):
+            n += 1
+            if progress:
+                progress(n)
+            out = target.run(s)
+            if target.failed(out):
+                return n, out
     return n, None
 
 

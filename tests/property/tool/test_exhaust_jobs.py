@@ -123,6 +123,31 @@ def test_the_order_decides_whatever_order_the_chunks_come_back_in(monkeypatch: p
     assert out.text() == serial_out.text()
 
 
+def test_plain_code_stays_patched_across_a_walk_s_runs(monkeypatch: pytest.MonkeyPatch, shared: Path) -> None:
+    """A walk of plain torch.cuda code patches torch once, not once per run (12% of a run's instructions,
+    docs/benchmarks.md), in the command's process as in a worker's chunk, and restores it after.
+
+    Mutation caught: ``kept_patched`` left out of ``exhaust_target`` or of ``run_chunk`` (one install per run)."""
+    import torch
+
+    from simdevice.dropin import facade
+    from simdevice.search.exhaust import exhaust_target, target_schedules
+    from simdevice.search.targets import target_of
+
+    installs = []
+    install = facade.install
+    monkeypatch.setattr(facade, "install", lambda p: (installs.append(p), install(p))[1])
+    monkeypatch.chdir(shared)
+    stream = torch.cuda.Stream
+    target = target_of("late.py::late")
+    assert exhaust_target(target, units=(1,))[0] == 12  # its first failure with stalls of 1 unit
+    assert len(installs) == 1
+    installs.clear()
+    assert jobs.run_chunk(target, list(target_schedules(target, units=(1,)))[:8]) == (8, None)
+    assert len(installs) == 1
+    assert torch.cuda.Stream is stream
+
+
 def test_a_worker_that_dies_leaves_the_target_not_clean(run_cli: RunCli, shared: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Every worker kills itself at its first run: the command says which schedules have no answer, in one line,
