@@ -308,24 +308,25 @@ def exhaust_in_workers(target: Any, schedules: Iterable[Any], jobs: int, setup: 
         pending[start] = len(chunk)
         return start, chunk
 
-    def which(start: int) -> str:
+    def answered(start: int) -> str:
+        """The chunk at ``start`` is no longer pending: the schedules it held, as text."""
         return f"schedules {start + 1}-{start + pending.pop(start)}"
 
     def handle(kind: str, start: int, rest: list[Any]) -> bool:
+        held = answered(start)
         if kind == "done":
             n, failed = rest
-            del pending[start]
             ran[0] += n
             if failed is not None and (not first or start + n - 1 < first[0][0]):
                 first[:] = [(start + n - 1, failed)]
             if progress is not None:
                 progress(ran[0], not first)
         else:  # "error": a run raised
-            broken.append(WorkerError(f"{which(start)}: {rest[0]}", rest[1]))
+            broken.append(WorkerError(f"{held}: {rest[0]}", rest[1]))
         return True
 
     def died(start: int, why: str) -> None:
-        broken.append(WorkerError(f"{which(start)}: their worker process died ({why})"))
+        broken.append(WorkerError(f"{answered(start)}: their worker process died ({why})"))
 
     def finished() -> bool:
         # the answer is known when nothing before the first failure is still running
