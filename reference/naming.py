@@ -42,11 +42,12 @@ def assigned_name(filename: str, lineno: int) -> str | None:
     return name or None
 
 
-def short_path(path: str) -> str:
-    """A source file as a report line names it: relative to the working directory when it lies under it (what
-    the user typed), else its last two components (enough to find it, short enough for one line)."""
+def short_path(path: str, cwd: str | None = None) -> str:
+    """A source file as a report line names it: relative to the working directory (``cwd``, default the current
+    one) when it lies under it (what the user typed), else its last two components (enough to find it, short
+    enough for one line)."""
     path = path.replace("\\", "/")
-    cwd = os.getcwd().replace("\\", "/").rstrip("/") + "/"
+    cwd = (os.getcwd() if cwd is None else cwd).replace("\\", "/").rstrip("/") + "/"
     if path.startswith(cwd):
         return path[len(cwd):]
     return "/".join(path.split("/")[-2:])

@@ -269,12 +269,18 @@ def internal_file(filename: str) -> bool:
 
 #: (code, instruction offset) -> its ``dir/file.py:LINE`` (a program has few lines that call the device, each called
 #: often: keyed by the offset, ``f_lasti``, so that a line's number, which Python finds by walking the code's whole
-#: line table, is looked up once); emptied as each run starts (the name is relative to the working directory then)
+#: line table, is looked up once); relative to the working directory as the run started (``_SOURCES_CWD``), and
+#: kept from run to run while runs start there
 _SOURCES: dict[tuple[Any, int], str] = {}
+_SOURCES_CWD: list[str | None] = [None]
 
 
 def forget_sources() -> None:
-    _SOURCES.clear()
+    """A run starts: the names kept stand while the working directory is the one they were made in."""
+    cwd = os.getcwd()
+    if cwd != _SOURCES_CWD[0]:
+        _SOURCES.clear()
+        _SOURCES_CWD[0] = cwd
 
 
 def user_source(skip: int = 0) -> str:
@@ -292,7 +298,7 @@ def user_source(skip: int = 0) -> str:
             if text is None:
                 if len(_SOURCES) >= 4096:
                     _SOURCES.clear()
-                text = _SOURCES[key] = f"{short_path(code.co_filename)}:{f.f_lineno}"
+                text = _SOURCES[key] = f"{short_path(code.co_filename, _SOURCES_CWD[0])}:{f.f_lineno}"
             return text
         f = f.f_back  # type: ignore[assignment]
     return "?"

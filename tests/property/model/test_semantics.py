@@ -1,5 +1,6 @@
 """The simulated device's own semantics: each synchronization primitive, copies, views, deadlocks, determinism."""
 
+import os
 import re
 from typing import Any
 
@@ -426,6 +427,21 @@ def test_race_report_text() -> None:
         f"race: copy_ (H2D) on stream default #1 ({HERE}:N) reads pinned#2[0:4096], "
         f"which copy_ (D2H) on stream side #0 ({HERE}:N) wrote; no happens-before edge orders them"
     )
+
+
+def test_report_lines_name_files_relative_to_the_working_directory_of_each_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The names are kept from run to run (a line is named once), but a run started in another working directory
+    names its lines relative to that one."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    name = os.path.basename(__file__)
+    sources = []
+    for cwd in (here, os.path.dirname(here), here):
+        monkeypatch.chdir(cwd)
+        _, reports, _ = run(offload, "none")
+        sources.append(next(r for r in reports if isinstance(r, Race)).current.source.split(":")[0])
+    assert sources == [name, f"{os.path.basename(here)}/{name}", name]
 
 
 def test_stale_read_report_text() -> None:
