@@ -560,10 +560,12 @@ class Dispatcher:
 
     # -- storages ---------------------------------------------------------------------
     def new_device(self, like: torch.Tensor, actor: HostActor) -> SimTensor:
-        data, st, fresh = self.rt.allocate(like, actor)
+        data, st, fresh, alias = self.rt.allocate(like, actor)
         if fresh and self.config.values:  # memory nobody wrote yet; a reused block keeps its last owner's bytes
             poison(data)
-        return SimTensor(data, st, self)
+        t = SimTensor(data, st, self)
+        t._alias = alias
+        return t
 
     def new_pinned(self, data: torch.Tensor, actor: str) -> torch.Tensor:
         self.rt.register_pinned(data, actor)

@@ -49,6 +49,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from simdevice.runtime import sync
@@ -199,10 +200,14 @@ class Allocation:
     """What ``malloc`` hands out: the block, the tensor's bytes (they keep the block allocated), a second alias of
     them for the storage record (it does not), and whether the bytes are fresh (never handed out before)."""
 
-    __slots__ = ("block", "data", "fresh", "record")
+    __slots__ = ("alias", "block", "data", "fresh", "record")
 
-    def __init__(self, block: Block, data: torch.Tensor, record: torch.Tensor, fresh: bool) -> None:
+    def __init__(self, block: Block, data: torch.Tensor, record: torch.Tensor, fresh: bool,
+                 alias: torch.Tensor | None = None) -> None:
         self.block, self.data, self.record, self.fresh = block, data, record, fresh
+        #: the tensor's bytes once more, shaped as it is, keeping nothing allocated (what a queued operation
+        #: holds: ``Storage.alias``), where it came at no extra cost; else None
+        self.alias = alias
 
 
 class _Freed:
@@ -217,6 +222,24 @@ class _Freed:
     ) -> None:
         self.block, self.stream, self.epoch, self.clock, self.uses, self.source = (
             block, stream, epoch, clock, uses, source)
+
+
+#: the dtypes NumPy has too, as NumPy's
+_NUMPY_DTYPES = {
+    torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16, torch.int64: np.int64,
+    torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8, torch.uint8: np.uint8, torch.bool: np.bool_,
+    torch.complex64: np.complex64, torch.complex128: np.complex128,
+}
+
+
+def _typed(seg: Segment, block: Block, like: torch.Tensor, need: int) -> Any:
+    """The block's first ``need`` bytes as a NumPy array of ``like``'s dtype and shape, where ``like`` covers them
+    all in order (contiguous, from its storage's start) and NumPy has its dtype; else None."""
+    np_dtype = _NUMPY_DTYPES.get(like.dtype)
+    if np_dtype is None or not need or like.storage_offset() or not like.is_contiguous() or (
+            like.numel() * like.element_size() != need):
+        return None
+    return seg.array()[block.offset:block.offset + need].view(np_dtype).reshape(tuple(like.shape))
 
 
 def _lazy_bytes(nbytes: int) -> torch.Tensor:
@@ -310,8 +333,15 @@ class CachingAllocator:
         seg = block.segment
         if seg.paused is not None:
             self.served_paused.append((pool, repr(block), seg.label))
-        raw, anchor = self._alias(seg, block, need)
-        data = raw.view(like.dtype).as_strided(like.shape, like.stride(), like.storage_offset())
+        typed = _typed(seg, block, like, need)
+        alias = None
+        if typed is not None:  # one tensor made for each, not three (a view by dtype, then by shape)
+            anchor: object = typed
+            data = torch.from_numpy(typed)
+            alias = torch.from_numpy(typed.view())  # (a NumPy view's base is the segment's array, not ``typed``)
+        else:
+            raw, anchor = self._alias(seg, block, need)
+            data = raw.view(like.dtype).as_strided(like.shape, like.stride(), like.storage_offset())
         record, _ = self._alias(seg, block, need)
         # torch.from_numpy keeps its array alive as long as the storage made from it (shared by every view)
         # lives: the array's death is the moment the program dropped the allocation
@@ -320,7 +350,7 @@ class CachingAllocator:
         fresh, block.fresh = block.fresh, False
         if self._track_peak:
             self._peak = max(self._peak, self.stats()["allocated"])
-        return Allocation(block, data, record, fresh)
+        return Allocation(block, data, record, fresh, alias)
 
     def dropped(self, block: Block, gen: int) -> None:
         """The program dropped the block's last tensor (a finalizer: record where the streams are, nothing more)."""

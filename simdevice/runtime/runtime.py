@@ -485,9 +485,12 @@ class Runtime:
             self._host_waits(a, [rec], f"an event on stream {rec.stream.name} (item {rec.position})")
 
     # -- memory and stream operations ------------------------------------------------------------------
-    def allocate(self, like: torch.Tensor, actor: HostActor) -> tuple[torch.Tensor, Storage, bool]:
+    def allocate(
+        self, like: torch.Tensor, actor: HostActor
+    ) -> tuple[torch.Tensor, Storage, bool, torch.Tensor | None]:
         """Device memory shaped like ``like`` from the caching allocator, for the actor's current stream: (the
-        CPU bytes, their storage, whether the bytes are fresh, i.e. never handed out before)."""
+        CPU bytes, their storage, whether the bytes are fresh, i.e. never handed out before, and the bytes once more
+        as a queued operation holds them, ``Storage.alias``, where the allocator made that at no cost; else None)."""
         ms = self.memsaver
         name = "alloc" if actor.name == "host" else f"{actor.name}.alloc"
         k = self._allocs.get(name, 0)
@@ -502,7 +505,7 @@ class Runtime:
         block = got.block
         st = self.memory.register(got.record, "device", actor.name, block.segment.shadow, block.offset)
         ms.allocated(block, st)
-        return got.data, st, got.fresh
+        return got.data, st, got.fresh, got.alias
 
     def next_seed(self) -> int:
         """The seed of the next random op: each gets its own, in the order the host issues them, so a random op's
