@@ -29,6 +29,8 @@ This module is shared by ``reference.device.CudaDevice`` and
 
 from __future__ import annotations
 
+import functools
+import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
 
@@ -53,6 +55,7 @@ _TARGET_RE = re.compile(rf"^({_NAME})/({_NAME})$")
 _FUNCTION = r"((?:[^:]*\.py)|(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*))::([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)"
 _FUNCTION_RE = re.compile(rf"^{_FUNCTION}$")
 _FUNCTION_PREFIX_RE = re.compile(rf"^{_FUNCTION}(?=:|$)")
+_NAME_RE = re.compile(_NAME)
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _VALUE_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -62,12 +65,14 @@ class ScheduleError(ValueError):
 
 
 def _check_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if not re.fullmatch(_NAME, value):
+    if not _NAME_RE.fullmatch(value):
         raise ScheduleError(f"bad {attribute.name} {value!r}: use letters, digits, '_', '.', '-'")
 
 
+@functools.lru_cache(maxsize=1024)
 def is_function_target(text: str) -> bool:
-    """Whether a target names a function of the user's (``x.py::fn``, ``pkg.mod::fn``)."""
+    """Whether a target names a function of the user's (``x.py::fn``, ``pkg.mod::fn``). (Cached: every schedule made
+    asks three times.)"""
     return bool(_FUNCTION_RE.match(text))
 
 
@@ -152,8 +157,26 @@ def in_range(lo: int, hi: int) -> Callable[[object, attrs.Attribute[int], int], 
     return check
 
 
+#: what :func:`_config_items` answered, by the pairs of text it was given (a search makes the same configurations
+#: over and over, a schedule or more for each run)
+_CONFIG_ITEMS: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
+
+
 def _config_items(value: Iterable[tuple[str, str]] | Mapping[str, object]) -> tuple[tuple[str, str], ...]:
-    pairs = value.items() if isinstance(value, Mapping) else value
+    pairs = tuple(value.items() if isinstance(value, Mapping) else value)
+    if not all(type(k) is str and type(v) is str for k, v in pairs):  # (1 and 1.0 are equal keys, not equal text)
+        return _checked_config(pairs)
+    got = _CONFIG_ITEMS.get(pairs)
+    if got is not None:
+        return got
+    items = _checked_config(pairs)
+    if len(_CONFIG_ITEMS) >= 4096:
+        _CONFIG_ITEMS.clear()
+    _CONFIG_ITEMS[pairs] = items
+    return items
+
+
+def _checked_config(pairs: tuple[tuple[object, object], ...]) -> tuple[tuple[str, str], ...]:
     items = tuple(sorted((str(k), _config_text(v)) for k, v in pairs))
     for k, v in items:
         if not _KEY_RE.match(k):
@@ -172,8 +195,13 @@ def _config_text(v: object) -> str:
     return str(v)
 
 
+#: the order attrs gives delays and choices (their fields in turn), as a key: sorted compares it in C
+_ORDER = operator.attrgetter("actor", "index", "units")
+_ORDER_CHOICE = operator.attrgetter("actor", "index", "pick")
+
+
 def _delays(value: Iterable[Delay]) -> tuple[Delay, ...]:
-    delays = tuple(sorted(value))
+    delays = tuple(sorted(value, key=_ORDER))
     seen = {(d.actor, d.index) for d in delays}
     if len(seen) != len(delays):
         raise ScheduleError("two delays name the same actor and operation")
@@ -181,7 +209,7 @@ def _delays(value: Iterable[Delay]) -> tuple[Delay, ...]:
 
 
 def _choices(value: Iterable[Choice]) -> tuple[Choice, ...]:
-    choices = tuple(sorted(value))
+    choices = tuple(sorted(value, key=_ORDER_CHOICE))
     if len({(c.actor, c.index) for c in choices}) != len(choices):
         raise ScheduleError("two choices name the same allocator and allocation")
     return choices

@@ -60,7 +60,17 @@ class Program:
         return self.clean + tuple(self.buggy)
 
     def parse_config(self, values: dict[str, str]) -> Any:
-        return int_config(self.config, values)
+        """The configuration ``values`` give; a frozen configuration class's is made once and shared (every run of
+        a schedule asks, two times)."""
+        if not _frozen(self.config):
+            return int_config(self.config, values)
+        key = (self.config, tuple(sorted(values.items())))
+        got = _CONFIGS.get(key)
+        if got is None:
+            if len(_CONFIGS) >= 4096:
+                _CONFIGS.clear()
+            got = _CONFIGS[key] = int_config(self.config, values)
+        return got
 
     def defaults(self) -> dict[str, str]:
         """The configuration's defaults, as text."""
@@ -102,6 +112,28 @@ def resolve(schedule: Schedule) -> tuple[Program, Any]:
                 f"delay {d} names actor {d.actor!r}, which {p.name} does not have; actors: {', '.join(p.actors)}"
             )
     return p, config
+
+
+#: the configurations made so far, by class and values (frozen classes only: see ``Program.parse_config``)
+_CONFIGS: dict[tuple[type, tuple[tuple[str, str], ...]], Any] = {}
+_FROZEN: dict[type, bool] = {}
+
+
+def _frozen(cls: type) -> bool:
+    """Whether instances of the attrs class ``cls`` refuse to change (then one may serve every run)."""
+    known = _FROZEN.get(cls)
+    if known is None:
+        try:
+            instance = cls()
+            field = attrs.fields(cls)[0].name
+            setattr(instance, field, getattr(instance, field))
+            known = False
+        except attrs.exceptions.FrozenInstanceError:
+            known = True
+        except Exception:  # no defaults, no fields: made afresh each time, as before
+            known = False
+        _FROZEN[cls] = known
+    return known
 
 
 def int_config(cls: type, values: dict[str, str]) -> Any:

@@ -1,5 +1,6 @@
 """Schedules: the text form round-trips, and bad input fails with one clear line."""
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -62,3 +63,32 @@ def test_schedules_naming_nothing_known_are_refused(text: str, message: str) -> 
     with pytest.raises(ScheduleError) as e:
         resolve(Schedule.parse(text))
     assert str(e.value).startswith(message)
+
+
+def test_a_frozen_configuration_is_made_once_a_mutable_one_for_each_run() -> None:
+    """A run's configuration is shared by every run of the same values only where nothing can change it."""
+    load_all()
+    program = REGISTRY["offload_reload"]
+    values = {"iters": "3", "kib": "4"}
+    assert program.parse_config(values) is program.parse_config(dict(reversed(values.items())))
+    assert program.parse_config(values) is not program.parse_config({"iters": "2", "kib": "4"})
+
+    @attrs.define
+    class Mutable:
+        iters: int = 1
+
+    mutable = attrs.evolve(program, config=Mutable)
+    first = mutable.parse_config({"iters": "3"})
+    first.iters = 5  # a program that changes its configuration changes its own run's alone
+    assert mutable.parse_config({"iters": "3"}).iters == 3
+
+
+def test_configuration_text_is_kept_as_given_whatever_came_before() -> None:
+    """Values given as numbers keep their own text (1 and 1.0 are equal, not the same text), and a refused value
+    is refused each time."""
+    assert Schedule("a.py::f", "", {"x": 1.0}).config == (("x", "1.0"),)
+    assert Schedule("a.py::f", "", {"x": 1}).config == (("x", "1"),)
+    assert Schedule("a.py::f", "", {"x": "2", "y": "a"}).config == Schedule("a.py::f", "", {"y": "a", "x": "2"}).config
+    for _ in range(2):
+        with pytest.raises(ScheduleError, match="bad value"):
+            Schedule("a.py::f", "", {"x": "a b"})
