@@ -91,15 +91,18 @@ def main() -> None:
                                   env={"PYTHONPATH": str(tree), "PATH": ""}, stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True) for tree in trees]
         try:
-            for proc in procs:
-                assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", "a worker failed"
+            for tree, proc in zip(trees, procs, strict=True):
+                assert proc.stdout is not None
+                if proc.stdout.readline().strip() != "ready":
+                    raise SystemExit(f"the worker in {tree} did not start (its error is above)")
             rates: list[list[float]] = [[], []]
             ratios = []
             for r in range(args.rounds):
                 got = [0.0, 0.0]
                 for i in ((0, 1) if r % 2 == 0 else (1, 0)):
                     proc = procs[i]
-                    assert proc.stdin is not None and proc.stdout is not None
+                    assert proc.stdin is not None
+                    assert proc.stdout is not None
                     proc.stdin.write(f"{batch}\n")
                     proc.stdin.flush()
                     got[i] = batch / float(proc.stdout.readline())

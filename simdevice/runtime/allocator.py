@@ -234,10 +234,10 @@ _NUMPY_DTYPES = {
 
 def _typed(seg: Segment, block: Block, like: torch.Tensor, need: int) -> Any:
     """The block's first ``need`` bytes as a NumPy array of ``like``'s dtype and shape, where ``like`` covers them
-    all in order (contiguous, from its storage's start) and NumPy has its dtype; else None."""
+    all in order (contiguous, and as many bytes as its storage: so from its start) and NumPy has its dtype; else
+    None."""
     np_dtype = _NUMPY_DTYPES.get(like.dtype)
-    if np_dtype is None or not need or like.storage_offset() or not like.is_contiguous() or (
-            like.numel() * like.element_size() != need):
+    if np_dtype is None or not need or not like.is_contiguous() or like.numel() * like.element_size() != need:
         return None
     return seg.array()[block.offset:block.offset + need].view(np_dtype).reshape(tuple(like.shape))
 
