@@ -10,7 +10,8 @@ worktree (as ``bench_check.py`` does). One process per tree imports everything, 
 first alternates), and each answers with the batch's seconds. Measured:
 
 - ``runs``: ``--batch`` runs of ``--schedule`` (default ``offload_reload/correct``) as ``simdevice exhaust`` makes
-  them (``execute``: the run, its oracle, its outcome), no Hypothesis; in runs per second;
+  them (``execute``: the run, its oracle, its outcome), no Hypothesis; in runs per second, and the microseconds per
+  counted operation (a schedule's host steps and stream operations) of each tree's fastest batch;
 - ``hypothesis``: a derandomized search of ``--batch`` schedules of the schedule's variant over its configuration
   space, as ``simdevice check`` makes it (nothing fails, so every schedule is generated and run); in schedules per
   second, Hypothesis's own time included.
@@ -66,7 +67,7 @@ body = {"runs": runs, "hypothesis": hypothesis}[what]
 body(5)
 gc.collect()
 gc.freeze()
-print("ready", flush=True)
+print("ready", sum(execute(schedule).run.op_counts.values()), flush=True)
 for line in sys.stdin:
     n = int(line)
     t0 = time.perf_counter()
@@ -91,10 +92,13 @@ def main() -> None:
                                   env={"PYTHONPATH": str(tree), "PATH": ""}, stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True) for tree in trees]
         try:
+            ops = []
             for tree, proc in zip(trees, procs, strict=True):
                 assert proc.stdout is not None
-                if proc.stdout.readline().strip() != "ready":
+                words = proc.stdout.readline().split()
+                if words[:1] != ["ready"]:
                     raise SystemExit(f"the worker in {tree} did not start (its error is above)")
+                ops.append(int(words[1]))
             rates: list[list[float]] = [[], []]
             ratios = []
             for r in range(args.rounds):
@@ -114,6 +118,10 @@ def main() -> None:
                   f"after {a:.1f} ({min(rates[1]):.1f}-{max(rates[1]):.1f}); after/before, median of "
                   f"{args.rounds} paired rounds: {statistics.median(ratios):.3f} "
                   f"({min(ratios):.3f}-{max(ratios):.3f})")
+            if args.what == "runs":  # the fastest batch: the figure of a quiet moment
+                print("us per counted operation (host steps and stream operations) in the fastest batch: "
+                      + ", ".join(f"{name} {1e6 / (max(r) * n):.1f} ({n} a run)"
+                                  for name, r, n in zip(("before", "after"), rates, ops, strict=True)))
         finally:
             for proc in procs:
                 proc.kill()
