@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +33,14 @@ def checkout(rev: str, into: Path) -> Path:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(into), rev],
                    check=True, capture_output=True)
     return into
+
+
+def remove_checkouts(trees: Iterable[Path], under: str | Path) -> None:
+    """Remove the worktrees :func:`checkout` made under ``under`` (a checkout given by its path stays)."""
+    for tree in trees:
+        if str(tree).startswith(str(under)):
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                           capture_output=True, check=False)
 
 
 Found = list[tuple[str, str, bool, int, str | None, str, bool]]
@@ -77,10 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                     seconds, found[name] = one_run(tree, extra[name])
                     times[name].append(seconds)
         finally:
-            for tree in trees.values():
-                if str(tree).startswith(tmp):
-                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                                   capture_output=True, check=False)
+            remove_checkouts(trees.values(), tmp)
     med = {k: statistics.median(v) for k, v in times.items()}
     for k, v in times.items():
         print(f"{k:6} {args.before if k == 'before' else args.after} {' '.join(extra[k])}: median {med[k]:.1f} s "

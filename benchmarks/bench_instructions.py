@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_check import checkout  # this folder is the script's: on sys.path
+from bench_check import checkout, remove_checkouts  # this folder is the script's: on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -157,10 +157,7 @@ def main() -> None:
                 per = [instructions(t, RUNS, name, str(args.runs)) / args.runs for t in trees]
                 rows.append((f"instructions per run, {name}", per))
         finally:
-            for tree in trees:
-                if str(tree).startswith(tmp):
-                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                                   capture_output=True, check=False)
+            remove_checkouts(trees, tmp)
     for label, (b, a) in rows:
         print(f"{label}: before {b:,.0f}, after {a:,.0f}, after/before {a / b:.3f}")
 

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_check import checkout  # this folder is the script's: on sys.path
+from bench_check import checkout, remove_checkouts  # this folder is the script's: on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,10 +132,7 @@ def main() -> None:
                 print(f"{unit}: before {b:.2f} ({', '.join(f'{x:.2f}' for x in figures[name][0])}), "
                       f"after {a:.2f} ({', '.join(f'{x:.2f}' for x in figures[name][1])}), after/before {a / b:.2f}")
         finally:
-            for tree in trees:
-                if str(tree).startswith(tmp):
-                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                                   capture_output=True, check=False)
+            remove_checkouts(trees, tmp)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_check import checkout  # this folder is the script's: on sys.path
+from bench_check import checkout, remove_checkouts  # this folder is the script's: on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,10 +126,7 @@ def main() -> None:
             for proc in procs:
                 proc.kill()
                 proc.wait()
-            for tree in trees:
-                if str(tree).startswith(tmp):
-                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                                   capture_output=True, check=False)
+            remove_checkouts(trees, tmp)
 
 
 if __name__ == "__main__":

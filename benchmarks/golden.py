@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_check import checkout  # this folder is the script's: on sys.path
+from bench_check import checkout, remove_checkouts  # this folder is the script's: on sys.path
 
 HERE = Path(__file__).resolve()
 
@@ -95,9 +95,7 @@ def recorded(rev: str, into: Path, schedules: int, seed: int) -> list[dict[str, 
                         "--seed", str(seed)], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
                        stdout=subprocess.DEVNULL)
     finally:
-        if str(tree).startswith(str(into)):
-            subprocess.run(["git", "-C", str(HERE.parents[1]), "worktree", "remove", "--force", str(tree)],
-                           capture_output=True, check=False)
+        remove_checkouts([tree], into)
     return list(json.loads(out.read_text())["schedules"])
 
 
