@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference.schedule import Delay, Schedule, ScheduleError
+from reference.schedule import Choice, Delay, Schedule, ScheduleError
 from simdevice.programs import REGISTRY, load_all, resolve
 from simdevice.search.strategies import schedules
 
@@ -25,6 +25,10 @@ def test_text_form_examples() -> None:
     assert str(Schedule("offload_reload", "racy", (), [Delay("d2h", 0, 3)])) == "offload_reload/racy::d2h#0+3"
     assert str(Schedule("offload_reload", "correct")) == "offload_reload/correct"
     assert Schedule.parse("offload_reload/correct:") == Schedule("offload_reload", "correct")
+    # delays and choices in one order, by actor, then operation (what a shrunk schedule's line shows)
+    s = Schedule("offload_reload", "racy", (), [Delay("host", 0, 1), Delay("d2h", 2, 3), Delay("d2h", 1, 3)],
+                 [Choice("alloc", 3, 1), Choice("a", 5, 0)])
+    assert str(s) == "offload_reload/racy::d2h#1+3,d2h#2+3,host#0+1,a#5~0,alloc#3~1"
 
 
 @pytest.mark.parametrize(
