@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_instructions import _COUNTED, OPS, instructions  # the simulator's counting (this folder is on sys.path)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,17 +207,10 @@ class FlatSim(TorchDispatchMode):
         self.run_events_until(1 << 62)
 
 
-COUNTED = r"""
-import gc, os, subprocess, sys
+COUNTED = _COUNTED + r"""
 import torch
 sys.path.insert(0, "benchmarks")
 from flat_core import FlatSim
-
-def counted(body):
-    pid = str(os.getpid())
-    subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
-    body()
-    subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
 
 def inplace(k):
     sim = FlatSim()
@@ -235,21 +229,11 @@ counted(lambda: inplace(int(sys.argv[1])))
 """
 
 
-def instructions(code: str, *args: str) -> int:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_instructions import instructions as count  # (the simulator's counting, reused)
-
-    return count(ROOT, code, *args)
-
-
 def main() -> None:
-    from bench_instructions import OPS
-
-    proto = (instructions(COUNTED, "300") - instructions(COUNTED, "100")) / 200
-    sim = (instructions(OPS, "inplace", "300") - instructions(OPS, "inplace", "100")) / 200
+    proto = (instructions(ROOT, COUNTED, "300") - instructions(ROOT, COUNTED, "100")) / 200
+    sim = (instructions(ROOT, OPS, "inplace", "300") - instructions(ROOT, OPS, "inplace", "100")) / 200
     print(f"instructions per in-place op: flat prototype {proto:,.0f}, simulator {sim:,.0f}, ratio {proto / sim:.2f}")
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
     main()
