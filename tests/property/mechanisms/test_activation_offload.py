@@ -348,3 +348,20 @@ def test_memory_stays_flat_over_many_runs(runs: int) -> None:
     for _ in range(runs):
         execute(schedule)
     assert _live_tensors() == before
+
+
+def test_the_weights_oracle_takes_rounding_and_names_each_weight_that_differs() -> None:
+    """The oracle compares the weights within a tolerance, not bit for bit (a run may round differently from the
+    reference), and names each weight beyond it: its equality shortcut decides nothing on its own."""
+    cfg = PROGRAM.parse_config({})
+    out = execute(Schedule("activation_offload", "FIXED"))
+    assert out.problems == ()
+    weights = out.run.result["weights"]
+    assert len(weights) >= 2
+    rounded = [w * (1 + 1e-6) for w in weights]
+    assert any(not torch.equal(r, w) for r, w in zip(rounded, weights, strict=True))
+    assert oracle(cfg, {"mismatches": [], "weights": rounded}) == []
+    wrong = [weights[0] + 1.0, *weights[1:]]
+    problems = oracle(cfg, {"mismatches": [], "weights": wrong})
+    assert problems == [f"weight 0: {weights[0].numel()} of {weights[0].numel()} values differ from the run without "
+                        "offload"]
