@@ -55,7 +55,7 @@ import torch
 from simdevice.runtime import sync
 from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.execution import HostActor
-from simdevice.runtime.memory import Accessor, Memory, Shadow, Storage
+from simdevice.runtime.memory import Accessor, Memory, Shadow, Storage, bytes_at
 from simdevice.runtime.reports import user_source
 from simdevice.runtime.streams import EventRecord, SimStream
 
@@ -197,14 +197,14 @@ class _FreeBlocks:
 
 
 class Allocation:
-    """What ``malloc`` hands out: the block, the tensor's bytes (they keep the block allocated), a second alias of
-    them for the storage record (it does not), and whether the bytes are fresh (never handed out before)."""
+    """What ``malloc`` hands out: the block, the tensor's bytes (they keep the block allocated), how many bytes the
+    tensor's storage has (``need``), and whether the bytes are fresh (never handed out before)."""
 
-    __slots__ = ("alias", "block", "data", "fresh", "record")
+    __slots__ = ("alias", "block", "data", "fresh", "need")
 
-    def __init__(self, block: Block, data: torch.Tensor, record: torch.Tensor, fresh: bool,
+    def __init__(self, block: Block, data: torch.Tensor, need: int, fresh: bool,
                  alias: torch.Tensor | None = None) -> None:
-        self.block, self.data, self.record, self.fresh = block, data, record, fresh
+        self.block, self.data, self.need, self.fresh = block, data, need, fresh
         #: the tensor's bytes once more, shaped as it is, keeping nothing allocated (what a queued operation
         #: holds: ``Storage.alias``), where it came at no extra cost; else None
         self.alias = alias
@@ -340,9 +340,8 @@ class CachingAllocator:
             data = torch.from_numpy(typed)
             alias = torch.from_numpy(typed.view())  # (a NumPy view's base is the segment's array, not ``typed``)
         else:
-            raw, anchor = self._alias(seg, block, need)
+            raw, anchor = bytes_at(seg.array(), block.offset, need)
             data = raw.view(like.dtype).as_strided(like.shape, like.stride(), like.storage_offset())
-        record, _ = self._alias(seg, block, need)
         # torch.from_numpy keeps its array alive as long as the storage made from it (shared by every view)
         # lives: the array's death is the moment the program dropped the allocation
         block.gen += 1
@@ -350,7 +349,7 @@ class CachingAllocator:
         fresh, block.fresh = block.fresh, False
         if self._track_peak:
             self._peak = max(self._peak, self.stats()["allocated"])
-        return Allocation(block, data, record, fresh, alias)
+        return Allocation(block, data, need, fresh, alias)
 
     def dropped(self, block: Block, gen: int) -> None:
         """The program dropped the block's last tensor (a finalizer: record where the streams are, nothing more)."""
@@ -388,17 +387,6 @@ class CachingAllocator:
         block = self._by_storage.get(st.id)
         if block is not None and stream is not block.segment.stream and stream not in block.uses:
             block.uses.append(stream)
-
-    @staticmethod
-    def _alias(seg: Segment, block: Block, need: int) -> tuple[torch.Tensor, object]:
-        """``need`` bytes at the block's address (``seg`` its segment), as a tensor with a storage of its own, and
-        the object whose death is that storage's (a NumPy view of the segment's bytes: it lives exactly as long as
-        the storage made from it, shared by every view of the tensor)."""
-        if need:
-            piece = seg.array()[block.offset:block.offset + need]
-            return torch.from_numpy(piece), piece
-        piece = seg.array()[block.offset:block.offset + 1]  # a storage of one byte, seen as none
-        return torch.from_numpy(piece)[:0], piece
 
     def fitting(self, pool: PoolTag, small: bool, stream: SimStream | None, size: int) -> list[Block]:
         """The free blocks a request of ``size`` bytes (small or large) on ``stream`` from ``pool`` may take, in

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -99,21 +99,41 @@ class Shadow:
         return got
 
 
+def bytes_at(array: Any, offset: int, n: int) -> tuple[torch.Tensor, Any]:
+    """``n`` bytes from ``offset`` in ``array`` (a segment's bytes, as NumPy's uint8 array), as a tensor with a
+    storage of its own, and the object whose death is that storage's (a NumPy view of the array: it lives exactly as
+    long as the storage made from it, shared by every view of the tensor)."""
+    if n:
+        piece = array[offset:offset + n]
+        return torch.from_numpy(piece), piece
+    piece = array[offset:offset + 1]  # a storage of one byte, seen as none
+    return torch.from_numpy(piece)[:0], piece
+
+
 class Storage:
     """One allocation: device memory, or pinned host memory registered with the simulator."""
 
     def __init__(
-        self, sid: int, kind: str, process: str, data: torch.Tensor, shadow: Shadow | None = None, offset: int = 0
+        self, sid: int, kind: str, process: str, data: torch.Tensor | None, shadow: Shadow | None = None,
+        offset: int = 0, within: Any = None, size: int = 0, base: int = 0,
     ) -> None:
         self.id = sid
         self.kind = kind
         self.process = process
         self.label = f"{kind}#{sid}"
-        #: the CPU bytes (for device memory, an alias of its block that does not keep the block allocated)
-        self.data = data
-        storage = data.untyped_storage()
-        self.base: int = storage.data_ptr()
-        self.nbytes = storage.nbytes()
+        self._data = data
+        if data is not None:
+            storage = data.untyped_storage()
+            self.base: int = storage.data_ptr()
+            self.nbytes = storage.nbytes()
+            self.size = data.nbytes
+        else:  # device memory: ``size`` bytes at ``offset`` in ``within`` (its segment's array, at address ``base``
+            # here), made into a tensor when first asked for; the array, not the segment, so that no cycle holds it
+            assert within is not None
+            self.base = base
+            self.nbytes = max(size, 1)  # (an empty allocation's tensor has a storage of one byte)
+            self.size = size
+        self._within = within
         self.shadow = shadow if shadow is not None else Shadow(self.nbytes)
         #: where this storage's bytes start in its shadow
         self.offset = offset
@@ -122,6 +142,16 @@ class Storage:
         #: why the storage has no memory any more (``resize_(0)``), or None: checked when an operation is issued,
         #: since one issued before the release still reads the block it had
         self.released: str | None = None
+
+    @property
+    def data(self) -> torch.Tensor:
+        """The CPU bytes (for device memory, an alias of its block that does not keep the block allocated; made
+        when first asked for: most allocations never are)."""
+        data = self._data
+        if data is None:
+            assert self._within is not None
+            data = self._data = bytes_at(self._within, self.offset, self.size)[0]
+        return data
 
     def byte_range(self, t: torch.Tensor) -> tuple[int, int]:
         """The bytes of this storage that tensor ``t`` (a view of it) covers."""
@@ -350,12 +380,14 @@ class Memory:
 
     # -- allocation ------------------------------------------------------------
     def register(
-        self, data: torch.Tensor, kind: str, process: str, shadow: Shadow | None = None, offset: int = 0
+        self, data: torch.Tensor | None, kind: str, process: str, shadow: Shadow | None = None, offset: int = 0,
+        within: Any = None, size: int = 0, base: int = 0,
     ) -> Storage:
-        """A new storage over ``data``: device memory lives in its segment's shadow at ``offset``; pinned memory
-        gets a shadow of its own and is found again by address (:meth:`lookup`)."""
+        """A new storage over ``data``: device memory lives in its segment's shadow at ``offset`` (where ``data`` is
+        None, its bytes are the ``size`` at ``offset`` in ``within``, the segment's array at address ``base``);
+        pinned memory gets a shadow of its own and is found again by address (:meth:`lookup`)."""
         self._next_id += 1
-        st = Storage(self._next_id, kind, process, data, shadow, offset)
+        st = Storage(self._next_id, kind, process, data, shadow, offset, within, size, base)
         if kind == "pinned":
             self.storages[st.base] = st
         return st
@@ -562,7 +594,7 @@ class Memory:
         keep their history, so a new owner's access that another stream's pending one is not ordered with is the
         race (naming this free). An access of another stream that the free is not ordered after is kept as an
         :class:`UnorderedFree` (the run's notes name those no reuse turned into a race)."""
-        lo, hi = st.byte_range(st.data)
+        lo, hi = 0, st.size  # (st.byte_range(st.data): all of its bytes)
         actor, epoch, clock, op, index, source, on = who
         free = self._frees[st.label] = (actor, epoch, op, index, source, on, st.label, lo, hi, self.issues)
         for _, _, cell in st.cells(lo, hi):

@@ -503,7 +503,9 @@ class Runtime:
             self._picked.add((name, k))
         got = ms.allocator.malloc(like, ms.pool_of(actor.name), actor.current_stream, actor, pick)
         block = got.block
-        st = self.memory.register(got.record, "device", actor.name, block.segment.shadow, block.offset)
+        seg = block.segment
+        st = self.memory.register(None, "device", actor.name, seg.shadow, block.offset, seg.array(), got.need,
+                                  seg.address + block.offset)
         ms.allocated(block, st)
         return got.data, st, got.fresh, got.alias
 
