@@ -114,6 +114,9 @@ class OpFacts:
     dynamic: bool
     #: the op itself, without OpOverload.__call__'s Python frame around it
     call: Any = attrs.field(eq=False, repr=False)
+    #: for an op that returns one new tensor, its overload that writes it into a given ``out=`` tensor instead
+    #: (``mul.Tensor`` -> ``mul.out``), else None
+    into: Any = attrs.field(default=None, eq=False, repr=False)
 
 
 #: each op's facts by the op's id, with the op (the id stays its own while the op lives, and torch keeps every
@@ -150,7 +153,30 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
         seeded=torch.Tag.nondeterministic_seeded in func.tags,
         dynamic=torch.Tag.dynamic_output_shape in func.tags,
         call=getattr(func, "_op", func),
+        # (not a random op: its out= kernel need not draw from the generator as the op does)
+        into=_into(func) if not written and torch.Tag.nondeterministic_seeded not in func.tags else None,
     )
+
+
+def _into(func: torch._ops.OpOverload) -> Any:
+    """The overload of ``func``'s op that takes the same arguments and writes its one tensor result into an
+    ``out=`` argument (``mul.Tensor`` -> ``mul.out``, ``mul.Scalar`` -> ``mul.Scalar_out``), as its C function; None
+    where there is none, or ``func`` does not return one new tensor."""
+    schema = func._schema
+    if len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor" or schema.returns[0].alias_info:
+        return None
+    mine = [(a.name, str(a.type), a.kwarg_only) for a in schema.arguments]
+    packet = func.overloadpacket
+    for name in packet.overloads():
+        other = getattr(packet, name)._schema
+        args = other.arguments
+        if (len(args) == len(mine) + 1 and len(other.returns) == 1 and args[-1].name == "out"
+                and args[-1].kwarg_only and args[-1].alias_info is not None and args[-1].alias_info.is_write
+                and str(args[-1].type) == "Tensor"
+                and [(a.name, str(a.type), a.kwarg_only) for a in args[:-1]] == mine):
+            op = getattr(packet, name)
+            return getattr(op, "_op", op)
+    return None
 
 
 def _leaves_of(tree: Any) -> tuple[list[Any], None]:
@@ -790,8 +816,10 @@ class Dispatcher:
         eff = _Effect(self, func, _aliased(args, made), _aliased_kwargs(kwargs, made) if kwargs else {},
                       _all_aliased(written, made) if written else [], staged,
                       self.rt.next_seed() if facts.seeded else None)
-        eff.prepare([made.get(id(x), x) for x in inputs if id(x) not in staged])
         eff.outputs = _all_aliased(outputs, made)
+        if facts.into is not None and not host_touch and not written and len(outputs) == 1 and eff.land:
+            eff.into = facts.into
+        eff.prepare([made.get(id(x), x) for x in inputs if id(x) not in staged])
         blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)
         host_value = facts.has_returns and not outputs
         # The host waits for results it reads itself (.item(), equal, .cpu(), a pageable destination) and for a
@@ -881,13 +909,15 @@ class _Effect:
     It reads its inputs at its start; an in-place (or ``out=``) operation whose inputs do not overlap its destination
     reads them at its completion instead (``deferred``), which is the same unless a write lands on them in between
     (then :class:`~simdevice.runtime.memory.InFlight` kept what they held): no copy of the destination is held
-    meanwhile. Any other operation computes at its start, on copies of what it mutates, and lands at its completion.
+    meanwhile. So does an operation that makes one new tensor where its op has an ``out=`` overload (``into``): it
+    computes at its completion straight into its output's bytes (no result held, none copied into place). Any other
+    operation computes at its start, on copies of what it mutates, and lands at its completion.
     In a race-only run (``SimConfig.values`` off) nothing is computed unless ``compute``: a host value is a
     placeholder (:func:`_placeholder`). ``args`` and ``kwargs`` are the op's, with aliases for device tensors and the
     CPU for devices (:func:`_aliased`)."""
 
-    __slots__ = ("args", "compute", "copies", "deferred", "func", "in_flight", "kwargs", "land", "outputs", "reading",
-                 "reads", "seed", "staged", "value", "written")
+    __slots__ = ("args", "compute", "copies", "deferred", "func", "in_flight", "into", "kwargs", "land", "outputs",
+                 "reading", "reads", "seed", "staged", "value", "written")
 
     def __init__(self, ops: Dispatcher, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                  written: list[torch.Tensor], staged: dict[int, torch.Tensor], seed: int | None,
@@ -905,12 +935,14 @@ class _Effect:
         self.value: Any = None
         self.copies: dict[int, torch.Tensor] = {}
         self.reading: Any = None
+        #: the ``out=`` overload it computes its one output with, at its completion (set before :meth:`prepare`)
+        self.into: Any = None
 
     def prepare(self, reads: list[torch.Tensor]) -> None:
         """``reads``: the inputs it reads from device or pinned memory (aliases); whether it reads them at its
         completion follows."""
         self.reads = reads
-        self.deferred = bool(self.written) and not _overlap(reads, self.written)
+        self.deferred = self.into is not None or (bool(self.written) and not _overlap(reads, self.written))
 
     def start(self) -> None:
         if not self.compute:
@@ -936,6 +968,10 @@ class _Effect:
             snaps = reading.snaps
             if not snaps or not any(id(w) in snaps for w in written):
                 replace = {**self.staged, **snaps} if snaps else self.staged
+                if self.into is not None:  # (its output is new memory: no input is in it)
+                    in_flight.before_write(self.outputs)
+                    _run(self.into, self.args, {**self.kwargs, "out": self.outputs[0]}, replace, self.seed)
+                    return
                 self.value = _run(self.func, self.args, self.kwargs, replace, self.seed)  # straight into place
                 return
             # a write landed on the destination it reads (a race): the start-time rule, on copies of it

@@ -10,13 +10,18 @@ with a test a mutation of it fails:
   result lands last (at its completion);
 - only the inputs a write overlaps are kept, once.
 - an operation is computed at its completion unless an input other than a destination itself shares bytes with a
-  destination.
+  destination;
+- an operation that makes one new tensor, where its op has an ``out=`` overload, is computed at its completion
+  into the new tensor's bytes, from its inputs as they were at its start;
+- the bytes a new tensor lands in (a block freed and handed on while another stream still reads it: a race) are
+  kept first for the operations in flight that read them, however the new tensor was computed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from simdevice import SimDevice, peek
@@ -90,3 +95,37 @@ def test_an_input_that_is_its_own_destination_does_not_stop_the_completion_rule(
     assert _overlap([a, rest], [a])
     assert not _overlap([a], [rest, a])
     assert _overlap([base], [a])
+
+
+def test_a_new_tensor_is_computed_from_its_inputs_as_they_were_at_its_start() -> None:
+    """An operation that makes a new tensor (``x * 2``) is computed at its completion, into its output's bytes
+    (``_Effect.into``): a racing write that landed on an input meanwhile is not what it computes from."""
+    run = SimDevice().run(lambda dev: _race(dev, lambda x, y: y.copy_(x * 2), lambda x, y: x.fill_(5), 0.0))
+    assert {r.kind for r in run.reports} == {"race"}
+    assert torch.equal(peek(run.result), torch.full((N,), 2.0))  # 1 * 2, not 5 * 2
+
+
+@pytest.mark.parametrize("make", [lambda x: x * 1, lambda x: torch.normal(x, 0.0)], ids=["into", "computed"])
+def test_a_new_tensor_landing_in_memory_a_running_operation_reads_leaves_it_the_old_bytes(make: Any) -> None:
+    """A block freed while another stream's operation still reads it is handed to a new tensor of the freeing
+    stream (a race); the new tensor's bytes land while that operation runs, and it reads what the block held at
+    its start: whether the new tensor is computed at its completion into its bytes (``x * 1``) or at its start
+    and copied in (a random op, ``normal``)."""
+
+    def body(dev: Any) -> torch.Tensor:
+        x = torch.full((N,), 2.0, device=dev.device)
+        p = torch.ones(4 * N, device=dev.device)
+        q = torch.zeros(4 * N, device=dev.device)
+        b = dev.Stream(name="b")
+        b.wait_stream(dev.current_stream())
+        with dev.stream(b):
+            q.add_(p)  # long; reads p at its completion
+        del p  # its block goes back to the default stream's pool at once: b's read is not recorded
+        z = make(x)  # made in p's block, lands while b's add_ runs
+        dev.synchronize()
+        del z
+        return q
+
+    run = SimDevice().run(body)
+    assert "race" in {r.kind for r in run.reports}
+    assert torch.equal(peek(run.result), torch.ones(4 * N))  # 0 + p as it was (1), nowhere z's 2

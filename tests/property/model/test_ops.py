@@ -40,6 +40,28 @@ def test_the_schema_says_what_an_op_writes(op: Any, written: tuple[str, ...]) ->
     assert tuple(name for _, name, _ in classify(op).written) == written
 
 
+@pytest.mark.parametrize(
+    ("op", "into"),
+    [
+        (aten.mul.Tensor, aten.mul.out),
+        (aten.mul.Scalar, aten.mul.Scalar_out),
+        (aten.sum.default, aten.sum.out),
+        (aten.sum.dim_IntList, aten.sum.IntList_out),
+        (aten.addmm.default, aten.addmm.out),
+        (aten.clone.default, aten.clone.out),
+        (aten.max.dim, None),  # two results
+        (aten.rand.default, None),  # its out= overload takes fewer arguments
+        (aten.bernoulli.default, None),  # random: computed as it is
+        (aten.add_.Tensor, None),  # writes an argument
+        (aten.t.default, None),  # a view
+    ],
+)
+def test_an_op_that_makes_one_new_tensor_computes_it_with_its_out_overload(op: Any, into: Any) -> None:
+    """``OpFacts.into``: the overload with the same arguments and an ``out=`` tensor, found from the schemas."""
+    got = classify(op).into
+    assert got is (None if into is None else into._op)
+
+
 def test_an_op_that_returns_nothing_writes_its_arguments_and_does_not_make_the_host_wait() -> None:
     def program(dev: Any) -> tuple[float, float, list[float]]:
         xs = [torch.zeros(256, device=dev.device) for _ in range(3)]
