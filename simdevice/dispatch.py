@@ -257,6 +257,9 @@ def _tree_map(fn: Callable[[Any], Any], x: Any) -> Any:
 _TENSOR_DATA: Any = torch._C.TensorBase.__dict__["data"]
 
 
+_WRAPPER = torch.Tensor._make_wrapper_subclass
+
+
 class SimTensor(torch.Tensor):
     """A tensor on the simulated device: a ``meta`` wrapper around CPU bytes.
 
@@ -276,15 +279,12 @@ class SimTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, st: Storage, ops: Dispatcher) -> SimTensor:
-        r = torch.Tensor._make_wrapper_subclass(
-            cls,
-            data.shape,
-            strides=data.stride(),
-            storage_offset=data.storage_offset(),
-            dtype=data.dtype,
-            device=META,
-            requires_grad=False,
-        )
+        # (requires_grad is False, and the storage offset 0, unless given: each argument given costs the call more)
+        offset = data.storage_offset()
+        if offset:
+            r = _WRAPPER(cls, data.shape, strides=data.stride(), storage_offset=offset, dtype=data.dtype, device=META)
+        else:
+            r = _WRAPPER(cls, data.shape, strides=data.stride(), dtype=data.dtype, device=META)
         r._data = data
         r._st = st
         r._ops = ops

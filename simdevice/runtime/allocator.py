@@ -239,7 +239,8 @@ def _typed(seg: Segment, block: Block, like: torch.Tensor, need: int) -> Any:
     np_dtype = _NUMPY_DTYPES.get(like.dtype)
     if np_dtype is None or not need or not like.is_contiguous() or like.numel() * like.element_size() != need:
         return None
-    return seg.array()[block.offset:block.offset + need].view(np_dtype).reshape(tuple(like.shape))
+    # (one array made over the segment's, at the block's offset: a fraction of slicing, viewing and reshaping)
+    return np.ndarray(tuple(like.shape), np_dtype, seg.array(), block.offset)
 
 
 def _lazy_bytes(nbytes: int) -> torch.Tensor:

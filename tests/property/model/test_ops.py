@@ -190,3 +190,16 @@ def test_empty_tensors_are_tensors_like_any_other() -> None:
     r = run(body)
     assert r.reports == ()
     assert r.result == ((8, 8), (0,), (0,), [0.0, 1.0, 2.0, 3.0])  # y[2:2] lies at byte 8 of y's, covering none
+
+
+def test_a_views_shape_strides_and_storage_offset_are_those_of_the_same_view_on_the_cpu() -> None:
+    views = [lambda t: t[1:], lambda t: t[:, 2:], lambda t: t.t(), lambda t: t[2], lambda t: t.view(-1)[5:],
+             lambda t: t.narrow(1, 1, 3), lambda t: t[1:, 1:].t()]
+
+    def body(dev: Any) -> list[tuple[Any, ...]]:
+        x = torch.arange(24.0, device=dev.device).reshape(4, 6)
+        return [(tuple(v.shape), v.stride(), v.storage_offset()) for v in (view(x) for view in views)]
+
+    cpu = torch.arange(24.0).reshape(4, 6)
+    want = [(tuple(v.shape), v.stride(), v.storage_offset()) for v in (view(cpu) for view in views)]
+    assert run(body).result == want
