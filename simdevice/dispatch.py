@@ -114,9 +114,10 @@ class OpFacts:
     dynamic: bool
     #: the op itself, without OpOverload.__call__'s Python frame around it
     call: Any = attrs.field(eq=False, repr=False)
-    #: for an op that returns one new tensor, its overload that writes it into a given ``out=`` tensor instead
-    #: (``mul.Tensor`` -> ``mul.out``), else None
-    into: Any = attrs.field(default=None, eq=False, repr=False)
+    #: for an op that returns one new tensor, its overload that writes it into a given tensor instead, and that
+    #: argument's name (``mul.Tensor`` -> ``mul.out``, "out"; ``tanh_backward`` -> ``tanh_backward.grad_input``,
+    #: "grad_input"), else None
+    into: tuple[Any, str] | None = attrs.field(default=None, eq=False, repr=False)
 
 
 #: each op's facts by the op's id, with the op (the id stays its own while the op lives, and torch keeps every
@@ -158,10 +159,10 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
     )
 
 
-def _into(func: torch._ops.OpOverload) -> Any:
-    """The overload of ``func``'s op that takes the same arguments and writes its one tensor result into an
-    ``out=`` argument (``mul.Tensor`` -> ``mul.out``, ``mul.Scalar`` -> ``mul.Scalar_out``), as its C function; None
-    where there is none, or ``func`` does not return one new tensor."""
+def _into(func: torch._ops.OpOverload) -> tuple[Any, str] | None:
+    """The overload of ``func``'s op that takes the same arguments and writes its one tensor result into one more,
+    keyword-only (``mul.Tensor`` -> ``mul.out``, ``mul.Scalar`` -> ``mul.Scalar_out``), as its C function, with that
+    argument's name; None where there is none, or ``func`` does not return one new tensor."""
     schema = func._schema
     if len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor" or schema.returns[0].alias_info:
         return None
@@ -170,12 +171,12 @@ def _into(func: torch._ops.OpOverload) -> Any:
     for name in packet.overloads():
         other = getattr(packet, name)._schema
         args = other.arguments
-        if (len(args) == len(mine) + 1 and len(other.returns) == 1 and args[-1].name == "out"
+        if (len(args) == len(mine) + 1 and len(other.returns) == 1
                 and args[-1].kwarg_only and args[-1].alias_info is not None and args[-1].alias_info.is_write
                 and str(args[-1].type) == "Tensor"
                 and [(a.name, str(a.type), a.kwarg_only) for a in args[:-1]] == mine):
             op = getattr(packet, name)
-            return getattr(op, "_op", op)
+            return getattr(op, "_op", op), args[-1].name
     return None
 
 
@@ -935,8 +936,9 @@ class _Effect:
         self.value: Any = None
         self.copies: dict[int, torch.Tensor] = {}
         self.reading: Any = None
-        #: the ``out=`` overload it computes its one output with, at its completion (set before :meth:`prepare`)
-        self.into: Any = None
+        #: the ``out=`` overload it computes its one output with, at its completion, and the name of its output
+        #: argument (``OpFacts.into``; set before :meth:`prepare`)
+        self.into: tuple[Any, str] | None = None
 
     def prepare(self, reads: list[torch.Tensor]) -> None:
         """``reads``: the inputs it reads from device or pinned memory (aliases); whether it reads them at its
@@ -970,7 +972,8 @@ class _Effect:
                 replace = {**self.staged, **snaps} if snaps else self.staged
                 if self.into is not None:  # (its output is new memory: no input is in it)
                     in_flight.before_write(self.outputs)
-                    _run(self.into, self.args, {**self.kwargs, "out": self.outputs[0]}, replace, self.seed)
+                    op, name = self.into
+                    _run(op, self.args, {**self.kwargs, name: self.outputs[0]}, replace, self.seed)
                     return
                 self.value = _run(self.func, self.args, self.kwargs, replace, self.seed)  # straight into place
                 return

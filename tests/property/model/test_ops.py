@@ -43,12 +43,13 @@ def test_the_schema_says_what_an_op_writes(op: Any, written: tuple[str, ...]) ->
 @pytest.mark.parametrize(
     ("op", "into"),
     [
-        (aten.mul.Tensor, aten.mul.out),
-        (aten.mul.Scalar, aten.mul.Scalar_out),
-        (aten.sum.default, aten.sum.out),
-        (aten.sum.dim_IntList, aten.sum.IntList_out),
-        (aten.addmm.default, aten.addmm.out),
-        (aten.clone.default, aten.clone.out),
+        (aten.mul.Tensor, (aten.mul.out, "out")),
+        (aten.mul.Scalar, (aten.mul.Scalar_out, "out")),
+        (aten.sum.default, (aten.sum.out, "out")),
+        (aten.sum.dim_IntList, (aten.sum.IntList_out, "out")),
+        (aten.addmm.default, (aten.addmm.out, "out")),
+        (aten.clone.default, (aten.clone.out, "out")),
+        (aten.tanh_backward.default, (aten.tanh_backward.grad_input, "grad_input")),
         (aten.max.dim, None),  # two results
         (aten.rand.default, None),  # its out= overload takes fewer arguments
         (aten.bernoulli.default, None),  # random: computed as it is
@@ -57,9 +58,15 @@ def test_the_schema_says_what_an_op_writes(op: Any, written: tuple[str, ...]) ->
     ],
 )
 def test_an_op_that_makes_one_new_tensor_computes_it_with_its_out_overload(op: Any, into: Any) -> None:
-    """``OpFacts.into``: the overload with the same arguments and an ``out=`` tensor, found from the schemas."""
+    """``OpFacts.into``: the overload with the same arguments and one more, the tensor it writes, found from the
+    schemas."""
     got = classify(op).into
-    assert got is (None if into is None else into._op)
+    if into is None:
+        assert got is None
+    else:
+        assert got is not None
+        assert got[0] is into[0]._op
+        assert got[1] == into[1]
 
 
 def test_an_op_that_returns_nothing_writes_its_arguments_and_does_not_make_the_host_wait() -> None:
