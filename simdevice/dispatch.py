@@ -790,25 +790,47 @@ class Dispatcher:
         result, outputs = self._outputs(a, func, facts, args, kwargs, written, meta)
         inputs, staged = self._inputs(facts, args, kwargs, flat, written)
 
-        touched = inputs + outputs
+        # one pass over what it reads and one over what it writes: the storages and bytes each touches, what it
+        # reads as its effect holds it (an alias: ``_alias_of``), whether the host's memory is among them, and the
+        # bytes of all where none is
+        reads: list[torch.Tensor] = []
+        in_refs: list[Ref] = []
+        out_refs: list[Ref] = []
         host_touch = False
-        for x in touched:
-            if not isinstance(x, SimTensor):
+        n = 0
+        for x in inputs:
+            if isinstance(x, SimTensor):
+                data = x._data
+                in_refs.append((x._st, data))
+                n += data.nbytes  # numel() * element_size(); a plain tensor's answers without torch's subclass check
+                reads.append(_alias_of(x))
+            else:
                 host_touch = True
-                break
+                st = self.rt.lookup_pinned(x)
+                if st is not None:
+                    in_refs.append((st, x))
+                if id(x) not in staged:
+                    reads.append(x)
+        for x in outputs:
+            if isinstance(x, SimTensor):
+                data = x._data
+                out_refs.append((x._st, data))
+                n += data.nbytes
+            else:
+                host_touch = True
+                st = self.rt.lookup_pinned(x)
+                if st is not None:
+                    out_refs.append((st, x))
         desc = facts.name
         pageable_out = host_touch and self._pageable(outputs)
-        n = -1  # the bytes of its device and pinned tensors, where known here (all on the device: all of them)
         if host_touch:
+            n = -1  # (the bytes of its device and pinned tensors: counted by enqueue)
             if facts.copy:
                 desc += " (D2H)" if any(not isinstance(o, SimTensor) for o in outputs) else " (H2D)"
             # from a pageable source (staged at issue) or into a pageable destination: the pageable rate
             pageable = "h2d" if staged else "d2h" if pageable_out else None
             duration = self.config.copy_ns(sum(o.numel() * o.element_size() for o in outputs), pageable)
         else:
-            n = 0
-            for x in touched:
-                n += x._data.nbytes  # numel() * element_size(); a plain tensor's answers without torch's subclass check
             duration = self.config.kernel_ns(n)
 
         # Effects: compute from the inputs as they are at start, land the outputs at completion. The effect holds
@@ -820,14 +842,14 @@ class Dispatcher:
         eff.outputs = _all_aliased(outputs, made)
         if facts.into is not None and not host_touch and not written and len(outputs) == 1 and eff.land:
             eff.into = facts.into
-        eff.prepare([made.get(id(x), x) for x in inputs if id(x) not in staged])
+        eff.prepare(reads)
         blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)
         host_value = facts.has_returns and not outputs
         # The host waits for results it reads itself (.item(), equal, .cpu(), a pageable destination) and for a
         # copy to or from host memory without non_blocking=True (CUDA synchronizes its stream then).
         waits = host_value or blocking_copy or pageable_out
         index, rec = self.rt.enqueue(
-            a, s, desc, duration, self._refs(inputs), self._refs(outputs), src, start=eff.start, finish=eff.finish,
+            a, s, desc, duration, in_refs, out_refs, src, start=eff.start, finish=eff.finish,
             # a copy moves its bytes in order; one that reads its source at its completion can trail another
             sweeps=facts.copy and eff.deferred and not staged, record=waits, nbytes=n,
         )
