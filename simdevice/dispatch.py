@@ -992,17 +992,20 @@ class _Effect:
             snaps = reading.snaps
             if not snaps or not any(id(w) in snaps for w in written):
                 replace = {**self.staged, **snaps} if snaps else self.staged
-                if self.into is not None:  # (its output is new memory: no input is in it)
-                    in_flight.before_write(self.outputs)
-                    op, name = self.into
+                if self.into is None:
+                    self.value = _run(self.func, self.args, self.kwargs, replace, self.seed)  # straight into place
+                    return
+                in_flight.before_write(self.outputs)  # (its output is new memory: no input is in it)
+                op, name = self.into
+                try:
                     _run(op, self.args, {**self.kwargs, name: self.outputs[0]}, replace, self.seed)
                     return
-                self.value = _run(self.func, self.args, self.kwargs, replace, self.seed)  # straight into place
-                return
-            # a write landed on the destination it reads (a race): the start-time rule, on copies of it
-            copies = {id(w): snaps[id(w)].clone() if id(w) in snaps else w.clone() for w in written}
-            self.value = _run(self.func, self.args, self.kwargs, {**self.staged, **snaps, **copies}, self.seed)
-            self.copies = copies
+                except Exception:  # an out= kernel that refuses what the op takes: the op, its result copied in
+                    self.value = _run(self.func, self.args, self.kwargs, replace, self.seed)
+            else:  # a write landed on the destination it reads (a race): the start-time rule, on copies of it
+                copies = {id(w): snaps[id(w)].clone() if id(w) in snaps else w.clone() for w in written}
+                self.value = _run(self.func, self.args, self.kwargs, {**self.staged, **snaps, **copies}, self.seed)
+                self.copies = copies
         in_flight.before_write(written or self.outputs)
         if written:
             copies = self.copies

@@ -12,7 +12,8 @@ with a test a mutation of it fails:
 - an operation is computed at its completion unless an input other than a destination itself shares bytes with a
   destination;
 - an operation that makes one new tensor, where its op has an ``out=`` overload, is computed at its completion
-  into the new tensor's bytes, from its inputs as they were at its start;
+  into the new tensor's bytes, from its inputs as they were at its start (where that overload refuses what the op
+  takes, the op is computed as it is, once, and its result copied in);
 - the bytes a new tensor lands in (a block freed and handed on while another stream still reads it: a race) are
   kept first for the operations in flight that read them, however the new tensor was computed.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -129,3 +131,36 @@ def test_a_new_tensor_landing_in_memory_a_running_operation_reads_leaves_it_the_
     run = SimDevice().run(body)
     assert "race" in {r.kind for r in run.reports}
     assert torch.equal(peek(run.result), torch.ones(4 * N))  # 0 + p as it was (1), nowhere z's 2
+
+
+def test_an_out_kernel_that_refuses_leaves_the_op_computed_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where an op's ``out=`` overload raises on what the op itself takes, the op is computed as it is and its
+    result copied into its output: the same values, no error, the op computed once."""
+    from simdevice import dispatch
+
+    aten = torch.ops.aten
+    calls = []
+    real = aten.mul.Tensor._op
+
+    def refusing(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("refused")
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        if args[0].device.type == "cpu":  # the effect's call on the bytes (its meta outputs are found on meta)
+            calls.append(1)
+        return real(*args, **kwargs)
+
+    op = aten.mul.Tensor
+    facts = dispatch.classify(op)
+    assert facts.into is not None
+    monkeypatch.setitem(dispatch._FACTS, id(op), (op, attrs.evolve(facts, into=(refusing, "out"))))
+    monkeypatch.setattr(op, "_op", counted)  # what the effect calls the op by
+
+    def body(dev: Any) -> torch.Tensor:
+        x = torch.arange(8.0, device=dev.device)
+        return x * torch.full((8,), 3.0, device=dev.device)
+
+    run = SimDevice().run(body)
+    assert not run.reports
+    assert torch.equal(peek(run.result), torch.arange(8.0) * 3)
+    assert len(calls) == 1
