@@ -15,23 +15,13 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NoReturn
 
 from reference.schedule import Schedule, ScheduleError, is_function_target
 
 # imported whether or not the table runs in workers: Hypothesis draws from the loaded modules' constants, so the
 # command's process loads the same modules either way (simdevice.jobs says more)
-from simdevice.jobs import (
-    PARALLEL_FROM,
-    Setup,
-    check_in_workers,
-    default_jobs,
-    keep_seconds,
-    loaded_modules,
-    longest_first,
-    read_seconds,
-)
+from simdevice.jobs import PARALLEL_FROM, Setup, check_in_workers, default_jobs, loaded_modules
 
 
 class _Parser(argparse.ArgumentParser):
@@ -318,17 +308,9 @@ def _check_all(args: argparse.Namespace, progs: list[Any], db: Any, bars: bool, 
                 db_path = os.path.abspath(args.db) if args.db is not None else None
                 setup = Setup(args.examples, args.budget, db_path, _overrides(), loaded_modules())
                 # clean variants first: they run every schedule, where a bug is usually found in a few, so the
-                # longest searches start early and the last to end is a short one; once the last check's times are
-                # known, the longest first (see longest_first)
+                # longest searches start early and the last to end is a short one
                 clean = [i for i, (prog, variant) in enumerate(variants) if variant in prog.clean]
-                names = [f"{prog.name}/{variant}" for prog, variant in variants]
-                kept = _durations()
-                order = longest_first(names, clean + [i for i in range(len(tasks)) if i not in clean],
-                                      read_seconds(kept))
-                try:
-                    check_in_workers(tasks, jobs, setup, shown, order)
-                finally:
-                    keep_seconds(kept, {names[i]: f.seconds for i, f in shown.findings.items()})
+                check_in_workers(tasks, jobs, setup, shown, clean + [i for i in range(len(tasks)) if i not in clean])
                 return
             from simdevice.search import check_variant
 
@@ -339,13 +321,6 @@ def _check_all(args: argparse.Namespace, progs: list[Any], db: Any, bars: bool, 
         finally:
             findings.extend(shown.findings[i] for i in sorted(shown.findings))
             errors.extend((*tasks[i], shown.errors[i]) for i in sorted(shown.errors))
-
-
-def _durations() -> Path:
-    """Where ``check`` keeps each variant's last search time, for the next to hand out the longest first."""
-    from simdevice.search.engine import cache_dir
-
-    return cache_dir() / "check-durations.json"
 
 
 def _variants(progs: list[Any]) -> list[tuple[Any, str]]:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import itertools
-import json
 import multiprocessing
 import os
 import signal
@@ -47,7 +46,6 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from multiprocessing.connection import Connection, wait
-from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
@@ -158,49 +156,6 @@ def wants_workers(argv: list[str]) -> bool:
         elif not word.startswith("-"):
             target = True
     return (argv[0] == "exhaust" or not target) and jobs != "1" and (jobs is not None or default_jobs() > 1)
-
-
-def longest_first(names: Sequence[str], order: Sequence[int], seconds: dict[str, float]) -> list[int]:
-    """``order`` (indices into ``names``) as ``check`` hands it out: the tasks whose last search took a known time
-    (``seconds``, by name) longest first, after those of unknown time, which keep their place in ``order``. With
-    every time known, each worker takes the longest search left as it comes free (the longest-first rule), so the
-    last to end is a short one, whatever the table's order."""
-    unknown = [i for i in order if names[i] not in seconds]
-    known = sorted((i for i in order if names[i] in seconds), key=lambda i: -seconds[names[i]])
-    return unknown + known
-
-
-def read_seconds(path: Path) -> dict[str, float]:
-    """The search times ``check`` kept at ``path`` (:func:`keep_seconds`), by variant; none where the file is
-    missing or not as written."""
-    try:
-        got = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(got, dict):
-        return {}
-    return {k: float(v) for k, v in got.items() if isinstance(k, str) and isinstance(v, (int, float))}
-
-
-def keep_seconds(path: Path, seconds: dict[str, float]) -> None:
-    """Keep ``seconds`` (search times by variant) at ``path`` with those kept before, for the next ``check`` to
-    hand out the longest first; written whole or not at all (another command may read it meanwhile), and not at
-    all where the folder cannot be written."""
-    merged = {**read_seconds(path), **seconds}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(merged, f, indent=0, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)  # (gone where it took the file's place)
 
 
 def check_in_workers(tasks: list[tuple[str, str]], jobs: int, setup: Setup, listener: Listener,

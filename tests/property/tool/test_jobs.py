@@ -155,7 +155,6 @@ def test_a_worker_that_dies_leaves_its_variant_without_a_verdict(run_cli: RunCli
                     killed.append(child.pid)
 
     monkeypatch.setattr(simdevice.cli._Shown, "started", start_and_kill)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no times kept: the table's hand-out order
     with _within(90):
         p = run_cli([*SMALL, "--jobs", "2"], tmp_path)
     assert len(killed) == 2
@@ -263,77 +262,3 @@ def test_the_fork_server_starts_early_for_work_in_workers_only(argv: list[str], 
 
     monkeypatch.setattr(jobs, "default_jobs", lambda: cpus)
     assert jobs.wants_workers(argv) is want
-
-
-def test_the_longest_searches_go_out_first_once_their_times_are_known() -> None:
-    """Mutations caught: known times handed out shortest first; unknown ones after the known; ties reordered."""
-    from simdevice.jobs import longest_first
-
-    names = ["a/clean", "b/clean", "a/bug", "b/bug", "c/bug"]
-    order = [0, 1, 2, 3, 4]
-    assert longest_first(names, order, {}) == order
-    seconds = {"a/clean": 0.5, "b/clean": 6.0, "a/bug": 0.1, "b/bug": 0.1, "c/bug": 0.4}
-    assert longest_first(names, order, seconds) == [1, 0, 4, 2, 3]
-    del seconds["b/clean"]  # a variant new since the times were kept: first, as the table has it
-    assert longest_first(names, order, seconds) == [1, 0, 4, 2, 3]
-    assert longest_first(names, [4, 3, 2, 1, 0], seconds) == [1, 0, 4, 3, 2]
-
-
-def test_kept_times_survive_a_bad_file_and_an_unwritable_folder(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """Mutations caught: a corrupt file raises; the kept times replaced, not merged; the temporary file left where
-    the file could not be put in place."""
-    from simdevice.jobs import keep_seconds, read_seconds
-
-    path = tmp_path / "cache" / "check-durations.json"
-    assert read_seconds(path) == {}
-    keep_seconds(path, {"a/clean": 1.5})
-    keep_seconds(path, {"b/bug": 0.25})
-    assert read_seconds(path) == {"a/clean": 1.5, "b/bug": 0.25}
-    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
-    for text in ("{", "[1, 2]", '{"a/clean": "slow", "b/bug": 0.5}'):
-        path.write_text(text)
-        assert read_seconds(path) == ({"b/bug": 0.5} if "slow" in text else {})
-    blocked = tmp_path / "file"
-    blocked.write_text("")
-    keep_seconds(blocked / "check-durations.json", {"a/clean": 1.0})  # its folder cannot be made: nothing, no error
-
-    def refused(src: Any, dst: Any) -> None:
-        raise PermissionError(dst)
-
-    path.write_text('{"b/bug": 0.5}')
-    monkeypatch.setattr(os, "replace", refused)
-    keep_seconds(path, {"a/clean": 2.0})
-    assert read_seconds(path) == {"b/bug": 0.5}  # the old file as it was, and nothing else beside it
-    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
-
-
-def test_a_parallel_check_keeps_each_variants_time_and_the_next_hands_out_the_longest_first(
-        run_cli: RunCli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Mutations caught: the times not kept; the kept times not read back into the order."""
-    import simdevice.cli
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    orders: list[list[int]] = []
-    real = simdevice.cli.check_in_workers
-
-    def recorded(tasks: Any, jobs: int, setup: Any, listener: Any, order: Any = None) -> None:
-        orders.append(list(order))
-        real(tasks, jobs, setup, listener, order)
-
-    monkeypatch.setattr(simdevice.cli, "check_in_workers", recorded)
-    first = run_cli([*SMALL, "--jobs", "2", "--quiet", "--json"], tmp_path)
-    assert first.returncode == 0, first.stderr
-    kept = json.loads((tmp_path / "cache" / "simdevice" / "check-durations.json").read_text())
-    rows = json.loads(first.stdout)["results"]
-    names = [f"{r['program']}/{r['variant']}" for r in rows]
-    assert sorted(kept) == sorted(names)
-    assert orders[0][:2] == [names.index("offload_reload/correct"), names.index("memsaver_guard/FIXED")]
-    second = run_cli([*SMALL, "--jobs", "2", "--quiet", "--json"], tmp_path)
-    assert second.returncode == 0, second.stderr
-
-    def timeless(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{k: v for k, v in r.items() if k != "seconds"} for r in results]
-
-    assert timeless(json.loads(second.stdout)["results"]) == timeless(rows)  # the same table, whatever the order
-    assert [kept[names[i]] for i in orders[1]] == sorted(kept.values(), reverse=True)
