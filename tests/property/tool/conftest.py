@@ -7,7 +7,7 @@ import contextlib
 import io
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,3 +34,17 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 def run_cli() -> Callable[[list[str], Path], subprocess.CompletedProcess[str]]:
     """``run_cli(ARGS, CWD)``: ``simdevice ARGS`` run in CWD in this process; its exit code, stdout and stderr."""
     return _run
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The commands these tests run keep what they may keep between runs (Hypothesis's constants) in a folder of
+    the session's, not the user's: nothing a user's own commands left there reaches a test, and nothing of the
+    tests' is left behind."""
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("user-cache"))
+    yield
+    if before is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
