@@ -840,7 +840,10 @@ class Dispatcher:
                       _all_aliased(written, made) if written else [], staged,
                       self.rt.next_seed() if facts.seeded else None)
         eff.outputs = _all_aliased(outputs, made)
-        if facts.into is not None and not host_touch and not written and len(outputs) == 1 and eff.land:
+        # (not for a 0-d result, where there is no copy to save: a reduction's out= kernel may use its output as
+        # scratch of the input's shape first, which it would have to resize: mse_loss)
+        if (facts.into is not None and not host_touch and not written and not facts.copy and len(outputs) == 1
+                and eff.land and meta is not None and meta.dim() > 0):
             eff.into = facts.into
         eff.prepare(reads)
         blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)
@@ -997,11 +1000,13 @@ class _Effect:
                     return
                 in_flight.before_write(self.outputs)  # (its output is new memory: no input is in it)
                 op, name = self.into
-                try:
-                    _run(op, self.args, {**self.kwargs, name: self.outputs[0]}, replace, self.seed)
-                    return
-                except Exception:  # an out= kernel that refuses what the op takes: the op, its result copied in
-                    self.value = _run(self.func, self.args, self.kwargs, replace, self.seed)
+                if id(self.func) not in _REFUSED:  # (it may have been since this one was issued)
+                    try:
+                        _run(op, self.args, {**self.kwargs, name: self.outputs[0]}, replace, self.seed)
+                        return
+                    except Exception:  # an out= kernel that refuses what the op takes
+                        _refused(self.func)
+                self.value = _run(self.func, self.args, self.kwargs, replace, self.seed)  # its result copied in
             else:  # a write landed on the destination it reads (a race): the start-time rule, on copies of it
                 copies = {id(w): snaps[id(w)].clone() if id(w) in snaps else w.clone() for w in written}
                 self.value = _run(self.func, self.args, self.kwargs, {**self.staged, **snaps, **copies}, self.seed)
@@ -1017,6 +1022,19 @@ class _Effect:
             v for v in _leaves_of(value)[0] if isinstance(v, torch.Tensor)]
         for o, v in zip(self.outputs, vals, strict=True):
             o.copy_(v)
+
+
+#: the ops (by id, as ``_FACTS``) whose ``into`` overload refused what the op took
+_REFUSED: set[int] = set()
+
+
+def _refused(func: Any) -> None:
+    """``func``'s ``into`` overload refused what the op took: from now on the op is computed as it is, those already
+    issued included (one refusal, and whatever warning its kernel prints, per op and process)."""
+    _REFUSED.add(id(func))
+    got = _FACTS.get(id(func))
+    if got is not None and got[0] is func:
+        _FACTS[id(func)] = (func, attrs.evolve(got[1], into=None))
 
 
 def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], replace: dict[int, torch.Tensor],

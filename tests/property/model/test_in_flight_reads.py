@@ -20,6 +20,7 @@ with a test a mutation of it fails:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import attrs
@@ -154,6 +155,7 @@ def test_an_out_kernel_that_refuses_leaves_the_op_computed_as_it_is(monkeypatch:
     facts = dispatch.classify(op)
     assert facts.into is not None
     monkeypatch.setitem(dispatch._FACTS, id(op), (op, attrs.evolve(facts, into=(refusing, "out"))))
+    monkeypatch.setattr(dispatch, "_REFUSED", set())
     monkeypatch.setattr(op, "_op", counted)  # what the effect calls the op by
 
     def body(dev: Any) -> torch.Tensor:
@@ -164,3 +166,42 @@ def test_an_out_kernel_that_refuses_leaves_the_op_computed_as_it_is(monkeypatch:
     assert not run.reports
     assert torch.equal(peek(run.result), torch.arange(8.0) * 3)
     assert len(calls) == 1
+
+
+def test_a_refusing_out_kernel_is_asked_once_and_a_reduction_to_one_value_never(
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """A refusal is remembered: the op is computed as it is from then on, so a kernel that prints a warning as it
+    refuses prints it once. A 0-d result is never computed into place (nothing to save there, and a loss's out=
+    kernel uses its output as scratch of its input's shape first: it would refuse, and warn, every time).
+
+    Mutations caught: the refusal forgotten (asked again); 0-d results into place (``mse_loss`` warns)."""
+    from simdevice import dispatch
+
+    aten = torch.ops.aten
+    asked = []
+
+    def refusing(*args: Any, **kwargs: Any) -> Any:
+        asked.append(1)
+        raise RuntimeError("refused")
+
+    op = aten.mul.Tensor
+    facts = dispatch.classify(op)
+    monkeypatch.setitem(dispatch._FACTS, id(op), (op, attrs.evolve(facts, into=(refusing, "out"))))
+    monkeypatch.setattr(dispatch, "_REFUSED", set())
+
+    def body(dev: Any) -> list[torch.Tensor]:
+        x = torch.arange(8.0, device=dev.device)
+        a, b = torch.rand(6, 5, device=dev.device), torch.rand(6, 5, device=dev.device)
+        return [x * x, x * x, x * x, torch.nn.functional.mse_loss(a, b), torch.nn.functional.mse_loss(a, b)]
+
+    with warnings.catch_warnings(record=True) as seen:  # (torch passes a kernel's warning on to Python's)
+        warnings.simplefilter("always")
+        run = SimDevice().run(body)
+    assert not [w for w in seen if "resized" in str(w.message)]
+    assert not run.reports
+    got = [peek(t) for t in run.result]
+    assert all(torch.equal(g, torch.arange(8.0) ** 2) for g in got[:3])
+    assert got[3].dim() == 0
+    assert torch.equal(got[3], got[4])
+    assert len(asked) == 1
+    assert "resized" not in capfd.readouterr().err
