@@ -1000,12 +1000,12 @@ class _Effect:
                     return
                 in_flight.before_write(self.outputs)  # (its output is new memory: no input is in it)
                 op, name = self.into
-                if id(self.func) not in _REFUSED:  # (it may have been since this one was issued)
+                if id(self.func) not in _REFUSED:
                     try:
                         _run(op, self.args, {**self.kwargs, name: self.outputs[0]}, replace, self.seed)
                         return
                     except Exception:  # an out= kernel that refuses what the op takes
-                        _refused(self.func)
+                        _REFUSED.add(id(self.func))
                 self.value = _run(self.func, self.args, self.kwargs, replace, self.seed)  # its result copied in
             else:  # a write landed on the destination it reads (a race): the start-time rule, on copies of it
                 copies = {id(w): snaps[id(w)].clone() if id(w) in snaps else w.clone() for w in written}
@@ -1024,17 +1024,9 @@ class _Effect:
             o.copy_(v)
 
 
-#: the ops (by id, as ``_FACTS``) whose ``into`` overload refused what the op took
+#: the ops (by id, as ``_FACTS``) whose ``into`` overload refused what the op took: from then on each is computed as
+#: it is (one refusal, and whatever warning its kernel prints, per op and process)
 _REFUSED: set[int] = set()
-
-
-def _refused(func: Any) -> None:
-    """``func``'s ``into`` overload refused what the op took: from now on the op is computed as it is, those already
-    issued included (one refusal, and whatever warning its kernel prints, per op and process)."""
-    _REFUSED.add(id(func))
-    got = _FACTS.get(id(func))
-    if got is not None and got[0] is func:
-        _FACTS[id(func)] = (func, attrs.evolve(got[1], into=None))
 
 
 def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], replace: dict[int, torch.Tensor],
