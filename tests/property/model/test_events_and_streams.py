@@ -3,6 +3,8 @@
 - ``event.record`` snapshots its stream's clock: work enqueued on the stream after the record is not ordered by
   a wait on the event (a mutant that keeps the live clock is caught).
 - A write races with earlier unordered *reads*, not only with writes (a mutant that skips reads is caught).
+- Streams one completion releases at once move in their creation order, whatever order they came to wait in (a
+  mutant that moves them in the reverse order is caught): the trace, and so a replay, does not depend on it.
 - ``Event(enable_timing=True)`` and ``elapsed_time`` in virtual milliseconds; ``Stream(priority=)``;
   ``stream(None)`` changes nothing; unnamed streams are ``s1``, ``s2``, ... counted over unnamed streams only
   (never taking a name already in use, and not advanced by the internal ``nccl`` stream).
@@ -17,7 +19,7 @@ import torch
 
 from reference.schedule import Schedule
 from simdevice import Race, SimDevice
-from simdevice.runtime import memory, sync
+from simdevice.runtime import execution, memory, sync
 from simdevice.runtime.streams import EventRecord, SimStream
 
 
@@ -151,3 +153,42 @@ def test_a_stream_of_another_device_is_refused() -> None:
 
     [err] = run(program).reports
     assert "expected a stream of this SimDevice" in str(err)
+
+
+def released_together(dev: Any) -> None:
+    """Three streams wait for one event, in the reverse of their creation order; one completion releases all."""
+    x = torch.zeros(1 << 16, device=dev.device)
+    first, second, third = dev.Stream(name="first"), dev.Stream(name="second"), dev.Stream(name="third")
+    e = dev.Event()
+    x.mul_(2.0)
+    e.record()
+    for s in (third, second, first):
+        s.wait_event(e)
+        with dev.stream(s):
+            x.sum()
+    dev.synchronize()
+
+
+def _passes(run_: Any) -> list[tuple[int, str]]:
+    return [(t, where) for t, where, what in run_.trace if what.startswith("pass ")]
+
+
+def test_streams_released_at_once_move_in_their_creation_order() -> None:
+    passes = _passes(run(released_together))
+    assert [where for _, where in passes] == ["first", "second", "third"]
+    assert len({t for t, _ in passes}) == 1
+
+
+def test_the_creation_order_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    def backwards(self: Any) -> None:  # the mutant: the streams move in the reverse of their creation order
+        moved = True
+        while moved:
+            moved = False
+            for s in reversed(self.streams.values()):
+                if not s.busy and s.queue:
+                    ready = s.queue[0].ready
+                    if ready is None or ready():
+                        moved |= self._advance(s)
+
+    monkeypatch.setattr(execution.Execution, "kick_all", backwards)
+    assert [where for _, where in _passes(run(released_together))] == ["third", "second", "first"]
