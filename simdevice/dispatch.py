@@ -189,21 +189,30 @@ def _leaves_of(tree: Any) -> tuple[list[Any], None]:
     return out, None
 
 
-def _flat(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-    """``_leaves_of((args, kwargs))``, in one call for the usual flat arguments."""
+def _flat(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors among an op's arguments (``_leaves_of((args, kwargs))``, the tensors alone), in order; in one
+    call for the usual flat arguments."""
     out: list[Any] = []
     for x in args:
-        if isinstance(x, _NODES):
-            _collect(x, out)
-        else:
+        if isinstance(x, torch.Tensor):
             out.append(x)
+        elif isinstance(x, _NODES):
+            _collect_tensors(x, out)
     if kwargs:
         for x in kwargs.values():
-            if isinstance(x, _NODES):
-                _collect(x, out)
-            else:
+            if isinstance(x, torch.Tensor):
                 out.append(x)
+            elif isinstance(x, _NODES):
+                _collect_tensors(x, out)
     return out
+
+
+def _collect_tensors(x: Any, out: list[Any]) -> None:
+    for y in x.values() if isinstance(x, dict) else x:
+        if isinstance(y, torch.Tensor):
+            out.append(y)
+        elif isinstance(y, _NODES):
+            _collect_tensors(y, out)
 
 
 def _unwrapped(args: tuple[Any, ...]) -> list[Any]:
@@ -633,8 +642,8 @@ class Dispatcher:
         # (the keyword first: asking the set hashes the op, a Python method of OpOverload's)
         if kwargs and kwargs.get("device") is not None and func in _HOST_WHEN_ASKED and not self.on_device(
                 kwargs["device"]):
-            shaped = [_meta_of(x) if isinstance(x, torch.Tensor) else x for x in args]  # their shape, not bytes
-            return self._host_op(func, facts, tuple(shaped), kwargs, shaped)
+            shaped = tuple([_meta_of(x) if isinstance(x, torch.Tensor) else x for x in args])  # their shape, not bytes
+            return self._host_op(func, facts, shaped, kwargs, _flat(shaped, {}))
         kind = facts.kind
         if kind == "view":
             assert base is not None
@@ -657,7 +666,7 @@ class Dispatcher:
 
     # -- host ops (no device tensor involved) -------------------------------------------------
     def _host_op(
-        self, func: Any, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]
+        self, func: Any, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[torch.Tensor]
     ) -> Any:
         rt = self.rt
         actor = rt.current_or_none()
@@ -674,7 +683,7 @@ class Dispatcher:
             return None  # pinned memory is not pooled by the simulator: nothing to defer
         if func is aten._pin_memory.default and actor is not None:
             return self.new_pinned(args[0].clone(), actor.name)
-        pinned = [t for t in flat if isinstance(t, torch.Tensor) and rt.lookup_pinned(t) is not None]
+        pinned = [t for t in flat if rt.lookup_pinned(t) is not None]
         if not pinned or actor is None or facts.kind in ("view", "alloc", "meta"):
             return func(*args, **kwargs)
         # A host step touching pinned memory: check it as a host access, then run it now.
@@ -740,7 +749,7 @@ class Dispatcher:
         return result, [x for x in _leaves_of(result)[0] if isinstance(x, torch.Tensor)]
 
     def _inputs(
-        self, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any],
+        self, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[torch.Tensor],
         written: list[torch.Tensor],
     ) -> tuple[list[torch.Tensor], dict[int, torch.Tensor]]:
         """Every tensor argument that is read, and the pageable ones staged now (read at issue, as CUDA does)."""
@@ -752,10 +761,8 @@ class Dispatcher:
             not_read = {id(x) for x in written}
         else:
             not_read = None  # every tensor argument is read
-        if not_read is None:
-            inputs = [x for x in flat if isinstance(x, torch.Tensor)]
-        else:
-            inputs = [x for x in flat if isinstance(x, torch.Tensor) and id(x) not in not_read]
+        # (``flat``: the op's tensors, read as they are where every one is read)
+        inputs = flat if not_read is None else [x for x in flat if id(x) not in not_read]
         staged: dict[int, torch.Tensor] = {}
         for x in inputs:
             if isinstance(x, SimTensor):
@@ -776,7 +783,7 @@ class Dispatcher:
         facts: OpFacts,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        flat: list[Any],
+        flat: list[torch.Tensor],
         src: str,
     ) -> Any:
         """Enqueue one aten op on stream ``s`` for host actor ``a`` (its host step already taken)."""
@@ -871,7 +878,7 @@ class Dispatcher:
         facts: OpFacts,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        flat: list[Any],
+        flat: list[torch.Tensor],
         src: str,
     ) -> Any:
         """An op whose output shape depends on its input values: as on CUDA, the host waits for the stream to
