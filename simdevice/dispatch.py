@@ -1093,12 +1093,20 @@ def _aliased(args: Any, made: dict[int, torch.Tensor]) -> Any:
 
 
 def _aliased_kwargs(kwargs: dict[str, Any], made: dict[int, torch.Tensor]) -> dict[str, Any]:
-    if not kwargs:
-        return {}
-    out = dict(_aliased(kwargs, made))
-    if "device" in out:
-        out["device"] = CPU
-    out.pop("pin_memory", None)
+    """An op's keywords as :func:`_aliased` makes its arguments, ``pin_memory`` left out (its effect's bytes are the
+    device's or the caller's own)."""
+    out: dict[str, Any] = {}
+    for k, x in kwargs.items():  # (the keywords' values, as _aliased's loop: mostly a dtype, a flag, a device)
+        if k == "pin_memory":
+            continue
+        if isinstance(x, SimTensor):
+            out[k] = made[id(x)] = _alias_of(x)
+        elif isinstance(x, torch.device) or k == "device":
+            out[k] = CPU
+        elif isinstance(x, _NODES):
+            out[k] = _aliased(x, made)
+        else:
+            out[k] = x
     return out
 
 
