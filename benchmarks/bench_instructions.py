@@ -1,7 +1,7 @@
 """Instructions per simulated operation and per run, counted by callgrind: a figure that does not depend on the
 machine's load, for two revisions side by side.
 
-    PYTHONPATH=. python benchmarks/bench_instructions.py BEFORE AFTER [--runs 5] [--floor]
+    PYTHONPATH=. python benchmarks/bench_instructions.py BEFORE AFTER [--runs 5] [--search N] [--floor]
 
 BEFORE and AFTER are git revisions of this repository (or paths to checkouts), each checked out into a temporary
 worktree (as ``bench_check.py`` does). Each figure is one process under ``valgrind --tool=callgrind
@@ -12,6 +12,11 @@ turns counting on (``callgrind_control -i on``) around the measured part alone:
   (``y = x * 0.5``): 300 operations less 100, over 200, in instructions per operation;
 - each mechanism's FIXED variant at its defaults (and ``offload_reload/correct``): ``--runs`` runs as ``exhaust``
   makes them (a device made and the program run), in instructions per run.
+
+With ``--search N``, also a derandomized Hypothesis search of N schedules of ``offload_reload/correct`` over its
+configuration space, as ``bench_paired.py --what hypothesis`` makes it (nothing fails, so every schedule is generated
+and run; Hypothesis's own work counted with the simulator's), in instructions per schedule: the load-free figure
+for schedules per second with Hypothesis.
 
 With ``--floor``, the same in-place op's count without the simulator is printed too: on a plain CPU tensor, and
 under a ``TorchDispatchMode`` that only calls the op (the floor of a design that sees every aten call in Python).
@@ -89,6 +94,35 @@ gc.freeze()
 counted(lambda: go(int(sys.argv[2])))
 """
 
+SEARCH = _COUNTED + r"""
+import torch
+from hypothesis import find
+from hypothesis.errors import NoSuchExample
+from reference.schedule import Schedule
+from simdevice.programs import resolve
+from simdevice.search import engine
+from simdevice.search.strategies import configs, schedules_of
+from simdevice.search.targets import ProgramTarget
+
+torch.set_num_threads(1)
+s = Schedule.parse(sys.argv[1])
+program, _ = resolve(s)
+target = ProgramTarget(program, s.variant)
+
+def search(n):
+    with engine.storage():
+        try:
+            find(schedules_of(target, configs(program)), lambda x: target.failed(target.run(x)),
+                 settings=engine.search_settings(n, True, True, None))
+        except NoSuchExample:
+            pass
+
+search(20)  # (long enough for Hypothesis's one look at the process's modules for constants to come in it)
+gc.collect()
+gc.freeze()
+counted(lambda: search(int(sys.argv[2])))
+"""
+
 FLOOR = _COUNTED + r"""
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -139,6 +173,8 @@ def main() -> None:
     p.add_argument("before")
     p.add_argument("after")
     p.add_argument("--runs", type=int, default=5, help="runs of each program counted (their mean is printed)")
+    p.add_argument("--search", type=int, default=0, metavar="N",
+                   help="also count a Hypothesis search of N schedules (per schedule; 0: none)")
     p.add_argument("--floor", action="store_true",
                    help="also count the in-place op on a plain tensor and under a mode that only calls it")
     args = p.parse_args()
@@ -156,6 +192,10 @@ def main() -> None:
             for name in PROGRAMS:
                 per = [instructions(t, RUNS, name, str(args.runs)) / args.runs for t in trees]
                 rows.append((f"instructions per run, {name}", per))
+            if args.search:
+                per = [instructions(t, SEARCH, "offload_reload/correct", str(args.search)) / args.search
+                       for t in trees]
+                rows.append(("instructions per schedule of a Hypothesis search, offload_reload/correct", per))
         finally:
             remove_checkouts(trees, tmp)
     for label, (b, a) in rows:
