@@ -37,6 +37,7 @@ import tempfile
 from pathlib import Path
 
 from bench_check import checkout, remove_checkouts  # this folder is the script's: on sys.path
+from bench_paired import SEARCH as PAIRED_SEARCH
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,31 +97,15 @@ counted(lambda: go(int(sys.argv[2])))
 
 SEARCH = _COUNTED + r"""
 import torch
-from hypothesis import find
-from hypothesis.errors import NoSuchExample
 from reference.schedule import Schedule
-from simdevice.programs import resolve
-from simdevice.search import engine
-from simdevice.search.strategies import configs, schedules_of
-from simdevice.search.targets import ProgramTarget
 
 torch.set_num_threads(1)
-s = Schedule.parse(sys.argv[1])
-program, _ = resolve(s)
-target = ProgramTarget(program, s.variant)
-
-def search(n):
-    with engine.storage():
-        try:
-            find(schedules_of(target, configs(program)), lambda x: target.failed(target.run(x)),
-                 settings=engine.search_settings(n, True, True, None))
-        except NoSuchExample:
-            pass
-
-search(20)  # (long enough for Hypothesis's one look at the process's modules for constants to come in it)
+schedule = Schedule.parse(sys.argv[1])
+""" + PAIRED_SEARCH + r"""
+hypothesis(20)  # (long enough for Hypothesis's one look at the process's modules for constants to come in it)
 gc.collect()
 gc.freeze()
-counted(lambda: search(int(sys.argv[2])))
+counted(lambda: hypothesis(int(sys.argv[2])))
 """
 
 FLOOR = _COUNTED + r"""

@@ -33,20 +33,10 @@ from bench_check import checkout, remove_checkouts  # this folder is the script'
 
 ROOT = Path(__file__).resolve().parents[1]
 
-WORKER = r"""
-import gc, sys, time
-import torch
-torch.set_num_threads(1)
-from reference.schedule import Schedule
-from simdevice.search.execute import execute
-
-what, text = sys.argv[1], sys.argv[2]
-schedule = Schedule.parse(text)
-
-def runs(n):
-    for _ in range(n):
-        execute(schedule)
-
+#: ``hypothesis(n)``: a derandomized Hypothesis search of ``n`` schedules of ``schedule``'s variant over its
+#: configuration space, as ``simdevice check`` makes it (nothing fails, so every schedule is generated and run);
+#: code for a process where ``schedule`` is defined (``bench_instructions.py --search`` counts the same search)
+SEARCH = r"""
 def hypothesis(n):
     from hypothesis.errors import NoSuchExample
     from hypothesis import find
@@ -62,7 +52,22 @@ def hypothesis(n):
                  settings=engine.search_settings(n, True, True, None))
         except NoSuchExample:
             pass
+"""
 
+WORKER = r"""
+import gc, sys, time
+import torch
+torch.set_num_threads(1)
+from reference.schedule import Schedule
+from simdevice.search.execute import execute
+
+what, text = sys.argv[1], sys.argv[2]
+schedule = Schedule.parse(text)
+
+def runs(n):
+    for _ in range(n):
+        execute(schedule)
+""" + SEARCH + r"""
 body = {"runs": runs, "hypothesis": hypothesis}[what]
 body(5)
 gc.collect()
