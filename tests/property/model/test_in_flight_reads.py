@@ -100,6 +100,19 @@ def test_an_input_that_is_its_own_destination_does_not_stop_the_completion_rule(
     assert _overlap([base], [a])
 
 
+def test_an_op_reading_views_of_its_destination_computes_on_a_copy_at_its_start() -> None:
+    """``mm(z, z, out=z)`` through other views of ``z``: computed in place, the kernel would read what it has begun
+    to write (on the CPU it zeroes its output first, so eager torch gives zeros); computed at its start on a copy of
+    its destination, it reads ``z`` as it was, and lands the product at its completion."""
+
+    def program(dev: Any) -> Any:
+        z = torch.arange(4.0, device=dev.device).reshape(2, 2)
+        torch.mm(z.view(2, 2), z.view(2, 2), out=z)
+        return z.cpu()
+
+    assert SimDevice().run(program).result.tolist() == [[2.0, 3.0], [6.0, 11.0]]
+
+
 def test_a_new_tensor_is_computed_from_its_inputs_as_they_were_at_its_start() -> None:
     """An operation that makes a new tensor (``x * 2``) is computed at its completion, into its output's bytes
     (``_Effect.into``): a racing write that landed on an input meanwhile is not what it computes from."""
