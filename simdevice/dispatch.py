@@ -842,17 +842,15 @@ class Dispatcher:
 
         # Effects: compute from the inputs as they are at start, land the outputs at completion. The effect holds
         # aliases of the bytes, not the tensors: the program's del frees a block while an op is queued.
+        # (not for a 0-d result, where there is no copy to save: a reduction's out= kernel may use its output as
+        # scratch of the input's shape first, which it would have to resize: mse_loss)
+        into = facts.into if (facts.into is not None and not host_touch and not written and not facts.copy
+                              and len(outputs) == 1 and self.config.values and meta is not None
+                              and meta.dim() > 0) else None
         made: dict[int, torch.Tensor] = {}
         eff = _Effect(self, func, _aliased(args, made), _aliased_kwargs(kwargs, made) if kwargs else {},
                       _all_aliased(written, made) if written else [], staged,
-                      self.rt.next_seed() if facts.seeded else None)
-        eff.outputs = _all_aliased(outputs, made)
-        # (not for a 0-d result, where there is no copy to save: a reduction's out= kernel may use its output as
-        # scratch of the input's shape first, which it would have to resize: mse_loss)
-        if (facts.into is not None and not host_touch and not written and not facts.copy and len(outputs) == 1
-                and eff.land and meta is not None and meta.dim() > 0):
-            eff.into = facts.into
-        eff.prepare(reads)
+                      self.rt.next_seed() if facts.seeded else None, _all_aliased(outputs, made), reads, into)
         blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)
         host_value = facts.has_returns and not outputs
         # The host waits for results it reads itself (.item(), equal, .cpu(), a pageable destination) and for a
@@ -887,8 +885,8 @@ class Dispatcher:
         duration = self.config.kernel_ns(sum(x.numel() * x.element_size() for x in inputs))
         made: dict[int, torch.Tensor] = {}
         # its output's size comes from values, so it computes them even in a race-only run (what memory holds)
-        eff = _Effect(self, func, _aliased(args, made), _aliased_kwargs(kwargs, made), [], staged, None, compute=True)
-        eff.prepare([])
+        eff = _Effect(self, func, _aliased(args, made), _aliased_kwargs(kwargs, made), [], staged, None, [], [],
+                      compute=True)
         index, rec = self.rt.enqueue(a, s, facts.name, duration, self._refs(inputs), [], src, start=eff.start)
         assert rec is not None
         self.rt.host_waits_for(a, rec, f"stream {s.name} to finish {facts.name} #{index} (its output size)")
@@ -954,29 +952,23 @@ class _Effect:
 
     def __init__(self, ops: Dispatcher, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                  written: list[torch.Tensor], staged: dict[int, torch.Tensor], seed: int | None,
+                 outputs: list[torch.Tensor], reads: list[torch.Tensor], into: tuple[Any, str] | None = None,
                  compute: bool = False) -> None:
         self.func, self.args, self.kwargs, self.seed = func, args, kwargs, seed
-        self.written, self.staged = written, staged
+        #: ``outputs``: the new tensors it makes (aliases); ``reads``: the inputs it reads from device or pinned
+        #: memory (aliases); ``into``: the ``out=`` overload it computes its one output with, at its completion, and
+        #: the name of its output argument (``OpFacts.into``)
+        self.written, self.staged, self.outputs, self.reads, self.into = written, staged, outputs, reads, into
         self.in_flight = ops.rt.memory.in_flight
         values = ops.config.values
         #: whether it computes at all (a race-only run computes only what the host must have), and lands its bytes
         self.compute = values or compute
         self.land = values
-        self.outputs: list[torch.Tensor] = []
-        self.reads: list[torch.Tensor] = []
-        self.deferred = False
         self.value: Any = None
         self.copies: dict[int, torch.Tensor] = {}
         self.reading: Any = None
-        #: the ``out=`` overload it computes its one output with, at its completion, and the name of its output
-        #: argument (``OpFacts.into``; set before :meth:`prepare`)
-        self.into: tuple[Any, str] | None = None
-
-    def prepare(self, reads: list[torch.Tensor]) -> None:
-        """``reads``: the inputs it reads from device or pinned memory (aliases); whether it reads them at its
-        completion follows."""
-        self.reads = reads
-        self.deferred = self.into is not None or (bool(self.written) and not _overlap(reads, self.written))
+        #: whether it reads its inputs at its completion (see the class)
+        self.deferred = into is not None or (bool(written) and not _overlap(reads, written))
 
     def start(self) -> None:
         if not self.compute:

@@ -231,13 +231,14 @@ class Issued:
     def __init__(self) -> None:
         self.reads: list[tuple[Storage, Access, Expectation]] = []
         self.writes: list[tuple[Storage, Access, int]] = []
-        self.follows: list[Issued] = []
+        # (these three are tuples, grown by a copy when a copy trails another: an operation makes none of them)
+        self.follows: tuple[Issued, ...] = ()
         #: a writer's: land its bytes ``[lo, hi)`` of a storage now (storage coordinates), data only
         self.early: Callable[[Storage, int, int], None] | None = None
         #: a reader's: parts of writers it trails that land at its completion (writer, storage, lo, hi, write id)
-        self.pending: list[tuple[Issued, Storage, int, int, int]] = []
+        self.pending: tuple[tuple[Issued, Storage, int, int, int], ...] = ()
         #: a writer's: the parts it landed before its completion (storage, lo, hi)
-        self.landed_early: list[tuple[Storage, int, int]] = []
+        self.landed_early: tuple[tuple[Storage, int, int], ...] = ()
 
 
 #: a copy landing: the shadow's id and the write's id -> (its Issued, start, end, first byte, end byte in the
@@ -285,7 +286,7 @@ class Reading:
         self.inputs = inputs
         self._spans: list[tuple[int, int]] | None = None
         #: the landing copies this one trails (their ``Issued``): their writes are what it reads
-        self.follows: list[Issued] = []
+        self.follows: tuple[Issued, ...] = ()
         #: id of an input -> its bytes as they were when the operation started (taken before they changed)
         self.snaps: dict[int, torch.Tensor] = {}
 
@@ -478,8 +479,8 @@ class Memory:
                     self.in_flight.landing = writer  # what follows it reads what lands; the others keep theirs
                     writer.early(st, lo, hi)
                     self.execute_write(st, lo, hi, wid)
-                    writer.landed_early.append((st, lo, hi))
-            issued.pending = []
+                    writer.landed_early += ((st, lo, hi),)
+            issued.pending = ()
         early = issued.landed_early
         for st, access, wid in issued.writes:
             if not early:
@@ -569,9 +570,9 @@ class Memory:
         if we >= end:
             if writer.early is None:
                 return False
-            reader.pending.append((writer, st, lo, hi, wid))
+            reader.pending += ((writer, st, lo, hi, wid),)
         if writer not in reader.follows:
-            reader.follows.append(writer)
+            reader.follows += (writer,)
         return True
 
     def _stale(self, st: Storage, access: Access, expected: int, seen: int, now: int) -> StaleRead:
