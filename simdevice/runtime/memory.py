@@ -231,7 +231,7 @@ class Issued:
     def __init__(self) -> None:
         self.reads: list[tuple[Storage, Access, Expectation]] = []
         self.writes: list[tuple[Storage, Access, int]] = []
-        # (these three are tuples, grown by a copy when a copy trails another: an operation makes none of them)
+        # (these three are tuples, grown only where a copy trails another: most operations never touch them)
         self.follows: tuple[Issued, ...] = ()
         #: a writer's: land its bytes ``[lo, hi)`` of a storage now (storage coordinates), data only
         self.early: Callable[[Storage, int, int], None] | None = None
