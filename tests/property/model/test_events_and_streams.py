@@ -4,7 +4,7 @@
   a wait on the event (a mutant that keeps the live clock is caught).
 - A write races with earlier unordered *reads*, not only with writes (a mutant that skips reads is caught).
 - Streams one completion releases at once move in their creation order, whatever order they came to wait in (a
-  mutant that moves them in the reverse order is caught): the trace, and so a replay, does not depend on it.
+  mutant that moves them in the reverse order is caught): the order of the trace's lines at that moment is fixed.
 - ``Event(enable_timing=True)`` and ``elapsed_time`` in virtual milliseconds; ``Stream(priority=)``;
   ``stream(None)`` changes nothing; unnamed streams are ``s1``, ``s2``, ... counted over unnamed streams only
   (never taking a name already in use, and not advanced by the internal ``nccl`` stream).
