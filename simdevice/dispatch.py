@@ -1059,9 +1059,9 @@ def _aliased(args: Any, made: dict[int, torch.Tensor]) -> Any:
     """An op's arguments (its positional tuple, its keywords, or a container among them) as its effect runs them:
     each simulated tensor as its alias (noted in ``made`` by the tensor's id), a device as the CPU."""
     t = type(args)
-    if t is tuple or t is list:  # the usual case, without a call per leaf
+    if t is tuple or t is list or t is dict:  # the usual case, without a call per leaf
         out = []
-        for x in args:
+        for x in args.values() if t is dict else args:
             if isinstance(x, SimTensor):
                 al = made[id(x)] = _alias_of(x)
                 out.append(al)
@@ -1071,6 +1071,8 @@ def _aliased(args: Any, made: dict[int, torch.Tensor]) -> Any:
                 out.append(_aliased(x, made))
             else:
                 out.append(x)
+        if t is dict:
+            return dict(zip(args, out, strict=True))
         return tuple(out) if t is tuple else out
 
     def one(x: Any) -> Any:
@@ -1085,20 +1087,12 @@ def _aliased(args: Any, made: dict[int, torch.Tensor]) -> Any:
 
 
 def _aliased_kwargs(kwargs: dict[str, Any], made: dict[int, torch.Tensor]) -> dict[str, Any]:
-    """An op's keywords as :func:`_aliased` makes its arguments, ``pin_memory`` left out (its effect's bytes are the
-    device's or the caller's own)."""
-    out: dict[str, Any] = {}
-    for k, x in kwargs.items():  # (the keywords' values, as _aliased's loop: mostly a dtype, a flag, a device)
-        if k == "pin_memory":
-            continue
-        if isinstance(x, SimTensor):
-            out[k] = made[id(x)] = _alias_of(x)
-        elif isinstance(x, torch.device) or k == "device":
-            out[k] = CPU
-        elif isinstance(x, _NODES):
-            out[k] = _aliased(x, made)
-        else:
-            out[k] = x
+    """An op's keywords as :func:`_aliased` makes them, the device the CPU (a None one too), ``pin_memory`` left out
+    (its effect's bytes are the device's or the caller's own)."""
+    out: dict[str, Any] = _aliased(kwargs, made)
+    if "device" in out:
+        out["device"] = CPU
+    out.pop("pin_memory", None)
     return out
 
 
