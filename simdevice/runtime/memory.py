@@ -417,17 +417,18 @@ class Memory:
             seen = self.touched[actor] = set()
         seq = self.issues
         # (as _access, inline: two or more of these come with every operation)
-        last, lo, hi = None, 0, 0
+        last, last_lo, last_hi = None, 0, 0
         for st, data in reads:
             seen.add(st.id)
             lo, hi = st.byte_range(data)
-            last = data
+            last, last_lo, last_hi = data, lo, hi
             acc = Access(actor, epoch, op, index, "read", st.label, lo, hi, source, 0, on, seq)
             issued.reads.append((st, acc, self.issue_read(st, acc, clock)))
         for st, data in writes:
             seen.add(st.id)
-            if data is not last:  # an in-place op's destination is its last read too: its range is known
-                lo, hi = st.byte_range(data)
+            # an in-place op's destination is its last read too: its range is known (that read's, not the range of
+            # the write before: a list op's destinations are each their own)
+            lo, hi = (last_lo, last_hi) if data is last else st.byte_range(data)
             acc = Access(actor, epoch, op, index, "write", st.label, lo, hi, source, 0, on, seq)
             issued.writes.append((st, acc, self.issue_write(st, acc, clock)))
         return issued

@@ -89,6 +89,30 @@ def test_an_op_that_returns_nothing_writes_its_arguments_and_does_not_make_the_h
     assert [type(x) for x in r.reports] == [Race] * 3
 
 
+def test_each_destination_of_a_list_op_is_written_at_its_own_bytes() -> None:
+    """A list op's destinations differ in size and place (here a whole tensor and a view into a buffer); each write
+    covers its own tensor's bytes, whatever the destination before it covered."""
+
+    def program(dev: Any) -> list[float]:
+        big = torch.zeros(256, device=dev.device)
+        buf = torch.zeros(16, device=dev.device)
+        side = dev.Stream(name="side")
+        side.wait_stream(dev.current_stream())  # after the zeros, not after the add
+        torch._foreach_add_([big, buf[4:8]], 1.0)
+        with dev.stream(side):
+            buf[8:].fill_(3.0)  # after the view: no race
+            buf[:5].fill_(2.0)  # its first element: a race on bytes 16:20
+        dev.synchronize()
+        return buf.cpu().tolist()
+
+    r = run(program)
+    assert [type(x) for x in r.reports] == [Race]
+    race = r.reports[0]
+    assert (race.previous.op, race.previous.lo, race.previous.hi) == ("_foreach_add_", 16, 32)
+    assert (race.current.lo, race.current.hi) == (0, 20)
+    assert r.result == [2.0] * 5 + [1.0] * 3 + [3.0] * 8
+
+
 def test_a_fused_optimizer_step_is_checked_like_any_kernel() -> None:
     def program(dev: Any) -> float:
         p, g, m, v = (torch.full((256,), x, device=dev.device) for x in (1.0, 0.5, 0.0, 0.0))
