@@ -524,10 +524,12 @@ class CachingAllocator:
         return len(self._deferred)
 
     def stats(self) -> dict[str, int]:
-        """Simulated bytes: ``allocated`` (blocks handed out, not yet back), ``peak`` of it (exact from the first
-        call on), ``reserved`` (segments)."""
+        """Simulated bytes: ``allocated`` (blocks handed out and not freed since: a freed block held back for the
+        streams recorded with it is not, as torch counts it), ``peak`` of it (exact from the first call on),
+        ``reserved`` (segments)."""
         self._track_peak = True
         allocated = sum(b.nbytes for seg in self._segments if not seg.released for b in seg.blocks if not b.free)
+        allocated -= sum(f.block.nbytes for f in self._deferred)
         self._peak = max(self._peak, allocated)
         reserved = sum(seg.nbytes for seg in self._segments if not seg.released)
         return {"allocated": allocated, "peak": self._peak, "reserved": reserved}

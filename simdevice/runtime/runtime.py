@@ -407,10 +407,12 @@ class Runtime:
         self.execution.enqueue(s, StreamOp(s, f"sleep ({ns} ns)", -1, max(ns, 1)))
 
     def memory_stats(self) -> dict[str, int]:
-        """Allocated (live blocks), its peak, and reserved (segments) bytes, as a GPU would count them."""
+        """Allocated (live blocks), its peak, and reserved (segments) bytes, as torch's caching allocator counts them
+        for the same program: its own bytes (``byte_scale`` scales what they cost, not what they are), a block no
+        longer allocated from the moment its last tensor dies (``record_stream`` holds it back from reuse only)."""
         allocator = self.memsaver.allocator
-        scale = self.config.byte_scale
-        return {k: v * scale for k, v in allocator.stats().items()}
+        allocator.collect_frees()
+        return allocator.stats()
 
     def default_stream(self) -> SimStream:
         a = self.current()

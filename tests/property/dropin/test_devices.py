@@ -173,3 +173,27 @@ def test_data_pointers_are_distinct_and_nonzero_and_views_share_their_storage() 
     assert same
     assert not other
     assert base == (ptrs[0], 64 * 4)
+
+
+def test_memory_statistics_count_the_programs_own_bytes_as_torch_does() -> None:
+    """``memory_allocated`` as the same code sees it on a GPU: its tensors' own bytes (the cost model's byte_scale
+    is not in them), less a block at once when its last tensor dies, also one ``record_stream`` holds back from
+    reuse (torch counts a block allocated until its free, not until its reuse)."""
+    with simdevice.cuda() as sim:
+        base = torch.cuda.memory_allocated()
+        a = torch.empty(1 << 16, device="cuda")  # 256 KiB, a multiple of the allocator's rounding
+        assert torch.cuda.memory_allocated() - base == a.numel() * 4
+        free, total = torch.cuda.mem_get_info()
+        assert total - free == torch.cuda.memory_reserved() < 64 << 20
+        del a
+        assert torch.cuda.memory_allocated() == base
+        side = torch.cuda.Stream()
+        b = torch.ones(1 << 16, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            b.mul_(2.0)
+        b.record_stream(side)
+        del b
+        assert torch.cuda.memory_allocated() == base
+        torch.cuda.synchronize()
+    sim.assert_clean()
