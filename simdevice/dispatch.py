@@ -1042,7 +1042,9 @@ def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], replace: dict
     if seed is None:
         return call(*args, **kwargs)
     with torch.random.fork_rng(devices=[]):  # a random op: its own generator, seeded when the host issued it
-        torch.manual_seed(seed)
+        # (the CPU generator alone: torch.manual_seed also seeds CUDA's, which in a drop-in session is the program's,
+        # so that a random op computed late would reseed the numbers of those the program issues after it)
+        torch.default_generator.manual_seed(seed)
         return call(*args, **kwargs)
 
 

@@ -104,3 +104,25 @@ def test_rank_world_and_object_collectives() -> None:
     s.run(program, world_size=3)
     s.assert_clean()
     assert got[2] == [{"rank": 0}, {"rank": 1}, {"rank": 2}, "from 1"]
+
+
+def _two_streams() -> list[float]:
+    torch.cuda.manual_seed(3)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        a = torch.randn(8, device="cuda")  # issued first: the first numbers, however late it runs
+    b = torch.randn(8, device="cuda")
+    torch.cuda.synchronize()
+    return a.cpu().tolist() + b.cpu().tolist()
+
+
+def test_a_random_op_that_runs_late_leaves_the_numbers_of_later_ones_as_they_were() -> None:
+    """As on a GPU (a generator's offset is taken when the host issues the op), the numbers follow the order the host
+    issues random ops in, not the order they run: a stall of the side stream changes nothing."""
+    got = []
+    for schedule in (None, "side#0+5"):
+        s = simdevice.cuda(schedule)
+        s.run(lambda: got.append(_two_streams()))
+        s.assert_clean()
+    assert got[0] == got[1]
+    assert len(set(got[0])) == 16
