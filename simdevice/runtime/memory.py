@@ -15,7 +15,9 @@ that keeps, for each byte range, two layers:
   difference is a :class:`StaleRead`.
 
 Views alias: a tensor's byte range is computed from its offset, sizes and
-strides within its storage (a strided view is covered by its extent).
+strides within its storage. A strided view with gaps between its bytes (a
+column of a matrix, every other element) is checked at its own bytes only, its
+pieces (:func:`pieces`); reports name its extent.
 
 Every access goes through one function, :meth:`Memory.issue`, whoever makes
 it (a stream operation, a host step touching pinned memory, a collective);
@@ -110,6 +112,46 @@ def bytes_at(array: Any, offset: int, n: int) -> tuple[torch.Tensor, Any]:
     return torch.from_numpy(piece)[:0], piece
 
 
+#: the contiguous byte ranges a strided view covers, in order, where it has gaps between them (None: no gaps)
+Pieces = tuple[tuple[int, int], ...] | None
+
+#: the most pieces a view is checked at; past it, its whole extent (conservative: a race on bytes between its
+#: pieces may be reported, none is missed)
+MAX_PIECES = 4096
+
+
+def pieces(shape: Any, stride: Any, esize: int, lo: int) -> Pieces:
+    """The contiguous byte ranges of a strided view whose first byte is ``lo``, merged and in order, where there is a
+    gap between them; None where its bytes are one range (a transpose of a whole tensor) or it has more than
+    :data:`MAX_PIECES` of them. The dimensions by stride: those that continue the innermost run make it longer,
+    the others place copies of it."""
+    dims = sorted((st, sz) for sz, st in zip(shape, stride, strict=True) if sz > 1 and st > 0)
+    run, i = esize, 0
+    while i < len(dims) and dims[i][0] * esize == run:
+        run *= dims[i][1]
+        i += 1
+    outer = dims[i:]
+    if not outer:
+        return None
+    count = 1
+    for _, sz in outer:
+        count *= sz
+    if count > MAX_PIECES:
+        return None
+    starts = [lo]
+    for st, sz in outer:
+        step = st * esize
+        starts = [s + k * step for s in starts for k in range(sz)]
+    starts.sort()
+    merged = [[starts[0], starts[0] + run]]
+    for s in starts[1:]:
+        if s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], s + run)
+        else:
+            merged.append([s, s + run])
+    return tuple((a, b) for a, b in merged) if len(merged) > 1 else None
+
+
 class Storage:
     """One allocation: device memory, or pinned host memory registered with the simulator."""
 
@@ -154,17 +196,23 @@ class Storage:
         return data
 
     def byte_range(self, t: torch.Tensor) -> tuple[int, int]:
-        """The bytes of this storage that tensor ``t`` (a view of it) covers."""
+        """The bytes of this storage that tensor ``t`` (a view of it) spans: from its first byte to its last."""
+        return self.byte_pieces(t)[:2]  # type: ignore[return-value]
+
+    def byte_pieces(self, t: torch.Tensor) -> tuple[int, int, Pieces]:
+        """The bytes tensor ``t`` (a view of this storage) spans, ``lo, hi``, and where it has gaps between them (a
+        strided view: a column, every other element) the contiguous pieces it covers (:func:`pieces`), else None."""
         n = t.nbytes  # numel() * element_size()
         if n == 0:
             lo = self._start(t)
-            return lo, lo
+            return lo, lo, None
         lo = t.data_ptr() - self.base
         if t.is_contiguous():
-            return lo, lo + n
+            return lo, lo + n, None
         esize = t.element_size()
-        extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True) if s > 0)
-        return lo, lo + extent * esize
+        shape, stride = t.shape, t.stride()
+        extent = 1 + sum((s - 1) * st for s, st in zip(shape, stride, strict=True) if s > 0)
+        return lo, lo + extent * esize, pieces(shape, stride, esize, lo)
 
     def alias(self, t: torch.Tensor) -> torch.Tensor:
         """A view of the same bytes as ``t`` (a view of this storage) that does not keep its block allocated:
@@ -356,6 +404,14 @@ def _free_access(facts: _FreeFacts) -> Access:
     return Access(actor, epoch, op, index, "free", storage, lo, hi, source, 0, on, seq)
 
 
+def _cells_of(st: Storage, parts: tuple[tuple[int, int], ...]) -> list[tuple[int, int, _Cell]]:
+    """The shadow cells over the pieces of a strided view (storage coordinates), in order."""
+    out: list[tuple[int, int, _Cell]] = []
+    for lo, hi in parts:
+        out += st.cells(lo, hi)
+    return out
+
+
 class Memory:
     """All storages of one simulation, and the checks run against their shadows."""
 
@@ -417,19 +473,20 @@ class Memory:
             seen = self.touched[actor] = set()
         seq = self.issues
         # (as _access, inline: two or more of these come with every operation)
-        last, last_lo, last_hi = None, 0, 0
+        last: torch.Tensor | None = None
+        last_range: tuple[int, int, Pieces] = (0, 0, None)
         for st, data in reads:
             seen.add(st.id)
-            lo, hi = st.byte_range(data)
-            last, last_lo, last_hi = data, lo, hi
-            acc = Access(actor, epoch, op, index, "read", st.label, lo, hi, source, 0, on, seq)
+            lo, hi, parts = last_range = st.byte_pieces(data)
+            last = data
+            acc = Access(actor, epoch, op, index, "read", st.label, lo, hi, source, 0, on, seq, parts)
             issued.reads.append((st, acc, self.issue_read(st, acc, clock)))
         for st, data in writes:
             seen.add(st.id)
             # an in-place op's destination is its last read too: its range is known (that read's, not the range of
             # the write before: a list op's destinations are each their own)
-            lo, hi = (last_lo, last_hi) if data is last else st.byte_range(data)
-            acc = Access(actor, epoch, op, index, "write", st.label, lo, hi, source, 0, on, seq)
+            lo, hi, parts = last_range if data is last else st.byte_pieces(data)
+            acc = Access(actor, epoch, op, index, "write", st.label, lo, hi, source, 0, on, seq, parts)
             issued.writes.append((st, acc, self.issue_write(st, acc, clock)))
         return issued
 
@@ -484,11 +541,13 @@ class Memory:
             issued.pending = ()
         early = issued.landed_early
         for st, access, wid in issued.writes:
-            if not early:
+            if not early and access.pieces is None:
                 self.execute_write(st, access.lo, access.hi, wid)
             else:
-                for lo, hi in ranges_without(access.lo, access.hi, [(a, b) for s, a, b in early if s is st]):
-                    self.execute_write(st, lo, hi, wid)
+                cut = [(a, b) for s, a, b in early if s is st]
+                for plo, phi in access.pieces or ((access.lo, access.hi),):
+                    for lo, hi in ranges_without(plo, phi, cut):
+                        self.execute_write(st, lo, hi, wid)
             if self._landing:
                 self._landing.pop((id(st.shadow), wid), None)
         self.in_flight.landing = issued
@@ -506,7 +565,7 @@ class Memory:
     def issue_read(self, st: Storage, access: Access, clock: VectorClock) -> Expectation:
         expected: Expectation = []
         actor = access.actor
-        for lo, hi, cell in st.cells(access.lo, access.hi):
+        for lo, hi, cell in st.cells(access.lo, access.hi) if access.pieces is None else _cells_of(st, access.pieces):
             lw = cell.last_write
             if lw is not None and lw.actor != actor and not clock.happens_before(lw.actor, lw.epoch):
                 self._race(access, lw)
@@ -527,7 +586,7 @@ class Memory:
         shadow, off, actor = st.shadow, st.offset, access.actor
         shadow.writes.append((off + access.lo, off + access.hi, access))
         wid = len(shadow.writes)
-        for _, _, cell in st.cells(access.lo, access.hi):
+        for _, _, cell in st.cells(access.lo, access.hi) if access.pieces is None else _cells_of(st, access.pieces):
             lw = cell.last_write
             if lw is not None and lw.actor != actor and not clock.happens_before(lw.actor, lw.epoch):
                 self._race(access, lw)

@@ -58,6 +58,9 @@ class Access:
     #: the order the program issued it in (one count per operation or host step over the whole run): which of two
     #: racing accesses the program meant first (not part of a report's identity or text)
     seq: int = attrs.field(default=0, eq=False, repr=False)
+    #: for a strided view with gaps between its bytes, the contiguous ranges it covers within ``lo:hi`` (what is
+    #: checked); None: all of ``lo:hi`` (not part of a report's identity or text, which name ``lo:hi``)
+    pieces: tuple[tuple[int, int], ...] | None = attrs.field(default=None, eq=False, repr=False)
 
     def where(self) -> str:
         idx = f" #{self.index}" if self.index >= 0 else ""

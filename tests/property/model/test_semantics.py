@@ -226,6 +226,61 @@ def test_unordered_accesses_race_only_where_the_bytes_overlap(other: slice, racy
         assert reports[0].current.storage == reports[0].previous.storage == "device#1"
 
 
+#: (a view of a [16, 8] float matrix, another, whether their bytes overlap): strided views with gaps between their
+#: bytes interleave without sharing one (columns, column blocks, every other element)
+STRIDED = [
+    (lambda m: m[:, 0], lambda m: m[:, 1], False),
+    (lambda m: m[:, :4], lambda m: m[:, 4:], False),
+    (lambda m: m.view(-1)[::2], lambda m: m.view(-1)[1::2], False),
+    (lambda m: m[:, 1:3].t(), lambda m: m[:, 3], False),
+    (lambda m: m[:, 0], lambda m: m[5], True),  # the column and a row meet at one element
+    (lambda m: m[:, :4], lambda m: m[:, 3:5], True),
+    (lambda m: m.view(-1)[::2], lambda m: m.view(-1)[2::4], True),
+    (lambda m: m.t(), lambda m: m[:, 7], True),  # a transpose covers every byte
+]
+
+
+@pytest.mark.parametrize(("view_a", "view_b", "racy"), STRIDED)
+def test_strided_views_race_only_where_their_own_bytes_meet(view_a: Any, view_b: Any, racy: bool) -> None:
+    """Two streams write two views of one matrix unordered: a race, and under a stall wrong values, only where some
+    element lies in both; a strided view's bytes are its elements', not the span from its first to its last (a
+    column's span holds every other column). A race names the views' spans."""
+
+    def program(dev: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        m = torch.zeros(16, 8, device=dev.device)
+        side = dev.Stream(name="side")
+        side.wait_stream(dev.current_stream())
+        view_a(m).fill_(1.0)
+        with dev.stream(side):
+            view_b(m).fill_(2.0)
+        dev.current_stream().wait_stream(side)
+        return m.cpu(), view_a(m).cpu(), view_b(m).cpu()
+
+    for delays in ((), (Delay("side", 0, 1),), (Delay("default", 1, 1),)):
+        (m, a, b), reports, _ = run(program, delays=delays)
+        assert ("race" in kinds(reports)) is racy
+        if not racy:
+            assert reports == ()
+            assert torch.equal(a, torch.ones_like(a))
+            assert torch.equal(b, torch.full_like(b, 2.0))
+            assert int((m == 0).sum()) == m.numel() - a.numel() - b.numel()
+        else:
+            race = next(r for r in reports if r.kind == "race")
+            assert race.current.hi - race.current.lo >= 4 * b.numel()  # its span
+
+
+def test_a_strided_view_of_many_pieces_is_checked_at_its_span() -> None:
+    """Past MAX_PIECES pieces a view is checked at its span (the cost of a piece each is then not paid): a race
+    between its pieces may be reported, none missed."""
+    from simdevice.runtime.memory import MAX_PIECES, pieces
+
+    assert pieces((MAX_PIECES,), (2,), 4, 0) == tuple((8 * k, 8 * k + 4) for k in range(MAX_PIECES))
+    assert pieces((MAX_PIECES + 1,), (2,), 4, 0) is None
+    assert pieces((3, 4), (1, 3), 4, 8) is None  # a transpose: one range
+    assert pieces((2, 3), (0, 2), 4, 0) == ((0, 4), (8, 12), (16, 20))  # expanded: the same bytes twice
+    assert pieces((2, 2), (3, 2), 4, 0) == ((0, 4), (8, 16), (20, 24))  # pieces that touch merge
+
+
 # -- host actors, shared values, queues -----------------------------------------------------------
 
 
