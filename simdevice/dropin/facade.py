@@ -24,6 +24,7 @@ from reference.naming import StreamNames, creation_site, inside
 from simdevice.api import EventHandle, SimDevice, StreamHandle
 from simdevice.dispatch import SimTensor
 from simdevice.dropin.patches import Patches
+from simdevice.runtime.execution import outside_actor
 
 META = torch.device("meta")
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -232,11 +233,20 @@ def on_device(d: Any) -> bool:
     return isinstance(d, torch.device) and d.type == "cuda"
 
 
+def _meta() -> torch.device:
+    """What a device argument naming CUDA becomes in a session (the simulator's ops take it from there); from a
+    thread the program started, an error: there no actor's dispatch mode would take it, and it would make a meta
+    tensor silently."""
+    if _ACTIVE and not in_actor():
+        raise RuntimeError(outside_actor())
+    return META
+
+
 def _factory(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def make(*args: Any, **kwargs: Any) -> Any:
         if on_device(kwargs.get("device")):
-            kwargs["device"] = META
+            kwargs["device"] = _meta()
         return fn(*args, **kwargs)
 
     return make
@@ -252,8 +262,8 @@ def _from_data(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         kwargs = {k: v for k, v in kwargs.items() if k != "device"}
         if args and isinstance(args[0], SimTensor):
-            return fn(*args, device=META, **kwargs)
-        return fn(*args, **kwargs).to(META)
+            return fn(*args, device=_meta(), **kwargs)
+        return fn(*args, **kwargs).to(_meta())
 
     return make
 
@@ -261,9 +271,9 @@ def _from_data(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _tensor_to(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        args = tuple(META if on_device(a) and not isinstance(a, torch.dtype) else a for a in args)
+        args = tuple(_meta() if on_device(a) and not isinstance(a, torch.dtype) else a for a in args)
         if on_device(kwargs.get("device")):
-            kwargs["device"] = META
+            kwargs["device"] = _meta()
         return original(self, *args, **kwargs)
 
     return to
@@ -271,7 +281,7 @@ def _tensor_to(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _tensor_cuda(to: Callable[..., Any]) -> Callable[..., Any]:
     def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
-        return to(self, META, non_blocking=non_blocking, **kwargs)
+        return to(self, _meta(), non_blocking=non_blocking, **kwargs)
 
     return cuda
 
@@ -280,7 +290,7 @@ def _tensor_new(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def new(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if on_device(kwargs.get("device")):
-            kwargs["device"] = META
+            kwargs["device"] = _meta()
         return original(self, *args, **kwargs)
 
     return new

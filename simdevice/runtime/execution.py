@@ -142,6 +142,16 @@ class HostActor:
         return f"<actor {self.name}>"
 
 
+
+def outside_actor() -> str:
+    """Why a simulated device call from outside the run's actors fails: from a thread the program started, or from
+    no run at all."""
+    if threading.current_thread() is not threading.main_thread():
+        return (f"simdevice: the simulated device was used from a thread the program started "
+                f"({threading.current_thread().name}); the simulator runs a program's processes and ranks as host "
+                "actors, not the threads within one: do this work on the function's own thread")
+    return "simulated device call outside a simulated host actor (use SimDevice.run)"
+
 class Execution:
     """Virtual time, the host actors and the streams of one run."""
 
@@ -201,7 +211,7 @@ class Execution:
         else:
             a = getattr(self._local, "actor", None)
         if a is None:
-            raise RuntimeError("simulated device call outside a simulated host actor (use SimDevice.run)")
+            raise RuntimeError(outside_actor())
         return a
 
     def current_or_none(self) -> HostActor | None:
@@ -560,11 +570,26 @@ class Execution:
                 HostError(a.name, f"{describe(e)} (in {where}, where Python ignores it)", error_source(e))
             )
 
+        previous_thread_hook = threading.excepthook
+
+        def thread_hook(args: Any) -> None:
+            # a thread the program started (no actor: the run's actors are its processes and ranks) raised, which
+            # Python would only print: a host error of the run, named after the thread
+            if args.exc_type is SystemExit or self.current_or_none() is not None:
+                previous_thread_hook(args)
+                return
+            name = args.thread.name if args.thread is not None else "?"
+            e = args.exc_value
+            self.reports.add(HostError(f"thread {name}", describe(e) if e is not None else args.exc_type.__name__,
+                                       error_source(e) if e is not None else "?"))
+
         sys.unraisablehook = hook
+        threading.excepthook = thread_hook
         try:
             yield
         finally:
             sys.unraisablehook = previous
+            threading.excepthook = previous_thread_hook
 
     def begin(self) -> None:
         """Called by the thread that starts a run: give the first actor its turn (a greenlet run: run it all)."""

@@ -177,3 +177,32 @@ def test_a_non_blocking_copy_to_a_new_host_tensor_lands_in_pinned_memory_and_the
     with simdevice.cuda() as synced:
         assert fetch(True) == [0.0, 1.0, 2.0, 3.0]
     synced.assert_clean()
+
+
+def test_a_thread_the_program_starts_gets_a_clear_error_reported_as_the_runs() -> None:
+    """The run's actors are a program's processes and ranks, not the threads it starts: a device tensor made in such
+    a thread is an error naming the thread (not a meta tensor made silently), and the thread's exception, which
+    Python would only print, is a host error of the run."""
+    import threading
+
+    from simdevice import HostError
+
+    def program() -> None:
+        src = torch.arange(8.0).pin_memory()
+        box = {}
+
+        def worker() -> None:
+            box["t"] = src.to("cuda", non_blocking=True)
+
+        th = threading.Thread(target=worker, name="loader")
+        th.start()
+        th.join()
+        assert "t" not in box
+
+    s = simdevice.cuda()
+    s.run(program)
+    assert s.result is not None
+    (err,) = s.result.reports
+    assert isinstance(err, HostError)
+    assert err.actor == "thread loader"
+    assert "used from a thread the program started (loader)" in err.error
