@@ -67,6 +67,8 @@ _NO_VALUES = ("race-only: compute no value, so memory does not grow with the dev
 _PROFILE = ("the simulator's costs: default (a fast host, 5 us per host step: the narrowest windows, for finding "
             "bugs), a profile measured on a GPU by scripts/calibrate (shipped: simdevice/profiles/NAME.json), or the "
             "path of a profile's .json; the output names the profile that judged it")
+_WORLD_SIZE = ("a function target's ranks: run it once per rank as rank0..rankN-1 (torch.distributed's default group "
+               "is theirs), as simdevice.explore(fn, world_size=N) does; a replay line printed for such a run says it")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -119,6 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
     c.add_argument("--no-values", action="store_true", help=_NO_VALUES)
     c.add_argument("--profile", default=None, metavar="NAME", help=_PROFILE)
+    c.add_argument("--world-size", type=int, default=None, metavar="N", help=_WORLD_SIZE)
 
     r = sub.add_parser(
         "replay",
@@ -148,6 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
     r.add_argument("--no-values", action="store_true", help=_NO_VALUES)
     r.add_argument("--profile", default=None, metavar="NAME", help=_PROFILE)
+    r.add_argument("--world-size", type=int, default=None, metavar="N", help=_WORLD_SIZE)
     r.add_argument("--perfetto", metavar="FILE.json", default=None,
                    help="write the run's timeline as a Perfetto / Chrome trace (open in ui.perfetto.dev)")
     r.add_argument("--png", metavar="FILE.png", default=None,
@@ -174,6 +178,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
     e.add_argument("--no-values", action="store_true", help=_NO_VALUES)
     e.add_argument("--profile", default=None, metavar="NAME", help=_PROFILE)
+    e.add_argument("--world-size", type=int, default=None, metavar="N", help=_WORLD_SIZE)
     e.add_argument("--max-schedules", type=int, default=100_000, metavar="N",
                    help="refuse to start when there are more schedules than this (default 100000)")
     e.add_argument("--jobs", type=int, default=None, metavar="N",
@@ -394,14 +399,23 @@ def _fixes(findings: list[Any], quiet: bool) -> dict[int, Any]:
     return fixes
 
 
-def _target_and_config(text: str, what: str) -> tuple[Any, dict[str, Any]]:
-    """The target a command's TARGET names, and the configuration it holds fixed; ScheduleError if bad."""
+def _world_size(args: argparse.Namespace) -> int | None:
+    """``--world-size``, checked (ScheduleError: the caller's one-line error)."""
+    n = args.world_size
+    if n is not None and not 1 <= n <= 64:
+        raise ScheduleError(f"--world-size must be in 1..64, got {n}")
+    return n  # type: ignore[no-any-return]
+
+
+def _target_and_config(text: str, what: str, world_size: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """The target a command's TARGET names (a function on ``world_size`` ranks, where given), and the configuration
+    it holds fixed; ScheduleError if bad."""
     from simdevice.search.targets import FunctionTarget, ProgramTarget, target_of
 
     given = Schedule.parse(text)
     if given.delays or given.choices:
         raise ScheduleError(f"{what} draws the delays itself; drop them from {text[:200]!r}")
-    target = target_of(given.program if is_function_target(given.program) else given.target)
+    target = target_of(given.program if is_function_target(given.program) else given.target, world_size)
     if isinstance(target, FunctionTarget):
         return target, target.config(given.config_dict())
     assert isinstance(target, ProgramTarget)
@@ -417,7 +431,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
     from simdevice.search.targets import ProgramTarget, TargetError
 
     try:
-        target, fixed = _target_and_config(args.target, "check")
+        target, fixed = _target_and_config(args.target, "check", _world_size(args))
     except ScheduleError as e:
         return _fail(str(e))
     config = st.just(fixed) if fixed else None
@@ -564,11 +578,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         schedule = Schedule.parse(args.schedule)
         target: Target
         if is_function_target(schedule.program):
-            function = target_of(schedule.program)
+            function = target_of(schedule.program, _world_size(args))
             assert isinstance(function, FunctionTarget)
             function.validate(schedule)
             target = function
         else:
+            if args.world_size is not None:
+                target_of(schedule.program, args.world_size)  # (its one-line error)
             program, _ = resolve(schedule)
             target = ProgramTarget(program, schedule.variant)
     except ScheduleError as e:
@@ -741,7 +757,7 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         return _fail(f"--jobs must be >= 1, got {args.jobs}")
     try:
-        target, fixed = _target_and_config(args.target, "exhaust")
+        target, fixed = _target_and_config(args.target, "exhaust", _world_size(args))
     except ScheduleError as e:
         return _fail(str(e))
     builtin = isinstance(target, ProgramTarget)

@@ -332,8 +332,8 @@ def exhaust_in_workers(target: Any, schedules: Iterable[Any], jobs: int, setup: 
         # the answer is known when nothing before the first failure is still running
         return bool(broken) or (bool(first) and not any(start < first[0][0] for start in pending))
 
-    _serve("simdevice-exhaust-worker", _exhaust_work, (setup, target.name), jobs, next_chunk, handle, died,
-           finished)
+    _serve("simdevice-exhaust-worker", _exhaust_work, (setup, target.name, getattr(target, "world_size", None)), jobs,
+           next_chunk, handle, died, finished)
     if broken:
         raise broken[0]
     if not first:
@@ -360,7 +360,7 @@ def run_chunk(target: Any, chunk: list[Any]) -> tuple[int, Any]:
     return n, None
 
 
-def _exhaust_work(conn: Connection, setup: Setup, name: str) -> None:
+def _exhaust_work(conn: Connection, setup: Setup, name: str, world_size: int | None = None) -> None:
     """A worker of ``exhaust --jobs``: run the chunks of schedules the command sends, each up to its first failure,
     until it sends None; the answer to a chunk is how many ran and the failing schedule, or None."""
     try:
@@ -374,7 +374,7 @@ def _exhaust_work(conn: Connection, setup: Setup, name: str) -> None:
                 start, chunk = item
                 try:
                     if target is None:
-                        target = target_of(name)
+                        target = target_of(name, world_size)
                     n, failed = run_chunk(target, chunk)
                 except Exception as e:  # a bug: the command reports the schedules, with the traceback
                     conn.send(("error", start, f"a run raised {type(e).__name__}: {e}", traceback.format_exc()))

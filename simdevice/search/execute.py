@@ -33,6 +33,8 @@ class Outcome:
     profile: str = "default"
     #: False for a race-only run (``--no-values``): no value computed, no value checked
     values: bool = True
+    #: the ranks a function target ran on (``--world-size``), where it was given one
+    world_size: int | None = None
 
     @property
     def races(self) -> tuple[Race, ...]:
@@ -92,8 +94,12 @@ class Outcome:
             again = f" --profile {spec_of(self.profile)}"
         if not self.values:
             again += " --no-values"
-        lines.append(replay_line(self.schedule, again))
+        lines.append(replay_line(self.schedule, again + self.ranks_option()))
         return "\n".join(lines)
+
+    def ranks_option(self) -> str:
+        """The option a replay of a function target on ranks needs (its line does not say how many)."""
+        return f" --world-size {self.world_size}" if self.world_size is not None else ""
 
 
 def replay_line(schedule: Schedule, options: str) -> str:

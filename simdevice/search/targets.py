@@ -116,7 +116,7 @@ class FunctionTarget:
             run = DropIn(schedule, config).run(self.fn, world_size=self.world_size, **kwargs)
         else:
             run = SimDevice(schedule, config).run(self._contract_body(kwargs))
-        return Outcome(schedule, run, (), "sim", active_profile(), self.values and active_values())
+        return Outcome(schedule, run, (), "sim", active_profile(), self.values and active_values(), self.world_size)
 
     def _run_cuda(self, schedule: Schedule, kwargs: dict[str, Any]) -> Outcome:
         """On the GPU: what the function raises (a failing ``assert``) is the run's problem, as a host error is
@@ -135,8 +135,9 @@ class FunctionTarget:
         except Exception as e:
             torch.cuda.synchronize()
             run = Run(result=None, op_counts=dict(dev.counter.counts), unfired=dev.counter.unfired())
-            return Outcome(schedule, run, (f"host raised {describe(e)} ({error_source(e)})",), "cuda")
-        return Outcome(schedule, run, (), "cuda")
+            return Outcome(schedule, run, (f"host raised {describe(e)} ({error_source(e)})",), "cuda",
+                           world_size=self.world_size)
+        return Outcome(schedule, run, (), "cuda", world_size=self.world_size)
 
     def _contract_body(self, kwargs: dict[str, Any]) -> Callable[[Any], Any]:
         def body(dev: Any) -> Any:
@@ -238,10 +239,14 @@ def kept_patched(target: Target) -> contextlib.AbstractContextManager[Any]:
     return held() if isinstance(target, FunctionTarget) and target.style == "plain" else contextlib.nullcontext()
 
 
-def target_of(text: str) -> Target:
-    """The target a schedule target names: ``file.py::fn`` / ``module::fn``, or ``program/variant``."""
+def target_of(text: str, world_size: int | None = None) -> Target:
+    """The target a schedule target names: ``file.py::fn`` / ``module::fn`` (run on ``world_size`` ranks, where
+    given), or ``program/variant`` (ScheduleError with a world size: a built-in program makes its own ranks)."""
     if is_function_target(text) or "::" in text or (":" in text and "/" not in text.split(":")[0]):
-        return resolve(text)
+        return resolve(text, world_size)
+    if world_size is not None:
+        raise ScheduleError(f"--world-size is for a function target (FILE.py::FUNCTION); {text[:200]!r} is a "
+                            "built-in program, which makes its own ranks")
     from simdevice.programs import resolve as resolve_program
 
     schedule = Schedule.parse(text)

@@ -180,7 +180,7 @@ def test_a_run_that_raises_in_a_worker_is_shown_with_its_traceback(run_cli: RunC
                      r"simulator bug; the target cannot be called clean\n$", p.stderr), p.stderr
 
 
-def _raising_work(conn: Any, setup: Any, name: str) -> None:
+def _raising_work(conn: Any, setup: Any, name: str, world_size: int | None = None) -> None:
     """A worker whose every run raises (module level: a worker process imports it by name)."""
     import traceback
 

@@ -4,6 +4,7 @@ its contract version give the same verdicts; bad targets are one line and exit 2
 from __future__ import annotations
 
 import json
+import shlex
 import textwrap
 from pathlib import Path
 
@@ -145,3 +146,40 @@ def test_a_module_target_is_found_in_the_folder_the_command_runs_in(tmp_path: Pa
     monkeypatch.chdir(tmp_path)
     assert main(["replay", "userpkg.proto::reload_racy", "--no-fix"]) == 1
     assert 'replay: simdevice replay "userpkg.proto::reload_racy"' in capsys.readouterr().out
+
+
+RANKS = """
+import torch
+import torch.distributed as dist
+
+
+def gather_racy(n: int = 64) -> None:
+    full = torch.zeros(n * dist.get_world_size(), device="cuda")
+    work = dist.all_gather_into_tensor(full, torch.full((n,), float(dist.get_rank() + 1), device="cuda"),
+                                       async_op=True)
+    seen = full.cpu()  # before work.wait()
+    work.wait()
+    assert torch.equal(seen, torch.arange(1.0, dist.get_world_size() + 1).repeat_interleave(n))
+"""
+
+
+def test_a_function_on_ranks_is_checked_and_replayed_with_world_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--world-size N`` runs a function target on N ranks; the replay line printed for it says so, and replays.
+    (Without the option in the line, its delays name ranks a one-rank run does not have: exit 2.)"""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ranks.py").write_text(RANKS)
+    assert main(["check", "ranks.py::gather_racy", "--world-size", "2", "--no-fix", "-q"]) == 1
+    line = next(x for x in capsys.readouterr().out.splitlines() if "replay: " in x)
+    assert line.endswith(" --world-size 2 [--gpu]")
+    words = shlex.split(line.split("replay: ", 1)[1].removesuffix(" [--gpu]"))
+    assert words[:2] == ["simdevice", "replay"]
+    assert main([*words[1:], "--no-fix"]) == 1
+    assert "rank1" in capsys.readouterr().out
+    for args, message in ((["check", "offload_reload/racy", "--world-size", "2"], "is a built-in program"),
+                          (["check", "ranks.py::gather_racy", "--world-size", "0"], "must be in 1..64")):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert message in err
+        assert err.count("\n") == 1
