@@ -162,10 +162,31 @@ def _why_none(out: Outcome) -> str:
     if any(isinstance(r, IllegalAccess) for r in reports):
         return ("an access reached unmapped or released memory: no two accesses race; order the access before the "
                 "pause or release, or map the memory again first")
-    if any(isinstance(r, HostError) for r in reports) or out.problems:
-        return ("the program's own check failed with no two accesses racing: the wrong values come from its "
-                "logic under this interleaving (a bookkeeping or ordering decision), not a missing wait")
+    errors = [r for r in reports if isinstance(r, HostError)]
+    unrun = next((r for r in errors if _not_run(r.error)), None)
+    if unrun is not None:
+        return (f"the run stopped at what the simulator does not run ({unrun.error.split(':', 1)[0]} in "
+                f"{unrun.actor}, {unrun.source}): see \"Not intercepted\" in docs/dropin.md")
+    raised = next((r for r in errors if not r.error.startswith("AssertionError")), None)
+    if raised is not None and not out.problems:
+        return (f"the program raised {raised.error.split(':', 1)[0].split(' ', 1)[0]} ({raised.source}) with no two "
+                "accesses racing: an error of its own under this interleaving, not a missing wait")
+    if errors or out.problems:
+        return ("the program's own check failed with no two accesses racing: its logic under this interleaving (a "
+                "bookkeeping or ordering decision), or a host read the simulator does not see (numpy(), tolist() "
+                "and the buffer protocol read host memory without an op: see \"Not intercepted\" in "
+                "docs/dropin.md); no wait to suggest")
     return "the run has no race to order"
+
+
+#: what a host error says where the program used what the simulator does not run (docs/dropin.md, "Not
+#: intercepted"), not where it failed on its own
+_NOT_RUN = ("NotImplementedError", "RuntimeError: simdevice: ", "RuntimeError: Cannot access accelerator",
+            "AssertionError: Torch not compiled with CUDA")
+
+
+def _not_run(error: str) -> bool:
+    return error.startswith(_NOT_RUN)
 
 
 def _races(out: Outcome) -> list[Race]:

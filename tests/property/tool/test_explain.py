@@ -62,7 +62,7 @@ NO_RACE = {
     "activation_offload/offload-queue-empty-cursor": (
         "activation_offload/offload-queue-empty-cursor:layers=2,warmup=0", "the program's own check failed"),
     "memsaver_guard/memsaver-free-while-paused-twice": ("memsaver_guard/memsaver-free-while-paused-twice",
-                                                        "the program's own check failed"),
+                                                        "the program raised RuntimeError"),
     "memsaver_guard/memsaver-connect-unguarded": ("memsaver_guard/memsaver-connect-unguarded", "unmapped"),
 }
 
@@ -156,6 +156,24 @@ def test_a_failure_without_a_race_says_why_no_edge_is_suggested(variant: str) ->
     assert fix.why_none is not None
     assert why in fix.why_none
     assert fix.as_dict()["kind"] == "none"
+
+
+def _graphs() -> None:
+    g = torch.cuda.CUDAGraph()  # not run by the simulator
+    g.replay()
+
+
+def test_a_failure_at_what_the_simulator_does_not_run_says_so() -> None:
+    """A program that stops at something the simulator does not run (CUDA graphs) is not told its logic failed."""
+    from simdevice.search.targets import from_function
+
+    target = from_function(_graphs, "tests/property/tool/test_explain.py::_graphs")
+    out = target.run(target.schedule())
+    assert target.failed(out)
+    fix = suggest(target, out)
+    assert fix.why_none is not None
+    assert fix.why_none.startswith("the run stopped at what the simulator does not run (NotImplementedError in host")
+    assert 'see "Not intercepted" in docs/dropin.md' in fix.why_none
 
 
 def test_edges_parse_and_print_as_the_command_line_takes_them() -> None:
