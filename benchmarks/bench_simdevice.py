@@ -64,14 +64,17 @@ def marginal_per_operation(runs: int) -> float:
     return (t16 - t2) / (o16 - o2) * 1e6
 
 
-def schedules_per_second_with_hypothesis(n: int) -> float:
+def schedules_per_second_with_hypothesis(n: int, run: bool = True) -> float:
+    """Schedules per second of a search of ``offload_reload/correct``; ``run=False``: the same search with no run,
+    Hypothesis and the strategy alone (the strategy's probe still runs once: its configuration is the default's)."""
     count = [0]
 
     @settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(schedules(_offload_reload(), "correct"))
     def prop(s: Schedule) -> None:
         count[0] += 1
-        assert execute(s).clean
+        if run:
+            assert execute(s).clean
 
     t0 = time.perf_counter()
     prop()
@@ -97,7 +100,11 @@ def main() -> None:
     print(f"offload_reload/correct: {ops} operations per run; median {us:.1f} us per operation, {rps:.1f} runs/s")
     print(f"the same as a search runs it (execute): {runs_per_second_searched(args.runs):.1f} runs/s")
     print(f"marginal cost: {marginal_per_operation(max(20, args.runs // 4)):.1f} us per operation (iters=16 vs 2)")
-    print(f"with Hypothesis generating: {schedules_per_second_with_hypothesis(args.runs):.1f} schedules/s")
+    with_runs = schedules_per_second_with_hypothesis(args.runs)
+    alone = schedules_per_second_with_hypothesis(args.runs, run=False)
+    print(f"with Hypothesis generating: {with_runs:.1f} schedules/s; Hypothesis alone (no run): {alone:.1f} "
+          f"schedules/s, so a run costs {(1 / with_runs - 1 / alone) * 1e3:.2f} ms of a schedule's "
+          f"{1e3 / with_runs:.2f} ms (400 schedules/s leaves a run {(1 / 400 - 1 / alone) * 1e3:.2f} ms)")
     t, ex, found = time_to_find(args.seeds)
     print(f"find+shrink offload_reload/racy: median {t:.2f} s, median {ex:.0f} schedules over {args.seeds} seeds; "
           f"shrunk to {sorted(found)}")
