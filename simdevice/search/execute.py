@@ -9,6 +9,7 @@ access, a host error or wrong values: what a GPU would show), see
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any
 
 import attrs
@@ -108,8 +109,10 @@ def replay_line(schedule: Schedule, options: str) -> str:
     qual = schedule.program.partition("::")[2]
     if qual and "." in qual and is_function_target(schedule.program):
         name = qual.rsplit(".", 1)[1]
-        return (f'  replay: simdevice.explore({name}, examples=["{schedule}"]) (a function defined inside another: '
-                "its line replays through the function object, not from the command line)")
+        ranks = re.search(r"--world-size (\d+)", options)
+        size = f", world_size={ranks.group(1)}" if ranks else ""
+        return (f'  replay: simdevice.explore({name}{size}, examples=["{schedule}"]) (a function defined inside '
+                "another: its line replays through the function object, not from the command line)")
     return f'  replay: simdevice replay "{schedule}"{options} [--gpu]'
 
 

@@ -261,3 +261,24 @@ def test_a_local_functions_failure_says_how_it_replays_and_that_replays_it() -> 
     assert again.failure.verdict() == found.failure.verdict()
     assert again.failure.races == found.failure.races  # (the host error's text holds the objects' addresses)
     assert simdevice.FuzzFailure(found.failure).block().splitlines()[-1] == replay
+
+
+def test_a_local_function_on_ranks_replays_on_as_many() -> None:
+    import torch
+    import torch.distributed as dist
+
+    def gather_racy(n: int = 16) -> None:  # defined inside the test, run on two ranks
+        full = torch.zeros(n * dist.get_world_size(), device="cuda")
+        work = dist.all_gather_into_tensor(full, torch.full((n,), dist.get_rank() + 1.0, device="cuda"),
+                                           async_op=True)
+        seen = full.cpu()  # before work.wait()
+        work.wait()
+        assert torch.equal(seen, torch.arange(1.0, 3.0).repeat_interleave(n))
+
+    found = simdevice.explore(gather_racy, world_size=2, max_examples=30)
+    assert found.failure is not None
+    replay = found.failure.text().splitlines()[-1]
+    assert replay.startswith(f'  replay: simdevice.explore(gather_racy, world_size=2, examples=["{found.schedule}"])')
+    again = simdevice.explore(gather_racy, world_size=2, examples=[str(found.schedule)])
+    assert again.failure is not None
+    assert again.failure.verdict() == found.failure.verdict()
