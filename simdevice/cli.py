@@ -478,7 +478,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
         print(out.text())
         _say_judged()
         if fix is not None:
-            _print_fix(fix, str(out.schedule))
+            _print_fix(fix, str(out.schedule), out.replay_options())
     return 1 if out is not None else 0
 
 
@@ -495,12 +495,14 @@ def _suggest(target: Any, out: Any, quiet: bool) -> Any:
     return fix
 
 
-def _print_fix(fix: Any, schedule: str) -> None:
+def _print_fix(fix: Any, schedule: str, options: str = "") -> None:
+    """The fix's lines, and the replay line with its edges (``options``: what the failing run's own replay line
+    carries, so that the fix is replayed on the same run)."""
     for line in fix.lines():
         print(f"  {line}")
     if fix.edges:
         edges = " ".join(f'--edge "{e}"' for e in fix.edges)
-        print(f'  replay with it: simdevice replay "{schedule}" {edges}')
+        print(f'  replay with it: simdevice replay "{schedule}" {edges}{options}')
 
 
 class _Bars:
@@ -683,7 +685,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print(f"  (with {len(edges)} inserted edge{'s' if len(edges) > 1 else ''}: "
                   f"{', '.join(str(e) for e in edges)})")
         if fix is not None:
-            _print_fix(fix, str(schedule))
+            _print_fix(fix, str(schedule), first.replay_options() if backend == "sim" else "")
         if args.trials > 1:
             print(f"{bad}/{len(outcomes)} trials failed" + (f" (interrupted, of {args.trials})" if interrupted else ""))
         if judged:

@@ -125,7 +125,8 @@ def context() -> Any:
 
 #: ``check``'s options that take a value (``simdevice.cli``'s parser: tests/property/tool/test_jobs.py keeps the two
 #: the same), for :func:`wants_workers`'s reading of the command line
-VALUED = ("--budget", "--db", "--device-memory", "--examples", "--jobs", "--max-steps", "--profile", "--program")
+VALUED = ("--budget", "--db", "--device-memory", "--examples", "--jobs", "--max-steps", "--profile", "--program",
+          "--world-size")
 
 
 def start_early(argv: list[str]) -> None:

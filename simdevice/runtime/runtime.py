@@ -194,6 +194,9 @@ class Runtime:
         for e in edges:
             self._waits_at.setdefault(e.before, []).append(e)
         self._waited_for = {e.after for e in edges if not e.forward}
+        self._edges = edges
+        #: the inserted edges' sites that issued an operation (an edge whose site issued none matched nothing)
+        self._edge_sites_seen: set[sync.Site] = set()
         self._latest: dict[sync.Site, Callable[[], EventRecord]] = {}
         #: forward edges: the sites whose operations are counted (all of them while counting), the count so far
         self._counted = _COUNTED.get()
@@ -326,6 +329,11 @@ class Runtime:
         """What could make a clean run mean less than it seems: with several streams, a stream the program made
         that got no operation, or whose operations touched no memory any other stream or the host touched."""
         out = self._free_notes()
+        for e in self._edges:
+            unseen = [site for site in (e.after, e.before) if site not in self._edge_sites_seen]
+            if unseen:
+                out.insert(0, f"inserted edge {e} matched no operation at {' nor at '.join(map(str, unseen))}: "
+                              "no operation of that actor was issued at that line, so the edge did nothing")
         if not self.config.values:
             out.insert(0, "race-only (--no-values): no value was computed, so the program's value checks were "
                           "skipped and each host read of device memory got a placeholder (True for a truth value, "
@@ -597,6 +605,7 @@ class Runtime:
             site = sync.Site(actor, source)
             if site in self._waited_for:
                 self._latest[site] = record
+                self._edge_sites_seen.add(site)
 
     def _occurrence(self, actor: str, source: str) -> _Key | None:
         """The site of an operation about to be issued and its occurrence there (the k-th issued at that site),
@@ -608,6 +617,8 @@ class Runtime:
             return None
         k = self._occurrences.get(site, 0)
         self._occurrences[site] = k + 1
+        if site in self._tracked:
+            self._edge_sites_seen.add(site)
         return site, k
 
     def _issued_now(self, at: _Key | None, record: Callable[[], EventRecord], mark: int) -> None:
@@ -678,7 +689,10 @@ class Runtime:
         ``a``; ``collective``: ``s`` is the communication stream of a collective): its stream waits for (or its host
         synchronizes on) the latest operation at each backward edge's start, and the matching operation at each
         forward edge's."""
-        for e in self._waits_at.get(sync.Site(s.name if s is not None else a.name, source), ()):
+        waiter = sync.Site(s.name if s is not None else a.name, source)
+        if waiter in self._waits_at:
+            self._edge_sites_seen.add(waiter)
+        for e in self._waits_at.get(waiter, ()):
             if e.forward:
                 if at is not None:
                     self._forward_wait(a, s, e, at[1] + e.offset, collective)

@@ -88,15 +88,20 @@ class Outcome:
         lines += [f"  note: {n}" for n in self.run.notes]
         if self.run.unfired:
             lines.append(f"  note: delays never applied (their operation never came): {', '.join(self.run.unfired)}")
+        lines.append(replay_line(self.schedule, self.replay_options()))
+        return "\n".join(lines)
+
+    def replay_options(self) -> str:
+        """The options a replay of this run needs to be the same run: its cost profile (or the verdict may
+        differ), race-only, its ranks."""
         again = ""
-        if self.backend == "sim" and self.profile != "default":  # the same costs, or the verdict may differ
+        if self.backend == "sim" and self.profile != "default":
             from simdevice.runtime.profiles import spec_of
 
             again = f" --profile {spec_of(self.profile)}"
         if not self.values:
             again += " --no-values"
-        lines.append(replay_line(self.schedule, again + self.ranks_option()))
-        return "\n".join(lines)
+        return again + self.ranks_option()
 
     def ranks_option(self) -> str:
         """The option a replay of a function target on ranks needs (its line does not say how many)."""

@@ -98,6 +98,19 @@ def test_an_edge_from_a_line_that_issued_nothing_yet_is_a_no_op() -> None:
     assert dev.trace == plain_dev.trace
 
 
+def test_an_edge_that_matches_no_operation_says_so_in_the_runs_notes() -> None:
+    """An edge whose actor or line issues nothing (a misspelt stream, a line with no operation, a rank's stream in
+    a one-rank run) does nothing: the run says so, where it would otherwise look like a fix that failed."""
+    r, _ = run(unordered, (EDGE,))
+    assert not any("inserted edge" in n for n in r.notes)
+    stray = Edge(Site("sidee", EDGE.after.source), EDGE.before)
+    nowhere = Edge(EDGE.after, Site("default", f"{HERE}:1"))
+    for edge, unseen in ((stray, f"sidee@{EDGE.after.source}"), (nowhere, f"default@{HERE}:1")):
+        r, _ = run(unordered, (edge,))
+        (note,) = [n for n in r.notes if "inserted edge" in n]
+        assert note.startswith(f"inserted edge {edge} matched no operation at {unseen}:")
+
+
 def host_read(dev: Any) -> float:
     """The host reads the pinned buffer the side stream fills, without waiting."""
     x = torch.full((N,), 3.0, device=dev.device)

@@ -177,6 +177,11 @@ def test_a_function_on_ranks_is_checked_and_replayed_with_world_size(
     assert words[:2] == ["simdevice", "replay"]
     assert main([*words[1:], "--no-fix"]) == 1
     assert "rank1" in capsys.readouterr().out
+    assert main(["check", "ranks.py::gather_racy", "--world-size", "2", "-q"]) == 1
+    fixed = next(x for x in capsys.readouterr().out.splitlines() if "replay with it: " in x)
+    assert fixed.endswith(" --world-size 2")  # the fix replayed on the same ranks
+    assert main([*shlex.split(fixed.split("replay with it: ", 1)[1])[1:], "--no-fix"]) == 0
+    capsys.readouterr()
     for args, message in ((["check", "offload_reload/racy", "--world-size", "2"], "is a built-in program"),
                           (["check", "ranks.py::gather_racy", "--world-size", "0"], "must be in 1..64")):
         assert main(args) == 2
