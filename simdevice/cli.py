@@ -461,6 +461,17 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
     if not args.quiet and sys.stderr.isatty():
         print("\r\x1b[K", end="", file=sys.stderr)  # clear the progress line
     out = result.failure
+    from simdevice.explain import not_run
+
+    stopped = not_run(out) if out is not None else None
+    if out is not None and stopped is not None:  # no verdict: the program uses what the simulator does not run
+        why = (f"{target.name}: the program uses what the simulator does not run: {stopped.error} in "
+               f"{stopped.actor} ({stopped.source}), under schedule \"{out.schedule}\"; see \"Not intercepted\" in "
+               "docs/dropin.md")
+        if args.json:
+            print(json.dumps({"target": target.name, "found": False, "examples": result.examples,
+                              "schedule": result.schedule, "unsupported": why}, indent=2))
+        return _fail(why)
     fix = _suggest(target, out, args.quiet or args.json) if out is not None and args.fix is not False else None
     if args.json:
         print(json.dumps({

@@ -163,7 +163,7 @@ def _why_none(out: Outcome) -> str:
         return ("an access reached unmapped or released memory: no two accesses race; order the access before the "
                 "pause or release, or map the memory again first")
     errors = [r for r in reports if isinstance(r, HostError)]
-    unrun = next((r for r in errors if _not_run(r.error)), None)
+    unrun = not_run(out)
     if unrun is not None:
         return (f"the run stopped at what the simulator does not run ({unrun.error.split(':', 1)[0]} in "
                 f"{unrun.actor}, {unrun.source}): see \"Not intercepted\" in docs/dropin.md")
@@ -187,6 +187,12 @@ _NOT_RUN = ("NotImplementedError", "RuntimeError: simdevice: ", "RuntimeError: C
 
 def _not_run(error: str) -> bool:
     return error.startswith(_NOT_RUN)
+
+
+def not_run(out: Outcome) -> HostError | None:
+    """The host error of ``out`` that says the program used what the simulator does not run, if there is one: the
+    run says nothing about the program past it."""
+    return next((r for r in out.run.reports if isinstance(r, HostError) and _not_run(r.error)), None)
 
 
 def _races(out: Outcome) -> list[Race]:

@@ -188,3 +188,22 @@ def test_a_function_on_ranks_is_checked_and_replayed_with_world_size(
         err = capsys.readouterr().err
         assert message in err
         assert err.count("\n") == 1
+
+
+def test_a_program_using_what_the_simulator_does_not_run_gets_no_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``check`` of a program that stops at what the simulator does not run (CUDA graphs) is no finding of a race:
+    one line saying so, exit 2 (as for a target it cannot call), and in --json no "found"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "graphs.py").write_text("import torch\n\n\ndef captured():\n    torch.cuda.CUDAGraph().replay()\n")
+    assert main(["check", "graphs.py::captured", "-q"]) == 2
+    got = capsys.readouterr()
+    assert got.out == ""
+    assert got.err.startswith("simdevice: error: graphs.py::captured: the program uses what the simulator does not "
+                              "run: NotImplementedError")
+    assert got.err.count("\n") == 1
+    assert main(["check", "graphs.py::captured", "-q", "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["found"] is False
+    assert "CUDA graphs" in doc["unsupported"]
