@@ -611,7 +611,7 @@ class Memory:
             for lo, hi, cell in st.cells(elo, ehi):
                 if cell.done != wid and not (sweeping is not None and self._trails(st, access, wid, lo, hi,
                                                                                    sweeping, now, end)):
-                    self.reports.add(self._stale(st, access, wid, cell.done, now))
+                    self.reports.add(self._stale(st, access, wid, cell.done, now, lo, hi))
                     return
 
     def _trails(self, st: Storage, access: Access, wid: int, lo: int, hi: int, reader: Issued, now: int,
@@ -635,9 +635,12 @@ class Memory:
             reader.follows += (writer,)
         return True
 
-    def _stale(self, st: Storage, access: Access, expected: int, seen: int, now: int) -> StaleRead:
+    def _stale(self, st: Storage, access: Access, expected: int, seen: int, now: int, lo: int, hi: int) -> StaleRead:
+        """The stale read of ``access`` over bytes ``lo:hi`` (storage coordinates), where it saw write ``seen`` and
+        the program had issued ``expected``: how many writes it is stale by is counted over those bytes (another part
+        of the read may have seen what it expected)."""
         writes = st.shadow.writes
-        lo, hi = st.offset + access.lo, st.offset + access.hi
+        lo, hi = st.offset + lo, st.offset + hi
         if seen < expected:
             stale_by = sum(1 for wlo, whi, _ in writes[seen:expected] if wlo < hi and lo < whi)
         else:

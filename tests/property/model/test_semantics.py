@@ -508,3 +508,21 @@ def test_stale_read_report_text() -> None:
         "at t=0.020; it saw uninitialized memory; stale by 1 write: expected the data of copy_ (D2H) on stream "
         f"side #0 ({HERE}:N)"
     )
+
+
+def test_a_stale_read_counts_the_writes_it_missed_where_it_missed_them() -> None:
+    """A read of two slices, the first landed and the second not: stale by one write (the second), counted over
+    the bytes where the read saw old data, not over all it read."""
+
+    def program(dev: Any) -> None:
+        flat = torch.empty(2 * N, pin_memory=True)
+        flat[:N].copy_(torch.full((N,), 1.0, device=dev.device), non_blocking=True)
+        dev.current_stream().synchronize()
+        flat[N:].copy_(torch.full((N,), 2.0, device=dev.device), non_blocking=True)
+        float(flat.sum())  # the host reads both halves before the second landed
+
+    _, reports, _ = run(program)
+    (stale,) = [r for r in reports if isinstance(r, StaleRead)]
+    assert stale.stale_by == 1
+    assert stale.read.lo == 0
+    assert stale.read.hi == 8 * N
