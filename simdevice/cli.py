@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from reference.schedule import Schedule, ScheduleError, is_function_target
+from reference.schedule import MAX_UNITS, Schedule, ScheduleError, is_function_target
 
 # imported whether or not the table runs in workers: Hypothesis draws from the loaded modules' constants, so the
 # command's process loads the same modules either way (simdevice.jobs says more)
@@ -613,8 +613,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if (args.perfetto or args.png) and args.gpu:
         return _fail("--perfetto and --png draw the simulator's timeline; drop --gpu")
     for option, path in (("--perfetto", args.perfetto), ("--png", args.png)):
-        if path is not None and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(path) or ".")):
+        if path is not None and (not path or os.path.isdir(path) or not os.path.isdir(os.path.dirname(path) or ".")):
             return _fail(f"{option} {path!r}: not a file in an existing folder")
+    if args.png is not None and not args.png.lower().endswith(".png"):
+        return _fail(f"--png {args.png!r}: not a .png file name (the picture is a PNG, written where named)")
     if args.png:
         try:
             import matplotlib  # noqa: F401
@@ -666,10 +668,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.perfetto or args.png:
         from simdevice.timeline import write_perfetto, write_png
 
-        if args.perfetto:
-            write_perfetto(first, args.perfetto, fix)
-        if args.png:
-            write_png(first, args.png, fix)
+        for option, path, write in (("--perfetto", args.perfetto, write_perfetto), ("--png", args.png, write_png)):
+            if path:
+                try:
+                    write(first, path, fix)
+                except OSError as e:
+                    return _fail(f"{option} {path!r}: cannot write it ({e.strerror or e})")
     if args.json:
         print(json.dumps({
             "schedule": str(schedule), "backend": backend, "trials": len(outcomes), "failed": bad,
@@ -765,6 +769,9 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
         return _fail(f"--units must be integers separated by commas, got {args.units!r}")
     if not units or min(units) < 1:
         return _fail(f"--units must be >= 1, got {args.units!r}")
+    if max(units) > MAX_UNITS:
+        return _fail(f"--units must be in 1..{MAX_UNITS}, got {args.units!r}")
+    units = tuple(dict.fromkeys(units))  # (a stall given twice makes each schedule twice)
     if not 0 <= args.delays <= 4:
         return _fail(f"--delays must be in 0..4, got {args.delays}")
     if args.jobs is not None and args.jobs < 1:

@@ -84,6 +84,11 @@ def as_target(fn: Callable[..., Any] | str | Target, world_size: int | None = No
     return fn  # type: ignore[return-value]
 
 
+class _OutOfTime(BaseException):
+    """A search past its budget with nothing found: out of Hypothesis at once (not an ``Exception``, which Hypothesis
+    would take for a failure of the test and shrink)."""
+
+
 def search_target(
     target: Target,
     fails: Callable[[Outcome], bool] | None = None,
@@ -102,7 +107,8 @@ def search_target(
 
     ``examples`` run first, as Hypothesis's ``@example`` does (the first failing one is the answer, unshrunk).
     ``seed=None`` searches derandomized (the same answer every time); a seed draws another search. Past
-    ``budget_s`` seconds every further schedule counts as passing. ``db``: an example database (none by default).
+    ``budget_s`` seconds the search ends, or, where it found a failure, its shrinking soon does (every further
+    schedule counts as passing). ``db``: an example database (none by default).
     """
     test = fails or target.failed
     start = time.monotonic()
@@ -111,7 +117,9 @@ def search_target(
 
     def counted(s: Schedule) -> bool:
         if budget_s is not None and time.monotonic() - start > budget_s:
-            return False
+            if not last:
+                raise _OutOfTime  # nothing found: the search ends now
+            return False  # shrinking what was found: what is left of it counts as passing, and it ends soon
         count[0] += 1
         if progress is not None:
             progress(count[0])
@@ -129,7 +137,7 @@ def search_target(
             found = find(schedules_of(target, config, max_delays), counted,
                          settings=engine.search_settings(max_examples, shrink, seed is None, db),
                          random=random.Random(seed) if seed is not None else None)
-        except NoSuchExample:
+        except (NoSuchExample, _OutOfTime):
             return Search(None, None, count[0], time.monotonic() - start)
         failure = last.get(str(found)) or target.run(found)
     short = target.canonical(found)

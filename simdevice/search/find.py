@@ -67,7 +67,7 @@ def search(
     what ``check`` counts as a failure), over the program's configuration space.
 
     ``seed=None`` searches derandomized (the same answer every time); a seed draws another search, which is
-    what time-to-find medians are made of. Past ``budget_s`` seconds every further schedule counts as passing.
+    what time-to-find medians are made of. Past ``budget_s`` seconds the search ends (see :func:`search_target`).
     """
     target = ProgramTarget(program, variant)
     return search_target(target, fails, max_examples=max_examples, config=configs(program), shrink=shrink, seed=seed,

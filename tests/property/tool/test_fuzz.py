@@ -282,3 +282,21 @@ def test_a_local_function_on_ranks_replays_on_as_many() -> None:
     again = simdevice.explore(gather_racy, world_size=2, examples=[str(found.schedule)])
     assert again.failure is not None
     assert again.failure.verdict() == found.failure.verdict()
+
+
+def test_a_budget_ends_a_search_that_found_nothing() -> None:
+    """``budget_s`` (``--budget``) ends the search, not only its runs: past it Hypothesis draws no more schedules.
+    (Each schedule then counted as passing, and a search of many examples went on drawing them for minutes.)"""
+    import torch
+
+    def clean(n: int = 64) -> None:
+        x = torch.ones(n, device="cuda")
+        assert x.sum().item() == n
+
+    from hypothesis import strategies as st
+
+    drawn: list[int] = []  # a schedule drawn by Hypothesis, run or not
+    config = st.just(64).map(lambda n: drawn.append(n) or {"n": n})
+    result = simdevice.explore(clean, max_examples=20_000, budget_s=0.5, config=config)
+    assert result.failure is None
+    assert 0 < result.examples <= len(drawn) < 20_000
