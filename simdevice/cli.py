@@ -67,8 +67,9 @@ _NO_VALUES = ("race-only: compute no value, so memory does not grow with the dev
 _PROFILE = ("the simulator's costs: default (a fast host, 5 us per host step: the narrowest windows, for finding "
             "bugs), a profile measured on a GPU by scripts/calibrate (shipped: simdevice/profiles/NAME.json), or the "
             "path of a profile's .json; the output names the profile that judged it")
-_WORLD_SIZE = ("a function target's ranks: run it once per rank as rank0..rankN-1 (torch.distributed's default group "
-               "is theirs), as simdevice.explore(fn, world_size=N) does; a replay line printed for such a run says it")
+_WORLD_SIZE = ("a function target's ranks (1..32): run it once per rank as rank0..rankN-1 (torch.distributed's default "
+               "group is theirs), as simdevice.explore(fn, world_size=N) does; a replay line printed for such a run "
+               "says it")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -399,11 +400,16 @@ def _fixes(findings: list[Any], quiet: bool) -> dict[int, Any]:
     return fixes
 
 
+#: the most ranks ``--world-size`` runs (a race between ranks shows with a few; past about 60, each rank's actor
+#: nests the next's start deeper than Python's recursion limit)
+MAX_WORLD = 32
+
+
 def _world_size(args: argparse.Namespace) -> int | None:
     """``--world-size``, checked (ScheduleError: the caller's one-line error)."""
     n = args.world_size
-    if n is not None and not 1 <= n <= 64:
-        raise ScheduleError(f"--world-size must be in 1..64, got {n}")
+    if n is not None and not 1 <= n <= MAX_WORLD:
+        raise ScheduleError(f"--world-size must be in 1..{MAX_WORLD}, got {n}")
     return n  # type: ignore[no-any-return]
 
 

@@ -93,7 +93,7 @@ class Outcome:
 
     def replay_options(self) -> str:
         """The options a replay of this run needs to be the same run: its cost profile (or the verdict may
-        differ), race-only, its ranks."""
+        differ), race-only, the step limit and device memory it ran under, its ranks."""
         again = ""
         if self.backend == "sim" and self.profile != "default":
             from simdevice.runtime.profiles import spec_of
@@ -101,6 +101,14 @@ class Outcome:
             again = f" --profile {spec_of(self.profile)}"
         if not self.values:
             again += " --no-values"
+        if self.backend == "sim":  # the command's limits, which the run was made under (and judged by)
+            from simdevice.runtime.config import active_overrides
+
+            fields = dict(active_overrides())
+            if "max_host_steps" in fields:
+                again += f" --max-steps {fields['max_host_steps']}"
+            if "device_memory" in fields:
+                again += f" --device-memory {fields['device_memory']}"
         return again + self.ranks_option()
 
     def ranks_option(self) -> str:

@@ -183,7 +183,7 @@ def test_a_function_on_ranks_is_checked_and_replayed_with_world_size(
     assert main([*shlex.split(fixed.split("replay with it: ", 1)[1])[1:], "--no-fix"]) == 0
     capsys.readouterr()
     for args, message in ((["check", "offload_reload/racy", "--world-size", "2"], "is a built-in program"),
-                          (["check", "ranks.py::gather_racy", "--world-size", "0"], "must be in 1..64")):
+                          (["check", "ranks.py::gather_racy", "--world-size", "0"], "must be in 1..32")):
         assert main(args) == 2
         err = capsys.readouterr().err
         assert message in err
@@ -207,3 +207,18 @@ def test_a_program_using_what_the_simulator_does_not_run_gets_no_verdict(
     doc = json.loads(capsys.readouterr().out)
     assert doc["found"] is False
     assert "CUDA graphs" in doc["unsupported"]
+
+
+def test_the_replay_line_carries_the_limits_the_run_was_made_under(capsys: pytest.CaptureFixture[str]) -> None:
+    """A run made under ``--max-steps`` or ``--device-memory`` is replayed under them: its line says them (without
+    them the replay was another run, with another verdict)."""
+    target = "examples/offload_plain.py::reload_racy"
+    assert main(["check", target, "--max-steps", "5", "--no-fix", "-q"]) == 1
+    out = capsys.readouterr().out
+    assert "1 step-limit" in out
+    line = next(x for x in out.splitlines() if "replay: " in x)
+    assert line.endswith(" --max-steps 5 [--gpu]")
+    assert main([*shlex.split(line.split("replay: ", 1)[1].removesuffix(" [--gpu]"))[1:], "--no-fix"]) == 1
+    assert "1 step-limit" in capsys.readouterr().out
+    assert main(["replay", target, "--device-memory", "1G", "--no-fix"]) == 1
+    assert " --device-memory 1073741824 [--gpu]" in capsys.readouterr().out
