@@ -14,7 +14,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from reference.schedule import MAX_UNITS, Schedule, ScheduleError, is_function_target
@@ -27,6 +27,14 @@ from simdevice.jobs import PARALLEL_FROM, Setup, check_in_workers, default_jobs,
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"simdevice: error: {message} (see simdevice --help)\n")
+
+
+#: where ``--json``'s document goes: the command's own stdout (the program's prints go to stderr meanwhile)
+_JSON_OUT: list[Any] = [None]
+
+
+def _print_json(text: str) -> None:
+    print(text, file=_JSON_OUT[0] or sys.stdout)
 
 
 def _fail(message: str) -> int:
@@ -240,7 +248,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         results = [dict(f.as_dict(), **({"fix": fixes[i].as_dict()} if i in fixes else {}))
                    for i, f in enumerate(findings)]
-        print(json.dumps({"ok": ok, "seconds": round(time.monotonic() - started, 2), "profile": _profile(),
+        _print_json(json.dumps({"ok": ok, "seconds": round(time.monotonic() - started, 2), "profile": _profile(),
                           "values": _values(), "results": results,
                           **({"errors": [{"program": p, "variant": v, "error": why} for p, v, why in errors]}
                              if errors else {}),
@@ -459,7 +467,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
         return _fail(str(e))
     except KeyboardInterrupt:  # nothing failed so far (a failure is shrunk before it is reported)
         if args.json:
-            print(json.dumps({"target": target.name, "found": False, "examples": ran[0], "interrupted": True},
+            _print_json(json.dumps({"target": target.name, "found": False, "examples": ran[0], "interrupted": True},
                              indent=2))
         else:
             print(f"{target.name}: interrupted after {ran[0]} schedules, none failed so far")
@@ -475,12 +483,12 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
                f"{stopped.actor} ({stopped.source}), under schedule \"{out.schedule}\"; see \"Not intercepted\" in "
                "docs/dropin.md")
         if args.json:
-            print(json.dumps({"target": target.name, "found": False, "examples": result.examples,
+            _print_json(json.dumps({"target": target.name, "found": False, "examples": result.examples,
                               "schedule": result.schedule, "unsupported": why}, indent=2))
         return _fail(why)
     fix = _suggest(target, out, args.quiet or args.json) if out is not None and args.fix is not False else None
     if args.json:
-        print(json.dumps({
+        _print_json(json.dumps({
             "target": target.name, "found": out is not None, "examples": result.examples, "profile": _profile(),
             "values": _values(),
             "seconds": result.seconds, "schedule": result.schedule,
@@ -662,7 +670,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     judged = _judged(target, schedule, hosts[: len(outcomes)]) if judge and not interrupted else []
     if not outcomes:  # interrupted in the first run: nothing to show
         if args.json:
-            print(json.dumps({"schedule": str(schedule), "backend": backend, "trials": 0, "interrupted": True},
+            _print_json(json.dumps({"schedule": str(schedule), "backend": backend, "trials": 0, "interrupted": True},
                              indent=2))
         return _interrupted()
     bad = sum(not o.clean for o in outcomes)
@@ -681,7 +689,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 except OSError as e:
                     return _fail(f"{option} {path!r}: cannot write it ({e.strerror or e})")
     if args.json:
-        print(json.dumps({
+        _print_json(json.dumps({
             "schedule": str(schedule), "backend": backend, "trials": len(outcomes), "failed": bad,
             **({"profile": _profile(), "values": _values()} if backend == "sim" else {}),
             **({"pace_sensitive": any(o.shows_on_gpu != first.shows_on_gpu for o in pace.values()),
@@ -883,6 +891,20 @@ def _list_functions(path: str) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _json_apart(args: argparse.Namespace) -> Iterator[None]:
+    """With ``--json``, what the program prints goes to stderr, so that stdout holds the document alone."""
+    if not getattr(args, "json", False):
+        yield
+        return
+    _JSON_OUT[0] = sys.stdout
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _JSON_OUT[0] = None
+
+
 def main(argv: list[str] | None = None, imported: Callable[[], None] | None = None) -> int:
     """The command line: its exit code. ``imported`` is called once torch is imported (the ``simdevice`` command
     then has the garbage collector leave torch's objects alone: :func:`simdevice.command.entry`)."""
@@ -922,15 +944,13 @@ def main(argv: list[str] | None = None, imported: Callable[[], None] | None = No
                 fields["device_memory"] = nbytes
             if getattr(args, "no_values", False):
                 fields["values"] = False
-            if not fields:
-                return commands[args.command](args)
             from simdevice.runtime.config import overridden
 
-            with overridden(**fields):
+            with overridden(**fields), _json_apart(args):
                 return commands[args.command](args)
     except KeyboardInterrupt:  # before or after a command's own loop: nothing of its results to keep
         if getattr(args, "json", False):
-            print(json.dumps({"interrupted": True}))
+            _print_json(json.dumps({"interrupted": True}))
         return _interrupted()
     parser.print_help()
     return 2

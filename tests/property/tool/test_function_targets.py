@@ -222,3 +222,16 @@ def test_the_replay_line_carries_the_limits_the_run_was_made_under(capsys: pytes
     assert "1 step-limit" in capsys.readouterr().out
     assert main(["replay", target, "--device-memory", "1G", "--no-fix"]) == 1
     assert " --device-memory 1073741824 [--gpu]" in capsys.readouterr().out
+
+
+def test_json_stdout_holds_the_document_alone_whatever_the_program_prints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "noisy.py").write_text(
+        'import torch\nprint("imported")\n\n\ndef f():\n    print("running")\n    torch.ones(3, device="cuda")\n')
+    for args in (["check", "noisy.py::f", "--json", "-q"], ["replay", "noisy.py::f", "--json"]):
+        assert main(args) == 0
+        got = capsys.readouterr()
+        assert json.loads(got.out)
+        assert "running" in got.err
