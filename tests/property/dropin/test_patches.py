@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from typing import Any
 
 import pytest
@@ -39,10 +40,15 @@ def test_a_session_changes_torch_while_open_and_restores_it_exactly() -> None:
 
 
 def test_an_exception_inside_the_block_is_reported_and_torch_still_restored() -> None:
+    """The block's error is the run's host error, and a warning says it was not raised on (a test that did not ask
+    ``assert_clean()`` would otherwise pass unaware)."""
     before = namespaces(_owners())
-    with simdevice.cuda() as sim:
+    with warnings.catch_warnings(record=True) as caught, simdevice.cuda() as sim:
+        warnings.simplefilter("always")
         torch.ones(2, device="cuda")
         raise ValueError("the program's own error")
+    (said,) = [str(w.message) for w in caught if w.category is RuntimeWarning]
+    assert said.startswith("the simdevice.cuda() block raised ValueError: the program's own error; it is a host error")
     assert [r.kind for r in sim.reports] == ["host-error"]
     assert "ValueError: the program's own error" in sim.text()
     _same(before, namespaces(_owners()))
@@ -124,7 +130,8 @@ def test_a_search_holds_the_patches_across_its_runs_and_restores_them() -> None:
         with simdevice.cuda() as sim:
             torch.ones(2, device="cuda")
         sim.assert_clean()
-        with simdevice.cuda() as again:
+        with warnings.catch_warnings(record=True), simdevice.cuda() as again:
+            warnings.simplefilter("always")
             raise ValueError("inside a held block")
         assert "ValueError" in again.text()
     _same(before, namespaces(_owners()))
