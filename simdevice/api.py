@@ -20,7 +20,7 @@ import torch
 
 from reference import contract
 from reference.contract import MemorySaver, Run
-from reference.schedule import Schedule
+from reference.schedule import Delay, Schedule, ScheduleError
 from simdevice.dispatch import Dispatcher, SimMode, ref_of
 from simdevice.runtime import Options, Runtime, SimConfig
 from simdevice.runtime.collectives import Gather
@@ -211,6 +211,23 @@ def _no_delays(actor: str) -> dict[int, int]:
     return {}
 
 
+
+def as_schedule(schedule: Schedule | str | None) -> Schedule | None:
+    """A schedule from a schedule line, or from delays alone (``"side#0+3,host#2+1"``); ScheduleError if it is
+    neither."""
+    if schedule is None or isinstance(schedule, Schedule):
+        return schedule
+    if not isinstance(schedule, str):
+        raise TypeError(f"a schedule is a Schedule or its line (a str), got {type(schedule).__name__}")
+    try:
+        return Schedule.parse(schedule)
+    except ScheduleError as first:
+        try:
+            items = [x for x in schedule.split(",") if x.strip()]
+            return Schedule("session", "run", (), [Delay.parse(x) for x in items])
+        except ScheduleError:
+            raise first from None
+
 class SimDevice:
     """The device contract on a deterministic simulated device."""
 
@@ -218,16 +235,17 @@ class SimDevice:
 
     def __init__(
         self,
-        schedule: Schedule | None = None,
+        schedule: Schedule | str | None = None,
         config: SimConfig | None = None,
         options: Options | None = None,
         *,
         shown: torch.device | None = None,
     ) -> None:
-        self.schedule = schedule
+        #: its schedule (a line, or delays alone, parsed: ``as_schedule``)
+        self.schedule = as_schedule(schedule)
         self.config = with_overrides(config)
-        if schedule is not None:
-            self.config = self.config.for_program(schedule.program)
+        if self.schedule is not None:
+            self.config = self.config.for_program(self.schedule.program)
         self._options = options or Options()
         #: the device simulated tensors show to Python code (``meta``; ``cuda:0`` under the torch.cuda drop-in)
         self.shown = shown or torch.device("meta")

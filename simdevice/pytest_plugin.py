@@ -43,9 +43,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "simdevice: a @simdevice.fuzz test (schedule fuzzing on the simulator)")
     db = config.getoption("--simdevice-db")
+    trace = config.getoption("--simdevice-trace")
+    for option, path in (("--simdevice-db", db), ("--simdevice-trace", trace)):
+        if path is not None and (not path or (os.path.exists(path) and not os.path.isdir(path))):
+            raise pytest.UsageError(f"{option} {path!r}: not a directory (it names a folder, made when first written)")
     if db is not None:
         use_database(engine.database(db))
-    trace = config.getoption("--simdevice-trace")
     _TRACE_DIR[:] = [Path(trace)] if trace else []
     existing = [Path(str(config.rootpath)) / ".hypothesis", Path.cwd() / ".hypothesis"]
     if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY") and not any(p.exists() for p in existing):

@@ -14,26 +14,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from reference.contract import Run
-from reference.schedule import Delay, Schedule, ScheduleError
+from reference.schedule import Schedule
+from simdevice.api import as_schedule
 from simdevice.dropin import distributed, facade
 from simdevice.dropin.facade import DropInDevice
 from simdevice.dropin.patches import Patches
 from simdevice.runtime import Options, SimConfig
 from simdevice.runtime.reports import summarize
-
-
-def as_schedule(schedule: Schedule | str | None) -> Schedule | None:
-    """A schedule from a schedule line, or from delays alone (``"side#0+3,host#2+1"``)."""
-    if schedule is None or isinstance(schedule, Schedule):
-        return schedule
-    try:
-        return Schedule.parse(schedule)
-    except ScheduleError as first:
-        try:
-            items = [x for x in schedule.split(",") if x.strip()]
-            return Schedule("session", "run", (), [Delay.parse(x) for x in items])
-        except ScheduleError:
-            raise first from None
 
 
 class DropIn:

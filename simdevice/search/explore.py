@@ -184,7 +184,7 @@ def pin(target: Target, text: Schedule | str) -> Schedule:
     """A pinned schedule for ``target``: a whole line (it must name the target), or its delays alone."""
     if isinstance(text, Schedule):
         return text
-    from simdevice.dropin.session import as_schedule
+    from simdevice.api import as_schedule
 
     s = as_schedule(text)
     assert s is not None

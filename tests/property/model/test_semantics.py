@@ -526,3 +526,14 @@ def test_a_stale_read_counts_the_writes_it_missed_where_it_missed_them() -> None
     assert stale.stale_by == 1
     assert stale.read.lo == 0
     assert stale.read.hi == 8 * N
+
+
+def test_a_device_takes_its_schedule_as_a_line_as_a_session_does() -> None:
+    """``SimDevice("side#0+1")`` (delays alone) and ``SimDevice("test/t::side#0+1")`` are that schedule; what is
+    neither is a one-line error."""
+    plain = SimDevice(Schedule("test", "t", (), (Delay("side", 0, 1),))).run(offload, "none")
+    for line in ("side#0+1", "test/t::side#0+1"):
+        r = SimDevice(line).run(offload, "none")
+        assert r.reports == plain.reports
+    with pytest.raises(TypeError, match="a schedule is a Schedule or its line"):
+        SimDevice(42)  # type: ignore[arg-type]

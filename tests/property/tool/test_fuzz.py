@@ -214,6 +214,10 @@ def test_the_database_and_trace_options_write_where_asked(pytester: pytest.Pytes
     p = run_cli(["check", "protocols.py::plain_racy", "--db", str(trace)], here)
     assert p.returncode == 2
     assert "is a file, not a directory" in p.stderr
+    for option in ("--simdevice-db", "--simdevice-trace"):  # a file where a folder goes: pytest's usage error
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "plain_racy", f"{option}={trace}")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([f"*{option} '{trace}': not a directory*"])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
