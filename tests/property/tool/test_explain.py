@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import linecache
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from simdevice.search.targets import FunctionTarget, ProgramTarget
 from simdevice.timeline import perfetto, slices, write_png
 
 ROOT = Path(__file__).resolve().parents[3]
+EXPLAIN_DOC = (ROOT / "docs" / "explain.md").read_text()
 HERE = short_path(__file__)
 load_all()
 
@@ -117,6 +119,15 @@ def test_the_suggested_fix_makes_the_schedule_and_a_search_clean(variant: str) -
     assert fix.lines()[-1].startswith("checked: ")
     for e in edges:  # what --edge takes back
         assert Edge.parse(str(e)) == e
+    # what docs/explain.md says of the variant (its table's row, a replay line of its schedule) is what it gets:
+    # the edges it writes out and the program lines it names
+    said = [x for x in EXPLAIN_DOC.splitlines() if x.startswith(f"| `{variant}` |") or f'replay "{line}"' in x]
+    assert said or variant not in EXPLAIN_DOC, variant
+    for text in said:
+        cited = set(re.findall(r"[\w.]+@[\w/.]+\.py:\d+(?:\[[+-]\d+\])?(?:->|=>)[\w.]+@[\w/.]+\.py:\d+", text))
+        assert cited <= {str(e) for e in edges}, text
+        named = {f"{f}:{n}" for f, n in re.findall(r"((?:reference|simdevice)/[\w/]+\.py):(\d+)", text)}
+        assert named <= {e.after.source for e in edges} | {e.before.source for e in edges}, text
 
 
 def impossible_check(dev: Any) -> None:
