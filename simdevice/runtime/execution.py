@@ -385,7 +385,8 @@ class Execution:
             s, e = failed
             op = s.running or (s.queue[0] if s.queue else None)
             what = f" in {op.desc}" if op is not None else ""
-            self.reports.add(HostError(f"stream {s.name}", f"{describe(e)}{what}", error_source(e)))
+            self.reports.add(HostError(f"stream {s.name}", f"{describe(e)}{what}",
+                                       error_source(e, op.source if op is not None else None)))
             self._abort()
             return False
         return True

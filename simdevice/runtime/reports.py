@@ -327,10 +327,13 @@ def _innermost_own(e: BaseException) -> Any:
     return mine or last
 
 
-def error_source(e: BaseException) -> str:
+def error_source(e: BaseException, instead: str | None = None) -> str:
     """Where an exception was raised: the innermost frame of its traceback outside the simulator and torch (the
-    program's line that made the failing call), else the innermost frame."""
+    program's line that made the failing call); where there is none, ``instead`` if given (a stream operation's
+    error: the line that issued it), else the innermost frame."""
     at = _innermost_own(e)
+    if instead is not None and (at is None or internal_file(at.tb_frame.f_code.co_filename)):
+        return instead
     if at is None:
         return "?"
     return f"{short_path(at.tb_frame.f_code.co_filename)}:{at.tb_lineno}"

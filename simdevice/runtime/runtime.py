@@ -583,6 +583,7 @@ class Runtime:
             issued = self.memory.issue(Accessor(s.name, epoch, s.clock, desc, index, source), reads, writes)
         op = StreamOp(s, f"{desc} #{index}", index, duration, start, finish, issued=issued)
         op.sweeps = sweeps
+        op.source = source
         spans = nbytes if nbytes >= 0 else span_bytes(reads) + span_bytes(writes)
         self.op_sites[f"{s.name}#{index}"] = (source, spans)
         self.execution.enqueue(s, op)

@@ -29,6 +29,7 @@ class StreamOp:
         "issued",
         "position",
         "ready",
+        "source",
         "start",
         "stream",
         "sweeps",
@@ -59,6 +60,8 @@ class StreamOp:
         self.position = 0
         #: a copy that moves its bytes in order and reads its source at its completion (see ``Memory.start``)
         self.sweeps = False
+        #: the program's line that issued it, where known (what an error of the operation names)
+        self.source: str | None = None
 
 
 class SimStream:

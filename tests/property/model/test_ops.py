@@ -199,6 +199,22 @@ def test_an_error_inside_a_stream_operation_is_a_host_error_of_the_run() -> None
     [err] = r.reports
     assert isinstance(err, HostError)
     assert (err.actor, err.error) == ("stream default", "RuntimeError: the kernel failed in boom #1")
+    assert err.source.endswith(f"test_ops.py:{boom.__code__.co_firstlineno + 1}")  # the kernel's own raise
+
+
+def test_a_stream_operations_error_names_the_line_that_issued_it() -> None:
+    """An op that fails in torch's own code on the stream (no frame of the program's there) names the program's line
+    that issued it, not the simulator's frame that ran it."""
+
+    def program(dev: Any) -> None:
+        torch.arange(-5, device=dev.device)  # the failing line
+        dev.synchronize()
+
+    r = run(program)
+    [err] = r.reports
+    assert isinstance(err, HostError)
+    assert err.actor == "stream default"
+    assert err.source.endswith(f"test_ops.py:{program.__code__.co_firstlineno + 1}"), err.source
 
 
 def test_empty_tensors_are_tensors_like_any_other() -> None:
