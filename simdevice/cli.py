@@ -225,6 +225,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         return _fail(f"--db {args.db!r} is a file, not a directory")
     if args.jobs is not None and args.jobs < 1:
         return _fail(f"--jobs must be >= 1, got {args.jobs}")
+    if args.target and args.program:
+        return _fail("--program picks the built-in programs of check's table; with a TARGET, drop it")
+    if not args.target and args.world_size is not None:
+        return _fail("--world-size is for a function target (check FILE.py::FUNCTION --world-size N)")
     db = database(args.db)
     if args.target:
         return _check_target(args, db)
@@ -888,6 +892,9 @@ def _list_functions(path: str) -> int:
             continue
         ops = ", ".join(f"{a} {n}" for a, n in sorted(counts.items()) if n)
         print(f"{target.name}  [{style}]({params})\n  operations: {ops or 'none'}")
+        default = target.run(target.schedule())  # (the probe's run, kept)
+        if not default.clean:  # an error or a limit ended it early: the counts are of what it did until then
+            print(f"  its default schedule is not clean: {default.verdict()} (simdevice replay \"{target.name}\")")
     return 0
 
 

@@ -235,3 +235,19 @@ def test_json_stdout_holds_the_document_alone_whatever_the_program_prints(
         got = capsys.readouterr()
         assert json.loads(got.out)
         assert "running" in got.err
+
+
+def test_list_says_when_a_functions_default_run_is_not_clean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operations ``list`` counts are its default run's: where an error ended that run early, it says so (it
+    showed "operations: none" as for a function that uses no device)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "two.py").write_text('import torch\n\n\ndef fine():\n    torch.ones(2, device="cuda")\n\n\n'
+                                     'def broken():\n    raise ValueError("early")\n')
+    assert main(["list", "two.py"]) == 0
+    out = capsys.readouterr().out
+    assert 'two.py::broken  [plain torch.cuda]()\n  operations: none\n  its default schedule is not clean: ' \
+           '1 host-error (simdevice replay "two.py::broken")\n' in out
+    assert "two.py::fine  [plain torch.cuda]()\n  operations: default 1, host 1\n" in out
+    assert out.count("not clean") == 1

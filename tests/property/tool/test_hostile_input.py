@@ -90,6 +90,8 @@ MALFORMED = [
     (['replay', L, '--png', '/proc/x.png', '--no-fix'], "--png '/proc/x.png': cannot write it ("),
     (['replay', L, '--perfetto', '/proc/x.json', '--no-fix'], "--perfetto '/proc/x.json': cannot write it ("),
     (['check', L, '--world-size', '2'], "--world-size is for a function target (FILE.py::FUNCTION)"),
+    (['check', '--world-size', '2'], "--world-size is for a function target (check FILE.py::FUNCTION"),
+    (['check', 'ok.py::fn', '--program', 'zcc'], "--program picks the built-in programs of check's table; with"),
     (['exhaust', L, '--units', ''], '--units must be integers separated by commas,'),
     (['exhaust', L, '--max-steps', '0'], '--max-steps must be >= 1, got 0'),
     (['exhaust', L + '::host#0+1'], 'exhaust draws the delays itself; drop them from'),
