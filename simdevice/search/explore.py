@@ -189,8 +189,11 @@ def pin(target: Target, text: Schedule | str) -> Schedule:
     s = as_schedule(text)
     assert s is not None
     if s.program == "session":  # delays alone
-        return target.schedule({}, s.delays)
+        s = target.schedule({}, s.delays)
     own = target.schedule()
     if s.target != own.target:
         raise ValueError(f"example {text!r} names {s.target}, not {own.target}")
+    validate = getattr(target, "validate", None)
+    if validate is not None:  # a function's: its delays name actors it has (TargetError, as the command line says)
+        validate(s)
     return s

@@ -304,3 +304,17 @@ def test_a_budget_ends_a_search_that_found_nothing() -> None:
     result = simdevice.explore(clean, max_examples=20_000, budget_s=0.5, config=config)
     assert result.failure is None
     assert 0 < result.examples <= len(drawn) < 20_000
+
+
+def test_an_example_naming_an_actor_the_function_lacks_is_refused() -> None:
+    """As ``simdevice replay`` refuses it (a delay that can never apply makes a pin that says nothing)."""
+    import torch
+
+    from simdevice.search.targets import TargetError
+
+    def small(n: int = 8) -> None:
+        torch.ones(n, device="cuda").add_(1)
+
+    with pytest.raises(TargetError, match=r"delay nosuch#0\+1 names actor 'nosuch', which .* does not have"):
+        simdevice.explore(small, examples=["nosuch#0+1"], max_examples=1)
+    assert simdevice.explore(small, examples=["default#0+1"], max_examples=1).failure is None
