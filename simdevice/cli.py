@@ -893,8 +893,9 @@ def _list_functions(path: str) -> int:
         ops = ", ".join(f"{a} {n}" for a, n in sorted(counts.items()) if n)
         print(f"{target.name}  [{style}]({params})\n  operations: {ops or 'none'}")
         default = target.run(target.schedule())  # (the probe's run, kept)
-        if not default.clean:  # an error or a limit ended it early: the counts are of what it did until then
-            print(f"  its default schedule is not clean: {default.verdict()} (simdevice replay \"{target.name}\")")
+        if any(r.kind in ("host-error", "step-limit", "deadlock") for r in default.run.reports):
+            # an error or a limit ended it early: the counts are of what it did until then
+            print(f"  its default schedule ends early: {default.verdict()} (simdevice replay \"{target.name}\")")
     return 0
 
 

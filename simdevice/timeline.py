@@ -84,10 +84,13 @@ def slices(out: Any) -> list[Slice]:
                             int(m.group("index")) if m else -1))
     # issued but never started (the run stopped first): after whatever that stream did last
     have = {(s.actor, s.index) for s in result if s.kind in ("op", "pending")}
+    ends: dict[str, int] = {}
+    for s in result:
+        ends[s.actor] = max(ends.get(s.actor, 0), s.end)
     for key, (source, nbytes) in run.sites.items():
         actor, _, index = key.rpartition("#")
         if (actor, int(index)) not in have:
-            last = max((s.end for s in result if s.actor == actor), default=0)
+            last = ends.get(actor, 0)
             result.append(Slice(actor, "pending", f"#{index} (issued, not run when the run stopped)", last, last,
                                 int(index), source, nbytes))
     return result
@@ -241,6 +244,10 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
     span = hi - lo
     fig_h = 1.9 + 0.5 * len(actors)
     fig, ax = plt.subplots(figsize=(12, fig_h), dpi=110)
+    # the bars of a lane that look alike are drawn together: one collection each, not one per slice (a long run's
+    # hundred thousand slices took minutes one by one)
+    bars: dict[tuple[Any, ...], list[tuple[float, float]]] = {}
+    markers: dict[int, list[float]] = {}
     for s in ss:
         y = lane[s.actor]
         x0, w = s.start / UNIT_NS, max((s.end - s.start) / UNIT_NS, span / 1500)
@@ -250,13 +257,9 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
             if red or bad:
                 w = max(w, span / 300)  # a short flagged operation stays visible
             edge = "red" if red else ("#7f00ff" if bad else "none")
-            ax.broken_barh([(x0, w)], (y - 0.35, 0.7), facecolors=_COLOURS[_kind(s)], edgecolors=edge,
-                           linewidth=2.5 if edge != "none" else 0, zorder=3 if edge != "none" else 2)
-        elif s.kind == "host":
-            ax.broken_barh([(x0, w)], (y - 0.2, 0.4), facecolors=_COLOURS["host"], zorder=1)
-        elif s.kind == "stall":
-            ax.broken_barh([(x0, w)], (y - 0.35, 0.7), facecolors="none", edgecolors="#555555", hatch="///",
-                           linewidth=0.8, zorder=1)
+            bars.setdefault((y, "op", _COLOURS[_kind(s)], edge), []).append((x0, w))
+        elif s.kind in ("host", "stall"):
+            bars.setdefault((y, s.kind), []).append((x0, w))
         elif s.kind == "pending":
             red = (s.actor, s.index) in racing
             ax.broken_barh([(x0, span / 60)], (y - 0.35, 0.7), facecolors="none", linestyle="--",
@@ -264,7 +267,19 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
             ax.text(x0 - span / 200, y + 0.5, "not run: the run stopped", fontsize=7, va="center", ha="right",
                     color="#555555", zorder=5)
         else:
-            ax.plot([x0, x0], [y - 0.4, y + 0.4], color=_COLOURS["wait"], linewidth=1, zorder=2)
+            markers.setdefault(y, []).append(x0)
+    for (y, kind, *style), ranges in bars.items():
+        if kind == "op":
+            face, edge = style
+            ax.broken_barh(ranges, (y - 0.35, 0.7), facecolors=face, edgecolors=edge,
+                           linewidth=2.5 if edge != "none" else 0, zorder=3 if edge != "none" else 2)
+        elif kind == "host":
+            ax.broken_barh(ranges, (y - 0.2, 0.4), facecolors=_COLOURS["host"], zorder=1)
+        else:
+            ax.broken_barh(ranges, (y - 0.35, 0.7), facecolors="none", edgecolors="#555555", hatch="///",
+                           linewidth=0.8, zorder=1)
+    for y, xs in markers.items():
+        ax.vlines(xs, y - 0.4, y + 0.4, colors=_COLOURS["wait"], linewidth=1, zorder=2)
     labelled: list[tuple[float, float]] = []
     for r in _racing(out):
         a, b = _find(ss, r.previous.actor, r.previous.index), _find(ss, r.current.actor, r.current.index)

@@ -247,7 +247,7 @@ def test_list_says_when_a_functions_default_run_is_not_clean(
                                      'def broken():\n    raise ValueError("early")\n')
     assert main(["list", "two.py"]) == 0
     out = capsys.readouterr().out
-    assert 'two.py::broken  [plain torch.cuda]()\n  operations: none\n  its default schedule is not clean: ' \
+    assert 'two.py::broken  [plain torch.cuda]()\n  operations: none\n  its default schedule ends early: ' \
            '1 host-error (simdevice replay "two.py::broken")\n' in out
     assert "two.py::fine  [plain torch.cuda]()\n  operations: default 1, host 1\n" in out
-    assert out.count("not clean") == 1
+    assert out.count("ends early") == 1
