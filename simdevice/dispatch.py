@@ -603,8 +603,11 @@ class Dispatcher:
         t._alias = alias
         return t
 
-    def new_pinned(self, data: torch.Tensor, actor: str) -> torch.Tensor:
-        self.rt.register_pinned(data, actor)
+    def new_pinned(self, data: torch.Tensor, actor: str, made: bool = False) -> torch.Tensor:
+        """``data`` as pinned memory of ``actor``'s; ``made``: the host gave it its values as it made it (``zeros``,
+        ``.pin_memory()`` of a tensor), where an empty buffer's bytes are uninitialized."""
+        st = self.rt.register_pinned(data, actor)
+        st.made = made
         return data
 
     def _storage_of(self, t: torch.Tensor) -> Storage | None:
@@ -676,13 +679,13 @@ class Dispatcher:
             out = func(*args, **kw)
             if facts.kind == "alloc" and self.config.values:
                 poison(out)
-            return self.new_pinned(out, actor.name)
+            return self.new_pinned(out, actor.name, made=facts.kind != "alloc")
         if func is aten.is_pinned.default:
             return rt.lookup_pinned(args[0]) is not None
         if func is aten.record_stream.default and actor is not None:
             return None  # pinned memory is not pooled by the simulator: nothing to defer
         if func is aten._pin_memory.default and actor is not None:
-            return self.new_pinned(args[0].clone(), actor.name)
+            return self.new_pinned(args[0].clone(), actor.name, made=True)
         pinned = [t for t in flat if rt.lookup_pinned(t) is not None]
         if not pinned or actor is None or facts.kind in ("view", "alloc", "meta"):
             return func(*args, **kwargs)

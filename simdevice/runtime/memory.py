@@ -184,6 +184,9 @@ class Storage:
         #: why the storage has no memory any more (``resize_(0)``), or None: checked when an operation is issued,
         #: since one issued before the release still reads the block it had
         self.released: str | None = None
+        #: pinned memory the host gave values as it made it (``zeros``, ``.pin_memory()``): what its bytes held
+        #: before any write is no uninitialized memory
+        self.made = False
 
     @property
     def data(self) -> torch.Tensor:
@@ -651,6 +654,7 @@ class Memory:
             seen=writes[seen - 1][2] if seen else None,
             stale_by=stale_by,
             time_ns=now,
+            before="the values the host made it with" if st.made else "uninitialized memory",
         )
 
     def issue_free(self, who: Accessor, st: Storage) -> None:

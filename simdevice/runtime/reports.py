@@ -123,13 +123,16 @@ class StaleRead:
     #: writes issued before the read that had not landed (negative: later writes that had)
     stale_by: int
     time_ns: int
+    #: what the bytes held before any write (a None ``expected`` or ``seen``): uninitialized memory, or a pinned
+    #: buffer's values as the host made it
+    before: str = "uninitialized memory"
 
     kind = "stale-read"
 
     def __str__(self) -> str:
         r = self.read
-        seen = self.seen.where() if self.seen else "uninitialized memory"
-        expected = self.expected.where() if self.expected else "uninitialized memory"
+        seen = self.seen.where() if self.seen else self.before
+        expected = self.expected.where() if self.expected else self.before
         if self.stale_by >= 0:
             n = self.stale_by
             how = f"stale by {n} write{'s' if n != 1 else ''}: expected the data of {expected}"

@@ -537,3 +537,22 @@ def test_a_device_takes_its_schedule_as_a_line_as_a_session_does() -> None:
         assert r.reports == plain.reports
     with pytest.raises(TypeError, match="a schedule is a Schedule or its line"):
         SimDevice(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("make", "before"), [
+    (lambda: torch.zeros(N, pin_memory=True), "the values the host made it with"),
+    (lambda: torch.arange(float(N)).pin_memory(), "the values the host made it with"),
+    (lambda: torch.empty(N, pin_memory=True), "uninitialized memory"),
+])
+def test_a_stale_read_names_what_a_pinned_buffer_held_before_any_write(make: Any, before: str) -> None:
+    """Pinned memory the host made with values held them before any write (not uninitialized memory, as an empty
+    buffer's bytes are)."""
+
+    def program(dev: Any) -> None:
+        pinned = make()
+        pinned.copy_(torch.ones(N, device=dev.device), non_blocking=True)
+        float(pinned.sum())  # the host reads before the copy landed
+
+    _, reports, _ = run(program)
+    (stale,) = [r for r in reports if isinstance(r, StaleRead)]
+    assert f"it saw {before}; stale by 1 write" in str(stale)
