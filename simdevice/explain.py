@@ -122,7 +122,8 @@ def _advice(race: Race, edge: Edge) -> str:
     first, second = _ordered(race)
     done = f"`{first.op}` on `{first.actor}` ({first.source})"
     if is_collective(first.actor, first.op):
-        how = f"wait for the collective's work (`work.wait()`, or `wait_stream` on its stream) after {done}"
+        how = (f"wait for the collective's work (`work.wait()` of an `async_op=True` call; after a blocking call, "
+               f"a wait on the stream it was called on, which waits for it) after {done}")
     elif second.on == "host":
         how = f"synchronize on an event recorded on `{first.actor}` after {done}"
     else:
