@@ -183,6 +183,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--delays", type=int, default=1, metavar="K", help="at most K delays per schedule (default 1)")
     e.add_argument("--units", default="1,5,20", metavar="U,U,..", help="stall sizes in units (default 1,5,20)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    e.add_argument("--json", action="store_true", help="print the answer as JSON")
     e.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
     e.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
     e.add_argument("--no-values", action="store_true", help=_NO_VALUES)
@@ -835,25 +836,40 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         clean = ", all clean so far" if ran[1] else ", one failed (not shown: the schedules before it had not all run)"
-        print(f"{target.name}: interrupted after {ran[0]} of {total} schedules{clean}")
+        if args.json:
+            _print_json(json.dumps({"target": target.name, "ran": ran[0], "total": total, "clean_so_far": ran[1],
+                                    "interrupted": True}, indent=2))
+        else:
+            print(f"{target.name}: interrupted after {ran[0]} of {total} schedules{clean}")
         return _interrupted()
     if not args.quiet and sys.stderr.isatty():
         print("\r\x1b[K", end="", file=sys.stderr)  # clear the progress line
     scope = "the configuration given" if fixed or (builtin and config is not None) else (
         "every configuration" if builtin else "its defaults")
     where = f"{target.name} ({scope})"
-    if failed is None:
+    code = 1 if failed is not None else 0
+    if builtin:
+        expect_bug = target.variant not in target.program.clean
+        code = 0 if (failed is not None) == expect_bug else 1
+    stalls = ",".join(map(str, units))
+    if args.json:
+        _print_json(json.dumps({
+            "target": target.name, "scope": scope, "delays": args.delays, "units": list(units), "total": total,
+            "ran": n, "clean": failed is None, "schedule": str(failed.schedule) if failed is not None else None,
+            "summary": failed.verdict() if failed is not None else "clean",
+            "reports": [str(r) for r in failed.run.reports] if failed is not None else [],
+            "profile": _profile(), "values": _values(), "ok": code == 0,
+        }, indent=2))
+    elif failed is None:
         delays = "1 delay" if args.delays == 1 else f"{args.delays} delays"
-        print(f"{where}: clean over all {n} schedules of at most {delays} of {args.units} "
-              f"unit{'' if args.units == '1' else 's'}")
+        print(f"{where}: clean over all {n} schedules of at most {delays} of {stalls} "
+              f"unit{'' if stalls == '1' else 's'}")
     else:
         print(f"{where}: fails at schedule {n}:")
         print(failed.text())
-    _say_judged()
-    if builtin:
-        expect_bug = target.variant not in target.program.clean
-        return 0 if (failed is not None) == expect_bug else 1
-    return 1 if failed is not None else 0
+    if not args.json:
+        _say_judged()
+    return code
 
 
 def cmd_list(args: argparse.Namespace) -> int:

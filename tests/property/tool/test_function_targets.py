@@ -251,3 +251,15 @@ def test_list_says_when_a_functions_default_run_is_not_clean(
            '1 host-error (simdevice replay "two.py::broken")\n' in out
     assert "two.py::fine  [plain torch.cuda]()\n  operations: default 1, host 1\n" in out
     assert out.count("ends early") == 1
+
+
+def test_exhaust_json_gives_the_answer_for_scripts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["exhaust", "offload_reload/racy:", "--delays", "1", "--units", "1", "--json", "-q"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["clean"], doc["ok"], doc["schedule"]) == (False, True, "offload_reload/racy::d2h#0+1")
+    assert doc["ran"] <= doc["total"]
+    assert any(r.startswith("race: ") for r in doc["reports"])
+    assert main(["exhaust", "examples/offload_plain.py::reload_correct", "--delays", "1", "--units", "1", "--json",
+                 "-q"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["clean"], doc["ok"], doc["schedule"], doc["ran"]) == (True, True, None, doc["total"])
