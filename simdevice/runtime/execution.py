@@ -554,7 +554,8 @@ class Execution:
     @contextlib.contextmanager
     def unraisable_reported(self) -> Iterator[None]:
         """While the run goes on, an exception Python would only print and ignore (raised in a ``__del__`` or a
-        weakref callback of an actor) is a host error of the run: never swallowed."""
+        weakref callback of an actor, or in a thread the program started) is a host error of the run: never
+        swallowed."""
         previous = sys.unraisablehook
 
         def hook(u: Any) -> None:
