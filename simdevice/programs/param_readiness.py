@@ -2,8 +2,10 @@
 
 The host actor spawns ranks ``rank0..`` (``dev.spawn_ranks``); each trains the
 small model with its own ``default`` (compute), ``nccl`` and ``prefetch``
-streams. The oracle checks every row each rank read against the weights of
-the version that phase must see.
+streams. In forward each layer reads its weight twice: itself, on compute,
+after its pre-hook, and through the consumer's prefetched copy. The oracle
+checks every row each rank read against the weights of the version that phase
+must see.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class Model:
         """What each row of a rank's result holds: (phase, weight version expected)."""
         out = []
         for it in range(self.iters):
-            out.append((f"iteration {it} forward", it))
+            out.append((f"iteration {it} forward, the layer's own read", it))
+            out.append((f"iteration {it} forward, the consumer's prefetched copy", it))
             if self.evaluate:
                 out.append((f"evaluation after step {it + 1}", it + 1))
         return out
@@ -98,8 +101,11 @@ def train(dev: Device, fixes: pr.Fixes, model: Model) -> torch.Tensor:
             ddp.forward_pre_hook(w)
             if i + 1 < len(layers):
                 consumer.prefetch(i + 1)
-            seen[row, i].copy_(consumer.consume(i))
-        row += 1
+            # the layer's own forward reads its weight on compute, before it waits for the consumer's copy: compute
+            # must have waited for the gather itself, whoever finished it
+            seen[row, i].copy_(w.data)
+            seen[row + 1, i].copy_(consumer.consume(i))
+        row += 2
         ddp.finish_grad_sync()
         ddp.optimizer_step()
         after_step()

@@ -23,6 +23,9 @@ if not torch.cuda.is_available():
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
+from mutants import ready_on_the_prefetch_stream
+
+import reference.param_readiness as pr
 from reference.schedule import Schedule
 from simdevice.programs.param_readiness import PROGRAM
 from simdevice.search import execute
@@ -67,6 +70,16 @@ def test_bug_variant_reads_stale_weights_on_the_gpu(variant: str) -> None:
 @pytest.mark.parametrize("text", CLEAN)
 def test_fixed_never_reads_stale_weights_on_the_gpu(text: str) -> None:
     assert rate(text) == 0
+
+
+def test_readiness_waited_on_the_consumer_stream_reads_stale_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    # tests/mutants.py: compute's own read of the weight outruns the stalled gather; FIXED on the same schedule does
+    # not (a world of one runs in this process, so the patched consumer is the one that runs)
+    text = f"param_readiness/FIXED:{_LAZY}:rank0.nccl#0+2"
+    assert rate(text) == 0
+    monkeypatch.setattr(pr.PrefetchingConsumer, "prefetch", ready_on_the_prefetch_stream)
+    print("(the next rate: the mutant tests/mutants.py:ready_on_the_prefetch_stream)")
+    assert rate(text) >= 1
 
 
 def test_cuda_counts_operations_as_the_simulator_does() -> None:

@@ -6,7 +6,9 @@
   forward read sees this iteration's weights. The same property is shown to
   catch every bug variant, and the pinned counterexamples (the GPU test
   replays them) still break it (found-and-replays:
-  ``tests/property/quality/test_found_and_replays.py``).
+  ``tests/property/quality/test_found_and_replays.py``). It also catches a
+  mutant of FIXED whose consumer waits for readiness on its own stream
+  (``tests/mutants.py``): the layers read their weights on compute too.
 - The readiness callback's own rules, on a host-only stand-in device where a
   gather lands when its handle is waited: idempotent, never "not dispatched
   but has a handle", never starts a gather with the hooks removed or during a
@@ -28,6 +30,7 @@ import pytest
 import torch
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
+from mutants import ready_on_the_prefetch_stream
 
 import reference.param_readiness as pr
 from reference.naming import short_path
@@ -122,9 +125,23 @@ def test_a_stalled_gather_is_what_the_unready_prefetch_outruns() -> None:
     bug = execute(Schedule.parse(f"param_readiness/param-prefetch-no-ready:{stalled}"))
     assert sorted({r.kind for r in bug.run.reports}) == ["race", "stale-read"]
     assert bug.problems[0] == (
-        "rank 0 iteration 0 forward: layer 0 read 16384 of 16384 weights of another version (off by [-1] steps)"
+        "rank 0 iteration 0 forward, the consumer's prefetched copy: layer 0 read 16384 of 16384 weights of another "
+        "version (off by [-1] steps)"
     )
     assert execute(Schedule.parse(f"param_readiness/FIXED:{stalled}")).clean
+
+
+def test_the_property_catches_readiness_waited_on_the_consumer_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the harness's layers read their weights on compute too, not only through the consumer's copies
+    monkeypatch.setattr(pr.PrefetchingConsumer, "prefetch", ready_on_the_prefetch_stream)
+    found = find(schedules(PROGRAM, "FIXED"), _breaks, settings=_FIND)
+    out = execute(found)
+    weight_read = _line(harness, "seen[row, i].copy_(w.data)")
+    races = [str(r) for r in out.run.reports if isinstance(r, Race)]
+    # compute's own read of the weight, unordered after the gather the consumer's callback waited elsewhere
+    assert races
+    assert races[0].startswith(f"race: copy_ on stream rank0.default #4 ({short_path(harness.__file__)}:{weight_read})")
+    assert "all_gather (receive) on stream rank0.nccl" in races[0]
 
 
 def _line(module: Any, fragment: str) -> int:
