@@ -245,7 +245,10 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
         put(torch.cuda, "synchronize", synchronize)
         put(torch.cuda, "empty_cache", empty_cache)
         if dist.is_available():
-            for name in ("all_gather_into_tensor", "all_gather", "all_reduce", "reduce_scatter_tensor", "broadcast"):
+            for name in (
+                "all_gather_into_tensor", "all_gather", "all_reduce", "reduce_scatter_tensor", "broadcast", "reduce",
+                "all_to_all_single",
+            ):
                 put(dist, name, _collective(getattr(dist, name)))
             for name in ("barrier", "all_gather_object", "broadcast_object_list"):
                 put(dist, name, _host_collective(getattr(dist, name)))

@@ -187,6 +187,13 @@ class SimWork:
     def is_completed(self) -> bool:
         return self._dev.runtime.work_is_completed(self._gather)
 
+    def synchronize(self) -> None:
+        """NCCL's ``Work.synchronize``: the current stream waits for the collective, as ``wait()`` does."""
+        self._dev.runtime.work_wait(self._gather)
+
+    def get_future(self) -> Any:
+        raise NotImplementedError("Work.get_future() is not simulated (wait() or synchronize() on the work is)")
+
 
 class MemorySaverHandle:
     """``torch_memory_saver`` on the simulated device's caching allocator."""

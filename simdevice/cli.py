@@ -203,6 +203,9 @@ def _parser() -> argparse.ArgumentParser:
         "(plain torch.cuda or contract), parameters, and the operations each actor makes.",
     )
     ls.add_argument("path", nargs="?", metavar="PATH", help="FILE.py or MODULE (default: the known programs)")
+    ls.add_argument("--world-size", type=int, default=None, metavar="N",
+                    help="probe each function on N ranks, as check --world-size N runs it (its actors: rank0, "
+                    "rank0.default, ...)")
     return p
 
 
@@ -481,6 +484,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
         print("\r\x1b[K", end="", file=sys.stderr)  # clear the progress line
     out = result.failure
     from simdevice.explain import not_run
+    from simdevice.runtime.reports import StepLimit
 
     stopped = not_run(out) if out is not None else None
     if out is not None and stopped is not None:  # no verdict: the program uses what the simulator does not run
@@ -490,6 +494,14 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
         if args.json:
             _print_json(json.dumps({"target": target.name, "found": False, "examples": result.examples,
                               "schedule": result.schedule, "unsupported": why}, indent=2))
+        return _fail(why)
+    if out is not None and out.run.reports and all(isinstance(r, StepLimit) for r in out.run.reports):
+        # no verdict either: the run was stopped before it ended, with nothing found up to there
+        why = (f"{target.name}: no verdict under schedule \"{out.schedule}\": {out.run.reports[0]}; "
+               "nothing was found before it")
+        if args.json:
+            _print_json(json.dumps({"target": target.name, "found": False, "examples": result.examples,
+                                    "schedule": result.schedule, "step_limit": why}, indent=2))
         return _fail(why)
     fix = _suggest(target, out, args.quiet or args.json) if out is not None and args.fix is not False else None
     if args.json:
@@ -716,8 +728,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print(f"  pace-sensitive: {said} (a calibration of the same GPU can find its host that much faster or "
                   "slower: a GPU shows this schedule at a rate, trial by trial; --gpu --trials 10)")
         if edges:
+            again = " ".join(f'--edge "{e}"' for e in edges)
             print(f"  (with {len(edges)} inserted edge{'s' if len(edges) > 1 else ''}: "
-                  f"{', '.join(str(e) for e in edges)})")
+                  f"{', '.join(str(e) for e in edges)}; replay with them: simdevice replay \"{schedule}\" {again}"
+                  f"{first.replay_options()})")
         if fix is not None:
             _print_fix(fix, str(schedule), first.replay_options() if backend == "sim" else "")
         if args.trials > 1:
@@ -874,7 +888,13 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     if args.path:
-        return _list_functions(args.path)
+        try:
+            world = _world_size(args)
+        except ScheduleError as e:
+            return _fail(str(e))
+        return _list_functions(args.path, world)
+    if args.world_size is not None:
+        return _fail("--world-size is for a file or module of functions (list FILE.py --world-size N)")
     from simdevice.programs import programs
 
     for p in programs(None):
@@ -887,11 +907,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _list_functions(path: str) -> int:
+def _list_functions(path: str, world_size: int | None = None) -> int:
     from simdevice.search.targets import TargetError, functions_in
 
     try:
-        found = functions_in(path)
+        found = functions_in(path, world_size)
     except ScheduleError as e:
         return _fail(str(e))
     if not found:
@@ -911,7 +931,8 @@ def _list_functions(path: str) -> int:
         default = target.run(target.schedule())  # (the probe's run, kept)
         if any(r.kind in ("host-error", "step-limit", "deadlock") for r in default.run.reports):
             # an error or a limit ended it early: the counts are of what it did until then
-            print(f"  its default schedule ends early: {default.verdict()} (simdevice replay \"{target.name}\")")
+            print(f"  its default schedule ends early: {default.verdict()} (simdevice replay \"{target.name}\""
+                  f"{default.replay_options()})")
     return 0
 
 

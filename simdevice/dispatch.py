@@ -34,6 +34,7 @@ seed alone, never on the global random state or on timing.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -46,7 +47,7 @@ from reference.contract import OpKind, op_kind, poison
 from reference.origin import Origin
 from simdevice import elementwise
 from simdevice.runtime import Runtime
-from simdevice.runtime.execution import HostActor
+from simdevice.runtime.execution import HostActor, outside_actor
 from simdevice.runtime.memory import Ref, Storage, overlap, span
 from simdevice.runtime.reports import internal_file, user_source
 from simdevice.runtime.streams import SimStream
@@ -306,6 +307,8 @@ class SimTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(outside_actor())  # (a thread the program started: no actor's mode takes it)
         raise RuntimeError(
             f"{func} on a simulated device tensor outside SimDevice.run: "
             "use simdevice.peek(t) to read one after the run"

@@ -121,14 +121,19 @@ def _advice(race: Race, edge: Edge) -> str:
     """One edge in the program's words."""
     first, second = _ordered(race)
     done = f"`{first.op}` on `{first.actor}` ({first.source})"
+    then = f"before `{second.op}` on {'the host' if second.on == 'host' else f'`{second.actor}`'} ({second.source})"
     if is_collective(first.actor, first.op):
         how = (f"wait for the collective's work (`work.wait()` of an `async_op=True` call; after a blocking call, "
                f"a wait on the stream it was called on, which waits for it) after {done}")
     elif second.on == "host":
         how = f"synchronize on an event recorded on `{first.actor}` after {done}"
+    elif is_collective(second.actor, second.op):
+        # the program cannot wait on NCCL's own stream: it waits for the stream the collective is called on
+        how = (f"record an event on `{first.actor}` after {done} and make the stream the collective is called on "
+               "wait on it (NCCL's stream waits for the calling stream when the collective is issued)")
+        then = f"before the call that issues `{second.op}` on `{second.actor}` ({second.source})"
     else:
         how = f"record an event on `{first.actor}` after {done} and make `{second.actor}` wait on it"
-    then = f"before `{second.op}` on {'the host' if second.on == 'host' else f'`{second.actor}`'} ({second.source})"
     across = ""
     if process_of(first.actor) != process_of(second.actor):
         across = " (across processes: an interprocess event, or a handshake the other process waits for)"

@@ -4,7 +4,9 @@ A host actor that is no rank is a world of one; under ``spawn_ranks`` (``DropIn.
 rank's calls meet its peers'. Collectives are the runtime's: each rank's send, the rendezvous, its receive on
 its ``nccl`` stream; a blocking call makes the current stream wait for the receive (as NCCL does), an
 ``async_op=True`` one returns a work handle whose ``wait()`` does; ``barrier`` and the object collectives
-block the host. Only the whole world is a group (``new_group`` of every rank, or of none given).
+block the host. Only the whole world is a group (``new_group`` of every rank, or of none given). The calls it does
+not run (``NOT_SIMULATED``: point-to-point, ``all_to_all``, ``gather``, ...) raise NotImplementedError naming
+themselves, so a run that reaches one gives no verdict instead of the real process group's error.
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ class _World:
 
 
 WORLD = _World()
+
+#: the collectives and point-to-point calls that run on the simulated process group
+SIMULATED = (
+    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all_single", "barrier",
+    "broadcast", "broadcast_object_list", "reduce", "reduce_scatter_tensor",
+)
 
 
 def _reduce(op: Any, sent: list[torch.Tensor]) -> torch.Tensor:
@@ -125,8 +133,65 @@ def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool 
     _check_group(group)
     rt = session_device().runtime
     ref = ref_of(tensor)
-    gather = rt.collective("broadcast", [ref], ref, lambda rank, sent: [sent[src]], user_source())
+    # NCCL's in-place broadcast: the root only sends from its buffer, the others only receive into theirs
+    if get_rank() == src:
+        gather = rt.collective("broadcast", [], ref, lambda rank, sent: [], user_source())
+    else:
+        gather = rt.collective("broadcast", [ref], None, lambda rank, sent: [sent[src]], user_source())
     return _finish(gather, async_op)
+
+
+def reduce(tensor: torch.Tensor, dst: int, op: Any = dist.ReduceOp.SUM, group: Any = None,
+           async_op: bool = False) -> SimWork | None:
+    _check_group(group)
+    rt = session_device().runtime
+    ref = ref_of(tensor)
+    # every rank sends its tensor; only ``dst``'s is written (NCCL's in-place reduce)
+    outs = [ref] if get_rank() == dst else []
+    gather = rt.collective("reduce", outs, ref, lambda rank, sent: [_reduce(op, sent)] if rank == dst else [],
+                           user_source())
+    return _finish(gather, async_op)
+
+
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes: Any = None,
+                      input_split_sizes: Any = None, group: Any = None, async_op: bool = False) -> SimWork | None:
+    _check_group(group)
+    if output_split_sizes is not None or input_split_sizes is not None:
+        raise NotImplementedError("all_to_all_single with split sizes is not simulated (equal splits are)")
+    w = get_world_size()
+    if input.numel() % w or output.numel() != input.numel():
+        raise ValueError(
+            f"all_to_all_single: input of {input.numel()} and output of {output.numel()} elements "
+            f"do not split equally over {w} ranks"
+        )
+    rt = session_device().runtime
+    n = input.numel() // w
+
+    def mine(rank: int, sent: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [torch.cat([t.reshape(-1)[rank * n:(rank + 1) * n] for t in sent])]
+
+    gather = rt.collective("all_to_all", [ref_of(output)], ref_of(input), mine, user_source())
+    return _finish(gather, async_op)
+
+
+def _not_simulated(name: str) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            f"torch.distributed.{name} is not simulated (simulated: {', '.join(sorted(SIMULATED))})"
+        )
+
+    call.__name__ = name
+    return call
+
+
+#: what ``torch.distributed`` offers that the simulated process group does not run: each raises NotImplementedError
+#: naming itself (the run then gives no verdict), rather than reaching the real, uninitialized process group
+NOT_SIMULATED = (
+    "send", "recv", "isend", "irecv", "batch_isend_irecv", "all_to_all", "gather", "scatter", "reduce_scatter",
+    "gather_object", "scatter_object_list", "send_object_list", "recv_object_list", "all_gather_coalesced",
+    "all_reduce_coalesced", "all_gather_single", "reduce_scatter_single", "monitored_barrier", "new_subgroups",
+    "new_subgroups_by_enumeration", "split_group", "shrink_group", "record_comm", "_coalescing_manager",
+)
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -> SimWork | None:
@@ -170,12 +235,19 @@ def install(p: Patches) -> None:
         "reduce_scatter_tensor": reduce_scatter_tensor,
         "_reduce_scatter_base": reduce_scatter_tensor,
         "broadcast": broadcast,
+        "reduce": reduce,
+        "all_to_all_single": all_to_all_single,
         "barrier": barrier,
         "all_gather_object": all_gather_object,
         "broadcast_object_list": broadcast_object_list,
+        "get_global_rank": lambda group, group_rank: group_rank,
+        "get_group_rank": lambda group, global_rank: global_rank,
     }
     for name, value in table.items():
         p.set(dist, name, value)
+    for name in NOT_SIMULATED:
+        if hasattr(dist, name):
+            p.set(dist, name, _not_simulated(name))
 
 
 def patched_owners() -> list[Any]:

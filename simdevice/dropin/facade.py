@@ -362,6 +362,20 @@ def install(p: Patches) -> None:
     p.set(torch.Tensor, "cuda", _tensor_cuda(to))
     for name in _NEW:
         p.set(torch.Tensor, name, _wrapped(torch.Tensor, name, _tensor_new))
+    for name in ("spawn", "start_processes"):
+        if hasattr(torch.multiprocessing, name):
+            p.set(torch.multiprocessing, name, _no_processes(name))
+
+
+def _no_processes(name: str) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            f"torch.multiprocessing.{name} is not simulated (a child process would not run on the simulated "
+            "device): run the function on ranks instead, with world_size=N or --world-size N"
+        )
+
+    call.__name__ = name
+    return call
 
 
 #: (owner, name) -> (the original a wrapper was made for, the wrapper): made once, remade if the original changed
@@ -380,4 +394,4 @@ def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
 
 #: what a session patches, for the test that checks they come back as they were
 def patched_owners() -> list[Any]:
-    return [torch, torch.cuda, torch.cuda.nvtx, torch.Tensor]
+    return [torch, torch.cuda, torch.cuda.nvtx, torch.Tensor, torch.multiprocessing]

@@ -102,6 +102,8 @@ class Collectives:
         #: rank actors -> their world; an actor that is not a rank is a world of one of its own
         self._worlds: dict[str, World] = {}
         self._solo: dict[str, World] = {}
+        #: the streams collectives were called under (each NCCL's stream waited for)
+        self.called_under: set[str] = set()
 
     def world_of(self, actor: str) -> tuple[World, int]:
         w = self._worlds.get(actor)
@@ -156,6 +158,7 @@ class Collectives:
         world, rank = self.world_of(a.name)
         comm = self.comm_stream(a)
         cur = a.current_stream
+        self.called_under.add(cur.name)
         # wait: NCCL's stream must not read the input before the caller's stream produced it
         ex.enqueue(comm, sync.stream_waits(comm, sync.record(cur), f"stream {cur.name}"))
         coll = world.instance_for(rank)

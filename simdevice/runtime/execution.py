@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from simdevice.runtime import sync, tls
 from simdevice.runtime.clock import VectorClock
@@ -141,6 +142,29 @@ class HostActor:
     def __repr__(self) -> str:
         return f"<actor {self.name}>"
 
+
+
+#: ``Thread.start`` as threading defines it: the run's own actor threads start with it, unchecked
+_THREAD_START = threading.Thread.start
+
+
+class _ProgramThread(TorchDispatchMode):
+    """The mode a thread the program starts during a run runs under: the simulator does not order that thread's host
+    accesses against the streams, so an op of it on memory the run owns (pinned) is refused with the reason, where
+    it would otherwise go unchecked. (An op on a device tensor is refused by the tensor itself.)"""
+
+    def __init__(self, owned: Callable[[torch.Tensor], Any], live: list[bool]) -> None:
+        super().__init__()
+        self.owned, self.live = owned, live
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self.live[0]:
+            for x in (*args, *kwargs.values()):
+                for t in x if isinstance(x, (list, tuple)) else (x,):
+                    if isinstance(t, torch.Tensor) and self.owned(t) is not None:
+                        raise RuntimeError(outside_actor())
+        return func(*args, **kwargs)
 
 
 def outside_actor() -> str:
@@ -272,7 +296,7 @@ class Execution:
         with self._lock:
             self._live += 1
         self._push(a.time, _HOST, a.order, a)
-        a.thread.start()
+        _THREAD_START(a.thread)  # the run's own thread: not one the program started
 
     def _start_greenlet(self, a: HostActor, body: Callable[[], Any], enter: Callable[[], Any]) -> None:
         if self._hub is None:
@@ -592,6 +616,29 @@ class Execution:
         finally:
             sys.unraisablehook = previous
             threading.excepthook = previous_thread_hook
+
+    @contextlib.contextmanager
+    def program_threads_checked(self, owned: Callable[[torch.Tensor], Any]) -> Iterator[None]:
+        """While the run goes on, a thread the program starts runs under :class:`_ProgramThread`: its ops on memory
+        ``owned`` names (the run's pinned memory) are an error naming the thread, not unchecked host accesses."""
+        live = [True]
+
+        def start(thread: threading.Thread) -> None:
+            body = thread.run
+
+            def checked() -> None:
+                with _ProgramThread(owned, live):
+                    body()
+
+            thread.run = checked  # type: ignore[method-assign]
+            _THREAD_START(thread)
+
+        threading.Thread.start = start  # type: ignore[method-assign,assignment]
+        try:
+            yield
+        finally:
+            live[0] = False
+            threading.Thread.start = _THREAD_START  # type: ignore[method-assign]
 
     def begin(self) -> None:
         """Called by the thread that starts a run: give the first actor its turn (a greenlet run: run it all)."""

@@ -227,7 +227,7 @@ class Runtime:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            with ex.unraisable_reported(), collector_paused():
+            with ex.unraisable_reported(), ex.program_threads_checked(self.memory.lookup), collector_paused():
                 try:
                     ex.begin()
                     ex.finished.wait()
@@ -262,7 +262,7 @@ class Runtime:
         ex.adopt(main)
         error: BaseException | None = None
         try:
-            with ex.unraisable_reported(), collector_paused():
+            with ex.unraisable_reported(), ex.program_threads_checked(self.memory.lookup), collector_paused():
                 try:
                     with self._enter():
                         yield main
@@ -346,7 +346,8 @@ class Runtime:
         for s in made:
             where = f" (made at {self._sites[s.name]})" if s.name in self._sites else ""
             if s.ops == 0:
-                out.append(f"stream {s.name}{where} got no operation: nothing ran on it to race")
+                if s.name not in self.collectives.called_under:  # (one that ordered a collective was used)
+                    out.append(f"stream {s.name}{where} got no operation: nothing ran on it to race")
                 continue
             mine = touched.get(s.name, set())
             others = set().union(*(v for k, v in touched.items() if k != s.name))

@@ -58,8 +58,16 @@ class Exploration:
 
     @property
     def schedule(self) -> str | None:
-        """The line that replays the failure (``simdevice replay "..."``)."""
+        """The failing schedule's line; :attr:`replay` is the command that replays it with the options the run was
+        made under (``--world-size`` among them)."""
         return str(self.failure.schedule) if self.failure is not None else None
+
+    @property
+    def replay(self) -> str | None:
+        """The command that replays the failure: ``simdevice replay "SCHEDULE"`` and the options it needs."""
+        if self.failure is None:
+            return None
+        return f'simdevice replay "{self.failure.schedule}"{self.failure.replay_options()}'
 
     @property
     def trace(self) -> str:

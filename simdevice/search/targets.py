@@ -340,9 +340,10 @@ def resolve(text: str, world_size: int | None = None) -> FunctionTarget:
     return from_function(obj, f"{_where_text(where)}::{name}", world_size)
 
 
-def functions_in(where: str) -> list[FunctionTarget]:
+def functions_in(where: str, world_size: int | None = None) -> list[FunctionTarget]:
     """The functions of a file or module that a schedule can target: public, defined there, every parameter but a
-    leading ``dev`` with a default (a function decorated by ``simdevice.fuzz`` included)."""
+    leading ``dev`` with a default (a function decorated by ``simdevice.fuzz`` included); each run on
+    ``world_size`` ranks where given."""
     module = _module_of(where)
     out = []
     for name, obj in vars(module).items():
@@ -350,7 +351,7 @@ def functions_in(where: str) -> list[FunctionTarget]:
         if name.startswith("_") or not inspect.isfunction(fn) or fn.__module__ != module.__name__:
             continue
         try:
-            out.append(from_function(obj, f"{_where_text(where)}::{name}"))
+            out.append(from_function(obj, f"{_where_text(where)}::{name}", world_size))
         except TargetError:
             continue
     return out

@@ -89,6 +89,77 @@ def test_a_tensor_a_collective_reads_is_kept_until_it_is_done_though_the_program
     s.assert_clean()
 
 
+def _broadcast(root_waits: bool, others_wait: bool) -> None:
+    """Rank 0 broadcasts; it reads its buffer while the broadcast is in flight unless ``root_waits``."""
+    n = 64
+    r = dist.get_rank()
+    p = torch.arange(n, dtype=torch.float32, device="cuda") if r == 0 else torch.empty(n, device="cuda")
+    work = dist.broadcast(p, src=0, async_op=True)
+    if (r == 0 and root_waits) or (r != 0 and others_wait):
+        work.wait()
+    y = p * 2.0
+    assert torch.equal(y.cpu(), 2.0 * torch.arange(n, dtype=torch.float32)), f"rank {r} read the buffer early"
+    work.wait()
+
+
+def test_broadcast_only_sends_from_the_root_and_only_writes_the_others() -> None:
+    """NCCL's in-place broadcast reads the root's buffer and writes the other ranks': the root may read its own
+    buffer while it is in flight (read after read), a receiving rank may not."""
+    for world in (1, 2, 3):
+        s = simdevice.cuda()
+        s.run(_broadcast, False, True, world_size=world)
+        s.assert_clean()
+    s = simdevice.cuda()
+    s.run(_broadcast, True, False, world_size=2)
+    races = [str(r) for r in s.reports if isinstance(r, Race)]
+    assert races
+    assert all("rank1.default" in r and "broadcast (receive) on stream rank1.nccl" in r for r in races)
+
+
+def _reduce_and_all_to_all(wait: bool) -> None:
+    r, w = dist.get_rank(), dist.get_world_size()
+    t = torch.full((4,), float(r + 1), device="cuda")
+    work = dist.reduce(t, dst=0, async_op=True)
+    if wait:
+        work.wait()
+    if r == 0:
+        assert t.cpu().tolist() == [float(w * (w + 1) // 2)] * 4, "rank 0 read the reduction early"
+    work.wait()
+    inp = torch.arange(2 * w, dtype=torch.float32, device="cuda") + 100 * r
+    out = torch.empty_like(inp)
+    dist.all_to_all_single(out, inp)
+    assert out.cpu().tolist() == [float(2 * r + k + 100 * q) for q in range(w) for k in range(2)]
+    work = dist.all_reduce(inp, async_op=True)
+    work.synchronize()  # as NCCL's: the current stream waits
+    assert inp.cpu().tolist() == [float(w * k + 100 * w * (w - 1) // 2) for k in range(2 * w)]
+
+
+def test_reduce_all_to_all_and_work_synchronize() -> None:
+    for world in (1, 2, 3):
+        s = simdevice.cuda()
+        s.run(_reduce_and_all_to_all, True, world_size=world)
+        s.assert_clean()
+    s = simdevice.cuda()
+    s.run(_reduce_and_all_to_all, False, world_size=2)
+    assert any(isinstance(r, Race) and "rank0.default" in str(r) for r in s.reports), s.text()
+
+
+def test_torch_distributed_calls_not_simulated_raise_naming_themselves() -> None:
+    def program() -> None:
+        buf = torch.zeros(4, device="cuda")
+        if dist.get_rank() == 0:
+            dist.send(buf, dst=1)
+        else:
+            dist.recv(buf, src=0)
+
+    s = simdevice.cuda()
+    s.run(program, world_size=2)
+    errors = [str(r) for r in s.reports]
+    assert errors
+    assert all("NotImplementedError: torch.distributed." in e for e in errors), errors
+    assert "is not simulated (simulated: all_gather, " in errors[0]
+
+
 def test_rank_world_and_object_collectives() -> None:
     got: dict[int, list[object]] = {}
 
@@ -126,3 +197,35 @@ def test_a_random_op_that_runs_late_leaves_the_numbers_of_later_ones_as_they_wer
         s.assert_clean()
     assert got[0] == got[1]
     assert len(set(got[0])) == 16
+
+
+def _spawns() -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(print, nprocs=2)
+
+
+def test_spawning_processes_is_refused_pointing_at_ranks() -> None:
+    s = simdevice.cuda()
+    s.run(_spawns)
+    (err,) = [str(r) for r in s.reports]
+    assert "NotImplementedError: torch.multiprocessing.spawn is not simulated" in err
+    assert "--world-size N" in err
+
+
+def _reduce_under_a_side_stream() -> None:
+    g = torch.ones(8, device="cuda")
+    comm = torch.cuda.Stream()
+    comm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(comm):
+        dist.all_reduce(g)  # NCCL's stream waits for comm: comm ordered it, though nothing ran on comm itself
+    torch.cuda.current_stream().wait_stream(comm)
+    assert g.cpu().tolist() == [float(dist.get_world_size())] * 8
+
+
+def test_a_stream_a_collective_was_called_under_is_no_unused_stream() -> None:
+    s = simdevice.cuda()
+    s.run(_reduce_under_a_side_stream, world_size=2)
+    s.assert_clean()
+    assert s.result is not None
+    assert not [n for n in s.result.notes if "got no operation" in n], s.result.notes

@@ -3,6 +3,7 @@ torch's own record_stream, and ordered only by the synchronization the program w
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import simdevice
@@ -206,3 +207,50 @@ def test_a_thread_the_program_starts_gets_a_clear_error_reported_as_the_runs() -
     assert isinstance(err, HostError)
     assert err.actor == "thread loader"
     assert "used from a thread the program started (loader)" in err.error
+
+
+def _in_a_thread(work: str) -> None:
+    """The host copies a device tensor to pinned memory and waits; then a thread the program starts does ``work``."""
+    import threading
+
+    dev = torch.ones(8, device="cuda")
+    pinned = torch.empty(8, pin_memory=True)
+    pinned.copy_(dev, non_blocking=True)
+    torch.cuda.synchronize()
+    plain = torch.ones(8)
+    box = {}
+
+    def worker() -> None:
+        if work == "pinned":
+            box["out"] = pinned.clone()  # an op on the run's pinned memory
+        elif work == "device":
+            pinned.copy_(dev)  # an op on a device tensor, into pinned memory
+        elif work == "device-only":
+            box["out"] = dev * 2  # an op on a device tensor alone
+        else:
+            box["out"] = plain * 2  # host memory the run does not own
+
+    th = threading.Thread(target=worker, name="writer")
+    th.start()
+    th.join()
+    assert "out" in box
+
+
+@pytest.mark.parametrize("work", ["pinned", "device", "device-only"])
+def test_a_thread_touching_the_runs_memory_is_refused_naming_the_thread(work: str) -> None:
+    """A thread's host accesses are not ordered against the streams: an op of it on the run's pinned memory would go
+    unchecked (a race missed), so it is refused as a device tensor's is, with the same reason."""
+    from simdevice import HostError
+
+    s = simdevice.cuda()
+    s.run(_in_a_thread, work)
+    assert s.result is not None
+    errors = [r for r in s.result.reports if isinstance(r, HostError) and r.actor == "thread writer"]
+    assert len(errors) == 1, s.text()
+    assert "simdevice: the simulated device was used from a thread the program started (writer)" in errors[0].error
+
+
+def test_a_thread_doing_its_own_host_work_runs_unhindered() -> None:
+    s = simdevice.cuda()
+    s.run(_in_a_thread, "plain")
+    s.assert_clean()

@@ -187,6 +187,34 @@ def test_a_failure_at_what_the_simulator_does_not_run_says_so() -> None:
     assert 'see "Not intercepted" in docs/dropin.md' in fix.why_none
 
 
+def _reduce_on_a_side_stream() -> None:
+    import torch.distributed as dist
+
+    g = torch.ones(64, device="cuda")
+    g.mul_(2.0)  # the gradient, on the default stream
+    comm = torch.cuda.Stream()
+    with torch.cuda.stream(comm):  # no comm.wait_stream(default): the all-reduce may read g before mul_
+        dist.all_reduce(g)
+    torch.cuda.current_stream().wait_stream(comm)
+    assert g.cpu().tolist() == [2.0] * 64
+
+
+def test_a_wait_before_a_collective_is_advised_on_the_stream_it_is_called_on() -> None:
+    """The program cannot make NCCL's own stream wait: the advice names the stream the collective is called on,
+    which NCCL's stream waits for when the collective is issued; the edge itself is checked."""
+    from simdevice.search.targets import from_function
+
+    target = from_function(_reduce_on_a_side_stream, "tests/property/tool/test_explain.py::_reduce_on_a_side_stream")
+    out = target.run(Schedule.parse(f"{target.name}::default#0+1"))
+    assert out.races
+    fix = suggest(target, out)
+    assert fix.checked
+    (advice,) = fix.advice
+    assert "make the stream the collective is called on wait on it" in advice
+    assert "before the call that issues `all_reduce (send)` on `nccl`" in advice
+    assert "make `nccl` wait" not in advice
+
+
 def test_edges_parse_and_print_as_the_command_line_takes_them() -> None:
     for text in ("d2h@my_offload.py:11->default@my_offload.py:19", "nccl@my_gather.py:30=>side@my_gather.py:22",
                  "d2h@zcc.py:205[-1]=>default@zcc.py:151"):
@@ -287,6 +315,8 @@ def test_replay_suggests_the_fix_checks_it_and_replays_with_it(tmp_path: Path, r
     fixed = run_cli(["replay", line, "--edge", edge], ROOT)
     assert fixed.returncode == 0
     assert "on sim: clean" in fixed.stdout
+    # the run was made with the edge: the line that replays it says so
+    assert f'replay with them: simdevice replay "{line}" --edge "{edge}")' in fixed.stdout
     assert json.loads((tmp_path / "t.json").read_text())["metadata"]["schedule"] == line
     assert (tmp_path / "t.png").stat().st_size > 1000
 

@@ -183,11 +183,35 @@ def test_a_function_on_ranks_is_checked_and_replayed_with_world_size(
     assert main([*shlex.split(fixed.split("replay with it: ", 1)[1])[1:], "--no-fix"]) == 0
     capsys.readouterr()
     for args, message in ((["check", "offload_reload/racy", "--world-size", "2"], "is a built-in program"),
-                          (["check", "ranks.py::gather_racy", "--world-size", "0"], "must be in 1..32")):
+                          (["check", "ranks.py::gather_racy", "--world-size", "0"], "must be in 1..32"),
+                          (["list", "--world-size", "2"], "--world-size is for a file or module"),
+                          (["list", "ranks.py", "--world-size", "33"], "must be in 1..32")):
         assert main(args) == 2
         err = capsys.readouterr().err
         assert message in err
         assert err.count("\n") == 1
+
+
+def test_list_and_explore_name_what_a_run_on_ranks_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``list --world-size N`` probes on N ranks, so it names the actors a schedule of such a run can delay; what
+    ``explore(fn, world_size=N)`` found replays with ``.replay``, which carries ``--world-size``."""
+    import simdevice
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "ranks.py").write_text(RANKS)
+    assert main(["list", "ranks.py", "--world-size", "2"]) == 0
+    assert "rank1.nccl 1" in capsys.readouterr().out
+    assert main(["list", "ranks.py"]) == 0
+    assert "rank1" not in capsys.readouterr().out
+    import ranks
+
+    found = simdevice.explore(ranks.gather_racy, world_size=2)
+    assert found.replay is not None
+    assert found.replay.endswith(" --world-size 2")
+    assert main([*shlex.split(found.replay)[1:], "--no-fix"]) == 1
 
 
 def test_a_program_using_what_the_simulator_does_not_run_gets_no_verdict(
@@ -209,11 +233,34 @@ def test_a_program_using_what_the_simulator_does_not_run_gets_no_verdict(
     assert "CUDA graphs" in doc["unsupported"]
 
 
+def test_a_run_stopped_at_its_step_limit_is_no_verdict_of_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that hits the step limit with nothing found before it has no verdict (README): ``check`` says so in one
+    line naming the schedule, exit 2, and in --json no "found"; with the limit raised it judges the program."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "long.py").write_text(
+        "import torch\n\n\ndef steps(n: int = 40):\n    x = torch.zeros(4, device='cuda')\n"
+        "    for _ in range(n):\n        x.add_(1)\n    assert x.cpu().tolist() == [float(n)] * 4\n"
+    )
+    assert main(["check", "long.py::steps", "-q", "--max-steps", "20"]) == 2
+    got = capsys.readouterr()
+    assert got.out == ""
+    assert got.err.startswith('simdevice: error: long.py::steps: no verdict under schedule "long.py::steps')
+    assert "step limit at" in got.err
+    assert got.err.count("\n") == 1
+    assert main(["check", "long.py::steps", "-q", "--max-steps", "20", "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["found"] is False
+    assert "step limit" in doc["step_limit"]
+    assert main(["check", "long.py::steps", "-q", "--max-steps", "2000"]) == 0
+
+
 def test_the_replay_line_carries_the_limits_the_run_was_made_under(capsys: pytest.CaptureFixture[str]) -> None:
     """A run made under ``--max-steps`` or ``--device-memory`` is replayed under them: its line says them (without
     them the replay was another run, with another verdict)."""
     target = "examples/offload_plain.py::reload_racy"
-    assert main(["check", target, "--max-steps", "5", "--no-fix", "-q"]) == 1
+    assert main(["replay", target, "--max-steps", "5", "--no-fix"]) == 1
     out = capsys.readouterr().out
     assert "1 step-limit" in out
     line = next(x for x in out.splitlines() if "replay: " in x)
