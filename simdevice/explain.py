@@ -274,9 +274,15 @@ def suggest(
     said: dict[Edge, str] = {}
     unordered: list[Race] = []
 
-    def backward(found: list[Race], into: list[Edge], words: dict[Edge, str], note: bool = True) -> bool:
+    #: each backward edge's later access, by issue order (what an edge into the same stream later is implied by)
+    waits_at: dict[Edge, int] = {}
+
+    def backward(found: list[Race], into: list[Edge], words: dict[Edge, str], note: bool = True,
+                 prune: bool = False) -> bool:
         """Backward edges for ``found``'s races not ordered yet (none that reverses a forward edge of ``into``);
-        whether any was new."""
+        whether any was new. ``prune``: leave out an edge from a site another edge already waits for on the same
+        stream, earlier in issue order (stream order then covers it; where it does not, the run with the edges
+        inserted still races there, and the next round adds it)."""
         new = False
         fwd = [e for e in into if e.forward]
         for r in found:
@@ -285,7 +291,12 @@ def suggest(
                 if note:
                     unordered.append(r)
             elif e not in into and not _reverses(e, fwd):
+                later = _ordered(r)[1].seq
+                if prune and any(x.after == e.after and x.before.actor == e.before.actor and waits_at[x] < later
+                                 for x in into if x in waits_at):
+                    continue
                 into.append(e)
+                waits_at[e] = later
                 words[e] = _advice(r, e)
                 new = True
         return new
@@ -350,7 +361,7 @@ def suggest(
         return f'"{last.schedule}" {how}'
 
     schedule = out.schedule
-    backward(races, edges, said)
+    backward(races, edges, said, prune=True)
     searched = 0
     remains: Outcome | None = None
     with kept_patched(target):
