@@ -14,6 +14,7 @@ import torch
 
 from reference.schedule import Schedule
 from simdevice import SimDevice
+from simdevice.runtime.config import SimConfig
 from simdevice.runtime.reports import Deadlock
 
 
@@ -59,8 +60,19 @@ def _uneven_rank(dev: Any) -> None:
     dev.synchronize()
 
 
-def test_ranks_that_disagree_on_the_collectives_deadlock_instead_of_hanging() -> None:
-    run = SimDevice().run(lambda dev: dev.spawn_ranks(_uneven_rank, 2))
+@pytest.mark.parametrize("actors", ["greenlet", "thread"])
+def test_ranks_that_disagree_on_the_collectives_deadlock_instead_of_hanging(actors: str) -> None:
+    # on threads, the abort must wake every other actor's thread (each parked on its semaphore) for the run to end:
+    # run it on a daemon thread of its own, so that a run that hangs fails the test instead of hanging it
+    import threading
+
+    box: list[Any] = []
+    runner = threading.Thread(target=lambda: box.append(SimDevice(config=SimConfig(actors=actors)).run(
+        lambda dev: dev.spawn_ranks(_uneven_rank, 2))), daemon=True)
+    runner.start()
+    runner.join(timeout=60)
+    assert box, "the run did not end"
+    [run] = box
     [report] = run.reports
     assert isinstance(report, Deadlock)
     assert "every rank's send of collective 1 (2 ranks)" in str(report)
