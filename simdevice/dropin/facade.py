@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -150,6 +151,20 @@ def synchronize(device: Any = None) -> None:
 def empty_cache() -> None:
     if in_actor():  # a pool's __del__ may call it from the garbage collector, outside the program
         session_device().empty_cache()
+
+
+_REAL_SLEEP = time.sleep
+
+
+def _host_sleep(seconds: float) -> None:
+    """``time.sleep`` during a session: in the run's actors, virtual host time (a polling loop that sleeps between
+    queries waits as long as on a GPU, in as few polls, and without sleeping for real); elsewhere, a real sleep."""
+    if in_actor():
+        if not seconds >= 0:  # also NaN
+            raise ValueError("sleep length must be non-negative")
+        session_device().runtime.host_sleeps(int(seconds * 1e9))
+    else:
+        _REAL_SLEEP(seconds)
 
 
 def _sleep(cycles: int) -> None:
@@ -362,6 +377,7 @@ def install(p: Patches) -> None:
     p.set(torch.Tensor, "cuda", _tensor_cuda(to))
     for name in _NEW:
         p.set(torch.Tensor, name, _wrapped(torch.Tensor, name, _tensor_new))
+    p.set(time, "sleep", _host_sleep)
     for name in ("spawn", "start_processes"):
         if hasattr(torch.multiprocessing, name):
             p.set(torch.multiprocessing, name, _no_processes(name))
@@ -394,4 +410,4 @@ def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
 
 #: what a session patches, for the test that checks they come back as they were
 def patched_owners() -> list[Any]:
-    return [torch, torch.cuda, torch.cuda.nvtx, torch.Tensor, torch.multiprocessing]
+    return [torch, torch.cuda, torch.cuda.nvtx, torch.Tensor, torch.multiprocessing, time]

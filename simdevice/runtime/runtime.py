@@ -824,6 +824,14 @@ class Runtime:
         self.host_step("Queue.empty", poll=True)
         return not box.items
 
+    def host_sleeps(self, ns: int) -> None:
+        """The current actor's host sleeps ``ns`` (``time.sleep`` in a drop-in program): virtual time it spends,
+        no step of its own (nothing a GPU run counts), so its next step comes that much later. A measured step's
+        cost holds its sleeps already."""
+        a = self.current()
+        if not a.traced:
+            a.time += ns
+
     def sleep(self, units: float) -> None:
         if not units >= 0:  # also NaN
             raise ValueError(f"sleep({units}): a sleep must be >= 0 units")

@@ -254,3 +254,28 @@ def test_a_thread_doing_its_own_host_work_runs_unhindered() -> None:
     s = simdevice.cuda()
     s.run(_in_a_thread, "plain")
     s.assert_clean()
+
+
+def _poll_with_sleeps() -> int:
+    import time
+
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # about 146 ms of GPU time
+        done = torch.cuda.Event()
+        done.record()
+    polls = 1
+    while not done.query():
+        time.sleep(0.001)
+        polls += 1
+    return polls
+
+
+def test_time_sleep_in_a_run_is_virtual_host_time() -> None:
+    """A polling loop that sleeps between queries waits as long as on a GPU in as many polls as there (about one a
+    millisecond), not one poll per host step, and does not sleep for real."""
+    s = simdevice.cuda()
+    s.run(_poll_with_sleeps)
+    s.assert_clean()
+    assert s.result is not None
+    assert 140 <= s.result.result <= 160
