@@ -25,7 +25,7 @@ from hypothesis.errors import NoSuchExample
 
 from reference.schedule import Schedule
 from simdevice.search import engine
-from simdevice.search.execute import Outcome
+from simdevice.search.execute import Outcome, replay_line
 from simdevice.search.strategies import schedules_of
 from simdevice.search.targets import Target, from_function, kept_patched, resolve
 
@@ -64,10 +64,12 @@ class Exploration:
 
     @property
     def replay(self) -> str | None:
-        """The command that replays the failure: ``simdevice replay "SCHEDULE"`` and the options it needs."""
+        """How to replay the failure: ``simdevice replay "SCHEDULE"`` and the options it needs (for a function
+        defined inside another, which no command can import: the ``simdevice.explore`` call that replays it)."""
         if self.failure is None:
             return None
-        return f'simdevice replay "{self.failure.schedule}"{self.failure.replay_options()}'
+        line = replay_line(self.failure.schedule, self.failure.replay_options())
+        return line.removeprefix("  replay: ").removesuffix(" [--gpu]")
 
     @property
     def trace(self) -> str:

@@ -265,6 +265,27 @@ def test_a_local_functions_failure_says_how_it_replays_and_that_replays_it() -> 
     assert again.failure.verdict() == found.failure.verdict()
     assert again.failure.races == found.failure.races  # (the host error's text holds the objects' addresses)
     assert simdevice.FuzzFailure(found.failure).block().splitlines()[-1] == replay
+    assert found.replay is not None
+    assert replay.startswith(f"  replay: {found.replay}")
+
+
+def test_a_fuzzed_failure_names_its_shortest_line() -> None:
+    """A drawn value equal to its parameter's default is left out of the failing line, as check leaves it out."""
+    import torch
+    from hypothesis import strategies as st
+
+    def ring(steps: int = 2, width: int = 3) -> None:
+        side = torch.cuda.Stream()
+        x = torch.ones(width, device="cuda")
+        for _ in range(steps):
+            with torch.cuda.stream(side):
+                y = x * 2
+        assert y.sum().item() == 2 * width
+
+    test = simdevice.fuzz(steps=st.integers(1, 2), width=st.just(3), max_examples=10)(ring)
+    with pytest.raises(simdevice.FuzzFailure) as failed:
+        test()
+    assert "width=3" not in failed.value.schedule
 
 
 def test_a_local_function_on_ranks_replays_on_as_many() -> None:
