@@ -54,6 +54,30 @@ def test_an_exception_inside_the_block_is_reported_and_torch_still_restored() ->
     _same(before, namespaces(_owners()))
 
 
+def _stalled_copy_then_error() -> None:
+    side = torch.cuda.Stream()
+    x = torch.ones(4, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x.mul_(2)  # stalled: still queued when the host raises
+    raise ValueError("the program's own error")
+
+
+def test_an_error_in_the_block_ends_the_run_there_as_in_a_function() -> None:
+    """What the block raises ends the run as a function's error does: work still queued does not run on."""
+    with warnings.catch_warnings(), simdevice.cuda("side#0+5") as block:
+        warnings.simplefilter("ignore")
+        _stalled_copy_then_error()
+    function = simdevice.cuda("side#0+5")
+    function.run(_stalled_copy_then_error)
+    assert block.result is not None
+    assert function.result is not None
+    assert [r.kind for r in block.reports] == [r.kind for r in function.reports] == ["host-error"]
+    ran = [what for _, actor, what in function.result.trace if actor == "side"]
+    assert [what for _, actor, what in block.result.trace if actor == "side"] == ran
+    assert not any(what.startswith("done") for what in ran)
+
+
 def test_run_restores_torch_after_the_function_raised() -> None:
     before = namespaces(_owners())
 
