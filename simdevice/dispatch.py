@@ -559,6 +559,21 @@ def _template(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch
     return classify(func).call(*_unwrapped(args), **kw)  # type: ignore[no-any-return]
 
 
+def _not_read(
+    facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[torch.Tensor], written: list[torch.Tensor]
+) -> set[int] | None:
+    """The ids of the tensor arguments an op does not read (None: it reads every one). An in-place op reads its
+    destination unless it only overwrites it (``copy_``, ``fill_``, ``zero_``); an ``out=`` one does not read its
+    outputs."""
+    if facts.not_read == "all":
+        return {id(x) for x in flat}
+    if facts.not_read == "self":
+        return {id(args[0])}
+    if facts.out_variant or "out" in kwargs:
+        return {id(x) for x in written}
+    return None
+
+
 def _written(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     for i, name, kwarg_only in facts.written:
@@ -695,7 +710,9 @@ class Dispatcher:
         # A host step touching pinned memory: check it as a host access, then run it now.
         a = rt.host_step(func.__name__, engine=self._from_engine())
         written = _written(facts, args, kwargs)
-        reads = [t for t in pinned if not any(t is w for w in written)]
+        # an in-place op reads what it updates (``add_``), unless it only overwrites it (``copy_``, ``fill_``)
+        skip = _not_read(facts, args, kwargs, flat, written)
+        reads = pinned if skip is None else [t for t in pinned if id(t) not in skip]
         rt.host_access(a, func.__name__, self._refs(reads), self._refs(written), user_source())
         rt.memory.in_flight.before_write(written)
         return func(*args, **kwargs)
@@ -759,14 +776,7 @@ class Dispatcher:
         written: list[torch.Tensor],
     ) -> tuple[list[torch.Tensor], dict[int, torch.Tensor]]:
         """Every tensor argument that is read, and the pageable ones staged now (read at issue, as CUDA does)."""
-        if facts.not_read == "all":
-            not_read = {id(x) for x in flat}
-        elif facts.not_read == "self":
-            not_read = {id(args[0])}
-        elif facts.out_variant or "out" in kwargs:
-            not_read = {id(x) for x in written}
-        else:
-            not_read = None  # every tensor argument is read
+        not_read = _not_read(facts, args, kwargs, flat, written)
         # (``flat``: the op's tensors, read as they are where every one is read)
         inputs = flat if not_read is None else [x for x in flat if id(x) not in not_read]
         staged: dict[int, torch.Tensor] = {}

@@ -279,3 +279,29 @@ def test_time_sleep_in_a_run_is_virtual_host_time() -> None:
     s.assert_clean()
     assert s.result is not None
     assert 140 <= s.result.result <= 160
+
+
+def _host_updates_pinned(sync: bool) -> list[float]:
+    dev = torch.full((8,), 5.0, device="cuda")
+    pinned = torch.zeros(8, pin_memory=True)
+    pinned.copy_(dev, non_blocking=True)
+    if sync:
+        torch.cuda.synchronize()
+    pinned.add_(1.0)  # reads what the D2H writes, then writes it
+    torch.cuda.synchronize()
+    return pinned.tolist()
+
+
+def test_a_host_in_place_op_on_pinned_memory_reads_it_too() -> None:
+    """``pinned.add_(1)`` on the host reads the buffer as well as writing it: while the D2H that fills it is in
+    flight, it reads the old values (a stale read; on a GPU the D2H then overwrites the sum: a lost update)."""
+    s = simdevice.cuda("default#1+1")  # the D2H stalled: the host's add_ comes first
+    s.run(_host_updates_pinned, False)
+    stale = [r for r in s.reports if isinstance(r, StaleRead)]
+    assert len(stale) == 1, s.text()
+    assert str(stale[0]).startswith("stale read: add_.Tensor on host host")
+    s = simdevice.cuda("default#1+1")
+    s.run(_host_updates_pinned, True)
+    s.assert_clean()
+    assert s.result is not None
+    assert s.result.result == [6.0] * 8

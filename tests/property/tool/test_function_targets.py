@@ -310,3 +310,39 @@ def test_exhaust_json_gives_the_answer_for_scripts(capsys: pytest.CaptureFixture
                  "-q"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert (doc["clean"], doc["ok"], doc["schedule"], doc["ran"]) == (True, True, None, doc["total"])
+
+
+LATE_READER = """
+import torch
+
+
+def late_reader(n: int = 64) -> None:
+    side = torch.cuda.Stream()
+    out = torch.zeros(n, device="cuda")
+    x = torch.zeros(n, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    x.fill_(1.0)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(10_000_000)  # about 15 ms
+        out.copy_(x)  # no wait for the fill: a race that a stall of the fill under 15 ms never shows
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), torch.ones(n))
+"""
+
+
+def test_exhaust_of_a_function_reports_a_race_no_schedule_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As check does, exhaust counts a race at the default schedule as found, though no schedule it ran made it
+    show as wrong values: a race is there whatever the timing (it said clean, exit 0)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "late.py").write_text(LATE_READER)
+    args = ["exhaust", "late.py::late_reader", "--delays", "1", "--units", "1,5", "--jobs", "1", "-q"]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "no schedule of the 25 shows wrong values, but the default one races" in out
+    assert 'replay: simdevice replay "late.py::late_reader" [--gpu]' in out
+    assert main([*args, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["clean"] is False
+    assert doc["summary"] == "1 race"
