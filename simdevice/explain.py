@@ -138,9 +138,11 @@ def _advice(race: Race, edge: Edge) -> str:
     if process_of(first.actor) != process_of(second.actor):
         across = " (across processes: an interprocess event, or a handshake the other process waits for)"
     freed = ""
-    if race.freed is not None:
-        freed = (f"; or keep the block from reuse until `{first.actor}` is done: `t.record_stream({first.actor})` "
-                 f"before the free at {race.freed.source}")
+    if race.freed is not None and race.freed.actor != first.actor:
+        # (record_stream on the stream the block was allocated on is a no-op: that stream's own order holds it)
+        freed = (f"; or keep the block from reuse until `{first.actor}` is done: `record_stream` on that stream "
+                 f"(`{first.actor}`), on the tensor whose free at {race.freed.source} handed its block on, before "
+                 "the free")
     return f"{how} {then}{across}{freed}"
 
 

@@ -175,9 +175,15 @@ def _sleep(cycles: int) -> None:
 # -- the device, memory, randomness ------------------------------------------------------------------------
 
 
+def _total_memory() -> int:
+    """The device's memory: ``--device-memory`` (``SimConfig(device_memory=)``) where the run has one, else 80 GiB."""
+    capacity = session_device().runtime.device_memory if _ACTIVE else None
+    return capacity if capacity is not None else 80 << 30
+
+
 def _properties(device: Any = None) -> Any:
     return types.SimpleNamespace(
-        name="simdevice (simulated CUDA device)", total_memory=80 << 30, major=9, minor=0,
+        name="simdevice (simulated CUDA device)", total_memory=_total_memory(), major=9, minor=0,
         multi_processor_count=132, is_integrated=False, is_multi_gpu_board=False,
     )
 
@@ -194,16 +200,24 @@ def memory_reserved(device: Any = None) -> int:
     return session_device().runtime.memory_stats()["reserved"]
 
 
+def max_memory_reserved(device: Any = None) -> int:
+    return session_device().runtime.memory_stats()["reserved_peak"]
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    session_device().runtime.reset_peak_memory_stats()
+
+
 def memory_stats(device: Any = None) -> dict[str, int]:
     """``torch.cuda.memory_stats``: the keys of torch's dict that the simulated allocator counts (all pools)."""
     stats = session_device().runtime.memory_stats()
     return {"allocated_bytes.all.current": stats["allocated"], "allocated_bytes.all.peak": stats["peak"],
-            "reserved_bytes.all.current": stats["reserved"]}
+            "reserved_bytes.all.current": stats["reserved"], "reserved_bytes.all.peak": stats["reserved_peak"]}
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
-    total = _properties().total_memory
-    return total - memory_reserved(), total
+    total = _total_memory()
+    return max(total - memory_reserved(), 0), total
 
 
 def manual_seed(seed: int) -> None:
@@ -347,8 +361,10 @@ def install(p: Patches) -> None:
         "memory_allocated": memory_allocated,
         "max_memory_allocated": max_memory_allocated,
         "memory_reserved": memory_reserved,
-        "max_memory_reserved": memory_reserved,
-        "reset_peak_memory_stats": lambda d=None: None,
+        "max_memory_reserved": max_memory_reserved,
+        "reset_peak_memory_stats": reset_peak_memory_stats,
+        "reset_max_memory_allocated": reset_peak_memory_stats,
+        "reset_max_memory_cached": reset_peak_memory_stats,
         "mem_get_info": mem_get_info,
         "memory_stats": memory_stats,
         "ipc_collect": lambda: None,  # no process holds this device's memory through an IPC handle to let go of

@@ -307,9 +307,12 @@ class CachingAllocator:
         self._pending: list[_Freed] = []  # blocks whose last tensor died, not yet processed
         self._deferred: list[_Freed] = []  # freed, waiting for the streams recorded with record_stream
         self._by_storage: dict[int, Block] = {}  # live allocations: storage id -> block
+        #: bytes of the blocks handed out and not freed since (``stats()``'s ``allocated``, kept as it changes), and
+        #: the most of it so far (``max_memory_allocated``: from the run's start)
+        self._allocated = 0
         self._peak = 0
-        #: keep max_memory_allocated exact (a scan per allocation: only once a program asked for it)
-        self._track_peak = False
+        #: the most reserved so far (``max_memory_reserved``)
+        self._reserved_peak = 0
         #: called when a new segment is made (the memory saver maps a handle) and when one is released
         self._on_segment = _weak(on_segment)
         self._on_release = _weak(on_release)
@@ -348,8 +351,8 @@ class CachingAllocator:
         block.gen += 1
         _watch(anchor, self, block, block.gen)
         fresh, block.fresh = block.fresh, False
-        if self._track_peak:
-            self._peak = max(self._peak, self.stats()["allocated"])
+        self._allocated += block.nbytes
+        self._peak = max(self._peak, self._allocated)
         return Allocation(block, data, need, fresh, alias)
 
     def dropped(self, block: Block, gen: int) -> None:
@@ -427,6 +430,7 @@ class CachingAllocator:
                     "on the command line" + ("" if self.lazy else "; with --no-values, a race-only run, its bytes cost "
                                              "this machine no memory") + ")")
         self._reserved += nbytes
+        self._reserved_peak = max(self._reserved_peak, self._reserved)
 
     @staticmethod
     def _split(block: Block, size: int) -> Block | None:
@@ -468,6 +472,7 @@ class CachingAllocator:
                 self._by_storage.pop(st.id, None)
             block.storage = None
             block.uses = []
+            self._allocated -= block.nbytes  # (held back for recorded streams or not: no longer allocated)
             if freed.uses:
                 self._deferred.append(freed)
             else:
@@ -525,11 +530,18 @@ class CachingAllocator:
 
     def stats(self) -> dict[str, int]:
         """Simulated bytes: ``allocated`` (blocks handed out and not freed since: a freed block held back for the
-        streams recorded with it is not, as torch counts it), ``peak`` of it (exact from the first call on),
-        ``reserved`` (segments)."""
-        self._track_peak = True
+        streams recorded with it is not, as torch counts it), ``peak`` of it since the run began, ``reserved``
+        (segments)."""
         allocated = sum(b.nbytes for seg in self._segments if not seg.released for b in seg.blocks if not b.free)
         allocated -= sum(f.block.nbytes for f in self._deferred)
-        self._peak = max(self._peak, allocated)
+        # the count kept as blocks are handed out and freed (which the peak follows) is the count of the blocks
+        if allocated != self._allocated:
+            raise AssertionError(f"allocator: {self._allocated} bytes counted allocated, {allocated} in its blocks")
         reserved = sum(seg.nbytes for seg in self._segments if not seg.released)
-        return {"allocated": allocated, "peak": self._peak, "reserved": reserved}
+        return {"allocated": allocated, "peak": self._peak, "reserved": reserved,
+                "reserved_peak": self._reserved_peak}
+
+    def reset_peaks(self) -> None:
+        """``torch.cuda.reset_peak_memory_stats``: the peaks start again from what is allocated and reserved now."""
+        self.collect_frees()
+        self._peak, self._reserved_peak = self._allocated, self._reserved

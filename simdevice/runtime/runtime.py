@@ -337,12 +337,17 @@ class Runtime:
         if not self.config.values:
             out.insert(0, "race-only (--no-values): no value was computed, so the program's value checks were "
                           "skipped and each host read of device memory got a placeholder (True for a truth value, "
-                          "0 for a number, zeros for .cpu()): a host error raised by the program's own check of a "
-                          "value it read back is no finding here; races and stale reads are found as with values")
+                          "0 for a number, zeros for .cpu()), and pinned memory a copy filled kept its host "
+                          "values: a host error raised by the program's own check of a value it read back may come "
+                          "from those, not from a race (take such checks out for a race-only search); races and "
+                          "stale reads are found as with values")
         made = [s for s in self.execution.streams.values() if not s.name.endswith(("default", "nccl"))]
         if not made:
             return tuple(out)
         touched = self.memory.touched
+        # (a stream in a race did touch what another did: a block handed on by a free is another storage, the same
+        # bytes)
+        raced = {x.actor for r in self.reports.items if isinstance(r, Race) for x in (r.current, r.previous)}
         for s in made:
             where = f" (made at {self._sites[s.name]})" if s.name in self._sites else ""
             if s.ops == 0:
@@ -351,7 +356,7 @@ class Runtime:
                 continue
             mine = touched.get(s.name, set())
             others = set().union(*(v for k, v in touched.items() if k != s.name))
-            if not mine & others:
+            if not mine & others and s.name not in raced:
                 out.append(f"stream {s.name}{where} touched no memory that another stream or the host touched: "
                            "nothing it did could race")
         return tuple(out)
@@ -422,6 +427,14 @@ class Runtime:
         allocator = self.memsaver.allocator
         allocator.collect_frees()
         return allocator.stats()
+
+    def reset_peak_memory_stats(self) -> None:
+        self.memsaver.allocator.reset_peaks()
+
+    @property
+    def device_memory(self) -> int | None:
+        """The simulated device's capacity in bytes (``--device-memory``; None: no bound)."""
+        return self.memsaver.allocator.capacity
 
     def default_stream(self) -> SimStream:
         a = self.current()

@@ -10,6 +10,7 @@ import torch
 
 import simdevice
 from simdevice.dispatch import SimTensor
+from simdevice.runtime.config import SimConfig
 
 SPELLINGS: list[Any] = ["cuda", "cuda:0", torch.device("cuda"), torch.device("cuda", 0), 0]
 
@@ -196,4 +197,28 @@ def test_memory_statistics_count_the_programs_own_bytes_as_torch_does() -> None:
         del b
         assert torch.cuda.memory_allocated() == base
         torch.cuda.synchronize()
+    sim.assert_clean()
+
+
+def test_peaks_count_from_the_runs_start_and_reset_and_the_device_is_as_large_as_its_memory() -> None:
+    """``max_memory_allocated`` holds a peak reached before any statistics call (a tensor made and dropped);
+    ``reset_peak_memory_stats`` starts the peaks again; ``max_memory_reserved`` keeps the reserved peak past
+    ``empty_cache``; the device's memory is the run's ``device_memory``."""
+    n = 1 << 20
+    with simdevice.cuda(config=SimConfig(device_memory=64 << 20)) as sim:
+        x = torch.ones(n, device="cuda")
+        del x
+        assert torch.cuda.max_memory_allocated() >= 4 * n
+        torch.cuda.reset_peak_memory_stats()
+        assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()
+        y = torch.empty(n // 2, device="cuda")
+        assert torch.cuda.max_memory_allocated() >= 2 * n
+        del y
+        torch.cuda.empty_cache()
+        assert torch.cuda.memory_reserved() == 0
+        assert torch.cuda.max_memory_reserved() >= 2 * n
+        stats = torch.cuda.memory_stats()
+        assert stats["reserved_bytes.all.peak"] == torch.cuda.max_memory_reserved()
+        assert torch.cuda.mem_get_info() == (64 << 20, 64 << 20)
+        assert torch.cuda.get_device_properties(0).total_memory == 64 << 20
     sim.assert_clean()

@@ -243,6 +243,44 @@ def test_an_edge_implied_by_an_earlier_one_on_the_same_stream_is_left_out(loop: 
     assert str(edge).endswith(f"->default@{short_path(__file__)}:{first_read}")
 
 
+def _freed_while_read(reader_is_side: bool = True) -> None:
+    side = torch.cuda.Stream()
+    third = torch.cuda.Stream()
+    x = torch.full((1024,), 1.0, device="cuda")
+    out = torch.empty(1024, device="cuda")
+    if reader_is_side:
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out.copy_(x)  # side reads x's block ...
+    del x  # ... which is free on the default stream at once
+    y = torch.empty(1024, device="cuda")  # takes x's block
+    with torch.cuda.stream(third):
+        y.fill_(7.0)  # no wait for the default stream, nor for side
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.current_stream().wait_stream(third)
+
+
+@pytest.mark.parametrize("reader_is_side", [True, False])
+def test_record_stream_is_advised_only_for_another_stream_than_the_blocks_own(reader_is_side: bool) -> None:
+    """Where a free handed a block on while another stream still used it, ``record_stream`` on that stream is an
+    alternative; on the block's own stream it does nothing (its order holds the block already), so it is not
+    advised there."""
+    from simdevice.search.targets import from_function
+
+    name = "tests/property/tool/test_explain.py::_freed_while_read"
+    target = from_function(_freed_while_read, name)
+    out = target.run(Schedule.parse(f"{name}:reader_is_side={int(reader_is_side)}"))
+    freed = [r for r in out.races if r.freed is not None]
+    assert freed
+    fix = suggest(target, out)
+    advised = [a for a in fix.advice if "record_stream" in a]
+    if reader_is_side:
+        assert any("`record_stream` on that stream (`side`)" in a for a in advised), fix.advice
+    assert not any("(`default`)" in a for a in advised), fix.advice
+    # third's fill races on a block another storage had: it touched what others touched, whatever the storages
+    assert not any(n.startswith("stream third") for n in out.run.notes), out.run.notes
+
+
 def test_edges_parse_and_print_as_the_command_line_takes_them() -> None:
     for text in ("d2h@my_offload.py:11->default@my_offload.py:19", "nccl@my_gather.py:30=>side@my_gather.py:22",
                  "d2h@zcc.py:205[-1]=>default@zcc.py:151"):
