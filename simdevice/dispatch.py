@@ -34,6 +34,7 @@ seed alone, never on the global random state or on timing.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -119,6 +120,9 @@ class OpFacts:
     #: argument's name (``mul.Tensor`` -> ``mul.out``, "out"; ``tanh_backward`` -> ``tanh_backward.grad_input``,
     #: "grad_input"), else None
     into: tuple[Any, str] | None = attrs.field(default=None, eq=False, repr=False)
+    #: where every return aliases a written argument: those arguments' positions among ``written``, in the returns'
+    #: order (``_amp_update_scale_`` writes two and returns its first), else None
+    returned: tuple[int, ...] | None = None
 
 
 #: each op's facts by the op's id, with the op (the id stays its own while the op lives, and torch keeps every
@@ -157,7 +161,21 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
         call=getattr(func, "_op", func),
         # (not a random op: its out= kernel need not draw from the generator as the op does)
         into=_into(func) if not written and torch.Tag.nondeterministic_seeded not in func.tags else None,
+        returned=_returned(schema, written),
     )
+
+
+def _returned(schema: Any, written: tuple[tuple[int, str, bool], ...]) -> tuple[int, ...] | None:
+    """The positions among ``written`` of the arguments the returns alias, where each return aliases one."""
+    if not written or not schema.returns:
+        return None
+    sets = [frozenset(schema.arguments[i].alias_info.before_set) for i, _, _ in written]
+    out = []
+    for r in schema.returns:
+        if r.alias_info is None or not r.alias_info.is_write or frozenset(r.alias_info.before_set) not in sets:
+            return None
+        out.append(sets.index(frozenset(r.alias_info.before_set)))
+    return tuple(out)
 
 
 def _into(func: torch._ops.OpOverload) -> tuple[Any, str] | None:
@@ -316,6 +334,23 @@ class SimTensor(torch.Tensor):
 
     def tolist(self) -> Any:  # torch refuses tolist() on subclasses; on CUDA it is a synchronizing D2H
         return self.cpu().tolist()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
+        """``copy.deepcopy`` of a device tensor (an EMA or target model made by ``deepcopy(model)``): a clone on the
+        current stream, as CUDA copies the bytes with a device op, with its ``requires_grad`` and its ``grad``
+        (torch's own copies through a typed storage the simulated one is not)."""
+        if id(self) in memo:
+            return memo[id(self)]  # type: ignore[no-any-return]
+        if not self.is_leaf:
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                               "protocol at the moment.")
+        with torch.no_grad():
+            new = self.clone()
+        memo[id(self)] = new
+        new.requires_grad_(self.requires_grad)
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        return new
 
     @property  # type: ignore[override]
     def data(self) -> torch.Tensor:
@@ -748,6 +783,10 @@ class Dispatcher:
         if written:
             if not facts.returns_tensor:
                 return None, written  # returns nothing, writes its mutable arguments (_foreach_add_, _fused_adam_)
+            if facts.returned is not None and len(written) == len(facts.written):
+                # the returns alias written arguments, a tensor each (``_amp_update_scale_`` returns its first of two)
+                picked = [written[k] for k in facts.returned]
+                return (picked[0] if len(picked) == 1 else tuple(picked)), written
             result = args[0] if facts.has_returns else None
             if len(written) > 1 or (facts.has_returns and not isinstance(result, torch.Tensor)):
                 result = written if len(written) > 1 else written[0]

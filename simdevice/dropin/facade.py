@@ -394,9 +394,39 @@ def install(p: Patches) -> None:
     for name in _NEW:
         p.set(torch.Tensor, name, _wrapped(torch.Tensor, name, _tensor_new))
     p.set(time, "sleep", _host_sleep)
+    amp = _wrapped(torch.amp, "autocast", _autocast)
+    p.set(torch, "autocast", amp)
+    p.set(torch.amp, "autocast", amp)
+
+    def cuda_autocast(enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True) -> Any:
+        """``torch.cuda.amp.autocast``: ``torch.autocast("cuda", ...)`` (torch's class warns when subclassed)."""
+        return amp("cuda", enabled=enabled, dtype=dtype, cache_enabled=cache_enabled)
+
+    p.set(torch.cuda.amp, "autocast", cuda_autocast)
     for name in ("spawn", "start_processes"):
         if hasattr(torch.multiprocessing, name):
             p.set(torch.multiprocessing, name, _no_processes(name))
+
+
+_AUTOCAST_NOTE = ("autocast('cuda') is not applied on the simulated device: its ops ran in the dtypes they were "
+                  "given (float32 where a GPU computes in reduced precision), so their values and sizes are "
+                  "float32's; the synchronization is judged as on a GPU")
+
+
+def _autocast(original: type) -> type:
+    """``torch.autocast`` that notes, in a run, that CUDA autocast is not applied (the simulated device's tensors
+    carry no CUDA dispatch keys for it to act on)."""
+
+    class autocast(original):  # type: ignore[valid-type,misc]  # noqa: N801 (torch's name)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            device_type = kwargs.get("device_type", args[0] if args else "cuda")
+            if device_type == "cuda" and in_actor():
+                session_device().runtime.note(_AUTOCAST_NOTE)
+            super().__init__(*args, **kwargs)
+
+    autocast.__qualname__ = original.__qualname__
+    autocast.__module__ = original.__module__
+    return autocast
 
 
 def _no_processes(name: str) -> Callable[..., Any]:
@@ -426,4 +456,4 @@ def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
 
 #: what a session patches, for the test that checks they come back as they were
 def patched_owners() -> list[Any]:
-    return [torch, torch.cuda, torch.cuda.nvtx, torch.Tensor, torch.multiprocessing, time]
+    return [torch, torch.cuda, torch.cuda.nvtx, torch.Tensor, torch.multiprocessing, time, torch.amp, torch.cuda.amp]

@@ -197,6 +197,8 @@ class Runtime:
         self._edges = edges
         #: the inserted edges' sites that issued an operation (an edge whose site issued none matched nothing)
         self._edge_sites_seen: set[sync.Site] = set()
+        #: what the program used that the simulator runs otherwise than a GPU, said once each in the run's notes
+        self._said: list[str] = []
         self._latest: dict[sync.Site, Callable[[], EventRecord]] = {}
         #: forward edges: the sites whose operations are counted (all of them while counting), the count so far
         self._counted = _COUNTED.get()
@@ -325,10 +327,15 @@ class Runtime:
     def site_of(self, stream: str) -> str | None:
         return self._sites.get(stream)
 
+    def note(self, text: str) -> None:
+        """A note for the run's output (once however often it is said)."""
+        if text not in self._said:
+            self._said.append(text)
+
     def notes(self) -> tuple[str, ...]:
         """What could make a clean run mean less than it seems: with several streams, a stream the program made
         that got no operation, or whose operations touched no memory any other stream or the host touched."""
-        out = self._free_notes()
+        out = [*self._said, *self._free_notes()]
         for e in self._edges:
             unseen = [site for site in (e.after, e.before) if site not in self._edge_sites_seen]
             if unseen:

@@ -222,3 +222,77 @@ def test_peaks_count_from_the_runs_start_and_reset_and_the_device_is_as_large_as
         assert torch.cuda.mem_get_info() == (64 << 20, 64 << 20)
         assert torch.cuda.get_device_properties(0).total_memory == 64 << 20
     sim.assert_clean()
+
+
+def _scaled_step(device: str) -> list[float]:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4).to(device)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler(device)
+    loss = lin(torch.ones(2, 4, device=device)).pow(2).mean()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()  # _amp_update_scale_: writes the scale and the growth tracker, returns the scale
+    assert scaler.get_scale() == 65536.0
+    return lin.weight.detach().cpu().flatten().tolist()
+
+
+def test_a_grad_scaler_step_runs_as_on_the_cpu() -> None:
+    """An op whose return aliases one of the arguments it writes returns that argument, not every written one
+    (``_amp_update_scale_`` writes two and returns the first: a list of both broke ``GradScaler.update()``)."""
+    s = simdevice.cuda()
+    s.run(_scaled_step, "cuda")
+    s.assert_clean()
+    assert s.result is not None
+    assert s.result.result == _scaled_step("cpu")
+
+
+def _under_autocast() -> str:
+    lin = torch.nn.Linear(4, 4).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = lin(torch.ones(2, 4, device="cuda"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the host's autocast: applied, and no note
+        torch.ones(2, 2) @ torch.ones(2, 2)
+    with torch.cuda.amp.autocast():  # the older spelling: the same
+        lin(torch.ones(2, 4, device="cuda"))
+    return str(out.dtype)
+
+
+def test_cuda_autocast_is_not_applied_and_the_run_says_so() -> None:
+    """The simulated tensors carry no CUDA autocast keys: ops under ``autocast("cuda")`` run in their own dtypes,
+    and the run's notes say so once (it was silent, and a program that checks its dtypes failed unexplained)."""
+    s = simdevice.cuda()
+    s.run(_under_autocast)
+    s.assert_clean()
+    assert s.result is not None
+    assert s.result.result == "torch.float32"
+    assert [n for n in s.result.notes if n.startswith("autocast('cuda') is not applied")] == [
+        n for n in s.result.notes if "autocast" in n
+    ]
+    assert len([n for n in s.result.notes if "autocast" in n]) == 1
+
+
+def _deepcopies() -> tuple[bool, bool, bool, list[float]]:
+    import copy
+
+    model = torch.nn.Linear(4, 4).cuda()
+    model(torch.ones(1, 4, device="cuda")).sum().backward()
+    ema = copy.deepcopy(model)  # an EMA model, as training code makes one
+    t = torch.ones(4, device="cuda", requires_grad=True)
+    u = copy.deepcopy(t)
+    with torch.no_grad():
+        model.weight.add_(1.0)  # the copy is its own
+    same = torch.equal(ema.weight.cpu() + 1.0, model.weight.cpu())
+    grads = torch.equal(ema.weight.grad.cpu(), model.weight.grad.cpu())
+    return type(ema.weight) is type(model.weight) and ema.weight.requires_grad, same, grads and u.requires_grad, (
+        u.detach().cpu().tolist())
+
+
+def test_deepcopy_of_a_device_module_or_tensor_copies_its_bytes() -> None:
+    """``copy.deepcopy`` of a device tensor is a clone on the current stream with its ``requires_grad`` and grad
+    (torch's own copy goes through a typed storage, which raised TypeError on the simulated one)."""
+    s = simdevice.cuda()
+    s.run(_deepcopies)
+    s.assert_clean()
+    assert s.result is not None
+    assert s.result.result == (True, True, True, [1.0] * 4)
