@@ -77,3 +77,22 @@ def test_the_index_answers_as_a_walk_over_every_block(steps: list[tuple[Any, ...
     run = SimDevice().run(body)
     assert not run.reports, run.reports
 
+
+
+def test_a_request_of_the_small_size_itself_is_small() -> None:
+    """As torch's ``size <= kSmallSize``: a request of exactly ``SMALL_REQUEST`` bytes is served from a small segment,
+    one byte more from a large one (a mutant taking the boundary request as large survived every other test)."""
+    import torch
+
+    from simdevice.dispatch import storage_of
+
+    def sizes(dev: Any) -> list[bool]:
+        out = []
+        for nbytes in (SMALL_REQUEST, SMALL_REQUEST + ROUND):
+            t = torch.empty(nbytes // 4, device=dev.device)
+            out.append(dev.runtime.memsaver.allocator._by_storage[storage_of(t).id].segment.small)
+        return out
+
+    run = SimDevice().run(sizes)
+    assert run.reports == ()
+    assert run.result == [True, False]
