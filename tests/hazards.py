@@ -4,6 +4,9 @@
 stream, then dropped; the caching allocator hands its block to the next allocation on the compute stream, which
 overwrites it, while the side stream may still be reading it. ``t.record_stream(side)`` before the drop makes the
 allocator hold the block back until the side stream is past that point.
+
+``backward_off_its_stream``: plain torch.cuda code (run through the drop-in): backward's stream semantics, each
+backward op on its forward op's stream.
 """
 
 from __future__ import annotations
@@ -31,3 +34,24 @@ def freed_while_side_reads(dev: Device, record: bool, n: int = 4096) -> torch.Te
     dev.synchronize()
     del b
     return out.cpu()
+
+
+def backward_off_its_stream(wait: int = 1) -> None:
+    """Plain torch.cuda (a drop-in program): a forward on a side stream, ``backward()`` on the default one. PyTorch
+    runs each backward op on its forward op's stream and syncs them with the stream backward is called on, so the
+    gradient is right; without ``wait`` the forward reads ``x`` before the default stream made it."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 64).cuda()
+    host_x = torch.randn(32, 64)
+    x = host_x.cuda().mul(2.0)  # a kernel on the default stream
+    s = torch.cuda.Stream()
+    if wait:
+        s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        loss = torch.nn.functional.gelu(lin(x)).pow(2).mean()
+    loss.backward()
+    got = lin.weight.grad.cpu()
+    ref = torch.nn.Linear(64, 64)
+    ref.load_state_dict({k: v.cpu() for k, v in lin.state_dict().items()})
+    torch.nn.functional.gelu(ref(host_x.mul(2.0))).pow(2).mean().backward()
+    assert torch.allclose(got, ref.weight.grad, rtol=1e-3, atol=1e-5), "the gradient differs from the host's"

@@ -15,10 +15,11 @@ import functools
 import os
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from reference import contract
 from reference.naming import StreamNames, creation_site, inside
@@ -105,7 +106,7 @@ class Stream(StreamHandle):
         return session_device().shown
 
     def __enter__(self) -> Stream:
-        self._context = session_device().stream(self)
+        self._context = _forward_on(session_device(), self)
         self._context.__enter__()
         return self
 
@@ -126,7 +127,68 @@ class Event(EventHandle):
 
 
 def stream(s: contract.Stream | None) -> contextlib.AbstractContextManager[Any]:
-    return session_device().stream(s)
+    return _forward_on(session_device(), s)
+
+
+@contextlib.contextmanager
+def _forward_on(dev: DropInDevice, s: contract.Stream | None) -> Iterator[Any]:
+    """``torch.cuda.stream(s)``: ``s`` current for the block; on a stream other than the actor's default, the
+    autograd nodes the block's ops make are tagged to run their backward on ``s`` (:class:`_ForwardStream`)."""
+    with dev.stream(s):
+        rt = dev.runtime
+        if s is None or rt.current_stream() is rt.default_stream():
+            yield s
+            return
+        with _ForwardStream(rt, rt.current_stream()):
+            yield s
+
+
+_TAG = "simdevice.stream"
+
+
+class _ForwardStream(TorchFunctionMode):
+    """Tags each autograd node an op makes under a side stream with that stream, and hooks it so that backward runs
+    it there (``Runtime.backward_on``), as PyTorch runs each backward op on its forward op's stream. The nodes made
+    by the call are those reachable from its outputs' ``grad_fn`` made after every node it was given (sequence
+    numbers grow as nodes are made); ``AccumulateGrad`` is no forward op's, and runs where backward runs."""
+
+    def __init__(self, rt: Any, s: Any) -> None:
+        super().__init__()
+        self.rt, self.s = rt, s
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        floor = -1
+        for x in (*args, *(kwargs or {}).values()):
+            for t in x if isinstance(x, (list, tuple)) else (x,):
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                    floor = max(floor, t.grad_fn._sequence_nr())
+        out = func(*args, **(kwargs or {}))
+        if torch.is_grad_enabled():
+            for t in out if isinstance(out, (list, tuple)) else (out,):
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                    self._tag(t.grad_fn, floor)
+        return out
+
+    def _tag(self, node: Any, floor: int) -> None:
+        todo = [node]
+        while todo:
+            n = todo.pop()
+            if n is None or _TAG in n.metadata or n._sequence_nr() <= floor or type(n).__name__ == "AccumulateGrad":
+                continue
+            n.metadata[_TAG] = self.s
+            rt, s = self.rt, self.s
+            box: list[Any] = []
+
+            def before(grads: Any, rt: Any = rt, s: Any = s, box: list[Any] = box) -> None:
+                box.append(rt.backward_on(s))
+
+            def after(grad_inputs: Any, grad_outputs: Any, rt: Any = rt, s: Any = s, box: list[Any] = box) -> None:
+                if box:
+                    rt.backward_off(s, box.pop())
+
+            n.register_prehook(before)
+            n.register_hook(after)
+            todo += [f for f, _ in n.next_functions]
 
 
 def current_stream(device: Any = None) -> Stream:

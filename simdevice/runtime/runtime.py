@@ -411,6 +411,26 @@ class Runtime:
     def current_stream(self) -> SimStream:
         return self.current().current_stream
 
+    def backward_on(self, s: SimStream) -> SimStream:
+        """Autograd's engine runs a node on ``s``, its forward op's stream, as PyTorch does: ``s`` waits for the
+        stream current in backward (where the node's input gradients come from), and is current until
+        :meth:`backward_off`. The engine's own syncs: no host step, nothing a GPU run counts. Returns that stream."""
+        a = self.current()
+        calling = a.current_stream
+        if calling is not s:
+            self._stream_waits(s, self._record(calling), f"stream {calling.name} (backward)")
+        a.stream_stack.append(s)
+        return calling
+
+    def backward_off(self, s: SimStream, calling: SimStream) -> None:
+        """The node that :meth:`backward_on` put on ``s`` is done: ``calling`` is current again and waits for ``s``
+        (backward as a whole is ordered on the stream it was called on, as PyTorch's engine syncs it)."""
+        a = self.current()
+        if a.stream_stack and a.stream_stack[-1] is s:
+            a.stream_stack.pop()
+        if calling is not s:
+            self._stream_waits(calling, self._record(s), f"stream {s.name} (backward)")
+
     def set_stream(self, s: SimStream) -> None:
         """``torch.cuda.set_stream``: ``s`` is current until changed (or until an enclosing stream context ends)."""
         a = self.current()

@@ -68,6 +68,15 @@ def test_example_operation_counts_are_the_simulators(line: str) -> None:
     _counts_match(line)
 
 
+def test_backward_runs_on_the_forward_ops_streams_as_the_simulator_runs_it() -> None:
+    """A forward on a side stream, ``backward()`` on the default one (``tests/hazards.py``): on both machines each
+    backward op is counted on its forward op's stream, and the gradient is right under a stall of either stream."""
+    line = "tests/hazards.py::backward_off_its_stream"
+    _counts_match(line)
+    assert rate(f"{line}::s#0+5") == 0
+    assert rate(f"{line}::default#3+5") == 0
+
+
 @pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core is not installed (the extra 'upstream')")
 @pytest.mark.parametrize("line", MEGATRON)
 def test_megatron_operation_counts_are_the_simulators(line: str) -> None:

@@ -305,3 +305,40 @@ def test_a_host_in_place_op_on_pinned_memory_reads_it_too() -> None:
     s.assert_clean()
     assert s.result is not None
     assert s.result.result == [6.0] * 8
+
+
+def _forward_on_a_side_stream(wait: bool) -> list[float]:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8).cuda()
+    x = torch.randn(4, 8).cuda().mul(2.0)  # a kernel on the default stream
+    s = torch.cuda.Stream()
+    if wait:
+        s.wait_stream(torch.cuda.current_stream())  # the forward reads lin and x, made on the default stream
+    with torch.cuda.stream(s):
+        loss = torch.nn.functional.gelu(lin(x)).pow(2).mean()  # gelu, pow, mean: nodes of one call each
+    loss.backward()  # on the default stream
+    return lin.weight.grad.cpu().flatten().tolist()
+
+
+def _reference_grad() -> list[float]:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8).mul(2.0)
+    torch.nn.functional.gelu(lin(x)).pow(2).mean().backward()
+    return lin.weight.grad.flatten().tolist()
+
+
+def test_backward_runs_each_op_on_its_forward_ops_stream() -> None:
+    """As PyTorch's engine does: a forward on a side stream and ``backward()`` on the default one is ordered (each
+    backward op on its forward op's stream, synced with the stream backward was called on); the gradients are right
+    and the backward ops are the side stream's."""
+    s = simdevice.cuda()
+    s.run(_forward_on_a_side_stream, True)
+    s.assert_clean()
+    assert s.result is not None
+    assert s.result.result == pytest.approx(_reference_grad())
+    bwd = [what for _, actor, what in s.result.trace if actor == "s" and "backward" in what.lower()]
+    assert bwd, s.result.trace
+    racy = simdevice.cuda()
+    racy.run(_forward_on_a_side_stream, False)
+    assert any(isinstance(r, Race) for r in racy.reports)

@@ -9,8 +9,10 @@ PyTorch's CUDACachingAllocator. Which free block an allocation takes is a schedu
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
+import hazards
 import pytest
 import torch
 from hazards import freed_while_side_reads
@@ -35,10 +37,16 @@ def test_a_free_while_a_side_stream_reads_is_a_race_naming_both_lines_at_the_def
     r = run(freed_while_side_reads, False)
     assert torch.equal(r.result, torch.ones(4096))  # nothing corrupts yet: the side stream read first
     races = [str(x) for x in r.reports if isinstance(x, Race)]
+    lines = inspect.getsource(hazards).splitlines()
+
+    def at(fragment: str) -> int:
+        return next(i for i, text in enumerate(lines, 1) if fragment in text)
+
+    full, copy, free = at("b = torch.full((n,), 2.0"), at("out.copy_(a)"), at("    del a")
     assert races == [
-        "race: full on stream default #1 (tests/hazards.py:29) writes device#3[0:16384], which copy_ on stream "
-        "side #0 (tests/hazards.py:24) read as device#2, before the free on stream default (tests/hazards.py:28) "
-        "handed its block on; no happens-before edge orders them",
+        f"race: full on stream default #1 (tests/hazards.py:{full}) writes device#3[0:16384], which copy_ on stream "
+        f"side #0 (tests/hazards.py:{copy}) read as device#2, before the free on stream default (tests/hazards.py:"
+        f"{free}) handed its block on; no happens-before edge orders them",
     ]
 
 
