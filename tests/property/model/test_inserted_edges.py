@@ -164,6 +164,8 @@ def test_an_edge_out_of_a_collective_waits_for_its_work() -> None:
 #   comes back; let the marker pass once it is issued, not done, and the values are wrong);
 # - matching is by occurrence with an offset (`[+D]`): the k-th at B waits for the (k+D)-th at A; a wrong offset is
 #   a race (none to wait for) or a deadlock (the last one never comes), never a clean run;
+# - an event recorded on a held stream is released with it: who waits on it is ordered after what the edge waited
+#   for (mutate the release of held records to join nothing and a stream waiting on it races);
 # - an awaited operation that never comes is a deadlock of the run (reported, never a hang);
 # - a host step waiter blocks its host until the operation (another process's) is issued and done;
 # - the reversed edge does not make the run clean.
@@ -225,6 +227,39 @@ def test_a_mutant_that_orders_nothing_at_the_release_races(monkeypatch: Any) -> 
     monkeypatch.setattr(sync, "released", lambda clock, recs: None)
     r, _ = run(early_read, (FORWARD,))
     assert any(isinstance(x, Race) for x in r.reports)
+
+
+def early_read_then_an_event(dev: Any) -> torch.Tensor:
+    """As ``early_read``, and an event recorded on the side stream after its early read (while a forward edge holds
+    that stream), which a third stream waits on before it reads what the late write wrote."""
+    x = torch.zeros(N, device=dev.device)
+    out = torch.empty(N, device=dev.device)
+    side, third = dev.Stream(name="side"), dev.Stream(name="third")
+    side.wait_stream(dev.current_stream())
+    with dev.stream(side):
+        out.copy_(x)  # early read
+        done = dev.Event()
+        done.record()
+    x.fill_(2.0)  # late write
+    third.wait_event(done)
+    with dev.stream(third):
+        y = x * 1.0
+    dev.current_stream().wait_stream(side)
+    dev.current_stream().wait_stream(third)
+    return y.cpu()
+
+
+def test_an_event_recorded_on_a_held_stream_carries_the_forward_edge() -> None:
+    """An event recorded on a stream while a forward edge holds it is released with the held operations: who waits
+    on it is ordered after what the edge waited for (a mutant that released the held operations but not the
+    records left the third stream's read racing with the late write)."""
+    edge = Edge(Site("default", _line(early_read_then_an_event, "# late write")),
+                Site("side", _line(early_read_then_an_event, "# early read")), forward=True)
+    plain, _ = run(early_read_then_an_event)
+    assert any(isinstance(x, Race) for x in plain.reports)
+    r, _ = run(early_read_then_an_event, (edge,))
+    assert r.reports == ()
+    assert torch.equal(r.result, torch.full((N,), 2.0))
 
 
 def test_a_mutant_whose_wait_ends_when_the_write_is_issued_reads_old_values(monkeypatch: Any) -> None:
