@@ -487,21 +487,20 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
     from simdevice.runtime.reports import StepLimit
 
     stopped = not_run(out) if out is not None else None
-    if out is not None and stopped is not None:  # no verdict: the program uses what the simulator does not run
-        why = (f"{target.name}: the program uses what the simulator does not run: {stopped.error} in "
-               f"{stopped.actor} ({stopped.source}), under schedule \"{out.schedule}\"; see \"Not intercepted\" in "
-               "docs/dropin.md")
+    no_verdict: tuple[str, str] | None = None
+    if out is not None and stopped is not None:  # the program uses what the simulator does not run
+        no_verdict = ("unsupported", f"{target.name}: the program uses what the simulator does not run: "
+                      f"{stopped.error} in {stopped.actor} ({stopped.source}), under schedule \"{out.schedule}\"; "
+                      "see \"Not intercepted\" in docs/dropin.md")
+    elif out is not None and out.run.reports and all(isinstance(r, StepLimit) for r in out.run.reports):
+        # the run was stopped before it ended, with nothing found up to there
+        no_verdict = ("step_limit", f"{target.name}: no verdict under schedule \"{out.schedule}\": "
+                      f"{out.run.reports[0]}; nothing was found before it")
+    if no_verdict is not None:
+        key, why = no_verdict
         if args.json:
             _print_json(json.dumps({"target": target.name, "found": False, "examples": result.examples,
-                              "schedule": result.schedule, "unsupported": why}, indent=2))
-        return _fail(why)
-    if out is not None and out.run.reports and all(isinstance(r, StepLimit) for r in out.run.reports):
-        # no verdict either: the run was stopped before it ended, with nothing found up to there
-        why = (f"{target.name}: no verdict under schedule \"{out.schedule}\": {out.run.reports[0]}; "
-               "nothing was found before it")
-        if args.json:
-            _print_json(json.dumps({"target": target.name, "found": False, "examples": result.examples,
-                                    "schedule": result.schedule, "step_limit": why}, indent=2))
+                                    "schedule": result.schedule, key: why}, indent=2))
         return _fail(why)
     fix = _suggest(target, out, args.quiet or args.json) if out is not None and args.fix is not False else None
     if args.json:
@@ -543,8 +542,13 @@ def _print_fix(fix: Any, schedule: str, options: str = "") -> None:
     for line in fix.lines():
         print(f"  {line}")
     if fix.edges:
-        edges = " ".join(f'--edge "{e}"' for e in fix.edges)
-        print(f'  replay with it: simdevice replay "{schedule}" {edges}{options}')
+        print(f"  replay with it: {_replay_with(schedule, fix.edges, options)}")
+
+
+def _replay_with(schedule: Any, edges: Any, options: str) -> str:
+    """The command that replays ``schedule`` with ``edges`` inserted."""
+    inserted = " ".join(f'--edge "{e}"' for e in edges)
+    return f'simdevice replay "{schedule}" {inserted}{options}'
 
 
 class _Bars:
@@ -728,10 +732,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print(f"  pace-sensitive: {said} (a calibration of the same GPU can find its host that much faster or "
                   "slower: a GPU shows this schedule at a rate, trial by trial; --gpu --trials 10)")
         if edges:
-            again = " ".join(f'--edge "{e}"' for e in edges)
             print(f"  (with {len(edges)} inserted edge{'s' if len(edges) > 1 else ''}: "
-                  f"{', '.join(str(e) for e in edges)}; replay with them: simdevice replay \"{schedule}\" {again}"
-                  f"{first.replay_options()})")
+                  f"{', '.join(str(e) for e in edges)}; replay with them: "
+                  f"{_replay_with(schedule, edges, first.replay_options())})")
         if fix is not None:
             _print_fix(fix, str(schedule), first.replay_options() if backend == "sim" else "")
         if args.trials > 1:
@@ -794,6 +797,7 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     from simdevice.jobs import CHUNK, WorkerError, exhaust_in_workers
     from simdevice.search import count_target_schedules, exhaust_target
     from simdevice.search.exhaust import target_schedules
+    from simdevice.search.explore import race_at_default
     from simdevice.search.targets import ProgramTarget
 
     try:
@@ -864,9 +868,8 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     whatever = False
     if failed is None and not builtin:
         # as check: a race is there whatever the timing, though no schedule made it show (the default run's: cached)
-        default = target.run(target.schedule(config or None))
-        if default.races:
-            failed, whatever = default, True
+        failed = race_at_default(target, config or None)
+        whatever = failed is not None
     code = 1 if failed is not None else 0
     if builtin:
         expect_bug = target.variant not in target.program.clean

@@ -875,9 +875,8 @@ class Runtime:
     def sleep(self, units: float) -> None:
         if not units >= 0:  # also NaN
             raise ValueError(f"sleep({units}): a sleep must be >= 0 units")
-        a = self.host_step(f"sleep({units})", poll=True)
-        if not a.traced:  # a measured step's cost holds its sleep
-            a.time += int(units * UNIT_NS)
+        self.host_step(f"sleep({units})", poll=True)
+        self.host_sleeps(int(units * UNIT_NS))
 
     # -- collectives ----------------------------------------------------------------------------------------
     def rank(self) -> int:

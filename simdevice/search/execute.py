@@ -116,7 +116,7 @@ class Outcome:
         return f" --world-size {self.world_size}" if self.world_size is not None else ""
 
 
-def replay_line(schedule: Schedule, options: str) -> str:
+def replay_command(schedule: Schedule, options: str) -> str:
     """How to run ``schedule`` again: the command line; for a function defined inside another (its line names it
     ``FILE.py::outer.inner``), which no command can import, through the function object."""
     qual = schedule.program.partition("::")[2]
@@ -124,9 +124,15 @@ def replay_line(schedule: Schedule, options: str) -> str:
         name = qual.rsplit(".", 1)[1]
         ranks = re.search(r"--world-size (\d+)", options)
         size = f", world_size={ranks.group(1)}" if ranks else ""
-        return (f'  replay: simdevice.explore({name}{size}, examples=["{schedule}"]) (a function defined inside '
-                "another: its line replays through the function object, not from the command line)")
-    return f'  replay: simdevice replay "{schedule}"{options} [--gpu]'
+        return (f'simdevice.explore({name}{size}, examples=["{schedule}"]) (a function defined inside another: its '
+                "line replays through the function object, not from the command line)")
+    return f'simdevice replay "{schedule}"{options}'
+
+
+def replay_line(schedule: Schedule, options: str) -> str:
+    """The ``replay:`` line of an outcome's text: :func:`replay_command`, and ``[--gpu]`` where it is a command."""
+    command = replay_command(schedule, options)
+    return f"  replay: {command}" + (" [--gpu]" if command.startswith("simdevice replay") else "")
 
 
 def gpu_config(program: Program, config: Any, byte_scale: int) -> Any:

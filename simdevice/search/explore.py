@@ -25,7 +25,7 @@ from hypothesis.errors import NoSuchExample
 
 from reference.schedule import Schedule
 from simdevice.search import engine
-from simdevice.search.execute import Outcome, replay_line
+from simdevice.search.execute import Outcome, replay_command
 from simdevice.search.strategies import schedules_of
 from simdevice.search.targets import Target, from_function, kept_patched, resolve
 
@@ -68,8 +68,7 @@ class Exploration:
         defined inside another, which no command can import: the ``simdevice.explore`` call that replays it)."""
         if self.failure is None:
             return None
-        line = replay_line(self.failure.schedule, self.failure.replay_options())
-        return line.removeprefix("  replay: ").removesuffix(" [--gpu]")
+        return replay_command(self.failure.schedule, self.failure.replay_options())
 
     @property
     def trace(self) -> str:
@@ -182,12 +181,17 @@ def explore(
                            budget_s=budget_s, progress=progress, db=db, examples=pins)
     found, count = result.failure, result.examples
     if found is None:
-        with kept_patched(target):
-            default = target.run(target.schedule(default_config))
+        found = race_at_default(target, default_config)
         count += 1
-        if default.races or default.corrupted:
-            found = default  # a race is there whatever the timing
     return Exploration(target.name, found, count, round(result.seconds, 2), result.examples)
+
+
+def race_at_default(target: Target, config: dict[str, Any] | None = None) -> Outcome | None:
+    """The run of the default schedule (in ``config``) where it races or fails, else None: where no schedule a
+    search ran made a race show, it is found all the same (a race is there whatever the timing)."""
+    with kept_patched(target):
+        default = target.run(target.schedule(config))
+    return default if default.races or default.corrupted else None
 
 
 def pin(target: Target, text: Schedule | str) -> Schedule:
