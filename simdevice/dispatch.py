@@ -783,10 +783,12 @@ class Dispatcher:
         if written:
             if not facts.returns_tensor:
                 return None, written  # returns nothing, writes its mutable arguments (_foreach_add_, _fused_adam_)
-            if facts.returned is not None and len(written) == len(facts.written):
+            returned = facts.returned
+            if returned is not None and len(written) == len(facts.written):
                 # the returns alias written arguments, a tensor each (``_amp_update_scale_`` returns its first of two)
-                picked = [written[k] for k in facts.returned]
-                return (picked[0] if len(picked) == 1 else tuple(picked)), written
+                if len(returned) == 1:
+                    return written[returned[0]], written
+                return tuple([written[k] for k in returned]), written
             result = args[0] if facts.has_returns else None
             if len(written) > 1 or (facts.has_returns and not isinstance(result, torch.Tensor)):
                 result = written if len(written) > 1 else written[0]
@@ -903,9 +905,12 @@ class Dispatcher:
                               and len(outputs) == 1 and self.config.values and meta is not None
                               and meta.dim() > 0) else None
         made: dict[int, torch.Tensor] = {}
+        aliased_written = _all_aliased(written, made) if written else []
+        # (an op that writes its arguments makes those its outputs: one list, aliased once)
+        aliased_outputs = aliased_written if outputs is written else _all_aliased(outputs, made)
         eff = _Effect(self, func, _aliased(args, made), _aliased_kwargs(kwargs, made) if kwargs else {},
-                      _all_aliased(written, made) if written else [], staged,
-                      self.rt.next_seed() if facts.seeded else None, _all_aliased(outputs, made), reads, into)
+                      aliased_written, staged, self.rt.next_seed() if facts.seeded else None, aliased_outputs, reads,
+                      into)
         blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)
         host_value = facts.has_returns and not outputs
         # The host waits for results it reads itself (.item(), equal, .cpu(), a pageable destination) and for a

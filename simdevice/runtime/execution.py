@@ -691,7 +691,8 @@ class Execution:
             self.waiting_until(ready + delay)
         t = ready + delay
         top = self._heap[0] if self._heap else None
-        if top is None or (top[0], top[1], top[2]) > (t, _HOST, a.order):
+        # (``top[:3] > (t, _HOST, a.order)``, without the two tuples: the time alone decides most steps)
+        if top is None or top[0] > t or (top[0] == t and (top[1] > _HOST or (top[1] == _HOST and top[2] > a.order))):
             self.now = t  # nothing comes before this step: its turn, without a trip through the heap
         else:
             self._push(t, _HOST, a.order, a)

@@ -75,6 +75,9 @@ class Shadow:
         #: what :meth:`cells` answered, by its arguments, until the next split: a program touches the same ranges
         #: over and over (every access of an operation asks four times), and a split is rare once they are cut
         self._answers: dict[tuple[int, int, int], list[tuple[int, int, _Cell]]] = {}
+        #: splits so far: a list of cells :meth:`cells` answered is still the cells over its range while this is
+        #: what it was then (an access issued keeps its cells for its execution, :class:`Issued`)
+        self.splits = 0
 
     def _boundary(self, x: int) -> int:
         i = bisect.bisect_left(self._bounds, x)
@@ -84,6 +87,7 @@ class Shadow:
         self._bounds.insert(i, x)
         self._cells.insert(i, self._cells[i - 1].split_copy())
         self._answers.clear()
+        self.splits += 1
         return i
 
     def cells(self, lo: int, hi: int, off: int = 0) -> list[tuple[int, int, _Cell]]:
@@ -280,8 +284,10 @@ class Issued:
     __slots__ = ("early", "follows", "landed_early", "pending", "reads", "writes")
 
     def __init__(self) -> None:
-        self.reads: list[tuple[Storage, Access, Expectation]] = []
-        self.writes: list[tuple[Storage, Access, int]] = []
+        #: each read with the write ids it expects, each write with its id; each with the shadow cells it was issued
+        #: on and the shadow's ``splits`` then: where no split came since, its execution finds the same cells there
+        self.reads: list[tuple[Storage, Access, Expectation, list[tuple[int, int, _Cell]], int]] = []
+        self.writes: list[tuple[Storage, Access, int, list[tuple[int, int, _Cell]], int]] = []
         # (these three are tuples, grown only where a copy trails another: most operations never touch them)
         self.follows: tuple[Issued, ...] = ()
         #: a writer's: land its bytes ``[lo, hi)`` of a storage now (storage coordinates), data only
@@ -433,6 +439,9 @@ class Memory:
         self.touched: dict[str, set[int]] = {}
         #: operations and host steps issued so far (each access carries its operation's count: issue order)
         self.issues = 0
+        #: whether any storage was released with ``resize_(0)`` (:meth:`release`): only then is an access checked
+        #: for one
+        self.released = False
         #: operations in flight that read their inputs at completion (every write that lands tells it first)
         self.in_flight = InFlight()
         #: copies in flight, by the writes they are landing (see :meth:`start`)
@@ -452,6 +461,11 @@ class Memory:
             self.storages[st.base] = st
         return st
 
+    def release(self, st: Storage, why: str) -> None:
+        """``st`` has no memory any more (``resize_(0)``): an access issued from now is an illegal access, ``why``."""
+        st.released = why
+        self.released = True
+
     def lookup(self, t: torch.Tensor) -> Storage | None:
         """The pinned storage of a plain CPU tensor, if the simulator owns it."""
         if not self.storages or not t.is_cpu:  # (the dict holds the pinned storages alone)
@@ -465,11 +479,12 @@ class Memory:
         """Record the reads and writes of one operation or host step in the happens-before layer."""
         self.issues += 1
         issued = Issued()
-        for st, _ in (*reads, *writes):
-            if st.released is not None:  # an access to a storage released with resize_(0): reported, not made
-                reads = self._allocated(who, "read", reads)
-                writes = self._allocated(who, "write", writes)
-                break
+        if self.released:
+            for st, _ in (*reads, *writes):
+                if st.released is not None:  # an access to a storage released with resize_(0): reported, not made
+                    reads = self._allocated(who, "read", reads)
+                    writes = self._allocated(who, "write", writes)
+                    break
         actor, epoch, clock, op, index, source, on = who
         seen = self.touched.get(actor)
         if seen is None:
@@ -483,14 +498,14 @@ class Memory:
             lo, hi, parts = last_range = st.byte_pieces(data)
             last = data
             acc = Access(actor, epoch, op, index, "read", st.label, lo, hi, source, 0, on, seq, parts)
-            issued.reads.append((st, acc, self.issue_read(st, acc, clock)))
+            issued.reads.append(self.issue_read(st, acc, clock))
         for st, data in writes:
             seen.add(st.id)
             # an in-place op's destination is its last read too: its range is known (that read's, not the range of
             # the write before: a list op's destinations are each their own)
             lo, hi, parts = last_range if data is last else st.byte_pieces(data)
             acc = Access(actor, epoch, op, index, "write", st.label, lo, hi, source, 0, on, seq, parts)
-            issued.writes.append((st, acc, self.issue_write(st, acc, clock)))
+            issued.writes.append(self.issue_write(st, acc, clock))
         return issued
 
     def _allocated(self, who: Accessor, kind: AccessKind, refs: list[Ref]) -> list[Ref]:
@@ -521,10 +536,18 @@ class Memory:
         copy the reader would overtake, a kernel on either side, or a writer that has not started yet: the
         reader sees what had landed when it started, as before."""
         end = now if until is None else until
-        for st, access, expected in issued.reads:
+        for st, access, expected, cells, splits in issued.reads:
             if st.unmapped is None or self.check_mapped(st, access):
-                self.execute_read(st, access, expected, now, issued if sweeps else None, end)
-        for st, access, wid in issued.writes:
+                if splits == st.shadow.splits and len(cells) == len(expected):
+                    # the cells it was issued on, each its own piece of the expectation (in order)
+                    for (lo, hi, wid), (_, _, cell) in zip(expected, cells, strict=True):
+                        if cell.done != wid and not (sweeps and self._trails(st, access, wid, lo, hi, issued, now,
+                                                                             end)):
+                            self.reports.add(self._stale(st, access, wid, cell.done, now, lo, hi))
+                            break
+                else:
+                    self.execute_read(st, access, expected, now, issued if sweeps else None, end)
+        for st, access, wid, _, _ in issued.writes:
             if st.unmapped is not None:
                 self.check_mapped(st, access)
             if sweeps and until is not None:
@@ -543,9 +566,13 @@ class Memory:
                     writer.landed_early += ((st, lo, hi),)
             issued.pending = ()
         early = issued.landed_early
-        for st, access, wid in issued.writes:
+        for st, access, wid, cells, splits in issued.writes:
             if not early and access.pieces is None:
-                self.execute_write(st, access.lo, access.hi, wid)
+                if splits == st.shadow.splits:  # the cells it was issued on are its bytes' cells still
+                    for _, _, cell in cells:
+                        cell.done = wid
+                else:
+                    self.execute_write(st, access.lo, access.hi, wid)
             else:
                 cut = [(a, b) for s, a, b in early if s is st]
                 for plo, phi in access.pieces or ((access.lo, access.hi),):
@@ -565,10 +592,19 @@ class Memory:
         freed = _free_access(free) if free is not None else None
         self.reports.add(Race(current=cur, previous=prev, freed=freed))
 
-    def issue_read(self, st: Storage, access: Access, clock: VectorClock) -> Expectation:
+    def issue_read(
+        self, st: Storage, access: Access, clock: VectorClock
+    ) -> tuple[Storage, Access, Expectation, list[tuple[int, int, _Cell]], int]:
+        """A read issued: checked against the writes it is not ordered after; with what it expects (the write ids
+        over its bytes), the cells it was issued on and the shadow's splits then (an :class:`Issued` read)."""
         expected: Expectation = []
         actor = access.actor
-        for lo, hi, cell in st.cells(access.lo, access.hi) if access.pieces is None else _cells_of(st, access.pieces):
+        if access.pieces is None:  # (Storage.cells, inline: two of these come with every in-place operation)
+            off = st.offset
+            cells = st.shadow._answers.get((off + access.lo, off + access.hi, off)) or st.cells(access.lo, access.hi)
+        else:
+            cells = _cells_of(st, access.pieces)
+        for lo, hi, cell in cells:
             lw = cell.last_write
             if lw is not None and lw.actor != actor and not clock.happens_before(lw.actor, lw.epoch):
                 self._race(access, lw)
@@ -583,13 +619,22 @@ class Memory:
                 expected[-1] = (expected[-1][0], hi, cell.issued)
             else:
                 expected.append((lo, hi, cell.issued))
-        return expected
+        return st, access, expected, cells, st.shadow.splits
 
-    def issue_write(self, st: Storage, access: Access, clock: VectorClock) -> int:
+    def issue_write(
+        self, st: Storage, access: Access, clock: VectorClock
+    ) -> tuple[Storage, Access, int, list[tuple[int, int, _Cell]], int]:
+        """A write issued: checked against the accesses it is not ordered after; with its write id, the cells it was
+        issued on and the shadow's splits then (an :class:`Issued` write)."""
         shadow, off, actor = st.shadow, st.offset, access.actor
         shadow.writes.append((off + access.lo, off + access.hi, access))
         wid = len(shadow.writes)
-        for _, _, cell in st.cells(access.lo, access.hi) if access.pieces is None else _cells_of(st, access.pieces):
+        if access.pieces is None:  # (Storage.cells, inline: two of these come with every in-place operation)
+            off = st.offset
+            cells = st.shadow._answers.get((off + access.lo, off + access.hi, off)) or st.cells(access.lo, access.hi)
+        else:
+            cells = _cells_of(st, access.pieces)
+        for _, _, cell in cells:
             lw = cell.last_write
             if lw is not None and lw.actor != actor and not clock.happens_before(lw.actor, lw.epoch):
                 self._race(access, lw)
@@ -599,7 +644,7 @@ class Memory:
             cell.last_write = access
             cell.reads = []
             cell.issued = wid
-        return wid
+        return st, access, wid, cells, shadow.splits
 
     # -- the version layer (at execution) -----------------------------------------
     def check_mapped(self, st: Storage, access: Access) -> bool:

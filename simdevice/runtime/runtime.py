@@ -580,7 +580,7 @@ class Runtime:
             return
         self.memsaver.allocator.release(st)
         self.memsaver.allocator.collect_frees()
-        st.released = f"which untyped_storage().resize_(0) at {source} released"
+        self.memory.release(st, f"which untyped_storage().resize_(0) at {source} released")
 
     def record_stream(self, st: Storage, s: SimStream) -> None:
         """``t.record_stream(s)``: the allocation's block is not reused before ``s`` reaches the point of its free."""

@@ -73,7 +73,7 @@ def test_a_write_after_an_unordered_read_is_a_race() -> None:
 def test_write_after_read_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:
     original = memory.Memory.issue_write
 
-    def blind_to_reads(self: memory.Memory, st: memory.Storage, access: Any, clock: Any) -> int:
+    def blind_to_reads(self: memory.Memory, st: memory.Storage, access: Any, clock: Any) -> Any:
         for _, _, cell in st.cells(access.lo, access.hi):
             cell.reads = []  # the mutant: reads are forgotten before the check
         return original(self, st, access, clock)

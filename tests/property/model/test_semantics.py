@@ -528,6 +528,48 @@ def test_a_stale_read_counts_the_writes_it_missed_where_it_missed_them() -> None
     assert stale.read.hi == 8 * N
 
 
+@pytest.mark.parametrize("cut_before", [False, True])
+def test_a_read_whose_bytes_were_split_after_its_issue_is_checked_at_each_part(cut_before: bool) -> None:
+    """A read of all of ``x`` waits on its stream while another stream, unordered, writes the second half: that write
+    cuts the shadow's cell under the read after the read was issued. When the read starts, the half written since is
+    a write issued after it (a stale read of that half), whatever the cells were when it was issued. ``cut_before``:
+    a read of the second half cut the cell first, so the whole read's expectation is one piece over two cells."""
+
+    def program(dev: Any) -> None:
+        x = torch.zeros(2 * N, device=dev.device)
+        if cut_before:
+            x[N:].sum()
+        dev.synchronize()
+        a, b = dev.Stream(name="a"), dev.Stream(name="b")
+        with dev.stream(a):
+            x.sum()  # a#0, stalled until b's write has landed
+        with dev.stream(b):
+            x[N:].fill_(1.0)
+        dev.synchronize()
+
+    _, reports, _ = run(program, delays=(Delay("a", 0, 5),))
+    (stale,) = [r for r in reports if isinstance(r, StaleRead)]
+    assert stale.stale_by == -1  # it saw a write issued after it
+    assert "a write issued after it" in str(stale)
+    assert [r.current.op for r in reports if isinstance(r, Race)] == ["fill_"]
+
+
+def test_a_write_whose_bytes_were_split_before_it_landed_lands_on_each_part() -> None:
+    """An op on the same stream touches the second half of what a fill in flight writes: its issue cuts the shadow's
+    cell under the fill before the fill lands. The fill lands on both halves, so what follows it in stream order
+    reads what it expects: no report."""
+
+    def program(dev: Any) -> torch.Tensor:
+        x = torch.zeros(2 * N, device=dev.device)
+        x.fill_(1.0)  # default#1, stalled: in flight when the next op is issued
+        x[N:].add_(1.0)
+        return x.cpu()
+
+    out, reports, _ = run(program, delays=(Delay("default", 1, 5),))
+    assert reports == ()
+    assert torch.equal(out, torch.cat([torch.ones(N), torch.full((N,), 2.0)]))
+
+
 def test_a_device_takes_its_schedule_as_a_line_as_a_session_does() -> None:
     """``SimDevice("side#0+1")`` (delays alone) and ``SimDevice("test/t::side#0+1")`` are that schedule; what is
     neither is a one-line error."""
