@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+from torch.utils import _device as torch_device
 
 from reference import contract
 from reference.naming import StreamNames, creation_site, inside
@@ -333,10 +334,38 @@ def _meta() -> torch.device:
     return META
 
 
+#: the factories a ``with torch.device(...)`` block or ``torch.set_default_device(...)`` gives its device where the
+#: call names none (torch's own list, read before anything is patched: not ``*_like``, which take their input's)
+_CONTEXT_FACTORIES = frozenset(
+    f.__name__ for f in torch_device._device_constructors.__wrapped__() if getattr(torch, f.__name__, None) is f)
+
+
+def _context_on_device() -> bool:
+    """Whether the device a factory gets where the call names none is CUDA: that of the innermost ``with
+    torch.device("cuda")`` block (torch's ``DeviceContext``, a function mode), else of
+    ``torch.set_default_device("cuda")``. torch's mode would pass it on to the factory itself, but only to the
+    factories it knew before the session patched them, and as a device the simulator takes from here."""
+    if torch._C._len_torch_function_stack():
+        for mode in reversed(_get_current_function_mode_stack()):
+            if isinstance(mode, torch_device.DeviceContext):
+                return on_device(mode.device)
+    default = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    return default is not None and on_device(default.device)
+
+
+def _forget_context_factories() -> None:
+    """torch keeps the factories its ``DeviceContext`` acts on as it first found them (a cache): found during a
+    session, they would be the session's, and a block run after it, on a GPU, would give its device to none."""
+    torch_device._device_constructors.cache_clear()
+
+
 def _factory(fn: Callable[..., Any]) -> Callable[..., Any]:
+    contextual = fn.__name__ in _CONTEXT_FACTORIES
+
     @functools.wraps(fn)
     def make(*args: Any, **kwargs: Any) -> Any:
-        if on_device(kwargs.get("device")):
+        device = kwargs.get("device")
+        if on_device(device) or (device is None and contextual and _context_on_device()):
             kwargs["device"] = _meta()
         return fn(*args, **kwargs)
 
@@ -349,7 +378,8 @@ def _from_data(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def make(*args: Any, **kwargs: Any) -> Any:
-        if not on_device(kwargs.get("device")):
+        device = kwargs.get("device")
+        if not on_device(device) and not (device is None and _context_on_device()):
             return fn(*args, **kwargs)
         kwargs = {k: v for k, v in kwargs.items() if k != "device"}
         if args and isinstance(args[0], SimTensor):
@@ -400,6 +430,8 @@ _NEW = ("new_empty", "new_empty_strided", "new_full", "new_ones", "new_tensor", 
 def install(p: Patches) -> None:
     """Put the façade in place (``p.restore()`` takes it away)."""
     cuda = torch.cuda
+    _forget_context_factories()
+    p.on_restore(_forget_context_factories)
     table: dict[str, Any] = {
         "_lazy_init": lambda: None,  # torch's factories call it before dispatch; the simulated device needs none
         "init": lambda: None,

@@ -8,6 +8,7 @@ that raised.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 _ABSENT = object()
@@ -16,11 +17,16 @@ _ABSENT = object()
 class Patches:
     def __init__(self) -> None:
         self._saved: list[tuple[Any, str, Any]] = []
+        self._after: list[Callable[[], None]] = []
 
     def set(self, owner: Any, name: str, value: Any) -> None:
         """``owner.name = value`` until :meth:`restore` (``owner``: a module or a class)."""
         self._saved.append((owner, name, vars(owner).get(name, _ABSENT)))
         setattr(owner, name, value)
+
+    def on_restore(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once :meth:`restore` has put everything back (a cache of what was patched, forgotten)."""
+        self._after.append(fn)
 
     def restore(self) -> None:
         while self._saved:
@@ -29,6 +35,8 @@ class Patches:
                 delattr(owner, name)
             else:
                 setattr(owner, name, old)
+        while self._after:
+            self._after.pop()()
 
     def __len__(self) -> int:
         return len(self._saved)

@@ -36,6 +36,62 @@ def test_every_spelling_of_the_device_makes_a_simulated_tensor(d: Any) -> None:
     assert {t.type().split(".")[1] for t in made} == {"cuda"}
 
 
+def test_a_device_block_and_the_default_device_make_simulated_tensors() -> None:
+    """``with torch.device("cuda")`` and ``torch.set_default_device("cuda")`` (model-init code) give CUDA to the
+    factories called without a device, as on a GPU; ``*_like`` keep their input's device, and a block naming the
+    CPU makes host tensors."""
+    with simdevice.cuda() as sim:
+        cpu = torch.ones(2)
+        with torch.device("cuda"):
+            in_block = [torch.arange(4.0), torch.zeros(2), torch.tensor([1.0]), torch.as_tensor([2.0]),
+                        torch.empty(3), torch.full((2,), 7.0)]
+            like = torch.zeros_like(cpu)
+        with torch.device("cpu"):
+            host = torch.ones(2)
+        torch.set_default_device("cuda")
+        try:
+            by_default = torch.ones(2)
+        finally:
+            torch.set_default_device(None)
+        after = torch.ones(2)
+        values = [t.cpu().tolist() for t in in_block]
+    sim.assert_clean()
+    assert all(isinstance(t, SimTensor) and t.device.type == "cuda" for t in [*in_block, by_default])
+    assert values == [[0.0, 1.0, 2.0, 3.0], [0.0, 0.0], [1.0], [2.0], values[4], [7.0, 7.0]]
+    assert not any(isinstance(t, SimTensor) for t in (like, host, after))
+
+
+def test_a_device_block_after_a_session_gives_its_device_to_torch_s_own_factories() -> None:
+    """torch caches the factories its device block acts on when it first needs them: found during a session, they
+    were the session's, and a block after it (on a GPU, a replay's) gave its device to none. (``meta`` stands in
+    for a GPU here.)"""
+    with simdevice.cuda() as sim:
+        with torch.device("cuda"):
+            torch.zeros(1)
+    sim.assert_clean()
+    with torch.device("meta"):
+        assert torch.zeros(1).device.type == "meta"
+        assert torch.arange(3).device.type == "meta"
+
+
+def test_a_race_on_a_tensor_made_in_a_device_block_is_found() -> None:
+    """A D2H of a tensor made in ``with torch.device("cuda")``, read on the host without waiting: found (it was a
+    host tensor, and the run clean)."""
+
+    def racy() -> None:
+        with torch.device("cuda"):
+            act = torch.arange(1024, dtype=torch.float32)
+        pinned = torch.empty(1024, pin_memory=True)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            pinned.copy_(act, non_blocking=True)
+        pinned.sum()  # no side.synchronize()
+
+    found = simdevice.explore(racy, max_examples=20)
+    assert found.failure is not None and found.failure.run.reports
+
+
 def test_current_device_is_an_index_factories_accept() -> None:
     with simdevice.cuda() as sim:
         i = torch.cuda.current_device()
