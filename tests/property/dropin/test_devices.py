@@ -65,9 +65,8 @@ def test_a_device_block_after_a_session_gives_its_device_to_torch_s_own_factorie
     """torch caches the factories its device block acts on when it first needs them: found during a session, they
     were the session's, and a block after it (on a GPU, a replay's) gave its device to none. (``meta`` stands in
     for a GPU here.)"""
-    with simdevice.cuda() as sim:
-        with torch.device("cuda"):
-            torch.zeros(1)
+    with simdevice.cuda() as sim, torch.device("cuda"):
+        torch.zeros(1)
     sim.assert_clean()
     with torch.device("meta"):
         assert torch.zeros(1).device.type == "meta"
