@@ -88,7 +88,8 @@ def test_a_race_on_a_tensor_made_in_a_device_block_is_found() -> None:
         pinned.sum()  # no side.synchronize()
 
     found = simdevice.explore(racy, max_examples=20)
-    assert found.failure is not None and found.failure.run.reports
+    assert found.failure is not None
+    assert found.failure.run.reports
 
 
 def test_current_device_is_an_index_factories_accept() -> None:
