@@ -337,7 +337,8 @@ def _meta() -> torch.device:
 #: the factories a ``with torch.device(...)`` block or ``torch.set_default_device(...)`` gives its device where the
 #: call names none (torch's own list, read before anything is patched: not ``*_like``, which take their input's)
 _CONTEXT_FACTORIES = frozenset(
-    f.__name__ for f in torch_device._device_constructors.__wrapped__() if getattr(torch, f.__name__, None) is f)
+    name for f in torch_device._device_constructors.__wrapped__()
+    if getattr(torch, name := getattr(f, "__name__", ""), None) is f)
 
 
 def _context_on_device() -> bool:
