@@ -288,6 +288,27 @@ def manual_seed(seed: int) -> None:
         session_device().runtime.manual_seed(seed)
 
 
+def get_rng_state(device: Any = "cuda") -> torch.Tensor:
+    """``torch.cuda.get_rng_state``: the simulated generator's state as a byte tensor on the host (its seed and the
+    count of random ops drawn so far, as CUDA's philox state is a seed and an offset), for ``set_rng_state``."""
+    seed, drawn = session_device().runtime.rng_state()
+    return torch.tensor([seed, drawn], dtype=torch.int64, device="cpu").view(torch.uint8)
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
+    """``torch.cuda.set_rng_state`` with a state ``get_rng_state`` gave (``torch.utils.checkpoint`` restores the
+    forward's before it recomputes it, so that a dropout recomputed draws the same mask)."""
+    if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8 or new_state.numel() != 16:
+        raise ValueError("set_rng_state: expected a state torch.cuda.get_rng_state() gave (16 bytes)")
+    seed, drawn = new_state.detach().cpu().contiguous().view(torch.int64).tolist()
+    session_device().runtime.set_rng_state(seed, drawn)
+
+
+def set_rng_state_all(new_states: Any) -> None:
+    for state in new_states:  # one device
+        set_rng_state(state)
+
+
 class _DeviceContext:
     """``torch.cuda.device(i)``: there is one simulated device."""
 
@@ -465,6 +486,14 @@ def install(p: Patches) -> None:
         "ipc_collect": lambda: None,  # no process holds this device's memory through an IPC handle to let go of
         "manual_seed": manual_seed,
         "manual_seed_all": manual_seed,
+        "get_rng_state": get_rng_state,
+        "set_rng_state": set_rng_state,
+        "get_rng_state_all": lambda: [get_rng_state()],
+        "set_rng_state_all": set_rng_state_all,
+        "initial_seed": lambda: session_device().runtime.initial_seed,
+        # torch reads the flag itself where it asks whether CUDA is in use (torch.utils.checkpoint keeps the device
+        # generator's state for a recomputation only then)
+        "_initialized": True,
         "seed": lambda: None,
         "seed_all": lambda: None,
         "device": _DeviceContext,
@@ -515,7 +544,8 @@ def _autocast(original: type) -> type:
     class autocast(original):  # type: ignore[valid-type,misc]  # noqa: N801 (torch's name)
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             device_type = kwargs.get("device_type", args[0] if args else "cuda")
-            if device_type == "cuda" and in_actor():
+            enabled = kwargs.get("enabled", args[2] if len(args) > 2 else True)
+            if device_type == "cuda" and enabled and in_actor():
                 session_device().runtime.note(_AUTOCAST_NOTE)
             super().__init__(*args, **kwargs)
 

@@ -570,6 +570,19 @@ class Runtime:
         """``torch.cuda.manual_seed``: the random ops from here draw from ``seed``."""
         self._seed, self._random_ops = int(seed), 0
 
+    def rng_state(self) -> tuple[int, int]:
+        """The device generator's state (``torch.cuda.get_rng_state``): its seed and how many random ops drew."""
+        return self._seed, self._random_ops
+
+    def set_rng_state(self, seed: int, drawn: int) -> None:
+        """``torch.cuda.set_rng_state``: the random ops from here draw as they did after ``drawn`` ops from ``seed``
+        (a recomputation under the state kept before its forward draws the forward's numbers)."""
+        self._seed, self._random_ops = int(seed), int(drawn)
+
+    @property
+    def initial_seed(self) -> int:
+        return self._seed
+
     def release(self, st: Storage, source: str) -> None:
         """``t.untyped_storage().resize_(0)``: the allocation's block is freed now, as if its tensors died (a
         stream-ordered free: ``record_stream`` defers its reuse); an operation issued later on any of its tensors

@@ -328,6 +328,22 @@ def test_cuda_autocast_is_not_applied_and_the_run_says_so() -> None:
     assert len([n for n in s.result.notes if "autocast" in n]) == 1
 
 
+def test_autocast_turned_off_is_not_noted() -> None:
+    """``autocast("cuda", enabled=False)`` (what ``torch.utils.checkpoint`` enters to recompute a forward that ran
+    without autocast) applies nothing here either: no note."""
+
+    def program() -> None:
+        with torch.autocast("cuda", enabled=False), torch.autocast(device_type="cuda", dtype=torch.float16,
+                                                                    enabled=False):
+            (torch.ones(2, 2, device="cuda") @ torch.ones(2, 2, device="cuda")).sum().item()
+
+    s = simdevice.cuda()
+    s.run(program)
+    s.assert_clean()
+    assert s.result is not None
+    assert not [n for n in s.result.notes if "autocast" in n]
+
+
 def _deepcopies() -> tuple[bool, bool, bool, list[float]]:
     import copy
 

@@ -44,6 +44,55 @@ def test_manual_seed_chooses_the_stream_of_numbers() -> None:
     assert _session_draw(7) != _session_draw(8)
 
 
+def _replayed_draws() -> tuple[list[float], list[float], list[float], int]:
+    state = torch.cuda.get_rng_state()
+    first = torch.rand(4, device="cuda").cpu().tolist()
+    torch.cuda.set_rng_state(state)
+    again = torch.rand(4, device="cuda").cpu().tolist()
+    with torch.random.fork_rng(devices=[0]):
+        torch.rand(4, device="cuda")  # drawn inside the fork: the numbers after it are as if it never were
+    after = torch.rand(4, device="cuda").cpu().tolist()
+    torch.cuda.set_rng_state(state)
+    torch.rand(4, device="cuda")
+    return first, again, after, int(torch.cuda.initial_seed())
+
+
+def test_the_device_generator_s_state_is_kept_and_put_back() -> None:
+    """``torch.cuda.get_rng_state`` / ``set_rng_state`` (and ``torch.random.fork_rng`` over the device, which uses
+    them) put the generator back where it was: the same numbers are drawn again."""
+    got: list[tuple[list[float], list[float], list[float], int]] = []
+    s = simdevice.cuda()
+    s.run(lambda: got.append(_replayed_draws()))
+    s.assert_clean()
+    (first, again, after, seed) = got[0]
+    assert first == again
+    assert after not in (first, [])  # the fork's draw left the generator where it was: the next four are new
+    assert len(set(first)) == 4
+    assert seed == 0
+
+
+def _checkpointed_dropout(reentrant: bool) -> bool:
+    import torch.utils.checkpoint as cp
+
+    x = torch.ones(256, device="cuda", requires_grad=True)
+    y = cp.checkpoint(lambda t: torch.nn.functional.dropout(t, 0.5), x, use_reentrant=reentrant)
+    y.sum().backward()
+    assert x.grad is not None
+    return torch.equal((x.grad != 0).cpu(), (y.detach() != 0).cpu())
+
+
+def test_a_checkpointed_dropout_recomputes_the_forward_s_mask() -> None:
+    """``torch.utils.checkpoint`` keeps the device generator's state for its recomputation (as it does where CUDA is
+    in use): the recomputed dropout draws the forward's mask, so the gradient flows where the output did. (It drew a
+    new mask, and the gradient disagreed with the output.)"""
+    for reentrant in (False, True):
+        s = simdevice.cuda()
+        s.run(_checkpointed_dropout, reentrant)
+        s.assert_clean()
+        assert s.result is not None
+        assert s.result.result is True
+
+
 def _gather_and_reduce(wait: bool) -> None:
     r, w = dist.get_rank(), dist.get_world_size()
     full = torch.zeros(4 * w, device="cuda")
