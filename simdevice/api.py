@@ -235,6 +235,15 @@ def as_schedule(schedule: Schedule | str | None) -> Schedule | None:
         except ScheduleError:
             raise first from None
 
+def _earlier(handle: Any, kind: type) -> str:
+    """What to say of a stream or event an earlier run made (the program kept it, in an object or in a module the
+    target's own is not: each run is a process of its own, whose streams are made in it)."""
+    if not isinstance(handle, kind):
+        return ""
+    return (", made by an earlier run: the program keeps it across runs (in an object, a class or another module; "
+            "the target's own module starts afresh at each run); make it in the run, as each process does")
+
+
 class SimDevice:
     """The device contract on a deterministic simulated device."""
 
@@ -319,14 +328,14 @@ class SimDevice:
     def stream_of(self, s: contract.Stream) -> SimStream:
         """The runtime stream behind a handle of this device (TypeError for anything else)."""
         if not isinstance(s, StreamHandle) or s._dev is not self:
-            raise TypeError(f"expected a stream of this SimDevice, got {s!r}")
+            raise TypeError(f"expected a stream of this SimDevice, got {s!r}{_earlier(s, StreamHandle)}")
         stream: SimStream = s._s
         return stream
 
     def event_of(self, e: contract.Event) -> EventHandle:
         """An event of this device (TypeError for anything else)."""
         if not isinstance(e, EventHandle) or e._dev is not self:
-            raise TypeError(f"expected an event of this SimDevice, got {e!r}")
+            raise TypeError(f"expected an event of this SimDevice, got {e!r}{_earlier(e, EventHandle)}")
         return e
 
     def record_of(self, e: contract.Event) -> EventRecord | None:

@@ -112,10 +112,11 @@ class FunctionTarget:
 
     def _run_sim(self, schedule: Schedule, kwargs: dict[str, Any]) -> Outcome:
         config = None if self.values else SimConfig(values=False)
-        if self.style == "plain":
-            run = DropIn(schedule, config).run(self.fn, world_size=self.world_size, **kwargs)
-        else:
-            run = SimDevice(schedule, config).run(self._contract_body(kwargs))
+        with module_state_kept(self.fn):
+            if self.style == "plain":
+                run = DropIn(schedule, config).run(self.fn, world_size=self.world_size, **kwargs)
+            else:
+                run = SimDevice(schedule, config).run(self._contract_body(kwargs))
         return Outcome(schedule, run, (), "sim", active_profile(), self.values and active_values(), self.world_size)
 
     def _run_cuda(self, schedule: Schedule, kwargs: dict[str, Any]) -> Outcome:
@@ -128,10 +129,11 @@ class FunctionTarget:
         dev = CudaDevice(schedule, cycles_per_ms=_CYCLES[0] if _CYCLES else None)
         _CYCLES[:] = [dev.cycles_per_ms]
         try:
-            if self.style == "plain":
-                run = dev.run_plain(self.fn, world_size=self.world_size, **kwargs)
-            else:
-                run = dev.run(self._contract_body(kwargs))
+            with module_state_kept(self.fn):
+                if self.style == "plain":
+                    run = dev.run_plain(self.fn, world_size=self.world_size, **kwargs)
+                else:
+                    run = dev.run(self._contract_body(kwargs))
         except Exception as e:
             torch.cuda.synchronize()
             run = Run(result=None, op_counts=dict(dev.counter.counts), unfired=dev.counter.unfired())
@@ -167,6 +169,54 @@ class FunctionTarget:
     def probe(self, config: dict[str, Any] | None = None) -> dict[str, int]:
         """Operations per actor of the default schedule in ``config``."""
         return dict(self.run(self.schedule(config)).run.op_counts)
+
+
+@contextlib.contextmanager
+def module_state_kept(fn: Callable[..., Any]) -> Any:
+    """Run the block (one run of ``fn``) and put ``fn``'s module's globals back as they were: the names it bound or
+    rebound, and the contents of the plain lists, dicts and sets among them. Each run of a target is a process of
+    its own on a GPU: a stream, a buffer or a count the program keeps in its module (``_STREAM = None``, made at
+    the first call) starts afresh at every run, not from what an earlier run (a probe, a simulated run before a GPU
+    one) left there."""
+    names = getattr(fn, "__globals__", None)
+    if not isinstance(names, dict):
+        yield
+        return
+    before = dict(names)
+    contents: list[tuple[Any, Any]] = []
+    for value in before.values():
+        kind = type(value)
+        if kind is list or kind is dict or kind is set:
+            contents.append((value, kind(value)))
+    try:
+        yield
+    finally:
+        for name in [n for n in names if n not in before]:
+            del names[name]
+        for name, value in before.items():
+            if names.get(name, _GONE) is not value:
+                names[name] = value
+        for container, kept in contents:
+            if not _same(container, kept):
+                container.clear()
+                if type(container) is list:
+                    container.extend(kept)
+                else:
+                    container.update(kept)
+
+
+_GONE = object()
+
+
+def _same(container: Any, kept: Any) -> bool:
+    """Whether a list, dict or set holds the very objects it held (by identity: ``==`` on tensors is a tensor)."""
+    if len(container) != len(kept):
+        return False
+    if type(container) is list:
+        return all(a is b for a, b in zip(container, kept, strict=True))
+    if type(container) is dict:
+        return all(k in container and container[k] is v for k, v in kept.items())
+    return all(x in container for x in kept)
 
 
 def _key(config: dict[str, Any]) -> Any:

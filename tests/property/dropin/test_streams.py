@@ -3,6 +3,8 @@ torch's own record_stream, and ordered only by the synchronization the program w
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -342,3 +344,21 @@ def test_backward_runs_each_op_on_its_forward_ops_stream() -> None:
     racy = simdevice.cuda()
     racy.run(_forward_on_a_side_stream, False)
     assert any(isinstance(r, Race) for r in racy.reports)
+
+
+def test_a_stream_an_earlier_run_made_is_named_as_such() -> None:
+    """A stream kept across runs where the tool cannot put it back (an object's, another module's) is refused with
+    the reason: it was made by an earlier run."""
+    kept: dict[str, Any] = {}
+
+    def program() -> None:
+        s = kept.setdefault("s", torch.cuda.Stream())
+        with torch.cuda.stream(s):
+            torch.ones(2, device="cuda")
+
+    first, second = simdevice.cuda(), simdevice.cuda()
+    first.run(program)
+    second.run(program)
+    first.assert_clean()
+    assert "expected a stream of this SimDevice" in second.text()
+    assert "made by an earlier run" in second.text()

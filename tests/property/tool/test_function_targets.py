@@ -346,3 +346,51 @@ def test_exhaust_of_a_function_reports_a_race_no_schedule_shows(
     doc = json.loads(capsys.readouterr().out)
     assert doc["clean"] is False
     assert doc["summary"] == "1 race"
+
+
+SINGLETON = '''
+import torch
+
+_STREAM = None
+_BUFFERS = {}
+CALLS = [0]
+
+
+def _d2h_stream():
+    global _STREAM
+    if _STREAM is None:  # made at the first call, reused by every later one
+        _STREAM = torch.cuda.Stream()
+    return _STREAM
+
+
+def offload(wait: bool = True, n: int = 1024):
+    CALLS[0] += 1
+    x = torch.arange(n, dtype=torch.float32, device="cuda")
+    pinned = _BUFFERS.setdefault(n, torch.empty(n, pin_memory=True))
+    s = _d2h_stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        pinned.copy_(x, non_blocking=True)
+    if wait:
+        s.synchronize()
+    assert CALLS[0] == 1, "an earlier run's count"
+    assert torch.equal(pinned, torch.arange(n, dtype=torch.float32))
+'''
+
+
+def test_what_a_run_leaves_in_the_function_s_module_is_gone_at_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stream kept in a module global (made at the first call), a buffer in a module dict and a count in a module
+    list start afresh at every run, as in a process of its own: the correct program is clean (it failed at its
+    second run on a stream of the first), the racy one is found, and the module is left as it was."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "single.py").write_text(SINGLETON)
+    assert main(["check", "single.py::offload", "--json", "--examples", "30", "--no-fix"]) == 0, capsys.readouterr()
+    capsys.readouterr()
+    assert main(["check", "single.py::offload:wait=0", "--json", "--examples", "30", "--no-fix"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert "AssertionError" in " ".join(doc["reports"]) or doc["summary"] != "clean"
+    names = resolve("single.py::offload").fn.__globals__  # the module the command ran
+    assert (names["_STREAM"], names["_BUFFERS"], names["CALLS"]) == (None, {}, [0])
