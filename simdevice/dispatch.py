@@ -35,6 +35,7 @@ seed alone, never on the global random state or on timing.
 from __future__ import annotations
 
 import copy
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -433,8 +434,37 @@ class SimTensor(torch.Tensor):
         self._point_at(data, st)
         return self
 
-    def __repr__(self) -> str:  # never syncs: printing must not change the schedule
-        return f"SimTensor({tuple(self.shape)}, {self.dtype}, {self._st.label})"
+    def __repr__(self) -> str:
+        """Printed by the program in its run, the tensor's values, read as printing a CUDA tensor reads them (the host
+        waits for the stream: a synchronizing copy), in torch's text; printed by anything else (the simulator, torch,
+        a debugger, a test after the run), its shape and allocation, reading nothing, so that the schedule is the
+        same however the run is looked at."""
+        return self._text(sys._getframe(1))
+
+    def __format__(self, spec: str) -> str:
+        """``f"{loss:.4f}"`` of a 0-d tensor in the program: its value (``.item()``, a host read), as torch formats
+        a CUDA tensor's; any other spec is refused as torch refuses it; an empty one is the tensor's text."""
+        caller = sys._getframe(1)
+        if self.dim() == 0 and self._printed_by_program(caller):
+            return format(self.item(), spec)
+        if spec:
+            return object.__format__(self, spec)
+        return self._text(caller)
+
+    def _printed_by_program(self, caller: Any) -> bool:
+        """Whether the program's own code (not the simulator's, torch's or a library's) asks for this tensor's text
+        in a run, on its actor (not the device's work, nor a thread the program started)."""
+        rt = self._ops.rt
+        return rt.current_or_none() is not None and not rt.in_engine and not internal_file(caller.f_code.co_filename)
+
+    def _text(self, caller: Any) -> str:
+        if not self._printed_by_program(caller):
+            return f"SimTensor({tuple(self.shape)}, {self.dtype}, {self._st.label})"
+        from torch._tensor_str import _str, _tensor_str
+
+        host = self.detach().cpu()  # the values, as printing reads them: the host waits for the stream
+        text = str(_str(self, tensor_contents=_tensor_str(host, len("tensor("))))
+        return "tensor(" + text.partition("(")[2]  # torch's text, which names a subclass by its class
 
 
 class SimStorage:

@@ -406,9 +406,27 @@ def _from_data(fn: Callable[..., Any]) -> Callable[..., Any]:
         kwargs = {k: v for k, v in kwargs.items() if k != "device"}
         if args and isinstance(args[0], SimTensor):
             return fn(*args, device=_meta(), **kwargs)
-        return fn(*args, **kwargs).to(_meta())
+        grad = bool(kwargs.pop("requires_grad", False))
+        out = fn(*args, **kwargs).to(_meta())
+        return out.requires_grad_() if grad else out  # a leaf, as made on the device
 
     return make
+
+
+def _tensor_new_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``t.new_tensor(data)``: a tensor of ``data`` on ``t``'s device (or ``device``) with ``t``'s dtype (or
+    ``dtype``), made as ``torch.tensor`` makes one there (torch's own builds it below the dispatcher: a meta shell
+    here)."""
+
+    @functools.wraps(original)
+    def new_tensor(self: torch.Tensor, data: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False,
+                   **kwargs: Any) -> Any:
+        target = self.device if device is None else device
+        if not on_device(target):
+            return original(self, data, dtype=dtype, device=device, requires_grad=requires_grad, **kwargs)
+        return torch.tensor(data, dtype=dtype or self.dtype, device=target, requires_grad=requires_grad, **kwargs)
+
+    return new_tensor
 
 
 def _tensor_to(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -446,7 +464,7 @@ _FACTORIES = (
     "bartlett_window", "blackman_window", "hamming_window", "hann_window", "kaiser_window",
 )
 _FROM_DATA = ("tensor", "as_tensor", "asarray")
-_NEW = ("new_empty", "new_empty_strided", "new_full", "new_ones", "new_tensor", "new_zeros")
+_NEW = ("new_empty", "new_empty_strided", "new_full", "new_ones", "new_zeros")
 
 
 def install(p: Patches) -> None:
@@ -517,6 +535,7 @@ def install(p: Patches) -> None:
     p.set(torch.Tensor, "cuda", _tensor_cuda(to))
     for name in _NEW:
         p.set(torch.Tensor, name, _wrapped(torch.Tensor, name, _tensor_new))
+    p.set(torch.Tensor, "new_tensor", _wrapped(torch.Tensor, "new_tensor", _tensor_new_tensor))
     p.set(time, "sleep", _host_sleep)
     amp = _wrapped(torch.amp, "autocast", _autocast)
     p.set(torch, "autocast", amp)

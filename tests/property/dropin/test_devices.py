@@ -92,6 +92,24 @@ def test_a_race_on_a_tensor_made_in_a_device_block_is_found() -> None:
     assert found.failure.run.reports
 
 
+def test_new_tensor_is_made_on_its_tensor_s_device_and_data_made_with_requires_grad_is_a_leaf() -> None:
+    """``t.new_tensor(data)`` takes ``t``'s device and dtype (it was a meta shell: torch builds it below the
+    dispatcher); ``torch.tensor(..., device="cuda", requires_grad=True)`` and ``new_tensor(..., requires_grad=True)``
+    are leaves, as on a GPU (the first was the result of a copy)."""
+    with simdevice.cuda() as sim:
+        x = torch.ones(2, device="cuda")
+        made = [x.new_tensor([2.0]), x.new_tensor([1, 2], dtype=torch.int64), torch.ones(2).new_tensor([3.0], device=0)]
+        host = x.new_tensor([1.0], device="cpu")
+        leaves = [torch.tensor([1.0], device="cuda", requires_grad=True), x.new_tensor([1.0], requires_grad=True)]
+        product = (x * x.new_tensor([2.0])).cpu().tolist()
+    sim.assert_clean()
+    assert all(isinstance(t, SimTensor) and t.device.type == "cuda" for t in [*made, *leaves])
+    assert [t.dtype for t in made] == [torch.float32, torch.int64, torch.float32]
+    assert not isinstance(host, SimTensor)
+    assert all(t.is_leaf and t.requires_grad for t in leaves)
+    assert product == [2.0, 2.0]
+
+
 def test_current_device_is_an_index_factories_accept() -> None:
     with simdevice.cuda() as sim:
         i = torch.cuda.current_device()
@@ -368,3 +386,29 @@ def test_deepcopy_of_a_device_module_or_tensor_copies_its_bytes() -> None:
     s.assert_clean()
     assert s.result is not None
     assert s.result.result == (True, True, True, [1.0] * 4)
+
+
+def _prints() -> tuple[str, str, str]:
+    x = torch.arange(4, dtype=torch.float32, device="cuda")
+    pinned = torch.empty(4, pin_memory=True)
+    pinned.copy_(x, non_blocking=True)
+    shown = repr(x)  # printing reads the values: the host waits for the stream, as on a GPU
+    total = f"{x.sum():.1f}"
+    formatted = f"{x[:2]}"
+    assert torch.equal(pinned, torch.arange(4, dtype=torch.float32))  # landed: no race after the print
+    return shown, total, formatted
+
+
+def test_printing_a_device_tensor_in_the_program_reads_its_values_and_waits_for_them() -> None:
+    """``repr``, ``print`` and f-strings of a device tensor in the program read its values as on a GPU (a
+    synchronizing copy: a host read of pinned memory after it is no race), in torch's text; ``f"{loss:.4f}"`` of a
+    0-d tensor is its value. Outside the run (a test, a debugger) the text reads nothing."""
+    s = simdevice.cuda()
+    s.run(_prints)
+    s.assert_clean()
+    assert s.result is not None
+    assert s.result.result == ("tensor([0., 1., 2., 3.], device='cuda:0')", "6.0", "tensor([0., 1.], device='cuda:0')")
+    kept: list[torch.Tensor] = []
+    s = simdevice.cuda()
+    s.run(lambda: kept.append(torch.ones(2, device="cuda")))
+    assert repr(kept[0]).startswith("SimTensor((2,), torch.float32")
