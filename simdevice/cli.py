@@ -345,6 +345,12 @@ def _check_all(args: argparse.Namespace, progs: list[Any], db: Any, bars: bool, 
             errors.extend((*tasks[i], shown.errors[i]) for i in sorted(shown.errors))
 
 
+def _first_sentence(text: str) -> str:
+    """An error's first sentence, where its message runs on (torch's about a missing CUDA library is a paragraph)."""
+    head, dot, rest = text.partition(". ")
+    return head if dot and len(text) > 200 else text
+
+
 def _variants(progs: list[Any]) -> list[tuple[Any, str]]:
     """Each variant of ``progs`` with its program, in table order."""
     return [(prog, variant) for prog in progs for variant in prog.variants]
@@ -490,7 +496,8 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
     no_verdict: tuple[str, str] | None = None
     if out is not None and stopped is not None:  # the program uses what the simulator does not run
         no_verdict = ("unsupported", f"{target.name}: the program uses what the simulator does not run: "
-                      f"{stopped.error} in {stopped.actor} ({stopped.source}), under schedule \"{out.schedule}\"; "
+                      f"{_first_sentence(stopped.error)} in {stopped.actor} ({stopped.source}), under schedule "
+                      f"\"{out.schedule}\"; "
                       "see \"Not intercepted\" in docs/dropin.md")
     elif out is not None and out.run.reports and all(isinstance(r, StepLimit) for r in out.run.reports):
         # the run was stopped before it ended, with nothing found up to there

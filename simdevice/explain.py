@@ -190,7 +190,12 @@ def _why_none(out: Outcome) -> str:
 #: what a host error says where the program used what the simulator does not run (docs/dropin.md, "Not
 #: intercepted"), not where it failed on its own
 _NOT_RUN = ("NotImplementedError", "RuntimeError: simdevice: ", "RuntimeError: Cannot access accelerator",
-            "AssertionError: Torch not compiled with CUDA")
+            "AssertionError: Torch not compiled with CUDA",
+            # CUDA's own C API (torch._C._cuda_*: memory history, BLAS handles), absent from the CPU build
+            "AttributeError: module 'torch._C' has no attribute '_cuda",
+            # the device-generic torch.Stream("cuda") / torch.Event("cuda"), and a CUDA torch.Generator
+            "RuntimeError: PyTorch is not linked with support for cuda devices",
+            "RuntimeError: Cannot get CUDA generator without ATen_cuda library")
 
 
 def _not_run(error: str) -> bool:

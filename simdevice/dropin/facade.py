@@ -326,6 +326,16 @@ def _no_graphs(*args: Any, **kwargs: Any) -> Any:
     raise NotImplementedError("CUDA graphs are not simulated (capture and replay run no operation here)")
 
 
+def _no_raw_allocations(*args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError("torch.cuda.caching_allocator_alloc / caching_allocator_delete are not simulated (a "
+                              "raw pointer is no tensor the simulator can follow): allocate tensors instead")
+
+
+def _no_external_streams(*args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError("torch.cuda.ExternalStream is not simulated (a stream made outside torch): make the "
+                              "stream with torch.cuda.Stream()")
+
+
 _nvtx = types.SimpleNamespace(
     range_push=lambda msg: 0, range_pop=lambda: 0, mark=lambda msg: None,
     range=lambda msg, *a, **k: contextlib.nullcontext(),
@@ -518,6 +528,9 @@ def install(p: Patches) -> None:
         "is_current_stream_capturing": lambda: False,
         "graph": _no_graphs,
         "CUDAGraph": _no_graphs,
+        "caching_allocator_alloc": _no_raw_allocations,
+        "caching_allocator_delete": _no_raw_allocations,
+        "ExternalStream": _no_external_streams,
         "_sleep": _sleep,
     }
     for name, value in table.items():

@@ -233,6 +233,29 @@ def test_a_program_using_what_the_simulator_does_not_run_gets_no_verdict(
     assert "CUDA graphs" in doc["unsupported"]
 
 
+@pytest.mark.parametrize(("call", "says"), [
+    ("torch.cuda.memory._record_memory_history()", "no attribute '_cuda_record_memory_history'"),
+    ("torch._C._cuda_getCurrentBlasHandle()", "no attribute '_cuda_getCurrentBlasHandle'"),
+    ("torch.cuda.caching_allocator_alloc(4096)", "caching_allocator_alloc"),
+    ("torch.cuda.ExternalStream(0)", "ExternalStream"),
+    ("torch.Stream('cuda')", "not linked with support for cuda"),
+    ("torch.Generator(device='cuda')", "Cannot get CUDA generator without ATen_cuda library in host"),
+], ids=["memory-history", "blas-handle", "raw-alloc", "external-stream", "generic-stream", "generator"])
+def test_cuda_s_own_apis_the_cpu_build_lacks_are_no_verdict(
+    call: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CUDA's C API (memory history, BLAS handles), raw allocator pointers, external streams, the device-generic
+    ``torch.Stream`` and a CUDA ``torch.Generator``: the program uses what the simulator does not run, one line and
+    exit 2, as docs/dropin.md says (it was a finding, exit 1: "an error of its own")."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "apis.py").write_text(f"import torch\n\n\ndef uses():\n    {call}\n")
+    assert main(["check", "apis.py::uses", "-q", "--no-fix"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("simdevice: error: apis.py::uses: the program uses what the simulator does not run: ")
+    assert says in err
+    assert err.count("\n") == 1
+
+
 def test_a_run_stopped_at_its_step_limit_is_no_verdict_of_check(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
