@@ -347,7 +347,7 @@ def _check_all(args: argparse.Namespace, progs: list[Any], db: Any, bars: bool, 
 
 def _first_sentence(text: str) -> str:
     """An error's first sentence, where its message runs on (torch's about a missing CUDA library is a paragraph)."""
-    head, dot, rest = text.partition(". ")
+    head, dot, _ = text.partition(". ")
     return head if dot and len(text) > 200 else text
 
 
