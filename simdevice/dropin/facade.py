@@ -87,12 +87,26 @@ def in_actor() -> bool:
 # -- streams and events -------------------------------------------------------------------------------------
 
 
+#: the stream priorities a device takes, least first (``torch.cuda.Stream.priority_range()`` on an H200)
+_PRIORITIES = (0, -3)
+
+
 class Stream(StreamHandle):
     """``torch.cuda.Stream`` on the simulated device."""
 
     def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
         dev = session_device()
-        return StreamHandle.__new__(cls, dev, dev.site_named_stream())  # type: ignore[return-value]
+        s = StreamHandle.__new__(cls, dev, dev.site_named_stream())
+        # (kept, as CUDA keeps it, within the device's range; the simulator runs every stream's work as soon as it
+        # may, so no priority changes what runs when)
+        least, greatest = _PRIORITIES
+        s._priority = min(least, max(greatest, int(priority)))
+        return s  # type: ignore[return-value]
+
+    @staticmethod
+    def priority_range() -> tuple[int, int]:
+        """(least, greatest) priority, as the H200 gives them."""
+        return _PRIORITIES
 
     @property
     def cuda_stream(self) -> int:
@@ -100,7 +114,7 @@ class Stream(StreamHandle):
 
     @property
     def priority(self) -> int:
-        return 0
+        return int(getattr(self, "_priority", 0))
 
     @property  # type: ignore[override]
     def device(self) -> torch.device:

@@ -362,3 +362,16 @@ def test_a_stream_an_earlier_run_made_is_named_as_such() -> None:
     first.assert_clean()
     assert "expected a stream of this SimDevice" in second.text()
     assert "made by an earlier run" in second.text()
+
+
+def test_a_stream_keeps_its_priority_within_the_device_s_range() -> None:
+    """``torch.cuda.Stream(priority=p)`` shows ``p`` clamped to ``Stream.priority_range()`` (least, greatest), as on
+    an H200 (it showed 0, and ``priority_range`` was missing)."""
+    with simdevice.cuda() as sim:
+        shown = [torch.cuda.Stream(priority=p).priority for p in (0, -1, -3, -9, 2)]
+        rng = torch.cuda.Stream.priority_range()
+        default = torch.cuda.Stream().priority
+    assert sim.result is not None
+    assert shown == [0, -1, -3, -3, 0]
+    assert rng == (0, -3)
+    assert default == 0
