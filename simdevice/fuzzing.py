@@ -188,6 +188,7 @@ def _fuzz_test(
     test.__simdevice_target__ = f  # type: ignore[attr-defined]
     test.__simdevice_world_size__ = world_size  # type: ignore[attr-defined]
     test.__simdevice_values__ = values  # type: ignore[attr-defined]
+    test.__simdevice_config__ = config  # type: ignore[attr-defined]
     test.hypothesis = inner.hypothesis  # type: ignore[attr-defined]
     test.is_hypothesis_test = True  # type: ignore[attr-defined]
     test._hypothesis_internal_use_settings = _settings()  # type: ignore[attr-defined]

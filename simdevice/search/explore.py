@@ -170,12 +170,15 @@ def explore(
     """Search ``fn``'s schedules (a function, a ``file.py::fn`` / ``module::fn`` target, or a target) for a
     failure and shrink it; when none turns up, a race at the default schedule counts as found.
 
-    ``config``: a Hypothesis strategy for the function's keyword arguments (default: its defaults).
+    ``config``: a Hypothesis strategy for the function's keyword arguments (default: a ``simdevice.fuzz`` test's
+    own strategies, else its defaults).
     ``examples``: schedule lines (or delays alone, ``"side#0+3"``) to run first, as pins.
     ``default_config``: the configuration of that default schedule (default: the function's defaults); where
     ``config`` holds one configuration fixed, that one (the defaults' race is no finding about it).
     """
     target = as_target(fn, world_size)
+    if config is None:  # a simdevice.fuzz test's own strategies
+        config = getattr(target, "strategy", None)
     pins = [pin(target, e) for e in examples]
     result = search_target(target, max_examples=max_examples, max_delays=max_delays, config=config, seed=seed,
                            budget_s=budget_s, progress=progress, db=db, examples=pins)

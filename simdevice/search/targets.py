@@ -75,6 +75,9 @@ class FunctionTarget:
     world_size: int | None = None
     #: False: every simulated run of it is race-only (``SimConfig.values``), its probe's too
     values: bool = True
+    #: the strategy of its configurations a ``simdevice.fuzz`` test draws them from (None: its defaults), which a
+    #: search of it draws from too (``check FILE.py::test_fn``, ``simdevice.explore(test_fn)``)
+    strategy: Any = attrs.field(default=None, eq=False, repr=False)
     #: the delay-free run of each configuration made so far (the probe's)
     _defaults: dict[Any, Outcome] = attrs.field(factory=dict, repr=False)
 
@@ -422,6 +425,7 @@ def from_function(
     if world_size is None:
         world_size = getattr(fn, "__simdevice_world_size__", None)
     values = values and getattr(fn, "__simdevice_values__", True)
+    strategy = getattr(fn, "__simdevice_config__", None)
     fn = getattr(fn, "__simdevice_target__", fn)
     if name is None:
         name = _name_of(fn)
@@ -445,7 +449,7 @@ def from_function(
         defaults[p.name] = p.default
     if not is_function_target(name):
         raise TargetError(f"cannot name {name!r} in a schedule line: expected FILE.py::FUNCTION or MODULE::FUNCTION")
-    return FunctionTarget(name, fn, style, defaults, world_size, values)
+    return FunctionTarget(name, fn, style, defaults, world_size, values, strategy)
 
 
 def _name_of(fn: Callable[..., Any]) -> str:

@@ -339,3 +339,46 @@ def test_an_example_naming_an_actor_the_function_lacks_is_refused() -> None:
     with pytest.raises(TargetError, match=r"delay nosuch#0\+1 names actor 'nosuch', which .* does not have"):
         simdevice.explore(small, examples=["nosuch#0+1"], max_examples=1)
     assert simdevice.explore(small, examples=["default#0+1"], max_examples=1).failure is None
+
+
+STRATEGIES = textwrap.dedent('''
+    import torch
+    from hypothesis import strategies as st
+
+    import simdevice
+
+
+    @simdevice.fuzz(wait=st.booleans(), max_examples=30)
+    def test_reload(wait: bool = True, n: int = 256) -> None:
+        act = torch.arange(n, dtype=torch.float32, device="cuda")
+        pinned = torch.empty(n, pin_memory=True)
+        d2h = torch.cuda.Stream()
+        d2h.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(d2h):
+            pinned.copy_(act, non_blocking=True)
+        if wait:
+            d2h.synchronize()
+        assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "read before the copy landed"
+''')
+
+
+def test_check_and_explore_of_a_fuzz_test_draw_from_its_strategies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cli: Any
+) -> None:
+    """``check FILE.py::test_fn`` and ``simdevice.explore(test_fn)`` of a ``@simdevice.fuzz`` test draw its
+    parameters from the test's strategies, as pytest does: the failure only ``wait=False`` shows is found (they ran
+    the defaults alone, clean)."""
+    (tmp_path / "test_strategies.py").write_text(STRATEGIES)
+    p = run_cli(["check", "test_strategies.py::test_reload", "--json", "--no-fix", "--examples", "30"], tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert json.loads(p.stdout)["schedule"].startswith("test_strategies.py::test_reload:wait=0")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    spec = importlib.util.spec_from_file_location("test_strategies", tmp_path / "test_strategies.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    found = simdevice.explore(module.test_reload, max_examples=30)
+    assert found.failure is not None
+    assert "wait=0" in str(found.schedule)
