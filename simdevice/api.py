@@ -232,8 +232,11 @@ def as_schedule(schedule: Schedule | str | None) -> Schedule | None:
         try:
             items = [x for x in schedule.split(",") if x.strip()]
             return Schedule("session", "run", (), [Delay.parse(x) for x in items])
-        except ScheduleError:
+        except ScheduleError as delays:
+            if "#" in schedule and "/" not in schedule and ":" not in schedule:
+                raise delays from None  # delays alone, one of them malformed: say which
             raise first from None
+
 
 def _earlier(handle: Any, kind: type) -> str:
     """What to say of a stream or event an earlier run made (the program kept it, in an object or in a module the

@@ -107,6 +107,8 @@ class DropIn:
             return "the session has not run yet"
         lines = [summarize(self.result.reports)]
         lines += [f"  {r}" for r in self.result.reports]
+        if self.result.unfired:  # a misspelled actor, an index past its operations: the run went as if undelayed
+            lines.append(f"  note: delays never applied (their operation never came): {', '.join(self.result.unfired)}")
         lines += [f"  note: {n}" for n in self.result.notes]
         return "\n".join(lines)
 

@@ -3,6 +3,7 @@ torch's own record_stream, and ordered only by the synchronization the program w
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -375,3 +376,27 @@ def test_a_stream_keeps_its_priority_within_the_device_s_range() -> None:
     assert shown == [0, -1, -3, -3, 0]
     assert rng == (0, -3)
     assert default == 0
+
+
+def _undelayed() -> None:
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.ones(2, device="cuda").add_(1)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("delays", ["sidee#0+5", "side#9+5"])
+def test_a_session_s_delay_that_never_applied_is_noted(delays: str) -> None:
+    """A delay naming an actor the session never made (a typo) or an operation it never reached: the run went as if
+    undelayed, and its text says so (as a replay's does), rather than nothing."""
+    with simdevice.cuda(delays) as sim:
+        _undelayed()
+    assert sim.clean
+    assert sim.text().splitlines()[1] == f"  note: delays never applied (their operation never came): {delays}"
+
+
+@pytest.mark.parametrize(("line", "says"), [("side#0+", "bad delay 'side#0+'"), ("side#0+1,zz#", "bad delay 'zz#'")])
+def test_a_session_s_malformed_delay_is_named(line: str, says: str) -> None:
+    """Delays alone with a malformed one: the error names that delay, not a schedule's target."""
+    with pytest.raises(simdevice.ScheduleError, match=re.escape(says)):
+        simdevice.cuda(line)
