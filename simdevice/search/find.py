@@ -14,10 +14,9 @@ from typing import Any
 import attrs
 from hypothesis.database import ExampleDatabase
 
-from reference.schedule import Schedule
 from simdevice.programs import Program
 from simdevice.search.engine import search_settings
-from simdevice.search.execute import Outcome, execute
+from simdevice.search.execute import Outcome
 from simdevice.search.explore import Search, explore, search_target
 from simdevice.search.strategies import configs
 from simdevice.search.targets import ProgramTarget
@@ -87,7 +86,7 @@ def check_variant(
     target = ProgramTarget(program, variant)
     result = explore(target, max_examples=max_examples, config=configs(program), budget_s=budget_s, progress=progress,
                      db=db)
-    default = execute(Schedule(program.name, variant))
+    default = target.run(target.schedule())  # (its search's run of the default configuration, where it made one)
     found = result.failure
     return Finding(
         program=program.name,

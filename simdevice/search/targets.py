@@ -264,7 +264,15 @@ class ProgramTarget:
         """Run ``schedule``; on the simulator, a delay-free one once per configuration (a run is deterministic)."""
         if backend != "sim":
             return execute(schedule, backend)
-        return _once(self._defaults, schedule, _key(schedule.config_dict()), lambda: execute(schedule))
+        return _once(self._defaults, schedule, self._key(schedule), lambda: execute(schedule))
+
+    def _key(self, schedule: Schedule) -> Any:
+        """The configuration a schedule runs in, as a cache key: the one its values make, so that a line that leaves
+        the defaults out and one that spells them are the same run."""
+        try:
+            return _key(attrs.asdict(self.program.parse_config(schedule.config_dict())))
+        except Exception:  # a configuration the program refuses: its run says why, uncached
+            return None
 
     def probe(self, config: dict[str, Any] | None = None) -> dict[str, int]:
         """Operations per actor of the default schedule in ``config``, restricted to the actors the program lets a
