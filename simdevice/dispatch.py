@@ -49,7 +49,7 @@ from reference.contract import OpKind, op_kind, poison
 from reference.origin import Origin
 from simdevice import elementwise
 from simdevice.runtime import Runtime
-from simdevice.runtime.execution import HostActor, outside_actor
+from simdevice.runtime.execution import _THREAD_START, HostActor, outside_actor
 from simdevice.runtime.memory import Ref, Storage, overlap, span
 from simdevice.runtime.reports import internal_file, user_source
 from simdevice.runtime.streams import SimStream
@@ -607,10 +607,35 @@ def _meta_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     out = elementwise.output(func, margs, mkwargs)
     if out is None:
         try:
-            out = func(*margs, **mkwargs)
+            out = _on_a_stack_of_its_own(lambda: func(*margs, **mkwargs))
         except (NotImplementedError, RuntimeError):
             out = None  # nonzero, boolean indexing, repeat_interleave without a size: the values decide
     return out
+
+
+def _on_a_stack_of_its_own(call: Callable[[], Any]) -> Any:
+    """``call()`` in a thread of its own, its result or what it raised. An op's meta kernel may be Python that
+    imports a module the first time it runs (``torch._dynamo``, behind ``torch._disable_dynamo``), and such an
+    import can leave a frame in a reference cycle (``torch.fx.wrap`` keeps ``inspect.currentframe()``): on the
+    program's stack, that frame held the op's arguments, so the first run in a process kept a tensor the program
+    had dropped until a collection, and freed its block later than every other run (a GPU computes no meta
+    kernel). On a stack of its own, the frames such an import keeps hold nothing of the run's. (Once per op and
+    signature and process: :func:`_on_meta` keeps the answer.)"""
+    box: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append((True, call()))
+        except BaseException as e:  # (raised again in the caller's thread)
+            box.append((False, e))
+
+    worker = threading.Thread(target=run, name="simdevice-meta-kernel", daemon=True)
+    _THREAD_START(worker)  # the simulator's own thread, not one the program started
+    worker.join()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 def _template(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:

@@ -152,3 +152,40 @@ def test_execute_holds_the_collector_until_its_device_is_dropped() -> None:
         object.__setattr__(demo.PROGRAM, "oracle", oracle)
         gc.callbacks.remove(seen)
     assert (out.clean, during) == (True, [])
+
+
+FIRST_RUN = """
+import weakref
+import torch
+from reference.schedule import Schedule
+from simdevice import SimDevice
+
+def program(dev):
+    big = torch.ones(1 << 12, device=dev.device)
+    a = torch.ones(4, device=dev.device)
+    torch.cat([big, a])  # cat's meta kernel is Python that imports torch._dynamo the first time it runs
+    alive = weakref.ref(a)
+    del a
+    return alive() is not None
+
+assert "torch._dynamo" not in __import__("sys").modules
+print([SimDevice(Schedule.parse("t/t")).run(program).result for _ in range(2)])
+"""
+
+
+def test_the_first_run_in_a_process_frees_what_the_program_drops_as_every_later_run_does() -> None:
+    """The first meta kernel of ``cat`` in a process imports ``torch._dynamo``, whose import keeps a frame in a
+    reference cycle: on the program's stack, it held the op's arguments, so the first run kept a dropped tensor (and
+    its block) until a collection, where every later run freed it at the ``del``. Run in a process of its own, where
+    that import has not happened yet."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    p = subprocess.run([sys.executable, "-c", FIRST_RUN], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1] == "[False, False]"
