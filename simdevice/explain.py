@@ -71,6 +71,8 @@ class Fix:
     remains: str | None = None
     #: why no edge is suggested (a failure without a race), else None
     why_none: str | None = None
+    #: False where the runs were race-only (``--no-values``): the check saw races and stale reads, no values
+    values: bool = True
 
     def lines(self) -> list[str]:
         """The fix as report lines."""
@@ -78,8 +80,9 @@ class Fix:
             return [f"no edge suggested: {self.why_none}"]
         out = [f"suggested fix: {a}" for a in self.advice]
         if self.checked:
+            judged = "no wrong values" if self.values else "no stale read; race-only, so no value was checked"
             out.append(f"checked: with {'it' if len(self.edges) == 1 else 'these'} inserted, the failing schedule "
-                       f"and {self.schedules} searched schedules are clean (no race, no wrong values)")
+                       f"and {self.schedules} searched schedules are clean (no race, {judged})")
         else:
             out.append(f"not enough: {self.remains}")
         return out
@@ -250,7 +253,16 @@ def _reverses(e: Edge, forward: list[Edge]) -> bool:
 
 def _reorder_case(o: Outcome) -> bool:
     """Every race ordered as issued, and still wrong: the program issues an operation before one it depends on."""
-    return not _races(o) and o.corrupted
+    return not _races(o) and _wrong(o)
+
+
+def _wrong(o: Outcome) -> bool:
+    """Whether ``o`` is wrong beyond its races. In a race-only run (``--no-values``) the program's host errors are not
+    evidence: its checks of values it read back saw placeholders (the run's note says so); a stale read, a deadlock
+    or an illegal access still is."""
+    if o.values:
+        return o.corrupted
+    return any(not isinstance(r, (Race, HostError)) for r in o.run.reports)
 
 
 #: subsets of the candidate forward edges tried on the failing schedule (smallest first)
@@ -309,7 +321,7 @@ def suggest(
         return new
 
     def failing(o: Outcome) -> bool:
-        return target.failed(o) or bool(o.races)
+        return (target.failed(o) if o.values else _wrong(o)) or bool(o.races)
 
     def settle(schedule: Schedule, trial: list[Edge], words: dict[Edge, str], note: bool) -> Outcome | None:
         """``schedule`` with ``trial`` inserted, adding backward edges for the races that remain (a few rounds):
@@ -396,7 +408,7 @@ def suggest(
                 break
     advice = tuple(said[e] for e in edges)
     if remains is None:
-        return Fix(tuple(edges), advice, True, searched)
+        return Fix(tuple(edges), advice, True, searched, values=out.values)
     what = f'"{remains.schedule}" still {remains.verdict()}'
     if _reorder_case(remains) and not any(e.forward for e in edges):
         what += (" with every racing pair ordered as issued: the program issues an operation before one it "
@@ -406,7 +418,7 @@ def suggest(
         what += f"; {tried}"
     if unordered:
         what += f"; {len(unordered)} race(s) begin at a host step, which no event can be recorded after"
-    return Fix(tuple(edges), advice, False, searched, remains=what)
+    return Fix(tuple(edges), advice, False, searched, remains=what, values=out.values)
 
 
 def check_edges(target: Target, schedule: Schedule, edges: list[Edge]) -> Outcome:

@@ -214,6 +214,39 @@ def test_a_wait_before_a_collective_is_advised_on_the_stream_it_is_called_on() -
     assert "make `nccl` wait" not in advice
 
 
+def _ring_checked_on_the_host(n: int = 256) -> None:
+    side = torch.cuda.Stream()
+    stage = torch.empty(n, pin_memory=True)
+    acc = torch.zeros(n, device="cuda")
+    for i in range(3):
+        stage.fill_(float(i + 1))  # no wait for the copy that read the stage before
+        with torch.cuda.stream(side):
+            d = torch.empty(n, device="cuda")
+            d.copy_(stage, non_blocking=True)
+            acc.add_(d)
+    torch.cuda.current_stream().wait_stream(side)
+    assert acc.cpu().tolist() == [6.0] * n  # a value check: a placeholder in a race-only run
+
+
+def test_a_race_only_fix_is_judged_by_races_and_stale_reads_not_by_the_program_s_value_checks() -> None:
+    """In a race-only run (``--no-values``) the program's checks of values it reads back see placeholders: its host
+    error is no evidence that a fix is not enough. The edge that orders the race is checked by races and stale reads,
+    and the line says no value was checked (it said "not enough", and that forward edges deadlock)."""
+    from simdevice.search.targets import from_function
+
+    target = from_function(_ring_checked_on_the_host, "tests/property/tool/test_explain.py::_ring_checked_on_the_host",
+                           values=False)
+    out = target.run(Schedule.parse(f"{target.name}::side#0+5"))
+    assert out.races
+    fix = suggest(target, out)
+    assert fix.checked
+    assert fix.lines()[-1].endswith("are clean (no race, no stale read; race-only, so no value was checked)")
+    valued = from_function(_ring_checked_on_the_host, "tests/property/tool/test_explain.py::_ring_checked_on_the_host")
+    again = suggest(valued, valued.run(Schedule.parse(f"{target.name}::side#0+5")))
+    assert again.checked
+    assert again.lines()[-1].endswith("are clean (no race, no wrong values)")
+
+
 def _two_reads_of_one_write(loop: int = 1) -> None:
     side = torch.cuda.Stream()
     b = torch.empty(64, device="cuda")
