@@ -7,6 +7,11 @@ allocator hold the block back until the side stream is past that point.
 
 ``backward_off_its_stream``: plain torch.cuda code (run through the drop-in): backward's stream semantics, each
 backward op on its forward op's stream.
+
+``singleton_stream_reload``, ``device_block_reload`` and ``printed_reload``: plain torch.cuda code the way real
+programs make their streams and tensors and log them: a D2H stream kept in a module global, made at the first call
+(each run of a target starts from its module as it was); a tensor made inside ``with torch.device("cuda")``
+(model-init code); a print of a device tensor, which reads its values and so waits for its stream.
 """
 
 from __future__ import annotations
@@ -55,3 +60,52 @@ def backward_off_its_stream(wait: int = 1) -> None:
     ref.load_state_dict({k: v.cpu() for k, v in lin.state_dict().items()})
     torch.nn.functional.gelu(ref(host_x.mul(2.0))).pow(2).mean().backward()
     assert torch.allclose(got, ref.weight.grad, rtol=1e-3, atol=1e-5), "the gradient differs from the host's"
+
+
+_D2H: torch.cuda.Stream | None = None
+
+
+def _d2h_stream() -> torch.cuda.Stream:
+    global _D2H
+    if _D2H is None:  # made at the first call, reused by every later one
+        _D2H = torch.cuda.Stream()
+    return _D2H
+
+
+def singleton_stream_reload(wait: int = 1, n: int = 1 << 20) -> None:
+    """A D2H into pinned memory on a module-level stream; the host reads the copy after ``D2H.synchronize()`` (or,
+    without ``wait``, at once: stale)."""
+    act = torch.arange(n, dtype=torch.float32, device="cuda")
+    pinned = torch.empty(n, pin_memory=True)
+    s = _d2h_stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        pinned.copy_(act, non_blocking=True)
+    if wait:
+        s.synchronize()
+    assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
+
+
+def device_block_reload(wait: int = 1, n: int = 1 << 20) -> None:
+    """The same D2H, of a tensor made inside ``with torch.device("cuda")``, on a side stream."""
+    with torch.device("cuda"):
+        act = torch.arange(n, dtype=torch.float32)
+    pinned = torch.empty(n, pin_memory=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        pinned.copy_(act, non_blocking=True)
+    if wait:
+        side.synchronize()
+    assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
+
+
+def printed_reload(wait: int = 1, n: int = 1 << 20) -> None:
+    """A D2H into pinned memory on the current stream, then (with ``wait``) a print of part of the source, which
+    reads its values and so waits for the stream, then the host reads the copy."""
+    act = torch.arange(n, dtype=torch.float32, device="cuda")
+    pinned = torch.empty(n, pin_memory=True)
+    pinned.copy_(act, non_blocking=True)
+    if wait:
+        print(f"first elements: {act[:2]}")
+    assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"

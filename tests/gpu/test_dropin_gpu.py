@@ -77,6 +77,23 @@ def test_backward_runs_on_the_forward_ops_streams_as_the_simulator_runs_it() -> 
     assert rate(f"{line}::default#3+5") == 0
 
 
+@pytest.mark.parametrize(("program", "stall"), [("singleton_stream_reload", "D2H#0+20"),
+                                                ("device_block_reload", "side#0+20"),
+                                                ("printed_reload", "default#1+20")])
+def test_streams_kept_in_a_module_tensors_made_in_a_device_block_and_prints_run_as_simulated(program: str,
+                                                                                           stall: str) -> None:
+    """A stream kept in a module global (the simulated runs before the GPU's leave none behind), a tensor made in
+    a ``with torch.device("cuda")`` block (a device tensor on both), a print that reads the tensor (and waits for its
+    stream, on both): the same counts on both machines (but after a print: a GPU's makes many small reads where the
+    simulator makes one copy), and the stalled D2H read at once corrupts where the synchronized one does not."""
+    line = f"tests/hazards.py::{program}"
+    if program != "printed_reload":
+        _counts_match(line)
+        _counts_match(f"{line}::{stall}")
+    assert rate(f"{line}:wait=0:{stall}") >= TRIALS - 1
+    assert rate(f"{line}::{stall}") == 0
+
+
 @pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core is not installed (the extra 'upstream')")
 @pytest.mark.parametrize("line", MEGATRON)
 def test_megatron_operation_counts_are_the_simulators(line: str) -> None:
