@@ -49,7 +49,7 @@ from reference.contract import OpKind, op_kind, poison
 from reference.origin import Origin
 from simdevice import elementwise
 from simdevice.runtime import Runtime
-from simdevice.runtime.execution import _THREAD_START, HostActor, outside_actor
+from simdevice.runtime.execution import HostActor, outside_actor, start_own_thread
 from simdevice.runtime.memory import Ref, Storage, overlap, span
 from simdevice.runtime.reports import internal_file, user_source
 from simdevice.runtime.streams import SimStream
@@ -630,7 +630,7 @@ def _on_a_stack_of_its_own(call: Callable[[], Any]) -> Any:
             box.append((False, e))
 
     worker = threading.Thread(target=run, name="simdevice-meta-kernel", daemon=True)
-    _THREAD_START(worker)  # the simulator's own thread, not one the program started
+    start_own_thread(worker)
     worker.join()
     ok, value = box[0]
     if not ok:

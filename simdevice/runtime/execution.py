@@ -148,6 +148,12 @@ class HostActor:
 _THREAD_START = threading.Thread.start
 
 
+def start_own_thread(thread: threading.Thread) -> None:
+    """Start a thread of the simulator's own: never taken for one the program started (a run patches
+    ``Thread.start`` to mark those)."""
+    _THREAD_START(thread)
+
+
 class _ProgramThread(TorchDispatchMode):
     """The mode a thread the program starts during a run runs under: the simulator does not order that thread's host
     accesses against the streams, so an op of it on memory the run owns (pinned) is refused with the reason, where
