@@ -178,8 +178,12 @@ class ProcessHandle:
 class SimWork:
     """The handle of an async collective (``torch.distributed.Work``)."""
 
-    def __init__(self, dev: SimDevice, gather: Gather) -> None:
+    def __init__(self, dev: SimDevice, gather: Gather, tensors: tuple[torch.Tensor, ...] = ()) -> None:
         self._dev, self._gather = dev, gather
+        #: the tensors the collective reads and writes, held while the handle lives, as ProcessGroupNCCL's work holds
+        #: them (its outputs, its inputs stashed for the allocator): a gradient an autograd hook hands to an async
+        #: collective and returns has a second reference, so autograd copies it into ``.grad`` rather than taking it
+        self._tensors = tensors
 
     def wait(self) -> None:
         self._dev.runtime.work_wait(self._gather)

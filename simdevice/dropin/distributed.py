@@ -61,8 +61,8 @@ def _reduce(op: Any, sent: list[torch.Tensor]) -> torch.Tensor:
     raise NotImplementedError(f"reduce op {op} is not simulated")
 
 
-def _finish(gather: Any, async_op: bool) -> SimWork | None:
-    work = SimWork(session_device(), gather)
+def _finish(gather: Any, async_op: bool, *tensors: torch.Tensor) -> SimWork | None:
+    work = SimWork(session_device(), gather, tensors)
     if async_op:
         return work
     work.wait()  # as NCCL: the current stream waits for the collective; the host goes on
@@ -95,7 +95,10 @@ def new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> _World:
 def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: Any = None,
                            async_op: bool = False) -> SimWork | None:
     _check_group(group)
-    return session_device().all_gather_into_tensor(output, input, async_op=async_op)  # type: ignore[no-any-return]
+    work = session_device().all_gather_into_tensor(output, input, async_op=async_op)
+    if work is not None:
+        work._tensors = (output, input)  # held as _finish's works hold theirs
+    return work  # type: ignore[no-any-return]
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
@@ -104,7 +107,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
     rt = session_device().runtime
     gather = rt.collective("all_gather", [ref_of(t) for t in tensor_list], ref_of(tensor),
                            lambda rank, sent: sent, user_source())
-    return _finish(gather, async_op)
+    return _finish(gather, async_op, *tensor_list, tensor)
 
 
 def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None,
@@ -113,7 +116,7 @@ def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = N
     rt = session_device().runtime
     ref = ref_of(tensor)
     gather = rt.collective("all_reduce", [ref], ref, lambda rank, sent: [_reduce(op, sent)], user_source())
-    return _finish(gather, async_op)
+    return _finish(gather, async_op, tensor)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
@@ -126,7 +129,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = d
         return [_reduce(op, sent)[rank * n:(rank + 1) * n]]
 
     gather = rt.collective("reduce_scatter", [ref_of(output)], ref_of(input), shard, user_source())
-    return _finish(gather, async_op)
+    return _finish(gather, async_op, output, input)
 
 
 def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> SimWork | None:
@@ -138,7 +141,7 @@ def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool 
         gather = rt.collective("broadcast", [], ref, lambda rank, sent: [], user_source())
     else:
         gather = rt.collective("broadcast", [ref], None, lambda rank, sent: [sent[src]], user_source())
-    return _finish(gather, async_op)
+    return _finish(gather, async_op, tensor)
 
 
 def reduce(tensor: torch.Tensor, dst: int, op: Any = dist.ReduceOp.SUM, group: Any = None,
@@ -150,7 +153,7 @@ def reduce(tensor: torch.Tensor, dst: int, op: Any = dist.ReduceOp.SUM, group: A
     outs = [ref] if get_rank() == dst else []
     gather = rt.collective("reduce", outs, ref, lambda rank, sent: [_reduce(op, sent)] if rank == dst else [],
                            user_source())
-    return _finish(gather, async_op)
+    return _finish(gather, async_op, tensor)
 
 
 def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes: Any = None,
@@ -171,7 +174,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
         return [torch.cat([t.reshape(-1)[rank * n:(rank + 1) * n] for t in sent])]
 
     gather = rt.collective("all_to_all", [ref_of(output)], ref_of(input), mine, user_source())
-    return _finish(gather, async_op)
+    return _finish(gather, async_op, output, input)
 
 
 def _not_simulated(name: str) -> Any:

@@ -193,6 +193,63 @@ def test_reduce_all_to_all_and_work_synchronize() -> None:
     assert any(isinstance(r, Race) and "rank0.default" in str(r) for r in s.reports), s.text()
 
 
+def _hook_reduces_async(returned: bool) -> None:
+    p = torch.ones(1024, device="cuda", requires_grad=True)
+    works = []
+
+    def hook(g: torch.Tensor) -> torch.Tensor:
+        works.append(dist.all_reduce(g, async_op=True))
+        # returned, the gradient the work holds goes into p.grad as a copy made now, while the reduction runs
+        return g if returned else g.new_zeros(g.shape)
+
+    p.register_hook(hook)
+    (p * float(dist.get_rank() + 1)).sum().backward()
+    for w in works:
+        w.wait()
+    if returned:
+        want = float(sum(range(1, dist.get_world_size() + 1)))
+        assert torch.equal(p.grad.cpu(), torch.full((1024,), want)), "p.grad holds the un-reduced gradient"
+
+
+def _hook_returns_the_gradient() -> None:
+    _hook_reduces_async(True)
+
+
+def _zero2(d: int = 8) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(d, d, bias=False), torch.nn.Tanh(),
+                                torch.nn.Linear(d, d, bias=False)).cuda()
+    w = dist.get_world_size()
+    outs = {id(p): torch.empty(p.numel() // w, device="cuda") for p in model.parameters()}
+    works = []
+
+    def hook(p: torch.Tensor) -> None:
+        works.append(dist.reduce_scatter_tensor(outs[id(p)], p.grad.reshape(-1), async_op=True))
+        p.grad = None  # dropped while the collective reads it: its work keeps it
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    model(torch.ones(4, d, device="cuda")).sum().backward()
+    for work in works:
+        work.wait()
+
+
+def test_an_async_collective_s_work_holds_its_tensors_as_nccl_s_does() -> None:
+    """A gradient a tensor hook hands to an async all-reduce and returns has a second reference (the work's), so
+    autograd copies it into ``.grad`` at once, while the reduction runs: a race, found (the simulator let autograd
+    take the tensor itself, and the run was clean). A ZeRO-2 hook that drops the gradient it reduce-scatters is
+    clean: the work keeps it until it is waited (it was reported racing with the block's next owner)."""
+    found = simdevice.explore(_hook_returns_the_gradient, world_size=2, max_examples=20)
+    assert found.failure is not None
+    assert found.failure.run.reports
+    s = simdevice.cuda()
+    s.run(_hook_reduces_async, False, world_size=2)
+    s.assert_clean()
+    for line in ("rank0#11+5", "rank1#7+3", ""):
+        s = simdevice.cuda(line or None)
+        s.run(_zero2, world_size=2)
+        s.assert_clean()
+
+
 def test_torch_distributed_calls_not_simulated_raise_naming_themselves() -> None:
     def program() -> None:
         buf = torch.zeros(4, device="cuda")
