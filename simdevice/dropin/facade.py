@@ -47,6 +47,12 @@ class DropInDevice(SimDevice):
         self.device = self.shown  # type: ignore[misc]
         self._names: dict[str, StreamNames] = {}
 
+    def _build(self) -> None:
+        """A new runtime (at the start, and where the run starts again on threads): the streams' names start again
+        with it, so that the run on threads names each stream as the first run did."""
+        super()._build()
+        self._names = {}
+
     def site_named_stream(self) -> Any:
         """A new stream of the current actor, named after the line of the program that made it."""
         rt = self.runtime

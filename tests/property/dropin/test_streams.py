@@ -400,3 +400,26 @@ def test_a_session_s_malformed_delay_is_named(line: str, says: str) -> None:
     """Delays alone with a malformed one: the error names that delay, not a schedule's target."""
     with pytest.raises(simdevice.ScheduleError, match=re.escape(says)):
         simdevice.cuda(line)
+
+
+def _side_after_backward() -> None:
+    side = torch.cuda.Stream()
+    w = torch.ones(4, 4, device="cuda", requires_grad=True)
+    (w * 2).sum().backward()  # two ranks inside backward at once: the run starts again on threads
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        w.grad.mul_(1.0)
+    torch.cuda.synchronize()
+
+
+def test_a_run_started_again_on_threads_names_its_streams_as_the_first_run_did() -> None:
+    """Where a run starts again on threads (two ranks inside backward at once), each stream keeps the name the line
+    that made it gives (``rank0.side``), not the next one free after the first attempt's (``rank0.side-2``), so a
+    schedule line names the same stream in every run."""
+    s = simdevice.cuda("rank0.side#0+5")
+    s.run(_side_after_backward, world_size=2)
+    s.assert_clean()
+    assert s.result is not None
+    assert {"rank0.side", "rank1.side"} <= set(s.result.op_counts)
+    assert not [k for k in s.result.op_counts if k.endswith("-2")]
+    assert not s.result.unfired
