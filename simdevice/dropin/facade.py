@@ -165,6 +165,8 @@ def _forward_on(dev: DropInDevice, s: contract.Stream | None) -> Iterator[Any]:
 
 
 _TAG = "simdevice.stream"
+#: a tagged node's metadata: what starts it on its stream (whichever of its hooks comes first)
+_ENTER = "simdevice.enter"
 
 
 class _ForwardStream(TorchFunctionMode):
@@ -188,6 +190,11 @@ class _ForwardStream(TorchFunctionMode):
             for t in out if isinstance(out, (list, tuple)) else (out,):
                 if isinstance(t, torch.Tensor) and t.grad_fn is not None:
                     self._tag(t.grad_fn, floor)
+                    enter = t.grad_fn.metadata.get(_ENTER)
+                    if enter is not None:
+                        # a hook the program puts on this output (``t.register_hook``) runs before the node's own
+                        # pre-hooks: on its node's stream all the same, as the engine switches streams first
+                        t.register_hook(enter)
         return out
 
     def _tag(self, node: Any, floor: int) -> None:
@@ -200,15 +207,18 @@ class _ForwardStream(TorchFunctionMode):
             rt, s = self.rt, self.s
             box: list[Any] = []
 
-            def before(grads: Any, rt: Any = rt, s: Any = s, box: list[Any] = box) -> None:
-                box.append(rt.backward_on(s))
+            def enter(*_: Any, rt: Any = rt, s: Any = s, box: list[Any] = box) -> None:
+                """The node starts on ``s`` (once, whichever of its hooks comes first)."""
+                if not box:
+                    box.append(rt.backward_on(s))
 
             def after(grad_inputs: Any, grad_outputs: Any, rt: Any = rt, s: Any = s, box: list[Any] = box) -> None:
                 if box:
                     rt.backward_off(s, box.pop())
 
-            n.register_prehook(before)
+            n.register_prehook(enter)
             n.register_hook(after)
+            n.metadata[_ENTER] = enter
             todo += [f for f, _ in n.next_functions]
 
 

@@ -423,3 +423,45 @@ def test_a_run_started_again_on_threads_names_its_streams_as_the_first_run_did()
     assert {"rank0.side", "rank1.side"} <= set(s.result.op_counts)
     assert not [k for k in s.result.op_counts if k.endswith("-2")]
     assert not s.result.unfired
+
+
+def _hook_copies_on_the_current_stream(racy: bool, n: int = 1024) -> list[str]:
+    s = torch.cuda.Stream()
+    w = torch.ones(n, device="cuda", requires_grad=True)
+    pinned = torch.empty(n, pin_memory=True)
+    done = torch.cuda.Event()
+    seen: list[str] = []
+
+    def hook(g: torch.Tensor) -> torch.Tensor:
+        seen.append(torch.cuda.current_stream().name)  # type: ignore[attr-defined]
+        pinned.copy_(g, non_blocking=True)  # on s: the engine runs the node, and its hooks, there
+        done.record(torch.cuda.default_stream() if racy else torch.cuda.current_stream())
+        return g
+
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        h = w * 3.0
+        h.register_hook(hook)
+        loss = h.sum()
+    loss.backward()
+    done.synchronize()
+    assert torch.equal(pinned, torch.ones(n)), "the host read the pinned grad before the copy on s finished"
+    return seen
+
+
+def test_a_tensor_hook_runs_on_its_node_s_stream() -> None:
+    """A hook the program puts on an output of a forward op made on ``s`` runs with ``s`` current, as PyTorch's engine
+    switches to a node's stream before its hooks: an event recorded on the default stream then does not cover the
+    hook's copy (found; it ran on the default stream, and the race was a clean verdict), one recorded on the current
+    stream does (clean)."""
+    s = simdevice.cuda()
+    s.run(_hook_copies_on_the_current_stream, False)
+    s.assert_clean()
+    assert s.result is not None
+    assert s.result.result == ["s"]
+    found = simdevice.explore(_hook_racy_event, max_examples=30)
+    assert found.failure is not None
+
+
+def _hook_racy_event() -> None:
+    _hook_copies_on_the_current_stream(True)
