@@ -362,8 +362,10 @@ class SimTensor(torch.Tensor):
         """``p.data = t`` (how sharded optimizers point a parameter into a flat buffer): ``p`` shows ``t``'s shape and
         reads and writes ``t``'s bytes from now on, as torch's ``set_data`` does, not the bytes it had."""
         if not isinstance(value, SimTensor):
-            raise TypeError(f"a simulated device tensor's .data can only be set to another one, not "
-                            f"{type(value).__name__} on {getattr(value, 'device', '?')} (move it with .to(...) first)")
+            # (torch lets a CUDA tensor's .data become a CPU tensor: a simulated one cannot change its kind in place)
+            raise NotImplementedError(
+                f"setting a device tensor's .data to {type(value).__name__} on {getattr(value, 'device', '?')} (a "
+                "host tensor) is not simulated: swap the tensors themselves, or copy_ the values")
         _TENSOR_DATA.__set__(self, value)  # the shape, strides and dtype
         self._point_at(value._data, value._st)
 

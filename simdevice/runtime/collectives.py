@@ -140,6 +140,7 @@ class Collectives:
             s.ops += 1
         op = StreamOp(s, f"{desc} #{index}" if counted else desc, index, duration)
         op.issued = self._memory.issue(Accessor(s.name, epoch, s.clock, desc, index, src), reads, writes)
+        op.source = src  # (what an error of the operation names: the program's call)
         return op
 
     def collective(

@@ -335,3 +335,18 @@ def test_a_stream_a_collective_was_called_under_is_no_unused_stream() -> None:
     s.assert_clean()
     assert s.result is not None
     assert not [n for n in s.result.notes if "got no operation" in n], s.result.notes
+
+
+def _sizes_differ() -> None:
+    t = torch.ones(4 + dist.get_rank(), device="cuda")
+    dist.all_reduce(t)
+
+
+def test_ranks_passing_tensors_of_different_sizes_are_told_so_at_their_call() -> None:
+    """A collective whose ranks pass tensors of different sizes: the run's error says so and names the program's
+    call (it was torch.stack's message, at the simulator's own line)."""
+    s = simdevice.cuda()
+    s.run(_sizes_differ, world_size=2)
+    text = s.text()
+    assert "the ranks passed tensors of different sizes (4, 5 elements, by rank)" in text
+    assert "test_rng_and_distributed.py:" in text.split("every rank must pass tensors of the same size")[1]

@@ -417,3 +417,30 @@ def test_what_a_run_leaves_in_the_function_s_module_is_gone_at_the_next(
     assert "AssertionError" in " ".join(doc["reports"]) or doc["summary"] != "clean"
     names = resolve("single.py::offload").fn.__globals__  # the module the command ran
     assert (names["_STREAM"], names["_BUFFERS"], names["CALLS"]) == (None, {}, [0])
+
+
+SWAPS = '''
+import torch
+
+
+def device_to_host() -> None:
+    p = torch.nn.Parameter(torch.ones(4, device="cuda"))
+    p.data = torch.ones(4, pin_memory=True)
+
+
+def host_to_device() -> None:
+    p = torch.nn.Parameter(torch.ones(4))
+    p.data = torch.ones(4, device="cuda")
+'''
+
+
+@pytest.mark.parametrize("fn", ["device_to_host", "host_to_device"])
+def test_a_parameter_s_data_swapped_between_host_and_device_is_no_verdict(
+    fn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``p.data = t`` between a host and a device tensor (an offload that swaps a weight to pinned memory and back)
+    is allowed on a GPU and not simulated here: no verdict, exit 2 (it was a finding, exit 1)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "swaps.py").write_text(SWAPS)
+    assert main(["check", f"swaps.py::{fn}", "-q", "--no-fix"]) == 2
+    assert "the program uses what the simulator does not run" in capsys.readouterr().err
