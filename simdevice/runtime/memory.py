@@ -413,6 +413,15 @@ def _free_access(facts: _FreeFacts) -> Access:
     return Access(actor, epoch, op, index, "free", storage, lo, hi, source, 0, on, seq)
 
 
+def _cells_for(st: Storage, access: Access) -> list[tuple[int, int, _Cell]]:
+    """The shadow cells an access of ``st`` covers (storage coordinates): over its range, or its pieces' (a shadow's
+    kept answer asked first, as :meth:`Storage.cells` does: two of these come with every in-place operation)."""
+    if access.pieces is None:
+        off = st.offset
+        return st.shadow._answers.get((off + access.lo, off + access.hi, off)) or st.cells(access.lo, access.hi)
+    return _cells_of(st, access.pieces)
+
+
 def _cells_of(st: Storage, parts: tuple[tuple[int, int], ...]) -> list[tuple[int, int, _Cell]]:
     """The shadow cells over the pieces of a strided view (storage coordinates), in order."""
     out: list[tuple[int, int, _Cell]] = []
@@ -599,11 +608,7 @@ class Memory:
         over its bytes), the cells it was issued on and the shadow's splits then (an :class:`Issued` read)."""
         expected: Expectation = []
         actor = access.actor
-        if access.pieces is None:  # (Storage.cells, inline: two of these come with every in-place operation)
-            off = st.offset
-            cells = st.shadow._answers.get((off + access.lo, off + access.hi, off)) or st.cells(access.lo, access.hi)
-        else:
-            cells = _cells_of(st, access.pieces)
+        cells = _cells_for(st, access)
         for lo, hi, cell in cells:
             lw = cell.last_write
             if lw is not None and lw.actor != actor and not clock.happens_before(lw.actor, lw.epoch):
@@ -629,11 +634,7 @@ class Memory:
         shadow, off, actor = st.shadow, st.offset, access.actor
         shadow.writes.append((off + access.lo, off + access.hi, access))
         wid = len(shadow.writes)
-        if access.pieces is None:  # (Storage.cells, inline: two of these come with every in-place operation)
-            off = st.offset
-            cells = st.shadow._answers.get((off + access.lo, off + access.hi, off)) or st.cells(access.lo, access.hi)
-        else:
-            cells = _cells_of(st, access.pieces)
+        cells = _cells_for(st, access)
         for _, _, cell in cells:
             lw = cell.last_write
             if lw is not None and lw.actor != actor and not clock.happens_before(lw.actor, lw.epoch):
