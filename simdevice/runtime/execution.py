@@ -772,11 +772,6 @@ class Execution:
         if self._advance(s):  # kick(s)
             self.kick_all()
 
-    def kick(self, s: SimStream) -> None:
-        """Let ``s`` start its next operation; a marker it passes may release any other stream."""
-        if self._advance(s):
-            self.kick_all()
-
     def _advance(self, s: SimStream) -> bool:
         """Pass the ready markers at the front of ``s`` and start its next operation; whether a marker passed."""
         passed = False
