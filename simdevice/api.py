@@ -415,9 +415,10 @@ class SimDevice:
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = True) -> Any:
         """A :class:`SimWork` when ``async_op``, else None (``reference.contract.Device`` types it per form)."""
         out, inp = output.view(-1), input.reshape(-1)
-        # aliases: a collective in flight does not keep its tensors allocated (the program's references do)
+        # aliases: the collective in flight does not keep its tensors allocated; its work handle does while it lives,
+        # as NCCL's does (SimWork)
         gather = self.runtime.all_gather(ref_of(out), ref_of(inp), user_source())
-        work = SimWork(self, gather)
+        work = SimWork(self, gather, (output, input))
         if not async_op:
             work.wait()
             return None

@@ -99,10 +99,7 @@ def new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> _World:
 def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: Any = None,
                            async_op: bool = False) -> SimWork | None:
     _check_group(group)
-    work = session_device().all_gather_into_tensor(output, input, async_op=async_op)
-    if work is not None:
-        work._tensors = (output, input)  # held as _finish's works hold theirs
-    return work  # type: ignore[no-any-return]
+    return session_device().all_gather_into_tensor(output, input, async_op=async_op)  # type: ignore[no-any-return]
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
