@@ -72,32 +72,29 @@ def _d2h_stream() -> torch.cuda.Stream:
     return _D2H
 
 
-def singleton_stream_reload(wait: int = 1, n: int = 1 << 20) -> None:
-    """A D2H into pinned memory on a module-level stream; the host reads the copy after ``D2H.synchronize()`` (or,
-    without ``wait``, at once: stale)."""
-    act = torch.arange(n, dtype=torch.float32, device="cuda")
-    pinned = torch.empty(n, pin_memory=True)
-    s = _d2h_stream()
+def _offload_on(s: torch.cuda.Stream, act: torch.Tensor, wait: int) -> None:
+    """A D2H of ``act`` (``arange``) into pinned memory on ``s``; the host reads the copy after ``s.synchronize()``
+    (or, without ``wait``, at once: stale)."""
+    pinned = torch.empty(act.numel(), pin_memory=True)
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         pinned.copy_(act, non_blocking=True)
     if wait:
         s.synchronize()
-    assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
+    assert torch.equal(pinned, torch.arange(act.numel(), dtype=torch.float32)), "the host read the copy too early"
+
+
+def singleton_stream_reload(wait: int = 1, n: int = 1 << 20) -> None:
+    """The D2H on a module-level stream, ``D2H``."""
+    _offload_on(_d2h_stream(), torch.arange(n, dtype=torch.float32, device="cuda"), wait)
 
 
 def device_block_reload(wait: int = 1, n: int = 1 << 20) -> None:
-    """The same D2H, of a tensor made inside ``with torch.device("cuda")``, on a side stream."""
+    """The D2H, of a tensor made inside ``with torch.device("cuda")``, on a side stream, ``side``."""
     with torch.device("cuda"):
         act = torch.arange(n, dtype=torch.float32)
-    pinned = torch.empty(n, pin_memory=True)
     side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        pinned.copy_(act, non_blocking=True)
-    if wait:
-        side.synchronize()
-    assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
+    _offload_on(side, act, wait)
 
 
 def printed_reload(wait: int = 1, n: int = 1 << 20) -> None:
