@@ -568,7 +568,7 @@ class Runtime:
 
     def manual_seed(self, seed: int) -> None:
         """``torch.cuda.manual_seed``: the random ops from here draw from ``seed``."""
-        self._seed, self._random_ops = int(seed), 0
+        self.set_rng_state(seed, 0)
 
     def rng_state(self) -> tuple[int, int]:
         """The device generator's state (``torch.cuda.get_rng_state``): its seed and how many random ops drew."""

@@ -271,7 +271,7 @@ class ProgramTarget:
         the defaults out and one that spells them are the same run."""
         try:
             return _key(attrs.asdict(self.program.parse_config(schedule.config_dict())))
-        except Exception:  # a configuration the program refuses: its run says why, uncached
+        except ScheduleError:  # a configuration the program refuses (ConfigError): its run says why, uncached
             return None
 
     def probe(self, config: dict[str, Any] | None = None) -> dict[str, int]:
