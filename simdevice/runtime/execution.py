@@ -713,8 +713,13 @@ class Execution:
         sync.host_step(a, a.name)
         self.trace.append((self.now, a.name, desc))
         if self.host_steps > self.config.max_host_steps:
-            self.reports.add(StepLimit(self.config.max_host_steps, self.now))
-            self._abort()
+            if self._only_polling():
+                # the bound cut a poll loop short of the stall horizon (a busy poll's steps take no sleep): nothing
+                # it polls can change, so it is the deadlock the horizon would have found
+                self._deadlock(f"only polling for {self.steps_since_progress} host steps, with nothing due")
+            else:
+                self.reports.add(StepLimit(self.config.max_host_steps, self.now))
+                self._abort()
             raise SimAbort
         self.steps_since_progress += 1
         if self.now - self.last_progress > self.config.stall_horizon_ns and self.steps_since_progress > POLLS:
@@ -822,6 +827,14 @@ class Execution:
             if s.queue and not s.busy and s.queue[0].ready is not None:
                 waits.append((f"stream {s.name}", s.queue[0].desc))
         return tuple(waits)
+
+    def _only_polling(self) -> bool:
+        """Whether the run is stuck polling: more than ``POLLS`` host steps without progress, nothing due after now
+        (no stall, sleep or operation in flight ends later), and every live actor blocked or polling (one that
+        computes on the host may still change something)."""
+        return (self.steps_since_progress > POLLS and self.now >= self.last_progress
+                and all(a.state in ("done", "blocked") or (a.polling and a.state != "new")
+                        for a in self.actors.values()))
 
     def _deadlock(self, why: str | None = None) -> None:
         self.reports.add(Deadlock(waits=self._waits(), time_ns=self.now, reason=why or ""))

@@ -6,7 +6,10 @@ Rules, each with a test a mutation of it fails:
   polling until then is waiting, however long the stall (``Execution.waiting_until``);
 - a deadlock is polling: past the horizon it takes more than ``POLLS`` host steps without progress, so one long
   sleep is none (a poll loop that sleeps between polls still is);
-- a run past ``SimConfig.max_host_steps`` ends with a :class:`StepLimit` report, not a deadlock;
+- a run past ``SimConfig.max_host_steps`` ends with a :class:`StepLimit` report, not a deadlock, unless it is
+  stuck polling then: more than ``POLLS`` steps without progress, nothing due, every live actor blocked or
+  polling. A busy poll (no sleep) reaches the bound before the horizon, and is the deadlock the horizon would find
+  (``Execution._only_polling``);
 - a negative (or NaN) sleep is the program's error;
 - a schedule may name stalls up to ``MAX_UNITS`` and indices up to ``MAX_INDEX``, no more.
 """
@@ -102,6 +105,44 @@ def test_a_run_past_its_step_bound_is_a_step_limit_not_a_deadlock() -> None:
     assert [type(x) for x in r.reports] == [StepLimit]
     assert "made 50 host steps without ending" in str(r.reports[0])
     assert run(long, config=SimConfig(max_host_steps=500)).reports == ()
+
+
+def busy_poll(dev: Any) -> None:
+    flag = dev.Value("i", 0)
+    while flag.value == 0:  # nobody will ever set it, and nothing sleeps between the polls
+        pass
+
+
+def test_a_busy_poll_with_nothing_due_at_the_step_bound_is_a_deadlock() -> None:
+    r = run(busy_poll, config=SimConfig(max_host_steps=500))  # the default horizon: 200,000 steps away
+    assert [type(x) for x in r.reports] == [Deadlock]
+    assert "only polling for " in str(r.reports[0])
+    assert "host waits for nothing it can see change (polling; last step: " in str(r.reports[0])
+
+
+def test_a_poll_at_the_step_bound_with_an_operation_in_flight_is_a_step_limit() -> None:
+    n = 64 * 1024  # a 256 KiB D2H: about 5 units, 1,000 host steps of polling
+    r = run(polled, (), SimConfig(max_host_steps=500), n)
+    assert [type(x) for x in r.reports] == [StepLimit]
+
+
+def test_a_poll_at_the_step_bound_while_another_actor_computes_is_a_step_limit() -> None:
+    def worker(dev: Any, flag: Any) -> None:
+        for _ in range(1000):
+            dev.synchronize()  # host steps that are no polls (and no progress: nothing is in flight)
+        flag.value = 1
+
+    def program(dev: Any) -> None:
+        flag = dev.Value("i", 0)
+        p = dev.Process(worker, (flag,), name="worker0")
+        p.start()
+        while flag.value == 0:
+            pass
+        p.join()
+
+    r = run(program, config=SimConfig(max_host_steps=500))
+    assert [type(x) for x in r.reports] == [StepLimit]
+    assert run(program, config=SimConfig(max_host_steps=10_000)).reports == ()
 
 
 @pytest.mark.parametrize("units", [-1000, float("nan")])
