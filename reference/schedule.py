@@ -64,6 +64,11 @@ class ScheduleError(ValueError):
     """A schedule string or value that cannot be used; the message is one line."""
 
 
+def is_actor_name(text: str) -> bool:
+    """Whether ``text`` can name an actor in a schedule (letters, digits, '_', '.', '-'; not a digit first)."""
+    return _NAME_RE.fullmatch(text) is not None
+
+
 def _check_name(_: object, attribute: attrs.Attribute[str], value: str) -> None:
     if not _NAME_RE.fullmatch(value):
         raise ScheduleError(f"bad {attribute.name} {value!r}: use letters, digits, '_', '.', '-'")

@@ -102,6 +102,15 @@ def delivered() -> None:
     _HELD.clear()
 
 
+def is_stop(e: BaseException) -> bool:
+    """Whether ``e``, a ``KeyboardInterrupt`` that reached a simulated run, stops the command (Ctrl-C, SIGTERM)
+    rather than being one the program raised itself: one the handlers raised, or any where they are not installed
+    (a test session, a script: Python's own Ctrl-C then, indistinguishable from the program's)."""
+    if any(e is k for k in _PENDING) or any(e is k for k in _HELD):
+        return True
+    return signal.getsignal(signal.SIGTERM) is not on_sigterm
+
+
 def pending() -> bool:
     """Whether a stop was raised and lost on its way, with no checkpoint since (the command's last moments)."""
     return bool(_PENDING)

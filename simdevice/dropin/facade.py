@@ -52,6 +52,9 @@ class DropInDevice(SimDevice):
         with it, so that the run on threads names each stream as the first run did."""
         super()._build()
         self._names = {}
+        #: (receiving actor, storage id) -> the tensor a device tensor from another process was mapped as there
+        #: (``processes``: CUDA IPC maps a storage once while the receiver holds it)
+        self.ipc_maps: dict[tuple[str, int], Any] = {}
 
     def site_named_stream(self) -> Any:
         """A new stream of the current actor, named after the line of the program that made it."""

@@ -16,7 +16,7 @@ from typing import Any
 from reference.contract import Run
 from reference.schedule import Schedule
 from simdevice.api import as_schedule
-from simdevice.dropin import distributed, facade
+from simdevice.dropin import distributed, facade, processes
 from simdevice.dropin.facade import DropInDevice
 from simdevice.dropin.patches import Patches
 from simdevice.runtime import Options, SimConfig
@@ -42,8 +42,7 @@ class DropIn:
         if _HELD:
             return  # a search holds them in place across its runs: only the device changes
         try:
-            facade.install(self._patches)
-            distributed.install(self._patches)
+            install(self._patches)
         except BaseException:
             self._uninstall()
             raise
@@ -117,6 +116,13 @@ class DropIn:
             raise AssertionError(self.text())
 
 
+def install(p: Patches) -> None:
+    """What a session patches: torch.cuda and the device, torch.distributed, multiprocessing."""
+    facade.install(p)
+    distributed.install(p)
+    processes.install(p)
+
+
 #: the patches a ``held()`` block keeps in place (at most one)
 _HELD: list[Patches] = []
 
@@ -130,8 +136,7 @@ def held() -> Iterator[None]:
         return
     p = Patches()
     try:
-        facade.install(p)
-        distributed.install(p)
+        install(p)
         _HELD.append(p)
         yield
     finally:

@@ -49,7 +49,7 @@ from simdevice.runtime.memory import Memory
 from simdevice.runtime.reports import Deadlock, HostError, ReportSink, StepLimit, describe, error_source
 from simdevice.runtime.streams import SimStream, StreamOp
 from simdevice.runtime.tls import NeedsThreads
-from simdevice.signals import HOLDING, raise_held
+from simdevice.signals import HOLDING, is_stop, raise_held
 
 try:
     from greenlet import getcurrent as _getcurrent  # type: ignore[import-untyped]
@@ -121,6 +121,8 @@ class HostActor:
         #: unnamed streams made so far (they are called s1, s2, ...)
         self.unnamed = 0
         self.result: Any = None
+        #: a daemonic process (``multiprocessing``'s ``daemon=True``): it ends with the run's other actors
+        self.daemon = False
 
     def count(self, poll: bool) -> int | None:
         """Count one host step; its index, or None where it is not counted. ``poll``: a step that only observes
@@ -334,7 +336,7 @@ class Execution:
             self.needs_threads = self.needs_threads or str(e)
             self._abort()
         except BaseException as e:
-            if self.greenlets and isinstance(e, KeyboardInterrupt):
+            if self.greenlets and isinstance(e, KeyboardInterrupt) and is_stop(e):
                 # Ctrl-C or SIGTERM (signals.py) lands in whichever greenlet runs: the run's, as on threads, where
                 # it reaches the starting thread alone
                 self._interrupt = self._interrupt or e
@@ -837,6 +839,11 @@ class Execution:
                         for a in self.actors.values()))
 
     def _deadlock(self, why: str | None = None) -> None:
+        live = [a for a in self.actors.values() if a.state != "done"]
+        if live and all(a.daemon for a in live):
+            # only daemonic processes are left, waiting: as their parent's exit terminates them, the run ends here
+            self._abort()
+            return
         self.reports.add(Deadlock(waits=self._waits(), time_ns=self.now, reason=why or ""))
         self._abort()
 

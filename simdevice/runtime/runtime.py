@@ -848,17 +848,42 @@ class Runtime:
         self.execution.block(a, f"process {child.name} to exit", lambda: child.state == "done")
         sync.observe(a, child)
 
-    def value_get(self, cell: SharedCell) -> Any:
-        a = self.host_step("Value.get", poll=True)
+    def value_get(self, cell: SharedCell, step: str = "Value.get") -> Any:
+        a = self.host_step(step, poll=True)
         sync.observe(a, cell)
         return cell.value
 
-    def value_set(self, cell: SharedCell, value: Any) -> None:
-        a = self.host_step("Value.set")
+    def value_set(self, cell: SharedCell, value: Any, step: str = "Value.set") -> None:
+        a = self.host_step(step)
         sync.publish(cell, a)
         if value != cell.value:
             cell.value = value
             self.execution.changed()
+
+    def value_wait(self, cell: SharedCell, until: Callable[[Any], bool], step: str, desc: str) -> None:
+        """Block until ``until(cell.value)`` (``multiprocessing.Event.wait``): a host step ``step``, then a wait
+        for ``desc``, after which the actor is ordered after the value's writers."""
+        a = self.host_step(step)
+        self.execution.block(a, desc, lambda: until(cell.value))
+        sync.observe(a, cell)
+
+    def lock_acquire(self, cell: SharedCell) -> None:
+        """``multiprocessing.Lock.acquire``: wait until the lock is free and take it, ordered after its last
+        release (:meth:`value_set` of False releases it)."""
+        self.value_wait(cell, lambda held: not held, "Lock.acquire", "a lock another process holds")
+        cell.value = True
+
+    # -- CUDA IPC: device tensors sent to another process ----------------------------------------------------------
+    def ipc_sent(self, s: SimStream) -> EventRecord:
+        """A device tensor pickled for another process (``Queue.put``, a process's arguments): torch records an
+        interprocess event on ``s`` then (``CudaIPCSentData``). Part of the step that sends it: no step of its own."""
+        return self._record(s)
+
+    def ipc_mapped(self, rec: EventRecord) -> None:
+        """A device tensor received from another process, its memory mapped here for the first time: the
+        receiving actor's current stream waits for the sender's event (``cudaStreamWaitEvent`` in
+        ``_new_shared_cuda``). Part of the step that receives it."""
+        self._wait_on(self.current().current_stream, rec, "the IPC event of a received tensor")
 
     def queue_put(self, box: Mailbox, item: Any) -> None:
         a = self.host_step("Queue.put")

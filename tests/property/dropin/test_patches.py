@@ -12,12 +12,12 @@ import torch
 import torch.distributed as dist
 
 import simdevice
-from simdevice.dropin import distributed, facade
+from simdevice.dropin import distributed, facade, processes
 from simdevice.dropin.patches import Patches, namespaces
 
 
 def _owners() -> list[Any]:
-    return facade.patched_owners() + distributed.patched_owners()
+    return facade.patched_owners() + distributed.patched_owners() + processes.patched_owners()
 
 
 def _same(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> None:

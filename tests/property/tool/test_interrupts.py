@@ -491,3 +491,39 @@ def test_a_stop_never_cuts_a_move_of_torch_s_state_between_actors(monkeypatch: p
     assert torch._C._len_torch_dispatch_stack() == 0
     monkeypatch.setattr(tls, "release", real)
     assert SimDevice().run(lambda dev: torch.ones(2, device=dev.device).sum().item()).result == 2.0
+
+
+def test_a_keyboard_interrupt_the_program_raises_is_its_own_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the command's handlers are installed, a ``KeyboardInterrupt`` no signal raised is the program's (a
+    host error of the run, as any exception); one the handler raised still stops the run."""
+    import signal as signal_module
+
+    from simdevice import SimDevice, signals
+
+    monkeypatch.setattr(signals, "_PENDING", [])
+    old = signal_module.signal(signal_module.SIGTERM, signals.on_sigterm)
+    try:
+        def own(dev: object) -> None:
+            raise KeyboardInterrupt("the program's own")
+
+        r = SimDevice().run(own)
+        assert [x.kind for x in r.reports] == ["host-error"]
+        assert "KeyboardInterrupt" in str(r.reports[0])
+
+        def stopped(dev: object) -> None:
+            signals.on_sigint(signal_module.SIGINT, None)
+
+        with pytest.raises(KeyboardInterrupt):
+            SimDevice().run(stopped)
+    finally:
+        signal_module.signal(signal_module.SIGTERM, old)
+
+
+def test_check_of_a_program_that_raises_keyboard_interrupt_reports_it(tmp_path: Path) -> None:
+    prog = tmp_path / "prog.py"
+    prog.write_text("import torch\n\ndef f():\n    torch.ones(4, device='cuda')\n    raise KeyboardInterrupt\n")
+    p = subprocess.run([sys.executable, "-m", "simdevice", "check", f"{prog}::f"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert "host error: host raised KeyboardInterrupt" in p.stdout
+    assert "interrupted" not in p.stderr

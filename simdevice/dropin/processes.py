@@ -1,0 +1,498 @@
+"""``multiprocessing`` in a torch.cuda session: the processes a program starts are host actors of the run.
+
+A process the program starts inside a run (``multiprocessing.Process``, ``torch.multiprocessing.Process``, a
+context's ``Process`` from ``get_context("spawn")``, or a subclass of any of them with its own ``run``) becomes a
+host actor with its own streams, as ``SimDevice.Process`` makes one; ``join``, ``is_alive`` and ``exitcode`` answer
+for it (0 when its target returns, ``n`` for ``sys.exit(n)`` or ``os._exit(n)``; what else it raises is a host
+error of the run). Queues (``Queue``, ``SimpleQueue``), ``Event``, ``Value`` and ``Lock`` made in the run are the
+simulator's: each put, get, set, wait and read is a host step that orders the receiver after the sender, and a
+blocking one that can never return is a deadlock, not a hang. The other primitives (``Pipe``, ``Pool``,
+``Manager``, ``Barrier``, ...) raise ``NotImplementedError`` in a run, so the program gets no verdict rather than a
+wrong one.
+
+A device tensor sent to another process (in a process's arguments, or through a queue) is CUDA IPC, as torch does
+it (``torch.multiprocessing.reductions``): the sender records an interprocess event on its stream as it pickles the
+tensor (its current stream for a process's arguments and a ``SimpleQueue``; for a ``Queue``, whose feeder thread
+pickles, the device's default stream), and the receiver's current stream waits for that event when it maps the
+memory, the first time only: while the receiver still holds a tensor of that storage, a tensor of it received
+again maps nothing and waits for nothing (``storage_from_cache``). The receiver gets a tensor of its own over the
+same memory; sending on a tensor received from another process raises, as torch does.
+
+What a real child would get as a copy (lists, dicts and other objects in its arguments or in an item) is copied
+here only where it is a list, tuple, dict or set on the way to a tensor; any other object is shared.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.context
+import multiprocessing.process
+import os
+import types
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from reference.schedule import is_actor_name
+from simdevice.api import SharedValueHandle
+from simdevice.dispatch import SimTensor, storage_of
+from simdevice.dropin.patches import Patches
+from simdevice.runtime.runtime import Mailbox, SharedCell
+
+#: the primitives a run simulates, and those it refuses
+_SIMULATED = ("Queue", "SimpleQueue", "Event", "Value", "Lock")
+_REFUSED = ("Pipe", "Pool", "Manager", "JoinableQueue", "Barrier", "Condition", "Semaphore", "BoundedSemaphore",
+            "RLock", "Array", "RawArray", "RawValue")
+#: what pickling does not look into for tensors (by reference: classes, modules, functions)
+_OPAQUE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+#: virtual time a timed wait (``join(timeout)``, ``get(timeout=)``, ``wait(timeout)``) sleeps between its polls, in
+#: units (1 unit = 1 ms)
+_POLL_UNITS = 1.0
+
+
+def _session() -> Any:
+    from simdevice.dropin import facade  # (facade imports this module's installer)
+
+    return facade.session_device()
+
+
+def _in_run() -> bool:
+    from simdevice.dropin import facade
+
+    return facade.in_actor()
+
+
+# -- CUDA IPC -------------------------------------------------------------------------------------------------------
+
+
+def _tensors(obj: Any, found: list[SimTensor], seen: set[int]) -> None:
+    """The device tensors in ``obj``, as pickling would reach them (containers and objects' attributes)."""
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, SimTensor):
+        found.append(obj)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for x in obj:
+            _tensors(x, found, seen)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _tensors(k, found, seen)
+            _tensors(v, found, seen)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, _OPAQUE):
+        for v in vars(obj).values():
+            _tensors(v, found, seen)
+
+
+def _sent(dev: Any, obj: Any, stream: Any) -> dict[int, Any]:
+    """Pickle ``obj`` for another process: for each device tensor in it, the IPC event recorded on ``stream``
+    (by storage). A tensor received from another process cannot be sent on (torch raises the same)."""
+    found: list[SimTensor] = []
+    _tensors(obj, found, set())
+    sender = dev.runtime.current().name
+    events: dict[int, Any] = {}
+    for t in found:
+        st = storage_of(t)
+        if st.kind != "device":
+            continue
+        if st.process != sender:
+            raise RuntimeError("Attempted to send CUDA tensor received from another process; this is not currently "
+                               "supported. Consider cloning before sending.")
+        if id(st) not in events:
+            events[id(st)] = dev.runtime.ipc_sent(stream)
+    return events
+
+
+def _received(dev: Any, obj: Any, events: dict[int, Any]) -> Any:
+    """``obj`` as the receiving process unpickles it: each device tensor a tensor of its own over the same memory;
+    where the receiver holds no tensor of that storage yet, its current stream waits for the sender's event."""
+    if not events:
+        return obj
+    receiver = dev.runtime.current().name
+    maps: dict[tuple[str, int], weakref.ref[Any]] = dev.ipc_maps
+    done: dict[int, Any] = {}
+
+    def rebuild(x: Any) -> Any:
+        if id(x) in done:
+            return done[id(x)]
+        if isinstance(x, SimTensor):
+            st = storage_of(x)
+            rec = events.get(id(st))
+            if rec is None:
+                return x
+            key = (receiver, id(st))
+            held = maps.get(key)
+            mapped = held() if held is not None else None
+            if mapped is None:
+                dev.runtime.ipc_mapped(rec)
+            with torch.no_grad():
+                out = x.detach()
+            out.requires_grad_(x.requires_grad)
+            if mapped is None:
+                maps[key] = weakref.ref(out)
+            done[id(x)] = out
+            return out
+        if isinstance(x, (list, tuple, set, frozenset)):
+            items = [rebuild(i) for i in x]
+            out = type(x)(items) if not isinstance(x, tuple) or type(x) is tuple else type(x)(*items)
+        elif isinstance(x, dict):
+            out = type(x)((rebuild(k), rebuild(v)) for k, v in x.items())
+        else:
+            out = x
+        done[id(x)] = out
+        return out
+
+    try:
+        return rebuild(obj)
+    finally:
+        done.clear()  # (``rebuild`` refers to itself: the cycle must not keep the received tensors alive)
+
+
+# -- processes ------------------------------------------------------------------------------------------------------
+
+
+def _exit_code(code: Any) -> int:
+    """``sys.exit(code)``'s exit status, as Python's own exit gives it."""
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
+class ProcessExit(SystemExit):
+    """``os._exit(n)`` in a run: that process ends at once (its ``finally`` blocks run here; in the main process
+    the run ends with a host error, as ``sys.exit`` there does)."""
+
+    def __str__(self) -> str:
+        return f"os._exit({self.code})"
+
+
+def _os_exit(original: Callable[[int], Any]) -> Callable[[int], Any]:
+    def _exit(n: int) -> Any:
+        if _in_run():
+            raise ProcessExit(n)
+        return original(n)
+
+    return _exit
+
+
+class _Child:
+    """What a simulated process's ``Process`` object holds: its actor and its exit status."""
+
+    def __init__(self) -> None:
+        self.actor: Any = None
+        self.exitcode: int | None = None
+
+
+def _name(dev: Any, proc: Any) -> str:
+    """The actor's name: the one the program gave the process, where the schedule grammar takes it and no actor or
+    stream has it; else multiprocessing's default form, counted in this run (``SpawnProcess-1``, ...: the default
+    name's number counts the processes of the whole interpreter, so it would differ from run to run)."""
+    taken = set(dev.runtime.execution.actors) | set(dev.runtime.streams())
+    kind = type(proc).__name__
+    name = str(proc.name)
+    if name == f"{kind}-" + ":".join(str(i) for i in proc._identity) or not is_actor_name(name):
+        name = ""
+    k = 1
+    while not name or name in taken:
+        name, k = f"{kind if is_actor_name(kind) else 'Process'}-{k}", k + 1
+    return name
+
+
+def _patch_process(p: Patches) -> None:
+    base = multiprocessing.process.BaseProcess
+    start, join, is_alive = base.start, base.join, base.is_alive
+    exitcode: property = vars(base)["exitcode"]
+    pid: property = vars(base)["pid"]
+
+    def sim_start(self: Any) -> None:
+        if not _in_run():
+            return start(self)
+        if getattr(self, "_simdevice", None) is not None:
+            raise AssertionError("cannot start a process twice")
+        dev = _session()
+        rt = dev.runtime
+        child = self._simdevice = _Child()
+        events = _sent(dev, (self._args, self._kwargs), rt.current().current_stream)
+        sent = (self._args, self._kwargs)
+
+        def body() -> None:
+            self._args, self._kwargs = _received(dev, sent, events)
+            try:
+                self.run()
+                child.exitcode = 0
+            except SystemExit as e:
+                child.exitcode = _exit_code(e.code)
+
+        child.actor = rt.spawn(_name(dev, self), body)
+        child.actor.daemon = bool(self.daemon)
+        return None
+
+    def sim_join(self: Any, timeout: float | None = None) -> None:
+        child = getattr(self, "_simdevice", None)
+        if child is None:
+            return join(self, timeout)
+        rt = _session().runtime
+        if timeout is None:
+            rt.join(child.actor)
+            return None
+        _timed(lambda: child.actor.state == "done", timeout, lambda: rt.join(child.actor))
+        return None
+
+    def sim_is_alive(self: Any) -> bool:
+        child = getattr(self, "_simdevice", None)
+        if child is None:
+            return is_alive(self)
+        return bool(child.actor.state != "done")
+
+    def sim_exitcode(self: Any) -> int | None:
+        child = getattr(self, "_simdevice", None)
+        if child is None:
+            return exitcode.__get__(self)  # type: ignore[no-any-return]
+        return child.exitcode if child.actor.state == "done" else None
+
+    def sim_pid(self: Any) -> int | None:
+        child = getattr(self, "_simdevice", None)
+        if child is None:
+            return pid.__get__(self)  # type: ignore[no-any-return]
+        return child.actor.order  # type: ignore[no-any-return]  # (a number of its own, as a pid is)
+
+    def refused(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(self, "_simdevice", None) is None:
+                return original(self, *args, **kwargs)
+            raise NotImplementedError(f"Process.{name}() of a simulated process is not simulated")
+
+        call.__name__ = name
+        return call
+
+    p.set(base, "start", sim_start)
+    p.set(base, "join", sim_join)
+    p.set(base, "is_alive", sim_is_alive)
+    p.set(base, "exitcode", property(sim_exitcode))
+    p.set(base, "pid", property(sim_pid))
+    p.set(base, "ident", property(sim_pid))
+    for name in ("terminate", "kill", "close"):
+        p.set(base, name, refused(name, getattr(base, name)))
+
+
+def _timed(done: Callable[[], bool], timeout: float | None, block: Callable[[], Any]) -> bool:
+    """A wait with ``timeout`` seconds of virtual time: ``block()`` where there is no timeout, else polls of
+    ``done()`` with sleeps between them until it holds or the time is up; whether it holds."""
+    rt = _session().runtime
+    if timeout is None:
+        block()
+        return True
+    left = max(float(timeout), 0.0) * 1000.0  # units
+    while True:
+        if done():
+            return True
+        if left <= 0:
+            return False
+        step = min(_POLL_UNITS, left)
+        rt.sleep(step)
+        left -= step
+
+
+# -- queues, events, values, locks ----------------------------------------------------------------------------------
+
+
+class SimQueue:
+    """``multiprocessing.Queue`` in a run (``SimpleQueue`` with ``simple``: pickled in the putting thread)."""
+
+    def __init__(self, maxsize: int = 0, *, simple: bool = False) -> None:
+        self._dev = _session()
+        self._box = Mailbox()
+        self._simple = simple
+
+    def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
+        dev = self._dev
+        a = dev.runtime.current()
+        # a Queue's feeder thread pickles the item, on the device's default stream (a new thread's current one)
+        events = _sent(dev, obj, a.current_stream if self._simple else a.default_stream)
+        dev.runtime.queue_put(self._box, (obj, events))
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        import queue
+
+        rt = self._dev.runtime
+        if not block:
+            timeout = 0.0
+        if timeout is not None:
+            ready = _timed(lambda: not rt.queue_empty(self._box), timeout, lambda: None)
+            if not ready:
+                raise queue.Empty
+        obj, events = rt.queue_get(self._box)
+        return _received(self._dev, obj, events)
+
+    def put_nowait(self, obj: Any) -> None:
+        self.put(obj, False)
+
+    def get_nowait(self) -> Any:
+        return self.get(False)
+
+    def empty(self) -> bool:
+        return self._dev.runtime.queue_empty(self._box)  # type: ignore[no-any-return]
+
+    def qsize(self) -> int:
+        self._dev.runtime.queue_empty(self._box)
+        return len(self._box.items)
+
+    def full(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def join_thread(self) -> None:
+        pass
+
+    def cancel_join_thread(self) -> None:
+        pass
+
+
+class SimEvent:
+    """``multiprocessing.Event`` in a run."""
+
+    def __init__(self) -> None:
+        self._dev = _session()
+        self._cell = SharedCell(False)
+
+    def set(self) -> None:
+        self._dev.runtime.value_set(self._cell, True, "Event.set")
+
+    def clear(self) -> None:
+        self._dev.runtime.value_set(self._cell, False, "Event.clear")
+
+    def is_set(self) -> bool:
+        return bool(self._dev.runtime.value_get(self._cell, "Event.is_set"))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        rt = self._dev.runtime
+        return _timed(self.is_set, timeout,
+                      lambda: rt.value_wait(self._cell, bool, "Event.wait", "an event another process sets"))
+
+
+class SimLock:
+    """``multiprocessing.Lock`` in a run."""
+
+    def __init__(self) -> None:
+        self._dev = _session()
+        self._cell = SharedCell(False)
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        rt = self._dev.runtime
+        if block and timeout is None:
+            rt.lock_acquire(self._cell)
+            return True
+        free = _timed(lambda: not rt.value_get(self._cell, "Lock.acquire"), 0.0 if not block else timeout,
+                      lambda: None)
+        if free:
+            rt.lock_acquire(self._cell)
+        return free
+
+    def release(self) -> None:
+        if not self._cell.value:
+            raise ValueError("semaphore or lock released too many times")
+        self._dev.runtime.value_set(self._cell, False, "Lock.release")
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class SimValue(SharedValueHandle):
+    """``multiprocessing.Value`` in a run: its ``value`` a shared value, with a lock of its own (``lock=True``)."""
+
+    def __init__(self, typecode: Any, *args: Any, lock: Any = True) -> None:
+        super().__init__(_session(), typecode, args[0] if args else 0)
+        self._lock = lock if isinstance(lock, SimLock) else SimLock() if lock else None
+
+    def get_lock(self) -> SimLock:
+        if self._lock is None:
+            raise AttributeError("'Synchronized' object has no lock: made with lock=False")
+        return self._lock
+
+    def acquire(self, *args: Any) -> bool:
+        return self.get_lock().acquire(*args)
+
+    def release(self) -> None:
+        self.get_lock().release()
+
+    def __enter__(self) -> bool:
+        return self.get_lock().acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.get_lock().release()
+
+
+def _make(name: str, *args: Any, **kwargs: Any) -> Any:
+    if name == "Queue":
+        return SimQueue(*args, **kwargs)
+    if name == "SimpleQueue":
+        return SimQueue(simple=True)
+    if name == "Event":
+        return SimEvent()
+    if name == "Value":
+        return SimValue(*args, **kwargs)
+    assert name == "Lock", name
+    return SimLock()
+
+
+def _refusal(name: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"multiprocessing.{name} is not simulated (the run's processes share Queue, SimpleQueue, Event, Value and "
+        "Lock); see \"Not intercepted\" in docs/dropin.md"
+    )
+
+
+def _in_context(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``ctx.<name>(...)`` of any context: the simulator's in a run, else the original."""
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _in_run():
+            return original(self, *args, **kwargs)
+        if name in _REFUSED:
+            raise _refusal(name)
+        return _make(name, *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def _in_module(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``multiprocessing.<name>(...)`` (a method of the default context, bound at import): the same choice."""
+
+    def function(*args: Any, **kwargs: Any) -> Any:
+        if not _in_run():
+            return original(*args, **kwargs)
+        if name in _REFUSED:
+            raise _refusal(name)
+        return _make(name, *args, **kwargs)
+
+    function.__name__ = name
+    return function
+
+
+#: the modules whose ``multiprocessing`` names a session replaces
+def _modules() -> list[Any]:
+    return [multiprocessing, torch.multiprocessing]
+
+
+def install(p: Patches) -> None:
+    """Put the simulated processes and primitives in place (each falls back to the original outside a run)."""
+    _patch_process(p)
+    ctx = multiprocessing.context.BaseContext
+    for name in (*_SIMULATED, *_REFUSED):
+        p.set(ctx, name, _in_context(name, getattr(ctx, name)))
+        for m in _modules():
+            if name in vars(m):
+                p.set(m, name, _in_module(name, vars(m)[name]))
+    p.set(os, "_exit", _os_exit(os._exit))
+
+
+def patched_owners() -> list[Any]:
+    return [multiprocessing.process.BaseProcess, multiprocessing.context.BaseContext, *_modules(), os]

@@ -1,0 +1,487 @@
+"""Processes a plain torch.cuda program starts (``multiprocessing`` / ``torch.multiprocessing``) are host actors of
+the run, and a device tensor sent to one is CUDA IPC as torch does it.
+
+Rules, each with a test a mutation of it fails:
+
+- ``Process.start`` in a run makes a host actor (its own streams), named as the program named it, else
+  ``SpawnProcess-1``, ... counted in the run; ``join`` waits for it, ``exitcode`` is 0 when the target returns and
+  ``n`` for ``sys.exit(n)`` or ``os._exit(n)``; what else it raises is a host error; a daemonic one still waiting
+  when every other actor is done ends with the run (its parent's exit terminates it), where any other is a deadlock;
+- ``Queue``, ``SimpleQueue``, ``Event``, ``Value`` and ``Lock`` order the receiver after the sender; a wait that
+  can never end is a deadlock; a ``Lock`` excludes; timed waits give up after their virtual time;
+- a device tensor sent (a process's arguments, a queue's item) records an IPC event on the sender's stream: its
+  current stream, or for a ``Queue`` (pickled by its feeder thread) the default stream; the receiver's current
+  stream waits for it where it maps the storage for the first time, and not while it still holds a tensor of it;
+- what a run does not simulate (``Pipe``, ``Pool``, ``terminate``, ...) raises ``NotImplementedError``: no verdict;
+- outside a run, ``multiprocessing`` is itself.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import simdevice
+from simdevice import Deadlock, Race, StaleRead
+from simdevice.dropin import session
+
+N = 256
+
+
+def _run(fn: Any, schedule: str | None = None) -> Any:
+    s = simdevice.cuda(schedule)
+    s.run(fn)
+    assert s.result is not None
+    return s.result
+
+
+def _kinds(run: Any) -> list[str]:
+    return [r.kind for r in run.reports]
+
+
+# -- a snapshot worker, as a zero-cost checkpoint writes one ---------------------------------------------------------
+
+
+def _snapshot_worker(buf: torch.Tensor, tasks: Any, done: Any) -> None:
+    side = torch.cuda.Stream()
+    mirror = torch.empty(N, pin_memory=True)
+    while True:
+        step = tasks.get()
+        if step is None:
+            return
+        with torch.cuda.stream(side):
+            mirror.copy_(buf, non_blocking=True)
+        side.synchronize()
+        done.put((step, mirror.clone()))
+
+
+def _trainer(wait_for_echo: bool) -> None:
+    ctx = mp.get_context("spawn")
+    buf = torch.zeros(N, device="cuda")
+    tasks, done = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_snapshot_worker, args=(buf, tasks, done))
+    p.start()
+    pending = 0
+    for step in range(1, 4):
+        buf.fill_(float(step))
+        torch.cuda.synchronize()
+        tasks.put(step)
+        pending += 1
+        if wait_for_echo:  # the step's snapshot is taken before the next step writes the buffer
+            s, snap = done.get()
+            pending -= 1
+            assert torch.equal(snap, torch.full((N,), float(s)))
+    for _ in range(pending):
+        s, snap = done.get()
+        assert torch.equal(snap, torch.full((N,), float(s)))
+    tasks.put(None)
+    p.join()
+    assert p.exitcode == 0
+
+
+def _trainer_waits() -> None:
+    _trainer(True)
+
+
+def _trainer_races() -> None:
+    _trainer(False)
+
+
+def test_a_trainer_that_waits_for_the_snapshot_is_clean() -> None:
+    found = simdevice.explore(_trainer_waits, max_examples=30)
+    assert found.failure is None
+
+
+def test_a_trainer_that_writes_the_buffer_under_the_workers_copy_is_found() -> None:
+    found = simdevice.explore(_trainer_races, max_examples=30)
+    assert found.failure is not None
+    races = [r for r in found.failure.run.reports if isinstance(r, Race)]
+    assert races, found.failure.run.reports
+    assert any("SpawnProcess-1.side" in str(r) and "copy_ (D2H)" in str(r) for r in races)
+
+
+# -- CUDA IPC ------------------------------------------------------------------------------------------------------
+
+
+def _consumer_holds(q: Any, out: Any) -> None:
+    first = q.get()
+    out.put(first.sum().item())
+    again = q.get()  # the same storage, still held here: mapped already, no wait
+    out.put(again.sum().item())
+
+
+def _consumer_drops(q: Any, out: Any) -> None:
+    first = q.get()
+    out.put(first.sum().item())
+    del first  # the mapping goes with the last tensor of it
+    again = q.get()  # mapped again: waits for the new event
+    out.put(again.sum().item())
+
+
+def _producer(target: Any, sync_second: bool) -> None:
+    ctx = mp.get_context("spawn")
+    q, out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=target, args=(q, out))
+    p.start()
+    x = torch.empty(N, device="cuda")
+    x.fill_(1.0)  # no synchronize: the IPC event the receiver waits for orders it
+    q.put(x)
+    assert out.get() == N
+    x.fill_(2.0)
+    if sync_second:
+        torch.cuda.synchronize()
+    q.put(x)
+    assert out.get() == 2 * N
+    p.join()
+
+
+def _dropped_and_sent_again() -> None:
+    _producer(_consumer_drops, False)
+
+
+def _held_and_sent_again() -> None:
+    _producer(_consumer_holds, False)
+
+
+def _held_and_sent_again_after_a_sync() -> None:
+    _producer(_consumer_holds, True)
+
+
+def test_the_first_receipt_of_a_device_tensor_waits_for_the_senders_event() -> None:
+    found = simdevice.explore(_dropped_and_sent_again, max_examples=40)
+    assert found.failure is None
+
+
+def test_a_tensor_received_again_while_held_waits_for_nothing() -> None:
+    found = simdevice.explore(_held_and_sent_again, max_examples=40)
+    assert found.failure is not None
+    assert any(isinstance(r, (Race, StaleRead)) for r in found.failure.run.reports)
+    assert simdevice.explore(_held_and_sent_again_after_a_sync, max_examples=40).failure is None
+
+
+def _reader(q: Any, out: Any) -> None:
+    out.put(q.get().sum().item())
+
+
+def _sent_from_a_side_stream(simple: bool) -> None:
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue() if simple else ctx.Queue()
+    out = ctx.Queue()
+    p = ctx.Process(target=_reader, args=(q, out))
+    p.start()
+    side = torch.cuda.Stream()
+    x = torch.empty(N, device="cuda")
+    with torch.cuda.stream(side):
+        x.fill_(1.0)
+        q.put(x)  # SimpleQueue: pickled here, on side; Queue: by its feeder thread, on the default stream
+    assert out.get() == N
+    p.join()
+
+
+def test_a_simple_queue_records_the_event_on_the_current_stream() -> None:
+    r = _run(lambda: _sent_from_a_side_stream(True))
+    assert r.reports == ()
+
+
+def test_a_queue_records_the_event_on_the_default_stream() -> None:
+    r = _run(lambda: _sent_from_a_side_stream(False))
+    assert any(isinstance(x, Race) and "fill_" in str(x) for x in r.reports), r.reports
+
+
+def test_a_tensor_in_a_processs_arguments_is_sent_on_the_current_stream() -> None:
+    def program() -> None:
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        x = torch.empty(N, device="cuda")
+        x.fill_(3.0)
+        p = ctx.Process(target=_reader_of, args=(x, out))
+        p.start()
+        assert out.get() == 3 * N
+        p.join()
+
+    assert _run(program).reports == ()
+
+
+def _reader_of(x: torch.Tensor, out: Any) -> None:
+    out.put(x.sum().item())
+
+
+def test_a_received_tensor_cannot_be_sent_on() -> None:
+    def relay(q: Any, back: Any) -> None:
+        back.put(q.get())
+
+    def program() -> None:
+        ctx = mp.get_context("spawn")
+        q, back = ctx.Queue(), ctx.Queue()
+        p = ctx.Process(target=relay, args=(q, back), name="relay")
+        p.start()
+        q.put(torch.ones(N, device="cuda"))
+        p.join()
+
+    r = _run(program)
+    assert _kinds(r) == ["host-error"]
+    assert "Attempted to send CUDA tensor received from another process" in str(r.reports[0])
+    assert r.reports[0].actor == "relay"
+
+
+# -- processes -------------------------------------------------------------------------------------------------------
+
+
+def _returns() -> None:
+    torch.ones(4, device="cuda").add_(1)
+
+
+def _exits(code: int) -> None:
+    torch.ones(4, device="cuda")
+    sys.exit(code)
+
+
+def _os_exits(code: int) -> None:
+    torch.ones(4, device="cuda")
+    os._exit(code)
+    raise AssertionError("os._exit returned")
+
+
+def test_exit_codes_as_multiprocessing_gives_them() -> None:
+    got: dict[str, Any] = {}
+
+    def program() -> None:
+        ctx = mp.get_context("spawn")
+        procs = {"ret": ctx.Process(target=_returns), "exit3": ctx.Process(target=_exits, args=(3,)),
+                 "exit0": ctx.Process(target=_exits, args=(0,)), "os4": ctx.Process(target=_os_exits, args=(4,))}
+        for k, p in procs.items():
+            got[k + ".before"] = (p.is_alive(), p.exitcode)
+            p.start()
+        for k, p in procs.items():
+            p.join()
+            got[k] = (p.is_alive(), p.exitcode, p.pid is not None)
+
+    r = _run(program)
+    assert r.reports == ()
+    assert got == {"ret.before": (False, None), "exit3.before": (False, None), "exit0.before": (False, None),
+                   "os4.before": (False, None), "ret": (False, 0, True), "exit3": (False, 3, True),
+                   "exit0": (False, 0, True), "os4": (False, 4, True)}
+
+
+def test_a_worker_that_raises_is_a_host_error_of_that_worker() -> None:
+    def boom() -> None:
+        raise ValueError("no checkpoint dir")
+
+    def program() -> None:
+        p = multiprocessing.Process(target=boom, name="ckpt")
+        p.start()
+        p.join()
+
+    r = _run(program)
+    assert _kinds(r) == ["host-error"]
+    assert r.reports[0].actor == "ckpt"
+    assert "ValueError: no checkpoint dir" in str(r.reports[0])
+
+
+def test_a_subclass_with_its_own_run_runs_as_a_process() -> None:
+    got: list[Any] = []
+
+    class Saver(mp.Process):
+        def __init__(self, q: Any) -> None:
+            super().__init__(name="saver")
+            self.q = q
+
+        def run(self) -> None:
+            self.q.put(torch.ones(4, device="cuda").sum().item())
+
+    def program() -> None:
+        q = mp.Queue()
+        s = Saver(q)
+        s.start()
+        got.append(q.get())
+        s.join()
+        got.append(s.exitcode)
+
+    r = _run(program)
+    assert r.reports == ()
+    assert got == [4.0, 0]
+    assert "saver.default" in r.op_counts
+
+
+def test_process_names_are_the_same_in_every_run() -> None:
+    def program() -> None:
+        for _ in range(2):
+            p = mp.get_context("spawn").Process(target=_returns)
+            p.start()
+            p.join()
+
+    first, second = _run(program), _run(program)
+    assert {"SpawnProcess-1", "SpawnProcess-2"} <= set(first.op_counts)
+    assert first.op_counts == second.op_counts
+
+
+def test_a_delay_on_a_named_process_applies() -> None:
+    def worker(v: Any) -> None:
+        v.value = 1
+
+    def program() -> None:
+        v = mp.Value("i", 0)
+        p = mp.Process(target=worker, args=(v,), name="w")
+        p.start()
+        p.join()
+
+    r = _run(program, "x.py::f::w#0+5")
+    assert r.unfired == ()
+    assert any(actor == "w" and what == "stall 5 units before #0" for _, actor, what in r.trace), r.trace
+
+
+# -- queues, events, values, locks ----------------------------------------------------------------------------------
+
+
+def test_an_event_orders_what_the_setter_did_before_it() -> None:
+    got: list[float] = []
+
+    def worker(ev: Any, pinned: torch.Tensor) -> None:
+        pinned.fill_(7.0)
+        ev.set()
+
+    def program() -> None:
+        ev = mp.Event()
+        pinned = torch.zeros(N, pin_memory=True)
+        p = mp.Process(target=worker, args=(ev, pinned))
+        p.start()
+        assert ev.wait() is True
+        got.append(float(pinned.sum()))
+        p.join()
+
+    found = simdevice.explore(program, max_examples=20)
+    assert found.failure is None
+    assert got
+    assert set(got) == {7.0 * N}
+
+
+def test_an_event_nobody_sets_is_a_deadlock_and_a_timed_wait_gives_up() -> None:
+    def forever() -> None:
+        mp.Event().wait()
+
+    r = _run(forever)
+    assert [type(x) for x in r.reports] == [Deadlock]
+    assert "an event another process sets" in str(r.reports[0])
+    got: list[bool] = []
+    r = _run(lambda: got.append(mp.Event().wait(timeout=0.05)))
+    assert r.reports == ()
+    assert got == [False]
+
+
+def _count(v: Any, n: int, locked: bool) -> None:
+    for _ in range(n):
+        if locked:
+            with v.get_lock():
+                v.value += 1
+        else:
+            v.value += 1
+
+
+def _counters(locked: bool) -> None:
+    v = mp.Value("i", 0)
+    ps = [mp.Process(target=_count, args=(v, 3, locked), name=f"c{i}") for i in range(2)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join()
+    assert v.value == 6, v.value
+
+
+def _locked_counters() -> None:
+    _counters(True)
+
+
+def _unlocked_counters() -> None:
+    _counters(False)
+
+
+def test_a_lock_excludes_and_without_it_an_update_is_lost() -> None:
+    assert simdevice.explore(_locked_counters, max_examples=40).failure is None
+    found = simdevice.explore(_unlocked_counters, max_examples=40)
+    assert found.failure is not None
+    assert [r.kind for r in found.failure.run.reports] == ["host-error"]
+
+
+def test_a_get_with_a_timeout_raises_empty() -> None:
+    import queue
+
+    got: list[str] = []
+
+    def program() -> None:
+        try:
+            mp.Queue().get(timeout=0.01)
+        except queue.Empty:
+            got.append("empty")
+
+    assert _run(program).reports == ()
+    assert got == ["empty"]
+
+
+# -- what a run does not simulate; outside a run ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [lambda: mp.Pipe(), lambda: mp.get_context("spawn").Pool(2),
+                                  lambda: multiprocessing.Barrier(2)])
+def test_what_is_not_simulated_raises_not_implemented(make: Any) -> None:
+    r = _run(make)
+    assert _kinds(r) == ["host-error"]
+    assert "NotImplementedError: multiprocessing." in str(r.reports[0])
+    assert "is not simulated" in str(r.reports[0])
+
+
+def test_terminate_of_a_simulated_process_is_not_simulated() -> None:
+    def program() -> None:
+        p = mp.Process(target=_returns)
+        p.start()
+        p.terminate()
+
+    r = _run(program)
+    assert "NotImplementedError: Process.terminate() of a simulated process" in str(r.reports[0])
+
+
+def test_outside_a_run_multiprocessing_is_itself() -> None:
+    with session.held():
+        q = mp.get_context("spawn").Queue()
+        assert type(q).__module__ == "multiprocessing.queues"
+        assert type(multiprocessing.Queue()).__module__ == "multiprocessing.queues"
+        assert type(multiprocessing.Event()).__module__ == "multiprocessing.synchronize"
+        q.close()
+
+
+def test_the_gpu_replay_refuses_a_process_it_would_not_count() -> None:
+    """``replay --gpu`` counts the program's steps as the simulator does; a child's would go uncounted, so starting
+    one there refuses (patching only: no GPU needed to check it)."""
+    from reference.cuda_plain import counting_torch_cuda
+
+    class Dev:
+        cycles_per_ms = 1.0
+
+    with counting_torch_cuda(Dev()):  # type: ignore[arg-type]
+        with pytest.raises(NotImplementedError, match="not replayed on a GPU"):
+            mp.get_context("spawn").Process(target=_returns).start()
+    assert multiprocessing.process.BaseProcess.start.__module__ == "multiprocessing.process"
+
+
+def _serve_forever(q: Any) -> None:
+    while True:
+        q.get()
+
+
+def _leaves_a_server(daemon: bool) -> None:
+    q = mp.Queue()
+    mp.Process(target=_serve_forever, args=(q,), daemon=daemon).start()
+    q.put(1)
+
+
+def test_a_daemon_left_waiting_ends_with_the_run_and_a_plain_child_is_a_deadlock() -> None:
+    """At its exit a parent terminates its daemonic children and joins the others (which then never exit)."""
+    assert _run(lambda: _leaves_a_server(True)).reports == ()
+    r = _run(lambda: _leaves_a_server(False))
+    assert [type(x) for x in r.reports] == [Deadlock]
+    assert "Process-1 waits for an item on a queue" in str(r.reports[0])
