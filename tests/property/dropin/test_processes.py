@@ -462,9 +462,8 @@ def test_the_gpu_replay_refuses_a_process_it_would_not_count() -> None:
     class Dev:
         cycles_per_ms = 1.0
 
-    with counting_torch_cuda(Dev()):  # type: ignore[arg-type]
-        with pytest.raises(NotImplementedError, match="not replayed on a GPU"):
-            mp.get_context("spawn").Process(target=_returns).start()
+    with counting_torch_cuda(Dev()), pytest.raises(NotImplementedError, match="not replayed on a GPU"):  # type: ignore[arg-type]
+        mp.get_context("spawn").Process(target=_returns).start()
     assert multiprocessing.process.BaseProcess.start.__module__ == "multiprocessing.process"
 
 
