@@ -106,12 +106,26 @@ def _sent(dev: Any, obj: Any, stream: Any) -> dict[int, Any]:
 
 
 def _received(dev: Any, obj: Any, events: dict[int, Any]) -> Any:
-    """``obj`` as the receiving process unpickles it: each device tensor a tensor of its own over the same memory;
-    where the receiver holds no tensor of that storage yet, its current stream waits for the sender's event."""
+    """``obj`` as the receiving process unpickles it: where the receiver holds no tensor of a device tensor's storage
+    yet, its current stream waits for the sender's event; each device tensor in a list, tuple, dict or set (copied,
+    as unpickling makes them anew) is a tensor of its own over the same memory, which holds the mapping."""
     if not events:
         return obj
     receiver = dev.runtime.current().name
     maps: dict[tuple[str, int], weakref.ref[Any]] = dev.ipc_maps
+    found: list[SimTensor] = []
+    _tensors(obj, found, set())
+    fresh: set[int] = set()  # the storages mapped by this receipt
+    for t in found:
+        st = storage_of(t)
+        rec = events.get(id(st))
+        key = (receiver, id(st))
+        held = maps.get(key)
+        if rec is None or id(st) in fresh or (held is not None and held() is not None):
+            continue
+        dev.runtime.ipc_mapped(rec)
+        fresh.add(id(st))
+        maps[key] = weakref.ref(t)  # (until a tensor of the receiver's own takes it over, below)
     done: dict[int, Any] = {}
 
     def rebuild(x: Any) -> Any:
@@ -119,28 +133,23 @@ def _received(dev: Any, obj: Any, events: dict[int, Any]) -> Any:
             return done[id(x)]
         if isinstance(x, SimTensor):
             st = storage_of(x)
-            rec = events.get(id(st))
-            if rec is None:
+            if id(st) not in events:
                 return x
-            key = (receiver, id(st))
-            held = maps.get(key)
-            mapped = held() if held is not None else None
-            if mapped is None:
-                dev.runtime.ipc_mapped(rec)
             with torch.no_grad():
                 out = x.detach()
             out.requires_grad_(x.requires_grad)
-            if mapped is None:
+            key = (receiver, id(st))
+            if id(st) in fresh and maps[key]() is x:
                 maps[key] = weakref.ref(out)
             done[id(x)] = out
             return out
         if isinstance(x, (list, tuple, set, frozenset)):
             items = [rebuild(i) for i in x]
-            out = type(x)(items) if not isinstance(x, tuple) or type(x) is tuple else type(x)(*items)
+            out = type(x)(*items) if isinstance(x, tuple) and hasattr(x, "_fields") else type(x)(items)
         elif isinstance(x, dict):
             out = type(x)((rebuild(k), rebuild(v)) for k, v in x.items())
         else:
-            out = x
+            out = x  # another object: shared, its tensors the sender's (a real child unpickles a copy)
         done[id(x)] = out
         return out
 

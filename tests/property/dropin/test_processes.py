@@ -484,3 +484,36 @@ def test_a_daemon_left_waiting_ends_with_the_run_and_a_plain_child_is_a_deadlock
     r = _run(lambda: _leaves_a_server(False))
     assert [type(x) for x in r.reports] == [Deadlock]
     assert "Process-1 waits for an item on a queue" in str(r.reports[0])
+
+
+class _Batch:
+    """An object holding a device tensor (pickling reaches its attributes)."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+
+
+def _reads_the_batch(q: Any, out: Any) -> None:
+    item = q.get()
+    out.put((item["batch"].x.sum().item(), item["shape"], item["pair"]))
+
+
+def test_tensors_inside_objects_and_tuples_of_any_kind_are_received() -> None:
+    import collections
+
+    pair_t = collections.namedtuple("pair_t", "a b")
+    got: list[Any] = []
+
+    def program() -> None:
+        q, out = mp.Queue(), mp.Queue()
+        p = mp.Process(target=_reads_the_batch, args=(q, out))
+        p.start()
+        x = torch.empty(N, device="cuda")
+        x.fill_(1.0)  # ordered by the IPC event, though it sits in an object's attribute
+        q.put({"batch": _Batch(x), "shape": x.shape, "pair": pair_t(1, 2)})
+        got.append(out.get())
+        p.join()
+
+    r = _run(program)
+    assert r.reports == ()
+    assert got == [(float(N), torch.Size([N]), pair_t(1, 2))]
