@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import torch
@@ -25,7 +25,7 @@ from simdevice.dispatch import Dispatcher, SimMode, ref_of
 from simdevice.runtime import Options, Runtime, SimConfig
 from simdevice.runtime.collectives import Gather
 from simdevice.runtime.config import UNIT_NS, with_overrides
-from simdevice.runtime.execution import HostActor
+from simdevice.runtime.execution import EARLIER_RUN, HostActor
 from simdevice.runtime.memsaver import SimMemorySaver
 from simdevice.runtime.reports import user_source
 from simdevice.runtime.runtime import Mailbox, SharedCell
@@ -242,13 +242,18 @@ def as_schedule(schedule: Schedule | str | None) -> Schedule | None:
             raise first from None
 
 
-def _earlier(handle: Any, kind: type) -> str:
-    """What to say of a stream or event an earlier run made (the program kept it, in an object or in a module the
-    target's own is not: each run is a process of its own, whose streams are made in it)."""
-    if not isinstance(handle, kind):
-        return ""
-    return (", made by an earlier run: the program keeps it across runs (in an object, a class or another module; "
-            "the target's own module starts afresh at each run); make it in the run, as each process does")
+def _refuse(dev: SimDevice, handle: Any, kind: type, what: str) -> NoReturn:
+    """Refuse ``handle`` where a ``what`` of ``dev``'s was expected: one of an earlier run (the program kept it, in an
+    object or in a module the target's own is not: each run is a process of its own, whose streams are made in
+    it) gives no verdict, as does a call on one of ``dev``'s own once its run is over; anything else is a
+    ``TypeError``."""
+    if dev.runtime.execution.over:  # the handle whose method this is belongs to a run that is over
+        raise RuntimeError(EARLIER_RUN)
+    if isinstance(handle, kind):
+        raise RuntimeError(f"simdevice: expected {what} of this SimDevice, got {handle!r}, made by an earlier run: "
+                           "the program keeps it across runs (in an object, a class or another module; the target's "
+                           "own module starts afresh at each run); make it in the run, as each process does")
+    raise TypeError(f"expected {what} of this SimDevice, got {handle!r}")
 
 
 class SimDevice:
@@ -335,14 +340,14 @@ class SimDevice:
     def stream_of(self, s: contract.Stream) -> SimStream:
         """The runtime stream behind a handle of this device (TypeError for anything else)."""
         if not isinstance(s, StreamHandle) or s._dev is not self:
-            raise TypeError(f"expected a stream of this SimDevice, got {s!r}{_earlier(s, StreamHandle)}")
+            _refuse(self, s, StreamHandle, "a stream")
         stream: SimStream = s._s
         return stream
 
     def event_of(self, e: contract.Event) -> EventHandle:
         """An event of this device (TypeError for anything else)."""
         if not isinstance(e, EventHandle) or e._dev is not self:
-            raise TypeError(f"expected an event of this SimDevice, got {e!r}{_earlier(e, EventHandle)}")
+            _refuse(self, e, EventHandle, "an event")
         return e
 
     def record_of(self, e: contract.Event) -> EventRecord | None:

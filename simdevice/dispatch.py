@@ -745,9 +745,9 @@ class Dispatcher:
         for x in flat:
             if isinstance(x, SimTensor):
                 if x._ops is not self:
-                    raise RuntimeError(f"{facts.name}: a tensor of another simulated run (a SimDevice made before "
-                                       "this one); a run reads its own tensors only (simdevice.peek(t) reads one "
-                                       "after its run)")
+                    raise RuntimeError(f"simdevice: {facts.name}: a tensor of another simulated run (a SimDevice "
+                                       "made before this one, or an earlier run of the program that kept it); a run "
+                                       "reads its own tensors only (simdevice.peek(t) reads one after its run)")
                 if base is None:
                     base = x
         if base is None and not (kwargs and self.on_device(kwargs.get("device"))):

@@ -184,12 +184,20 @@ def outside_actor() -> str:
                 "actors, not the threads within one: do this work on the function's own thread")
     return "simulated device call outside a simulated host actor (use SimDevice.run)"
 
+
+#: why a stream, event or tensor of a run that is over cannot be used (no verdict: ``explain`` reads the prefix)
+EARLIER_RUN = ("simdevice: a stream, event or tensor made by an earlier run was used: the program keeps it across "
+               "runs (in an object, a class or another module; the target's own module starts afresh at each run); "
+               "make it in the run, as each process does")
+
 class Execution:
     """Virtual time, the host actors and the streams of one run."""
 
     def __init__(self, config: SimConfig, delays: Delays, memory: Memory, reports: ReportSink) -> None:
         self.config = config
         self._delays = delays
+        #: the run is over: what its actors made (streams, events, tensors) belongs to an earlier run from now on
+        self.over = False
         self.now = 0
         self._heap: list[tuple[int, int, int, int, Any]] = []
         self._seq = 0
@@ -243,7 +251,7 @@ class Execution:
         else:
             a = getattr(self._local, "actor", None)
         if a is None:
-            raise RuntimeError(outside_actor())
+            raise RuntimeError(EARLIER_RUN if self.over else outside_actor())
         return a
 
     def current_or_none(self) -> HostActor | None:

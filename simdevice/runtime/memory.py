@@ -28,6 +28,7 @@ it (a stream operation, a host step touching pinned memory, a collective);
 from __future__ import annotations
 
 import bisect
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -154,6 +155,12 @@ def pieces(shape: Any, stride: Any, esize: int, lo: int) -> Pieces:
         else:
             merged.append([s, s + run])
     return tuple((a, b) for a, b in merged) if len(merged) > 1 else None
+
+
+#: every pinned buffer a run made in this process, by address: its storage (weakly), the registered tensor's dtype,
+#: shape, strides and offset, and the process that made it
+#: (:meth:`Memory.lookup` makes one a later run still uses pinned memory of that run)
+_PINNED_BEFORE: dict[int, tuple[Any, torch.dtype, torch.Size, tuple[int, ...], int, str]] = {}
 
 
 class Storage:
@@ -468,6 +475,11 @@ class Memory:
         st = Storage(self._next_id, kind, process, data, shadow, offset, within, size, base)
         if kind == "pinned":
             self.storages[st.base] = st
+            assert data is not None
+            # (the storage's Python object lives while any tensor of it does; the registered tensor may not)
+            _PINNED_BEFORE[st.base] = (
+                weakref.ref(data.untyped_storage(), lambda _, at=st.base: _PINNED_BEFORE.pop(at, None)),
+                data.dtype, data.shape, data.stride(), data.storage_offset(), process)
         return st
 
     def release(self, st: Storage, why: str) -> None:
@@ -476,12 +488,29 @@ class Memory:
         self.released = True
 
     def lookup(self, t: torch.Tensor) -> Storage | None:
-        """The pinned storage of a plain CPU tensor, if the simulator owns it."""
-        if not self.storages or not t.is_cpu:  # (the dict holds the pinned storages alone)
+        """The pinned storage of a plain CPU tensor, if the simulator owns it. Pinned memory an earlier run made (a
+        pool the program keeps across runs) is pinned memory of this run too, from its first use here, as it still
+        is on a GPU: its values are what the earlier run left."""
+        if not _PINNED_BEFORE or not t.is_cpu:  # (no run made pinned memory in this process yet)
             return None
         # A registered storage keeps its bytes alive, so its address cannot be reused meanwhile.
-        st = self.storages.get(t.untyped_storage().data_ptr())
-        return st if st is not None and st.kind == "pinned" else None
+        ptr = t.untyped_storage().data_ptr()
+        st = self.storages.get(ptr)
+        if st is not None:
+            return st if st.kind == "pinned" else None
+        before = _PINNED_BEFORE.get(ptr)
+        if before is None:
+            return None
+        storage, dtype, shape, stride, offset, process = before
+        kept = storage()
+        if kept is None or kept.data_ptr() != ptr:  # freed since (the address may be another buffer's now)
+            del _PINNED_BEFORE[ptr]
+            return None
+        with torch._C._DisableTorchDispatch():  # (made here, not an operation of the program's)
+            data = torch.empty(0, dtype=dtype).set_(kept, offset, shape, stride)
+        st = self.register(data, "pinned", process)
+        st.made = True
+        return st
 
     # -- the one way an access is made ---------------------------------------------
     def issue(self, who: Accessor, reads: list[Ref], writes: list[Ref]) -> Issued:

@@ -248,6 +248,7 @@ class Runtime:
         """The run is over: no actor starts any more, so what an actor enters (the façade's, which holds the façade,
         which holds this runtime) is let go; the run's objects then die by reference counting when it is dropped."""
         self._enter = _no_more_actors
+        self.execution.over = True
 
     @contextlib.contextmanager
     def here(self) -> Iterator[HostActor]:

@@ -78,8 +78,10 @@ def test_handles_of_another_run_are_refused() -> None:
         for use in (lambda: mine.wait_stream(kept["s"]), lambda: mine.wait_event(kept["e"])):
             try:
                 use()
-            except TypeError as e:
+            except RuntimeError as e:  # refused as no verdict (the prefix), naming why
+                assert str(e).startswith("simdevice: expected ")  # noqa: PT017
                 assert "of this SimDevice" in str(e)  # noqa: PT017
+                assert "made by an earlier run" in str(e)  # noqa: PT017
             else:
                 raise AssertionError("a handle of another run was accepted")
 
