@@ -517,10 +517,12 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
             "seconds": result.seconds, "schedule": result.schedule,
             "summary": out.verdict() if out is not None else "clean",
             "reports": [str(r) for r in out.run.reports] if out is not None else [],
-            "fix": fix.as_dict() if fix is not None else None,
+            "fix": fix.as_dict() if fix is not None else None, "notes": list(result.notes),
         }, indent=2))
     elif out is None:
         print(f"{target.name}: clean over {result.examples} schedules ({result.seconds}s)")
+        for n in result.notes:
+            print(f"  note: {n}")
     else:
         print(f"{target.name}: found after {result.examples} schedules ({result.seconds}s)")
         print(out.text())

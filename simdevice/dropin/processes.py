@@ -454,7 +454,7 @@ def _make(name: str, *args: Any, **kwargs: Any) -> Any:
 def _refusal(name: str) -> NotImplementedError:
     return NotImplementedError(
         f"multiprocessing.{name} is not simulated (the run's processes share Queue, SimpleQueue, Event, Value and "
-        "Lock); see \"Not intercepted\" in docs/dropin.md"
+        "Lock)"
     )
 
 

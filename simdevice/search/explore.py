@@ -55,6 +55,9 @@ class Exploration:
     seconds: float
     #: of those, the ones the search ran (the rest: the default schedule, run when the search found nothing)
     searched: int = 0
+    #: where every schedule was clean, the default schedule's run's notes (what the clean verdict may not cover:
+    #: a stream that got no operation, a free not ordered after another stream's use)
+    notes: tuple[str, ...] = ()
 
     @property
     def schedule(self) -> str | None:
@@ -183,17 +186,27 @@ def explore(
     result = search_target(target, max_examples=max_examples, max_delays=max_delays, config=config, seed=seed,
                            budget_s=budget_s, progress=progress, db=db, examples=pins)
     found, count = result.failure, result.examples
+    notes: tuple[str, ...] = ()
     if found is None:
-        found = race_at_default(target, default_config)
+        default = default_run(target, default_config)
         count += 1
-    return Exploration(target.name, found, count, round(result.seconds, 2), result.examples)
+        if default.races or default.corrupted:
+            found = default
+        else:
+            notes = default.run.notes
+    return Exploration(target.name, found, count, round(result.seconds, 2), result.examples, notes)
+
+
+def default_run(target: Target, config: dict[str, Any] | None = None) -> Outcome:
+    """The run of the default schedule (in ``config``)."""
+    with kept_patched(target):
+        return target.run(target.schedule(config))
 
 
 def race_at_default(target: Target, config: dict[str, Any] | None = None) -> Outcome | None:
     """The run of the default schedule (in ``config``) where it races or fails, else None: where no schedule a
     search ran made a race show, it is found all the same (a race is there whatever the timing)."""
-    with kept_patched(target):
-        default = target.run(target.schedule(config))
+    default = default_run(target, config)
     return default if default.races or default.corrupted else None
 
 

@@ -444,3 +444,26 @@ def test_a_parameter_s_data_swapped_between_host_and_device_is_no_verdict(
     (tmp_path / "swaps.py").write_text(SWAPS)
     assert main(["check", f"swaps.py::{fn}", "-q", "--no-fix"]) == 2
     assert "the program uses what the simulator does not run" in capsys.readouterr().err
+
+
+def test_a_clean_check_gives_the_default_runs_notes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A clean verdict says what it may not cover (a stream that got no operation), as ``replay`` of the default
+    schedule does, in its text and in ``--json``."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "idle.py").write_text(textwrap.dedent("""
+        import torch
+
+        def idle(n: int = 64) -> None:
+            side = torch.cuda.Stream()
+            x = torch.ones(n, device="cuda")
+            assert x.sum().item() == n
+    """))
+    assert main(["check", "idle.py::idle", "-q", "--examples", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "clean over" in out
+    assert "  note: stream side (made at idle.py:5) got no operation: nothing ran on it to race" in out
+    assert main(["check", "idle.py::idle", "-q", "--examples", "5", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["notes"] == ["stream side (made at idle.py:5) got no operation: nothing ran on it to race"]
