@@ -760,7 +760,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print("".join(f"  {line}\n" for line in first.trace_text().splitlines()), end="")
     if interrupted:
         return _interrupted()
+    if bad and all(o.clean or _no_verdict(o) for o in outcomes):
+        return 2  # no verdict (a step limit, or what the simulator does not run): neither clean nor failing
     return 1 if bad else 0
+
+
+def _no_verdict(out: Any) -> bool:
+    """Whether a run says nothing of the program: it used what the simulator does not run, or it stopped at its step
+    bound with nothing found before."""
+    from simdevice.explain import not_run
+    from simdevice.runtime.reports import StepLimit
+
+    reports = out.run.reports
+    return not_run(out) is not None or (bool(reports) and all(isinstance(r, StepLimit) for r in reports))
 
 
 def _timed_run(target: Any, schedule: Any, hosts: list[tuple[dict[str, tuple[int, ...]], dict[str, int]]]) -> Any:

@@ -151,7 +151,7 @@ def test_check_off_a_terminal_prints_plain_lines_for_scripts(capsys: pytest.Capt
 
 
 def test_a_step_bound_is_reported_as_such_and_can_be_raised(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["replay", "offload_reload/correct", "--max-steps", "10", "--no-fix"]) == 1
+    assert main(["replay", "offload_reload/correct", "--max-steps", "10", "--no-fix"]) == 2  # no verdict
     out = capsys.readouterr().out
     assert "on sim: 1 step-limit" in out
     assert "the run made 10 host steps without ending (raise it:" in out

@@ -231,6 +231,8 @@ def test_a_program_using_what_the_simulator_does_not_run_gets_no_verdict(
     doc = json.loads(capsys.readouterr().out)
     assert doc["found"] is False
     assert "CUDA graphs" in doc["unsupported"]
+    assert main(["replay", "graphs.py::captured", "--no-fix"]) == 2  # the run is shown, and it is no verdict
+    assert "NotImplementedError" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("call", "says"), [
@@ -283,12 +285,12 @@ def test_the_replay_line_carries_the_limits_the_run_was_made_under(capsys: pytes
     """A run made under ``--max-steps`` or ``--device-memory`` is replayed under them: its line says them (without
     them the replay was another run, with another verdict)."""
     target = "examples/offload_plain.py::reload_racy"
-    assert main(["replay", target, "--max-steps", "5", "--no-fix"]) == 1
+    assert main(["replay", target, "--max-steps", "5", "--no-fix"]) == 2  # a step limit alone: no verdict
     out = capsys.readouterr().out
     assert "1 step-limit" in out
     line = next(x for x in out.splitlines() if "replay: " in x)
     assert line.endswith(" --max-steps 5 [--gpu]")
-    assert main([*shlex.split(line.split("replay: ", 1)[1].removesuffix(" [--gpu]"))[1:], "--no-fix"]) == 1
+    assert main([*shlex.split(line.split("replay: ", 1)[1].removesuffix(" [--gpu]"))[1:], "--no-fix"]) == 2
     assert "1 step-limit" in capsys.readouterr().out
     assert main(["replay", target, "--device-memory", "1G", "--no-fix"]) == 1
     assert " --device-memory 1073741824 [--gpu]" in capsys.readouterr().out

@@ -137,7 +137,7 @@ def test_malformed_input_is_one_line_and_exit_2(argv: list[str], message: str, u
 
 EXTREME = [
     # (argv, exit code, what the output says)
-    (["replay", L, "--max-steps", "10"], 1, "step limit at "),
+    (["replay", L, "--max-steps", "10"], 2, "step limit at "),
     (["replay", L + ":kib=4096", "--device-memory", "8M"], 1, "OutOfMemoryError: simulated device out of memory"),
     (["replay", L + "::host#0+1000000", "--no-fix"], 0, "on sim: clean"),
     (["replay", "zcc/FIXED::worker2#0+1"], 0, "delays never applied (their operation never came): worker2#0+1"),
