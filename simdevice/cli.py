@@ -627,17 +627,22 @@ def _table(findings: list[Any]) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from simdevice.programs import resolve
+    from simdevice.runtime import Edge
     from simdevice.search.targets import FunctionTarget, ProgramTarget, Target, target_of
 
     if args.trials < 1:
         return _fail(f"--trials must be >= 1, got {args.trials}")
+    try:
+        edges = [Edge.parse(e) for e in args.edge]
+    except ValueError as e:
+        return _fail(str(e))
     try:
         schedule = Schedule.parse(args.schedule)
         target: Target
         if is_function_target(schedule.program):
             function = target_of(schedule.program, _world_size(args))
             assert isinstance(function, FunctionTarget)
-            function.validate(schedule)
+            function.validate(schedule, edges)
             target = function
         else:
             if args.world_size is not None:
@@ -645,12 +650,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
             program, _ = resolve(schedule)
             target = ProgramTarget(program, schedule.variant)
     except ScheduleError as e:
-        return _fail(str(e))
-    from simdevice.runtime import Edge
-
-    try:
-        edges = [Edge.parse(e) for e in args.edge]
-    except ValueError as e:
         return _fail(str(e))
     if edges and args.gpu:
         return _fail("--edge inserts a synchronization on the simulator; apply it to the code to run it on a GPU")

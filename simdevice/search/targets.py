@@ -21,7 +21,7 @@ import inspect
 import itertools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -91,16 +91,19 @@ class FunctionTarget:
             out[k] = _convert(k, v, self.params[k])
         return out
 
-    def validate(self, schedule: Schedule) -> dict[str, Any]:
-        """``schedule``'s configuration as keyword arguments, after checking that every delay names an actor the
-        function has in that configuration (learned from its probe run); TargetError otherwise."""
+    def validate(self, schedule: Schedule, edges: Sequence[Any] = ()) -> dict[str, Any]:
+        """``schedule``'s configuration as keyword arguments, after checking that every delay, and every inserted
+        edge's two sites (``edges``, :class:`~simdevice.runtime.sync.Edge`), name an actor the function has in that
+        configuration (learned from its probe run); TargetError otherwise."""
         kwargs = self.config(schedule.config_dict())
-        if schedule.delays:
+        named = [(f"delay {d}", d.actor) for d in schedule.delays]
+        named += [(f"edge {e}", site.actor) for e in edges for site in (e.after, e.before)]
+        if named:
             actors = self.probe(kwargs)
-            for d in schedule.delays:
-                if d.actor not in actors:
+            for what, actor in named:
+                if actor not in actors:
                     raise TargetError(
-                        f"delay {d} names actor {d.actor!r}, which {self.name} does not have; "
+                        f"{what} names actor {actor!r}, which {self.name} does not have; "
                         f"actors: {', '.join(sorted(actors))}"
                     )
         return kwargs

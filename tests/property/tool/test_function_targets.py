@@ -469,3 +469,14 @@ def test_a_clean_check_gives_the_default_runs_notes(
     assert main(["check", "idle.py::idle", "-q", "--examples", "5", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["notes"] == ["stream side (made at idle.py:5) got no operation: nothing ran on it to race"]
+
+
+def test_an_edge_naming_an_actor_the_function_lacks_is_refused_as_a_delay_is(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    target = "examples/offload_plain.py::reload_racy"
+    edge = "nosuch@examples/offload_plain.py:9->default@examples/offload_plain.py:16"
+    assert main(["replay", target, "--edge", edge, "--no-fix"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"simdevice: error: edge {edge} names actor 'nosuch', which {target} does not have; "
+                   "actors: d2h_stream, default, host\n")
