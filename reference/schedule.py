@@ -269,6 +269,11 @@ class Schedule:
         else:
             fields = text.split(":")
             m = _TARGET_RE.match(fields[0])
+            if not m and "::" in text:  # a function target whose function is missing or not a name
+                where, _, rest = text.partition("::")
+                given = f"{where}::{rest.split(':')[0]}"
+                raise ScheduleError(f"bad schedule target {given[:200]!r}: expected FILE.py::FUNCTION or "
+                                    "MODULE::FUNCTION (a function's name after '::')")
             if not m:
                 raise ScheduleError(
                     f"bad schedule target {fields[0][:200]!r}: "

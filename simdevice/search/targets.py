@@ -454,7 +454,8 @@ def from_function(
             continue
         if p.default is p.empty:
             raise TargetError(
-                f"{name} has a parameter {p.name!r} without a default: give it one (a configuration value), "
+                f"{name} has a parameter {p.name!r} without a default: give it one in the function's signature "
+                "(a schedule line's KEY=VALUE changes defaults, it cannot supply a missing one), "
                 "or take none but dev"
             )
         defaults[p.name] = p.default

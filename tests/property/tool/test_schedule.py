@@ -37,6 +37,10 @@ def test_text_form_examples() -> None:
         ("", "empty schedule: expected PROGRAM/VARIANT[:CONFIG[:DELAYS]]"),
         ("offload_reload", "bad schedule target 'offload_reload': expected PROGRAM/VARIANT, FILE.py::FUNCTION or "
                            "MODULE::FUNCTION"),
+        ("x.py::", "bad schedule target 'x.py::': expected FILE.py::FUNCTION or MODULE::FUNCTION (a function's "
+                   "name after '::')"),
+        ("x.py::9f:k=1", "bad schedule target 'x.py::9f': expected FILE.py::FUNCTION or MODULE::FUNCTION (a "
+                         "function's name after '::')"),
         ("a/b:c:d:e", "bad schedule 'a/b:c:d:e': more than three ':'-separated fields"),
         ("a/b:kib", "bad configuration item 'kib': expected KEY=VALUE"),
         ("a/b::d2h#0", "bad delay 'd2h#0': expected ACTOR#INDEX+UNITS, e.g. d2h#0+3"),
