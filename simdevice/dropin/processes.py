@@ -220,6 +220,7 @@ def _patch_process(p: Patches) -> None:
             return start(self)
         if getattr(self, "_simdevice", None) is not None:
             raise AssertionError("cannot start a process twice")
+        _no_real_primitives((*self._args, *self._kwargs.values()))
         dev = _session()
         rt = dev.runtime
         child = self._simdevice = _Child()
@@ -284,6 +285,30 @@ def _patch_process(p: Patches) -> None:
     p.set(base, "ident", property(sim_pid))
     for name in ("terminate", "kill", "close"):
         p.set(base, name, refused(name, getattr(base, name)))
+
+
+def _real_primitives() -> tuple[type, ...]:
+    import multiprocessing.connection
+    import multiprocessing.queues
+    import multiprocessing.sharedctypes
+    import multiprocessing.synchronize
+
+    return (multiprocessing.queues.Queue, multiprocessing.queues.SimpleQueue, multiprocessing.synchronize.SemLock,
+            multiprocessing.synchronize.Event, multiprocessing.synchronize.Condition,
+            multiprocessing.synchronize.Barrier, multiprocessing.connection.Connection,
+            multiprocessing.sharedctypes.SynchronizedBase)
+
+
+def _no_real_primitives(args: tuple[Any, ...]) -> None:
+    """A simulated process cannot use a real queue, lock or pipe (one made before the run, or by a library that
+    makes its own): a blocking call on it would block the whole run, and it orders nothing the simulator sees."""
+    real = _real_primitives()
+    for x in args:
+        for y in (x, *(x if isinstance(x, (list, tuple)) else ())):
+            if isinstance(y, real):
+                raise NotImplementedError(
+                    f"a real {type(y).__module__}.{type(y).__name__} given to a simulated process: the run's "
+                    "processes share the Queue, SimpleQueue, Event, Value and Lock made in the run")
 
 
 def _timed(done: Callable[[], bool], timeout: float | None, block: Callable[[], Any]) -> bool:

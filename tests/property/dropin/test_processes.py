@@ -517,3 +517,19 @@ def test_tensors_inside_objects_and_tuples_of_any_kind_are_received() -> None:
     r = _run(program)
     assert r.reports == ()
     assert got == [(float(N), torch.Size([N]), pair_t(1, 2))]
+
+
+_MADE_BEFORE_THE_RUN = multiprocessing.get_context("spawn").Queue()
+
+
+def test_a_real_queue_given_to_a_simulated_process_is_refused() -> None:
+    """A queue made before the run is a real one: a child's blocking get on it would block the whole run."""
+
+    def program() -> None:
+        p = mp.Process(target=_serve_forever, args=(_MADE_BEFORE_THE_RUN,))
+        p.start()
+        p.join()
+
+    r = _run(program)
+    assert _kinds(r) == ["host-error"]
+    assert "NotImplementedError: a real multiprocessing.queues.Queue given to a simulated process" in str(r.reports[0])
