@@ -195,18 +195,27 @@ class _Child:
 
 
 def _name(dev: Any, proc: Any) -> str:
-    """The actor's name: the one the program gave the process, where the schedule grammar takes it and no actor or
-    stream has it; else multiprocessing's default form, counted in this run (``SpawnProcess-1``, ...: the default
-    name's number counts the processes of the whole interpreter, so it would differ from run to run)."""
-    taken = set(dev.runtime.execution.actors) | set(dev.runtime.streams())
+    """The actor's name, which a schedule line names it by, the same whatever the order its processes start in:
+    the name the program gave the process where the schedule grammar takes it (``saver``; ``saver-2`` for a second
+    one of that name, as ``multiprocessing`` allows), else multiprocessing's default form counted in this run
+    (``SpawnProcess-1``, ...: the default name's own number counts the processes of the whole interpreter, so it
+    would differ from run to run); prefixed, as its streams are, by the actor that started it where that is not the
+    host (``rank1.saver``: each rank may start its own ``saver``)."""
+    rt = dev.runtime
+    taken = set(rt.execution.actors) | set(rt.streams())
+    parent = rt.current().name
+    prefix = "" if parent == "host" else f"{parent}."
     kind = type(proc).__name__
     name = str(proc.name)
     if name == f"{kind}-" + ":".join(str(i) for i in proc._identity) or not is_actor_name(name):
-        name = ""
-    k = 1
-    while not name or name in taken:
-        name, k = f"{kind if is_actor_name(kind) else 'Process'}-{k}", k + 1
-    return name
+        base, k = (kind if is_actor_name(kind) else "Process"), 1  # SpawnProcess-1, -2, ...
+    else:
+        base, k = name, 0  # saver, saver-2, ...
+    while True:
+        full = f"{prefix}{base}" + (f"-{k}" if k else "")
+        if full not in taken:
+            return full
+        k = 2 if k == 0 else k + 1
 
 
 def _patch_process(p: Patches) -> None:

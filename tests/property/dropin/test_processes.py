@@ -533,3 +533,32 @@ def test_a_real_queue_given_to_a_simulated_process_is_refused() -> None:
     r = _run(program)
     assert _kinds(r) == ["host-error"]
     assert "NotImplementedError: a real multiprocessing.queues.Queue given to a simulated process" in str(r.reports[0])
+
+
+def _per_rank_saver() -> None:
+    q = mp.Queue()
+    p = mp.Process(target=_reader_of_one, args=(q,), name="saver")
+    p.start()
+    q.put(1)
+    p.join()
+
+
+def _reader_of_one(q: Any) -> None:
+    q.get()
+
+
+def test_processes_of_the_same_name_are_named_apart_whatever_starts_first() -> None:
+    """``multiprocessing`` allows one name twice: each rank's ``saver`` is named after its rank (as its streams
+    are), and a second ``saver`` of one process ``saver-2``, so a schedule line names the same process whichever
+    rank starts first."""
+    found = simdevice.explore(_per_rank_saver, world_size=2, max_examples=30)
+    assert found.failure is None
+    s = simdevice.cuda()
+    run = s.run(_per_rank_saver, world_size=2)
+    assert {"rank0.saver", "rank1.saver"} <= set(run.op_counts)
+
+    def twice() -> None:
+        for _ in range(2):
+            _per_rank_saver()
+
+    assert {"saver", "saver-2"} <= set(_run(twice).op_counts)
