@@ -382,13 +382,22 @@ def suggest(
                else f"forward edges for its racing pairs leave it {last.verdict()} ({len(subsets)} tried)")
         return f'"{last.schedule}" {how}'
 
+    def stuck(o: Outcome) -> bool:
+        """Whether no backward edge can help ``o`` further: its values are wrong with every race ordered as issued,
+        or every race left begins at a host step (no event can be recorded after it) or has its edge already; a
+        forward edge may still order such a pair (the host's read waits for the copy issued after it)."""
+        left = _races(o)
+        if not left:
+            return _reorder_case(o)
+        return all(edge_for(r) is None or edge_for(r) in edges for r in left)
+
     schedule = out.schedule
     backward(races, edges, said, prune=True)
     searched = 0
     remains: Outcome | None = None
     with kept_patched(target):
         remains = settle(schedule, edges, said, True)
-        if remains is not None and _reorder_case(remains):
+        if remains is not None and stuck(remains):
             tried = forward(remains)
             if tried is None:
                 remains = None
@@ -404,7 +413,7 @@ def suggest(
                     break
                 if backward(_races(remains), edges, said):
                     continue
-                if tried is None and _reorder_case(remains) and not any(e.forward for e in edges):
+                if tried is None and stuck(remains) and not any(e.forward for e in edges):
                     tried = forward(remains)
                     if tried is None:
                         continue
