@@ -1,0 +1,56 @@
+"""Rule (dropin.distributed._check_group): a collective takes the whole world as its group however the program
+names it (no group, ``dist.group.WORLD``, or what ``dist.new_group()`` of every rank returned, as DDP/FSDP code
+passes it), and refuses any other group with NotImplementedError (docs/dropin.md: process groups other than the
+whole world are not simulated) rather than running it as if it were the world."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import simdevice
+
+
+def _reduce_over(group_of: str) -> list[float]:
+    group: Any = {"new_group": lambda: dist.new_group(), "new_group of every rank":
+                  lambda: dist.new_group(list(range(dist.get_world_size()))), "none": lambda: None}[group_of]()
+    t = torch.full((4,), float(dist.get_rank() + 1), device="cuda")
+    dist.all_reduce(t, group=group)
+    work = dist.all_reduce(t, group=group, async_op=True)
+    assert work is not None
+    work.wait()
+    dist.barrier(group=group)
+    return t.cpu().tolist()
+
+
+def test_the_group_new_group_returns_is_the_world_to_every_collective() -> None:
+    for group_of in ("none", "new_group", "new_group of every rank"):
+        got: dict[int, list[float]] = {}
+
+        def program(group_of: str = group_of, got: dict[int, list[float]] = got) -> None:
+            got[dist.get_rank()] = _reduce_over(group_of)
+
+        s = simdevice.cuda()
+        s.run(program, world_size=2)
+        assert s.clean, f"group from {group_of}: {s.text()}"
+        # 1 + 2 = 3 after the first all_reduce, 3 + 3 = 6 after the second
+        assert got == {0: [6.0] * 4, 1: [6.0] * 4}, f"group from {group_of}: {got}"
+
+
+class _SomeOtherGroup:
+    """A process group that is not the simulated world (as one made by hand outside the session would be)."""
+
+
+def test_a_group_other_than_the_world_is_refused() -> None:
+    def program() -> None:
+        t = torch.ones(4, device="cuda")
+        dist.all_reduce(t, group=_SomeOtherGroup())
+
+    s = simdevice.cuda()
+    s.run(program, world_size=2)
+    errors = [str(r) for r in s.reports]
+    assert errors, "a collective over a group other than the world ran as if it were the world"
+    assert all("NotImplementedError: only the default process group (the whole world) is simulated" in e
+               for e in errors), errors
