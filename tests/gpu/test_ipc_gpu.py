@@ -1,0 +1,83 @@
+"""CUDA IPC as the simulated ``multiprocessing`` models it (``simdevice/dropin/processes.py``), on a real GPU with
+spawned processes.
+
+The producer stalls its default stream (``torch.cuda._sleep``), writes a device buffer behind the stall and puts it
+on a ``multiprocessing`` queue without synchronizing; the consumer reads it. torch records an interprocess event as
+the queue's feeder thread pickles the tensor (on the default stream) and the consumer's stream waits for it where it
+maps the storage, the first time only (``storage_from_cache``):
+
+- the first receipt reads the written values in every trial;
+- the same storage sent again, rewritten behind a stall, is read stale where the consumer still holds the first
+  tensor (no wait), and correctly where it dropped it first (mapped again: a wait).
+
+Run: ``python -m pytest -q -s tests/gpu/test_ipc_gpu.py`` on a CUDA machine (a few seconds a trial: each spawns a
+process). Each case prints ``RATE``; ``IPC_GPU_TRIALS`` sets the trials (default 5).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+import torch.multiprocessing as mp  # noqa: E402
+
+from reference.cuda import calibrate_sleep_cycles_per_ms  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+TRIALS = int(os.environ.get("IPC_GPU_TRIALS", "5"))
+N = 1 << 20
+#: how long the producer's stream is stalled before each write
+STALL_MS = 200
+
+
+def _consumer(q: Any, out: Any, hold: bool) -> None:
+    first = q.get()
+    out.put(float(first.sum().item()))
+    if not hold:
+        del first  # the mapping goes with the last tensor of it: the next receipt maps it again, and waits
+    again = q.get()
+    out.put(float(again.sum().item()))
+
+
+def _trial(hold: bool, cycles: int) -> tuple[bool, bool]:
+    """(first receipt read right, second receipt read right)."""
+    ctx = mp.get_context("spawn")
+    q, out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_consumer, args=(q, out, hold))
+    p.start()
+    x = torch.zeros(N, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(cycles)
+    x.fill_(1.0)
+    q.put(x)  # no synchronize: the IPC event orders the first receipt
+    first = out.get()
+    torch.cuda._sleep(cycles)
+    x.fill_(2.0)
+    q.put(x)  # the same storage again, no synchronize
+    second = out.get()
+    p.join()
+    torch.cuda.synchronize()
+    return first == float(N), second == 2.0 * N
+
+
+@pytest.mark.parametrize("hold", [True, False], ids=["held", "dropped"])
+def test_ipc_orders_the_first_mapping_only(hold: bool) -> None:
+    cycles = int(STALL_MS * calibrate_sleep_cycles_per_ms())
+    results = [_trial(hold, cycles) for _ in range(TRIALS)]
+    first_wrong = sum(not a for a, _ in results)
+    second_wrong = sum(not b for _, b in results)
+    print(f"RATE ipc consumer {'holds' if hold else 'drops'} the first tensor: first receipt wrong "
+          f"{first_wrong}/{TRIALS}, second receipt wrong {second_wrong}/{TRIALS} "
+          f"(torch {torch.__version__}, {torch.cuda.get_device_name()})", flush=True)
+    assert first_wrong == 0
+    if hold:
+        assert second_wrong > 0, "a storage received again while held waited for the producer's stream"
+    else:
+        assert second_wrong == 0
