@@ -253,10 +253,8 @@ def _patch_process(p: Patches) -> None:
         if child is None:
             return join(self, timeout)
         rt = _session().runtime
-        if timeout is None:
-            rt.join(child.actor)
-            return None
-        _timed(lambda: child.actor.state == "done", timeout, lambda: rt.join(child.actor))
+        if timeout is None or _timed(lambda: child.actor.state == "done", timeout, lambda: None):
+            rt.join(child.actor)  # (once it is done, at once: the join orders what follows after the child)
         return None
 
     def sim_is_alive(self: Any) -> bool:

@@ -562,3 +562,25 @@ def test_processes_of_the_same_name_are_named_apart_whatever_starts_first() -> N
             _per_rank_saver()
 
     assert {"saver", "saver-2"} <= set(_run(twice).op_counts)
+
+
+def _writes_pinned(pinned: torch.Tensor) -> None:
+    pinned.fill_(5.0)
+
+
+def test_a_join_with_a_timeout_that_sees_the_child_done_orders_after_it() -> None:
+    """``join(timeout)`` that returns with the child done orders what follows after the child, as ``join()`` does
+    (the timed wait's polls alone did not: a read of what the child wrote was reported as a race)."""
+    got: list[float] = []
+
+    def program() -> None:
+        pinned = torch.zeros(N, pin_memory=True)
+        p = mp.Process(target=_writes_pinned, args=(pinned,))
+        p.start()
+        p.join(timeout=5.0)
+        assert not p.is_alive()
+        got.append(float(pinned.sum()))
+
+    r = _run(program)
+    assert r.reports == ()
+    assert got == [5.0 * N]
