@@ -391,6 +391,19 @@ def suggest(
             return _reorder_case(o)
         return all(edge_for(r) is None or edge_for(r) in edges for r in left)
 
+    def fewest() -> None:
+        """Leave out each backward edge the failing schedule stays clean without (the last added first), so that
+        the fix names the synchronization that is missing, not every pair it orders; the search then checks what
+        is left, and adds back what another schedule needs."""
+        for e in reversed(list(edges)):
+            if e.forward or len(edges) == 1:
+                continue
+            fewer = [x for x in edges if x != e]
+            with inserted(fewer):
+                if failing(target.run(schedule)):
+                    continue
+            edges.remove(e)
+
     schedule = out.schedule
     backward(races, edges, said, prune=True)
     searched = 0
@@ -401,6 +414,8 @@ def suggest(
             tried = forward(remains)
             if tried is None:
                 remains = None
+        if remains is None:
+            fewest()
         if remains is None:
             config = st.just(dict(schedule.config_dict()))
             for _ in range(ROUNDS):
