@@ -489,20 +489,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
     if not args.quiet and sys.stderr.isatty():
         print("\r\x1b[K", end="", file=sys.stderr)  # clear the progress line
     out = result.failure
-    from simdevice.explain import not_run
-    from simdevice.runtime.reports import StepLimit
-
-    stopped = not_run(out) if out is not None else None
-    no_verdict: tuple[str, str] | None = None
-    if out is not None and stopped is not None:  # the program uses what the simulator does not run
-        no_verdict = ("unsupported", f"{target.name}: the program uses what the simulator does not run: "
-                      f"{_first_sentence(stopped.error)} in {stopped.actor} ({stopped.source}), under schedule "
-                      f"\"{out.schedule}\"; "
-                      "see \"Not intercepted\" in docs/dropin.md")
-    elif out is not None and out.run.reports and all(isinstance(r, StepLimit) for r in out.run.reports):
-        # the run was stopped before it ended, with nothing found up to there
-        no_verdict = ("step_limit", f"{target.name}: no verdict under schedule \"{out.schedule}\": "
-                      f"{out.run.reports[0]}; nothing was found before it")
+    no_verdict = _no_verdict(target.name, out) if out is not None else None
     if no_verdict is not None:
         key, why = no_verdict
         if args.json:
@@ -518,6 +505,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
             "summary": out.verdict() if out is not None else "clean",
             "reports": [str(r) for r in out.run.reports] if out is not None else [],
             "fix": fix.as_dict() if fix is not None else None, "notes": list(result.notes),
+            "world_size": args.world_size or 1, "replay": result.replay,
         }, indent=2))
     elif out is None:
         print(f"{target.name}: clean over {result.examples} schedules ({result.seconds}s)")
@@ -759,19 +747,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print("".join(f"  {line}\n" for line in first.trace_text().splitlines()), end="")
     if interrupted:
         return _interrupted()
-    if bad and all(o.clean or _no_verdict(o) for o in outcomes):
+    if bad and all(o.clean or _no_verdict(target.name, o) is not None for o in outcomes):
         return 2  # no verdict (a step limit, or what the simulator does not run): neither clean nor failing
     return 1 if bad else 0
 
 
-def _no_verdict(out: Any) -> bool:
-    """Whether a run says nothing of the program: it used what the simulator does not run, or it stopped at its step
-    bound with nothing found before."""
+def _no_verdict(name: str, out: Any) -> tuple[str, str] | None:
+    """Where a run says nothing of the program: ``("unsupported", why)`` where it used what the simulator does not
+    run, ``("step_limit", why)`` where it stopped at its step bound with nothing found before; else None. ``why``:
+    the command's one line."""
     from simdevice.explain import not_run
     from simdevice.runtime.reports import StepLimit
 
+    stopped = not_run(out)
+    if stopped is not None:
+        return ("unsupported", f"{name}: the program uses what the simulator does not run: "
+                f"{_first_sentence(stopped.error)} in {stopped.actor} ({stopped.source}), under schedule "
+                f"\"{out.schedule}\"; see \"Not intercepted\" in docs/dropin.md")
     reports = out.run.reports
-    return not_run(out) is not None or (bool(reports) and all(isinstance(r, StepLimit) for r in reports))
+    if reports and all(isinstance(r, StepLimit) for r in reports):
+        return ("step_limit", f"{name}: no verdict under schedule \"{out.schedule}\": {reports[0]}; nothing was "
+                "found before it")
+    return None
 
 
 def _timed_run(target: Any, schedule: Any, hosts: list[tuple[dict[str, tuple[int, ...]], dict[str, int]]]) -> Any:
@@ -816,6 +813,7 @@ def _pace(spec: str | None, target: Any, schedule: Any, first: Any) -> dict[floa
 def cmd_exhaust(args: argparse.Namespace) -> int:
     from simdevice.jobs import CHUNK, WorkerError, exhaust_in_workers
     from simdevice.search import count_target_schedules, exhaust_target
+    from simdevice.search.execute import replay_command
     from simdevice.search.exhaust import target_schedules
     from simdevice.search.explore import race_at_default
     from simdevice.search.targets import ProgramTarget
@@ -890,6 +888,13 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
         # as check: a race is there whatever the timing, though no schedule made it show (the default run's: cached)
         failed = race_at_default(target, config or None)
         whatever = failed is not None
+    no_verdict = _no_verdict(target.name, failed) if failed is not None and not builtin else None
+    if no_verdict is not None:  # as check says it
+        key, why = no_verdict
+        if args.json:
+            _print_json(json.dumps({"target": target.name, "clean": False, "ran": n, "total": total,
+                                    "schedule": str(failed.schedule), key: why}, indent=2))
+        return _fail(why)
     code = 1 if failed is not None else 0
     if builtin:
         expect_bug = target.variant not in target.program.clean
@@ -901,7 +906,8 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
             "ran": n, "clean": failed is None, "schedule": str(failed.schedule) if failed is not None else None,
             "summary": failed.verdict() if failed is not None else "clean",
             "reports": [str(r) for r in failed.run.reports] if failed is not None else [],
-            "profile": _profile(), "values": _values(), "ok": code == 0,
+            "profile": _profile(), "values": _values(), "ok": code == 0, "world_size": args.world_size or 1,
+            "replay": replay_command(failed.schedule, failed.replay_options()) if failed is not None else None,
         }, indent=2))
     elif failed is None:
         delays = "1 delay" if args.delays == 1 else f"{args.delays} delays"

@@ -233,6 +233,17 @@ def test_a_program_using_what_the_simulator_does_not_run_gets_no_verdict(
     assert "CUDA graphs" in doc["unsupported"]
     assert main(["replay", "graphs.py::captured", "--no-fix"]) == 2  # the run is shown, and it is no verdict
     assert "NotImplementedError" in capsys.readouterr().out
+    assert main(["exhaust", "graphs.py::captured", "--delays", "1", "-q"]) == 2  # as check says it
+    got = capsys.readouterr()
+    assert got.err.startswith("simdevice: error: graphs.py::captured: the program uses what the simulator does not "
+                              "run: NotImplementedError")
+    assert main(["exhaust", "graphs.py::captured", "--delays", "1", "-q", "--json"]) == 2
+    assert "CUDA graphs" in json.loads(capsys.readouterr().out)["unsupported"]
+
+
+def test_exhaust_stopped_at_its_step_bound_gives_no_verdict(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["exhaust", "examples/offload_plain.py::reload_racy", "--delays", "1", "--max-steps", "3", "-q"]) == 2
+    assert "no verdict under schedule" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("call", "says"), [
@@ -480,3 +491,18 @@ def test_an_edge_naming_an_actor_the_function_lacks_is_refused_as_a_delay_is(
     err = capsys.readouterr().err
     assert err == (f"simdevice: error: edge {edge} names actor 'nosuch', which {target} does not have; "
                    "actors: d2h_stream, default, host\n")
+
+
+def test_json_says_the_world_size_and_the_replay_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A script replaying ``--json``'s schedule needs the world it was found on: the document says it, and the whole
+    replay command, for check and exhaust."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ranks.py").write_text(RANKS)
+    for args in (["check", "ranks.py::gather_racy", "--no-fix"], ["exhaust", "ranks.py::gather_racy", "--delays", "1"]):
+        assert main([*args, "--world-size", "2", "-q", "--json"]) == 1
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["world_size"] == 2
+        assert doc["replay"].startswith('simdevice replay "ranks.py::gather_racy')
+        assert doc["replay"].endswith(" --world-size 2")
