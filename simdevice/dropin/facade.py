@@ -305,10 +305,16 @@ def reset_peak_memory_stats(device: Any = None) -> None:
 
 
 def memory_stats(device: Any = None) -> dict[str, int]:
-    """``torch.cuda.memory_stats``: the keys of torch's dict that the simulated allocator counts (all pools)."""
+    """``torch.cuda.memory_stats``: the keys of torch's dict that the simulated allocator counts, for all pools
+    together (``.all.``): bytes allocated, active (also the freed blocks held for the streams recorded with them),
+    reserved, the live allocations and segments, and the allocations that released the cache to retry or ran out
+    of memory."""
     stats = session_device().runtime.memory_stats()
     return {"allocated_bytes.all.current": stats["allocated"], "allocated_bytes.all.peak": stats["peak"],
-            "reserved_bytes.all.current": stats["reserved"], "reserved_bytes.all.peak": stats["reserved_peak"]}
+            "active_bytes.all.current": stats["active"], "active_bytes.all.peak": stats["active_peak"],
+            "reserved_bytes.all.current": stats["reserved"], "reserved_bytes.all.peak": stats["reserved_peak"],
+            "allocation.all.current": stats["blocks"], "segment.all.current": stats["segments"],
+            "num_alloc_retries": stats["alloc_retries"], "num_ooms": stats["ooms"]}
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
@@ -544,6 +550,8 @@ def install(p: Patches) -> None:
         "reset_max_memory_cached": reset_peak_memory_stats,
         "mem_get_info": mem_get_info,
         "memory_stats": memory_stats,
+        "memory_cached": memory_reserved,  # (torch's deprecated names for these two)
+        "max_memory_cached": max_memory_reserved,
         "ipc_collect": lambda: None,  # no process holds this device's memory through an IPC handle to let go of
         "manual_seed": manual_seed,
         "manual_seed_all": manual_seed,
@@ -568,6 +576,11 @@ def install(p: Patches) -> None:
     }
     for name, value in table.items():
         p.set(cuda, name, value)
+    # where torch.cuda's memory functions are defined: code that calls them there (``torch.cuda.memory.memory_stats``),
+    # and torch's own aliases that call them by their module's names, get the simulated device's too
+    for name, value in table.items():
+        if callable(getattr(torch.cuda.memory, name, None)):
+            p.set(torch.cuda.memory, name, value)
     for name in ("range_push", "range_pop", "mark", "range"):
         p.set(cuda.nvtx, name, getattr(_nvtx, name))
     for name in _FACTORIES:
@@ -646,4 +659,5 @@ def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
 
 #: what a session patches, for the test that checks they come back as they were
 def patched_owners() -> list[Any]:
-    return [torch, torch.cuda, torch.cuda.nvtx, torch.Tensor, torch.multiprocessing, time, torch.amp, torch.cuda.amp]
+    return [torch, torch.cuda, torch.cuda.memory, torch.cuda.nvtx, torch.Tensor, torch.multiprocessing, time, torch.amp,
+            torch.cuda.amp]

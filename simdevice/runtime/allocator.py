@@ -313,6 +313,11 @@ class CachingAllocator:
         self._peak = 0
         #: the most reserved so far (``max_memory_reserved``)
         self._reserved_peak = 0
+        #: the most active (allocated, and freed but held for recorded streams) so far
+        self._active_peak = 0
+        #: ``memory_stats``' counts: allocations that released the cached segments to retry, and that failed then
+        self.alloc_retries = 0
+        self.ooms = 0
         #: called when a new segment is made (the memory saver maps a handle) and when one is released
         self._on_segment = _weak(on_segment)
         self._on_release = _weak(on_release)
@@ -353,6 +358,9 @@ class CachingAllocator:
         fresh, block.fresh = block.fresh, False
         self._allocated += block.nbytes
         self._peak = max(self._peak, self._allocated)
+        # active: allocated, and the freed blocks held for the streams recorded with them
+        active = self._allocated + sum(f.block.nbytes for f in self._deferred) if self._deferred else self._allocated
+        self._active_peak = max(self._active_peak, active)
         return Allocation(block, data, need, fresh, alias)
 
     def dropped(self, block: Block, gen: int) -> None:
@@ -423,7 +431,9 @@ class CachingAllocator:
         CUDA's allocator does before it gives up), then torch.OutOfMemoryError."""
         if self.capacity is not None and self._reserved + nbytes > self.capacity:
             self.empty_cache()
+            self.alloc_retries += 1
             if self._reserved + nbytes > self.capacity:
+                self.ooms += 1
                 raise torch.OutOfMemoryError(
                     f"simulated device out of memory: tried to allocate {_size(nbytes)}; {_size(self._reserved)} "
                     f"reserved of {_size(self.capacity)} (raise it: SimConfig(device_memory=N), or --device-memory "
@@ -533,15 +543,21 @@ class CachingAllocator:
         streams recorded with it is not, as torch counts it), ``peak`` of it since the run began, ``reserved``
         (segments)."""
         allocated = sum(b.nbytes for seg in self._segments if not seg.released for b in seg.blocks if not b.free)
-        allocated -= sum(f.block.nbytes for f in self._deferred)
+        held = sum(f.block.nbytes for f in self._deferred)
+        allocated -= held
         # the count kept as blocks are handed out and freed (which the peak follows) is the count of the blocks
         if allocated != self._allocated:
             raise AssertionError(f"allocator: {self._allocated} bytes counted allocated, {allocated} in its blocks")
-        reserved = sum(seg.nbytes for seg in self._segments if not seg.released)
+        live = [seg for seg in self._segments if not seg.released]
+        reserved = sum(seg.nbytes for seg in live)
         return {"allocated": allocated, "peak": self._peak, "reserved": reserved,
-                "reserved_peak": self._reserved_peak}
+                "reserved_peak": self._reserved_peak, "segments": len(live),
+                "blocks": sum(1 for seg in live for b in seg.blocks if not b.free) - len(self._deferred),
+                "alloc_retries": self.alloc_retries, "ooms": self.ooms, "active": allocated + held,
+                "active_peak": max(self._active_peak, allocated + held)}
 
     def reset_peaks(self) -> None:
         """``torch.cuda.reset_peak_memory_stats``: the peaks start again from what is allocated and reserved now."""
         self.collect_frees()
         self._peak, self._reserved_peak = self._allocated, self._reserved
+        self._active_peak = self._allocated + sum(f.block.nbytes for f in self._deferred)

@@ -298,6 +298,37 @@ def test_peaks_count_from_the_runs_start_and_reset_and_the_device_is_as_large_as
     sim.assert_clean()
 
 
+def test_memory_stats_has_torch_s_common_keys_and_the_memory_module_is_the_device_s() -> None:
+    """``memory_stats()`` counts, for all pools: active bytes (allocated, and a freed block held for a recorded
+    stream), live allocations and segments, retries and out-of-memory errors; ``torch.cuda.memory``'s own functions
+    and torch's deprecated ``memory_cached`` name answer for the simulated device (they asked the CPU build's C
+    side, which has no CUDA)."""
+    n = 1 << 20
+    with simdevice.cuda(config=SimConfig(device_memory=16 << 20)) as sim:
+        side = torch.cuda.Stream()
+        x = torch.ones(n, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = x * 2
+        x.record_stream(side)
+        del x  # freed, held for side: no longer allocated, still active
+        stats = torch.cuda.memory_stats()
+        assert stats["active_bytes.all.current"] == stats["allocated_bytes.all.current"] + 4 * n
+        assert stats["active_bytes.all.peak"] >= 8 * n
+        assert stats["allocation.all.current"] == 1  # y
+        assert stats["segment.all.current"] >= 1
+        assert (stats["num_ooms"], stats["num_alloc_retries"]) == (0, 0)
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(8 * n, device="cuda")  # 32 MiB of 16
+        stats = torch.cuda.memory_stats()
+        assert (stats["num_ooms"], stats["num_alloc_retries"]) == (1, 1)
+        assert torch.cuda.memory.memory_stats() == stats
+        assert torch.cuda.memory.memory_allocated() == torch.cuda.memory_allocated() == 4 * n
+        assert torch.cuda.memory_cached() == torch.cuda.memory_reserved()
+        del y
+    sim.assert_clean()
+
+
 def _scaled_step(device: str) -> list[float]:
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 4).to(device)
