@@ -32,7 +32,7 @@ from simdevice.search import engine
 from simdevice.search.execute import Outcome, replay_line
 from simdevice.search.explore import pin
 from simdevice.search.strategies import schedules_of
-from simdevice.search.targets import from_function, kept_patched
+from simdevice.search.targets import TargetError, from_function, kept_patched
 
 #: reports shown in a failure's message (the rest: ``simdevice replay`` of its line)
 SHOWN = 6
@@ -157,7 +157,10 @@ def _fuzz_test(
     world_size: int | None,
     values: bool = True,
 ) -> Any:
-    target = from_function(f, world_size=world_size, values=values)
+    try:
+        target = from_function(f, world_size=world_size, values=values)
+    except TargetError as e:  # the test fails with the one line; the module's other tests still run
+        return _failing_test(f, str(e))
 
     def run_schedule(schedule: Any) -> None:
         # its shortest line (values equal to the defaults left out), as check prints it
@@ -173,7 +176,11 @@ def _fuzz_test(
         pins = list(getattr(test, "__simdevice_examples__", [])) + list(getattr(f, "__simdevice_examples__", []))
         searched: Any = inner
         for text in pins:
-            searched = hypothesis_example(schedule=pin(target, text))(searched)
+            try:
+                pinned = pin(target, text)
+            except ValueError as e:  # (TargetError and ScheduleError among them): the one line
+                _fail(f"@simdevice.example({text!r}): {e}")
+            searched = hypothesis_example(schedule=pinned)(searched)
         extra: dict[str, Any] = {"max_examples": max_examples} if max_examples is not None else {}
         searched = settings(_settings(), **extra)(searched)
         with engine.storage(), kept_patched(target):
@@ -192,6 +199,27 @@ def _fuzz_test(
     test.hypothesis = inner.hypothesis  # type: ignore[attr-defined]
     test.is_hypothesis_test = True  # type: ignore[attr-defined]
     test._hypothesis_internal_use_settings = _settings()  # type: ignore[attr-defined]
+    return test
+
+
+def _fail(message: str) -> None:
+    """Fail the running test with ``message`` alone (pytest's failure without a traceback; else an AssertionError)."""
+    try:
+        import pytest
+    except ImportError:  # pragma: no cover - the plugin's tests run under pytest
+        raise AssertionError(message) from None
+    pytest.fail(message, pytrace=False)
+
+
+def _failing_test(f: Callable[..., Any], message: str) -> Any:
+    """A test of ``f`` that fails with ``message``: what ``@simdevice.fuzz`` gives for a function it cannot run (at
+    collection the error would stop the module's other tests too)."""
+
+    def test() -> None:
+        _fail(f"@simdevice.fuzz: {message}")
+
+    for name in ("__name__", "__qualname__", "__module__", "__doc__"):
+        setattr(test, name, getattr(f, name, None))
     return test
 
 

@@ -382,3 +382,36 @@ def test_check_and_explore_of_a_fuzz_test_draw_from_its_strategies(
     found = simdevice.explore(module.test_reload, max_examples=30)
     assert found.failure is not None
     assert "wait=0" in str(found.schedule)
+
+
+BROKEN = """
+import torch
+from hypothesis import strategies as st
+
+import simdevice
+
+
+def needs_n(n: int) -> None:
+    torch.ones(n, device="cuda")
+
+
+def fine(n: int = 4) -> None:
+    torch.ones(n, device="cuda")
+
+
+test_needs_n = simdevice.fuzz(n=st.integers(1, 8))(needs_n)
+test_fine = simdevice.fuzz(max_examples=3)(fine)
+test_bad_pin = simdevice.example("nosuch#0+1")(simdevice.fuzz(max_examples=3)(fine))
+"""
+
+
+def test_a_fuzz_test_it_cannot_run_fails_alone_in_one_line(pytester: pytest.Pytester) -> None:
+    """A function without a default, or a pinned schedule naming an actor it lacks: that test fails with the one
+    line (the first stopped the whole module's collection; the second showed the tool's traceback)."""
+    pytester.makepyfile(test_broken=BROKEN)
+    result = _pytest(pytester)
+    result.assert_outcomes(passed=1, failed=2)
+    out = result.stdout.str()
+    assert "@simdevice.fuzz: test_broken.py::needs_n has a parameter 'n' without a default" in out
+    assert "@simdevice.example('nosuch#0+1'): delay nosuch#0+1 names actor 'nosuch'" in out
+    assert "fuzzing.py" not in out
