@@ -384,15 +384,44 @@ _nvtx = types.SimpleNamespace(
 # -- devices in factories and copies --------------------------------------------------------------------------
 
 
+def device_count() -> int:
+    """``torch.cuda.device_count()``: a device per rank of the world (a machine of N GPUs runs N ranks), one outside
+    a world. Every rank's tensors are on the one simulated device, shown as ``cuda:0``."""
+    return max(1, session_device().world_size) if in_actor() else 1
+
+
+def _ordinal(index: int | None) -> None:
+    """A device index past ``device_count()`` fails as CUDA's ``invalid device ordinal`` does."""
+    if index is not None and not 0 <= index < device_count():
+        raise RuntimeError(f"CUDA error: invalid device ordinal (device {index}; the simulated run has "
+                           f"{device_count()}: one per rank, with --world-size N)")
+
+
 def on_device(d: Any) -> bool:
-    """Whether a ``device`` argument names the (simulated) CUDA device: ``"cuda"``, ``"cuda:0"``, an index."""
+    """Whether a ``device`` argument names the (simulated) CUDA device: ``"cuda"``, ``"cuda:0"``, an index (one past
+    ``device_count()`` raises, as CUDA does)."""
     if isinstance(d, bool):
         return False
     if isinstance(d, int):
+        _ordinal(d)
         return True
     if isinstance(d, str):
-        return d == "cuda" or d.startswith("cuda:")
-    return isinstance(d, torch.device) and d.type == "cuda"
+        if d == "cuda":
+            return True
+        if d.startswith("cuda:"):
+            _ordinal(int(d[5:]) if d[5:].isdigit() else None)
+            return True
+        return False
+    if isinstance(d, torch.device) and d.type == "cuda":
+        _ordinal(d.index)
+        return True
+    return False
+
+
+def set_device(d: Any) -> None:
+    """``torch.cuda.set_device``: an index past ``device_count()`` raises; the one simulated device stays current."""
+    _ordinal(d.index if isinstance(d, torch.device) else int(d[5:]) if isinstance(d, str) and d[5:].isdigit()
+             else d if isinstance(d, int) else None)
 
 
 def _meta() -> torch.device:
@@ -526,9 +555,9 @@ def install(p: Patches) -> None:
         "init": lambda: None,
         "is_available": lambda: True,
         "is_initialized": lambda: True,
-        "device_count": lambda: 1,
+        "device_count": device_count,
         "current_device": lambda: 0,
-        "set_device": lambda d: None,
+        "set_device": set_device,
         "get_device_name": lambda d=None: _properties().name,
         "get_device_properties": _properties,
         "get_device_capability": lambda d=None: (9, 0),

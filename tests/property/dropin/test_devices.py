@@ -205,6 +205,31 @@ def test_the_device_shows_cuda_inside_autograd_hooks_and_backward() -> None:
     assert seen == ["pack cuda:0 True True"] * 2 + ["unpack cuda:0"] * 2 + ["grad cuda:0", "x.grad cuda:0"]
 
 
+def _rank_on_its_device() -> None:
+    import torch.distributed as dist
+
+    assert torch.cuda.device_count() == dist.get_world_size()  # the common guard of DDP code
+    torch.cuda.set_device(dist.get_rank())
+    x = torch.ones(4, device=f"cuda:{dist.get_rank()}")
+    dist.all_reduce(x)
+    assert x.cpu().tolist() == [2.0] * 4
+
+
+def test_a_device_per_rank_and_an_index_past_them_fails_as_cuda_does() -> None:
+    """``device_count()`` is the world size (a machine of N GPUs runs N ranks), so ``set_device(rank)`` and
+    ``cuda:{rank}`` run (its tensors on the one simulated device); an index past the count is CUDA's "invalid
+    device ordinal", as on a machine with that many GPUs (it ran, and showed ``cuda:0``)."""
+    s = simdevice.cuda()
+    s.run(_rank_on_its_device, world_size=2)
+    s.assert_clean()
+    for bad in (lambda: torch.ones(2, device="cuda:1"), lambda: torch.cuda.set_device(1),
+                lambda: torch.ones(2).to(torch.device("cuda", 3))):
+        one = simdevice.cuda()
+        one.run(bad)
+        assert [r.kind for r in one.reports] == ["host-error"]
+        assert "CUDA error: invalid device ordinal (device " in str(one.reports[0])
+
+
 def test_the_torch_cuda_namespace_is_the_simulated_device() -> None:
     with simdevice.cuda() as sim:
         assert torch.cuda.is_available()
