@@ -74,9 +74,10 @@ ROUND = 64
 
 def _size(nbytes: int) -> str:
     """Bytes as a person reads them (1.5 GiB)."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if nbytes >= 1 << shift:
-            return f"{nbytes / (1 << shift):.3g} {unit}"
+            value = nbytes / (1 << shift)
+            return f"{value:.3g} {unit}" if value < 1000 else f"{value:,.0f} {unit}"
     return f"{nbytes} bytes"
 
 

@@ -72,3 +72,10 @@ def test_a_released_segment_counts_no_more() -> None:
 def test_a_capacity_must_be_positive(bad: int) -> None:
     with pytest.raises(ValueError, match="device_memory must be > 0"):
         SimConfig(device_memory=bad)
+
+
+def test_sizes_read_as_a_person_reads_them_however_large() -> None:
+    from simdevice.runtime.allocator import _size
+
+    assert [_size(n) for n in (512, 1536, 3 << 20, 5 << 30, 3 << 40, 2_000_000 << 40)] == [
+        "512 bytes", "1.5 KiB", "3 MiB", "5 GiB", "3 TiB", "2,000,000 TiB"]
