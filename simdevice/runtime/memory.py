@@ -494,7 +494,10 @@ class Memory:
         if not _PINNED_BEFORE or not t.is_cpu:  # (no run made pinned memory in this process yet)
             return None
         # A registered storage keeps its bytes alive, so its address cannot be reused meanwhile.
-        ptr = t.untyped_storage().data_ptr()
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except NotImplementedError:  # a tensor without a storage of its own (sparse): never pinned memory here
+            return None
         st = self.storages.get(ptr)
         if st is not None:
             return st if st.kind == "pinned" else None

@@ -110,3 +110,26 @@ def test_streams_events_and_tensors_kept_across_runs_give_no_verdict() -> None:
             assert "a tensor of another simulated run" in error.error, error.error
         else:  # the kept object is the one whose method was called, not its argument (this run's current stream)
             assert "a stream, event or tensor made by an earlier run was used" in error.error, error.error
+
+
+def test_a_tensor_without_a_storage_is_no_pinned_memory() -> None:
+    """Once a run made pinned memory, a host tensor's lookup reads its storage's address: a sparse tensor has none
+    (torch raises NotImplementedError), and is simply not pinned memory."""
+    kept: list[torch.Tensor] = []
+    s = simdevice.cuda()
+    s.run(lambda: kept.append(torch.empty(4, pin_memory=True)))  # kept: its address stays known as pinned
+    got: list[list[float]] = []
+
+    def sparse() -> None:
+        i = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([1.0, 2.0]), (4,))
+        got.append((torch.ones(4, device="cuda") + i.to_dense().cuda()).cpu().tolist())
+
+    s = simdevice.cuda()
+    s.run(sparse)
+    s.assert_clean()
+    assert got == [[2.0, 3.0, 1.0, 1.0]]
+    from simdevice.runtime.memory import Memory
+    from simdevice.runtime.reports import ReportSink
+
+    sparse_t = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (2,))
+    assert Memory(ReportSink()).lookup(sparse_t) is None
