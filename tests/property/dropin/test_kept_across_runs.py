@@ -121,7 +121,7 @@ def test_a_tensor_without_a_storage_is_no_pinned_memory() -> None:
     got: list[list[float]] = []
 
     def sparse() -> None:
-        i = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([1.0, 2.0]), (4,))
+        i = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([1.0, 2.0]), (4,), check_invariants=True)
         got.append((torch.ones(4, device="cuda") + i.to_dense().cuda()).cpu().tolist())
 
     s = simdevice.cuda()
@@ -131,5 +131,5 @@ def test_a_tensor_without_a_storage_is_no_pinned_memory() -> None:
     from simdevice.runtime.memory import Memory
     from simdevice.runtime.reports import ReportSink
 
-    sparse_t = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (2,))
+    sparse_t = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (2,), check_invariants=True)
     assert Memory(ReportSink()).lookup(sparse_t) is None
