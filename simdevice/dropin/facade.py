@@ -420,8 +420,7 @@ def on_device(d: Any) -> bool:
 
 def set_device(d: Any) -> None:
     """``torch.cuda.set_device``: an index past ``device_count()`` raises; the one simulated device stays current."""
-    _ordinal(d.index if isinstance(d, torch.device) else int(d[5:]) if isinstance(d, str) and d[5:].isdigit()
-             else d if isinstance(d, int) else None)
+    on_device(d)  # (which checks the index, in each form a device is named)
 
 
 def _meta() -> torch.device:

@@ -41,8 +41,7 @@ from simdevice.dispatch import SimTensor, storage_of
 from simdevice.dropin.patches import Patches
 from simdevice.runtime.runtime import Mailbox, SharedCell
 
-#: the primitives a run simulates, and those it refuses
-_SIMULATED = ("Queue", "SimpleQueue", "Event", "Value", "Lock")
+#: the primitives a run refuses (those it simulates: ``_MADE``)
 _REFUSED = ("Pipe", "Pool", "Manager", "JoinableQueue", "Barrier", "Condition", "Semaphore", "BoundedSemaphore",
             "RLock", "Array", "RawArray", "RawValue")
 #: what pickling does not look into for tensors (by reference: classes, modules, functions)
@@ -253,7 +252,7 @@ def _patch_process(p: Patches) -> None:
         if child is None:
             return join(self, timeout)
         rt = _session().runtime
-        if timeout is None or _timed(lambda: child.actor.state == "done", timeout, lambda: None):
+        if timeout is None or _timed(lambda: child.actor.state == "done", timeout):
             rt.join(child.actor)  # (once it is done, at once: the join orders what follows after the child)
         return None
 
@@ -318,13 +317,10 @@ def _no_real_primitives(args: tuple[Any, ...]) -> None:
                     "processes share the Queue, SimpleQueue, Event, Value and Lock made in the run")
 
 
-def _timed(done: Callable[[], bool], timeout: float | None, block: Callable[[], Any]) -> bool:
-    """A wait with ``timeout`` seconds of virtual time: ``block()`` where there is no timeout, else polls of
-    ``done()`` with sleeps between them until it holds or the time is up; whether it holds."""
+def _timed(done: Callable[[], bool], timeout: float) -> bool:
+    """A wait of at most ``timeout`` seconds of virtual time: polls of ``done()`` with sleeps between them until it
+    holds or the time is up; whether it holds. (A wait without a timeout blocks instead.)"""
     rt = _session().runtime
-    if timeout is None:
-        block()
-        return True
     left = max(float(timeout), 0.0) * 1000.0  # units
     while True:
         if done():
@@ -360,10 +356,8 @@ class SimQueue:
         rt = self._dev.runtime
         if not block:
             timeout = 0.0
-        if timeout is not None:
-            ready = _timed(lambda: not rt.queue_empty(self._box), timeout, lambda: None)
-            if not ready:
-                raise queue.Empty
+        if timeout is not None and not _timed(lambda: not rt.queue_empty(self._box), timeout):
+            raise queue.Empty
         obj, events = rt.queue_get(self._box)
         return _received(self._dev, obj, events)
 
@@ -410,9 +404,10 @@ class SimEvent:
         return bool(self._dev.runtime.value_get(self._cell, "Event.is_set"))
 
     def wait(self, timeout: float | None = None) -> bool:
-        rt = self._dev.runtime
-        return _timed(self.is_set, timeout,
-                      lambda: rt.value_wait(self._cell, bool, "Event.wait", "an event another process sets"))
+        if timeout is not None:
+            return _timed(self.is_set, timeout)
+        self._dev.runtime.value_wait(self._cell, bool, "Event.wait", "an event another process sets")
+        return True
 
 
 class SimLock:
@@ -427,8 +422,8 @@ class SimLock:
         if block and timeout is None:
             rt.lock_acquire(self._cell)
             return True
-        free = _timed(lambda: not rt.value_get(self._cell, "Lock.acquire"), 0.0 if not block else timeout,
-                      lambda: None)
+        wait = timeout if timeout is not None and block else 0.0
+        free = _timed(lambda: not rt.value_get(self._cell, "Lock.acquire"), wait)
         if free:
             rt.lock_acquire(self._cell)
         return free
@@ -470,17 +465,11 @@ class SimValue(SharedValueHandle):
         self.get_lock().release()
 
 
-def _make(name: str, *args: Any, **kwargs: Any) -> Any:
-    if name == "Queue":
-        return SimQueue(*args, **kwargs)
-    if name == "SimpleQueue":
-        return SimQueue(simple=True)
-    if name == "Event":
-        return SimEvent()
-    if name == "Value":
-        return SimValue(*args, **kwargs)
-    assert name == "Lock", name
-    return SimLock()
+#: what each simulated primitive's factory makes in a run
+_MADE: dict[str, Callable[..., Any]] = {
+    "Queue": SimQueue, "SimpleQueue": lambda: SimQueue(simple=True), "Event": SimEvent, "Value": SimValue,
+    "Lock": SimLock,
+}
 
 
 def _refusal(name: str) -> NotImplementedError:
@@ -490,32 +479,19 @@ def _refusal(name: str) -> NotImplementedError:
     )
 
 
-def _in_context(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    """``ctx.<name>(...)`` of any context: the simulator's in a run, else the original."""
+def _in_run_instead(name: str, original: Callable[..., Any], method: bool) -> Callable[..., Any]:
+    """``original`` (a context's method, ``method``; or ``multiprocessing.<name>``, the default context's, bound at
+    import) outside a run; in a run the simulator's primitive, or a refusal."""
 
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _in_run():
-            return original(self, *args, **kwargs)
-        if name in _REFUSED:
-            raise _refusal(name)
-        return _make(name, *args, **kwargs)
-
-    method.__name__ = name
-    return method
-
-
-def _in_module(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    """``multiprocessing.<name>(...)`` (a method of the default context, bound at import): the same choice."""
-
-    def function(*args: Any, **kwargs: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         if not _in_run():
             return original(*args, **kwargs)
         if name in _REFUSED:
             raise _refusal(name)
-        return _make(name, *args, **kwargs)
+        return _MADE[name](*(args[1:] if method else args), **kwargs)
 
-    function.__name__ = name
-    return function
+    call.__name__ = name
+    return call
 
 
 #: the modules whose ``multiprocessing`` names a session replaces
@@ -527,11 +503,11 @@ def install(p: Patches) -> None:
     """Put the simulated processes and primitives in place (each falls back to the original outside a run)."""
     _patch_process(p)
     ctx = multiprocessing.context.BaseContext
-    for name in (*_SIMULATED, *_REFUSED):
-        p.set(ctx, name, _in_context(name, getattr(ctx, name)))
+    for name in (*_MADE, *_REFUSED):
+        p.set(ctx, name, _in_run_instead(name, getattr(ctx, name), method=True))
         for m in _modules():
             if name in vars(m):
-                p.set(m, name, _in_module(name, vars(m)[name]))
+                p.set(m, name, _in_run_instead(name, vars(m)[name], method=False))
     p.set(os, "_exit", _os_exit(os._exit))
 
 
