@@ -253,3 +253,6 @@ class Run:
     trace: tuple[tuple[int, str, str], ...] = ()
     #: each counted stream operation's line and bytes moved: ``"actor#index"`` -> ``(source, nbytes)`` (simulator)
     sites: dict[str, tuple[str, int]] = attrs.field(factory=dict)
+    #: whether ``simdevice replay --gpu`` can run the schedule (False: the program started processes, which a GPU
+    #: replay does not count yet)
+    gpu: bool = True

@@ -59,7 +59,7 @@ class FuzzFailure(AssertionError):  # noqa: N818 (a test failure, as AssertionEr
         if len(reports) > SHOWN:
             lines.append(f"  ... and {len(reports) - SHOWN} more (simdevice replay shows them all)")
         lines += [f"  note: {n}" for n in out.run.notes]
-        lines.append(replay_line(out.schedule, out.replay_options()))
+        lines.append(replay_line(out.schedule, out.replay_options(), out.run.gpu))
         if self.trace_path is not None:
             lines.append(f"  trace: {self.trace_path}")
         return "\n".join(lines)

@@ -244,6 +244,7 @@ def _patch_process(p: Patches) -> None:
                 child.exitcode = _exit_code(e.code)
 
         child.actor = rt.spawn(_name(dev, self), body)
+        rt.gpu_replay = False  # (reference.cuda_plain refuses it: the replay line offers no --gpu)
         child.actor.daemon = bool(self.daemon)
         return None
 

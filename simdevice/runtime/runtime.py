@@ -214,6 +214,9 @@ class Runtime:
         self._releasing = False
         #: "stream#index" -> (the line that issued it, bytes it reads and writes): for timelines
         self.op_sites: dict[str, tuple[str, int]] = {}
+        #: whether ``replay --gpu`` can run what this run ran (False once the program started a process of the
+        #: drop-in's ``multiprocessing``, whose steps a GPU replay does not count)
+        self.gpu_replay = True
 
     # -- running -----------------------------------------------------------------------------------
     def run(self, body: Callable[[], Any]) -> Any:

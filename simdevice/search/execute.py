@@ -88,7 +88,7 @@ class Outcome:
         lines += [f"  note: {n}" for n in self.run.notes]
         if self.run.unfired:
             lines.append(f"  note: delays never applied (their operation never came): {', '.join(self.run.unfired)}")
-        lines.append(replay_line(self.schedule, self.replay_options()))
+        lines.append(replay_line(self.schedule, self.replay_options(), self.run.gpu))
         return "\n".join(lines)
 
     def replay_options(self) -> str:
@@ -129,10 +129,11 @@ def replay_command(schedule: Schedule, options: str) -> str:
     return f'simdevice replay "{schedule}"{options}'
 
 
-def replay_line(schedule: Schedule, options: str) -> str:
-    """The ``replay:`` line of an outcome's text: :func:`replay_command`, and ``[--gpu]`` where it is a command."""
+def replay_line(schedule: Schedule, options: str, gpu: bool = True) -> str:
+    """The ``replay:`` line of an outcome's text: :func:`replay_command`, and ``[--gpu]`` where it is a command
+    and a GPU can replay it (``gpu``: ``Run.gpu``)."""
     command = replay_command(schedule, options)
-    return f"  replay: {command}" + (" [--gpu]" if command.startswith("simdevice replay") else "")
+    return f"  replay: {command}" + (" [--gpu]" if gpu and command.startswith("simdevice replay") else "")
 
 
 def gpu_config(program: Program, config: Any, byte_scale: int) -> Any:

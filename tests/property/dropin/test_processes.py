@@ -104,6 +104,23 @@ def test_a_trainer_that_writes_the_buffer_under_the_workers_copy_is_found() -> N
     races = [r for r in found.failure.run.reports if isinstance(r, Race)]
     assert races, found.failure.run.reports
     assert any("SpawnProcess-1.side" in str(r) and "copy_ (D2H)" in str(r) for r in races)
+    # a GPU replay refuses a program that starts processes: its replay line offers none
+    replay = [line for line in found.failure.text().splitlines() if "replay:" in line]
+    assert replay and "--gpu" not in replay[0], replay
+
+
+def _fill_on_a_side_stream_racy() -> None:
+    x = torch.zeros(N, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        x.fill_(1.0)
+    assert torch.equal(x.cpu(), torch.ones(N))
+
+
+def test_a_replay_line_offers_the_gpu_where_no_process_was_started() -> None:
+    found = simdevice.explore(_fill_on_a_side_stream_racy, max_examples=5)
+    assert found.failure is not None
+    assert found.failure.text().splitlines()[-1].endswith("[--gpu]"), found.failure.text()
 
 
 # -- CUDA IPC ------------------------------------------------------------------------------------------------------
