@@ -106,7 +106,8 @@ def test_a_trainer_that_writes_the_buffer_under_the_workers_copy_is_found() -> N
     assert any("SpawnProcess-1.side" in str(r) and "copy_ (D2H)" in str(r) for r in races)
     # a GPU replay refuses a program that starts processes: its replay line offers none
     replay = [line for line in found.failure.text().splitlines() if "replay:" in line]
-    assert replay and "--gpu" not in replay[0], replay
+    assert replay
+    assert "--gpu" not in replay[0], replay
 
 
 def _fill_on_a_side_stream_racy() -> None:
