@@ -317,6 +317,24 @@ def memory_stats(device: Any = None) -> dict[str, int]:
             "num_alloc_retries": stats["alloc_retries"], "num_ooms": stats["ooms"]}
 
 
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """``torch.cuda.set_per_process_memory_fraction``: the caching allocator's segments may take ``fraction`` of the
+    device's memory together; an allocation past it releases the cache, then raises ``torch.OutOfMemoryError``.
+    (The simulated device has one allocator: the fraction bounds every process and rank of the run together.)"""
+    on_device(device)  # (an index past device_count() raises)
+    if not isinstance(fraction, float):  # (torch's checks and words)
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    session_device().runtime.memsaver.allocator.fraction = (fraction, int(fraction * _total_memory()))
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    on_device(device)
+    fraction = session_device().runtime.memsaver.allocator.fraction
+    return 1.0 if fraction is None else fraction[0]
+
+
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     total = _total_memory()
     return max(total - memory_reserved(), 0), total
@@ -577,6 +595,8 @@ def install(p: Patches) -> None:
         "reset_max_memory_allocated": reset_peak_memory_stats,
         "reset_max_memory_cached": reset_peak_memory_stats,
         "mem_get_info": mem_get_info,
+        "set_per_process_memory_fraction": set_per_process_memory_fraction,
+        "get_per_process_memory_fraction": get_per_process_memory_fraction,
         "memory_stats": memory_stats,
         "memory_cached": memory_reserved,  # (torch's deprecated names for these two)
         "max_memory_cached": max_memory_reserved,

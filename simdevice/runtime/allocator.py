@@ -297,6 +297,9 @@ class CachingAllocator:
         self.lazy = lazy
         #: bytes its segments may take together (None: no bound)
         self.capacity = capacity
+        #: ``torch.cuda.set_per_process_memory_fraction``: bytes its segments may take together under the fraction
+        #: the program set, and the fraction (None: none set)
+        self.fraction: tuple[float, int] | None = None
         self._reserved = 0
         #: the host actor running now (whoever drops a tensor frees it)
         self._current = current
@@ -430,6 +433,17 @@ class CachingAllocator:
     def _reserve(self, nbytes: int) -> None:
         """Room for a new segment of ``nbytes``: past the capacity, the cached segments are released first (as
         CUDA's allocator does before it gives up), then torch.OutOfMemoryError."""
+        if self.fraction is not None and self._reserved + nbytes > self.fraction[1]:
+            # (as CUDA's allocator: the cache released and the allocation tried again, before it gives up)
+            self.empty_cache()
+            self.alloc_retries += 1
+            if self._reserved + nbytes > self.fraction[1]:
+                self.ooms += 1
+                fraction, limit = self.fraction
+                raise torch.OutOfMemoryError(
+                    f"simulated device out of memory: tried to allocate {_size(nbytes)}; {_size(self._reserved)} "
+                    f"reserved of the {_size(limit)} the process may take (set_per_process_memory_fraction"
+                    f"({fraction}))")
         if self.capacity is not None and self._reserved + nbytes > self.capacity:
             self.empty_cache()
             self.alloc_retries += 1

@@ -354,6 +354,32 @@ def test_memory_stats_has_torch_s_common_keys_and_the_memory_module_is_the_devic
     sim.assert_clean()
 
 
+def test_a_memory_fraction_bounds_the_allocator_after_it_releases_the_cache() -> None:
+    """``set_per_process_memory_fraction(f)``: segments together may take ``f`` of the device's memory; past it
+    the cached segments are released and the allocation tried again, then ``torch.OutOfMemoryError``; torch's
+    checks of the fraction's type and range."""
+    n = 1 << 20  # 4 MiB of float32
+    with simdevice.cuda(config=SimConfig(device_memory=32 << 20)) as sim:
+        assert torch.cuda.get_per_process_memory_fraction() == 1.0
+        torch.cuda.set_per_process_memory_fraction(0.5)  # 16 MiB
+        assert torch.cuda.get_per_process_memory_fraction() == 0.5
+        x = torch.empty(2 * n, device="cuda")  # 8 MiB
+        del x  # cached
+        y = torch.empty(3 * n, device="cuda")  # 12 MiB: fits once the cache is released
+        assert torch.cuda.memory_stats()["num_alloc_retries"] == 1
+        with pytest.raises(torch.OutOfMemoryError, match=r"set_per_process_memory_fraction\(0.5\)"):
+            torch.empty(2 * n, device="cuda")  # 8 more of 16
+        assert torch.cuda.memory_stats()["num_ooms"] == 1
+        with pytest.raises(TypeError, match="must be `float`"):
+            torch.cuda.set_per_process_memory_fraction(1)
+        with pytest.raises(ValueError, match="Allowed range"):
+            torch.cuda.set_per_process_memory_fraction(1.5)
+        with pytest.raises(RuntimeError, match="invalid device ordinal"):
+            torch.cuda.set_per_process_memory_fraction(0.5, 1)
+        del y
+    sim.assert_clean()
+
+
 def _scaled_step(device: str) -> list[float]:
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 4).to(device)
