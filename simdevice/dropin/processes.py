@@ -18,16 +18,21 @@ memory, the first time only: while the receiver still holds a tensor of that sto
 again maps nothing and waits for nothing (``storage_from_cache``). The receiver gets a tensor of its own over the
 same memory; sending on a tensor received from another process raises, as torch does.
 
-What a real child would get as a copy (lists, dicts and other objects in its arguments or in an item) is copied
-here only where it is a list, tuple, dict or set on the way to a tensor; any other object is shared.
+What is sent (a process's arguments, an item put on a queue) is pickled as it is sent, so the receiver gets a copy
+as a real child does: made anew at each receipt, with nothing the sender changes later. Tensors cross by reference
+(torch shares their memory: CUDA IPC, or shared memory for a host tensor), as do the run's queues, events, values,
+locks and streams. An object that does not pickle here (a local function or class in it) is shared instead, but for
+the lists, tuples, dicts and sets on the way to a device tensor, which are copied.
 """
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.process
 import os
+import pickle
 import types
 import weakref
 from collections.abc import Callable
@@ -85,11 +90,62 @@ def _tensors(obj: Any, found: list[SimTensor], seen: set[int]) -> None:
             _tensors(v, found, seen)
 
 
-def _sent(dev: Any, obj: Any, stream: Any) -> dict[int, Any]:
-    """Pickle ``obj`` for another process: for each device tensor in it, the IPC event recorded on ``stream``
-    (by storage). A tensor received from another process cannot be sent on (torch raises the same)."""
+class _Sent:
+    """What a process sent: its object pickled as a real send pickles it (``payload``), with the objects that cross
+    by reference taken out (``refs``: tensors, which torch shares through CUDA IPC or shared memory, and the run's
+    primitives and streams); ``payload`` None where the object would not pickle here (a local function or class in
+    it: a spawned child could not take it, a forked one would share its copy of the memory), and ``obj`` goes as it
+    is. ``events``: the IPC event each device storage in it was sent with (by storage)."""
+
+    __slots__ = ("events", "obj", "payload", "refs")
+
+    def __init__(self, obj: Any, payload: bytes | None, refs: list[Any], events: dict[int, Any]) -> None:
+        self.obj = obj if payload is None else None  # (the copy is the payload's: nothing later done to obj shows)
+        self.payload = payload
+        self.refs = refs
+        self.events = events
+
+
+def _by_reference(x: Any) -> bool:
+    """Whether ``x`` crosses to another process as itself: a tensor (torch shares its memory), a primitive or handle
+    of the run (a queue, an event, a value, a lock, a stream, an event of a stream)."""
+    from simdevice.dropin import facade
+
+    return isinstance(x, (torch.Tensor, torch.UntypedStorage, SimQueue, SimEvent, SimLock, SharedValueHandle,
+                          facade.Stream, facade.Event))
+
+
+def _pickled(obj: Any) -> tuple[bytes | None, list[Any]]:
+    """``obj`` pickled with what crosses by reference (:func:`_by_reference`) left out as persistent ids; (None,
+    []) where it does not pickle."""
+    refs: list[Any] = []
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def persistent_id(x: Any) -> int | None:
+        if _by_reference(x):
+            refs.append(x)
+            return len(refs) - 1
+        return None
+
+    pickler.persistent_id = persistent_id  # type: ignore[method-assign]
+    try:
+        pickler.dump(obj)
+    except (pickle.PicklingError, TypeError, AttributeError, RecursionError, ValueError):
+        return None, []
+    return buf.getvalue(), refs
+
+
+def _sent(dev: Any, obj: Any, stream: Any) -> _Sent:
+    """Pickle ``obj`` for another process, now (what the sender changes later does not reach the receiver): for
+    each device tensor in it, the IPC event recorded on ``stream`` (by storage). A tensor received from another
+    process cannot be sent on (torch raises the same)."""
+    payload, refs = _pickled(obj)
     found: list[SimTensor] = []
-    _tensors(obj, found, set())
+    if payload is None:
+        _tensors(obj, found, set())
+    else:
+        found = [x for x in refs if isinstance(x, SimTensor)]
     sender = dev.runtime.current().name
     events: dict[int, Any] = {}
     for t in found:
@@ -101,19 +157,21 @@ def _sent(dev: Any, obj: Any, stream: Any) -> dict[int, Any]:
                                "supported. Consider cloning before sending.")
         if id(st) not in events:
             events[id(st)] = dev.runtime.ipc_sent(stream)
-    return events
+    return _Sent(obj, payload, refs, events)
 
 
-def _received(dev: Any, obj: Any, events: dict[int, Any]) -> Any:
-    """``obj`` as the receiving process unpickles it: where the receiver holds no tensor of a device tensor's storage
-    yet, its current stream waits for the sender's event; each device tensor in a list, tuple, dict or set (copied,
-    as unpickling makes them anew) is a tensor of its own over the same memory, which holds the mapping."""
-    if not events:
-        return obj
+def _received(dev: Any, sent: _Sent) -> Any:
+    """What was sent, as the receiving process unpickles it: objects of its own, made anew at each receipt; where
+    the receiver holds no tensor of a device tensor's storage yet, its current stream waits for the sender's event;
+    each device tensor is a tensor of its own over the same memory, which holds the mapping."""
+    events = sent.events
     receiver = dev.runtime.current().name
     maps: dict[tuple[str, int], weakref.ref[Any]] = dev.ipc_maps
     found: list[SimTensor] = []
-    _tensors(obj, found, set())
+    if sent.payload is None:
+        _tensors(sent.obj, found, set())
+    else:
+        found = [x for x in sent.refs if isinstance(x, SimTensor)]
     fresh: set[int] = set()  # the storages mapped by this receipt
     for t in found:
         st = storage_of(t)
@@ -127,13 +185,11 @@ def _received(dev: Any, obj: Any, events: dict[int, Any]) -> Any:
         maps[key] = weakref.ref(t)  # (until a tensor of the receiver's own takes it over, below)
     done: dict[int, Any] = {}
 
-    def rebuild(x: Any) -> Any:
-        if id(x) in done:
-            return done[id(x)]
-        if isinstance(x, SimTensor):
-            st = storage_of(x)
-            if id(st) not in events:
-                return x
+    def tensor(x: SimTensor) -> Any:
+        st = storage_of(x)
+        if id(st) not in events:
+            return x
+        if id(x) not in done:
             with torch.no_grad():
                 out = x.detach()
             out.requires_grad_(x.requires_grad)
@@ -141,7 +197,25 @@ def _received(dev: Any, obj: Any, events: dict[int, Any]) -> Any:
             if id(st) in fresh and maps[key]() is x:
                 maps[key] = weakref.ref(out)
             done[id(x)] = out
-            return out
+        return done[id(x)]
+
+    if sent.payload is not None:
+        unpickler = pickle.Unpickler(io.BytesIO(sent.payload))
+        refs = sent.refs
+        unpickler.persistent_load = (  # type: ignore[method-assign]
+            lambda i: tensor(refs[i]) if isinstance(refs[i], SimTensor) else refs[i])
+        try:
+            return unpickler.load()
+        finally:
+            done.clear()
+    if not events:
+        return sent.obj
+
+    def rebuild(x: Any) -> Any:
+        if id(x) in done:
+            return done[id(x)]
+        if isinstance(x, SimTensor):
+            return tensor(x)
         if isinstance(x, (list, tuple, set, frozenset)):
             items = [rebuild(i) for i in x]
             out = type(x)(*items) if isinstance(x, tuple) and hasattr(x, "_fields") else type(x)(items)
@@ -153,7 +227,7 @@ def _received(dev: Any, obj: Any, events: dict[int, Any]) -> Any:
         return out
 
     try:
-        return rebuild(obj)
+        return rebuild(sent.obj)
     finally:
         done.clear()  # (``rebuild`` refers to itself: the cycle must not keep the received tensors alive)
 
@@ -232,11 +306,10 @@ def _patch_process(p: Patches) -> None:
         dev = _session()
         rt = dev.runtime
         child = self._simdevice = _Child()
-        events = _sent(dev, (self._args, self._kwargs), rt.current().current_stream)
-        sent = (self._args, self._kwargs)
+        sent = _sent(dev, (self._args, self._kwargs), rt.current().current_stream)
 
         def body() -> None:
-            self._args, self._kwargs = _received(dev, sent, events)
+            self._args, self._kwargs = _received(dev, sent)
             try:
                 self.run()
                 child.exitcode = 0
@@ -348,8 +421,7 @@ class SimQueue:
         dev = self._dev
         a = dev.runtime.current()
         # a Queue's feeder thread pickles the item, on the device's default stream (a new thread's current one)
-        events = _sent(dev, obj, a.current_stream if self._simple else a.default_stream)
-        dev.runtime.queue_put(self._box, (obj, events))
+        dev.runtime.queue_put(self._box, _sent(dev, obj, a.current_stream if self._simple else a.default_stream))
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         import queue
@@ -359,8 +431,7 @@ class SimQueue:
             timeout = 0.0
         if timeout is not None and not _timed(lambda: not rt.queue_empty(self._box), timeout):
             raise queue.Empty
-        obj, events = rt.queue_get(self._box)
-        return _received(self._dev, obj, events)
+        return _received(self._dev, rt.queue_get(self._box))
 
     def put_nowait(self, obj: Any) -> None:
         self.put(obj, False)

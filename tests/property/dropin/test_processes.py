@@ -537,6 +537,48 @@ def test_tensors_inside_objects_and_tuples_of_any_kind_are_received() -> None:
     assert got == [(float(N), torch.Size([N]), pair_t(1, 2))]
 
 
+class _Progress:
+    """A plain object in an item (module level: it pickles)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.seen: list[int] = []
+
+
+def _reads_what_was_put_and_changes_its_arguments(q: Any, out: Any, config: dict[str, int], t: torch.Tensor) -> None:
+    first = q.get()
+    again = q.get()
+    config["lr"] = 0  # its own copy
+    t.add_(1.0)  # a tensor's memory is shared (torch's shared memory), as on a real child
+    first.seen.append(1)
+    out.put((first.step, again.step, first is again, list(first.seen)))
+
+
+def test_what_crosses_to_another_process_is_a_copy_taken_when_sent_but_tensors_are_shared() -> None:
+    """As pickling gives it: an item changed after ``put`` reaches the receiver as it was put, and each receipt is
+    an object of its own; a child's arguments are its copy (what it changes, its parent does not see), while a
+    tensor's memory is shared."""
+    got: list[Any] = []
+
+    def program() -> None:
+        q, out = mp.Queue(), mp.Queue()
+        config = {"lr": 3}
+        t = torch.zeros(4)
+        p = mp.Process(target=_reads_what_was_put_and_changes_its_arguments, args=(q, out, config, t))
+        p.start()
+        item = _Progress(1)
+        q.put(item)
+        item.step = 2  # after the put: the receiver has step 1
+        q.put(item)
+        got.append(out.get())
+        p.join()
+        got.append((config["lr"], item.seen, t.tolist()))
+
+    r = _run(program)
+    assert r.reports == ()
+    assert got == [(1, 2, False, [1]), (3, [], [1.0] * 4)]
+
+
 _MADE_BEFORE_THE_RUN = multiprocessing.get_context("spawn").Queue()
 
 
