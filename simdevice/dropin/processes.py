@@ -216,13 +216,14 @@ def _received(dev: Any, sent: _Sent) -> Any:
             return done[id(x)]
         if isinstance(x, SimTensor):
             return tensor(x)
+        out: Any
         if isinstance(x, (list, tuple, set, frozenset)):
             items = [rebuild(i) for i in x]
             out = type(x)(*items) if isinstance(x, tuple) and hasattr(x, "_fields") else type(x)(items)
         elif isinstance(x, dict):
             out = type(x)((rebuild(k), rebuild(v)) for k, v in x.items())
         else:
-            out = x  # another object: shared, its tensors the sender's (a real child unpickles a copy)
+            out = x  # another object: shared, its tensors the sender's (it did not pickle)
         done[id(x)] = out
         return out
 
