@@ -89,6 +89,54 @@ def _bytes(text: str) -> int | None:
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
+_SHOW_OUTPUT = ("let what the program prints through, once per run (default: held back while the schedules run, "
+                "and counted: simdevice replay shows one run's)")
+
+
+class _Lines:
+    """Where the program's ``print`` goes while a search runs its schedules: counted, not kept."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+
+    def write(self, text: str) -> int:
+        self.lines += text.count("\n")
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+#: lines the program printed in the searches of this command (held back: :func:`_held_output`)
+_HELD: list[int] = [0]
+
+
+@contextlib.contextmanager
+def _held_output(args: argparse.Namespace) -> Iterator[None]:
+    """While the block runs the program's schedules, what it prints to stdout is held back and counted (a search
+    runs it hundreds of times), unless ``--show-output``."""
+    if getattr(args, "show_output", False):
+        yield
+        return
+    lines = _Lines()
+    try:
+        with contextlib.redirect_stdout(lines):  # type: ignore[type-var]
+            yield
+    finally:
+        _HELD[0] += lines.lines
+
+
+def _say_held(args: argparse.Namespace, schedule: str) -> None:
+    """Say, on stderr, that the program's output was held back, and how to see it."""
+    if _HELD[0] and not args.quiet:
+        lines = f"{_HELD[0]} line" + ("" if _HELD[0] == 1 else "s")
+        print(f"(the program printed {lines} over its runs, held back: simdevice replay \"{schedule}\" "
+              "shows one run's, --show-output all of them)", file=sys.stderr)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="simdevice",
@@ -126,6 +174,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="suggest the missing synchronization for a failure and check it by re-running with it "
                         "inserted (default: on for a TARGET, off for the table of every program)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    c.add_argument("--show-output", action="store_true", help=_SHOW_OUTPUT)
     c.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
     c.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
     c.add_argument("--no-values", action="store_true", help=_NO_VALUES)
@@ -183,6 +232,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--delays", type=int, default=1, metavar="K", help="at most K delays per schedule (default 1)")
     e.add_argument("--units", default="1,5,20", metavar="U,U,..", help="stall sizes in units (default 1,5,20)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    e.add_argument("--show-output", action="store_true", help=_SHOW_OUTPUT)
     e.add_argument("--json", action="store_true", help="print the answer as JSON")
     e.add_argument("--max-steps", type=int, default=None, metavar="N", help=_MAX_STEPS)
     e.add_argument("--device-memory", default=None, metavar="SIZE", help=_DEVICE_MEMORY)
@@ -475,8 +525,9 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
         show(target.name, n)
 
     try:
-        result = explore(target, max_examples=args.examples, budget_s=args.budget, config=config, progress=step,
-                         db=db, default_config=fixed or None)
+        with _held_output(args):
+            result = explore(target, max_examples=args.examples, budget_s=args.budget, config=config, progress=step,
+                             db=db, default_config=fixed or None)
     except TargetError as e:
         return _fail(str(e))
     except KeyboardInterrupt:  # nothing failed so far (a failure is shrunk before it is reported)
@@ -496,7 +547,8 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
             _print_json(json.dumps({"target": target.name, "found": False, "examples": result.examples,
                                     "schedule": result.schedule, key: why}, indent=2))
         return _fail(why)
-    fix = _suggest(target, out, args.quiet or args.json) if out is not None and args.fix is not False else None
+    with _held_output(args):
+        fix = _suggest(target, out, args.quiet or args.json) if out is not None and args.fix is not False else None
     if args.json:
         _print_json(json.dumps({
             "target": target.name, "found": out is not None, "examples": result.examples, "profile": _profile(),
@@ -517,6 +569,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
         _say_judged()
         if fix is not None:
             _print_fix(fix, str(out.schedule), out.replay_options())
+    _say_held(args, str(out.schedule) if out is not None else target.name)
     return 1 if out is not None else 0
 
 
@@ -838,7 +891,8 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     builtin = isinstance(target, ProgramTarget)
     # a built-in program: the configuration given (PROGRAM/VARIANT: for the defaults), or its whole space
     config = fixed if (fixed or not builtin or args.target.rstrip().endswith(":")) else None
-    total = count_target_schedules(target, args.delays, units, config, stop_above=args.max_schedules)
+    with _held_output(args):
+        total = count_target_schedules(target, args.delays, units, config, stop_above=args.max_schedules)
     if total > args.max_schedules:
         return _fail(f"too many schedules: at least {total}, more than --max-schedules {args.max_schedules}; fewer "
                      "--delays or --units, a configuration, or a larger --max-schedules")
@@ -859,12 +913,14 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
 
     try:
         if jobs > 1:
-            setup = Setup(overrides=_overrides(), modules=loaded_modules())
-            n, failed = exhaust_in_workers(target, target_schedules(target, args.delays, units, config), jobs, setup,
-                                           step)
+            setup = Setup(overrides=_overrides(), modules=loaded_modules(), show_output=args.show_output)
+            with _held_output(args):
+                n, failed = exhaust_in_workers(target, target_schedules(target, args.delays, units, config), jobs,
+                                               setup, step)
         else:
             # the schedule running when a stop comes is not counted: step(k) comes before it runs
-            n, failed = exhaust_target(target, args.delays, units, lambda k: step(k - 1), config)
+            with _held_output(args):
+                n, failed = exhaust_target(target, args.delays, units, lambda k: step(k - 1), config)
     except WorkerError as e:
         if e.detail:
             print(e.detail, file=sys.stderr, end="")
@@ -886,7 +942,8 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     whatever = False
     if failed is None and not builtin:
         # as check: a race is there whatever the timing, though no schedule made it show (the default run's: cached)
-        failed = race_at_default(target, config or None)
+        with _held_output(args):
+            failed = race_at_default(target, config or None)
         whatever = failed is not None
     no_verdict = _no_verdict(target.name, failed) if failed is not None and not builtin else None
     if no_verdict is not None:  # as check says it
@@ -922,6 +979,7 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
         print(failed.text())
     if not args.json:
         _say_judged()
+    _say_held(args, str(failed.schedule) if failed is not None else target.name)
     return code
 
 
@@ -994,6 +1052,7 @@ def main(argv: list[str] | None = None, imported: Callable[[], None] | None = No
     then has the garbage collector leave torch's objects alone: :func:`simdevice.command.entry`)."""
     parser = _parser()
     args = parser.parse_args(argv)
+    _HELD[0] = 0
     commands = {"check": cmd_check, "replay": cmd_replay, "exhaust": cmd_exhaust, "list": cmd_list}
     try:
         if args.command in commands:

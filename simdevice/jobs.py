@@ -86,6 +86,8 @@ class Setup:
     #: the command's working directory and environment (a fork server keeps those it started with)
     cwd: str = attrs.field(factory=os.getcwd)
     environ: tuple[tuple[str, str], ...] = attrs.field(factory=lambda: tuple(os.environ.items()))
+    #: ``--show-output``: what the program prints goes to the command's stdout (else it is dropped)
+    show_output: bool = False
 
 
 class Listener(Protocol):
@@ -370,7 +372,8 @@ def _exhaust_work(conn: Connection, setup: Setup, name: str, world_size: int | N
         from simdevice.search.targets import target_of
 
         target = None
-        with overridden(**dict(setup.overrides)):
+        with overridden(**dict(setup.overrides)), open(os.devnull, "w") as devnull, (
+                contextlib.nullcontext() if setup.show_output else contextlib.redirect_stdout(devnull)):
             while (item := conn.recv()) is not None:
                 start, chunk = item
                 try:

@@ -506,3 +506,41 @@ def test_json_says_the_world_size_and_the_replay_line(
         assert doc["world_size"] == 2
         assert doc["replay"].startswith('simdevice replay "ranks.py::gather_racy')
         assert doc["replay"].endswith(" --world-size 2")
+
+
+_PRINTS = """
+import torch
+
+
+def noisy(fail: int = 0) -> None:
+    x = torch.ones(4, device="cuda")
+    print("step", x.sum().item())
+    assert not fail, "asked to fail"
+"""
+
+
+@pytest.mark.parametrize("command", ["check", "exhaust"])
+def test_what_the_program_prints_is_held_back_while_its_schedules_run(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A search runs the program hundreds of times: what it prints is counted and held back (stdout keeps the
+    verdict), with a line on stderr saying how to see one run's; ``--show-output`` lets it through."""
+    (tmp_path / "prints.py").write_text(_PRINTS)
+    target = f"{tmp_path / 'prints.py'}::noisy"
+    options = ["--examples", "20"] if command == "check" else ["--delays", "1", "--units", "1"]
+    assert main([command, target, *options]) == 0
+    out, err = capsys.readouterr()
+    assert "step 4.0" not in out
+    runs = int(err.split("the program printed ")[1].split(" line")[0])
+    assert runs > 1
+    assert f'simdevice replay "{target}" shows one run' in err
+    assert main([command, target, *options, "--show-output"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("step 4.0") == runs
+    assert "the program printed" not in err
+    assert main([command, f"{target}:fail=1", *options, "--no-fix"] if command == "check" else
+                [command, f"{target}:fail=1", *options]) == 1
+    out, err = capsys.readouterr()
+    assert "step 4.0" not in out
+    assert "asked to fail" in out
+    assert f'simdevice replay "{tmp_path / "prints.py"}::noisy:fail=1' in err
