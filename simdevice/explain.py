@@ -51,8 +51,11 @@ __all__ = ["Fix", "edge_for", "forward_for", "suggest"]
 
 #: schedules the bounded search runs with the suggested edges (per round)
 SCHEDULES = 200
-#: rounds of "add an edge for each remaining race" on one schedule, and of searching again
+#: rounds of "add an edge for each remaining race" on one schedule
 ROUNDS = 4
+#: rounds of searching again with the edges found so far, each after new edges (several processes of one kind may
+#: each need their own: a race of each is found in turn, and ordered as issued before a forward edge orders it)
+SEARCH_ROUNDS = 12
 
 
 @attrs.frozen
@@ -350,7 +353,7 @@ def suggest(
         candidates: dict[Edge, Race] = {}
         for r in _races(plain):
             f = forward_for(r, occ)
-            if f is not None and f not in candidates:
+            if f is not None and f not in candidates and f not in edges:
                 candidates[f] = r
         if not candidates:
             return "no racing pair's earlier operation can wait for the later one (both one actor's)"
@@ -418,7 +421,7 @@ def suggest(
             fewest()
         if remains is None:
             config = st.just(dict(schedule.config_dict()))
-            for _ in range(ROUNDS):
+            for _ in range(SEARCH_ROUNDS):
                 with inserted(edges):
                     found = search_target(target, failing, max_examples=schedules, max_delays=max_delays,
                                           config=config, progress=progress)
@@ -428,7 +431,8 @@ def suggest(
                     break
                 if backward(_races(remains), edges, said):
                     continue
-                if tried is None and stuck(remains) and not any(e.forward for e in edges):
+                if stuck(remains):
+                    # (again where forward edges are in already: each worker of several may need its own)
                     tried = forward(remains)
                     if tried is None:
                         continue

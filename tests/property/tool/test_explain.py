@@ -289,6 +289,59 @@ def test_a_race_that_begins_at_a_host_step_is_fixed_by_a_handshake() -> None:
     assert any(e.forward and e.after.actor == "saver.s" and e.before.actor == "host" for e in fix.edges), fix.edges
 
 
+def _snapshotter(buf: torch.Tensor, tasks: Any, done: Any) -> None:
+    side = torch.cuda.Stream()
+    mirror = torch.empty(buf.numel(), pin_memory=True)
+    while (step := tasks.get()) is not None:
+        with torch.cuda.stream(side):
+            mirror.copy_(buf, non_blocking=True)
+        side.synchronize()
+        done.put((step, mirror.clone()))
+
+
+def _trainer_waits_for_one_of_three(n: int = 64) -> None:
+    """Three snapshot workers copy the trainer's buffer at each step; the trainer waits for one of them before it
+    writes the buffer again: each other worker's copy races with the next write."""
+    import torch.multiprocessing as mp
+
+    buf = torch.zeros(n, device="cuda")
+    tasks, done = [mp.Queue() for _ in range(3)], mp.Queue()
+    workers = [mp.Process(target=_snapshotter, args=(buf, q, done)) for q in tasks]
+    for p in workers:
+        p.start()
+    for step in (1, 2):
+        buf.fill_(float(step))
+        torch.cuda.synchronize()
+        for q in tasks:
+            q.put(step)
+        s, snap = done.get()  # one worker's snapshot only
+        assert torch.equal(snap, torch.full((n,), float(s)))
+    for _ in range(4):
+        s, snap = done.get()
+        assert torch.equal(snap, torch.full((n,), float(s))), f"step {s}'s snapshot is torn"
+    for q in tasks:
+        q.put(None)
+    for p in workers:
+        p.join()
+
+
+def test_each_worker_of_several_gets_its_own_handshake() -> None:
+    """A worker's race is found in turn, ordered as issued first (a backward edge, which does not fix it) and then
+    by a forward edge: forward edges were tried once, for the first worker, so the answer said "not enough", and
+    the search gave up after four rounds where three workers need more. The fix is a handshake per worker."""
+    from simdevice.search.targets import from_function
+
+    target = from_function(_trainer_waits_for_one_of_three,
+                           "tests/property/tool/test_explain.py::_trainer_waits_for_one_of_three")
+    out = target.run(Schedule.parse("tests/property/tool/test_explain.py::_trainer_waits_for_one_of_three"
+                                    "::Process-1#0+1"))
+    assert out.races
+    fix = suggest(target, out)
+    assert fix.checked, fix.lines()
+    assert sorted((e.after.actor, e.before.actor, e.offset) for e in fix.edges if e.forward) == [
+        (f"Process-{k}.side", "default", -1) for k in (1, 2, 3)], [str(e) for e in fix.edges]
+
+
 def _offloaded_step() -> None:
     """ZeRO-offload's step: gradients D2H on a side stream, an optimizer step on the host's pinned copies, the
     parameters H2D on another stream; the host does not wait for the D2H (``grads_ready.synchronize()`` is missing)."""
