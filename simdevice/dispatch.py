@@ -603,7 +603,9 @@ def _on_meta(make: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any], func: 
 
 
 def _meta_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """An op's outputs from its meta kernel; None when they depend on the data (the meta kernel refuses)."""
+    """An op's outputs from its meta kernel; None when they depend on the data (the meta kernel refuses). An error
+    torch's checks of the arguments raise is raised here, on the host, as CUDA raises it before the launch
+    (:func:`_argument_error`)."""
     margs, mkwargs = _tree_map(_meta_of, args), _tree_map(_meta_of, kwargs)
     # a plain pointwise op by TensorIterator's rules: its meta kernel is a Python reference that imports dynamo
     out = elementwise.output(func, margs, mkwargs)
@@ -612,7 +614,45 @@ def _meta_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
             out = _on_a_stack_of_its_own(lambda: func(*margs, **mkwargs))
         except (NotImplementedError, RuntimeError):
             out = None  # nonzero, boolean indexing, repeat_interleave without a size: the values decide
+        error = _argument_error(func, margs, mkwargs)
+        if error is not None:
+            raise error
     return out
+
+
+#: the bytes of an op's tensor arguments up to which :func:`_argument_error` tries it (once per op and signature)
+_TRIAL_BYTES = 1 << 22
+
+
+def _argument_error(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) -> RuntimeError | None:
+    """What the op raises on host tensors of zeros shaped as its arguments (their meta tensors ``margs``,
+    ``mkwargs``), where that is an error of its arguments: torch checks dtypes and shapes on the host before CUDA
+    launches anything, where a meta kernel may not check them (``mm`` of float32 and bfloat16) or refuse for another
+    reason, and the op computed on the stream would raise them there, past a ``try`` of the program's. None where it
+    runs, draws random numbers, names a device, or its tensors are larger than :data:`_TRIAL_BYTES`."""
+    leaves = _leaves_of((margs, mkwargs))[0]
+    if any(isinstance(x, torch.device) for x in leaves) or classify(func).seeded:
+        return None
+    if sum(x.numel() * x.element_size() for x in leaves if isinstance(x, torch.Tensor)) > _TRIAL_BYTES:
+        return None
+
+    def zeros(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        # (zeros under the meta tensor's strides, an expanded one's too)
+        n = 0 if 0 in x.shape else 1 + sum((k - 1) * s for k, s in zip(x.shape, x.stride(), strict=True))
+        return torch.zeros(n, dtype=x.dtype).as_strided(x.shape, x.stride())
+
+    hargs, hkwargs = _tree_map(zeros, margs), _tree_map(zeros, mkwargs)
+    try:
+        _on_a_stack_of_its_own(lambda: func(*hargs, **hkwargs))
+    except RuntimeError as e:
+        if "meta" in str(e).lower():
+            return None
+        return e
+    except Exception:  # another kind of error: not an argument check (the stream's run says it)
+        return None
+    return None
 
 
 def _on_a_stack_of_its_own(call: Callable[[], Any]) -> Any:

@@ -1,0 +1,54 @@
+"""An error torch's checks of an op's arguments raise (dtypes, shapes) is raised at the call, on the host, as CUDA
+raises it before anything is launched: a program's ``try`` around the call takes it there. Before, an op whose meta
+kernel made no such check (``mm`` of float32 and bfloat16) or refused for it (shapes that do not multiply) was
+queued, and the error came from the stream, past the ``try``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import simdevice
+
+
+def _fallback(b: Any) -> None:
+    a = torch.randn(8, 32, device="cuda")
+    try:
+        y = a @ b
+    except RuntimeError:
+        y = a @ b[:32].float()
+    assert y.dtype == torch.float32
+    assert y.shape == (8, 32)
+
+
+@pytest.mark.parametrize("wrong", ["dtype", "shape"])
+def test_a_try_around_a_call_with_wrong_arguments_takes_the_error(wrong: str) -> None:
+    def program() -> None:
+        if wrong == "dtype":
+            _fallback(torch.randn(32, 32, device="cuda", dtype=torch.bfloat16))
+        else:
+            _fallback(torch.randn(33, 32, device="cuda"))
+
+    with simdevice.cuda() as sim:
+        program()
+    sim.assert_clean()
+
+
+def test_an_uncaught_argument_error_stops_the_host_at_its_line() -> None:
+    after: list[str] = []
+
+    def program() -> None:
+        a = torch.randn(8, 32, device="cuda")
+        a @ torch.randn(32, 32, device="cuda", dtype=torch.bfloat16)
+        after.append("went on")
+
+    s = simdevice.cuda()
+    s.run(program)
+    assert s.result is not None
+    assert after == []
+    (error,) = s.result.reports
+    assert error.kind == "host-error"
+    assert "host raised RuntimeError" in str(error)
+    assert "same dtype" in str(error)
