@@ -104,6 +104,7 @@ class Stream(StreamHandle):
     """``torch.cuda.Stream`` on the simulated device."""
 
     def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
+        _check(device)
         dev = session_device()
         s = StreamHandle.__new__(cls, dev, dev.site_named_stream())
         # (kept, as CUDA keeps it, within the device's range; the simulator runs every stream's work as soon as it
@@ -150,8 +151,25 @@ class Event(EventHandle):
         raise NotImplementedError("interprocess events are not simulated")
 
 
-def stream(s: contract.Stream | None) -> contextlib.AbstractContextManager[Any]:
-    return _forward_on(session_device(), s)
+class StreamContext:
+    """``torch.cuda.StreamContext(s)`` (what ``torch.cuda.stream(s)`` gives): ``s`` current within each ``with``
+    of it, the stream before restored after; the same object may be entered again (``None``: nothing changes)."""
+
+    def __init__(self, stream: contract.Stream | None) -> None:
+        self.stream = stream
+        self._entered: list[contextlib.AbstractContextManager[Any]] = []
+
+    def __enter__(self) -> None:
+        context = _forward_on(session_device(), self.stream)
+        context.__enter__()
+        self._entered.append(context)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._entered.pop().__exit__(*exc)
+
+
+def stream(s: contract.Stream | None) -> StreamContext:
+    return StreamContext(s)
 
 
 @contextlib.contextmanager
@@ -225,22 +243,33 @@ class _ForwardStream(TorchFunctionMode):
             todo += [f for f, _ in n.next_functions]
 
 
+def _check(device: Any) -> None:
+    """A device argument past ``device_count()`` raises CUDA's invalid device ordinal (:func:`on_device`)."""
+    if device is not None:
+        on_device(device)
+
+
 def current_stream(device: Any = None) -> Stream:
+    _check(device)
     dev = session_device()
     return Stream.of(dev, dev.runtime.current_stream())  # type: ignore[return-value]
 
 
 def default_stream(device: Any = None) -> Stream:
+    _check(device)
     dev = session_device()
     return Stream.of(dev, dev.runtime.default_stream())  # type: ignore[return-value]
 
 
-def set_stream(s: contract.Stream) -> None:
+def set_stream(s: contract.Stream | None) -> None:
+    if s is None:  # (torch: a no-op)
+        return
     dev = session_device()
     dev.runtime.set_stream(dev.stream_of(s))
 
 
 def synchronize(device: Any = None) -> None:
+    _check(device)
     session_device().synchronize()
 
 
@@ -278,6 +307,7 @@ def _total_memory() -> int:
 
 
 def _properties(device: Any = None) -> Any:
+    _check(device)
     return types.SimpleNamespace(
         name="simdevice (simulated CUDA device)", total_memory=_total_memory(), major=9, minor=0,
         multi_processor_count=132, is_integrated=False, is_multi_gpu_board=False,
@@ -285,22 +315,27 @@ def _properties(device: Any = None) -> Any:
 
 
 def memory_allocated(device: Any = None) -> int:
+    _check(device)
     return session_device().runtime.memory_stats()["allocated"]
 
 
 def max_memory_allocated(device: Any = None) -> int:
+    _check(device)
     return session_device().runtime.memory_stats()["peak"]
 
 
 def memory_reserved(device: Any = None) -> int:
+    _check(device)
     return session_device().runtime.memory_stats()["reserved"]
 
 
 def max_memory_reserved(device: Any = None) -> int:
+    _check(device)
     return session_device().runtime.memory_stats()["reserved_peak"]
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
+    _check(device)
     session_device().runtime.reset_peak_memory_stats()
 
 
@@ -309,6 +344,7 @@ def memory_stats(device: Any = None) -> dict[str, int]:
     together (``.all.``): bytes allocated, active (also the freed blocks held for the streams recorded with them),
     reserved, the live allocations and segments, and the allocations that released the cache to retry or ran out
     of memory."""
+    _check(device)
     stats = session_device().runtime.memory_stats()
     return {"allocated_bytes.all.current": stats["allocated"], "allocated_bytes.all.peak": stats["peak"],
             "active_bytes.all.current": stats["active"], "active_bytes.all.peak": stats["active_peak"],
@@ -336,6 +372,7 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
+    _check(device)
     total = _total_memory()
     return max(total - memory_reserved(), 0), total
 
@@ -367,16 +404,24 @@ def set_rng_state_all(new_states: Any) -> None:
 
 
 class _DeviceContext:
-    """``torch.cuda.device(i)``: there is one simulated device."""
+    """``torch.cuda.device(i)``: there is one simulated device; an index past ``device_count()`` raises as it is
+    entered, as CUDA's does (-1 or None: nothing)."""
 
     def __init__(self, device: Any) -> None:
         self.device = device
 
     def __enter__(self) -> None:
+        if self.device != -1:
+            _check(self.device)
         return None
 
     def __exit__(self, *exc: Any) -> None:
         return None
+
+
+def _no_summary(*args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError("torch.cuda.memory_summary is not simulated (it reads allocator statistics the "
+                              "simulated allocator does not keep): memory_stats() has those it keeps")
 
 
 def _no_graphs(*args: Any, **kwargs: Any) -> Any:
@@ -393,9 +438,15 @@ def _no_external_streams(*args: Any, **kwargs: Any) -> Any:
                               "stream with torch.cuda.Stream()")
 
 
+@contextlib.contextmanager
+def _nvtx_range(msg: str, *args: Any, **kwargs: Any) -> Iterator[None]:
+    """``torch.cuda.nvtx.range``: a context manager, and a decorator (as torch's), marking nothing."""
+    yield
+
+
 _nvtx = types.SimpleNamespace(
-    range_push=lambda msg: 0, range_pop=lambda: 0, mark=lambda msg: None,
-    range=lambda msg, *a, **k: contextlib.nullcontext(),
+    range_push=lambda msg: 0, range_pop=lambda: 0, mark=lambda msg: None, range=_nvtx_range,
+    range_start=lambda msg: 0, range_end=lambda range_id: None,
 )
 
 
@@ -497,6 +548,11 @@ def _from_data(fn: Callable[..., Any]) -> Callable[..., Any]:
     def make(*args: Any, **kwargs: Any) -> Any:
         device = kwargs.get("device")
         if not on_device(device) and not (device is None and _context_on_device()):
+            if kwargs.get("pin_memory") and in_actor():  # (the CPU build has no pinned allocator: made, then pinned)
+                kwargs = {k: v for k, v in kwargs.items() if k != "pin_memory"}
+                grad = bool(kwargs.pop("requires_grad", False))
+                out = fn(*args, **kwargs).pin_memory()
+                return out.requires_grad_() if grad else out
             return fn(*args, **kwargs)
         kwargs = {k: v for k, v in kwargs.items() if k != "device"}
         if args and isinstance(args[0], SimTensor):
@@ -575,13 +631,13 @@ def install(p: Patches) -> None:
         "device_count": device_count,
         "current_device": lambda: 0,
         "set_device": set_device,
-        "get_device_name": lambda d=None: _properties().name,
+        "get_device_name": lambda d=None: _properties(d).name,
         "get_device_properties": _properties,
-        "get_device_capability": lambda d=None: (9, 0),
+        "get_device_capability": lambda d=None: (_properties(d).major, _properties(d).minor),
         "Stream": Stream,
         "Event": Event,
         "stream": stream,
-        "StreamContext": stream,
+        "StreamContext": StreamContext,
         "current_stream": current_stream,
         "default_stream": default_stream,
         "set_stream": set_stream,
@@ -598,6 +654,7 @@ def install(p: Patches) -> None:
         "set_per_process_memory_fraction": set_per_process_memory_fraction,
         "get_per_process_memory_fraction": get_per_process_memory_fraction,
         "memory_stats": memory_stats,
+        "memory_summary": _no_summary,
         "memory_cached": memory_reserved,  # (torch's deprecated names for these two)
         "max_memory_cached": max_memory_reserved,
         "ipc_collect": lambda: None,  # no process holds this device's memory through an IPC handle to let go of
@@ -629,7 +686,7 @@ def install(p: Patches) -> None:
     for name, value in table.items():
         if callable(getattr(torch.cuda.memory, name, None)):
             p.set(torch.cuda.memory, name, value)
-    for name in ("range_push", "range_pop", "mark", "range"):
+    for name in ("range_push", "range_pop", "mark", "range", "range_start", "range_end"):
         p.set(cuda.nvtx, name, getattr(_nvtx, name))
     for name in _FACTORIES:
         if hasattr(torch, name):

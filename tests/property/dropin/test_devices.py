@@ -494,3 +494,84 @@ def test_printing_a_device_tensor_in_the_program_reads_its_values_and_waits_for_
     s = simdevice.cuda()
     s.run(lambda: kept.append(torch.ones(2, device="cuda")))
     assert repr(kept[0]).startswith("SimTensor((2,), torch.float32")
+
+
+def test_torch_tensor_made_pinned_is_pinned_memory() -> None:
+    """``torch.tensor(data, pin_memory=True)``: the CPU build has no pinned allocator, and raised."""
+    with simdevice.cuda() as sim:
+        p = torch.tensor([1.0, 2.0], pin_memory=True, requires_grad=True)
+        assert p.is_pinned()
+        assert p.is_leaf
+        assert p.requires_grad
+        d = p.detach().to("cuda", non_blocking=True)
+        assert torch.equal(d.cpu(), torch.tensor([1.0, 2.0]))
+    sim.assert_clean()
+
+
+def test_nvtx_marks_nothing_in_each_of_its_forms() -> None:
+    """``nvtx.range`` as a decorator (torch's is a context manager function), ``range_start`` / ``range_end``."""
+    with simdevice.cuda() as sim:
+
+        @torch.cuda.nvtx.range("layer")
+        def layer(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        assert torch.equal(layer(torch.ones(4, device="cuda")).cpu(), torch.full((4,), 2.0))
+        with torch.cuda.nvtx.range("block"):
+            pass
+        torch.cuda.nvtx.range_end(torch.cuda.nvtx.range_start("step"))
+    sim.assert_clean()
+
+
+def test_a_stream_context_is_a_class_entered_again_and_set_stream_none_does_nothing() -> None:
+    with simdevice.cuda() as sim:
+        s = torch.cuda.Stream()
+        ctx = torch.cuda.StreamContext(s)
+        assert isinstance(ctx, torch.cuda.StreamContext)
+        assert isinstance(torch.cuda.stream(s), torch.cuda.StreamContext)
+        x = torch.ones(16, device="cuda")
+        s.wait_stream(torch.cuda.current_stream())
+        with ctx:
+            assert torch.cuda.current_stream() == s
+            y = x + 1
+        assert torch.cuda.current_stream() == torch.cuda.default_stream()
+        with ctx:
+            z = y + 1
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.set_stream(None)
+        assert torch.cuda.current_stream() == torch.cuda.default_stream()
+        assert torch.equal(z.cpu(), torch.full((16,), 3.0))
+    sim.assert_clean()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: torch.cuda.device(1).__enter__(), lambda: torch.cuda.get_device_name(1),
+    lambda: torch.cuda.get_device_capability("cuda:1"), lambda: torch.cuda.Stream(device=1),
+    lambda: torch.cuda.synchronize(1), lambda: torch.cuda.current_stream(torch.device("cuda", 1)),
+    lambda: torch.cuda.default_stream(1), lambda: torch.cuda.memory_allocated(1), lambda: torch.cuda.memory_stats(1),
+    lambda: torch.cuda.mem_get_info(1), lambda: torch.cuda.reset_peak_memory_stats(1),
+], ids=["device", "get_device_name", "get_device_capability", "Stream", "synchronize", "current_stream",
+        "default_stream", "memory_allocated", "memory_stats", "mem_get_info", "reset_peak_memory_stats"])
+def test_every_device_argument_past_the_count_is_an_invalid_ordinal(call: Any) -> None:
+    with simdevice.cuda() as sim:
+        with pytest.raises(RuntimeError, match="invalid device ordinal"):
+            call()
+        with torch.cuda.device(0), torch.cuda.device(-1):
+            torch.cuda.synchronize(0)
+        assert torch.cuda.get_device_capability(0) == (9, 0)
+    sim.assert_clean()
+
+
+def test_memory_summary_is_not_simulated() -> None:
+    """It read keys of ``memory_stats()`` the simulated allocator does not keep: a KeyError, a host error (a
+    verdict); now ``NotImplementedError``, which gives none."""
+    s = simdevice.cuda()
+
+    def program() -> None:
+        torch.ones(4, device="cuda")
+        torch.cuda.memory_summary()
+
+    s.run(program)
+    assert s.result is not None
+    (error,) = s.result.reports
+    assert "NotImplementedError: torch.cuda.memory_summary is not simulated" in str(error)
