@@ -763,7 +763,15 @@ class Runtime:
             if s is not None:
                 self._wait_on(s, rec, f"inserted edge from {e.after}")
             else:
-                self._host_waits(a, [rec], f"inserted edge from {e.after}")
+                self._inserted_host_wait(a, [rec], f"inserted edge from {e.after}")
+
+    def _inserted_host_wait(self, a: HostActor, recs: list[EventRecord], what: str) -> None:
+        """A host step waits for an inserted edge's operations: where it had to wait, the trace says when the wait
+        ended (the step's line is at its start, and what it reads, it reads then)."""
+        before = self.now
+        self._host_waits(a, recs, what)
+        if self.now > before:
+            self.trace.append((self.now, a.name, f"waited for {what}"))
 
     def _collective_waits(self, a: HostActor, source: str) -> _Key | None:
         """The inserted edges into a collective about to be issued at ``source``; its site and occurrence."""
@@ -789,7 +797,7 @@ class Runtime:
             self.execution.block(a, f"{what} to be issued", lambda: key in self._issued)
             got = self._issued.get(key)
         if s is None:
-            self._host_waits(a, [got()] if got is not None else [], what)
+            self._inserted_host_wait(a, [got()] if got is not None else [], what)
             return
         if got is not None:
             self._wait_on(s, got(), what)

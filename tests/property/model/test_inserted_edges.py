@@ -8,7 +8,7 @@ Rules, each with a test a mutation of it fails:
   are right under every schedule;
 - the marker is not counted: operation counts, so schedule indices, stay what they were;
 - an edge whose first site has issued nothing yet is a no-op, as a wait on a never-recorded event is;
-- an edge into a host step makes the host wait (as ``event.synchronize``);
+- an edge into a host step makes the host wait (as ``event.synchronize``), and the trace says when the wait ended;
 - an edge into a collective orders its communication stream, one out of it waits for the collective's work;
 - forward edges (``A@L1=>B@L2``, the k-th operation at B waits for the k-th at A, issued later): see the section
   below.
@@ -126,9 +126,12 @@ def test_an_edge_into_a_host_step_makes_the_host_wait() -> None:
     edge = Edge(Site("side", _line(host_read, "# offload")), Site("host", _line(host_read, "# host read")))
     racy, _ = run(host_read, delays=(Delay("side", 0, 1),))
     assert any(isinstance(x, Race) for x in racy.reports)
-    fixed, _ = run(host_read, (edge,), (Delay("side", 0, 1),))
+    fixed, dev = run(host_read, (edge,), (Delay("side", 0, 1),))
     assert fixed.reports == ()
     assert fixed.result == 3.0 * N
+    # the trace says when the wait ended, the host's read then: after the offload was done (its step's own line is
+    # at its start)
+    assert _at(dev, "host", "waited for inserted edge from side@") >= _at(dev, "side", "done copy_")
 
 
 def gather_then_read(dev: Any) -> torch.Tensor:
@@ -364,5 +367,7 @@ def test_a_forward_edge_into_a_host_step_blocks_the_host_until_the_other_process
     assert fixed.result == 3.0 * N
     # the host's read blocked until the worker's copy was done: its next step comes after it
     assert _at(dev, "host", "Process.join") >= _at(dev, "worker0.d2h", "done copy_")
+    assert _at(dev, "host", "waited for inserted forward edge from worker0.d2h@") >= _at(dev, "worker0.d2h",
+                                                                                           "done copy_")
     _, plain_dev = run(early_host_read)
     assert _at(plain_dev, "host", "Process.join") < _at(plain_dev, "worker0.d2h", "done copy_")
