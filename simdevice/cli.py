@@ -807,10 +807,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def _no_verdict(name: str, out: Any) -> tuple[str, str] | None:
     """Where a run says nothing of the program: ``("unsupported", why)`` where it used what the simulator does not
-    run, ``("step_limit", why)`` where it stopped at its step bound with nothing found before; else None. ``why``:
-    the command's one line."""
+    run, or ran under ``torch.autocast("cuda")``, which the simulator does not apply, and then raised with no race;
+    ``("step_limit", why)`` where it stopped at its step bound with nothing found before; else None. ``why``: the
+    command's one line."""
+    from simdevice.dropin.facade import AUTOCAST_NOTE
     from simdevice.explain import not_run
-    from simdevice.runtime.reports import StepLimit
+    from simdevice.runtime.reports import HostError, StepLimit
 
     stopped = not_run(out)
     if stopped is not None:
@@ -818,6 +820,13 @@ def _no_verdict(name: str, out: Any) -> tuple[str, str] | None:
                 f"{_first_sentence(stopped.error)} in {stopped.actor} ({stopped.source}), under schedule "
                 f"\"{out.schedule}\"; see \"Not intercepted\" in docs/dropin.md")
     reports = out.run.reports
+    if reports and all(isinstance(r, HostError) for r in reports) and AUTOCAST_NOTE in out.run.notes:
+        # (its dtypes are float32's where a GPU's are reduced: an error of the program's may come from that)
+        error = reports[0]
+        return ("unsupported", f"{name}: the program ran under torch.autocast('cuda'), which the simulator does not "
+                f"apply (its ops ran in the dtypes they were given), and then raised with no race: "
+                f"{_first_sentence(error.error)} in {error.actor} ({error.source}), under schedule "
+                f"\"{out.schedule}\"; see \"Not intercepted\" in docs/dropin.md")
     if reports and all(isinstance(r, StepLimit) for r in reports):
         return ("step_limit", f"{name}: no verdict under schedule \"{out.schedule}\": {reports[0]}; nothing was "
                 "found before it")

@@ -715,7 +715,7 @@ def install(p: Patches) -> None:
             p.set(torch.multiprocessing, name, _no_processes(name))
 
 
-_AUTOCAST_NOTE = ("autocast('cuda') is not applied on the simulated device: its ops ran in the dtypes they were "
+AUTOCAST_NOTE = ("autocast('cuda') is not applied on the simulated device: its ops ran in the dtypes they were "
                   "given (float32 where a GPU computes in reduced precision), so their values and sizes are "
                   "float32's; the synchronization is judged as on a GPU")
 
@@ -729,7 +729,7 @@ def _autocast(original: type) -> type:
             device_type = kwargs.get("device_type", args[0] if args else "cuda")
             enabled = kwargs.get("enabled", args[2] if len(args) > 2 else True)
             if device_type == "cuda" and enabled and in_actor():
-                session_device().runtime.note(_AUTOCAST_NOTE)
+                session_device().runtime.note(AUTOCAST_NOTE)
             super().__init__(*args, **kwargs)
 
     autocast.__qualname__ = original.__qualname__

@@ -544,3 +544,38 @@ def test_what_the_program_prints_is_held_back_while_its_schedules_run(
     assert "step 4.0" not in out
     assert "asked to fail" in out
     assert f'simdevice replay "{tmp_path / "prints.py"}::noisy:fail=1' in err
+
+
+_AUTOCAST = """
+import torch
+
+
+def dtype_under_autocast() -> None:
+    lin = torch.nn.Linear(8, 8).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = lin(torch.randn(2, 8, device="cuda"))
+    assert y.dtype == torch.bfloat16
+
+
+def racy_under_autocast(n: int = 256) -> None:
+    x = torch.arange(n, dtype=torch.float32, device="cuda")
+    pinned = torch.empty(n, pin_memory=True)
+    side = torch.cuda.Stream()
+    with torch.autocast("cuda", dtype=torch.bfloat16), torch.cuda.stream(side):
+        pinned.copy_(x, non_blocking=True)
+    assert torch.equal(pinned, torch.arange(n, dtype=torch.float32))
+"""
+
+
+def test_an_error_under_autocast_with_no_race_is_no_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The simulator does not apply ``torch.autocast("cuda")``: a program that raises under it with no race may
+    raise for that (its dtypes are float32's), so it gets no verdict (exit 2, one line), where it said "found"; a
+    race under autocast is found as ever."""
+    (tmp_path / "amp.py").write_text(_AUTOCAST)
+    assert main(["check", f"{tmp_path / 'amp.py'}::dtype_under_autocast", "--examples", "5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("simdevice: error: ")
+    assert "torch.autocast('cuda'), which the simulator does not apply" in err[-1]
+    assert "Traceback" not in "\n".join(err)
+    assert main(["check", f"{tmp_path / 'amp.py'}::racy_under_autocast", "--examples", "5", "--no-fix"]) == 1
+    assert "race: copy_ (D2H)" in capsys.readouterr().out
