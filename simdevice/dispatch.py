@@ -50,7 +50,7 @@ from reference.origin import Origin
 from simdevice import elementwise
 from simdevice.runtime import Runtime
 from simdevice.runtime.execution import HostActor, outside_actor, start_own_thread
-from simdevice.runtime.memory import Ref, Storage, overlap, span
+from simdevice.runtime.memory import Ref, Storage, footprint, overlap, span
 from simdevice.runtime.reports import internal_file, user_source
 from simdevice.runtime.streams import SimStream
 
@@ -124,6 +124,10 @@ class OpFacts:
     #: where every return aliases a written argument: those arguments' positions among ``written``, in the returns'
     #: order (``_amp_update_scale_`` writes two and returns its first), else None
     returned: tuple[int, ...] | None = None
+    #: for an in-place op that writes its destination only where an index or a mask says (``index_copy_``,
+    #: ``scatter_``, ``index_put_``, ``masked_fill_``, ...): marks those elements True in a boolean tensor shaped as
+    #: the destination, from the op's arguments as host tensors (:data:`_INDEXED`); else None
+    indexed: Callable[[torch.Tensor, list[Any]], Any] | None = attrs.field(default=None, eq=False, repr=False)
 
 
 #: each op's facts by the op's id, with the op (the id stays its own while the op lives, and torch keeps every
@@ -163,7 +167,34 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
         # (not a random op: its out= kernel need not draw from the generator as the op does)
         into=_into(func) if not written and torch.Tag.nondeterministic_seeded not in func.tags else None,
         returned=_returned(schema, written),
+        indexed=_INDEXED.get(func.__name__.split(".")[0]) if written and written[0][0] == 0 else None,
     )
+
+
+def _rows(mask: torch.Tensor, args: list[Any]) -> Any:
+    return mask.index_fill_(args[1], args[2], True)  # (self, dim, index, ...)
+
+
+def _scattered(mask: torch.Tensor, args: list[Any]) -> Any:
+    return mask.scatter_(args[1], args[2], True)  # (self, dim, index, ...)
+
+
+def _put(mask: torch.Tensor, args: list[Any]) -> Any:
+    return mask.index_put_(tuple(args[1]), torch.tensor(True, device="cpu"))  # (self, indices, values, ...)
+
+
+def _masked(mask: torch.Tensor, args: list[Any]) -> Any:
+    return mask.copy_(args[1].expand_as(mask))  # (self, mask, ...)
+
+
+#: the in-place ops that write their destination only where an index or a mask says, by name: what they write
+#: (:attr:`OpFacts.indexed`)
+_INDEXED: dict[str, Callable[[torch.Tensor, list[Any]], Any]] = {
+    **dict.fromkeys(("index_copy_", "index_add_", "index_fill_", "index_reduce_"), _rows),
+    **dict.fromkeys(("scatter_", "scatter_add_", "scatter_reduce_"), _scattered),
+    **dict.fromkeys(("index_put_", "_index_put_impl_"), _put),
+    **dict.fromkeys(("masked_fill_", "masked_scatter_"), _masked),
+}
 
 
 def _returned(schema: Any, written: tuple[tuple[int, str, bool], ...]) -> tuple[int, ...] | None:
@@ -950,6 +981,7 @@ class Dispatcher:
                 return self._data_dependent(a, s, func, facts, args, kwargs, flat, src)
         result, outputs = self._outputs(a, func, facts, args, kwargs, written, meta)
         inputs, staged = self._inputs(facts, args, kwargs, flat, written)
+        narrowed = facts.indexed is not None and self._narrow(facts, args, written, src)
 
         # one pass over what it reads and one over what it writes: the storages and bytes each touches, what it
         # reads as its effect holds it (an alias: ``_alias_of``), whether the host's memory is among them, and the
@@ -1018,12 +1050,43 @@ class Dispatcher:
             # a copy moves its bytes in order; one that reads its source at its completion can trail another
             sweeps=facts.copy and eff.deferred and not staged, record=waits, nbytes=n,
         )
+        if narrowed:
+            self.rt.memory.narrowed.clear()
         if waits:
             assert rec is not None
             self.rt.host_waits_for(a, rec, f"stream {s.name} to finish {desc} #{index}")
             if host_value:
                 return eff.value
         return result
+
+    def _narrow(self, facts: OpFacts, args: tuple[Any, ...], written: list[torch.Tensor], src: str) -> bool:
+        """An indexed write (:attr:`OpFacts.indexed`) reads and writes its destination only where its index says:
+        those bytes are what its accesses cover (``Memory.narrowed``), where the index is known now. That is where
+        the run has values and every write issued to the index (or mask) has landed: its bytes are what the op
+        will read (a write issued later and unordered with the op is a race on the index, reported as such).
+        Else the whole destination, as before. Whether it narrowed."""
+        dest = written[0] if len(written) == 1 else None
+        if not isinstance(dest, SimTensor) or not self.config.values or dest.dim() == 0:
+            return False
+        memory = self.rt.memory
+        for x in _leaves_of(args[1:])[0]:
+            if isinstance(x, SimTensor) and not memory.landed(x._st, x._data):
+                self.rt.note(f"{facts.name} ({src}) was counted as reading and writing its whole destination: its "
+                             "index was still being computed when it was issued (where it has landed, the rows it "
+                             "names are counted); a race reported on bytes it does not write is that")
+                return False
+        assert facts.indexed is not None
+        data = dest._data
+        try:
+            mask = torch.zeros(data.shape, dtype=torch.bool, device="cpu")
+            facts.indexed(mask, _unwrapped(args))
+        except (RuntimeError, IndexError, TypeError, ValueError):
+            return False  # (the op raises on these arguments itself: its run says it)
+        got = footprint(dest._st, data, mask)
+        if got is None:
+            return False
+        memory.narrowed[id(data)] = got
+        return True
 
     def _data_dependent(
         self,

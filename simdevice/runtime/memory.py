@@ -157,6 +157,26 @@ def pieces(shape: Any, stride: Any, esize: int, lo: int) -> Pieces:
     return tuple((a, b) for a, b in merged) if len(merged) > 1 else None
 
 
+def footprint(st: Storage, data: torch.Tensor, mask: torch.Tensor) -> tuple[int, int, Pieces] | None:
+    """The bytes of ``st`` that the elements of ``data`` (a view of it) where ``mask`` is True cover: from the
+    first to the last, and the contiguous pieces between where there are gaps (as :meth:`Storage.byte_pieces`
+    gives a view's); None past :data:`MAX_PIECES` pieces."""
+    esize = data.element_size()
+    lo = st._start(data)
+    coords = mask.nonzero()
+    if coords.numel() == 0:
+        return lo, lo, None
+    offsets = torch.unique((coords * torch.tensor(data.stride(), dtype=torch.int64, device="cpu")).sum(1))
+    # runs of consecutive elements: where the next offset is not one more, a run ends
+    ends = (offsets[1:] != offsets[:-1] + 1).nonzero().flatten()
+    if ends.numel() + 1 > MAX_PIECES:
+        return None
+    firsts = [int(offsets[0])] + (offsets[ends + 1].tolist() if ends.numel() else [])
+    lasts = (offsets[ends].tolist() if ends.numel() else []) + [int(offsets[-1])]
+    parts = tuple((lo + a * esize, lo + (b + 1) * esize) for a, b in zip(firsts, lasts, strict=True))
+    return parts[0][0], parts[-1][1], (parts if len(parts) > 1 else None)
+
+
 #: every pinned buffer a run made in this process, by address: its storage (weakly), the registered tensor's dtype,
 #: shape, strides and offset, and the process that made it
 #: (:meth:`Memory.lookup` makes one a later run still uses pinned memory of that run)
@@ -462,6 +482,9 @@ class Memory:
         self.in_flight = InFlight()
         #: copies in flight, by the writes they are landing (see :meth:`start`)
         self._landing: dict[tuple[int, int], _Landing] = {}
+        #: the bytes the next issue's accesses of a tensor cover where they are fewer than its view's (an indexed
+        #: write's destination: ``index_copy_`` writes the rows its index names), by the id of its CPU view
+        self.narrowed: dict[int, tuple[int, int, Pieces]] = {}
 
     # -- allocation ------------------------------------------------------------
     def register(
@@ -515,6 +538,13 @@ class Memory:
         st.made = True
         return st
 
+    @staticmethod
+    def landed(st: Storage, data: torch.Tensor) -> bool:
+        """Whether every write issued to the bytes of ``data`` (a view of ``st``) has landed: its CPU bytes are
+        what an operation issued now reads, unless a write issued later races with it."""
+        lo, hi = st.byte_range(data)
+        return all(cell.done == cell.issued for _, _, cell in st.cells(lo, hi))
+
     # -- the one way an access is made ---------------------------------------------
     def issue(self, who: Accessor, reads: list[Ref], writes: list[Ref]) -> Issued:
         """Record the reads and writes of one operation or host step in the happens-before layer."""
@@ -534,9 +564,11 @@ class Memory:
         # (as _access, inline: two or more of these come with every operation)
         last: torch.Tensor | None = None
         last_range: tuple[int, int, Pieces] = (0, 0, None)
+        narrowed = self.narrowed
         for st, data in reads:
             seen.add(st.id)
-            lo, hi, parts = last_range = st.byte_pieces(data)
+            lo, hi, parts = last_range = narrowed[id(data)] if narrowed and id(data) in narrowed else (
+                st.byte_pieces(data))
             last = data
             acc = Access(actor, epoch, op, index, "read", st.label, lo, hi, source, 0, on, seq, parts)
             issued.reads.append(self.issue_read(st, acc, clock))
@@ -544,7 +576,8 @@ class Memory:
             seen.add(st.id)
             # an in-place op's destination is its last read too: its range is known (that read's, not the range of
             # the write before: a list op's destinations are each their own)
-            lo, hi, parts = last_range if data is last else st.byte_pieces(data)
+            lo, hi, parts = last_range if data is last else (
+                narrowed[id(data)] if narrowed and id(data) in narrowed else st.byte_pieces(data))
             acc = Access(actor, epoch, op, index, "write", st.label, lo, hi, source, 0, on, seq, parts)
             issued.writes.append(self.issue_write(st, acc, clock))
         return issued
