@@ -444,7 +444,7 @@ class SimTensor(torch.Tensor):
     ) -> SimTensor:
         """Point this tensor at another simulated storage (as ``Tensor.set_``): metadata only, no stream op."""
         if source is None:
-            empty = self._ops.new_device(torch.empty(0, dtype=self.dtype), self._ops.rt.current())
+            empty = self._ops.new_device(torch.empty(0, dtype=self.dtype, device="cpu"), self._ops.rt.current())
             st, storage, storage_offset, size = empty._st, empty._data.untyped_storage(), 0, (0,)
         elif isinstance(source, SimStorage):
             st, storage = source._t._st, source._t._data.untyped_storage()
@@ -461,7 +461,7 @@ class SimTensor(torch.Tensor):
         offset = 0 if storage_offset is None else int(storage_offset)
         shape = tuple(size)
         with no_dispatch():  # bare CPU bytes and a meta shell of the storage's size: no simulated op
-            data = torch.empty(0, dtype=self.dtype).set_(storage, offset, shape, stride)
+            data = torch.empty(0, dtype=self.dtype, device="cpu").set_(storage, offset, shape, stride)
             shell = torch.empty(storage.nbytes(), dtype=torch.uint8, device=META).untyped_storage()
             torch.Tensor.set_(self, shell, offset, shape, stride)
         self._point_at(data, st)
@@ -672,7 +672,7 @@ def _argument_error(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) 
             return x
         # (zeros under the meta tensor's strides, an expanded one's too)
         n = 0 if 0 in x.shape else 1 + sum((k - 1) * s for k, s in zip(x.shape, x.stride(), strict=True))
-        return torch.zeros(n, dtype=x.dtype).as_strided(x.shape, x.stride())
+        return torch.zeros(n, dtype=x.dtype, device="cpu").as_strided(x.shape, x.stride())
 
     hargs, hkwargs = _tree_map(zeros, margs), _tree_map(zeros, mkwargs)
     try:
@@ -926,7 +926,7 @@ class Dispatcher:
         assert meta is not None
         device = kwargs.get("device")
         if func is aten._to_copy.default and device is not None and not self.on_device(device):
-            host_out = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
+            host_out = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype, device="cpu")
             if self.config.values:
                 poison(host_out)
             # a non-blocking copy from the device to a new host tensor lands in pinned memory, and the host goes

@@ -135,7 +135,7 @@ class Segment:
         self.label = f"seg#{sid}"
         #: ``lazy`` (a race-only run, whose operations move no bytes): address space only, no page until one is
         #: written, whatever the size (``MAP_NORESERVE``: not counted against this machine's memory either)
-        self.data = _lazy_bytes(nbytes) if lazy else torch.empty(nbytes, dtype=torch.uint8)
+        self.data = _lazy_bytes(nbytes) if lazy else torch.empty(nbytes, dtype=torch.uint8, device="cpu")
         self._array: Any = None
         #: where its bytes start (CPU address)
         self.address = int(self.data.data_ptr())

@@ -184,7 +184,7 @@ class Collectives:
         values = ex.config.values  # race-only: no bytes move
 
         def sent() -> None:
-            coll.sent[rank] = data_in.clone() if data_in is not None and values else torch.empty(0)
+            coll.sent[rank] = data_in.clone() if data_in is not None and values else torch.empty(0, device="cpu")
 
         send.start = sent
         ex.enqueue(comm, send)

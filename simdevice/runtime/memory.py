@@ -533,7 +533,7 @@ class Memory:
             del _PINNED_BEFORE[ptr]
             return None
         with torch._C._DisableTorchDispatch():  # (made here, not an operation of the program's)
-            data = torch.empty(0, dtype=dtype).set_(kept, offset, shape, stride)
+            data = torch.empty(0, dtype=dtype, device="cpu").set_(kept, offset, shape, stride)
         st = self.register(data, "pinned", process)
         st.made = True
         return st

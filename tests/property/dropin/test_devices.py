@@ -575,3 +575,23 @@ def test_memory_summary_is_not_simulated() -> None:
     assert s.result is not None
     (error,) = s.result.reports
     assert "NotImplementedError: torch.cuda.memory_summary is not simulated" in str(error)
+
+
+def test_the_default_device_set_before_the_first_allocation_makes_device_tensors() -> None:
+    """``torch.set_default_device("cuda")`` first thing in a run: the simulator's own host tensors (a segment's
+    bytes, made at the run's first allocation) were made on the default device, and the run failed."""
+
+    def program() -> None:
+        torch.set_default_device("cuda")
+        try:
+            lin = torch.nn.Linear(4, 4)
+            y = lin(torch.zeros(4))
+            assert y.is_cuda
+            assert torch.equal(y.cpu(), lin.bias.detach().cpu())
+        finally:
+            torch.set_default_device(None)
+
+    s = simdevice.cuda()
+    s.run(program)
+    assert s.result is not None
+    assert s.result.reports == ()
