@@ -44,6 +44,7 @@ from reference.schedule import is_actor_name
 from simdevice.api import SharedValueHandle
 from simdevice.dispatch import SimTensor, storage_of
 from simdevice.dropin.patches import Patches
+from simdevice.runtime.config import UNIT_NS
 from simdevice.runtime.runtime import Mailbox, SharedCell
 
 #: the primitives a run refuses (those it simulates: ``_MADE``)
@@ -331,17 +332,23 @@ def _patch_process(p: Patches) -> None:
             rt.join(child.actor)  # (once it is done, at once: the join orders what follows after the child)
         return None
 
+    def done(child: _Child, step: str) -> bool:
+        """Whether the child is done; asked in a run, a polling host step (a loop that polls it lets it run)."""
+        if _in_run():
+            return bool(_session().runtime.process_poll(child.actor, step))
+        return bool(child.actor.state == "done")
+
     def sim_is_alive(self: Any) -> bool:
         child = getattr(self, "_simdevice", None)
         if child is None:
             return is_alive(self)
-        return bool(child.actor.state != "done")
+        return not done(child, "Process.is_alive")
 
     def sim_exitcode(self: Any) -> int | None:
         child = getattr(self, "_simdevice", None)
         if child is None:
             return exitcode.__get__(self)  # type: ignore[no-any-return]
-        return child.exitcode if child.actor.state == "done" else None
+        return child.exitcode if done(child, "Process.exitcode") else None
 
     def sim_pid(self: Any) -> int | None:
         child = getattr(self, "_simdevice", None)
@@ -402,7 +409,12 @@ def _timed(done: Callable[[], bool], timeout: float) -> bool:
             return True
         if left <= 0:
             return False
+        # where nothing else can change anything, the rest of the time passes at once (polled every unit, a wait
+        # past the stall horizon would look like a deadlock: a poll that nothing answers)
         step = min(_POLL_UNITS, left)
+        if rt.execution.alone(rt.current()):
+            step = left
+            rt.execution.idle_wait(rt.now + int(step * UNIT_NS))
         rt.sleep(step)
         left -= step
 

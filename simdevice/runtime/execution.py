@@ -215,6 +215,8 @@ class Execution:
         self.last_progress = 0
         #: host steps since the last progress: a deadlock is polling, so it takes more than ``POLLS`` of them
         self.steps_since_progress = 0
+        #: timed waits that passed their whole time alone (:meth:`idle_wait`) since the last progress
+        self.idle_waits = 0
         self.host_steps = 0
         self._local = threading.local()
         #: True while stream operations are applied (their aten calls are not the program's)
@@ -466,7 +468,7 @@ class Execution:
             self.trace.append((now, s.name, "done " + op.desc))
             if now > self.last_progress:
                 self.last_progress = now
-            self.steps_since_progress = 0
+            self.steps_since_progress = self.idle_waits = 0
             if self.blocked:
                 self._wake_blocked()
             self.kick_all()
@@ -764,7 +766,7 @@ class Execution:
     def progress(self) -> None:
         """Note that something other than polling happened (for the stall horizon)."""
         self.last_progress = max(self.last_progress, self.now)
-        self.steps_since_progress = 0
+        self.steps_since_progress = self.idle_waits = 0
 
     def waiting_until(self, t: int) -> None:
         """Something will happen at ``t`` (a stall or a sleep ends, an operation completes): polling until then is
@@ -783,7 +785,7 @@ class Execution:
         op.position = s.enqueued
         if self.now > self.last_progress:  # progress(), inline: one comes with every op
             self.last_progress = self.now
-        self.steps_since_progress = 0
+        self.steps_since_progress = self.idle_waits = 0
         if self._advance(s):  # kick(s)
             self.kick_all()
 
@@ -837,6 +839,19 @@ class Execution:
             if s.queue and not s.busy and s.queue[0].ready is not None:
                 waits.append((f"stream {s.name}", s.queue[0].desc))
         return tuple(waits)
+
+    def alone(self, a: HostActor) -> bool:
+        """Whether nothing but ``a`` can change anything now: no operation, stall or step is due, and every other
+        actor is done or blocked (until ``a`` does something). A timed wait then passes its whole time at once."""
+        return not self._heap and all(b is a or b.state in ("done", "blocked") for b in self.actors.values())
+
+    def idle_wait(self, until: int) -> None:
+        """A timed wait passes its whole time at once, alone (:meth:`alone`): the time it waits is waiting, not a
+        poll nobody answers, unless more than ``POLLS`` such waits came without progress (a loop of timed waits
+        for what can never come is a deadlock, as a polling loop is)."""
+        self.idle_waits += 1
+        if self.idle_waits <= POLLS:
+            self.waiting_until(until)
 
     def _only_polling(self) -> bool:
         """Whether the run is stuck polling: more than ``POLLS`` host steps without progress, nothing due after now

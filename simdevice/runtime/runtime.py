@@ -881,9 +881,22 @@ class Runtime:
 
     def lock_acquire(self, cell: SharedCell) -> None:
         """``multiprocessing.Lock.acquire``: wait until the lock is free and take it, ordered after its last
-        release (:meth:`value_set` of False releases it)."""
-        self.value_wait(cell, lambda held: not held, "Lock.acquire", "a lock another process holds")
+        release (:meth:`value_set` of False releases it). Of the processes waiting when it is released, one takes
+        it; the others wait again."""
+        a = self.host_step("Lock.acquire")
+        while cell.value:
+            self.execution.block(a, "a lock another process holds", lambda: not cell.value)
+        sync.observe(a, cell)
         cell.value = True
+
+    def process_poll(self, child: HostActor, step: str) -> bool:
+        """``Process.is_alive()`` / ``exitcode`` in a run: a polling host step (the child may run meanwhile);
+        whether ``child`` is done, after which the caller is ordered after it."""
+        a = self.host_step(step, poll=True)
+        if child.state != "done":
+            return False
+        sync.observe(a, child)
+        return True
 
     # -- CUDA IPC: device tensors sent to another process ----------------------------------------------------------
     def ipc_sent(self, s: SimStream) -> EventRecord:
@@ -904,7 +917,8 @@ class Runtime:
 
     def queue_get(self, box: Mailbox) -> Any:
         a = self.host_step("Queue.get")
-        self.execution.block(a, "an item on a queue", lambda: bool(box.items))
+        while not box.items:  # (another getter woken with it may have taken the item first: wait again)
+            self.execution.block(a, "an item on a queue", lambda: bool(box.items))
         item, clock = box.items.popleft()
         sync.observe(a, clock)
         self.execution.changed()

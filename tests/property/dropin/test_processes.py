@@ -644,3 +644,109 @@ def test_a_join_with_a_timeout_that_sees_the_child_done_orders_after_it() -> Non
     r = _run(program)
     assert r.reports == ()
     assert got == [5.0 * N]
+
+
+# -- several waiters, long timed waits, polling a process ------------------------------------------------------------
+
+
+def _bump(counter: Any) -> None:
+    with counter.get_lock():
+        v = counter.value
+        counter.value = v + 1
+
+
+def _serve(tasks: Any, results: Any) -> None:
+    while (t := tasks.get()) is not None:
+        results.put(t * 10)
+
+
+def test_of_several_waiters_one_takes_the_lock_and_one_the_item() -> None:
+    """Woken together when the lock is released or an item comes, each waiter asks again: one holds the lock, one
+    gets the item (two held the lock at once, and a second getter popped an empty queue)."""
+
+    def program() -> None:
+        counter = mp.Value("i", 0)
+        workers = [mp.Process(target=_bump, args=(counter,)) for _ in range(3)]
+        for p in workers:
+            p.start()
+        for p in workers:
+            p.join()
+        assert counter.value == 3, counter.value
+        tasks, results = mp.Queue(), mp.Queue()
+        servers = [mp.Process(target=_serve, args=(tasks, results)) for _ in range(2)]
+        for p in servers:
+            p.start()
+        for t in range(4):
+            tasks.put(t)
+        assert sorted(results.get() for _ in range(4)) == [0, 10, 20, 30]
+        for _ in servers:
+            tasks.put(None)
+        for p in servers:
+            p.join()
+
+    for schedule in (None, "Process-1#0+1", "Process-4#0+2"):
+        assert _run(program, schedule).reports == (), schedule
+
+
+def test_a_timed_wait_longer_than_the_stall_horizon_gives_up_where_nothing_comes() -> None:
+    """A ``get(timeout=1.5)`` that nothing answers (its worker waits for the next task) gives up after 1.5 s; it was
+    polled every unit, past the stall horizon (1,000 units), and called a deadlock. A loop of such waits for what
+    can never come is still one."""
+    import queue
+
+    def drain() -> None:
+        tasks, results = mp.Queue(), mp.Queue()
+        p = mp.Process(target=_serve, args=(tasks, results), name="worker")
+        p.start()
+        tasks.put(1)
+        got = []
+        while True:
+            try:
+                got.append(results.get(timeout=1.5))
+            except queue.Empty:
+                break
+        tasks.put(None)
+        p.join()
+        assert got == [10], got
+
+    def forever() -> None:
+        q = mp.Queue()
+        p = mp.Process(target=_serve, args=(mp.Queue(), q), name="worker")
+        p.start()
+        while True:
+            try:
+                q.get(timeout=1.0)
+            except queue.Empty:
+                continue
+
+    assert _run(drain).reports == ()
+    assert _run(drain, "worker#2+31").reports == ()
+    assert _kinds(_run(forever)) == ["deadlock"]
+
+
+def _save(q: Any) -> None:
+    q.put("saved")
+
+
+def test_polling_a_process_lets_it_run() -> None:
+    """``while p.is_alive(): time.sleep(...)`` (or ``exitcode is None``): each poll is a host step, so the child
+    runs and the loop ends; polling a child that can never end is a deadlock (it looped forever, the command hung)."""
+    import time
+
+    def poll() -> None:
+        q = mp.Queue()
+        p = mp.Process(target=_save, args=(q,), name="saver")
+        p.start()
+        while p.is_alive():
+            time.sleep(0.1)
+        assert p.exitcode == 0
+        assert q.get() == "saved"
+
+    def poll_stuck() -> None:
+        p = mp.Process(target=_serve, args=(mp.Queue(), mp.Queue()), name="stuck")
+        p.start()
+        while p.exitcode is None:
+            time.sleep(0.1)
+
+    assert _run(poll).reports == ()
+    assert _kinds(_run(poll_stuck)) == ["deadlock"]
