@@ -337,6 +337,10 @@ class SimTensor(torch.Tensor):
     _alias: torch.Tensor | None
     #: its signature in the meta outputs' cache key (:func:`_sig`), made once
     _sig: Any
+    #: for a tensor another process received (``simdevice.dropin.processes``), and every view of it: the token of
+    #: its memory's mapping in the receiver, which lives while one of them does (torch keeps the mapping while a
+    #: tensor of the storage lives: a view, ``detach()``, a ``Parameter`` of it)
+    _ipc: Any = None
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, st: Storage, ops: Dispatcher) -> SimTensor:
@@ -711,6 +715,12 @@ def _on_a_stack_of_its_own(call: Callable[[], Any]) -> Any:
     return value
 
 
+def _held_by(t: SimTensor, token: Any) -> SimTensor:
+    """``t``, a view of a received tensor, holding its mapping's token (:attr:`SimTensor._ipc`)."""
+    t._ipc = token
+    return t
+
+
 def _template(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
     """What a bare allocation (``empty``, ``empty_like``, ``empty_strided``) makes, on the meta device: its shape,
     strides and dtype, no CPU memory taken for a tensor thrown away once the allocator has made the real one (made
@@ -833,6 +843,9 @@ class Dispatcher:
             assert base is not None
             out = facts.call(*_unwrapped(args), **(_tree_map(data_of, kwargs) if kwargs else {}))
             st = base._st
+            if base._ipc is not None:
+                return _tree_map(lambda t: _held_by(SimTensor(t, st, self), base._ipc) if isinstance(
+                    t, torch.Tensor) else t, out)
             if isinstance(out, torch.Tensor):
                 return SimTensor(out, st, self)
             return _tree_map(lambda t: SimTensor(t, st, self) if isinstance(t, torch.Tensor) else t, out)

@@ -161,6 +161,12 @@ def _sent(dev: Any, obj: Any, stream: Any) -> _Sent:
     return _Sent(obj, payload, refs, events)
 
 
+class _Mapping:
+    """A device storage mapped into a receiving process: while a tensor of it lives there, it stays mapped."""
+
+    __slots__ = ("__weakref__",)
+
+
 def _received(dev: Any, sent: _Sent) -> Any:
     """What was sent, as the receiving process unpickles it: objects of its own, made anew at each receipt; where
     the receiver holds no tensor of a device tensor's storage yet, its current stream waits for the sender's event;
@@ -173,17 +179,21 @@ def _received(dev: Any, sent: _Sent) -> Any:
         _tensors(sent.obj, found, set())
     else:
         found = [x for x in sent.refs if isinstance(x, SimTensor)]
-    fresh: set[int] = set()  # the storages mapped by this receipt
+    #: each storage's mapping in the receiver: held by every tensor of it there, views too (``SimTensor._ipc``)
+    tokens: dict[int, _Mapping] = {}
     for t in found:
         st = storage_of(t)
         rec = events.get(id(st))
+        if rec is None or id(st) in tokens:
+            continue
         key = (receiver, id(st))
         held = maps.get(key)
-        if rec is None or id(st) in fresh or (held is not None and held() is not None):
-            continue
-        dev.runtime.ipc_mapped(rec)
-        fresh.add(id(st))
-        maps[key] = weakref.ref(t)  # (until a tensor of the receiver's own takes it over, below)
+        token = held() if held is not None else None
+        if token is None:  # not mapped here, or no tensor of it left: mapped now, and waited for
+            dev.runtime.ipc_mapped(rec)
+            token = _Mapping()
+            maps[key] = weakref.ref(token)
+        tokens[id(st)] = token
     done: dict[int, Any] = {}
 
     def tensor(x: SimTensor) -> Any:
@@ -194,9 +204,7 @@ def _received(dev: Any, sent: _Sent) -> Any:
             with torch.no_grad():
                 out = x.detach()
             out.requires_grad_(x.requires_grad)
-            key = (receiver, id(st))
-            if id(st) in fresh and maps[key]() is x:
-                maps[key] = weakref.ref(out)
+            out._ipc = tokens[id(st)]
             done[id(x)] = out
         return done[id(x)]
 

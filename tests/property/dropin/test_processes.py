@@ -183,6 +183,34 @@ def test_a_tensor_received_again_while_held_waits_for_nothing() -> None:
     assert simdevice.explore(_held_and_sent_again_after_a_sync, max_examples=40).failure is None
 
 
+def _consumer_keeps_a_tensor_of_it(q: Any, out: Any) -> None:
+    first = q.get()
+    out.put(first.sum().item())
+    kept = [first.detach(), torch.nn.Parameter(first, requires_grad=False), first[: N // 2]][KEEP[0]]
+    del first  # a tensor of its storage is left: still mapped
+    again = q.get()  # no wait
+    out.put(again.sum().item())
+    del kept
+
+
+#: which of a detached tensor, a Parameter and a view of the first receipt the consumer keeps
+KEEP = [0]
+
+
+@pytest.mark.parametrize("keep", [0, 1, 2], ids=["detach", "Parameter", "view"])
+def test_a_mapping_lives_while_any_tensor_of_its_storage_does(keep: int) -> None:
+    """torch keeps a received storage mapped while a tensor of it lives in the receiver, whichever: one made from the
+    received tensor by ``detach()``, ``Parameter`` or a view keeps it too (only the received tensor itself did)."""
+    KEEP[0] = keep
+
+    def program() -> None:
+        _producer(_consumer_keeps_a_tensor_of_it, False)
+
+    found = simdevice.explore(program, max_examples=40)
+    assert found.failure is not None
+    assert any(isinstance(r, (Race, StaleRead)) for r in found.failure.run.reports)
+
+
 def _reader(q: Any, out: Any) -> None:
     out.put(q.get().sum().item())
 
