@@ -63,8 +63,9 @@ class DropInDevice(SimDevice):
         prefix = "" if a.name == "host" else f"{a.name}."
         names = self._names.get(a.name)
         if names is None:
-            taken = rt.streams
-            names = self._names[a.name] = StreamNames(prefix, lambda full: full in taken())
+            taken, actors = rt.streams, rt.execution.actors
+            # (a stream's name is taken by a stream, or by an actor: a process the program started)
+            names = self._names[a.name] = StreamNames(prefix, lambda full: full in taken() or full in actors)
         filename, line = creation_site(_INTERNAL)
         full = names.assign(filename, line)
         return rt.new_stream(full[len(prefix):], names.sites[full])

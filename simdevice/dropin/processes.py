@@ -246,10 +246,11 @@ def _received(dev: Any, sent: _Sent) -> Any:
 
 
 def _exit_code(code: Any) -> int:
-    """``sys.exit(code)``'s exit status, as Python's own exit gives it."""
+    """``sys.exit(code)``'s exit status, as the operating system reports it to the parent: an integer's low byte
+    (``sys.exit(-1)`` is 255, ``sys.exit(256)`` 0, ``sys.exit(True)`` 1), 0 for None, 1 for anything else."""
     if code is None:
         return 0
-    return code if isinstance(code, int) else 1
+    return int(code) & 0xFF if isinstance(code, int) else 1
 
 
 class ProcessExit(SystemExit):

@@ -300,7 +300,11 @@ def test_exit_codes_as_multiprocessing_gives_them() -> None:
     def program() -> None:
         ctx = mp.get_context("spawn")
         procs = {"ret": ctx.Process(target=_returns), "exit3": ctx.Process(target=_exits, args=(3,)),
-                 "exit0": ctx.Process(target=_exits, args=(0,)), "os4": ctx.Process(target=_os_exits, args=(4,))}
+                 "exit0": ctx.Process(target=_exits, args=(0,)), "os4": ctx.Process(target=_os_exits, args=(4,)),
+                 # (the low byte, as the operating system reports a status)
+                 "exit-1": ctx.Process(target=_exits, args=(-1,)), "exit256": ctx.Process(target=_exits, args=(256,)),
+                 "exitTrue": ctx.Process(target=_exits, args=(True,)), "os300": ctx.Process(target=_os_exits,
+                                                                                              args=(300,))}
         for k, p in procs.items():
             got[k + ".before"] = (p.is_alive(), p.exitcode)
             p.start()
@@ -310,9 +314,11 @@ def test_exit_codes_as_multiprocessing_gives_them() -> None:
 
     r = _run(program)
     assert r.reports == ()
-    assert got == {"ret.before": (False, None), "exit3.before": (False, None), "exit0.before": (False, None),
-                   "os4.before": (False, None), "ret": (False, 0, True), "exit3": (False, 3, True),
-                   "exit0": (False, 0, True), "os4": (False, 4, True)}
+    assert {k: v for k, v in got.items() if not k.endswith(".before")} == {
+        "ret": (False, 0, True), "exit3": (False, 3, True), "exit0": (False, 0, True), "os4": (False, 4, True),
+        "exit-1": (False, 255, True), "exit256": (False, 0, True), "exitTrue": (False, 1, True),
+        "os300": (False, 44, True)}
+    assert {v for k, v in got.items() if k.endswith(".before")} == {(False, None)}
 
 
 def test_a_worker_that_raises_is_a_host_error_of_that_worker() -> None:
@@ -778,3 +784,27 @@ def test_polling_a_process_lets_it_run() -> None:
 
     assert _run(poll).reports == ()
     assert _kinds(_run(poll_stuck)) == ["deadlock"]
+
+
+def _put_one(q: Any) -> None:
+    q.put(1)
+
+
+def test_a_stream_named_as_a_started_process_is_named_apart() -> None:
+    """A stream whose variable has a started process's name is ``snapshot-2``, as any clash is (it raised)."""
+
+    def program() -> None:
+        q = mp.Queue()
+        p = mp.Process(target=_put_one, args=(q,), name="snapshot")
+        p.start()
+        snapshot = torch.cuda.Stream()
+        with torch.cuda.stream(snapshot):
+            x = torch.ones(4, device="cuda")
+        snapshot.synchronize()
+        assert q.get() == 1
+        p.join()
+        assert x.sum().item() == 4
+
+    r = _run(program)
+    assert r.reports == ()
+    assert {"snapshot", "snapshot-2"} <= set(r.op_counts)
