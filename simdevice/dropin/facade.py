@@ -55,6 +55,9 @@ class DropInDevice(SimDevice):
         #: (receiving actor, storage id) -> the tensor a device tensor from another process was mapped as there
         #: (``processes``: CUDA IPC maps a storage once while the receiver holds it)
         self.ipc_maps: dict[tuple[str, int], Any] = {}
+        #: the simulated processes by their actor's name, and each actor's children (``processes``)
+        self.sim_processes: dict[str, Any] = {}
+        self.sim_children: dict[str, list[Any]] = {}
 
     def site_named_stream(self) -> Any:
         """A new stream of the current actor, named after the line of the program that made it."""

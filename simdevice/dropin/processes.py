@@ -276,6 +276,8 @@ class _Child:
     def __init__(self) -> None:
         self.actor: Any = None
         self.exitcode: int | None = None
+        #: the name of the actor that started it
+        self.parent = ""
 
 
 def _name(dev: Any, proc: Any) -> str:
@@ -327,7 +329,10 @@ def _patch_process(p: Patches) -> None:
             except SystemExit as e:
                 child.exitcode = _exit_code(e.code)
 
+        parent = child.parent = rt.current().name
         child.actor = rt.spawn(_name(dev, self), body)
+        dev.sim_processes[child.actor.name] = self
+        dev.sim_children.setdefault(parent, []).append(self)
         rt.gpu_replay = False  # (reference.cuda_plain refuses it: the replay line offers no --gpu)
         child.actor.daemon = bool(self.daemon)
         return None
@@ -382,6 +387,54 @@ def _patch_process(p: Patches) -> None:
     p.set(base, "ident", property(sim_pid))
     for name in ("terminate", "kill", "close"):
         p.set(base, name, refused(name, getattr(base, name)))
+
+
+def _own_process() -> Any:
+    """The simulated process the running actor is, or None (the main process, a rank)."""
+    if not _in_run():
+        return None
+    dev = _session()
+    return dev.sim_processes.get(dev.runtime.current().name)
+
+
+def _patch_identity(p: Patches) -> None:
+    """``current_process()``, ``parent_process()``, ``active_children()`` and ``os.getpid()`` answer for the
+    simulated process that asks (a child's ``current_process().name`` is its own, not "MainProcess")."""
+    process = multiprocessing.process
+    current, parent, children, getpid = (process.current_process, process.parent_process, process.active_children,
+                                         os.getpid)
+
+    def sim_current_process() -> Any:
+        own = _own_process()
+        return own if own is not None else current()
+
+    def sim_parent_process() -> Any:
+        own = _own_process()
+        if own is None:
+            return parent()
+        dev = _session()
+        above = own._simdevice.parent
+        return dev.sim_processes.get(above) or current()  # (a child of the main process: the main process's)
+
+    def sim_active_children() -> list[Any]:
+        if not _in_run():
+            return children()  # type: ignore[no-any-return]
+        dev = _session()
+        a = dev.runtime.host_step("active_children", poll=True)
+        return [q for q in dev.sim_children.get(a.name, []) if q._simdevice.actor.state != "done"]
+
+    def sim_getpid() -> int:
+        own = _own_process()
+        return getpid() if own is None else int(own.pid)
+
+    for name, value in (("current_process", sim_current_process), ("parent_process", sim_parent_process),
+                        ("active_children", sim_active_children)):
+        p.set(process, name, value)
+        p.set(multiprocessing.context.BaseContext, name, staticmethod(value))
+        for m in _modules():
+            if name in vars(m):
+                p.set(m, name, value)
+    p.set(os, "getpid", sim_getpid)
 
 
 def _real_primitives() -> tuple[type, ...]:
@@ -596,6 +649,7 @@ def _modules() -> list[Any]:
 def install(p: Patches) -> None:
     """Put the simulated processes and primitives in place (each falls back to the original outside a run)."""
     _patch_process(p)
+    _patch_identity(p)
     ctx = multiprocessing.context.BaseContext
     for name in (*_MADE, *_REFUSED):
         p.set(ctx, name, _in_run_instead(name, getattr(ctx, name), method=True))
@@ -606,4 +660,5 @@ def install(p: Patches) -> None:
 
 
 def patched_owners() -> list[Any]:
-    return [multiprocessing.process.BaseProcess, multiprocessing.context.BaseContext, *_modules(), os]
+    return [multiprocessing.process, multiprocessing.process.BaseProcess, multiprocessing.context.BaseContext, *_modules(),
+            os]

@@ -808,3 +808,43 @@ def test_a_stream_named_as_a_started_process_is_named_apart() -> None:
     r = _run(program)
     assert r.reports == ()
     assert {"snapshot", "snapshot-2"} <= set(r.op_counts)
+
+
+def _reports_itself(out: Any) -> None:
+    out.put((mp.current_process().name, mp.parent_process().name, os.getpid()))
+
+
+def _fills_its_shard(out: torch.Tensor, k: int) -> None:
+    out[k * N:(k + 1) * N].fill_(float(k + 1))
+    torch.cuda.synchronize()
+
+
+def test_a_process_knows_itself_and_its_parent_knows_its_children() -> None:
+    """In a child, ``current_process()``, ``parent_process()`` and ``os.getpid()`` are the child's (they were the
+    main process's: a ``current_process().name == "MainProcess"`` guard was taken in every worker); in the parent,
+    ``active_children()`` lists the children still running (it was empty: joining them joined nothing)."""
+    got: list[Any] = []
+
+    def program() -> None:
+        out = mp.Queue()
+        p = mp.Process(target=_reports_itself, args=(out,), name="saver")
+        p.start()
+        got.append(out.get())
+        p.join()
+        got.append((mp.current_process().name, os.getpid(), p.pid))
+        shards = torch.zeros(2 * N, device="cuda")
+        torch.cuda.synchronize()
+        for k in range(2):
+            mp.Process(target=_fills_its_shard, args=(shards, k), name=f"worker{k}").start()
+        for child in mp.active_children():
+            child.join()
+        assert mp.active_children() == []
+        assert shards.sum().item() == 3 * N
+
+    for schedule in (None, "worker1#0+2"):
+        got.clear()
+        assert _run(program, schedule).reports == (), schedule
+        (name, parent, pid), (main, main_pid, p_pid) = got
+        assert (name, parent, main) == ("saver", "MainProcess", "MainProcess")
+        assert pid == p_pid
+        assert pid != main_pid
