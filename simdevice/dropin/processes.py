@@ -660,5 +660,5 @@ def install(p: Patches) -> None:
 
 
 def patched_owners() -> list[Any]:
-    return [multiprocessing.process, multiprocessing.process.BaseProcess, multiprocessing.context.BaseContext, *_modules(),
-            os]
+    process = multiprocessing.process
+    return [process, process.BaseProcess, multiprocessing.context.BaseContext, *_modules(), os]
