@@ -489,11 +489,17 @@ class SimQueue:
 
     def __init__(self, maxsize: int = 0, *, simple: bool = False) -> None:
         self._dev = _session()
-        self._box = Mailbox()
+        self._box = Mailbox(maxsize)
         self._simple = simple
 
     def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
+        import queue
+
         dev = self._dev
+        if not block:
+            timeout = 0.0
+        if timeout is not None and self._box.maxsize > 0 and not _timed(lambda: not self.full(), timeout):
+            raise queue.Full
         a = dev.runtime.current()
         # a Queue's feeder thread pickles the item, on the device's default stream (a new thread's current one)
         dev.runtime.queue_put(self._box, _sent(dev, obj, a.current_stream if self._simple else a.default_stream))
@@ -522,7 +528,8 @@ class SimQueue:
         return len(self._box.items)
 
     def full(self) -> bool:
-        return False
+        self._dev.runtime.queue_empty(self._box, "Queue.full")  # (a polling step)
+        return self._box.full()
 
     def close(self) -> None:
         pass

@@ -150,10 +150,18 @@ class SharedCell:
 
 
 class Mailbox:
-    """A queue between simulated processes; every item carries the clock of its ``put``."""
+    """A queue between simulated processes; every item carries the clock of its ``put``. With a ``maxsize``, a put
+    waits for room, and is ordered after the gets that made it (``multiprocessing``'s bounded semaphore: each get
+    releases a slot that a put acquires)."""
 
-    def __init__(self) -> None:
+    def __init__(self, maxsize: int = 0) -> None:
         self.items: deque[tuple[Any, VectorClock]] = deque()
+        self.maxsize = maxsize
+        #: the gets' clocks: a put of a bounded queue is ordered after them
+        self.room = VectorClock()
+
+    def full(self) -> bool:
+        return 0 < self.maxsize <= len(self.items)
 
 
 class Runtime:
@@ -912,6 +920,10 @@ class Runtime:
 
     def queue_put(self, box: Mailbox, item: Any) -> None:
         a = self.host_step("Queue.put")
+        if box.maxsize:
+            while box.full():
+                self.execution.block(a, "room on a bounded queue", lambda: not box.full())
+            sync.observe(a, box.room)
         box.items.append((item, sync.snapshot(a)))
         self.execution.changed()
 
@@ -921,11 +933,13 @@ class Runtime:
             self.execution.block(a, "an item on a queue", lambda: bool(box.items))
         item, clock = box.items.popleft()
         sync.observe(a, clock)
+        if box.maxsize:
+            box.room.join(a.clock)
         self.execution.changed()
         return item
 
-    def queue_empty(self, box: Mailbox) -> bool:
-        self.host_step("Queue.empty", poll=True)
+    def queue_empty(self, box: Mailbox, step: str = "Queue.empty") -> bool:
+        self.host_step(step, poll=True)
         return not box.items
 
     def host_sleeps(self, ns: int) -> None:

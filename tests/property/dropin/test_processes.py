@@ -848,3 +848,59 @@ def test_a_process_knows_itself_and_its_parent_knows_its_children() -> None:
         assert (name, parent, main) == ("saver", "MainProcess", "MainProcess")
         assert pid == p_pid
         assert pid != main_pid
+
+
+def _reads_ring(ring: torch.Tensor, q: Any, out: Any) -> None:
+    total = 0.0
+    while (i := q.get()) is not None:
+        snap = ring[i % 3].clone()
+        assert torch.equal(snap, torch.full((N,), float(i))), f"the slot of item {i} was overwritten"
+        total += float(snap[0])
+    out.put(total)
+
+
+def _bounded_ring(maxsize: int) -> None:
+    """A producer fills a ring of three pinned slots and hands each to a consumer through a queue of ``maxsize``:
+    with 1, a put returns once the item before was taken, so the slot it writes is free (back-pressure)."""
+    ring = torch.zeros(3, N).pin_memory()
+    q, out = mp.Queue(maxsize=maxsize), mp.Queue()
+    p = mp.Process(target=_reads_ring, args=(ring, q, out), name="consumer")
+    p.start()
+    w = torch.zeros(N, device="cuda")
+    for i in range(6):
+        w.fill_(float(i))
+        ring[i % 3].copy_(w)
+        q.put(i)
+    q.put(None)
+    assert out.get() == 15.0
+    p.join()
+
+
+def _bounded_by_one() -> None:
+    _bounded_ring(1)
+
+
+def _unbounded() -> None:
+    _bounded_ring(0)
+
+
+def test_a_bounded_queue_makes_a_put_wait_for_room_and_orders_it_after_the_get() -> None:
+    """``Queue(maxsize)`` was unbounded: ``full()`` never held, ``put(timeout=)`` never raised ``queue.Full``, and a
+    ring that relies on the back-pressure raced."""
+    import queue
+
+    assert simdevice.explore(_bounded_by_one, max_examples=40).failure is None
+    assert simdevice.explore(_unbounded, max_examples=40).failure is not None
+
+    def full() -> None:
+        q = mp.Queue(maxsize=1)
+        q.put(1)
+        assert q.full()
+        with pytest.raises(queue.Full):
+            q.put(2, timeout=0.1)
+        with pytest.raises(queue.Full):
+            q.put_nowait(2)
+        assert q.get() == 1
+        assert not q.full()
+
+    assert _run(full).reports == ()
