@@ -72,23 +72,24 @@ def _in_run() -> bool:
 # -- CUDA IPC -------------------------------------------------------------------------------------------------------
 
 
-def _tensors(obj: Any, found: list[SimTensor], seen: set[int]) -> None:
-    """The device tensors in ``obj``, as pickling would reach them (containers and objects' attributes)."""
+def _tensors(obj: Any, found: list[Any], seen: set[int], kind: type | tuple[type, ...] = SimTensor) -> None:
+    """The device tensors in ``obj`` (or the objects of ``kind``), as pickling would reach them (containers and
+    objects' attributes)."""
     if id(obj) in seen:
         return
     seen.add(id(obj))
-    if isinstance(obj, SimTensor):
+    if isinstance(obj, kind):
         found.append(obj)
     elif isinstance(obj, (list, tuple, set, frozenset)):
         for x in obj:
-            _tensors(x, found, seen)
+            _tensors(x, found, seen, kind)
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            _tensors(k, found, seen)
-            _tensors(v, found, seen)
-    elif hasattr(obj, "__dict__") and not isinstance(obj, _OPAQUE):
+            _tensors(k, found, seen, kind)
+            _tensors(v, found, seen, kind)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, (_OPAQUE, torch.Tensor)):
         for v in vars(obj).values():
-            _tensors(v, found, seen)
+            _tensors(v, found, seen, kind)
 
 
 class _Sent:
@@ -112,8 +113,18 @@ def _by_reference(x: Any) -> bool:
     of the run (a queue, an event, a value, a lock, a stream, an event of a stream)."""
     from simdevice.dropin import facade
 
+    if isinstance(x, facade.Event):
+        # torch pickles an event by its IPC handle (``reduce_event``): CUDA gives one only for an event made as an
+        # interprocess one, which a recorded event is not (torch makes the CUDA event at its first record); one not
+        # recorded yet is made an interprocess one then, and those are not simulated
+        if getattr(x, "_rec", None) is not None:
+            raise RuntimeError("CUDA error: invalid resource handle (a torch.cuda.Event recorded before it was sent "
+                               "to another process: torch sends its IPC handle, which only an interprocess event "
+                               "has)")
+        raise NotImplementedError("a torch.cuda.Event sent to another process (an interprocess event) is not "
+                                  "simulated")
     return isinstance(x, (torch.Tensor, torch.UntypedStorage, SimQueue, SimEvent, SimLock, SharedValueHandle,
-                          facade.Stream, facade.Event))
+                          facade.Stream))
 
 
 def _pickled(obj: Any) -> tuple[bytes | None, list[Any]]:
@@ -141,6 +152,7 @@ def _sent(dev: Any, obj: Any, stream: Any) -> _Sent:
     """Pickle ``obj`` for another process, now (what the sender changes later does not reach the receiver): for
     each device tensor in it, the IPC event recorded on ``stream`` (by storage). A tensor received from another
     process cannot be sent on (torch raises the same)."""
+    _no_real_primitives((obj,))
     payload, refs = _pickled(obj)
     found: list[SimTensor] = []
     if payload is None:
@@ -315,7 +327,6 @@ def _patch_process(p: Patches) -> None:
             return start(self)
         if getattr(self, "_simdevice", None) is not None:
             raise AssertionError("cannot start a process twice")
-        _no_real_primitives((*self._args, *self._kwargs.values()))
         dev = _session()
         rt = dev.runtime
         child = self._simdevice = _Child()
@@ -452,13 +463,13 @@ def _real_primitives() -> tuple[type, ...]:
 def _no_real_primitives(args: tuple[Any, ...]) -> None:
     """A simulated process cannot use a real queue, lock or pipe (one made before the run, or by a library that
     makes its own): a blocking call on it would block the whole run, and it orders nothing the simulator sees."""
-    real = _real_primitives()
-    for x in args:
-        for y in (x, *(x if isinstance(x, (list, tuple)) else ())):
-            if isinstance(y, real):
-                raise NotImplementedError(
-                    f"a real {type(y).__module__}.{type(y).__name__} given to a simulated process: the run's "
-                    "processes share the Queue, SimpleQueue, Event, Value and Lock made in the run")
+    found: list[Any] = []
+    _tensors(args, found, set(), _real_primitives())  # (in a container or an object's attributes too)
+    if found:
+        y = found[0]
+        raise NotImplementedError(
+            f"a real {type(y).__module__}.{type(y).__name__} given to a simulated process: the run's "
+            "processes share the Queue, SimpleQueue, Event, Value and Lock made in the run")
 
 
 def _timed(done: Callable[[], bool], timeout: float) -> bool:

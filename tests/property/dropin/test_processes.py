@@ -616,12 +616,27 @@ def test_what_crosses_to_another_process_is_a_copy_taken_when_sent_but_tensors_a
 _MADE_BEFORE_THE_RUN = multiprocessing.get_context("spawn").Queue()
 
 
-def test_a_real_queue_given_to_a_simulated_process_is_refused() -> None:
-    """A queue made before the run is a real one: a child's blocking get on it would block the whole run."""
+class _Holder:
+    def __init__(self, q: Any) -> None:
+        self.q = q
+
+
+@pytest.mark.parametrize("how", ["argument", "in a dict", "in an object", "through a queue"])
+def test_a_real_queue_given_to_a_simulated_process_is_refused(how: str) -> None:
+    """A queue made before the run is a real one: a child's blocking get on it would block the whole run. Refused
+    (no verdict) wherever it is in what is sent (only an argument itself was: in a dict it was a host error)."""
 
     def program() -> None:
-        p = mp.Process(target=_serve_forever, args=(_MADE_BEFORE_THE_RUN,))
-        p.start()
+        real = _MADE_BEFORE_THE_RUN
+        if how == "through a queue":
+            q = mp.Queue()
+            p = mp.Process(target=_serve_forever, args=(q,))
+            p.start()
+            q.put([real])
+        else:
+            arg = real if how == "argument" else {"q": real} if how == "in a dict" else _Holder(real)
+            p = mp.Process(target=_serve_forever, args=(arg,))
+            p.start()
         p.join()
 
     r = _run(program)
@@ -904,3 +919,31 @@ def test_a_bounded_queue_makes_a_put_wait_for_room_and_orders_it_after_the_get()
         assert not q.full()
 
     assert _run(full).reports == ()
+
+
+def _waits_for_the_event(q: Any, out: Any) -> None:
+    t, ready = q.get()
+    torch.cuda.current_stream().wait_event(ready)
+    out.put(t.sum().item())
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "not recorded"])
+def test_a_cuda_event_sent_to_another_process_is_an_error_or_not_simulated(recorded: bool) -> None:
+    """torch sends an event by its IPC handle: a recorded (plain) event has none, a CUDA error; one not recorded yet
+    becomes an interprocess event, not simulated. It crossed as itself, and ordered the receiver."""
+
+    def program() -> None:
+        q, out = mp.SimpleQueue(), mp.Queue()
+        p = mp.Process(target=_waits_for_the_event, args=(q, out), daemon=True)
+        p.start()
+        t = torch.ones(N, device="cuda")
+        ready = torch.cuda.Event()
+        if recorded:
+            ready.record()
+        q.put((t, ready))
+        assert out.get() == N
+
+    r = _run(program)
+    assert _kinds(r) == ["host-error"]
+    assert ("RuntimeError: CUDA error: invalid resource handle" if recorded else
+            "NotImplementedError: a torch.cuda.Event sent to another process") in str(r.reports[0])
