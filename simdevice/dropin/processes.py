@@ -45,6 +45,7 @@ from simdevice.api import SharedValueHandle
 from simdevice.dispatch import SimTensor, storage_of
 from simdevice.dropin.patches import Patches
 from simdevice.runtime.config import UNIT_NS
+from simdevice.runtime.reports import user_source
 from simdevice.runtime.runtime import Mailbox, SharedCell
 
 #: the primitives a run refuses (those it simulates: ``_MADE``)
@@ -273,6 +274,13 @@ class ProcessExit(SystemExit):
         return f"os._exit({self.code})"
 
 
+def _start_method(proc: Any) -> str:
+    """How ``proc`` would start: its context's method (``fork`` for a plain ``Process`` where that is the
+    default)."""
+    method = getattr(proc, "_start_method", None) or multiprocessing.get_start_method(allow_none=True)
+    return str(method or multiprocessing.get_all_start_methods()[0])  # (the first is the platform's default)
+
+
 def _os_exit(original: Callable[[int], Any]) -> Callable[[int], Any]:
     def _exit(n: int) -> Any:
         if _in_run():
@@ -341,6 +349,10 @@ def _patch_process(p: Patches) -> None:
                 child.exitcode = _exit_code(e.code)
 
         parent = child.parent = rt.current().name
+        if rt.memory.issues and _start_method(self) == "fork":
+            rt.note(f"a process started with the fork method after CUDA was in use ({_name(dev, self)}, "
+                    f"{user_source()}): on a GPU its first CUDA call raises \"Cannot re-initialize CUDA in forked "
+                    "subprocess\"; start it with get_context(\"spawn\") (the simulator runs it as spawned)")
         child.actor = rt.spawn(_name(dev, self), body)
         dev.sim_processes[child.actor.name] = self
         dev.sim_children.setdefault(parent, []).append(self)

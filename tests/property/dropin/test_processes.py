@@ -947,3 +947,27 @@ def test_a_cuda_event_sent_to_another_process_is_an_error_or_not_simulated(recor
     assert _kinds(r) == ["host-error"]
     assert ("RuntimeError: CUDA error: invalid resource handle" if recorded else
             "NotImplementedError: a torch.cuda.Event sent to another process") in str(r.reports[0])
+
+
+def _sums(x: torch.Tensor, out: Any) -> None:
+    out.put(x.sum().item())
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_process_forked_after_cuda_was_in_use_is_noted(method: str) -> None:
+    """On a GPU, a child forked once the parent used CUDA fails at its first CUDA call; the simulator runs it as
+    spawned, and says so (it said nothing: clean, where the GPU run crashes)."""
+
+    def program() -> None:
+        ctx = mp.get_context(method)
+        x = torch.ones(N, device="cuda")
+        out = ctx.Queue()
+        p = ctx.Process(target=_sums, args=(x, out))
+        p.start()
+        assert out.get() == N
+        p.join()
+
+    r = _run(program)
+    assert r.reports == ()
+    noted = [n for n in r.notes if "Cannot re-initialize CUDA in forked subprocess" in n]
+    assert len(noted) == (method == "fork"), r.notes
