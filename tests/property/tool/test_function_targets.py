@@ -313,11 +313,13 @@ def test_json_stdout_holds_the_document_alone_whatever_the_program_prints(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "noisy.py").write_text(
         'import torch\nprint("imported")\n\n\ndef f():\n    print("running")\n    torch.ones(3, device="cuda")\n')
-    for args in (["check", "noisy.py::f", "--json", "-q"], ["replay", "noisy.py::f", "--json"]):
+    # (check holds what the program prints back unless --show-output: then, as replay's, it goes to stderr)
+    for args in (["check", "noisy.py::f", "--json", "-q"], ["check", "noisy.py::f", "--json", "-q", "--show-output"],
+                 ["replay", "noisy.py::f", "--json"]):
         assert main(args) == 0
         got = capsys.readouterr()
         assert json.loads(got.out)
-        assert "running" in got.err
+        assert ("running" in got.err) == (args[0] == "replay" or "--show-output" in args), args
 
 
 def test_list_says_when_a_functions_default_run_is_not_clean(
