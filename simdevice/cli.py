@@ -275,8 +275,16 @@ def cmd_check(args: argparse.Namespace) -> int:
         return _fail(f"--examples must be >= 1, got {args.examples}")
     if args.budget is not None and not 0 < args.budget < float("inf"):  # NaN and inf too
         return _fail(f"--budget must be > 0 seconds, got {args.budget}")
+    if args.target is not None and not args.target.strip():
+        return _fail("empty TARGET: name FILE.py::FUNCTION, MODULE::FUNCTION or PROGRAM/VARIANT, or give none for "
+                     "every known program")
+    if args.db is not None and not args.db.strip():
+        return _fail("--db: an empty path (name a directory for Hypothesis's example database)")
     if args.db is not None and os.path.exists(args.db) and not os.path.isdir(args.db):
         return _fail(f"--db {args.db!r} is a file, not a directory")
+    if args.db is not None and not os.path.exists(args.db) and not os.access(
+            os.path.dirname(os.path.abspath(args.db)), os.W_OK):
+        return _fail(f"--db {args.db!r}: its folder does not exist or cannot be written")
     if args.jobs is not None and args.jobs < 1:
         return _fail(f"--jobs must be >= 1, got {args.jobs}")
     if args.target and args.program:
@@ -291,7 +299,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         unknown = [n for n in args.program if n not in REGISTRY]
         if unknown:
             return _fail(f"unknown program {unknown[0]!r}; known: {', '.join(sorted(REGISTRY))}")
-        progs = programs(args.program)
+        progs = programs(list(dict.fromkeys(args.program)))  # (one given twice is checked once)
     findings: list[Any] = []
     errors: list[tuple[str, str, str]] = []
     started = time.monotonic()
@@ -472,16 +480,13 @@ def _fixes(findings: list[Any], quiet: bool) -> dict[int, Any]:
     return fixes
 
 
-#: the most ranks ``--world-size`` runs (a race between ranks shows with a few; past about 60, each rank's actor
-#: nests the next's start deeper than Python's recursion limit)
-MAX_WORLD = 32
-
-
 def _world_size(args: argparse.Namespace) -> int | None:
     """``--world-size``, checked (ScheduleError: the caller's one-line error)."""
+    from simdevice.search.targets import MAX_WORLD_SIZE
+
     n = args.world_size
-    if n is not None and not 1 <= n <= MAX_WORLD:
-        raise ScheduleError(f"--world-size must be in 1..{MAX_WORLD}, got {n}")
+    if n is not None and not 1 <= n <= MAX_WORLD_SIZE:
+        raise ScheduleError(f"--world-size must be in 1..{MAX_WORLD_SIZE}, got {n}")
     return n  # type: ignore[no-any-return]
 
 
@@ -893,6 +898,8 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
         return _fail(f"--delays must be in 0..4, got {args.delays}")
     if args.jobs is not None and args.jobs < 1:
         return _fail(f"--jobs must be >= 1, got {args.jobs}")
+    if args.max_schedules < 1:
+        return _fail(f"--max-schedules must be >= 1, got {args.max_schedules}")
     try:
         target, fixed = _target_and_config(args.target, "exhaust", _world_size(args))
     except ScheduleError as e:
@@ -993,6 +1000,8 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    if args.path is not None and not args.path.strip():
+        return _fail("empty PATH: name FILE.py or MODULE, or give none for the known programs")
     if args.path:
         try:
             world = _world_size(args)

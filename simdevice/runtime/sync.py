@@ -194,6 +194,8 @@ class Site:
 
 
 _OFFSET = re.compile(r"^(.*)\[([+-]\d+)\]$")
+#: a site's source: FILE:LINE, the line a positive number
+_SOURCE = re.compile(r".+:[1-9]\d*")
 EDGE_SYNTAX = "ACTOR@FILE:LINE->ACTOR@FILE:LINE or ACTOR@FILE:LINE[+D]=>ACTOR@FILE:LINE"
 
 
@@ -239,6 +241,7 @@ class Edge:
             sites = [Site(*part.strip().split("@", 1)) for part in (a, b)]
         except (ValueError, TypeError):
             raise ValueError(f"bad edge {text!r}: expected {EDGE_SYNTAX}") from None
-        if not all(s.actor and s.source for s in sites):
+        # each site a FILE:LINE with a line number (an offset on a forward edge alone, in brackets)
+        if not all(s.actor and _SOURCE.fullmatch(s.source) for s in sites):
             raise ValueError(f"bad edge {text!r}: expected {EDGE_SYNTAX}")
         return cls(sites[0], sites[1], forward, offset)

@@ -93,6 +93,9 @@ def as_target(fn: Callable[..., Any] | str | Target, world_size: int | None = No
         return resolve(fn, world_size)
     if callable(fn) and not hasattr(fn, "probe"):
         return from_function(fn, world_size=world_size)
+    if not hasattr(fn, "probe"):
+        raise TypeError(f"expected a function, a FILE.py::FUNCTION or MODULE::FUNCTION text, or a target; got "
+                        f"{type(fn).__name__}")
     return fn  # type: ignore[return-value]
 
 

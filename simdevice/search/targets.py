@@ -41,6 +41,11 @@ from simdevice.search.execute import Outcome, counts_as_failure, execute
 _CYCLES: list[float] = []
 
 
+#: the most ranks a function target runs on (``--world-size``, ``world_size=``): a race between ranks shows with a
+#: few; past about 60, each rank's actor nests the next's start deeper than Python's recursion limit
+MAX_WORLD_SIZE = 32
+
+
 class TargetError(ScheduleError):
     """A target that cannot be run: no such file or function, or parameters the tool cannot fill."""
 
@@ -332,6 +337,9 @@ def _convert(key: str, text: str, default: Any) -> Any:
         kind = "true or false" if isinstance(default, bool) else "an integer" if isinstance(default, int) \
             else "a number"
         raise TargetError(f"configuration {key}={text!r}: expected {kind}, as the default {default!r}") from None
+    if default is not None and not isinstance(default, str):
+        raise TargetError(f"configuration {key}={text!r}: its default {default!r:.60} is a {type(default).__name__}, "
+                          "which a schedule line cannot give (it gives integers, numbers, true or false, and text)")
     return text
 
 
@@ -399,8 +407,9 @@ def resolve(text: str, world_size: int | None = None) -> FunctionTarget:
         if not hasattr(obj, part):
             raise TargetError(f"{where[:200]} has no function {name!r}")
         obj = getattr(obj, part)
-    if not callable(obj):
-        raise TargetError(f"{where[:200]}::{name} is not a function (its type is {type(obj).__name__})")
+    if not callable(obj) or isinstance(obj, type):
+        what = "it is a class" if isinstance(obj, type) else f"its type is {type(obj).__name__}"
+        raise TargetError(f"{where[:200]}::{name} is not a function ({what})")
     return from_function(obj, f"{_where_text(where)}::{name}", world_size)
 
 
@@ -438,8 +447,17 @@ def from_function(
     values = values and getattr(fn, "__simdevice_values__", True)
     strategy = getattr(fn, "__simdevice_config__", None)
     fn = getattr(fn, "__simdevice_target__", fn)
+    if not callable(fn) or isinstance(fn, type):
+        raise TargetError(f"{fn!r:.200} is not a function" + (" (it is a class)" if isinstance(fn, type) else ""))
     if name is None:
         name = _name_of(fn)
+    if world_size is not None and not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise TargetError(f"{name}: world_size must be in 1..{MAX_WORLD_SIZE}, got {world_size}")
+    kind = ("a generator function" if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
+            else "a coroutine function (async def)" if inspect.iscoroutinefunction(fn) else None)
+    if kind is not None:  # (a call makes a generator or a coroutine and runs none of its body)
+        raise TargetError(f"{name} is {kind}: calling it runs none of its body; check a plain function that "
+                          "runs it to its end")
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):

@@ -119,11 +119,54 @@ def test_functions_the_tool_cannot_call_are_refused(tmp_path: Path, capsys: pyte
     assert main(["check", f"{f}::needs"]) == 2
     assert "importing" in capsys.readouterr().err
     g = tmp_path / "user2.py"
-    g.write_text("VALUE = 3\ndef needs(n): pass\n")
-    cases = (("VALUE", "is not a function (its type is int)"), ("needs", "parameter 'n' without a default"))
+    g.write_text(textwrap.dedent("""
+        import torch
+        VALUE = 3
+        def needs(n): pass
+        class K:
+            def __call__(self): pass
+        def gen():
+            torch.ones(2, device="cuda")
+            assert False
+            yield
+        async def coro():
+            assert False
+        def shaped(t=(1, 2), n=3): pass
+    """))
+    # (a class, a generator and a coroutine function were "clean": calling them ran none of the body)
+    cases = (("VALUE", "is not a function (its type is int)"), ("needs", "parameter 'n' without a default"),
+             ("K", "is not a function (it is a class)"), ("gen", "is a generator function: calling it runs none"),
+             ("coro", "is a coroutine function (async def): calling it runs none"),
+             ("shaped:t=3", "its default (1, 2) is a tuple, which a schedule line cannot give"))
     for name, message in cases:
         assert main(["check", f"{g}::{name}"]) == 2
-        assert message in capsys.readouterr().err
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1
+        assert message in err[0]
+
+
+def test_empty_or_bad_command_line_values_are_one_line_and_exit_2(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty TARGET ran the whole table (exit 0 where the caller meant a target); ``--db ""`` wrote the example
+    database into the current folder; an edge's FILE:LINE without a line number ran with the edge doing nothing (or
+    a deadlock the edge made); ``--max-schedules`` below 1 was taken."""
+    schedule = "examples/offload_plain.py::reload_racy::d2h_stream#0+1"
+    cases = ((["check", ""], "empty TARGET"), (["list", " "], "empty PATH"),
+             (["check", "examples/offload_plain.py::reload_racy", "--db", ""], "--db: an empty path"),
+             (["check", "examples/offload_plain.py::reload_racy", "--db", str(tmp_path / "no" / "db")],
+              "its folder does not exist"),
+             (["exhaust", "examples/offload_plain.py::reload_racy", "--max-schedules", "-1"],
+              "--max-schedules must be >= 1"))
+    edges = ("d2h_stream@examples/offload_plain.py:22[+x]=>default@examples/offload_plain.py:30",
+             "d2h_stream@foo->default@bar",
+             "d2h_stream@examples/offload_plain.py:22->default@examples/offload_plain.py:-3",
+             "d2h_stream@examples/offload_plain.py:22[-1]->default@examples/offload_plain.py:30")
+    for args, message in (*cases, *((["replay", schedule, "--edge", e], "bad edge") for e in edges)):
+        assert main(args) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        assert message in err[0], (args, err)
+    assert not list(tmp_path.iterdir())
 
 
 def test_replay_refuses_a_delay_on_an_actor_the_function_lacks(capsys: pytest.CaptureFixture[str]) -> None:
@@ -581,3 +624,20 @@ def test_an_error_under_autocast_with_no_race_is_no_verdict(tmp_path: Path, caps
     assert "Traceback" not in "\n".join(err)
     assert main(["check", f"{tmp_path / 'amp.py'}::racy_under_autocast", "--examples", "5", "--no-fix"]) == 1
     assert "race: copy_ (D2H)" in capsys.readouterr().out
+
+
+def test_the_python_api_refuses_what_it_cannot_search() -> None:
+    """``explore(3)`` raised an ``AttributeError`` of the simulator's; ``world_size=0`` was a "found" failure whose
+    replay line the command line refuses; 99 ranks ran where the command line takes at most 32."""
+    import simdevice
+
+    for bad in (3, None):
+        with pytest.raises(TypeError, match="expected a function"):
+            simdevice.explore(bad)  # type: ignore[arg-type]
+
+    def f() -> None:
+        pass
+
+    for n in (0, 99):
+        with pytest.raises(ValueError, match=r"world_size must be in 1\.\.32"):
+            simdevice.explore(f, world_size=n)
