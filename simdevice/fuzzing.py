@@ -220,6 +220,7 @@ def _failing_test(f: Callable[..., Any], message: str) -> Any:
 
     for name in ("__name__", "__qualname__", "__module__", "__doc__"):
         setattr(test, name, getattr(f, name, None))
+    test.__simdevice_unrunnable__ = message  # type: ignore[attr-defined]  # (a target of it: refused, saying why)
     return test
 
 

@@ -40,6 +40,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "unless your Hypothesis profile sets one)")
 
 
+def _can_make(path: str) -> bool:
+    """Whether the folder ``path`` exists or can be made: its nearest existing ancestor is a folder this process
+    may write in."""
+    here = Path(path).absolute()
+    while not here.exists():
+        here = here.parent
+    return here.is_dir() and (here == Path(path).absolute() or os.access(here, os.W_OK))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "simdevice: a @simdevice.fuzz test (schedule fuzzing on the simulator)")
     db = config.getoption("--simdevice-db")
@@ -47,6 +56,9 @@ def pytest_configure(config: pytest.Config) -> None:
     for option, path in (("--simdevice-db", db), ("--simdevice-trace", trace)):
         if path is not None and (not path or (os.path.exists(path) and not os.path.isdir(path))):
             raise pytest.UsageError(f"{option} {path!r}: not a directory (it names a folder, made when first written)")
+        if path and not _can_make(path):
+            raise pytest.UsageError(f"{option} {path!r}: cannot be made (a file on its way, or a folder that cannot "
+                                    "be written)")
     if db is not None:
         use_database(engine.database(db))
     _TRACE_DIR[:] = [Path(trace)] if trace else []

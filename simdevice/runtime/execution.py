@@ -123,6 +123,8 @@ class HostActor:
         self.result: Any = None
         #: a daemonic process (``multiprocessing``'s ``daemon=True``): it ends with the run's other actors
         self.daemon = False
+        #: sleeps it took since the run's host step count was ``sleeps[0]`` (:meth:`Runtime.host_sleeps`)
+        self.sleeps = (-1, 0)
 
     def count(self, poll: bool) -> int | None:
         """Count one host step; its index, or None where it is not counted. ``poll``: a step that only observes

@@ -26,7 +26,7 @@ from simdevice.runtime import sync
 from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.collectives import Collectives, Gather
 from simdevice.runtime.config import UNIT_NS, SimConfig
-from simdevice.runtime.execution import Delays, Execution, HostActor
+from simdevice.runtime.execution import POLLS, Delays, Execution, HostActor
 from simdevice.runtime.memory import Accessor, Memory, Ref, Storage
 from simdevice.runtime.memory import nbytes as span_bytes
 from simdevice.runtime.memsaver import LibraryFixes, SimMemorySaver
@@ -949,6 +949,13 @@ class Runtime:
         a = self.current()
         if not a.traced:
             a.time += ns
+        # a loop that sleeps and takes no step (``while True: time.sleep(1)``) never gives another actor a turn,
+        # nor meets the step bound or the stall horizon: every so many sleeps, one is a polling step
+        steps = self.execution.host_steps
+        mark, n = a.sleeps
+        a.sleeps = (steps, n + 1 if mark == steps else 1)
+        if a.sleeps[1] > POLLS:
+            self.host_step("time.sleep", poll=True)
 
     def sleep(self, units: float) -> None:
         if not units >= 0:  # also NaN

@@ -376,7 +376,27 @@ def _load_file(path: str) -> Any:
     return module
 
 
+class _ExitAtImport(BaseException):
+    """``os._exit(n)`` while a target's file or module is imported: the import fails, the command goes on."""
+
+    def __str__(self) -> str:
+        return f"os._exit({self.args[0]})"
+
+
+def _exit_at_import(n: int) -> None:
+    raise _ExitAtImport(n)
+
+
 def _module_of(where: str) -> Any:
+    real_exit = os._exit
+    os._exit = _exit_at_import  # (it would end the command at once, with nothing said, under its exit code)
+    try:
+        return _imported(where)
+    finally:
+        os._exit = real_exit
+
+
+def _imported(where: str) -> Any:
     try:
         if where.endswith(".py"):
             path = os.path.abspath(where)
@@ -393,6 +413,8 @@ def _module_of(where: str) -> Any:
         if not where.endswith(".py") and e.name is not None and (where == e.name or where.startswith(e.name + ".")):
             raise TargetError(f"no module {where[:200]!r} ({e.msg})") from None
         raise TargetError(f"importing {where[:200]!r} failed: ModuleNotFoundError: {e.msg[:200]}") from None
+    except _ExitAtImport as e:
+        raise TargetError(f"importing {where[:200]!r} failed: it called {e}") from None
     except BaseException as e:  # its own import failed: say so in one line
         first = str(e).splitlines()[0] if str(e) else ""
         raise TargetError(f"importing {where[:200]!r} failed: {type(e).__name__}: {first[:200]}") from None
@@ -446,6 +468,9 @@ def from_function(
         world_size = getattr(fn, "__simdevice_world_size__", None)
     values = values and getattr(fn, "__simdevice_values__", True)
     strategy = getattr(fn, "__simdevice_config__", None)
+    unrunnable = getattr(fn, "__simdevice_unrunnable__", None)
+    if unrunnable is not None:  # a @simdevice.fuzz test of a function it cannot run
+        raise TargetError(f"{name or _name_of(fn)}: @simdevice.fuzz: {unrunnable}")
     fn = getattr(fn, "__simdevice_target__", fn)
     if not callable(fn) or isinstance(fn, type):
         raise TargetError(f"{fn!r:.200} is not a function" + (" (it is a class)" if isinstance(fn, type) else ""))

@@ -641,3 +641,28 @@ def test_the_python_api_refuses_what_it_cannot_search() -> None:
     for n in (0, 99):
         with pytest.raises(ValueError, match=r"world_size must be in 1\.\.32"):
             simdevice.explore(f, world_size=n)
+
+
+def test_a_fuzz_test_that_cannot_be_fuzzed_is_refused_by_check(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``check`` of a ``@simdevice.fuzz`` test whose function cannot be run (a parameter without a default) said
+    "found", the test's own failure taken for the program's; it is refused as the function itself is."""
+    f = tmp_path / "test_user.py"
+    f.write_text("import simdevice\n\n\n@simdevice.fuzz\ndef test_needs(n):\n    pass\n")
+    assert main(["check", f"{f}::test_needs"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "@simdevice.fuzz:" in err[0]
+    assert "has a parameter 'n' without a default" in err[0]
+
+
+def test_a_file_that_calls_os_exit_as_it_is_imported_fails_its_import(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``os._exit(n)`` at import ended the command at once, with nothing said, under the file's exit code (0: a
+    script read it as clean, and ``--json`` printed nothing)."""
+    f = tmp_path / "exits.py"
+    f.write_text("import os\nos._exit(0)\n\n\ndef f():\n    pass\n")
+    for args in (["check", f"{f}::f", "--json"], ["list", str(f)]):
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"simdevice: error: importing '{f}' failed: it called os._exit(0)"]

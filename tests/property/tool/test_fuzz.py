@@ -218,6 +218,12 @@ def test_the_database_and_trace_options_write_where_asked(pytester: pytest.Pytes
         result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "plain_racy", f"{option}={trace}")
         assert result.ret == pytest.ExitCode.USAGE_ERROR
         result.stderr.fnmatch_lines([f"*{option} '{trace}': not a directory*"])
+        # a folder below a file cannot be made: a usage error too (it was an INTERNALERROR at the first failure,
+        # and the session's other tests never ran)
+        below = trace / "sub"
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "plain_racy", f"{option}={below}")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([f"*{option} '{below}': cannot be made*"])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
