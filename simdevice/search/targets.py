@@ -22,7 +22,7 @@ import itertools
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import attrs
 
@@ -383,7 +383,7 @@ class _ExitAtImport(BaseException):
         return f"os._exit({self.args[0]})"
 
 
-def _exit_at_import(n: int) -> None:
+def _exit_at_import(n: int) -> NoReturn:
     raise _ExitAtImport(n)
 
 
