@@ -383,8 +383,8 @@ class _ExitAtImport(BaseException):
         return f"os._exit({self.args[0]})"
 
 
-def _exit_at_import(n: int) -> NoReturn:
-    raise _ExitAtImport(n)
+def _exit_at_import(status: int) -> NoReturn:
+    raise _ExitAtImport(status)
 
 
 def _module_of(where: str) -> Any:
