@@ -37,6 +37,11 @@ def _print_json(text: str) -> None:
     print(text, file=_JSON_OUT[0] or sys.stdout)
 
 
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, in the plural but for one."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _fail(message: str) -> int:
     print(f"simdevice: error: {message}", file=sys.stderr)
     return 2
@@ -565,11 +570,11 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
             "world_size": args.world_size or 1, "replay": result.replay,
         }, indent=2))
     elif out is None:
-        print(f"{target.name}: clean over {result.examples} schedules ({result.seconds}s)")
+        print(f"{target.name}: clean over {_count(result.examples, 'schedule')} ({result.seconds}s)")
         for n in result.notes:
             print(f"  note: {n}")
     else:
-        print(f"{target.name}: found after {result.examples} schedules ({result.seconds}s)")
+        print(f"{target.name}: found after {_count(result.examples, 'schedule')} ({result.seconds}s)")
         print(out.text())
         _say_judged()
         if fix is not None:
@@ -775,6 +780,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             "reports": [str(r) for r in first.run.reports], "problems": list(first.problems),
             "fix": fix.as_dict() if fix is not None else None,
             **({"interrupted": True} if interrupted else {}),
+            # (--trace: the first run's trace, each line as the text prints it)
+            **({"trace": first.trace_text().splitlines()} if args.trace else {}),
         }, indent=2))
     else:
         print(first.text())
@@ -914,7 +921,8 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
                      "--delays or --units, a configuration, or a larger --max-schedules")
     jobs = min(args.jobs or default_jobs(), -(-total // CHUNK)) if total >= PARALLEL_FROM else 1
     if not args.quiet:
-        print(f"running {total} schedules" + (f" in {jobs} worker processes" if jobs > 1 else ""), file=sys.stderr,
+        print(f"running {_count(total, 'schedule')}" + (f" in {jobs} worker processes" if jobs > 1 else ""),
+              file=sys.stderr,
               flush=True)
     #: schedules run to their end so far, and whether all were clean
     ran = [0, True]
@@ -984,7 +992,7 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
         }, indent=2))
     elif failed is None:
         delays = "1 delay" if args.delays == 1 else f"{args.delays} delays"
-        print(f"{where}: clean over all {n} schedules of at most {delays} of {stalls} "
+        print(f"{where}: clean over {'all ' if n > 1 else ''}{_count(n, 'schedule')} of at most {delays} of {stalls} "
               f"unit{'' if stalls == '1' else 's'}")
     elif whatever:
         print(f"{where}: no schedule of the {n} shows wrong values, but the default one races (a race is there "

@@ -666,3 +666,12 @@ def test_a_file_that_calls_os_exit_as_it_is_imported_fails_its_import(tmp_path: 
         assert main(args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"simdevice: error: importing '{f}' failed: it called os._exit(0)"]
+
+
+def test_replay_json_carries_the_trace_it_was_asked_for(capsys: pytest.CaptureFixture[str]) -> None:
+    """``replay --trace --json`` dropped the trace: the document has it now, a line each, as the text prints it."""
+    assert main(["replay", "examples/offload_plain.py::reload_racy", "--json", "--trace", "--no-fix"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert any("start copy_ (D2H) #0" in line for line in doc["trace"])
+    assert main(["replay", "examples/offload_plain.py::reload_racy", "--json", "--no-fix"]) == 1
+    assert "trace" not in json.loads(capsys.readouterr().out)
