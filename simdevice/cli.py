@@ -1033,8 +1033,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _list_functions(path: str, world_size: int | None = None) -> int:
     from simdevice.search.targets import TargetError, functions_in
 
+    # what the file prints as it is imported and probed goes to stderr: stdout holds the listing alone
+    apart = contextlib.redirect_stdout(sys.stderr)
     try:
-        found = functions_in(path, world_size)
+        with apart:
+            found = functions_in(path, world_size)
     except ScheduleError as e:
         return _fail(str(e))
     if not found:
@@ -1045,13 +1048,15 @@ def _list_functions(path: str, world_size: int | None = None) -> int:
         params = ", ".join(f"{k}={v!r}" for k, v in target.params.items())
         style = "plain torch.cuda" if target.style == "plain" else "contract (dev)"
         try:
-            counts = target.probe()
+            with apart:
+                counts = target.probe()
         except TargetError as e:
             print(f"{target.name}  [{style}]({params})\n  probe failed: {e}")
             continue
         ops = ", ".join(f"{a} {n}" for a, n in sorted(counts.items()) if n)
         print(f"{target.name}  [{style}]({params})\n  operations: {ops or 'none'}")
-        default = target.run(target.schedule())  # (the probe's run, kept)
+        with apart:
+            default = target.run(target.schedule())  # (the probe's run, kept)
         if any(r.kind in ("host-error", "step-limit", "deadlock") for r in default.run.reports):
             # an error or a limit ended it early: the counts are of what it did until then
             print(f"  its default schedule ends early: {default.verdict()} (simdevice replay \"{target.name}\""

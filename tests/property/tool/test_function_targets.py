@@ -675,3 +675,17 @@ def test_replay_json_carries_the_trace_it_was_asked_for(capsys: pytest.CaptureFi
     assert any("start copy_ (D2H) #0" in line for line in doc["trace"])
     assert main(["replay", "examples/offload_plain.py::reload_racy", "--json", "--no-fix"]) == 1
     assert "trace" not in json.loads(capsys.readouterr().out)
+
+
+def test_list_keeps_what_the_program_prints_off_its_listing(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """What the file prints as it is imported and probed went into ``list``'s listing on stdout; it goes to stderr."""
+    f = tmp_path / "noisy.py"
+    f.write_text('import torch\nprint("imported")\n\n\ndef f():\n    print("running")\n    torch.ones(3, device="cuda")\n')
+    assert main(["list", str(f)]) == 0
+    got = capsys.readouterr()
+    assert "imported" not in got.out
+    assert "running" not in got.out
+    assert "operations: default 1" in got.out
+    assert "imported" in got.err
+    assert "running" in got.err
