@@ -681,7 +681,8 @@ def test_list_keeps_what_the_program_prints_off_its_listing(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """What the file prints as it is imported and probed went into ``list``'s listing on stdout; it goes to stderr."""
     f = tmp_path / "noisy.py"
-    f.write_text('import torch\nprint("imported")\n\n\ndef f():\n    print("running")\n    torch.ones(3, device="cuda")\n')
+    f.write_text('import torch\nprint("imported")\n\n\ndef f():\n    print("running")\n'
+                 '    torch.ones(3, device="cuda")\n')
     assert main(["list", str(f)]) == 0
     got = capsys.readouterr()
     assert "imported" not in got.out
