@@ -107,8 +107,12 @@ class FunctionTarget:
             actors = self.probe(kwargs)
             for what, actor in named:
                 if actor not in actors:
+                    plain = self.run(self.schedule(schedule.config_dict()))  # (the probe's run, kept)
+                    early = [r for r in plain.run.reports if r.kind in ("host-error", "step-limit", "deadlock")]
+                    why = (f" (its run without delays ended early, before it could make one: {early[0]})"
+                           if early else "")
                     raise TargetError(
-                        f"{what} names actor {actor!r}, which {self.name} does not have; "
+                        f"{what} names actor {actor!r}, which {self.name} does not have{why}; "
                         f"actors: {', '.join(sorted(actors))}"
                     )
         return kwargs

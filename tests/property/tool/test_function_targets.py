@@ -690,3 +690,14 @@ def test_list_keeps_what_the_program_prints_off_its_listing(tmp_path: Path,
     assert "operations: default 1" in got.out
     assert "imported" in got.err
     assert "running" in got.err
+
+
+def test_a_delay_on_an_actor_the_run_never_reached_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    """Under ``--device-memory 1K`` the run stops at its first allocation, before it makes its stream: the delay on
+    that stream was refused as naming an actor the function does not have, with nothing said of why."""
+    assert main(["replay", "examples/offload_plain.py::reload_racy::d2h_stream#0+1", "--device-memory", "1K"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "names actor 'd2h_stream'" in err[0]
+    assert "its run without delays ended early, before it could make one: host error: host raised OutOfMemoryError" \
+        in err[0]
