@@ -8,7 +8,8 @@ maps the storage, the first time only (``storage_from_cache``):
 
 - the first receipt reads the written values in every trial;
 - the same storage sent again, rewritten behind a stall, is read stale where the consumer still holds the first
-  tensor (no wait), and correctly where it dropped it first (mapped again: a wait).
+  tensor or a tensor made from it (no wait), and correctly where it dropped it first (mapped again: a wait);
+- a child forked once CUDA is in use fails at its first CUDA call.
 
 Run: ``python -m pytest -q -s tests/gpu/test_ipc_gpu.py`` on a CUDA machine (a few seconds a trial: each spawns a
 process). Each case prints ``RATE``; ``IPC_GPU_TRIALS`` sets the trials (default 5).
@@ -37,16 +38,17 @@ N = 1 << 20
 STALL_MS = 200
 
 
-def _consumer(q: Any, out: Any, hold: bool) -> None:
+def _consumer(q: Any, out: Any, hold: str) -> None:
     first = q.get()
     out.put(float(first.sum().item()))
-    if not hold:
-        del first  # the mapping goes with the last tensor of it: the next receipt maps it again, and waits
+    kept = first.detach() if hold == "detached" else first if hold == "held" else None
+    del first  # the mapping goes with the last tensor of it: the next receipt maps it again, and waits
     again = q.get()
     out.put(float(again.sum().item()))
+    del kept
 
 
-def _trial(hold: bool, cycles: int) -> tuple[bool, bool]:
+def _trial(hold: str, cycles: int) -> tuple[bool, bool]:
     """(first receipt read right, second receipt read right)."""
     ctx = mp.get_context("spawn")
     q, out = ctx.Queue(), ctx.Queue()
@@ -67,17 +69,43 @@ def _trial(hold: bool, cycles: int) -> tuple[bool, bool]:
     return first == float(N), second == 2.0 * N
 
 
-@pytest.mark.parametrize("hold", [True, False], ids=["held", "dropped"])
-def test_ipc_orders_the_first_mapping_only(hold: bool) -> None:
+@pytest.mark.parametrize("hold", ["held", "detached", "dropped"])
+def test_ipc_orders_the_first_mapping_only(hold: str) -> None:
+    """``detached``: the consumer keeps only ``first.detach()``, a tensor of the same storage (the simulator keeps
+    the mapping through it, ``SimTensor._ipc``: no wait at the second receipt)."""
     cycles = int(STALL_MS * calibrate_sleep_cycles_per_ms())
     results = [_trial(hold, cycles) for _ in range(TRIALS)]
     first_wrong = sum(not a for a, _ in results)
     second_wrong = sum(not b for _, b in results)
-    print(f"RATE ipc consumer {'holds' if hold else 'drops'} the first tensor: first receipt wrong "
+    print(f"RATE ipc consumer {hold} the first tensor: first receipt wrong "
           f"{first_wrong}/{TRIALS}, second receipt wrong {second_wrong}/{TRIALS} "
           f"(torch {torch.__version__}, {torch.cuda.get_device_name()})", flush=True)
     assert first_wrong == 0
-    if hold:
+    if hold != "dropped":
         assert second_wrong > 0, "a storage received again while held waited for the producer's stream"
     else:
         assert second_wrong == 0
+
+
+def _uses_cuda(x: Any, out: Any) -> None:
+    try:
+        out.put(("ok", float(x.sum().item())))
+    except RuntimeError as e:
+        out.put(("error", str(e)))
+
+
+def test_a_child_forked_once_cuda_is_in_use_fails_at_its_first_cuda_call() -> None:
+    """What the simulator's note on a forked process says (``simdevice/dropin/processes.py``)."""
+    import multiprocessing
+
+    x = torch.ones(N, device="cuda")
+    torch.cuda.synchronize()
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    p = ctx.Process(target=_uses_cuda, args=(x, out))
+    p.start()
+    kind, what = out.get(timeout=60)
+    p.join()
+    print(f"FORK child's first CUDA call: {kind}: {what[:120]}", flush=True)
+    assert kind == "error"
+    assert "Cannot re-initialize CUDA in forked subprocess" in what
