@@ -142,6 +142,7 @@ def fuzz(
         raise TypeError("fuzz takes config=... or keyword strategies, not both")
     if strategies:
         config = st.fixed_dictionaries(strategies)
+        config._simdevice_keys = tuple(strategies)  # type: ignore[attr-defined]  # (checked against its parameters)
 
     def decorate(f: Callable[..., Any]) -> Any:
         return _fuzz_test(f, max_examples, max_delays, config, world_size, values)
@@ -161,6 +162,14 @@ def _fuzz_test(
         target = from_function(f, world_size=world_size, values=values)
     except TargetError as e:  # the test fails with the one line; the module's other tests still run
         return _failing_test(f, str(e))
+    if max_examples is not None and max_examples < 1:
+        return _failing_test(f, f"max_examples must be >= 1, got {max_examples}")
+    if max_delays < 0:
+        return _failing_test(f, f"max_delays must be >= 0, got {max_delays}")
+    unknown = sorted(set(getattr(config, "_simdevice_keys", ())) - set(target.params))
+    if unknown:
+        return _failing_test(f, f"a strategy for {unknown[0]!r}, which {target.name} has no parameter of (its "
+                                f"parameters with defaults: {', '.join(target.params) or 'none'})")
 
     def run_schedule(schedule: Any) -> None:
         # its shortest line (values equal to the defaults left out), as check prints it
@@ -189,8 +198,7 @@ def _fuzz_test(
         if default.races:
             raise FuzzFailure(default, " (a race at the default schedule: there whatever the timing)")
 
-    for name in ("__name__", "__qualname__", "__module__", "__doc__"):
-        setattr(test, name, getattr(f, name, None))
+    _named_as(test, f)
     # what the command line and HypoFuzz need: the function it stands for, and the Hypothesis test inside
     test.__simdevice_target__ = f  # type: ignore[attr-defined]
     test.__simdevice_world_size__ = world_size  # type: ignore[attr-defined]
@@ -211,6 +219,15 @@ def _fail(message: str) -> None:
     pytest.fail(message, pytrace=False)
 
 
+def _named_as(test: Callable[..., Any], f: Any) -> None:
+    """``test`` takes ``f``'s name, qualified name, module and docstring (a stand-in's where ``f`` has none: a
+    non-function given to ``fuzz``)."""
+    for name, default in (("__name__", "test"), ("__qualname__", "test"), ("__module__", __name__)):
+        value = getattr(f, name, None)
+        setattr(test, name, value if isinstance(value, str) else default)
+    test.__doc__ = getattr(f, "__doc__", None) if callable(f) else None
+
+
 def _failing_test(f: Callable[..., Any], message: str) -> Any:
     """A test of ``f`` that fails with ``message``: what ``@simdevice.fuzz`` gives for a function it cannot run (at
     collection the error would stop the module's other tests too)."""
@@ -218,8 +235,7 @@ def _failing_test(f: Callable[..., Any], message: str) -> Any:
     def test() -> None:
         _fail(f"@simdevice.fuzz: {message}")
 
-    for name in ("__name__", "__qualname__", "__module__", "__doc__"):
-        setattr(test, name, getattr(f, name, None))
+    _named_as(test, f)
     test.__simdevice_unrunnable__ = message  # type: ignore[attr-defined]  # (a target of it: refused, saying why)
     return test
 

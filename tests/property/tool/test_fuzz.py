@@ -408,6 +408,9 @@ def fine(n: int = 4) -> None:
 test_needs_n = simdevice.fuzz(n=st.integers(1, 8))(needs_n)
 test_fine = simdevice.fuzz(max_examples=3)(fine)
 test_bad_pin = simdevice.example("nosuch#0+1")(simdevice.fuzz(max_examples=3)(fine))
+test_not_a_function = simdevice.fuzz(3)
+test_unknown_strategy = simdevice.fuzz(m=st.integers(1, 8))(fine)
+test_negative_delays = simdevice.fuzz(max_delays=-1)(fine)
 """
 
 
@@ -416,8 +419,12 @@ def test_a_fuzz_test_it_cannot_run_fails_alone_in_one_line(pytester: pytest.Pyte
     line (the first stopped the whole module's collection; the second showed the tool's traceback)."""
     pytester.makepyfile(test_broken=BROKEN)
     result = _pytest(pytester)
-    result.assert_outcomes(passed=1, failed=2)
+    result.assert_outcomes(passed=1, failed=5)
     out = result.stdout.str()
     assert "@simdevice.fuzz: test_broken.py::needs_n has a parameter 'n' without a default" in out
     assert "@simdevice.example('nosuch#0+1'): delay nosuch#0+1 names actor 'nosuch'" in out
+    # (the first stopped the module's collection; the other two were Hypothesis's tracebacks)
+    assert "@simdevice.fuzz: 3 is not a function" in out
+    assert "@simdevice.fuzz: a strategy for 'm', which test_broken.py::fine has no parameter of" in out
+    assert "@simdevice.fuzz: max_delays must be >= 0, got -1" in out
     assert "fuzzing.py" not in out
