@@ -137,9 +137,8 @@ def _held_output(args: argparse.Namespace) -> Iterator[None]:
 def _say_held(args: argparse.Namespace, schedule: str) -> None:
     """Say, on stderr, that the program's output was held back, and how to see it."""
     if _HELD[0] and not args.quiet:
-        lines = f"{_HELD[0]} line" + ("" if _HELD[0] == 1 else "s")
-        print(f"(the program printed {lines} over its runs, held back: simdevice replay \"{schedule}\" "
-              "shows one run's, --show-output all of them)", file=sys.stderr)
+        print(f"(the program printed {_count(_HELD[0], 'line')} over its runs, held back: simdevice replay "
+              f"\"{schedule}\" shows one run's, --show-output all of them)", file=sys.stderr)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -826,19 +825,16 @@ def _no_verdict(name: str, out: Any) -> tuple[str, str] | None:
     from simdevice.explain import not_run
     from simdevice.runtime.reports import HostError, StepLimit
 
-    stopped = not_run(out)
-    if stopped is not None:
-        return ("unsupported", f"{name}: the program uses what the simulator does not run: "
-                f"{_first_sentence(stopped.error)} in {stopped.actor} ({stopped.source}), under schedule "
-                f"\"{out.schedule}\"; see \"Not intercepted\" in docs/dropin.md")
     reports = out.run.reports
-    if reports and all(isinstance(r, HostError) for r in reports) and AUTOCAST_NOTE in out.run.notes:
+    stopped, why = not_run(out), "the program uses what the simulator does not run"
+    if stopped is None and reports and all(isinstance(r, HostError) for r in reports) and (
+            AUTOCAST_NOTE in out.run.notes):
         # (its dtypes are float32's where a GPU's are reduced: an error of the program's may come from that)
-        error = reports[0]
-        return ("unsupported", f"{name}: the program ran under torch.autocast('cuda'), which the simulator does not "
-                f"apply (its ops ran in the dtypes they were given), and then raised with no race: "
-                f"{_first_sentence(error.error)} in {error.actor} ({error.source}), under schedule "
-                f"\"{out.schedule}\"; see \"Not intercepted\" in docs/dropin.md")
+        stopped, why = reports[0], ("the program ran under torch.autocast('cuda'), which the simulator does not "
+                                    "apply (its ops ran in the dtypes they were given), and then raised with no race")
+    if stopped is not None:
+        return ("unsupported", f"{name}: {why}: {_first_sentence(stopped.error)} in {stopped.actor} "
+                f"({stopped.source}), under schedule \"{out.schedule}\"; see \"Not intercepted\" in docs/dropin.md")
     if reports and all(isinstance(r, StepLimit) for r in reports):
         return ("step_limit", f"{name}: no verdict under schedule \"{out.schedule}\": {reports[0]}; nothing was "
                 "found before it")

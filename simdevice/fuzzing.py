@@ -142,10 +142,9 @@ def fuzz(
         raise TypeError("fuzz takes config=... or keyword strategies, not both")
     if strategies:
         config = st.fixed_dictionaries(strategies)
-        config._simdevice_keys = tuple(strategies)  # type: ignore[attr-defined]  # (checked against its parameters)
 
     def decorate(f: Callable[..., Any]) -> Any:
-        return _fuzz_test(f, max_examples, max_delays, config, world_size, values)
+        return _fuzz_test(f, max_examples, max_delays, config, world_size, values, tuple(strategies))
 
     return decorate(fn) if fn is not None else decorate
 
@@ -157,7 +156,9 @@ def _fuzz_test(
     config: st.SearchStrategy[dict[str, Any]] | None,
     world_size: int | None,
     values: bool = True,
+    keys: tuple[str, ...] = (),
 ) -> Any:
+    """The test ``fuzz`` makes of ``f`` (``keys``: the parameters its keyword strategies draw)."""
     try:
         target = from_function(f, world_size=world_size, values=values)
     except TargetError as e:  # the test fails with the one line; the module's other tests still run
@@ -166,7 +167,7 @@ def _fuzz_test(
         return _failing_test(f, f"max_examples must be >= 1, got {max_examples}")
     if max_delays < 0:
         return _failing_test(f, f"max_delays must be >= 0, got {max_delays}")
-    unknown = sorted(set(getattr(config, "_simdevice_keys", ())) - set(target.params))
+    unknown = sorted(set(keys) - set(target.params))
     if unknown:
         return _failing_test(f, f"a strategy for {unknown[0]!r}, which {target.name} has no parameter of (its "
                                 f"parameters with defaults: {', '.join(target.params) or 'none'})")

@@ -248,9 +248,9 @@ class _ForwardStream(TorchFunctionMode):
 
 
 def _check(device: Any) -> None:
-    """A device argument past ``device_count()`` raises CUDA's invalid device ordinal (:func:`on_device`)."""
-    if device is not None:
-        on_device(device)
+    """A device argument past ``device_count()`` raises CUDA's invalid device ordinal, in each form a device is
+    named (:func:`on_device`); the one simulated device stays current (``torch.cuda.set_device``)."""
+    on_device(device)
 
 
 def current_stream(device: Any = None) -> Stream:
@@ -318,6 +318,11 @@ def _properties(device: Any = None) -> Any:
     )
 
 
+def _capability(device: Any = None) -> tuple[int, int]:
+    p = _properties(device)
+    return p.major, p.minor
+
+
 def memory_allocated(device: Any = None) -> int:
     _check(device)
     return session_device().runtime.memory_stats()["allocated"]
@@ -361,7 +366,7 @@ def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None
     """``torch.cuda.set_per_process_memory_fraction``: the caching allocator's segments may take ``fraction`` of the
     device's memory together; an allocation past it releases the cache, then raises ``torch.OutOfMemoryError``.
     (The simulated device has one allocator: the fraction bounds every process and rank of the run together.)"""
-    on_device(device)  # (an index past device_count() raises)
+    _check(device)
     if not isinstance(fraction, float):  # (torch's checks and words)
         raise TypeError("Invalid type for fraction argument, must be `float`")
     if fraction < 0 or fraction > 1:
@@ -370,7 +375,7 @@ def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None
 
 
 def get_per_process_memory_fraction(device: Any = None) -> float:
-    on_device(device)
+    _check(device)
     fraction = session_device().runtime.memsaver.allocator.fraction
     return 1.0 if fraction is None else fraction[0]
 
@@ -489,11 +494,6 @@ def on_device(d: Any) -> bool:
         _ordinal(d.index)
         return True
     return False
-
-
-def set_device(d: Any) -> None:
-    """``torch.cuda.set_device``: an index past ``device_count()`` raises; the one simulated device stays current."""
-    on_device(d)  # (which checks the index, in each form a device is named)
 
 
 def _meta() -> torch.device:
@@ -634,10 +634,10 @@ def install(p: Patches) -> None:
         "is_initialized": lambda: True,
         "device_count": device_count,
         "current_device": lambda: 0,
-        "set_device": set_device,
+        "set_device": _check,
         "get_device_name": lambda d=None: _properties(d).name,
         "get_device_properties": _properties,
-        "get_device_capability": lambda d=None: (_properties(d).major, _properties(d).minor),
+        "get_device_capability": _capability,
         "Stream": Stream,
         "Event": Event,
         "stream": stream,

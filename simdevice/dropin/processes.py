@@ -73,8 +73,8 @@ def _in_run() -> bool:
 # -- CUDA IPC -------------------------------------------------------------------------------------------------------
 
 
-def _tensors(obj: Any, found: list[Any], seen: set[int], kind: type | tuple[type, ...] = SimTensor) -> None:
-    """The device tensors in ``obj`` (or the objects of ``kind``), as pickling would reach them (containers and
+def _reached(obj: Any, found: list[Any], seen: set[int], kind: type | tuple[type, ...] = SimTensor) -> None:
+    """The objects of ``kind`` in ``obj`` (device tensors, by default), as pickling would reach them (containers and
     objects' attributes)."""
     if id(obj) in seen:
         return
@@ -83,14 +83,14 @@ def _tensors(obj: Any, found: list[Any], seen: set[int], kind: type | tuple[type
         found.append(obj)
     elif isinstance(obj, (list, tuple, set, frozenset)):
         for x in obj:
-            _tensors(x, found, seen, kind)
+            _reached(x, found, seen, kind)
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            _tensors(k, found, seen, kind)
-            _tensors(v, found, seen, kind)
+            _reached(k, found, seen, kind)
+            _reached(v, found, seen, kind)
     elif hasattr(obj, "__dict__") and not isinstance(obj, (_OPAQUE, torch.Tensor)):
         for v in vars(obj).values():
-            _tensors(v, found, seen, kind)
+            _reached(v, found, seen, kind)
 
 
 class _Sent:
@@ -157,7 +157,7 @@ def _sent(dev: Any, obj: Any, stream: Any) -> _Sent:
     payload, refs = _pickled(obj)
     found: list[SimTensor] = []
     if payload is None:
-        _tensors(obj, found, set())
+        _reached(obj, found, set())
     else:
         found = [x for x in refs if isinstance(x, SimTensor)]
     sender = dev.runtime.current().name
@@ -189,7 +189,7 @@ def _received(dev: Any, sent: _Sent) -> Any:
     maps: dict[tuple[str, int], weakref.ref[Any]] = dev.ipc_maps
     found: list[SimTensor] = []
     if sent.payload is None:
-        _tensors(sent.obj, found, set())
+        _reached(sent.obj, found, set())
     else:
         found = [x for x in sent.refs if isinstance(x, SimTensor)]
     #: each storage's mapping in the receiver: held by every tensor of it there, views too (``SimTensor._ipc``)
@@ -349,11 +349,12 @@ def _patch_process(p: Patches) -> None:
                 child.exitcode = _exit_code(e.code)
 
         parent = child.parent = rt.current().name
+        name = _name(dev, self)
         if rt.memory.issues and _start_method(self) == "fork":
-            rt.note(f"a process started with the fork method after CUDA was in use ({_name(dev, self)}, "
-                    f"{user_source()}): on a GPU its first CUDA call raises \"Cannot re-initialize CUDA in forked "
-                    "subprocess\"; start it with get_context(\"spawn\") (the simulator runs it as spawned)")
-        child.actor = rt.spawn(_name(dev, self), body)
+            rt.note(f"a process started with the fork method after CUDA was in use ({name}, {user_source()}): on a "
+                    "GPU its first CUDA call raises \"Cannot re-initialize CUDA in forked subprocess\"; start it "
+                    "with get_context(\"spawn\") (the simulator runs it as spawned)")
+        child.actor = rt.spawn(name, body)
         dev.sim_processes[child.actor.name] = self
         dev.sim_children.setdefault(parent, []).append(self)
         rt.gpu_replay = False  # (reference.cuda_plain refuses it: the replay line offers no --gpu)
@@ -453,11 +454,18 @@ def _patch_identity(p: Patches) -> None:
     for name, value in (("current_process", sim_current_process), ("parent_process", sim_parent_process),
                         ("active_children", sim_active_children)):
         p.set(process, name, value)
-        p.set(multiprocessing.context.BaseContext, name, staticmethod(value))
-        for m in _modules():
-            if name in vars(m):
-                p.set(m, name, value)
+        _set_everywhere(p, name, lambda original, method, value=value: staticmethod(value) if method else value)
     p.set(os, "getpid", sim_getpid)
+
+
+def _set_everywhere(p: Patches, name: str, make: Callable[[Any, bool], Any]) -> None:
+    """``name`` on every context and in the modules that bind the default context's: ``make(original, method)``,
+    ``method`` True for the contexts' method."""
+    ctx = multiprocessing.context.BaseContext
+    p.set(ctx, name, make(getattr(ctx, name), True))
+    for m in _modules():
+        if name in vars(m):
+            p.set(m, name, make(vars(m)[name], False))
 
 
 def _real_primitives() -> tuple[type, ...]:
@@ -476,7 +484,7 @@ def _no_real_primitives(args: tuple[Any, ...]) -> None:
     """A simulated process cannot use a real queue, lock or pipe (one made before the run, or by a library that
     makes its own): a blocking call on it would block the whole run, and it orders nothing the simulator sees."""
     found: list[Any] = []
-    _tensors(args, found, set(), _real_primitives())  # (in a container or an object's attributes too)
+    _reached(args, found, set(), _real_primitives())  # (in a container or an object's attributes too)
     if found:
         y = found[0]
         raise NotImplementedError(
@@ -551,7 +559,7 @@ class SimQueue:
         return len(self._box.items)
 
     def full(self) -> bool:
-        self._dev.runtime.queue_empty(self._box, "Queue.full")  # (a polling step)
+        self._dev.runtime.host_step("Queue.full", poll=True)
         return self._box.full()
 
     def close(self) -> None:
@@ -680,12 +688,8 @@ def install(p: Patches) -> None:
     """Put the simulated processes and primitives in place (each falls back to the original outside a run)."""
     _patch_process(p)
     _patch_identity(p)
-    ctx = multiprocessing.context.BaseContext
     for name in (*_MADE, *_REFUSED):
-        p.set(ctx, name, _in_run_instead(name, getattr(ctx, name), method=True))
-        for m in _modules():
-            if name in vars(m):
-                p.set(m, name, _in_run_instead(name, vars(m)[name], method=False))
+        _set_everywhere(p, name, lambda original, method, name=name: _in_run_instead(name, original, method))
     p.set(os, "_exit", _os_exit(os._exit))
 
 

@@ -432,30 +432,28 @@ class CachingAllocator:
 
     def _reserve(self, nbytes: int) -> None:
         """Room for a new segment of ``nbytes``: past the capacity, the cached segments are released first (as
-        CUDA's allocator does before it gives up), then torch.OutOfMemoryError."""
-        if self.fraction is not None and self._reserved + nbytes > self.fraction[1]:
-            # (as CUDA's allocator: the cache released and the allocation tried again, before it gives up)
-            self.empty_cache()
-            self.alloc_retries += 1
-            if self._reserved + nbytes > self.fraction[1]:
-                self.ooms += 1
-                fraction, limit = self.fraction
-                raise torch.OutOfMemoryError(
-                    f"simulated device out of memory: tried to allocate {_size(nbytes)}; {_size(self._reserved)} "
-                    f"reserved of the {_size(limit)} the process may take (set_per_process_memory_fraction"
-                    f"({fraction}))")
-        if self.capacity is not None and self._reserved + nbytes > self.capacity:
-            self.empty_cache()
-            self.alloc_retries += 1
-            if self._reserved + nbytes > self.capacity:
-                self.ooms += 1
-                raise torch.OutOfMemoryError(
-                    f"simulated device out of memory: tried to allocate {_size(nbytes)}; {_size(self._reserved)} "
-                    f"reserved of {_size(self.capacity)} (raise it: SimConfig(device_memory=N), or --device-memory "
-                    "on the command line" + ("" if self.lazy else "; with --no-values, a race-only run, its bytes cost "
-                                             "this machine no memory") + ")")
+        CUDA's allocator does before it gives up), then torch.OutOfMemoryError. The bounds: the fraction the program
+        set (``set_per_process_memory_fraction``), then the device's capacity."""
+        bounds = [b for b in (self.fraction and self.fraction[1], self.capacity) if b is not None]
+        for bound in bounds:
+            if self._reserved + nbytes > bound:
+                self.empty_cache()
+                self.alloc_retries += 1
+                if self._reserved + nbytes > bound:
+                    self.ooms += 1
+                    raise torch.OutOfMemoryError(
+                        f"simulated device out of memory: tried to allocate {_size(nbytes)}; {_size(self._reserved)} "
+                        f"reserved of {self._bound_text(bound)}")
         self._reserved += nbytes
         self._reserved_peak = max(self._reserved_peak, self._reserved)
+
+    def _bound_text(self, bound: int) -> str:
+        """The bound an allocation ran past, in an out-of-memory error's words."""
+        if self.fraction is not None and bound == self.fraction[1]:
+            return f"the {_size(bound)} the process may take (set_per_process_memory_fraction({self.fraction[0]}))"
+        return (f"{_size(bound)} (raise it: SimConfig(device_memory=N), or --device-memory on the command line"
+                + ("" if self.lazy else "; with --no-values, a race-only run, its bytes cost this machine no memory")
+                + ")")
 
     @staticmethod
     def _split(block: Block, size: int) -> Block | None:

@@ -938,8 +938,8 @@ class Runtime:
         self.execution.changed()
         return item
 
-    def queue_empty(self, box: Mailbox, step: str = "Queue.empty") -> bool:
-        self.host_step(step, poll=True)
+    def queue_empty(self, box: Mailbox) -> bool:
+        self.host_step("Queue.empty", poll=True)
         return not box.items
 
     def host_sleeps(self, ns: int) -> None:

@@ -433,9 +433,8 @@ def resolve(text: str, world_size: int | None = None) -> FunctionTarget:
         if not hasattr(obj, part):
             raise TargetError(f"{where[:200]} has no function {name!r}")
         obj = getattr(obj, part)
-    if not callable(obj) or isinstance(obj, type):
-        what = "it is a class" if isinstance(obj, type) else f"its type is {type(obj).__name__}"
-        raise TargetError(f"{where[:200]}::{name} is not a function ({what})")
+    if not callable(obj):
+        raise TargetError(f"{where[:200]}::{name} is not a function (its type is {type(obj).__name__})")
     return from_function(obj, f"{_where_text(where)}::{name}", world_size)
 
 
@@ -476,8 +475,9 @@ def from_function(
     if unrunnable is not None:  # a @simdevice.fuzz test of a function it cannot run
         raise TargetError(f"{name or _name_of(fn)}: @simdevice.fuzz: {unrunnable}")
     fn = getattr(fn, "__simdevice_target__", fn)
-    if not callable(fn) or isinstance(fn, type):
-        raise TargetError(f"{fn!r:.200} is not a function" + (" (it is a class)" if isinstance(fn, type) else ""))
+    if not callable(fn) or isinstance(fn, type):  # (a class: calling it makes an instance, and runs no body of it)
+        raise TargetError(f"{name or repr(fn)[:200]} is not a function" + (
+            " (it is a class)" if isinstance(fn, type) else ""))
     if name is None:
         name = _name_of(fn)
     if world_size is not None and not 1 <= world_size <= MAX_WORLD_SIZE:
