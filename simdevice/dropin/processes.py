@@ -352,7 +352,8 @@ def _patch_process(p: Patches) -> None:
         name = _name(dev, self)
         if rt.memory.issues and _start_method(self) == "fork":
             rt.note(f"a process started with the fork method after CUDA was in use ({name}, {user_source()}): on a "
-                    "GPU its first CUDA call raises \"Cannot re-initialize CUDA in forked subprocess\"; start it "
+                    "GPU its first CUDA call fails (\"Cannot re-initialize CUDA in forked subprocess\", or a CUDA "
+                    "\"initialization error\" for a kernel on a tensor it inherited); start it "
                     "with get_context(\"spawn\") (the simulator runs it as spawned)")
         child.actor = rt.spawn(name, body)
         dev.sim_processes[child.actor.name] = self

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import gc
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -66,6 +67,28 @@ def collector_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+@contextlib.contextmanager
+def assert_explanations_plain() -> Iterator[None]:
+    """During a run, a failing ``assert`` that pytest rewrote (one in a test module) says pytest's plain message, the
+    operands' short reprs, without pytest's comparison hook (``pytest_assertrepr_compare``), which diffs them.
+
+    A search fails the program's assert at schedule after schedule, and the hook's diff of each is work no report
+    shows: ``assert x.cpu().tolist() == [1.0] * 1024`` took pytest's ndiff hours per failure where pytest does not
+    truncate (its CI mode, when the ``CI`` variable is set), and a test that searched such a program never ended.
+    The hook is pytest's module global ``_pytest.assertion.util._reprcompare`` (set for the test being run); outside
+    pytest there is none, and after the run it is back."""
+    util = sys.modules.get("_pytest.assertion.util")
+    saved = getattr(util, "_reprcompare", None)
+    if saved is None:
+        yield
+        return
+    util._reprcompare = None  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        util._reprcompare = saved  # type: ignore[union-attr]
 
 
 def _no_more_actors() -> contextlib.AbstractContextManager[Any]:
@@ -240,7 +263,8 @@ class Runtime:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            with ex.unraisable_reported(), ex.program_threads_checked(self.memory.lookup), collector_paused():
+            with ex.unraisable_reported(), ex.program_threads_checked(self.memory.lookup), collector_paused(), \
+                    assert_explanations_plain():
                 try:
                     ex.begin()
                     ex.finished.wait()

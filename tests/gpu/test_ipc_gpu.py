@@ -88,13 +88,19 @@ def test_ipc_orders_the_first_mapping_only(hold: str) -> None:
 
 
 def _uses_cuda(x: Any, out: Any) -> None:
+    """``x`` is a CUDA tensor the child inherited, or ``None``: then it makes a new one (through ``torch.cuda``)."""
     try:
-        out.put(("ok", float(x.sum().item())))
+        y = torch.ones(N, device="cuda") if x is None else x
+        out.put(("ok", float(y.sum().item())))
     except RuntimeError as e:
         out.put(("error", str(e)))
 
 
-def test_a_child_forked_once_cuda_is_in_use_fails_at_its_first_cuda_call() -> None:
+@pytest.mark.parametrize(("inherited", "expected"), [
+    (True, "CUDA error: initialization error"),  # a kernel on the parent's tensor: the driver refuses it
+    (False, "Cannot re-initialize CUDA in forked subprocess"),  # torch.cuda's lazy init refuses first
+])
+def test_a_child_forked_once_cuda_is_in_use_fails_at_its_first_cuda_call(inherited: bool, expected: str) -> None:
     """What the simulator's note on a forked process says (``simdevice/dropin/processes.py``)."""
     import multiprocessing
 
@@ -102,10 +108,11 @@ def test_a_child_forked_once_cuda_is_in_use_fails_at_its_first_cuda_call() -> No
     torch.cuda.synchronize()
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
-    p = ctx.Process(target=_uses_cuda, args=(x, out))
+    p = ctx.Process(target=_uses_cuda, args=(x if inherited else None, out))
     p.start()
     kind, what = out.get(timeout=60)
     p.join()
-    print(f"FORK child's first CUDA call: {kind}: {what[:120]}", flush=True)
+    print(f"FORK child's first CUDA call ({'inherited tensor' if inherited else 'new tensor'}): {kind}: "
+          f"{what[:120]!r}", flush=True)
     assert kind == "error"
-    assert "Cannot re-initialize CUDA in forked subprocess" in what
+    assert expected in what
