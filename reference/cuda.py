@@ -317,9 +317,9 @@ class CudaWork:
     def __init__(self, dev: CudaDevice, raw: Any) -> None:
         self.dev, self.raw = dev, raw
 
-    def wait(self) -> None:
+    def wait(self, timeout: Any = None) -> bool:
         self.dev._host_step()
-        self.raw.wait()
+        return bool(self.raw.wait() if timeout is None else self.raw.wait(timeout))
 
     def is_completed(self) -> bool:
         self.dev._host_step(poll=True)

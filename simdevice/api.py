@@ -185,8 +185,13 @@ class SimWork:
         #: collective and returns has a second reference, so autograd copies it into ``.grad`` rather than taking it
         self._tensors = tensors
 
-    def wait(self) -> None:
+    def wait(self, timeout: Any = None) -> bool:
+        """NCCL's ``Work.wait``: the current stream waits for the collective; with a ``timeout`` the host also blocks
+        until it completed (as ProcessGroupNCCL does for a timed wait). True, as torch returns."""
         self._dev.runtime.work_wait(self._gather)
+        if timeout is not None and timeout.total_seconds() > 0:
+            self._dev.runtime.work_wait_host(self._gather)
+        return True
 
     def is_completed(self) -> bool:
         return self._dev.runtime.work_is_completed(self._gather)
