@@ -11,13 +11,15 @@ themselves, so a run that reaches one gives no verdict instead of the real proce
 
 from __future__ import annotations
 
+import io
+import pickle
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from simdevice.api import SimWork
-from simdevice.dispatch import ref_of
+from simdevice.dispatch import SimTensor, ref_of
 from simdevice.dropin.facade import session_device
 from simdevice.dropin.patches import Patches
 from simdevice.runtime.reports import user_source
@@ -208,15 +210,67 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -
     return None
 
 
+class _Pickled:
+    """An object as an object collective sends it: pickled at the call, as torch pickles it into the tensor it
+    sends (``_object_to_tensor``), so what the sender changes afterwards does not reach its peers, and each receiver
+    (the sender too, for ``all_gather_object``) unpickles a copy of its own. A device tensor in it is copied to the
+    host as the sender pickles it (torch's pickling of a CUDA storage: a synchronizing copy on the current stream)
+    and back to the device as a receiver unpickles it. An object that does not pickle here (a local function or
+    class in it) is shared as it is."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj: Any = None
+        self.payload: bytes | None = None
+        self.tensors: list[tuple[torch.Tensor, bool]] = []
+        index: dict[int, int] = {}
+        buf = io.BytesIO()
+        pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+
+        def persistent_id(x: Any) -> int | None:
+            if not isinstance(x, SimTensor):
+                return None
+            if id(x) not in index:
+                index[id(x)] = len(self.tensors)
+                self.tensors.append((x.detach().cpu(), x.requires_grad))
+            return index[id(x)]
+
+        pickler.persistent_id = persistent_id  # type: ignore[method-assign]
+        try:
+            pickler.dump(obj)
+        except (pickle.PicklingError, TypeError, AttributeError, RecursionError, ValueError):
+            self.obj, self.tensors = obj, []
+            return
+        self.payload = buf.getvalue()
+
+    def received(self) -> Any:
+        """The receiver's copy, made anew."""
+        if self.payload is None:
+            return self.obj
+        made: dict[int, torch.Tensor] = {}
+
+        def tensor(i: int) -> torch.Tensor:
+            if i not in made:
+                host, requires_grad = self.tensors[i]
+                made[i] = host.to("cuda").requires_grad_(requires_grad)
+            return made[i]
+
+        unpickler = pickle.Unpickler(io.BytesIO(self.payload))
+        unpickler.persistent_load = tensor  # type: ignore[method-assign]
+        return unpickler.load()
+
+
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
     _check_group(group)
-    object_list[:] = session_device().runtime.exchange_objects(obj)
+    sent = session_device().runtime.exchange_objects(_Pickled(obj))
+    object_list[:] = [p.received() for p in sent]
 
 
 def broadcast_object_list(object_list: list[Any], src: int = 0, group: Any = None, device: Any = None) -> None:
     _check_group(group)
-    lists = session_device().runtime.exchange_objects(list(object_list))
-    object_list[:] = lists[src]
+    root = get_rank() == src  # as torch's: the root pickles its objects and keeps its list as it is,
+    sent = session_device().runtime.exchange_objects([_Pickled(o) for o in object_list] if root else None)
+    if not root:  # the others get copies of the root's objects
+        object_list[:] = [p.received() for p in sent[src]]
 
 
 def install(p: Patches) -> None:
