@@ -11,6 +11,7 @@ themselves, so a run that reaches one gives no verdict instead of the real proce
 
 from __future__ import annotations
 
+import inspect
 import io
 import pickle
 from typing import Any
@@ -98,10 +99,11 @@ def new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> _World:
     return WORLD
 
 
-def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: Any = None,
+def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
                            async_op: bool = False) -> SimWork | None:
     _check_group(group)
-    return session_device().all_gather_into_tensor(output, input, async_op=async_op)  # type: ignore[no-any-return]
+    dev = session_device()
+    return dev.all_gather_into_tensor(output_tensor, input_tensor, async_op=async_op)  # type: ignore[no-any-return]
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
@@ -135,8 +137,20 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = d
     return _finish(gather, async_op, output, input)
 
 
-def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> SimWork | None:
+def _root(src: int | None, group_src: int | None) -> int:
+    """The root rank given as a global rank or as a rank of the group (the same, in the world), as torch takes it
+    (``_canonicalize_group_rank``): one of the two, not both."""
+    if src is not None and group_src is not None:
+        raise ValueError("Can't specify both group_rank and global_rank")
+    if src is None and group_src is None:
+        raise ValueError("Must specify global_rank or group_rank")
+    return src if src is not None else group_src  # type: ignore[return-value]
+
+
+def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, async_op: bool = False,
+              group_src: int | None = None) -> SimWork | None:
     _check_group(group)
+    src = _root(src, group_src)
     rt = session_device().runtime
     ref = ref_of(tensor)
     # NCCL's in-place broadcast: the root only sends from its buffer, the others only receive into theirs
@@ -147,9 +161,10 @@ def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool 
     return _finish(gather, async_op, tensor)
 
 
-def reduce(tensor: torch.Tensor, dst: int, op: Any = dist.ReduceOp.SUM, group: Any = None,
-           async_op: bool = False) -> SimWork | None:
+def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = dist.ReduceOp.SUM, group: Any = None,
+           async_op: bool = False, group_dst: int | None = None) -> SimWork | None:
     _check_group(group)
+    dst = _root(dst, group_dst)
     rt = session_device().runtime
     ref = ref_of(tensor)
     # every rank sends its tensor; only ``dst``'s is written (NCCL's in-place reduce)
@@ -200,7 +215,7 @@ NOT_SIMULATED = (
 )
 
 
-def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -> SimWork | None:
+def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None) -> SimWork | None:
     _check_group(group)
     rt = session_device().runtime
     gather = rt.collective("barrier", [], None, lambda rank, sent: [], user_source())
@@ -265,8 +280,17 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
     object_list[:] = [p.received() for p in sent]
 
 
-def broadcast_object_list(object_list: list[Any], src: int = 0, group: Any = None, device: Any = None) -> None:
+#: the root ``broadcast_object_list`` takes where none is given: that of the installed torch (0 before torch 2.6)
+_OBJECT_LIST_SRC: int | None = inspect.signature(
+    dist.distributed_c10d.broadcast_object_list).parameters["src"].default
+
+
+def broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None, device: Any = None,
+                          group_src: int | None = None) -> None:
     _check_group(group)
+    if src is None and group_src is None:  # torch before 2.6 took rank 0 for it; later ones refuse (_root)
+        src = _OBJECT_LIST_SRC
+    src = _root(src, group_src)
     root = get_rank() == src  # as torch's: the root pickles its objects and keeps its list as it is,
     sent = session_device().runtime.exchange_objects([_Pickled(o) for o in object_list] if root else None)
     if not root:  # the others get copies of the root's objects
