@@ -76,6 +76,28 @@ def _finish(gather: Any, async_op: bool, *tensors: torch.Tensor) -> SimWork | No
     return None
 
 
+def _check_tensor(t: torch.Tensor) -> None:
+    """ProcessGroupNCCL's check of a tensor it hands to NCCL (``check_gpu_single_tensor``), made at the call: a
+    device tensor, contiguous (NCCL reads and writes its bytes in order: a strided view is refused, not copied)."""
+    if not isinstance(t, torch.Tensor) or not t.is_cuda or t.is_sparse:
+        raise ValueError("Tensors must be CUDA and dense")
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}  # (what ``suggest_memory_format`` may answer)
+    if not t.is_contiguous() and not (t.dim() in formats and t.is_contiguous(memory_format=formats[t.dim()])):
+        raise ValueError("Tensors must be contiguous")
+
+
+def _check_pair(output: torch.Tensor, input: torch.Tensor, output_per_input: int, input_per_output: int,
+                type_error: str, size_error: str) -> None:
+    """ProcessGroupNCCL's checks of a collective from one tensor into another (``_allgather_base``,
+    ``_reduce_scatter_base``): both device tensors, contiguous, of one dtype, their sizes in the ratio given."""
+    _check_tensor(output)
+    _check_tensor(input)
+    if output.dtype != input.dtype:
+        raise TypeError(type_error)
+    if output.numel() * input_per_output != input.numel() * output_per_input:
+        raise ValueError(size_error)
+
+
 def _check_group(group: Any) -> None:
     if group is not None and group is not WORLD and group is not dist.group.WORLD:
         raise NotImplementedError("only the default process group (the whole world) is simulated")
@@ -102,6 +124,8 @@ def new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> _World:
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
                            async_op: bool = False) -> SimWork | None:
     _check_group(group)
+    _check_pair(output_tensor, input_tensor, get_world_size(), 1, "output tensor must have the same type as input "
+                "tensor", "output tensor size must be equal to world_size times input tensor size")
     dev = session_device()
     return dev.all_gather_into_tensor(output_tensor, input_tensor, async_op=async_op)  # type: ignore[no-any-return]
 
@@ -109,6 +133,10 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
                async_op: bool = False) -> SimWork | None:
     _check_group(group)
+    _check_tensor(tensor)
+    if len(tensor_list) != get_world_size():
+        raise ValueError(f"all_gather: tensor_list holds {len(tensor_list)} tensors, one per rank "
+                         f"({get_world_size()}) expected (NCCL would write past the ones given)")
     rt = session_device().runtime
     gather = rt.collective("all_gather", [ref_of(t) for t in tensor_list], ref_of(tensor),
                            lambda rank, sent: sent, user_source())
@@ -118,6 +146,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
 def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None,
                async_op: bool = False) -> SimWork | None:
     _check_group(group)
+    _check_tensor(tensor)
     rt = session_device().runtime
     ref = ref_of(tensor)
     gather = rt.collective("all_reduce", [ref], ref, lambda rank, sent: [_reduce(op, sent)], user_source())
@@ -127,6 +156,8 @@ def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = N
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                           group: Any = None, async_op: bool = False) -> SimWork | None:
     _check_group(group)
+    _check_pair(output, input, 1, get_world_size(), "input tensor must be the same type as the output tensor.",
+                "input tensor must be the same size as output size times world size")
     rt = session_device().runtime
     n = output.numel()
 
@@ -151,6 +182,7 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, a
               group_src: int | None = None) -> SimWork | None:
     _check_group(group)
     src = _root(src, group_src)
+    _check_tensor(tensor)
     rt = session_device().runtime
     ref = ref_of(tensor)
     # NCCL's in-place broadcast: the root only sends from its buffer, the others only receive into theirs
@@ -165,6 +197,7 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = dist.ReduceOp
            async_op: bool = False, group_dst: int | None = None) -> SimWork | None:
     _check_group(group)
     dst = _root(dst, group_dst)
+    _check_tensor(tensor)
     rt = session_device().runtime
     ref = ref_of(tensor)
     # every rank sends its tensor; only ``dst``'s is written (NCCL's in-place reduce)
@@ -177,6 +210,8 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = dist.ReduceOp
 def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes: Any = None,
                       input_split_sizes: Any = None, group: Any = None, async_op: bool = False) -> SimWork | None:
     _check_group(group)
+    _check_tensor(output)
+    _check_tensor(input)
     if output_split_sizes is not None or input_split_sizes is not None:
         raise NotImplementedError("all_to_all_single with split sizes is not simulated (equal splits are)")
     w = get_world_size()
