@@ -73,6 +73,22 @@ class Collective:
         self.clock = VectorClock()
         #: what the first rank to issue it asked for (all_gather, all_reduce, ...)
         self.kind: str | None = None
+        #: by rank, the elements and dtype of the tensor its call moves (what it sends, or receives if it sends
+        #: nothing: a broadcast's receivers): NCCL takes one count and one type for every rank
+        self.moved: dict[int, tuple[int, torch.dtype]] = {}
+
+    def check_agreed(self) -> None:
+        """Raise where the ranks passed tensors of different sizes or dtypes (on a GPU: a hang, or bytes of one
+        type read as another)."""
+        if len(set(self.moved.values())) <= 1:
+            return
+        by_rank = [self.moved[q] for q in sorted(self.moved)]
+        if len({n for n, _ in by_rank}) > 1:
+            raise RuntimeError(f"the ranks passed tensors of different sizes ({', '.join(str(n) for n, _ in by_rank)}"
+                               " elements, by rank): every rank must pass tensors of the same size")
+        names = ", ".join(str(d).removeprefix("torch.") for _, d in by_rank)
+        raise RuntimeError(f"the ranks passed tensors of different dtypes ({names}, by rank): every rank must pass "
+                           "tensors of the same dtype")
 
     @property
     def complete(self) -> bool:
@@ -171,6 +187,9 @@ class Collectives:
                 "(every rank must issue the same collectives in the same order)"
             )
         coll.issued += 1
+        moved = inp if inp is not None else (outs[0] if outs else None)
+        if moved is not None:
+            coll.moved[rank] = (moved[1].numel(), moved[1].dtype)
         sync.collective_issued(coll, a, comm)
 
         # A world of one is NCCL's one-rank path (``ncclLaunchOneRank``): no kernel, one ``cudaMemcpyAsync`` of the
@@ -205,6 +224,7 @@ class Collectives:
         issued = recv.issued  # (the effect holds the accesses, not the operation that holds the effect: no cycle)
 
         def received() -> None:
+            coll.check_agreed()  # (every rank has issued it: the receive comes after the rendezvous)
             if not values:
                 return
             values_in = combine(rank, [coll.sent[q] for q in range(world.size)])
