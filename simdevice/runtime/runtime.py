@@ -216,9 +216,10 @@ class Runtime:
         self._ran = False
         #: stream name -> where the program made it
         self._sites: dict[str, str] = {}
-        #: the device RNG: a base seed, and random ops issued so far (each gets a seed of its own)
+        #: the device RNG of each actor (by name: each rank and process has its own, as each process has its own
+        #: CUDA generator), from the run's seed: its seed and the random ops it issued (each gets a seed of its own)
         self._seed = options.seed
-        self._random_ops = 0
+        self._rng: dict[str, tuple[int, int]] = {}
         #: inserted edges by the site that waits; the sites backward edges wait for; their latest operation's record
         self._waits_at: dict[sync.Site, list[sync.Edge]] = {}
         edges = (*options.edges, *_INSERTED.get())
@@ -596,28 +597,37 @@ class Runtime:
         ms.allocated(block, st)
         return got.data, st, got.fresh, got.alias
 
+    def _rng_owner(self) -> str:
+        """Whose generator a random op draws from: the current actor's (each rank and process is a process of its
+        own, with its own CUDA generator), so that what one rank draws never moves another's numbers."""
+        a = self.execution.current_or_none()
+        return a.name if a is not None else ""
+
     def next_seed(self) -> int:
-        """The seed of the next random op: each gets its own, in the order the host issues them, so a random op's
-        values depend on the base seed and the program, never on the timing."""
-        self._random_ops += 1
-        return (self._seed * 1_000_003 + self._random_ops) % (1 << 63)
+        """The seed of the next random op: each gets its own, in the order the actor issues them, so a random op's
+        values depend on the base seed and the program, never on the timing (nor on another rank's draws)."""
+        owner = self._rng_owner()
+        seed, drawn = self._rng.get(owner, (self._seed, 0))
+        self._rng[owner] = (seed, drawn + 1)
+        return (seed * 1_000_003 + drawn + 1) % (1 << 63)
 
     def manual_seed(self, seed: int) -> None:
-        """``torch.cuda.manual_seed``: the random ops from here draw from ``seed``."""
+        """``torch.cuda.manual_seed``: the current actor's random ops from here draw from ``seed``."""
         self.set_rng_state(seed, 0)
 
     def rng_state(self) -> tuple[int, int]:
-        """The device generator's state (``torch.cuda.get_rng_state``): its seed and how many random ops drew."""
-        return self._seed, self._random_ops
+        """The current actor's device generator's state (``torch.cuda.get_rng_state``): its seed and how many random
+        ops drew."""
+        return self._rng.get(self._rng_owner(), (self._seed, 0))
 
     def set_rng_state(self, seed: int, drawn: int) -> None:
         """``torch.cuda.set_rng_state``: the random ops from here draw as they did after ``drawn`` ops from ``seed``
         (a recomputation under the state kept before its forward draws the forward's numbers)."""
-        self._seed, self._random_ops = int(seed), int(drawn)
+        self._rng[self._rng_owner()] = (int(seed), int(drawn))
 
     @property
     def initial_seed(self) -> int:
-        return self._seed
+        return self.rng_state()[0]
 
     def release(self, st: Storage, source: str) -> None:
         """``t.untyped_storage().resize_(0)``: the allocation's block is freed now, as if its tensors died (a
