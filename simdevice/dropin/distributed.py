@@ -323,7 +323,8 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
         src = _OBJECT_LIST_SRC
     src = _root(src, group_src)
     root = get_rank() == src  # as torch's: the root pickles its objects and keeps its list as it is,
-    sent = session_device().runtime.exchange_objects([_Pickled(o) for o in object_list] if root else None)
+    sent = session_device().runtime.exchange_objects([_Pickled(o) for o in object_list] if root else None,
+                                                     "broadcast_object_list")
     if not root:  # the others get copies of the root's objects
         object_list[:] = [p.received() for p in sent[src]]
 

@@ -54,12 +54,22 @@ class World:
         self.object_rounds: list[ObjectRound] = []
         self.objects_issued: dict[int, int] = {}
 
-    def instance_for(self, rank: int) -> Collective:
+    def instance_for(self, rank: int, actor: str, kind: str) -> Collective:
+        """``rank``'s next collective (``kind``): the k-th of every rank is one instance; ranks that disagree on its
+        kind are the program's error, as NCCL's would be (a hang, or one collective's bytes taken for another's)."""
         k = self._issued.get(rank, 0)
         self._issued[rank] = k + 1
         while len(self.instances) <= k:
             self.instances.append(Collective(len(self.instances), self.size))
-        return self.instances[k]
+        coll = self.instances[k]
+        if coll.kind is None:
+            coll.kind = kind
+        elif coll.kind != kind:
+            raise RuntimeError(
+                f"collective #{coll.seq}: {actor} issued {kind} where another rank issued {coll.kind} "
+                "(every rank must issue the same collectives in the same order)"
+            )
+        return coll
 
 
 class Collective:
@@ -178,14 +188,7 @@ class Collectives:
         self.called_under.add(cur.name)
         # wait: NCCL's stream must not read the input before the caller's stream produced it
         ex.enqueue(comm, sync.stream_waits(comm, sync.record(cur), f"stream {cur.name}"))
-        coll = world.instance_for(rank)
-        if coll.kind is None:
-            coll.kind = kind
-        elif coll.kind != kind:
-            raise RuntimeError(
-                f"collective #{coll.seq}: {a.name} issued {kind} where another rank issued {coll.kind} "
-                "(every rank must issue the same collectives in the same order)"
-            )
+        coll = world.instance_for(rank, a.name, kind)
         coll.issued += 1
         moved = inp if inp is not None else (outs[0] if outs else None)
         if moved is not None:
@@ -270,10 +273,13 @@ class Collectives:
             )
         return self.collective(a, "all_gather", [out], inp, _concatenated, src)
 
-    def exchange_objects(self, a: HostActor, obj: Any) -> list[Any]:
+    def exchange_objects(self, a: HostActor, obj: Any, kind: str = "all_gather_object") -> list[Any]:
         """A host-side collective of Python objects (``all_gather_object``): ``a`` blocks until every rank of
-        its world has contributed, and is then ordered after all of them."""
+        its world has contributed, and is then ordered after all of them. It takes its place among the world's
+        collectives (torch runs it as NCCL collectives, in order with the others), so ranks that issue it where a
+        peer issued another collective are told so."""
         world, rank = self.world_of(a.name)
+        world.instance_for(rank, a.name, kind)
         ex = self._exec
         k = world.objects_issued.get(rank, 0)
         world.objects_issued[rank] = k + 1

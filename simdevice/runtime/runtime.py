@@ -1070,10 +1070,11 @@ class Runtime:
             a.time += self.config.collective_host_ns
         return g
 
-    def exchange_objects(self, obj: Any) -> list[Any]:
-        """``all_gather_object``: the host blocks until every rank gave its object."""
-        a = self.host_step("all_gather_object")
-        return self.collectives.exchange_objects(a, obj)
+    def exchange_objects(self, obj: Any, kind: str = "all_gather_object") -> list[Any]:
+        """``all_gather_object`` (or another object collective, ``kind``): the host blocks until every rank gave its
+        object."""
+        a = self.host_step(kind)
+        return self.collectives.exchange_objects(a, obj, kind)
 
     def work_wait_host(self, work: Gather) -> None:
         """The host waits for a collective it issued to complete (``barrier``): part of that call's host step."""
