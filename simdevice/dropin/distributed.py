@@ -12,8 +12,6 @@ themselves, so a run that reaches one gives no verdict instead of the real proce
 from __future__ import annotations
 
 import inspect
-import io
-import pickle
 from typing import Any
 
 import torch
@@ -23,6 +21,7 @@ from simdevice.api import SimWork
 from simdevice.dispatch import SimTensor, ref_of
 from simdevice.dropin.facade import session_device
 from simdevice.dropin.patches import Patches
+from simdevice.dropin.pickling import pickled, unpickled
 from simdevice.runtime.reports import user_source
 
 
@@ -265,28 +264,9 @@ class _Pickled:
     class in it) is shared as it is."""
 
     def __init__(self, obj: Any) -> None:
-        self.obj: Any = None
-        self.payload: bytes | None = None
-        self.tensors: list[tuple[torch.Tensor, bool]] = []
-        index: dict[int, int] = {}
-        buf = io.BytesIO()
-        pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
-
-        def persistent_id(x: Any) -> int | None:
-            if not isinstance(x, SimTensor):
-                return None
-            if id(x) not in index:
-                index[id(x)] = len(self.tensors)
-                self.tensors.append((x.detach().cpu(), x.requires_grad))
-            return index[id(x)]
-
-        pickler.persistent_id = persistent_id  # type: ignore[method-assign]
-        try:
-            pickler.dump(obj)
-        except (pickle.PicklingError, TypeError, AttributeError, RecursionError, ValueError):
-            self.obj, self.tensors = obj, []
-            return
-        self.payload = buf.getvalue()
+        self.payload, refs = pickled(obj, lambda x: isinstance(x, SimTensor))
+        self.obj: Any = obj if self.payload is None else None
+        self.tensors = [(x.detach().cpu(), x.requires_grad) for x in refs]
 
     def received(self) -> Any:
         """The receiver's copy, made anew."""
@@ -300,9 +280,7 @@ class _Pickled:
                 made[i] = host.to("cuda").requires_grad_(requires_grad)
             return made[i]
 
-        unpickler = pickle.Unpickler(io.BytesIO(self.payload))
-        unpickler.persistent_load = tensor  # type: ignore[method-assign]
-        return unpickler.load()
+        return unpickled(self.payload, tensor)
 
 
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:

@@ -27,12 +27,10 @@ the lists, tuples, dicts and sets on the way to a device tensor, which are copie
 
 from __future__ import annotations
 
-import io
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.process
 import os
-import pickle
 import types
 import weakref
 from collections.abc import Callable
@@ -44,6 +42,7 @@ from reference.schedule import is_actor_name
 from simdevice.api import SharedValueHandle
 from simdevice.dispatch import SimTensor, storage_of
 from simdevice.dropin.patches import Patches
+from simdevice.dropin.pickling import pickled, unpickled
 from simdevice.runtime.config import UNIT_NS
 from simdevice.runtime.reports import user_source
 from simdevice.runtime.runtime import Mailbox, SharedCell
@@ -128,33 +127,12 @@ def _by_reference(x: Any) -> bool:
                           facade.Stream))
 
 
-def _pickled(obj: Any) -> tuple[bytes | None, list[Any]]:
-    """``obj`` pickled with what crosses by reference (:func:`_by_reference`) left out as persistent ids; (None,
-    []) where it does not pickle."""
-    refs: list[Any] = []
-    buf = io.BytesIO()
-    pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
-
-    def persistent_id(x: Any) -> int | None:
-        if _by_reference(x):
-            refs.append(x)
-            return len(refs) - 1
-        return None
-
-    pickler.persistent_id = persistent_id  # type: ignore[method-assign]
-    try:
-        pickler.dump(obj)
-    except (pickle.PicklingError, TypeError, AttributeError, RecursionError, ValueError):
-        return None, []
-    return buf.getvalue(), refs
-
-
 def _sent(dev: Any, obj: Any, stream: Any) -> _Sent:
     """Pickle ``obj`` for another process, now (what the sender changes later does not reach the receiver): for
     each device tensor in it, the IPC event recorded on ``stream`` (by storage). A tensor received from another
     process cannot be sent on (torch raises the same)."""
     _no_real_primitives((obj,))
-    payload, refs = _pickled(obj)
+    payload, refs = pickled(obj, _by_reference)
     found: list[SimTensor] = []
     if payload is None:
         _reached(obj, found, set())
@@ -222,12 +200,9 @@ def _received(dev: Any, sent: _Sent) -> Any:
         return done[id(x)]
 
     if sent.payload is not None:
-        unpickler = pickle.Unpickler(io.BytesIO(sent.payload))
         refs = sent.refs
-        unpickler.persistent_load = (  # type: ignore[method-assign]
-            lambda i: tensor(refs[i]) if isinstance(refs[i], SimTensor) else refs[i])
         try:
-            return unpickler.load()
+            return unpickled(sent.payload, lambda i: tensor(refs[i]) if isinstance(refs[i], SimTensor) else refs[i])
         finally:
             done.clear()
     if not events:
