@@ -91,6 +91,20 @@ def assert_explanations_plain() -> Iterator[None]:
         util._reprcompare = saved  # type: ignore[union-attr]
 
 
+@contextlib.contextmanager
+def cpu_generator_kept() -> Iterator[None]:
+    """A run draws its host random numbers (``torch.randn`` on the CPU, a module's initial weights) from the CPU
+    generator as it stood when the run began, and leaves it so: every run of a search, and the replay of one in a
+    new process, draws the same numbers. Without it each run went on from where the one before left the generator,
+    so a schedule's verdict could depend on the runs before it. (A ``with simdevice.cuda():`` block, the caller's
+    own code run once where it stands, draws from the generator as that code would.)"""
+    state = torch.default_generator.get_state()
+    try:
+        yield
+    finally:
+        torch.default_generator.set_state(state)
+
+
 def _no_more_actors() -> contextlib.AbstractContextManager[Any]:
     raise RuntimeError("the run is over: no actor starts any more")
 
@@ -265,7 +279,7 @@ class Runtime:
         torch.set_num_threads(1)
         try:
             with ex.unraisable_reported(), ex.program_threads_checked(self.memory.lookup), collector_paused(), \
-                    assert_explanations_plain():
+                    assert_explanations_plain(), cpu_generator_kept():
                 try:
                     ex.begin()
                     ex.finished.wait()
