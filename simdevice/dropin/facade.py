@@ -122,6 +122,10 @@ class Stream(StreamHandle):
         """(least, greatest) priority, as the H200 gives them."""
         return _PRIORITIES
 
+    def record_event(self, event: contract.Event | None = None) -> contract.Event:
+        """``s.record_event()``: a new ``torch.cuda.Event`` (as torch makes one) recorded on ``s``."""
+        return super().record_event(event if event is not None else Event())
+
     @property
     def cuda_stream(self) -> int:
         return int(self.stream_id)

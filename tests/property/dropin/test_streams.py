@@ -378,6 +378,23 @@ def test_a_stream_keeps_its_priority_within_the_device_s_range() -> None:
     assert default == 0
 
 
+def test_record_event_makes_a_torch_cuda_event() -> None:
+    """``s.record_event()`` with no event makes a ``torch.cuda.Event`` (as torch does: one with ``ipc_handle``, that
+    ``isinstance`` checks take), recorded on ``s``, and records a given one there (it made the contract's bare
+    event class, which is no ``torch.cuda.Event``)."""
+    with simdevice.cuda() as sim:
+        side = torch.cuda.Stream()
+        made = side.record_event()
+        from_current = torch.cuda.current_stream().record_event()
+        given = torch.cuda.Event()
+        returned = side.record_event(given)
+        kinds = [isinstance(e, torch.cuda.Event) for e in (made, from_current)]
+        made.synchronize()
+    sim.assert_clean()
+    assert kinds == [True, True]
+    assert returned is given
+
+
 def _undelayed() -> None:
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
