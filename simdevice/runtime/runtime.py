@@ -557,8 +557,11 @@ class Runtime:
     def event_record(self, s: SimStream | None, timing: bool = False) -> EventRecord:
         a = self.host_step("event.record")
         rec = self._record(s if s is not None else a.current_stream)
-        if timing:  # note when the stream gets past this point (now, if it already has)
-            rec.stream.done_at[rec.position] = self.now if rec.done() else None
+        if timing:  # the event's time: now, if the stream is past this point; else when it gets past it
+            if rec.done():
+                rec.stamped = self.now
+            else:
+                rec.stream.done_at.setdefault(rec.position, None)
         self.execution.progress()
         return rec
 

@@ -102,16 +102,21 @@ class SimStream:
 class EventRecord:
     """Where an event was recorded: the stream, its queue position, and its clock then."""
 
-    __slots__ = ("clock", "position", "stream")
+    __slots__ = ("clock", "position", "stamped", "stream")
 
     def __init__(self, stream: SimStream, position: int, clock: VectorClock) -> None:
         self.stream = stream
         self.position = position
         self.clock = clock
+        #: a timing record made when its stream was already past its position: the time it was made (each event
+        #: is stamped when the stream reaches it, so two recorded at one position at different times differ)
+        self.stamped: int | None = None
 
     def done(self) -> bool:
         return self.stream.completed >= self.position
 
     def time_ns(self) -> int | None:
         """When the stream got past the recorded work (None: not yet, or the record was made without timing)."""
+        if self.stamped is not None:
+            return self.stamped
         return self.stream.done_at.get(self.position)

@@ -99,6 +99,29 @@ def test_elapsed_time_is_virtual_milliseconds_between_completions() -> None:
     assert r.result == pytest.approx(3.0 + (cfg.host_step_ns + cfg.kernel_ns(4096)) / 1e6)
 
 
+@pytest.mark.parametrize("busy", [False, True])
+def test_two_timing_events_at_one_stream_position_keep_their_own_times(busy: bool) -> None:
+    """Two timing events recorded with no work between them, the host sleeping 10 ms in between, are 10 ms apart
+    (each is stamped when its stream reaches it: the second, on an idle stream, as it is recorded), whether the
+    first was recorded behind running work (``busy``) or on an idle stream. A mutant that keeps one time per
+    stream position (the later record overwrote it) gives 0."""
+
+    def program(dev: Any) -> float:
+        start, end = dev.Event(enable_timing=True), dev.Event(enable_timing=True)
+        if busy:
+            torch.ones(1 << 20, device=dev.device).mul_(2)
+        start.record()
+        dev.synchronize()
+        dev.sleep(10)  # host work while the stream is idle
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    r = run(program)
+    assert r.reports == ()
+    assert r.result >= 10.0
+
+
 @pytest.mark.parametrize(
     ("timing", "sync", "message"),
     [
