@@ -906,8 +906,11 @@ class Dispatcher:
         """The outputs' shapes and dtypes, from the meta kernel (cached per signature); None when they depend on
         the data (the meta kernel refuses, or the schema says so)."""
         if func is aten._to_copy.default:
+            # laid out as ATen's _to_copy lays it out: a dense input's strides kept, anything else contiguous (a
+            # slice's copy is contiguous, not strided as the slice), unless ``memory_format`` says otherwise
             x = args[0]
-            return torch.empty_strided(x.shape, x.stride(), dtype=kwargs.get("dtype") or x.dtype, device=META)
+            return torch.empty_like(_meta_of(x), dtype=kwargs.get("dtype") or x.dtype,
+                                    memory_format=kwargs.get("memory_format") or torch.preserve_format)
         return _on_meta(_meta_kernel, func, args, kwargs)
 
     def _outputs(

@@ -130,6 +130,36 @@ def test_host_tensors_stay_host_tensors() -> None:
     sim.assert_clean()
 
 
+#: copies across devices of a slice (not dense: laid out anew, contiguous) and of a transpose (dense: its strides
+#: kept), as ATen's ``_to_copy`` lays them out
+COPIES_ACROSS = {
+    "to cuda": lambda h, d: h.to("cuda"),
+    "cuda()": lambda h, d: h.cuda(non_blocking=True),
+    "cpu()": lambda h, d: d.cpu(),
+    "to cpu non_blocking": lambda h, d: d.to("cpu", non_blocking=True),
+    "to dtype": lambda h, d: d.to(torch.float64),
+}
+
+
+@pytest.mark.parametrize("copy", COPIES_ACROSS.values(), ids=list(COPIES_ACROSS))
+def test_a_copy_of_a_slice_is_contiguous_and_of_a_dense_tensor_keeps_its_strides(copy: Any) -> None:
+    """``x[:, :16].cuda()`` (or ``.cpu()``, ``.to(dtype)``) is contiguous, as torch lays out a copy of a tensor that
+    is not dense, so ``.view(-1)`` of it works; a transpose's copy keeps its strides. (The copy took the slice's
+    strides, (32, 1): ``view`` raised and ``is_contiguous()`` was False where a GPU says True.)"""
+    with simdevice.cuda() as sim:
+        h = torch.arange(256, dtype=torch.float32).view(8, 32)
+        d = torch.arange(256, dtype=torch.float32, device="cuda").view(8, 32)
+        sliced = copy(h[:, :16], d[:, :16])
+        flat = sliced.view(-1)
+        transposed = copy(h.t(), d.t())
+        torch.cuda.synchronize()
+        values = flat.cpu().tolist()
+    sim.assert_clean()
+    assert sliced.stride() == (16, 1)
+    assert transposed.stride() == (1, 32)
+    assert values == h[:, :16].reshape(-1).tolist()
+
+
 HOST_FROM_DEVICE = {
     "empty_like": lambda t: torch.empty_like(t, device="cpu"),
     "zeros_like": lambda t: torch.zeros_like(t, device="cpu"),
