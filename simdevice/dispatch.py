@@ -23,7 +23,11 @@ runtime calls:
   asynchronous; without it, or to pageable host memory (``.cpu()``,
   ``.item()``, a plain CPU destination), the host waits for the copy, as
   CUDA does; from pageable memory the source is read at issue, as CUDA's
-  staging does;
+  staging does; one between pinned memory and the device that is no single
+  memcpy (another dtype, a layout that is not one contiguous run) goes
+  through host temporaries as ATen's makes it: a strided pinned source is
+  read by the host at issue, a non-blocking copy into a strided pinned view
+  is synchronous (``_through_host_temporaries``);
 - plain CPU ops that touch pinned memory the simulator owns are host steps
   too, checked as host accesses.
 
@@ -581,6 +585,43 @@ def _non_blocking(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> b
     return bool(kwargs.get("non_blocking", False))
 
 
+def _one_memcpy(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """Whether ATen copies ``src`` into ``dst`` across host and device with one memcpy (``copy_requires_temporaries``
+    false): the same dtype, and after broadcasting the same dense layout (TensorIterator coalesces them into one
+    contiguous run)."""
+    dst, src = data_of(dst), data_of(src)
+    if dst.dtype != src.dtype:
+        return False
+    if dst.numel() <= 1:
+        return True
+    wide = src.expand_as(dst)
+    dims = [(a, b, n) for a, b, n in zip(dst.stride(), wide.stride(), dst.shape, strict=True) if n > 1]
+    if any(a != b for a, b, _ in dims):
+        return False
+    dense = 1  # the strides, smallest first, are those of a contiguous tensor of its dimensions in that order
+    for stride, _, n in sorted(dims):
+        if stride != dense:
+            return False
+        dense *= n
+    return True
+
+
+def _through_host_temporaries(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dst: torch.Tensor,
+                              src: torch.Tensor) -> tuple[bool, bool]:
+    """For a copy between a pinned host tensor and the device that is no single memcpy, how ATen's CUDA copy makes
+    it (``copy_kernel_cuda``: temporaries, the conversion on the device when non-blocking, else on the host):
+    (whether the host reads the pinned source at issue, making it contiguous or converting it into pageable memory
+    that the copy then stages; whether the copy lands in a pageable temporary the host waits for, then copies into
+    the pinned destination, which is not contiguous)."""
+    if _one_memcpy(dst, src):
+        return False, False
+    non_blocking = _non_blocking(func, args, kwargs)
+    if isinstance(dst, SimTensor):  # H2D from pinned memory
+        converts_on_host = not non_blocking and dst.dtype != src.dtype
+        return converts_on_host or not data_of(src).expand_as(data_of(dst)).is_contiguous(), False
+    return False, non_blocking and not dst.is_contiguous()  # D2H into pinned memory (a blocking one waits anyway)
+
+
 def _meta_of(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=META)
@@ -999,6 +1040,7 @@ class Dispatcher:
         result, outputs = self._outputs(a, func, facts, args, kwargs, written, meta)
         inputs, staged = self._inputs(facts, args, kwargs, flat, written)
         narrowed = facts.indexed is not None and self._narrow(facts, args, written, src)
+        into_pageable = facts.copy and self._copies_through_host(a, func, args, kwargs, outputs, staged, src)
 
         # one pass over what it reads and one over what it writes: the storages and bytes each touches, what it
         # reads as its effect holds it (an alias: ``_alias_of``), whether the host's memory is among them, and the
@@ -1016,10 +1058,10 @@ class Dispatcher:
                 reads.append(_alias_of(x))
             else:
                 host_touch = True
-                st = self.rt.lookup_pinned(x)
-                if st is not None:
-                    in_refs.append((st, x))
                 if id(x) not in staged:
+                    st = self.rt.lookup_pinned(x)
+                    if st is not None:
+                        in_refs.append((st, x))
                     reads.append(x)
         for x in outputs:
             if isinstance(x, SimTensor):
@@ -1032,7 +1074,7 @@ class Dispatcher:
                 if st is not None:
                     out_refs.append((st, x))
         desc = facts.name
-        pageable_out = host_touch and self._pageable(outputs)
+        pageable_out = host_touch and (into_pageable or self._pageable(outputs))
         if host_touch:
             n = -1  # (the bytes of its device and pinned tensors: counted by enqueue)
             if facts.copy:
@@ -1075,6 +1117,29 @@ class Dispatcher:
             if host_value:
                 return eff.value
         return result
+
+    def _copies_through_host(self, a: HostActor, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                             outputs: list[torch.Tensor], staged: dict[int, torch.Tensor], source: str) -> bool:
+        """A copy between pinned memory and the device that ATen makes through host temporaries
+        (:func:`_through_host_temporaries`): a pinned source the host reads now is checked as the host's read and
+        staged (the copy reads the staged bytes, as from pageable memory); whether the copy lands in a pageable
+        temporary (the host waits for it)."""
+        if func is aten.copy_.default:
+            dst, src = args[0], args[1]
+        elif len(args) == 1 and len(outputs) == 1:
+            dst, src = outputs[0], args[0]
+        else:
+            return False
+        if not isinstance(dst, torch.Tensor) or not isinstance(src, torch.Tensor):
+            return False
+        host = src if isinstance(dst, SimTensor) else dst
+        if isinstance(host, SimTensor) or self.rt.lookup_pinned(host) is None:
+            return False
+        reads_now, into_pageable = _through_host_temporaries(func, args, kwargs, dst, src)
+        if reads_now:
+            self.rt.host_access(a, func.__name__, self._refs([src]), [], source)
+            staged[id(src)] = src.clone() if self.config.values else src
+        return into_pageable
 
     def _narrow(self, facts: OpFacts, args: tuple[Any, ...], written: list[torch.Tensor], src: str) -> bool:
         """An indexed write (:attr:`OpFacts.indexed`) reads and writes its destination only where its index says:
