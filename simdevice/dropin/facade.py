@@ -107,6 +107,9 @@ _PRIORITIES = (0, -3)
 class Stream(StreamHandle):
     """``torch.cuda.Stream`` on the simulated device."""
 
+    #: the contexts of the ``with s:`` blocks open on this handle, innermost last
+    _entered: list[Any]
+
     def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
         _check(device)
         dev = session_device()
@@ -139,12 +142,16 @@ class Stream(StreamHandle):
         return session_device().shown
 
     def __enter__(self) -> Stream:
-        self._context = _forward_on(session_device(), self)
-        self._context.__enter__()
+        """``with s:``: ``s`` current for the block; the same stream may be entered again inside it (each ``with``
+        restores what was current as it began, as torch's stream context keeps a stack of them)."""
+        context = _forward_on(session_device(), self)
+        context.__enter__()
+        entered: list[Any] = self.__dict__.setdefault("_entered", [])
+        entered.append(context)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._context.__exit__(*exc)
+        self._entered.pop().__exit__(*exc)
 
 
 class Event(EventHandle):

@@ -395,6 +395,29 @@ def test_record_event_makes_a_torch_cuda_event() -> None:
     assert returned is given
 
 
+def test_a_stream_entered_again_inside_its_own_block_restores_each_stream_in_turn() -> None:
+    """``with side: with other: with side:`` (and ``with s: with s:``): each block's end makes current what was
+    current as it began, as torch's stream context does with its stack. (The handle kept one context: entering it
+    again dropped the outer one's, whose generator, closed, ended the outer block at once: after the inner block the
+    default stream was current inside the outer ``with``, and ops ran there.)"""
+    with simdevice.cuda() as sim:
+        side = torch.cuda.Stream()
+        other = torch.cuda.Stream()
+        seen = []
+        with side:
+            with side:
+                seen.append(torch.cuda.current_stream().name)
+            seen.append(torch.cuda.current_stream().name)
+            with other:
+                with side:
+                    seen.append(torch.cuda.current_stream().name)
+                seen.append(torch.cuda.current_stream().name)
+            seen.append(torch.cuda.current_stream().name)
+        seen.append(torch.cuda.current_stream().name)
+    assert sim.result is not None
+    assert seen == ["side", "side", "side", "other", "side", "default"]
+
+
 def _undelayed() -> None:
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
