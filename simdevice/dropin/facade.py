@@ -608,6 +608,7 @@ def _tensor_to(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _tensor_cuda(to: Callable[..., Any]) -> Callable[..., Any]:
     def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        _check(device)  # (an index past the device count raises, as CUDA's invalid device ordinal)
         return to(self, _meta(), non_blocking=non_blocking, **kwargs)
 
     return cuda

@@ -580,8 +580,10 @@ def test_a_stream_context_is_a_class_entered_again_and_set_stream_none_does_noth
     lambda: torch.cuda.synchronize(1), lambda: torch.cuda.current_stream(torch.device("cuda", 1)),
     lambda: torch.cuda.default_stream(1), lambda: torch.cuda.memory_allocated(1), lambda: torch.cuda.memory_stats(1),
     lambda: torch.cuda.mem_get_info(1), lambda: torch.cuda.reset_peak_memory_stats(1),
+    lambda: torch.ones(2).cuda(1), lambda: torch.ones(2, device="cuda").cuda("cuda:1"),
 ], ids=["device", "get_device_name", "get_device_capability", "Stream", "synchronize", "current_stream",
-        "default_stream", "memory_allocated", "memory_stats", "mem_get_info", "reset_peak_memory_stats"])
+        "default_stream", "memory_allocated", "memory_stats", "mem_get_info", "reset_peak_memory_stats",
+        "Tensor.cuda", "Tensor.cuda of a device tensor"])
 def test_every_device_argument_past_the_count_is_an_invalid_ordinal(call: Any) -> None:
     with simdevice.cuda() as sim:
         with pytest.raises(RuntimeError, match="invalid device ordinal"):
