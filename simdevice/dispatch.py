@@ -531,6 +531,18 @@ class SimStorage:
     def device(self) -> torch.device:
         return self._t._ops.shown
 
+    @property
+    def is_cuda(self) -> bool:
+        return bool(self.device.type == "cuda")
+
+    def get_device(self) -> int:
+        """The device's index, as a CUDA storage's (what ``torch.cuda.device_of(storage)`` reads)."""
+        index = self.device.index
+        return -1 if index is None else int(index)
+
+    def is_pinned(self) -> bool:
+        return False  # (device memory)
+
     def resize_(self, nbytes: int) -> SimStorage:
         if nbytes == 0:
             self._t._ops.release(self._t)

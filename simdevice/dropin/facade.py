@@ -439,6 +439,14 @@ class _DeviceContext:
         return None
 
 
+class _DeviceOf(_DeviceContext):
+    """``torch.cuda.device_of(obj)``: the device of a tensor or storage current for the block (a host one's: nothing),
+    as ``torch.cuda.device`` (torch's own subclasses torch's device, whose ``__enter__`` the CPU build refuses)."""
+
+    def __init__(self, obj: Any) -> None:
+        super().__init__(obj.get_device() if obj.is_cuda else -1)
+
+
 def _no_summary(*args: Any, **kwargs: Any) -> Any:
     raise NotImplementedError("torch.cuda.memory_summary is not simulated (it reads allocator statistics the "
                               "simulated allocator does not keep): memory_stats() has those it keeps")
@@ -687,6 +695,7 @@ def install(p: Patches) -> None:
         "seed": lambda: None,
         "seed_all": lambda: None,
         "device": _DeviceContext,
+        "device_of": _DeviceOf,
         "is_current_stream_capturing": lambda: False,
         "graph": _no_graphs,
         "CUDAGraph": _no_graphs,

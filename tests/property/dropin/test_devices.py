@@ -594,6 +594,21 @@ def test_every_device_argument_past_the_count_is_an_invalid_ordinal(call: Any) -
     sim.assert_clean()
 
 
+def test_device_of_a_tensor_is_a_block_on_its_device() -> None:
+    """``with torch.cuda.device_of(t):`` runs for a device tensor, its storage and a host tensor (nothing), as on a
+    GPU. (torch's own ``device_of`` subclasses torch's ``device``, not the session's, and its ``__enter__`` raised
+    "PyTorch was compiled without CUDA support": a host error where the program is correct.)"""
+    with simdevice.cuda() as sim:
+        t = torch.ones(4, device="cuda")
+        with torch.cuda.device_of(t):
+            t.add_(1)
+        with torch.cuda.device_of(t.untyped_storage()), torch.cuda.device_of(torch.ones(2)):
+            t.add_(1)
+        total = float(t.sum())
+    sim.assert_clean()
+    assert total == 12.0
+
+
 def test_memory_summary_is_not_simulated() -> None:
     """It read keys of ``memory_stats()`` the simulated allocator does not keep: a KeyError, a host error (a
     verdict); now ``NotImplementedError``, which gives none."""
