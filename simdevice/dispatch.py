@@ -543,6 +543,20 @@ class SimStorage:
     def is_pinned(self) -> bool:
         return False  # (device memory)
 
+    def element_size(self) -> int:
+        return 1  # (an untyped storage counts bytes)
+
+    def __getattr__(self, name: str) -> Any:
+        """A method of torch's storages this one does not have (``copy_``, ``fill_``, ``cpu``, ``tolist``, ...) is
+        what the simulator does not run (``NotImplementedError``: no verdict), not an error of the program's."""
+        if not name.startswith("_") and hasattr(torch.UntypedStorage, name):
+            raise NotImplementedError(
+                f"untyped_storage().{name} of a simulated tensor is not simulated (its storage has data_ptr, "
+                "nbytes, size, element_size, device, is_cuda, get_device and resize_(0)): operate on the tensor "
+                "instead"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def resize_(self, nbytes: int) -> SimStorage:
         if nbytes == 0:
             self._t._ops.release(self._t)
