@@ -23,7 +23,7 @@ from reference.contract import MemorySaver, Run
 from reference.schedule import Delay, Schedule, ScheduleError
 from simdevice.dispatch import Dispatcher, SimMode, ref_of
 from simdevice.runtime import Options, Runtime, SimConfig
-from simdevice.runtime.collectives import Gather
+from simdevice.runtime.collectives import Gather, in_memory_order
 from simdevice.runtime.config import UNIT_NS, with_overrides
 from simdevice.runtime.execution import EARLIER_RUN, HostActor
 from simdevice.runtime.memsaver import SimMemorySaver
@@ -424,7 +424,7 @@ class SimDevice:
 
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = True) -> Any:
         """A :class:`SimWork` when ``async_op``, else None (``reference.contract.Device`` types it per form)."""
-        out, inp = output.view(-1), input.reshape(-1)
+        out, inp = output.view(-1), in_memory_order(input)
         # aliases: the collective in flight does not keep its tensors allocated; its work handle does while it lives,
         # as NCCL's does (SimWork)
         gather = self.runtime.all_gather(ref_of(out), ref_of(inp), user_source())

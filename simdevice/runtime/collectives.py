@@ -206,7 +206,8 @@ class Collectives:
         values = ex.config.values  # race-only: no bytes move
 
         def sent() -> None:
-            coll.sent[rank] = data_in.clone() if data_in is not None and values else torch.empty(0, device="cpu")
+            coll.sent[rank] = (in_memory_order(data_in).clone() if data_in is not None and values
+                               else torch.empty(0, device="cpu"))
 
         send.start = sent
         ex.enqueue(comm, send)
@@ -234,7 +235,7 @@ class Collectives:
             early = issued.landed_early
             for (st, d), v in zip(outs, values_in, strict=True):
                 lo, hi = st.byte_range(d)
-                flat, src = d.view(-1), v.reshape(-1)
+                flat, src = in_memory_order(d), v.reshape(-1)
                 # what landed early holds what was written since (a later write's bytes stay)
                 for a, b in parts(st, d, ranges_without(lo, hi, [(x, y) for s, x, y in early if s is st])):
                     self._memory.in_flight.before_write([flat[a:b]])
@@ -248,7 +249,7 @@ class Collectives:
             for (s, d), v in zip(outs, values_in, strict=True):
                 if s is st:
                     [(a, b)] = parts(st, d, [(lo, hi)])
-                    flat = d.view(-1)
+                    flat = in_memory_order(d)
                     self._memory.in_flight.before_write([flat[a:b]])
                     flat[a:b].copy_(v.reshape(-1)[a:b])
 
@@ -292,6 +293,17 @@ class Collectives:
         ex.block(a, f"every rank's object of exchange {k} ({world.size} ranks)", lambda: len(r.objects) == world.size)
         sync.observe(a, r)
         return [r.objects[q] for q in range(world.size)]
+
+
+def in_memory_order(t: torch.Tensor) -> torch.Tensor:
+    """A dense tensor's elements as one run, in the order they lie in memory: what NCCL reads and writes, the bytes
+    from the tensor's first on, whatever its layout (ProcessGroupNCCL takes a tensor dense in its own memory format,
+    a channels-last image as a contiguous one). A view, a write to it a write to ``t``, where ``t`` is dense; a copy
+    to read from where it is not."""
+    if t.is_contiguous():
+        return t.view(-1)
+    laid = t.permute(sorted(range(t.dim()), key=t.stride, reverse=True))
+    return laid.view(-1) if laid.is_contiguous() else laid.reshape(-1)
 
 
 def _concatenated(rank: int, sent: list[torch.Tensor]) -> list[torch.Tensor]:

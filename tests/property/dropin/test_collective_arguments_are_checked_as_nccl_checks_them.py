@@ -72,3 +72,27 @@ def test_contiguous_tensors_of_every_layout_nccl_takes_run() -> None:
     s = simdevice.cuda()
     s.run(program, world_size=2)
     s.assert_clean()
+
+
+def test_a_channels_last_tensor_is_gathered_in_the_order_its_bytes_lie() -> None:
+    """NCCL moves a tensor's bytes in memory order, whatever its layout: gathering a channels-last image into a flat
+    tensor gives its elements channel-innermost. Mutation caught: the values sent in the tensor's logical order (the
+    gathered run held each channel's plane in turn); the receive written through ``view(-1)`` (it raised: a
+    channels-last tensor has no flat view in logical order)."""
+
+    def program() -> None:
+        img = torch.arange(2 * 3 * 2 * 2, dtype=torch.float32, device="cuda").view(2, 3, 2, 2)
+        img = img.to(memory_format=torch.channels_last)
+        out = torch.empty(2 * img.numel(), device="cuda")
+        dist.all_gather_into_tensor(out, img)
+        mine = out.cpu()[: img.numel()]
+        expected = img.cpu().permute(0, 2, 3, 1).reshape(-1)  # (N, H, W, C): the order of its bytes
+        assert torch.equal(mine, expected), (mine, expected)
+        back = torch.empty_like(img)  # channels-last too: the gathered bytes land as they lie
+        dist.all_reduce(back.zero_())
+        dist.broadcast(img, 0)
+        assert img.is_contiguous(memory_format=torch.channels_last)
+
+    s = simdevice.cuda()
+    s.run(program, world_size=2)
+    s.assert_clean()

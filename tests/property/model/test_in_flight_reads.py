@@ -164,17 +164,17 @@ def test_an_out_kernel_that_refuses_leaves_the_op_computed_as_it_is(monkeypatch:
             calls.append(1)
         return real(*args, **kwargs)
 
+    def body(dev: Any) -> torch.Tensor:
+        x = torch.arange(8.0, device=dev.device)
+        return x * torch.full((8,), 3.0, device=dev.device)
+
+    SimDevice().run(body)  # an op's first call with these arguments is tried on the CPU once (_argument_error)
     op = aten.mul.Tensor
     facts = dispatch.classify(op)
     assert facts.into is not None
     monkeypatch.setitem(dispatch._FACTS, id(op), (op, attrs.evolve(facts, into=(refusing, "out"))))
     monkeypatch.setattr(dispatch, "_REFUSED", set())
     monkeypatch.setattr(op, "_op", counted)  # what the effect calls the op by
-
-    def body(dev: Any) -> torch.Tensor:
-        x = torch.arange(8.0, device=dev.device)
-        return x * torch.full((8,), 3.0, device=dev.device)
-
     run = SimDevice().run(body)
     assert not run.reports
     assert torch.equal(peek(run.result), torch.arange(8.0) * 3)
@@ -197,6 +197,11 @@ def test_a_refusing_out_kernel_is_asked_once_and_a_reduction_to_one_value_never(
         asked.append(1)
         raise RuntimeError("refused")
 
+    def body(dev: Any) -> torch.Tensor:
+        x = torch.arange(8.0, device=dev.device)
+        return x * torch.full((8,), 3.0, device=dev.device)
+
+    SimDevice().run(body)  # an op's first call with these arguments is tried on the CPU once (_argument_error)
     op = aten.mul.Tensor
     facts = dispatch.classify(op)
     monkeypatch.setitem(dispatch._FACTS, id(op), (op, attrs.evolve(facts, into=(refusing, "out"))))
