@@ -513,6 +513,7 @@ def _target_and_config(text: str, what: str, world_size: int | None = None) -> t
 def _check_target(args: argparse.Namespace, db: Any) -> int:
     from hypothesis import strategies as st
 
+    from simdevice.search.execute import replay_command
     from simdevice.search.explore import explore
     from simdevice.search.strategies import configs
     from simdevice.search.targets import ProgramTarget, TargetError
@@ -539,12 +540,25 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
                              db=db, default_config=fixed or None)
     except TargetError as e:
         return _fail(str(e))
-    except KeyboardInterrupt:  # nothing failed so far (a failure is shrunk before it is reported)
-        if args.json:
-            _print_json(json.dumps({"target": target.name, "found": False, "examples": ran[0], "interrupted": True},
-                             indent=2))
+    except KeyboardInterrupt as stop:  # a failure found so far comes with it, its shrinking cut short
+        so_far = getattr(stop, "found", None)
+        if so_far is None:
+            if args.json:
+                _print_json(json.dumps({"target": target.name, "found": False, "examples": ran[0],
+                                        "interrupted": True}, indent=2))
+            else:
+                print(f"{target.name}: interrupted after {ran[0]} schedules, none failed so far")
+        elif args.json:
+            _print_json(json.dumps({
+                "target": target.name, "found": True, "examples": so_far.examples, "interrupted": True,
+                "shrunk": False, "schedule": str(so_far.schedule), "summary": so_far.failure.verdict(),
+                "reports": [str(r) for r in so_far.failure.run.reports], "world_size": args.world_size or 1,
+                "replay": replay_command(so_far.schedule, so_far.failure.replay_options()),
+            }, indent=2))
         else:
-            print(f"{target.name}: interrupted after {ran[0]} schedules, none failed so far")
+            print(f"{target.name}: found, interrupted while shrinking it after {ran[0]} schedules; the smallest "
+                  "failing schedule so far:")
+            print(so_far.failure.text())
         return _interrupted()
     if not args.quiet and sys.stderr.isatty():
         print("\r\x1b[K", end="", file=sys.stderr)  # clear the progress line

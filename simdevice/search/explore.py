@@ -123,12 +123,15 @@ def search_target(
     ``examples`` run first, as Hypothesis's ``@example`` does (the first failing one is the answer, unshrunk).
     ``seed=None`` searches derandomized (the same answer every time); a seed draws another search. Past
     ``budget_s`` seconds the search ends, or, where it found a failure, its shrinking soon does (every further
-    schedule counts as passing). ``db``: an example database (none by default).
+    schedule counts as passing). ``db``: an example database (none by default). A stop (Ctrl-C, SIGTERM) that
+    comes after a failure was found is raised with the smallest failing schedule so far as its ``found`` (a
+    :class:`Search`, its shrinking cut short): what was found is not lost.
     """
     test = fails or target.failed
     start = time.monotonic()
     count = [0]
     last: dict[str, Outcome] = {}
+    latest: list[Schedule] = []  # the last failing schedule: Hypothesis's smallest so far
 
     def counted(s: Schedule) -> bool:
         if budget_s is not None and time.monotonic() - start > budget_s:
@@ -141,6 +144,7 @@ def search_target(
         out = target.run(s)
         if test(out):
             last[str(s)] = out
+            latest[:] = [s]
             return True
         return False
 
@@ -154,6 +158,12 @@ def search_target(
                          random=random.Random(seed) if seed is not None else None)
         except (NoSuchExample, _OutOfTime):
             return Search(None, None, count[0], time.monotonic() - start)
+        except KeyboardInterrupt as stop:  # a failure found so far goes with the stop (its shrinking cut short)
+            if latest:
+                short = target.canonical(latest[0])
+                stop.found = Search(  # type: ignore[attr-defined]
+                    short, attrs.evolve(last[str(latest[0])], schedule=short), count[0], time.monotonic() - start)
+            raise
         failure = last.get(str(found)) or target.run(found)
     short = target.canonical(found)
     return Search(short, attrs.evolve(failure, schedule=short), count[0], time.monotonic() - start)

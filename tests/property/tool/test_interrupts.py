@@ -162,6 +162,57 @@ def test_ctrl_c_from_a_terminal_stops_a_parallel_check_and_its_workers() -> None
     assert _left_in_session() == []
 
 
+_RACY = """\
+import torch
+
+
+def reload(n: int = 256) -> None:
+    act = torch.arange(n, dtype=torch.float32, device="cuda")
+    pinned = torch.empty(n, pin_memory=True)
+    d2h = torch.cuda.Stream()
+    d2h.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(d2h):
+        pinned.copy_(act, non_blocking=True)
+    back = torch.empty_like(act).copy_(pinned, non_blocking=True)
+    assert torch.equal(back.cpu(), torch.arange(n, dtype=torch.float32))
+"""
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_while_check_shrinks_keeps_the_failure_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            run_cli: Any, as_json: bool) -> None:
+    """A stop that comes after a failing schedule was found, while Hypothesis shrinks it: check printed "none
+    failed so far" (``"found": false``) and the failure was lost. It prints the smallest failing schedule so far,
+    and its replay line, and still exits 130."""
+    from simdevice.search.targets import FunctionTarget
+
+    (tmp_path / "racy.py").write_text(_RACY)
+    real = FunctionTarget.run
+    found: list[str] = []
+
+    def run(self: FunctionTarget, schedule: Any, backend: str = "sim") -> Any:
+        if found:  # the run after the first failure: Ctrl-C, as the shrinking goes on
+            raise KeyboardInterrupt
+        out = real(self, schedule, backend)
+        if self.failed(out):
+            found.append(str(schedule))
+        return out
+
+    monkeypatch.setattr(FunctionTarget, "run", run)
+    p = run_cli(["check", "racy.py::reload", "-q", *(["--json"] if as_json else [])], tmp_path)
+    assert p.returncode == 130, (p.stdout, p.stderr)
+    assert found
+    if as_json:
+        doc = json.loads(p.stdout)
+        assert (doc["found"], doc["interrupted"], doc["shrunk"]) == (True, True, False)
+        assert doc["schedule"].startswith("racy.py::reload")
+        assert doc["replay"] == f'simdevice replay "{doc["schedule"]}"'
+    else:
+        assert "none failed" not in p.stdout
+        assert "interrupted while shrinking" in p.stdout
+        assert 'replay: simdevice replay "racy.py::reload' in p.stdout
+
+
 def test_ctrl_c_in_replay_trials_keeps_the_trials_run() -> None:
     # replay says nothing on stderr before its end: the signal comes 4 s after the start, while the trials run (5,000
     # of them take about 30 s here; 400, as this test had, ended in 3.6 s once the simulator got faster, and the
