@@ -231,9 +231,10 @@ def _named_as(test: Callable[..., Any], f: Any) -> None:
 
 def _failing_test(f: Callable[..., Any], message: str) -> Any:
     """A test of ``f`` that fails with ``message``: what ``@simdevice.fuzz`` gives for a function it cannot run (at
-    collection the error would stop the module's other tests too)."""
+    collection the error would stop the module's other tests too). It takes whatever pytest passes it (a method's
+    instance, where it was defined in a test class) and fails all the same."""
 
-    def test() -> None:
+    def test(*args: Any, **kwargs: Any) -> None:
         _fail(f"@simdevice.fuzz: {message}")
 
     _named_as(test, f)

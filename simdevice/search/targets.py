@@ -495,6 +495,9 @@ def from_function(
     style = "plain"
     if params and params[0].name == "dev":
         style, params = "contract", params[1:]
+    if params and params[0].name == "self" and params[0].default is params[0].empty:
+        raise TargetError(f"{name} is a method (its first parameter is 'self', an instance no schedule line can "
+                          "make): make it a @staticmethod, or a function of the module")
     defaults = {}
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):

@@ -428,3 +428,44 @@ def test_a_fuzz_test_it_cannot_run_fails_alone_in_one_line(pytester: pytest.Pyte
     assert "@simdevice.fuzz: a strategy for 'm', which test_broken.py::fine has no parameter of" in out
     assert "@simdevice.fuzz: max_delays must be >= 0, got -1" in out
     assert "fuzzing.py" not in out
+
+
+IN_A_CLASS = """
+import torch
+
+import simdevice
+
+
+class TestReload:
+    @simdevice.fuzz(max_examples=3)
+    def test_method(self, n: int = 4) -> None:
+        torch.ones(n, device="cuda")
+
+    @staticmethod
+    @simdevice.fuzz
+    def test_static(n: int = 64) -> None:
+        act = torch.arange(n, dtype=torch.float32, device="cuda")
+        pinned = torch.empty(n, pin_memory=True)
+        d2h = torch.cuda.Stream()
+        d2h.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(d2h):
+            pinned.copy_(act, non_blocking=True)
+        back = torch.empty_like(act).copy_(pinned, non_blocking=True)
+        assert torch.equal(back.cpu(), torch.arange(n, dtype=torch.float32))
+
+
+def test_plain() -> None:
+    pass
+"""
+
+
+def test_a_fuzz_test_in_a_test_class(pytester: pytest.Pytester) -> None:
+    """A method (``self``) fails alone, in one line saying what to do (it was pytest's TypeError traceback: the
+    test took no argument, and pytest passed it the instance); a ``@staticmethod`` runs."""
+    pytester.makepyfile(test_cls=IN_A_CLASS)
+    result = _pytest(pytester)
+    result.assert_outcomes(passed=1, failed=2)
+    out = result.stdout.str()
+    assert "@simdevice.fuzz: test_cls.py::TestReload.test_method is a method" in out
+    assert "TypeError" not in out
+    assert "fuzzing.py" not in out
