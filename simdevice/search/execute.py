@@ -116,11 +116,17 @@ class Outcome:
         return f" --world-size {self.world_size}" if self.world_size is not None else ""
 
 
+#: the names (``FILE.py::outer.inner``) of the function targets defined inside another function, which no command
+#: can import (:func:`simdevice.search.targets.from_function` keeps them); another dotted name is a class's
+#: attribute (a test class's ``@staticmethod``), which the command line finds as it finds a function
+NESTED: set[str] = set()
+
+
 def replay_command(schedule: Schedule, options: str) -> str:
     """How to run ``schedule`` again: the command line; for a function defined inside another (its line names it
     ``FILE.py::outer.inner``), which no command can import, through the function object."""
     qual = schedule.program.partition("::")[2]
-    if qual and "." in qual and is_function_target(schedule.program):
+    if qual and schedule.program in NESTED and is_function_target(schedule.program):
         name = qual.rsplit(".", 1)[1]
         ranks = re.search(r"--world-size (\d+)", options)
         size = f", world_size={ranks.group(1)}" if ranks else ""

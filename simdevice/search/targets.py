@@ -35,7 +35,7 @@ from simdevice.programs import Program
 from simdevice.runtime import inserted_edges
 from simdevice.runtime.config import SimConfig, active_profile, active_values, overrides_active
 from simdevice.runtime.reports import describe, error_source
-from simdevice.search.execute import Outcome, counts_as_failure, execute
+from simdevice.search.execute import NESTED, Outcome, counts_as_failure, execute
 
 #: the GPU's calibrated sleep cycles per ms, measured once per process
 _CYCLES: list[float] = []
@@ -480,6 +480,8 @@ def from_function(
             " (it is a class)" if isinstance(fn, type) else ""))
     if name is None:
         name = _name_of(fn)
+    if "<locals>" in getattr(fn, "__qualname__", ""):  # (its replay line goes through the function object)
+        NESTED.add(name)
     if world_size is not None and not 1 <= world_size <= MAX_WORLD_SIZE:
         raise TargetError(f"{name}: world_size must be in 1..{MAX_WORLD_SIZE}, got {world_size}")
     kind = ("a generator function" if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)

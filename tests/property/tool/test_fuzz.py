@@ -459,9 +459,10 @@ def test_plain() -> None:
 """
 
 
-def test_a_fuzz_test_in_a_test_class(pytester: pytest.Pytester) -> None:
+def test_a_fuzz_test_in_a_test_class(pytester: pytest.Pytester, run_cli: Any) -> None:
     """A method (``self``) fails alone, in one line saying what to do (it was pytest's TypeError traceback: the
-    test took no argument, and pytest passed it the instance); a ``@staticmethod`` runs."""
+    test took no argument, and pytest passed it the instance); a ``@staticmethod`` runs, and its replay line is the
+    command, which replays it (it said the line replays only through the function object, as a local function's)."""
     pytester.makepyfile(test_cls=IN_A_CLASS)
     result = _pytest(pytester)
     result.assert_outcomes(passed=1, failed=2)
@@ -469,3 +470,8 @@ def test_a_fuzz_test_in_a_test_class(pytester: pytest.Pytester) -> None:
     assert "@simdevice.fuzz: test_cls.py::TestReload.test_method is a method" in out
     assert "TypeError" not in out
     assert "fuzzing.py" not in out
+    # a class's attribute, unlike a local function, is found by the command line: its replay line is the command
+    assert 'replay: simdevice replay "test_cls.py::TestReload.test_static::d2h#0+1"' in out, out
+    p = run_cli(["replay", "test_cls.py::TestReload.test_static::d2h#0+1", "--no-fix"], Path(pytester.path))
+    assert p.returncode == 1, p.stderr
+    assert 'replay: simdevice replay "test_cls.py::TestReload.test_static::d2h#0+1"' in p.stdout
