@@ -43,7 +43,7 @@ def _count(n: int, noun: str) -> str:
 
 
 def _fail(message: str) -> int:
-    print(f"simdevice: error: {message}", file=sys.stderr)
+    print(f"simdevice: error: {message}", file=_stderr())
     return 2
 
 
@@ -117,20 +117,31 @@ class _Lines:
 
 #: lines the program printed in the searches of this command (held back: :func:`_held_output`)
 _HELD: list[int] = [0]
+#: the command's own stderr while :func:`_held_output` holds the program's back (None: ``sys.stderr``)
+_OWN_ERR: list[Any] = [None]
+
+
+def _stderr() -> Any:
+    """Where the command's own lines for stderr go (progress, "checking a fix ..."): its stderr, also while the
+    program's is held back."""
+    return _OWN_ERR[0] or sys.stderr
 
 
 @contextlib.contextmanager
 def _held_output(args: argparse.Namespace) -> Iterator[None]:
-    """While the block runs the program's schedules, what it prints to stdout is held back and counted (a search
-    runs it hundreds of times), unless ``--show-output``."""
+    """While the block runs the program's schedules, what it prints (to stdout or stderr: its warnings and log
+    lines too) is held back and counted (a search runs it hundreds of times), unless ``--show-output``."""
     if getattr(args, "show_output", False):
         yield
         return
     lines = _Lines()
+    own = _OWN_ERR[0]
+    _OWN_ERR[0] = _stderr()
     try:
-        with contextlib.redirect_stdout(lines):  # type: ignore[type-var]
+        with contextlib.redirect_stdout(lines), contextlib.redirect_stderr(lines):  # type: ignore[type-var]
             yield
     finally:
+        _OWN_ERR[0] = own
         _HELD[0] += lines.lines
 
 
@@ -138,7 +149,7 @@ def _say_held(args: argparse.Namespace, schedule: str) -> None:
     """Say, on stderr, that the program's output was held back, and how to see it."""
     if _HELD[0] and not args.quiet:
         print(f"(the program printed {_count(_HELD[0], 'line')} over its runs, held back: simdevice replay "
-              f"\"{schedule}\" shows one run's, --show-output all of them)", file=sys.stderr)
+              f"\"{schedule}\" shows one run's, --show-output all of them)", file=_stderr())
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -265,8 +276,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _progress(quiet: bool) -> Any:
     def show(label: str, n: int) -> None:
-        if not quiet and sys.stderr.isatty():
-            print(f"\r  {label}: {n} schedules", end="", file=sys.stderr, flush=True)
+        if not quiet and _stderr().isatty():
+            print(f"\r  {label}: {n} schedules", end="", file=_stderr(), flush=True)
 
     return show
 
@@ -307,7 +318,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     findings: list[Any] = []
     errors: list[tuple[str, str, str]] = []
     started = time.monotonic()
-    bars = not (args.quiet or args.json) and sys.stderr.isatty()
+    bars = not (args.quiet or args.json) and _stderr().isatty()
     interrupted = False
     try:
         _check_all(args, progs, db, bars, findings, errors)
@@ -444,7 +455,7 @@ class _Shown:
 
     def started(self, index: int) -> None:
         if self.plain:
-            print(f"checking {self.labels[index]} ...", file=sys.stderr, flush=True)
+            print(f"checking {self.labels[index]} ...", file=_stderr(), flush=True)
         self.tasks[index] = self.progress.start(self.labels[index], self.examples)
 
     def stepped(self, index: int, n: int) -> None:
@@ -455,15 +466,15 @@ class _Shown:
         line = f"{verdict}: {'found' if f.found else 'clean'} after {f.examples} schedules, {f.seconds}s"
         self.progress.finish(self.tasks[index], f"{self.labels[index]}: {line}", f.ok)
         if self.plain:
-            print(f"  {line}" + (f" ({self.labels[index]})" if self.named else ""), file=sys.stderr, flush=True)
+            print(f"  {line}" + (f" ({self.labels[index]})" if self.named else ""), file=_stderr(), flush=True)
         self.findings[index] = f
 
     def failed(self, index: int, why: str, detail: str) -> None:
         if index in self.tasks:
             self.progress.finish(self.tasks[index], f"{self.labels[index]}: no verdict: {why}", False)
-        print(f"simdevice: error: {self.labels[index]}: {why}", file=sys.stderr, flush=True)
+        print(f"simdevice: error: {self.labels[index]}: {why}", file=_stderr(), flush=True)
         if detail:
-            print(detail, end="", file=sys.stderr, flush=True)
+            print(detail, end="", file=_stderr(), flush=True)
         self.errors[index] = why
 
 
@@ -479,7 +490,7 @@ def _fixes(findings: list[Any], quiet: bool) -> dict[int, Any]:
         target = ProgramTarget(REGISTRY[f.program], f.variant)
         out = target.run(Schedule.parse(f.schedule))
         if not quiet:
-            print(f"fix for {f.program}/{f.variant} ...", file=sys.stderr, flush=True)
+            print(f"fix for {f.program}/{f.variant} ...", file=_stderr(), flush=True)
         fixes[i] = _suggest(target, out, True)
     return fixes
 
@@ -527,7 +538,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
         config = configs(target.program)
     show = _progress(args.quiet or args.json)
     if not args.quiet:
-        print(f"checking {target.name} ...", file=sys.stderr, flush=True)
+        print(f"checking {target.name} ...", file=_stderr(), flush=True)
     ran = [0]
 
     def step(n: int) -> None:
@@ -560,8 +571,8 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
                   "failing schedule so far:")
             print(so_far.failure.text())
         return _interrupted()
-    if not args.quiet and sys.stderr.isatty():
-        print("\r\x1b[K", end="", file=sys.stderr)  # clear the progress line
+    if not args.quiet and _stderr().isatty():
+        print("\r\x1b[K", end="", file=_stderr())  # clear the progress line
     out = result.failure
     no_verdict = _no_verdict(target.name, out) if out is not None else None
     if no_verdict is not None:
@@ -602,10 +613,10 @@ def _suggest(target: Any, out: Any, quiet: bool) -> Any:
 
     show = _progress(quiet)
     if not quiet and out.races:
-        print("checking a fix ...", file=sys.stderr, flush=True)
+        print("checking a fix ...", file=_stderr(), flush=True)
     fix = suggest(target, out, progress=lambda n: show("fix", n))
-    if not quiet and sys.stderr.isatty():
-        print("\r\x1b[K", end="", file=sys.stderr)  # clear the progress line
+    if not quiet and _stderr().isatty():
+        print("\r\x1b[K", end="", file=_stderr())  # clear the progress line
     return fix
 
 
@@ -932,7 +943,7 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     jobs = min(args.jobs or default_jobs(), -(-total // CHUNK)) if total >= PARALLEL_FROM else 1
     if not args.quiet:
         print(f"running {_count(total, 'schedule')}" + (f" in {jobs} worker processes" if jobs > 1 else ""),
-              file=sys.stderr,
+              file=_stderr(),
               flush=True)
     #: schedules run to their end so far, and whether all were clean
     ran = [0, True]
@@ -940,9 +951,9 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
 
     def step(k: int, clean: bool = True) -> None:
         ran[:] = [k, clean]
-        if not args.quiet and sys.stderr.isatty() and (jobs > 1 or k % 10 == 0 or k == total):
+        if not args.quiet and _stderr().isatty() and (jobs > 1 or k % 10 == 0 or k == total):
             left = (time.monotonic() - began) / max(k, 1) * (total - k)  # the command's own clock, not the simulator's
-            print(f"\r  {args.target}: {k}/{total} schedules, about {left:.0f}s left ", end="", file=sys.stderr,
+            print(f"\r  {args.target}: {k}/{total} schedules, about {left:.0f}s left ", end="", file=_stderr(),
                   flush=True)
 
     try:
@@ -957,7 +968,7 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
                 n, failed = exhaust_target(target, args.delays, units, lambda k: step(k - 1), config)
     except WorkerError as e:
         if e.detail:
-            print(e.detail, file=sys.stderr, end="")
+            print(e.detail, file=_stderr(), end="")
         _fail(f"{target.name}: {e}; the target cannot be called clean")
         return 1
     except KeyboardInterrupt:
@@ -968,8 +979,8 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
         else:
             print(f"{target.name}: interrupted after {ran[0]} of {total} schedules{clean}")
         return _interrupted()
-    if not args.quiet and sys.stderr.isatty():
-        print("\r\x1b[K", end="", file=sys.stderr)  # clear the progress line
+    if not args.quiet and _stderr().isatty():
+        print("\r\x1b[K", end="", file=_stderr())  # clear the progress line
     scope = "the configuration given" if fixed or (builtin and config is not None) else (
         "every configuration" if builtin else "its defaults")
     where = f"{target.name} ({scope})"

@@ -373,7 +373,8 @@ def _exhaust_work(conn: Connection, setup: Setup, name: str, world_size: int | N
 
         target = None
         with overridden(**dict(setup.overrides)), open(os.devnull, "w") as devnull, (
-                contextlib.nullcontext() if setup.show_output else contextlib.redirect_stdout(devnull)):
+                contextlib.nullcontext() if setup.show_output else contextlib.redirect_stdout(devnull)), (
+                contextlib.nullcontext() if setup.show_output else contextlib.redirect_stderr(devnull)):
             while (item := conn.recv()) is not None:
                 start, chunk = item
                 try:

@@ -591,6 +591,44 @@ def test_what_the_program_prints_is_held_back_while_its_schedules_run(
     assert f'simdevice replay "{tmp_path / "prints.py"}::noisy:fail=1' in err
 
 
+_WARNS = """
+import logging
+import sys
+import warnings
+
+import torch
+
+
+def noisy() -> None:
+    warnings.warn("careful")
+    logging.getLogger(__name__).warning("logged")
+    print("to stderr", file=sys.stderr)
+    torch.ones(4, device="cuda")
+"""
+
+
+@pytest.mark.parametrize("command", ["check", "exhaust"])
+def test_what_the_program_writes_to_stderr_is_held_back_too(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its warnings, log lines and prints to stderr were let through at every run (a search's hundreds of copies
+    of each on the terminal): they are held back and counted as its prints to stdout are; the command's own
+    lines still reach stderr, and ``--show-output`` lets them through."""
+    (tmp_path / "warns.py").write_text(_WARNS)
+    target = f"{tmp_path / 'warns.py'}::noisy"
+    options = ["--examples", "20"] if command == "check" else ["--delays", "1", "--units", "1"]
+    assert main([command, target, *options]) == 0
+    out, err = capsys.readouterr()
+    for line in ("careful", "logged", "to stderr"):
+        assert line not in err, err
+        assert line not in out
+    assert "clean over" in out
+    assert ("checking " if command == "check" else "running ") in err
+    assert main([command, target, *options, "--show-output"]) == 0
+    out, err = capsys.readouterr()
+    assert err.count("to stderr") > 1
+
+
 _AUTOCAST = """
 import torch
 
