@@ -180,11 +180,14 @@ def _fuzz_test(
 
     run_schedule.__name__ = run_schedule.__qualname__ = getattr(f, "__name__", "fuzzed")
     run_schedule.__module__ = getattr(f, "__module__", __name__)
-    inner = given(schedule=schedules_of(target, config, max_delays))(run_schedule)
+    strategy = schedules_of(target, config, max_delays)
+    inner = given(schedule=strategy)(run_schedule)
 
     def test() -> None:
         pins = list(getattr(test, "__simdevice_examples__", [])) + list(getattr(f, "__simdevice_examples__", []))
-        searched: Any = inner
+        # a Hypothesis test of its own for this call: pins and settings put on ``inner`` stayed there, and a second
+        # call (a rerun, pytest-repeat) raised Hypothesis's "already been decorated with a settings object"
+        searched: Any = given(schedule=strategy)(run_schedule)
         for text in pins:
             try:
                 pinned = pin(target, text)

@@ -294,6 +294,32 @@ def test_a_fuzzed_failure_names_its_shortest_line() -> None:
     assert "width=3" not in failed.value.schedule
 
 
+def _small() -> None:
+    import torch
+
+    torch.ones(4, device="cuda").mul_(2)
+
+
+def test_a_fuzz_test_runs_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second call of the same test (a rerun of a failure, pytest-repeat, a notebook) raised Hypothesis's "has
+    already been decorated with a settings object": each call put its settings and pins on the one Hypothesis test.
+    It runs, with its pins once each."""
+    from simdevice.search.targets import FunctionTarget
+
+    real, ran = FunctionTarget.run, []
+
+    def run(self: FunctionTarget, schedule: Any, backend: str = "sim") -> Any:
+        ran.append(str(schedule))
+        return real(self, schedule, backend)
+
+    monkeypatch.setattr(FunctionTarget, "run", run)
+    test = simdevice.example("default#0+7")(simdevice.fuzz(max_examples=2)(_small))
+    for _ in range(3):
+        ran.clear()
+        test()
+        assert sum(s.endswith("default#0+7") for s in ran) == 1, ran
+
+
 def test_a_local_function_on_ranks_replays_on_as_many() -> None:
     import torch
     import torch.distributed as dist
