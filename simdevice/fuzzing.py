@@ -96,12 +96,13 @@ def use_database(db: ExampleDatabase | None) -> None:
     _OPTIONS["db"] = db
 
 
-def _chosen_database() -> ExampleDatabase | None:
-    """``--simdevice-db``'s, else the loaded profile's if the user gave it one, else none: nothing is written where
-    the user did not ask (Hypothesis's built-in default is a folder in the current directory)."""
+def _chosen_database(base: settings | None = None) -> ExampleDatabase | None:
+    """``--simdevice-db``'s, else that of ``base`` (the test's own settings; default: the loaded profile's) if the
+    user gave it one, else none: nothing is written where the user did not ask (Hypothesis's built-in default is a
+    folder in the current directory)."""
     if _OPTIONS["db"] is not None:
         return _OPTIONS["db"]  # type: ignore[no-any-return]
-    current = settings().database
+    current = (base if base is not None else settings()).database
     builtin = settings.get_profile("default")
     return current if builtin is None or current != builtin.database else None
 
@@ -195,7 +196,7 @@ def _fuzz_test(
                 _fail(f"@simdevice.example({text!r}): {e}")
             searched = hypothesis_example(schedule=pinned)(searched)
         extra: dict[str, Any] = {"max_examples": max_examples} if max_examples is not None else {}
-        searched = settings(_settings(), **extra)(searched)
+        searched = settings(_settings(_applied(test, f)), **extra)(searched)
         with engine.storage(), kept_patched(target):
             searched()
             default = target.run(target.schedule())
@@ -245,10 +246,20 @@ def _failing_test(f: Callable[..., Any], message: str) -> Any:
     return test
 
 
-def _settings() -> settings:
-    """The loaded profile's settings, with the database chosen as above, no deadline, no health checks, and no
-    explain phase (its notes are about the simulator's lines, not the program's)."""
-    base = settings()
+def _applied(*tests: Any) -> settings | None:
+    """The settings a ``@settings(...)`` decorator put on one of ``tests`` (above ``@fuzz``: on the test it made;
+    below it: on the function), if any."""
+    for t in tests:
+        if getattr(t, "_hypothesis_internal_settings_applied", False):
+            return t._hypothesis_internal_use_settings  # type: ignore[no-any-return]
+    return None
+
+
+def _settings(own: settings | None = None) -> settings:
+    """The test's own ``@settings`` (``own``), else the loaded profile's, with the database chosen as above, no
+    deadline, no health checks, and no explain phase (its notes are about the simulator's lines, not the
+    program's)."""
+    base = own if own is not None else settings()
     quiet = [h for h in HealthCheck if h is not HealthCheck.nested_given]  # HypoFuzz skips tests that suppress it
-    return settings(base, database=_chosen_database(), deadline=None, suppress_health_check=quiet,
+    return settings(base, database=_chosen_database(base), deadline=None, suppress_health_check=quiet,
                     phases=[p for p in base.phases if p is not Phase.explain])

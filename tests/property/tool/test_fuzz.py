@@ -320,6 +320,31 @@ def test_a_fuzz_test_runs_again(monkeypatch: pytest.MonkeyPatch) -> None:
         assert sum(s.endswith("default#0+7") for s in ran) == 1, ran
 
 
+@pytest.mark.parametrize("where", ["above", "below"])
+def test_a_settings_decorator_applies_to_a_fuzz_test(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``@settings(max_examples=3)`` on a ``@simdevice.fuzz`` test, as on any Hypothesis test: it was ignored (the
+    loaded profile's 100 schedules ran), above ``@fuzz`` or below it."""
+    from hypothesis import settings
+
+    from simdevice.search.targets import FunctionTarget
+
+    real, ran = FunctionTarget.run, []
+
+    def run(self: FunctionTarget, schedule: Any, backend: str = "sim") -> Any:
+        ran.append(str(schedule))
+        return real(self, schedule, backend)
+
+    monkeypatch.setattr(FunctionTarget, "run", run)
+
+    def small() -> None:
+        _small()
+
+    test = settings(max_examples=3)(simdevice.fuzz(small)) if where == "above" else simdevice.fuzz(
+        settings(max_examples=3)(small))
+    test()
+    assert len(ran) < 20, ran  # (the probes and the default schedule too; the profile would run 100)
+
+
 def test_a_local_function_on_ranks_replays_on_as_many() -> None:
     import torch
     import torch.distributed as dist
