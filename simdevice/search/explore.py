@@ -192,6 +192,12 @@ def explore(
     ``default_config``: the configuration of that default schedule (default: the function's defaults); where
     ``config`` holds one configuration fixed, that one (the defaults' race is no finding about it).
     """
+    if max_examples < 1:  # (as @simdevice.fuzz and check say it, not as Hypothesis's own check deep in the search)
+        raise ValueError(f"max_examples must be >= 1, got {max_examples}")
+    if max_delays < 0:
+        raise ValueError(f"max_delays must be >= 0, got {max_delays}")
+    if budget_s is not None and not 0 < budget_s < float("inf"):  # (NaN too: a search that ended at once, clean)
+        raise ValueError(f"budget_s must be > 0 seconds, got {budget_s}")
     target = as_target(fn, world_size)
     if config is None:  # a simdevice.fuzz test's own strategies
         config = getattr(target, "strategy", None)

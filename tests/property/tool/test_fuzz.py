@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -396,6 +397,24 @@ def test_an_example_naming_an_actor_the_function_lacks_is_refused() -> None:
     with pytest.raises(TargetError, match=r"delay nosuch#0\+1 names actor 'nosuch', which .* does not have"):
         simdevice.explore(small, examples=["nosuch#0+1"], max_examples=1)
     assert simdevice.explore(small, examples=["default#0+1"], max_examples=1).failure is None
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    ({"max_examples": 0}, "max_examples must be >= 1, got 0"),
+    ({"max_delays": -1}, "max_delays must be >= 0, got -1"),
+    ({"budget_s": 0}, "budget_s must be > 0 seconds, got 0"),
+    ({"budget_s": float("nan")}, "budget_s must be > 0 seconds, got nan"),
+])
+def test_explore_refuses_a_bad_bound_in_one_line(option: dict[str, Any], message: str) -> None:
+    """As ``@simdevice.fuzz`` and ``check`` refuse them: the first two were Hypothesis's own errors from inside
+    the search ("Invalid size max_size=-1 < 0"), and a budget of 0 or NaN ended the search at once, clean."""
+    import torch
+
+    def small(n: int = 8) -> None:
+        torch.ones(n, device="cuda").add_(1)
+
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        simdevice.explore(small, **option)
 
 
 STRATEGIES = textwrap.dedent('''
