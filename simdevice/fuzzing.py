@@ -18,6 +18,7 @@ test's name as a target (``tests/test_x.py::test_reload``).
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -226,11 +227,16 @@ def _fail(message: str) -> None:
 
 def _named_as(test: Callable[..., Any], f: Any) -> None:
     """``test`` takes ``f``'s name, qualified name, module and docstring (a stand-in's where ``f`` has none: a
-    non-function given to ``fuzz``)."""
+    non-function given to ``fuzz``), and its place: pytest finds a test's file and line through ``__wrapped__``
+    (every fuzz test was at this module's line, in ``-rs``'s skip lines, ``item.location`` and an IDE's list); its
+    own signature, empty, says pytest passes it nothing (its parameters are ``f``'s configuration)."""
     for name, default in (("__name__", "test"), ("__qualname__", "test"), ("__module__", __name__)):
         value = getattr(f, name, None)
         setattr(test, name, value if isinstance(value, str) else default)
     test.__doc__ = getattr(f, "__doc__", None) if callable(f) else None
+    if inspect.isfunction(f):
+        test.__wrapped__ = f  # type: ignore[attr-defined]
+    test.__signature__ = inspect.Signature()  # type: ignore[attr-defined]
 
 
 def _failing_test(f: Callable[..., Any], message: str) -> Any:

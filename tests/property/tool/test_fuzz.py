@@ -501,6 +501,7 @@ def test_a_fuzz_test_it_cannot_run_fails_alone_in_one_line(pytester: pytest.Pyte
 
 
 IN_A_CLASS = """
+import pytest
 import torch
 
 import simdevice
@@ -526,17 +527,26 @@ class TestReload:
 
 def test_plain() -> None:
     pass
+
+
+@pytest.mark.skip(reason="later")
+@simdevice.fuzz
+def test_skipped(n: int = 4) -> None:
+    torch.ones(n, device="cuda")
 """
 
 
 def test_a_fuzz_test_in_a_test_class(pytester: pytest.Pytester, run_cli: Any) -> None:
     """A method (``self``) fails alone, in one line saying what to do (it was pytest's TypeError traceback: the
     test took no argument, and pytest passed it the instance); a ``@staticmethod`` runs, and its replay line is the
-    command, which replays it (it said the line replays only through the function object, as a local function's)."""
+    command, which replays it (it said the line replays only through the function object, as a local function's).
+    pytest places each fuzz test at its own file and line (every one was at simdevice/fuzzing.py's)."""
     pytester.makepyfile(test_cls=IN_A_CLASS)
-    result = _pytest(pytester)
-    result.assert_outcomes(passed=1, failed=2)
+    result = _pytest(pytester, "-rs")
+    result.assert_outcomes(passed=1, failed=2, skipped=1)
     out = result.stdout.str()
+    # where pytest says a fuzz test is: its own file and line (it was simdevice/fuzzing.py's, for every fuzz test)
+    assert "SKIPPED [1] test_cls.py:" in out, out
     assert "@simdevice.fuzz: test_cls.py::TestReload.test_method is a method" in out
     assert "TypeError" not in out
     assert "fuzzing.py" not in out
