@@ -200,7 +200,8 @@ def _parser() -> argparse.ArgumentParser:
         "replay",
         help="run one schedule and explain what happened",
         description='Run one schedule, e.g. simdevice replay "offload_reload/racy::d2h#0+1". '
-        "Exit 0 when the run is clean, 1 when it shows a failure.",
+        "Exit 0 when the run is clean, 1 when it shows a failure; exit 2 for bad input (one line) and for a run that "
+        "gives no verdict (stopped at its step bound with nothing found, or at what the simulator does not run).",
     )
     r.add_argument("schedule", help="a schedule line as printed by check or a failing test "
                    "(PROGRAM/VARIANT:CONFIG:DELAYS or FILE.py::FUNCTION:CONFIG:DELAYS)")
@@ -240,7 +241,8 @@ def _parser() -> argparse.ArgumentParser:
         "one of --units, in the configuration given (PROGRAM/VARIANT:KEY=V,...; PROGRAM/VARIANT: for the "
         "defaults) or, without one, over the program's whole configuration space (a function: its defaults). "
         "A known variant: exit 0 when none fails (a clean variant) or one fails (a bug variant), 1 otherwise. "
-        "A function of yours: exit 0 when none fails, 1 when one does.",
+        "A function of yours: exit 0 when none fails, 1 when one does. Exit 2 for bad input (one line) and for a "
+        "run that gives no verdict.",
     )
     e.add_argument("target", help="PROGRAM/VARIANT[:CONFIG] (e.g. offload_reload/correct, zcc/FIXED:workers=2) "
                    "or FILE.py::FUNCTION[:CONFIG] (its defaults, or the configuration given)")

@@ -217,3 +217,12 @@ def test_a_gpu_replay_under_a_profile_judges_each_trial_with_its_own_host(
     hosts = iter([[60_000] * 33])
     main(["replay", EDGE, "--gpu", "--json"])
     assert "judged" not in json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("command", ["check", "replay", "exhaust"])
+def test_each_command_s_help_says_its_exit_code_for_bad_input(command: str, run_cli: Any, tmp_path: Path) -> None:
+    """The README gives ``replay`` and ``exhaust`` exit 2 for bad input and for a run with no verdict; their help
+    said only 0 and 1."""
+    p = run_cli([command, "--help"], tmp_path)
+    assert p.returncode == 0
+    assert "exit 2" in " ".join(p.stdout.split()).lower(), p.stdout
