@@ -185,11 +185,12 @@ def _fuzz_test(
     strategy = schedules_of(target, config, max_delays)
     inner = given(schedule=strategy)(run_schedule)
 
-    def test() -> None:
+    def test(**fixed: Any) -> None:
+        """``fixed``: parameters held at these values (a ``@pytest.mark.parametrize`` case's, through the plugin)."""
         pins = list(getattr(test, "__simdevice_examples__", [])) + list(getattr(f, "__simdevice_examples__", []))
         # a Hypothesis test of its own for this call: pins and settings put on ``inner`` stayed there, and a second
         # call (a rerun, pytest-repeat) raised Hypothesis's "already been decorated with a settings object"
-        searched: Any = given(schedule=strategy)(run_schedule)
+        searched: Any = given(schedule=_held(target, strategy, config, max_delays, fixed))(run_schedule)
         for text in pins:
             try:
                 pinned = pin(target, text)
@@ -200,7 +201,7 @@ def _fuzz_test(
         searched = settings(_settings(_applied(test, f)), **extra)(searched)
         with engine.storage(), kept_patched(target):
             searched()
-            default = target.run(target.schedule())
+            default = target.run(target.schedule(dict(fixed)))
         if default.races:
             raise FuzzFailure(default, " (a race at the default schedule: there whatever the timing)")
 
@@ -214,6 +215,21 @@ def _fuzz_test(
     test.is_hypothesis_test = True  # type: ignore[attr-defined]
     test._hypothesis_internal_use_settings = _settings()  # type: ignore[attr-defined]
     return test
+
+
+def _held(target: Any, strategy: st.SearchStrategy[Any], config: st.SearchStrategy[dict[str, Any]] | None,
+          max_delays: int, fixed: dict[str, Any]) -> st.SearchStrategy[Any]:
+    """The schedules of a fuzz test with the parameters in ``fixed`` held at their values (the others drawn as
+    ``config`` draws them, or at their defaults): ``strategy`` where nothing is held."""
+    if not fixed:
+        return strategy
+    unknown = sorted(set(fixed) - set(target.params))
+    if unknown:
+        _fail(f"@simdevice.fuzz: a parametrized {unknown[0]!r}, which {target.name} has no parameter of (its "
+              f"parameters with defaults: {', '.join(target.params) or 'none'})")
+    held = st.just(dict(fixed))
+    both = held if config is None else st.tuples(config, held).map(lambda drawn: {**drawn[0], **drawn[1]})
+    return schedules_of(target, both, max_delays)
 
 
 def _fail(message: str) -> None:

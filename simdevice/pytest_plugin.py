@@ -78,6 +78,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             test.hypothesis.inner_test._hypothesis_internal_add_digest = item.nodeid.encode()  # type: ignore[union-attr]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A ``@pytest.mark.parametrize`` on a fuzz test names parameters of its function, which the test itself does not
+    take (pytest passes it nothing): they are made known here, so that pytest's check of the marker passes, and
+    :func:`pytest_pyfunc_call` hands each case's values to the test, which holds them fixed in its configuration."""
+    if getattr(metafunc.function, "__simdevice_target__", None) is None:
+        return
+    for marker in metafunc.definition.iter_markers(name="parametrize"):
+        names = marker.args[0] if marker.args else marker.kwargs.get("argnames", ())
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",") if n.strip()]
+        metafunc.fixturenames.extend(n for n in names if n not in metafunc.fixturenames)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A parametrized fuzz test's case: its values go to the test as the configuration it holds fixed."""
+    test = pyfuncitem.obj
+    callspec = getattr(pyfuncitem, "callspec", None)
+    if getattr(test, "__simdevice_target__", None) is None or callspec is None or not callspec.params:
+        return None
+    test(**callspec.params)
+    return True
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     outcome = yield

@@ -555,3 +555,47 @@ def test_a_fuzz_test_in_a_test_class(pytester: pytest.Pytester, run_cli: Any) ->
     p = run_cli(["replay", "test_cls.py::TestReload.test_static::d2h#0+1", "--no-fix"], Path(pytester.path))
     assert p.returncode == 1, p.stderr
     assert 'replay: simdevice replay "test_cls.py::TestReload.test_static::d2h#0+1"' in p.stdout
+
+
+PARAMETRIZED = '''
+import pytest
+import torch
+import simdevice
+
+
+@pytest.mark.parametrize("n", [64, 4096])
+@simdevice.fuzz
+def test_param(n: int = 64) -> None:
+    side = torch.cuda.Stream()
+    x = torch.zeros(n, device="cuda")
+    if n > 1000:
+        with torch.cuda.stream(side):
+            x.add_(1)  # no wait for the fill: a race in the large case only
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize(("n", "reps"), [(64, 2)])
+@simdevice.fuzz
+def test_unknown(n: int = 64) -> None:
+    torch.ones(n, device="cuda")
+
+
+def test_other() -> None:
+    pass
+'''
+
+
+def test_a_parametrized_fuzz_test_holds_each_case_s_values(pytester: pytest.Pytester, run_cli: Any) -> None:
+    """``@pytest.mark.parametrize`` on a fuzz test: each case searches with its values held in the configuration,
+    and its replay line carries them; a name the function has no parameter of fails that case alone, in one line.
+    Before, pytest refused the marker at collection ("function uses no argument 'n'"), and the module's other tests
+    never ran."""
+    pytester.makepyfile(test_param=PARAMETRIZED)
+    result = _pytest(pytester)
+    result.assert_outcomes(passed=2, failed=2)
+    out = result.stdout.str()
+    assert "FAILED test_param.py::test_param[4096]" in out, out
+    assert 'replay: simdevice replay "test_param.py::test_param:n=4096"' in out, out
+    assert "a parametrized 'reps', which test_param.py::test_unknown has no parameter of" in out, out
+    p = run_cli(["replay", "test_param.py::test_param:n=4096", "--no-fix"], Path(pytester.path))
+    assert p.returncode == 1, p.stderr
