@@ -377,8 +377,9 @@ class SimTensor(torch.Tensor):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
         """``copy.deepcopy`` of a device tensor (an EMA or target model made by ``deepcopy(model)``): a clone on the
-        current stream, as CUDA copies the bytes with a device op, with its ``requires_grad`` and its ``grad``
-        (torch's own copies through a typed storage the simulated one is not)."""
+        current stream, as CUDA copies the bytes with a device op, with its ``requires_grad``, its ``grad`` and the
+        attributes the program gave it (a parameter's mark among them; the simulator's own, made for every tensor,
+        are the copy's) (torch's own copies through a typed storage the simulated one is not)."""
         if id(self) in memo:
             return memo[id(self)]  # type: ignore[no-any-return]
         if not self.is_leaf:
@@ -390,6 +391,9 @@ class SimTensor(torch.Tensor):
         new.requires_grad_(self.requires_grad)
         if self.grad is not None:
             new.grad = copy.deepcopy(self.grad, memo)
+        for name, value in self.__dict__.items():  # what the program put on it (a parameter's mark among them)
+            if name not in new.__dict__:
+                setattr(new, name, copy.deepcopy(value, memo))
         return new
 
     @property  # type: ignore[override]
@@ -474,6 +478,15 @@ class SimTensor(torch.Tensor):
             torch.Tensor.set_(self, shell, offset, shape, stride)
         self._point_at(data, st)
         return self
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled (``torch.save`` of a checkpoint, ``pickle``) as torch pickles a CUDA tensor: its values copied to
+        the host, a synchronizing read (torch's serialization copies a CUDA storage to the CPU), made on the device
+        again where it is loaded, by torch's own rebuild, which ``torch.load``'s ``weights_only`` takes and
+        ``map_location`` moves. (Its storage is no ``UntypedStorage``: torch's own pickling raised a TypeError.)"""
+        host = self.detach().cpu()
+        return torch._utils._rebuild_device_tensor_from_cpu_tensor, (host, self.dtype, str(self.device),
+                                                                      self.requires_grad)
 
     def __repr__(self) -> str:
         """Printed by the program in its run, the tensor's values, read as printing a CUDA tensor reads them (the host
