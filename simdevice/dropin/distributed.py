@@ -94,19 +94,43 @@ def _check_pair(output: torch.Tensor, input: torch.Tensor, output_per_input: int
 
 
 def _check_group(group: Any) -> None:
+    _initialized()
     if group is not None and group is not WORLD and group is not dist.group.WORLD:
         raise NotImplementedError("only the default process group (the whole world) is simulated")
 
 
+def _initialized() -> None:
+    """torch's check that the default process group exists (gone after ``destroy_process_group``)."""
+    if not is_initialized():
+        raise ValueError("Default process group has not been initialized, please make sure to call "
+                         "init_process_group.")
+
+
 def is_initialized() -> bool:
-    return True
+    """The actor's world is its default process group from its start (a program need not call
+    ``init_process_group``), until ``destroy_process_group``."""
+    dev = session_device()
+    return dev.runtime.current().name not in dev.groups_destroyed
+
+
+def init_process_group(*args: Any, **kwargs: Any) -> None:
+    dev = session_device()
+    dev.groups_destroyed.discard(dev.runtime.current().name)
+
+
+def destroy_process_group(group: Any = None) -> None:
+    _check_group(group)
+    dev = session_device()
+    dev.groups_destroyed.add(dev.runtime.current().name)
 
 
 def get_rank(group: Any = None) -> int:
+    _initialized()
     return session_device().rank
 
 
 def get_world_size(group: Any = None) -> int:
+    _initialized()
     return session_device().world_size
 
 
@@ -313,8 +337,8 @@ def install(p: Patches) -> None:
         "is_available": lambda: True,
         "is_initialized": is_initialized,
         "is_nccl_available": lambda: True,
-        "init_process_group": lambda *a, **k: None,
-        "destroy_process_group": lambda *a, **k: None,
+        "init_process_group": init_process_group,
+        "destroy_process_group": destroy_process_group,
         "get_rank": get_rank,
         "get_world_size": get_world_size,
         "get_backend": lambda group=None: "nccl",

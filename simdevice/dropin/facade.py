@@ -58,6 +58,8 @@ class DropInDevice(SimDevice):
         #: the simulated processes by their actor's name, and each actor's children (``processes``)
         self.sim_processes: dict[str, Any] = {}
         self.sim_children: dict[str, list[Any]] = {}
+        #: the actors whose default process group ``destroy_process_group`` destroyed (``distributed``)
+        self.groups_destroyed: set[str] = set()
 
     def site_named_stream(self) -> Any:
         """A new stream of the current actor, named after the line of the program that made it."""
