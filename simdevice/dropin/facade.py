@@ -133,6 +133,12 @@ class Stream(StreamHandle):
 
     @property
     def cuda_stream(self) -> int:
+        """The stream's CUDA handle: 0 for a default stream (CUDA's legacy null stream, each actor's own), a
+        distinct non-zero number for any other."""
+        rt = session_device().runtime
+        s = rt.stream_by_id(int(self.stream_id))
+        if s is not None and any(a.default_stream is s for a in rt.execution.actors.values()):
+            return 0
         return int(self.stream_id)
 
     @property

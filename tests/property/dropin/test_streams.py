@@ -505,3 +505,24 @@ def test_a_tensor_hook_runs_on_its_node_s_stream() -> None:
 
 def _hook_racy_event() -> None:
     _hook_copies_on_the_current_stream(True)
+
+
+def test_a_default_stream_s_cuda_handle_is_zero() -> None:
+    """CUDA's legacy default stream has the null handle: ``default_stream().cuda_stream`` is 0 on a GPU (a program
+    asking whether it runs on the default stream compares it with 0), each rank's too; any other stream's is a
+    distinct non-zero number. Mutation caught: the handle as the stream's order number (2 for the host's)."""
+
+    def program() -> tuple[int, int, int]:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            inside = torch.cuda.current_stream().cuda_stream
+        return torch.cuda.default_stream().cuda_stream, torch.cuda.current_stream().cuda_stream, inside
+
+    s = simdevice.cuda()
+    run = s.run(program)
+    s.assert_clean()
+    default, current, inside = run.result
+    assert (default, current) == (0, 0)
+    assert inside != 0
+    ranks = simdevice.cuda()
+    assert all(r[:2] == (0, 0) and r[2] != 0 for r in ranks.run(program, world_size=2).result)
