@@ -624,6 +624,20 @@ def _non_blocking(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> b
     return bool(kwargs.get("non_blocking", False))
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill one run of memory without overlap, its dimensions in some order (ATen's
+    ``is_non_overlapping_and_dense``): the strides, smallest first, are those of a contiguous tensor of its
+    dimensions in that order (one of no elements is)."""
+    if t.numel() <= 1:
+        return True
+    dense = 1
+    for stride, n in sorted((st, n) for st, n in zip(t.stride(), t.shape, strict=True) if n > 1):
+        if stride != dense:
+            return False
+        dense *= n
+    return True
+
+
 def _one_memcpy(dst: torch.Tensor, src: torch.Tensor) -> bool:
     """Whether ATen copies ``src`` into ``dst`` across host and device with one memcpy (``copy_requires_temporaries``
     false): the same dtype, and after broadcasting the same dense layout (TensorIterator coalesces them into one
@@ -634,15 +648,9 @@ def _one_memcpy(dst: torch.Tensor, src: torch.Tensor) -> bool:
     if dst.numel() <= 1:
         return True
     wide = src.expand_as(dst)
-    dims = [(a, b, n) for a, b, n in zip(dst.stride(), wide.stride(), dst.shape, strict=True) if n > 1]
-    if any(a != b for a, b, _ in dims):
+    if any(a != b for a, b, n in zip(dst.stride(), wide.stride(), dst.shape, strict=True) if n > 1):
         return False
-    dense = 1  # the strides, smallest first, are those of a contiguous tensor of its dimensions in that order
-    for stride, _, n in sorted(dims):
-        if stride != dense:
-            return False
-        dense *= n
-    return True
+    return _dense(dst)
 
 
 def _through_host_temporaries(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dst: torch.Tensor,
@@ -989,8 +997,13 @@ class Dispatcher:
             # laid out as ATen's _to_copy lays it out: a dense input's strides kept, anything else contiguous (a
             # slice's copy is contiguous, not strided as the slice), unless ``memory_format`` says otherwise
             x = args[0]
-            return torch.empty_like(_meta_of(x), dtype=kwargs.get("dtype") or x.dtype,
-                                    memory_format=kwargs.get("memory_format") or torch.preserve_format)
+            dtype = kwargs.get("dtype") or x.dtype
+            layout = kwargs.get("memory_format") or torch.preserve_format
+            if layout is torch.preserve_format and (x.is_contiguous() or _dense(x)):
+                # (ATen's own branch for a dense input: its strides as they are; meta's empty_like lays out a tensor
+                # of no elements anew, where the CPU's keeps its strides)
+                return torch.empty_strided(x.shape, x.stride(), dtype=dtype, device=META)
+            return torch.empty_like(_meta_of(x), dtype=dtype, memory_format=layout)
         return _on_meta(_meta_kernel, func, args, kwargs)
 
     def _outputs(

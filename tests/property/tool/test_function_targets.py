@@ -607,6 +607,7 @@ def noisy() -> None:
 """
 
 
+@pytest.mark.filterwarnings("ignore:careful:UserWarning")  # (the program's own, which pytest records as well)
 @pytest.mark.parametrize("command", ["check", "exhaust"])
 def test_what_the_program_writes_to_stderr_is_held_back_too(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
