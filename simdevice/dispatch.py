@@ -994,14 +994,14 @@ class Dispatcher:
         """The outputs' shapes and dtypes, from the meta kernel (cached per signature); None when they depend on
         the data (the meta kernel refuses, or the schema says so)."""
         if func is aten._to_copy.default:
-            # laid out as ATen's _to_copy lays it out: a dense input's strides kept, anything else contiguous (a
-            # slice's copy is contiguous, not strided as the slice), unless ``memory_format`` says otherwise
+            # laid out as ATen's _to_copy lays it out: a dense input's strides kept (one of no elements too), any
+            # other dense in its dimensions' order (a slice's copy is contiguous, not strided as the slice), unless
+            # ``memory_format`` says otherwise
             x = args[0]
             dtype = kwargs.get("dtype") or x.dtype
             layout = kwargs.get("memory_format") or torch.preserve_format
             if layout is torch.preserve_format and (x.is_contiguous() or _dense(x)):
-                # (ATen's own branch for a dense input: its strides as they are; meta's empty_like lays out a tensor
-                # of no elements anew, where the CPU's keeps its strides)
+                # (ATen's own branch for a dense input; meta's empty_like would lay out one of no elements anew)
                 return torch.empty_strided(x.shape, x.stride(), dtype=dtype, device=META)
             return torch.empty_like(_meta_of(x), dtype=dtype, memory_format=layout)
         return _on_meta(_meta_kernel, func, args, kwargs)
