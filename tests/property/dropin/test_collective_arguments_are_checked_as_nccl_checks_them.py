@@ -78,7 +78,8 @@ def test_a_channels_last_tensor_is_gathered_in_the_order_its_bytes_lie() -> None
     """NCCL moves a tensor's bytes in memory order, whatever its layout: gathering a channels-last image into a flat
     tensor gives its elements channel-innermost. Mutation caught: the values sent in the tensor's logical order (the
     gathered run held each channel's plane in turn); the receive written through ``view(-1)`` (it raised: a
-    channels-last tensor has no flat view in logical order)."""
+    channels-last tensor has no flat view in logical order); what a rank sends taken in logical order and landed in
+    memory order (an all-reduce or a broadcast of a channels-last image permuted its elements)."""
 
     def program() -> None:
         img = torch.arange(2 * 3 * 2 * 2, dtype=torch.float32, device="cuda").view(2, 3, 2, 2)
@@ -90,8 +91,13 @@ def test_a_channels_last_tensor_is_gathered_in_the_order_its_bytes_lie() -> None
         assert torch.equal(mine, expected), (mine, expected)
         back = torch.empty_like(img)  # channels-last too: the gathered bytes land as they lie
         dist.all_reduce(back.zero_())
+        logical = img.cpu()
+        summed = img.clone()
+        dist.all_reduce(summed)  # every element meets its own on the other rank
+        assert torch.equal(summed.cpu(), 2 * logical), (summed.cpu(), 2 * logical)
         dist.broadcast(img, 0)
         assert img.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(img.cpu(), logical), (img.cpu(), logical)
 
     s = simdevice.cuda()
     s.run(program, world_size=2)
