@@ -145,7 +145,13 @@ def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
     flows = 0
 
     def flow(name: str, a: Slice, b: Slice, at_a: int, at_b: int, args: dict[str, Any] | None = None) -> None:
+        """A flow arrow between ``a`` (at ``at_a``) and ``b`` (at ``at_b``). Perfetto and chrome://tracing read a
+        trace in time order and drop an ``f`` that comes before its ``s``, drawing the arrow from the earlier slice
+        to the later one whichever end names which: a suggested edge, whose ``b`` ran before ``a`` in the failing
+        run, starts at the earlier end (its ``args`` say which way it goes)."""
         nonlocal flows
+        if at_b < at_a:
+            a, b, at_a, at_b = b, a, at_b, at_a
         flows += 1
         common = {"name": name, "cat": name, "id": flows}
         events.append({**common, "ph": "s", "ts": us(at_a), "pid": pid[process_of(a.actor)], "tid": tid[a.actor],

@@ -495,6 +495,26 @@ def test_the_perfetto_trace_has_a_track_per_actor_a_slice_per_operation_and_the_
     json.dumps(doc)
 
 
+def test_every_perfetto_flow_starts_no_later_than_it_ends() -> None:
+    """Perfetto and chrome://tracing read the events in time order: a flow's ``f`` before its ``s`` finds no start
+    and the arrow is dropped. The suggested edge runs from the D2H (stalled, so it ran last) to the H2D that ran
+    before it: its arrow must still be there, between those two operations."""
+    target, out = _racy()
+    fix = suggest(target, out, schedules=20)  # type: ignore[arg-type]
+    events = perfetto(out, fix)["traceEvents"]
+    ends = {(e["cat"], e["id"]): e for e in events if e["ph"] == "f"}
+    starts = {(e["cat"], e["id"]): e for e in events if e["ph"] == "s"}
+    assert starts.keys() == ends.keys()
+    for key, s in starts.items():
+        assert s["ts"] <= ends[key]["ts"], (key, s, ends[key])
+    threads = {e["args"]["name"].split(" ")[0]: e["tid"] for e in events if e["name"] == "thread_name"}
+    edge = [(s, ends[k]) for k, s in starts.items() if k[0] == "suggested edge"]
+    assert edge
+    for s, f in edge:
+        assert {s["tid"], f["tid"]} == {threads["d2h"], threads["default"]}
+        assert "d2h@" in s["args"]["edge"]
+
+
 def test_the_perfetto_trace_loads_in_the_trace_processor(tmp_path: Path) -> None:
     tp_module = pytest.importorskip("perfetto.trace_processor", reason="the perfetto package is not installed")
     _, out = _racy()
