@@ -52,6 +52,9 @@ class Slice:
     nbytes: int = 0
     #: a marker's: the stream whose work released it
     waited: str = ""
+    #: an operation's place in the order the run issued every operation (-1: not known): a stall moves when an
+    #: operation starts, not when it was issued
+    issued: int = -1
 
 
 def slices(out: Any) -> list[Slice]:
@@ -60,6 +63,7 @@ def slices(out: Any) -> list[Slice]:
     host_ns = SimConfig().host_step_ns
     started: dict[str, tuple[int, str]] = {}
     result: list[Slice] = []
+    issued = {key: k for k, key in enumerate(run.sites)}  # (the run notes each operation's site as it issues it)
     for t, actor, what in run.trace:
         if what.startswith("start "):
             started[actor] = (t, what[6:])
@@ -68,7 +72,8 @@ def slices(out: Any) -> list[Slice]:
             m = _INDEX.match(desc)
             index = int(m.group("index")) if m else -1
             source, nbytes = run.sites.get(f"{actor}#{index}", ("", 0))
-            result.append(Slice(actor, "op", desc, t0, t, index, source, nbytes))
+            result.append(Slice(actor, "op", desc, t0, t, index, source, nbytes,
+                                issued=issued.get(f"{actor}#{index}", -1)))
         elif what.startswith("pass "):
             m = _PASS.search(what)
             result.append(Slice(actor, "marker", what[5:], t, t, waited=m.group("stream") if m else ""))
@@ -80,8 +85,9 @@ def slices(out: Any) -> list[Slice]:
             result.append(Slice(actor, "host", what, t, t + host_ns))
     for actor, (t0, desc) in started.items():  # running when the run stopped (a deadlock, an error)
         m = _INDEX.match(desc)
-        result.append(Slice(actor, "pending", desc + " (running when the run stopped)", t0, t0,
-                            int(m.group("index")) if m else -1))
+        index = int(m.group("index")) if m else -1
+        result.append(Slice(actor, "pending", desc + " (running when the run stopped)", t0, t0, index,
+                            issued=issued.get(f"{actor}#{index}", -1)))
     # issued but never started (the run stopped first): after whatever that stream did last
     have = {(s.actor, s.index) for s in result if s.kind in ("op", "pending")}
     ends: dict[str, int] = {}
@@ -92,7 +98,7 @@ def slices(out: Any) -> list[Slice]:
         if (actor, int(index)) not in have:
             last = ends.get(actor, 0)
             result.append(Slice(actor, "pending", f"#{index} (issued, not run when the run stopped)", last, last,
-                                int(index), source, nbytes))
+                                int(index), source, nbytes, issued=issued[key]))
     return result
 
 
@@ -106,8 +112,10 @@ def _find(ss: list[Slice], actor: str, index: int) -> Slice | None:
 
 def _edge_ends(ss: list[Slice], edge: Any) -> list[tuple[Slice, Slice]]:
     """For a suggested edge: each operation at its ``before`` site, with the latest one at its ``after`` site
-    issued (started) before it; for a forward edge, the k-th at ``before`` with the (k + offset)-th at ``after``
-    (issue order), the operation it waits for though the run issued that one later."""
+    issued before it (none: it waits for nothing, and gets no arrow), as the inserted edge waits; for a forward
+    edge, the k-th at ``before`` with the (k + offset)-th at ``after`` (issue order), the operation it waits for
+    though the run issued that one later. Issue order, not start time: in the failing run a stalled stream starts
+    what it was issued long before (where a slice's issue order is not known, its start stands for it)."""
     ends = []
     ops = [s for s in ss if s.kind in ("op", "pending")]
     afters = [s for s in ops if s.actor == edge.after.actor and s.source == edge.after.source]
@@ -116,9 +124,13 @@ def _edge_ends(ss: list[Slice], edge: Any) -> list[tuple[Slice, Slice]]:
                          key=lambda s: s.index)
         afters.sort(key=lambda s: s.index)
         return [(afters[k + edge.offset], b) for k, b in enumerate(befores) if 0 <= k + edge.offset < len(afters)]
+    def earlier(a: Slice, b: Slice) -> bool:
+        return a.issued < b.issued if a.issued >= 0 and b.issued >= 0 else a.start <= b.start
+
+    afters.sort(key=lambda s: (s.issued, s.start))
     for b in ops:
         if b.actor == edge.before.actor and b.source == edge.before.source:
-            prior = [a for a in afters if a.start <= b.start] or afters[:1]
+            prior = [a for a in afters if earlier(a, b)]
             if prior:
                 ends.append((prior[-1], b))
     return ends
@@ -301,7 +313,8 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
             labelled.append(mid)
     if fix is not None:
         for e in fix.edges:
-            for a, b in _edge_ends(ss, e)[:1]:
+            pairs = _edge_ends(ss, e)  # one arrow: where the waiter is a racing operation, if it is one
+            for a, b in [next((p for p in pairs if (p[1].actor, p[1].index) in racing), pairs[0])] if pairs else []:
                 ax.annotate("", xy=(b.start / UNIT_NS, lane[b.actor]), xytext=(a.end / UNIT_NS, lane[a.actor]),
                             arrowprops={"arrowstyle": "->", "color": "#2ca02c", "lw": 1.6, "linestyle": "--",
                                         "connectionstyle": "arc3,rad=0.25"},

@@ -618,4 +618,43 @@ def test_a_forward_edge_is_drawn_between_the_occurrences_it_matches() -> None:
     forward = Edge.parse("t@x.py:2[-1]=>s@x.py:1")
     assert [(a.index, b.index) for a, b in _edge_ends(ops, forward)] == [(0, 1), (1, 2)]
     backward = Edge.parse("t@x.py:2->s@x.py:1")
-    assert [(a.index, b.index) for a, b in _edge_ends(ops, backward)] == [(0, 0), (0, 1), (1, 2)]
+    # s#0 comes before any t: the edge makes it wait for nothing, and it gets no arrow
+    assert [(a.index, b.index) for a, b in _edge_ends(ops, backward)] == [(0, 1), (1, 2)]
+
+
+def _ping_pong(iters: int = 4) -> None:
+    copy = torch.cuda.Stream()
+    bufs = [torch.empty(64, device="cuda"), torch.empty(64, device="cuda")]
+    filled = [torch.cuda.Event(), torch.cuda.Event()]
+    host = [torch.full((64,), float(i), pin_memory=True) for i in range(iters)]
+    out = torch.zeros(64, device="cuda")
+    for i in range(iters):
+        with torch.cuda.stream(copy):
+            bufs[i % 2].copy_(host[i], non_blocking=True)  # no wait for the add_ that read this buffer last
+            filled[i % 2].record()
+        torch.cuda.current_stream().wait_event(filled[i % 2])
+        out.add_(bufs[i % 2])
+
+
+def test_a_suggested_edge_is_drawn_to_the_operations_it_makes_wait_in_issue_order(tmp_path: Path) -> None:
+    """Double buffering without the wait for the buffer's last reader, the compute stream stalled: every copy
+    starts before any add_ does, but the edge ``default@add_->copy@copy_`` makes a copy wait for the latest add_
+    *issued* before it. The first copy waits for nothing (no arrow); each later one for the add_ of the iteration
+    before (not the first add_, which ran after them all)."""
+    from simdevice.search.targets import from_function
+    from simdevice.timeline import _edge_ends
+
+    name = "tests/property/tool/test_explain.py::_ping_pong"
+    target = from_function(_ping_pong, name)
+    out = target.run(Schedule.parse(f"{name}::default#0+1"))
+    assert out.races
+    fix = suggest(target, out, schedules=10)
+    assert fix.checked, fix.lines()
+    (edge,) = fix.edges
+    assert (edge.after.actor, edge.before.actor) == ("default", "copy"), edge
+    pairs = _edge_ends(slices(out), edge)
+    # copy_ #k (iteration k) waits for the add_ of iteration k - 1, default's operation #k (#0 is zeros)
+    assert [(a.index, b.index) for a, b in pairs] == [(1, 1), (2, 2), (3, 3)]
+    assert all(a.start > b.start for a, b in pairs)  # (what start times alone would have got wrong)
+    events = perfetto(out, fix)["traceEvents"]
+    assert len([e for e in events if e["ph"] == "s" and e["name"] == "suggested edge"]) == len(pairs)
