@@ -256,3 +256,6 @@ class Run:
     #: whether ``simdevice replay --gpu`` can run the schedule (False: the program started processes, which a GPU
     #: replay does not count yet)
     gpu: bool = True
+    #: each host step's access of memory the device also reaches (pinned buffers): the access's ``seq`` ->
+    #: ``(actor, time in ns, source, operations issued before it)`` (simulator): where a race with the host happened
+    host_accesses: dict[int, tuple[str, int, str, int]] = attrs.field(factory=dict)

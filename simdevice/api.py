@@ -330,7 +330,8 @@ class SimDevice:
         s = self.schedule
         unfired = rt.unfired(s.delays, s.choices) if s is not None else rt.unfired()
         return Run(result=result, reports=tuple(rt.reports.items), op_counts=rt.op_counts(), unfired=unfired,
-                   notes=rt.notes(), trace=tuple(rt.trace), sites=dict(rt.op_sites), gpu=rt.gpu_replay)
+                   notes=rt.notes(), trace=tuple(rt.trace), sites=dict(rt.op_sites), gpu=rt.gpu_replay,
+                   host_accesses=dict(rt.host_accesses))
 
     @property
     def trace(self) -> list[tuple[int, str, str]]:

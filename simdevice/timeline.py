@@ -52,8 +52,8 @@ class Slice:
     nbytes: int = 0
     #: a marker's: the stream whose work released it
     waited: str = ""
-    #: an operation's place in the order the run issued every operation (-1: not known): a stall moves when an
-    #: operation starts, not when it was issued
+    #: an operation's place in the order the run issued every operation, and a host step's that accessed memory
+    #: the device reaches (-1: not known): a stall moves when an operation starts, not when it was issued
     issued: int = -1
 
 
@@ -63,7 +63,11 @@ def slices(out: Any) -> list[Slice]:
     host_ns = SimConfig().host_step_ns
     started: dict[str, tuple[int, str]] = {}
     result: list[Slice] = []
-    issued = {key: k for k, key in enumerate(run.sites)}  # (the run notes each operation's site as it issues it)
+    # the run notes each operation's site as it issues it: the k-th is 2k in issue order, a host access made after
+    # k operations 2k - 1 (it comes between the (k-1)-th and the k-th)
+    issued = {key: 2 * k for k, key in enumerate(run.sites)}
+    host_access = {(actor, t): (source, 2 * k - 1)
+                   for actor, t, source, k in getattr(run, "host_accesses", {}).values()}
     for t, actor, what in run.trace:
         if what.startswith("start "):
             started[actor] = (t, what[6:])
@@ -82,12 +86,14 @@ def slices(out: Any) -> list[Slice]:
             units = int(m.group("units")) if m else 0
             result.append(Slice(actor, "stall", what, t, t + units * UNIT_NS, int(m.group("index")) if m else -1))
         else:
-            result.append(Slice(actor, "host", what, t, t + host_ns))
+            source, order = host_access.get((actor, t), ("", -1))
+            result.append(Slice(actor, "host", what, t, t + host_ns, source=source, issued=order))
     for actor, (t0, desc) in started.items():  # running when the run stopped (a deadlock, an error)
         m = _INDEX.match(desc)
         index = int(m.group("index")) if m else -1
-        result.append(Slice(actor, "pending", desc + " (running when the run stopped)", t0, t0, index,
-                            issued=issued.get(f"{actor}#{index}", -1)))
+        source, nbytes = run.sites.get(f"{actor}#{index}", ("", 0))
+        result.append(Slice(actor, "pending", desc + " (running when the run stopped)", t0, t0, index, source,
+                            nbytes, issued=issued.get(f"{actor}#{index}", -1)))
     # issued but never started (the run stopped first): after whatever that stream did last
     have = {(s.actor, s.index) for s in result if s.kind in ("op", "pending")}
     ends: dict[str, int] = {}
@@ -110,6 +116,16 @@ def _find(ss: list[Slice], actor: str, index: int) -> Slice | None:
     return next((s for s in ss if s.kind in ("op", "pending") and s.actor == actor and s.index == index), None)
 
 
+def _accessor(ss: list[Slice], out: Any, access: Any) -> Slice | None:
+    """The slice of a report's access: a stream operation's, or the host step that made a host access."""
+    if access.on != "host":
+        return _find(ss, access.actor, access.index)
+    at = getattr(out.run, "host_accesses", {}).get(access.seq)
+    if at is None:
+        return None
+    return next((s for s in ss if s.kind == "host" and s.actor == access.actor and s.start == at[1]), None)
+
+
 def _edge_ends(ss: list[Slice], edge: Any) -> list[tuple[Slice, Slice]]:
     """For a suggested edge: each operation at its ``before`` site, with the latest one at its ``after`` site
     issued before it (none: it waits for nothing, and gets no arrow), as the inserted edge waits; for a forward
@@ -119,9 +135,11 @@ def _edge_ends(ss: list[Slice], edge: Any) -> list[tuple[Slice, Slice]]:
     ends = []
     ops = [s for s in ss if s.kind in ("op", "pending")]
     afters = [s for s in ops if s.actor == edge.after.actor and s.source == edge.after.source]
+    # a host step waits too (a synchronize before it), where it accessed memory the device reaches
+    ops += [s for s in ss if s.kind == "host" and s.source]
     if getattr(edge, "forward", False):
         befores = sorted((s for s in ops if s.actor == edge.before.actor and s.source == edge.before.source),
-                         key=lambda s: s.index)
+                         key=lambda s: (s.index, s.issued, s.start))
         afters.sort(key=lambda s: s.index)
         return [(afters[k + edge.offset], b) for k, b in enumerate(befores) if 0 <= k + edge.offset < len(afters)]
     def earlier(a: Slice, b: Slice) -> bool:
@@ -191,7 +209,7 @@ def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
             if source is not None:
                 flow("wait", source, s, source.end - 1, s.start)
     for r in _racing(out):
-        a, b = _find(ss, r.previous.actor, r.previous.index), _find(ss, r.current.actor, r.current.index)
+        a, b = _accessor(ss, out, r.previous), _accessor(ss, out, r.current)
         for x in (a, b):
             if x is not None:
                 events.append({"ph": "i", "s": "t", "name": "race", "cat": "race", "ts": us(x.start),
@@ -206,7 +224,7 @@ def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
     if fix is not None:
         for e in fix.edges:
             for a, b in _edge_ends(ss, e):
-                flow("suggested edge", a, b, a.end - 1, b.start, {"edge": str(e)})
+                flow("suggested edge", a, b, max(a.start, a.end - 1), b.start, {"edge": str(e)})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "metadata": {"schedule": str(out.schedule), "verdict": out.verdict(), "time unit": "1 unit = 1 ms"}}
 
@@ -249,10 +267,14 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
     actors = sorted({s.actor for s in ss}, key=order)
     lane = {a: i for i, a in enumerate(actors)}
     end = max((s.end for s in ss), default=1) / UNIT_NS
-    racing = {(x.actor, x.index) for r in _racing(out) for x in (r.previous, r.current)}
+    racing = {(x.actor, x.index) for r in _racing(out) for x in (r.previous, r.current) if x.on != "host"}
+    # a racing host step (a read of pinned memory before the copy into it is done, or a write while one reads it)
+    racing_steps = {h for r in _racing(out) for x in (r.previous, r.current) if x.on == "host"
+                    for h in [_accessor(ss, out, x)] if h is not None}
     illegal = {(r.access.actor, r.access.index) for r in out.run.reports if isinstance(r, IllegalAccess)}
     # zoom on the flagged operations when they sit in a small part of a long run
     flagged = [x for x in ss if x.kind in ("op", "pending") and ((x.actor, x.index) in racing | illegal)]
+    flagged += racing_steps
     lo, hi, zoomed = 0.0, end, False
     if flagged:
         f0, f1 = min(x.start for x in flagged) / UNIT_NS, max(x.end for x in flagged) / UNIT_NS
@@ -276,6 +298,8 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
                 w = max(w, span / 300)  # a short flagged operation stays visible
             edge = "red" if red else ("#7f00ff" if bad else "none")
             bars.setdefault((y, "op", _COLOURS[_kind(s)], edge), []).append((x0, w))
+        elif s in racing_steps:
+            bars.setdefault((y, "racing host"), []).append((x0, max(w, span / 300)))
         elif s.kind in ("host", "stall"):
             bars.setdefault((y, s.kind), []).append((x0, w))
         elif s.kind == "pending":
@@ -293,6 +317,9 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
                            linewidth=2.5 if edge != "none" else 0, zorder=3 if edge != "none" else 2)
         elif kind == "host":
             ax.broken_barh(ranges, (y - 0.2, 0.4), facecolors=_COLOURS["host"], zorder=1)
+        elif kind == "racing host":
+            ax.broken_barh(ranges, (y - 0.2, 0.4), facecolors=_COLOURS["host"], edgecolors="red", linewidth=2.5,
+                           zorder=3)
         else:
             ax.broken_barh(ranges, (y - 0.35, 0.7), facecolors="none", edgecolors="#555555", hatch="///",
                            linewidth=0.8, zorder=1)
@@ -300,7 +327,7 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
         ax.vlines(xs, y - 0.4, y + 0.4, colors=_COLOURS["wait"], linewidth=1, zorder=2)
     labelled: list[tuple[float, float]] = []
     for r in _racing(out):
-        a, b = _find(ss, r.previous.actor, r.previous.index), _find(ss, r.current.actor, r.current.index)
+        a, b = _accessor(ss, out, r.previous), _accessor(ss, out, r.current)
         if a is None or b is None:
             continue
         first, second = (a, b) if a.start <= b.start else (b, a)
@@ -314,7 +341,8 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
     if fix is not None:
         for e in fix.edges:
             pairs = _edge_ends(ss, e)  # one arrow: where the waiter is a racing operation, if it is one
-            for a, b in [next((p for p in pairs if (p[1].actor, p[1].index) in racing), pairs[0])] if pairs else []:
+            for a, b in [next((p for p in pairs if (p[1].actor, p[1].index) in racing or p[1] in racing_steps),
+                                pairs[0])] if pairs else []:
                 ax.annotate("", xy=(b.start / UNIT_NS, lane[b.actor]), xytext=(a.end / UNIT_NS, lane[a.actor]),
                             arrowprops={"arrowstyle": "->", "color": "#2ca02c", "lw": 1.6, "linestyle": "--",
                                         "connectionstyle": "arc3,rad=0.25"},

@@ -260,6 +260,9 @@ class Runtime:
         self._releasing = False
         #: "stream#index" -> (the line that issued it, bytes it reads and writes): for timelines
         self.op_sites: dict[str, tuple[str, int]] = {}
+        #: each host access of memory the device also reaches: its ``seq`` -> (actor, the time of its host step, its
+        #: line, how many operations were issued before it); a report of it names no step: the timeline finds it so
+        self.host_accesses: dict[int, tuple[str, int, str, int]] = {}
         #: whether ``replay --gpu`` can run what this run ran (False once the program started a process of the
         #: drop-in's ``multiprocessing``, whose steps a GPU replay does not count)
         self.gpu_replay = True
@@ -889,6 +892,7 @@ class Runtime:
         who = Accessor(a.name, a.clock.get(a.name), a.clock, op, -1, source, on="host")
         mark = self.memory.issues
         issued = self.memory.issue(who, reads, writes)
+        self.host_accesses[self.memory.issues] = (a.name, self.now, source, len(self.op_sites))
         self.memory.start(issued, self.now)
         self.memory.finish(issued)
         self.execution.progress()

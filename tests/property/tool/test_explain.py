@@ -538,6 +538,42 @@ def test_the_perfetto_trace_loads_in_the_trace_processor(tmp_path: Path) -> None
         tp.close()
 
 
+def _read_back_unsynchronized() -> None:
+    x = torch.arange(256, dtype=torch.float32, device="cuda")
+    pinned = torch.empty(256, pin_memory=True)
+    pinned.copy_(x, non_blocking=True)
+    assert pinned.sum().item() == 255 * 128  # no synchronize before the host reads what the copy writes
+
+
+def test_a_race_with_a_host_step_is_drawn_at_that_step(tmp_path: Path) -> None:
+    """A host read of pinned memory a D2H still writes: both racing accesses are marked (an instant on the host's
+    track too, the flow between the two), and the suggested synchronize is an arrow into the host step."""
+    from simdevice.search.targets import from_function
+
+    name = "tests/property/tool/test_explain.py::_read_back_unsynchronized"
+    target = from_function(_read_back_unsynchronized, name)
+    out = target.run(Schedule.parse(name))
+    (race,) = out.races
+    assert {race.current.on, race.previous.on} == {"host", "stream"}
+    fix = suggest(target, out, schedules=10)
+    assert fix.checked, fix.lines()
+    (edge,) = fix.edges
+    assert edge.before.actor == "host", edge
+    events = perfetto(out, fix)["traceEvents"]
+    threads = {e["args"]["name"].split(" ")[0]: e["tid"] for e in events if e["name"] == "thread_name"}
+    instants = [e for e in events if e["ph"] == "i" and e["name"] == "race"]
+    assert sorted(e["tid"] for e in instants) == sorted([threads["host"], threads["default"]])
+    for name_ in ("race", "suggested edge"):
+        ends = [e for e in events if e.get("name") == name_ and e["ph"] in ("s", "f")]
+        assert {e["tid"] for e in ends} == {threads["host"], threads["default"]}, name_
+    # the host's end is the step that read: at its time, on its line
+    (step,) = [e for e in instants if e["tid"] == threads["host"]]
+    host_steps = [e for e in events if e["ph"] == "X" and e["tid"] == threads["host"] and e["ts"] == step["ts"]]
+    assert [e["name"] for e in host_steps] == [race.current.op if race.current.on == "host" else race.previous.op]
+    path = write_png(out, tmp_path / "run.png", fix)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_slices_pair_every_start_with_its_end_and_keep_unrun_operations() -> None:
     _, out = _racy()
     ss = slices(out)
