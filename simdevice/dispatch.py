@@ -559,6 +559,20 @@ class SimStorage:
     def element_size(self) -> int:
         return 1  # (an untyped storage counts bytes)
 
+    @property
+    def _cdata(self) -> int:
+        """The address of the storage of the tensor's CPU bytes, which every view of the tensor shares and no other
+        allocation does: what torch's C functions take (``torch._C._storage_Use_Count(s._cdata)``, which offload
+        code compares before and after a backward node to tell whether a view of an unpacked tensor outlives it).
+        Its count is of the program's tensors of the allocation, as torch counts a CUDA storage's (the simulator's
+        own views of the bytes, which queued operations hold, are of another storage)."""
+        return int(self._t._data.untyped_storage()._cdata)
+
+    def _weak_ref(self) -> int:
+        """A weak reference to the CPU bytes' storage (``torch.utils.weak.StorageWeakRef``), dead with the last
+        tensor of the allocation."""
+        return int(self._t._data.untyped_storage()._weak_ref())
+
     def __getattr__(self, name: str) -> Any:
         """A method of torch's storages this one does not have (``copy_``, ``fill_``, ``cpu``, ``tolist``, ...) is
         what the simulator does not run (``NotImplementedError``: no verdict), not an error of the program's."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 import simdevice
 from simdevice import IllegalAccess, Race
@@ -73,6 +74,46 @@ def test_a_storage_method_not_simulated_is_no_verdict_not_an_error_of_the_progra
         assert not hasattr(st, "_no_such_name")
     sim.assert_clean()
     assert answers == (1, 64, True, 0, False)
+
+
+def _use_counts(device: str) -> list[int]:
+    """A storage's use count as torch's C side gives it, as it changes: what torchtune's ``OffloadActivations``
+    compares before and after a backward node (``torch._C._storage_Use_Count(t.untyped_storage()._cdata)``)."""
+
+    def count(t: torch.Tensor) -> int:
+        return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+
+    a = torch.ones(64, device=device)
+    other = torch.ones(64, device=device)
+    counts = [count(a)]
+    a.add_(1)  # an operation queued on it
+    counts.append(count(a))
+    view = a[2:]
+    counts.append(count(a))
+    view2 = a.view(8, 8)
+    counts.append(count(a))
+    del view, view2
+    counts.append(count(a))
+    counts.append(int(a.untyped_storage()._cdata == other.untyped_storage()._cdata))
+    counts.append(int(a.untyped_storage()._cdata == a[1:].untyped_storage()._cdata))
+    ref = StorageWeakRef(a.untyped_storage())
+    counts.append(int(ref.expired()))
+    del a
+    counts.append(int(ref.expired()))
+    return counts
+
+
+def test_a_storage_s_use_count_and_weak_reference_are_torch_s() -> None:
+    """``untyped_storage()._cdata`` (the handle torch's C functions take) was an ``AttributeError`` of the simulator's
+    own class, a host error blamed on the program: torchtune's ``OffloadActivations`` raised it in every backward.
+    The handle is shared by the allocation's views and no other allocation; the count and a weak reference change
+    as a CPU storage's do."""
+    expected = _use_counts("cpu")
+    with simdevice.cuda() as sim:
+        counts = _use_counts("cuda")
+    sim.assert_clean()
+    assert counts == expected, (counts, expected)
+    assert expected[1:5] == [expected[0], expected[0] + 1, expected[0] + 2, expected[0]]
 
 
 def test_set_points_a_tensor_at_another_storage() -> None:
