@@ -199,13 +199,19 @@ def stream(s: contract.Stream | None) -> StreamContext:
 def _forward_on(dev: DropInDevice, s: contract.Stream | None) -> Iterator[Any]:
     """``torch.cuda.stream(s)``: ``s`` current for the block; on a stream other than the actor's default, the
     autograd nodes the block's ops make are tagged to run their backward on ``s`` (:class:`_ForwardStream`)."""
+    rt = dev.runtime
+    outer = rt.current_stream()
     with dev.stream(s):
-        rt = dev.runtime
         if s is None or rt.current_stream() is rt.default_stream():
             yield s
             return
-        with _ForwardStream(rt, rt.current_stream()):
-            yield s
+        blocks = rt.current().side_blocks
+        blocks.append((rt.current_stream(), outer))
+        try:
+            with _ForwardStream(rt, rt.current_stream()):
+                yield s
+        finally:
+            blocks.pop()
 
 
 _TAG = "simdevice.stream"
@@ -264,6 +270,72 @@ class _ForwardStream(TorchFunctionMode):
             n.register_hook(after)
             n.metadata[_ENTER] = enter
             todo += [f for f, _ in n.next_functions]
+
+
+def _autograd_entry(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.autograd.backward`` or ``grad`` (what ``Tensor.backward`` calls) inside a side stream's block: the
+    graph's nodes made outside any such block (:class:`_ForwardStream` tagged none of them) run on the stream
+    current outside the blocks (the default stream, or the one ``set_stream`` made current), their forward ops'
+    stream, as PyTorch's engine runs them, and not on the calling stream; so does each leaf's ``AccumulateGrad``
+    that only such nodes feed (the engine runs it on the stream current as the forward made it). The hooks that
+    move them are taken off when the call ends. Called outside any block, they run on the calling stream, which is
+    that stream already."""
+
+    @functools.wraps(original)
+    def call(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if not in_actor():
+            return original(tensors, *args, **kwargs)
+        rt = session_device().runtime
+        blocks = rt.current().side_blocks
+        if not blocks or blocks[-1][0] is not rt.current_stream() or blocks[0][1] is blocks[-1][0]:
+            return original(tensors, *args, **kwargs)  # (set_stream made another stream current in the block)
+        handles = _run_untagged_on(rt, blocks[0][1], tensors)
+        try:
+            return original(tensors, *args, **kwargs)
+        finally:
+            for h in handles:
+                h.remove()
+
+    return call
+
+
+def _run_untagged_on(rt: Any, base: Any, tensors: Any) -> list[Any]:
+    """Hook the untagged nodes reachable from ``tensors``' ``grad_fn`` to run on ``base``; the handles."""
+    roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    todo = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen: set[Any] = set()
+    fed_by_side: set[Any] = set()  # the AccumulateGrad nodes a side stream's node feeds
+    nodes: list[Any] = []
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        nodes.append(n)
+        tagged = _TAG in n.metadata
+        for f, _ in n.next_functions:
+            if f is None:
+                continue
+            if tagged and type(f).__name__ == "AccumulateGrad":
+                fed_by_side.add(f)
+            todo.append(f)
+    handles = []
+    for n in nodes:
+        if _TAG in n.metadata or n in fed_by_side:
+            continue
+        box: list[Any] = []
+
+        def enter(*_: Any, box: list[Any] = box) -> None:
+            if not box:
+                box.append(rt.backward_on(base))
+
+        def after(*_: Any, box: list[Any] = box) -> None:
+            if box:
+                rt.backward_off(base, box.pop())
+
+        handles.append(n.register_prehook(enter))
+        handles.append(n.register_hook(after))
+    return handles
 
 
 def _check(device: Any) -> None:
@@ -734,6 +806,8 @@ def install(p: Patches) -> None:
         p.set(torch.Tensor, name, _wrapped(torch.Tensor, name, _tensor_new))
     p.set(torch.Tensor, "new_tensor", _wrapped(torch.Tensor, "new_tensor", _tensor_new_tensor))
     p.set(time, "sleep", _host_sleep)
+    for name in ("backward", "grad"):
+        p.set(torch.autograd, name, _wrapped(torch.autograd, name, _autograd_entry))
     amp = _wrapped(torch.amp, "autocast", _autocast)
     p.set(torch, "autocast", amp)
     p.set(torch.amp, "autocast", amp)
@@ -798,4 +872,4 @@ def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
 #: what a session patches, for the test that checks they come back as they were
 def patched_owners() -> list[Any]:
     return [torch, torch.cuda, torch.cuda.memory, torch.cuda.nvtx, torch.Tensor, torch.multiprocessing, time, torch.amp,
-            torch.cuda.amp]
+            torch.cuda.amp, torch.autograd]

@@ -117,6 +117,9 @@ class HostActor:
         self.step_ns = 0
         self.default_stream: SimStream | None = None
         self.stream_stack: list[SimStream] = []
+        #: the side streams' ``torch.cuda.stream`` blocks it is in, innermost last: (the block's stream, the stream
+        #: current as it began)
+        self.side_blocks: list[tuple[SimStream, SimStream]] = []
         self.streams: list[SimStream] = []
         #: unnamed streams made so far (they are called s1, s2, ...)
         self.unnamed = 0

@@ -347,6 +347,44 @@ def test_backward_runs_each_op_on_its_forward_ops_stream() -> None:
     assert any(isinstance(r, Race) for r in racy.reports)
 
 
+def _backward_on_a_side_stream(forward_on_side: bool) -> list[float]:
+    """``backward()`` called in a side stream's block, the gradients then used on the default stream with no wait
+    for the side stream."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8).cuda()
+    x = torch.randn(4, 8).cuda().mul(2.0)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    if forward_on_side:
+        with torch.cuda.stream(s):
+            loss = torch.nn.functional.gelu(lin(x)).pow(2).mean()
+    else:
+        loss = torch.nn.functional.gelu(lin(x)).pow(2).mean()  # on the default stream
+    with torch.cuda.stream(s):
+        loss.backward()
+    return lin.weight.grad.mul(1.0).cpu().flatten().tolist()  # read on the default stream
+
+
+def test_backward_on_a_side_stream_runs_default_stream_ops_on_the_default_stream() -> None:
+    """A forward on the default stream and ``backward()`` in a side stream's block: PyTorch's engine runs each
+    backward op, and the leaves' ``AccumulateGrad``, on the stream its node was made on (the default one), and the
+    side stream waits for them at the end; the gradients, used on the default stream, are ordered. (They ran on the
+    side stream, the stream ``backward()`` was called on: the default stream's read of them raced, with wrong
+    values, in a program a GPU runs right.) A forward in the side stream's block runs its backward there: the same
+    read races."""
+    stalled = "s#0+5"
+    s = simdevice.cuda(stalled)
+    s.run(_backward_on_a_side_stream, False)
+    s.assert_clean()
+    assert s.result is not None
+    assert s.result.result == pytest.approx(_reference_grad())
+    on_side = [what for _, actor, what in s.result.trace if actor == "s" and what.startswith("start ")]
+    assert on_side == ["start ones_like #0"], on_side  # the initial gradient only, made where backward was called
+    racy = simdevice.cuda(stalled)
+    racy.run(_backward_on_a_side_stream, True)
+    assert any(isinstance(r, Race) for r in racy.reports), racy.text()
+
+
 def test_a_stream_an_earlier_run_made_is_named_as_such() -> None:
     """A stream kept across runs where the tool cannot put it back (an object's, another module's) is refused with
     the reason: it was made by an earlier run."""
