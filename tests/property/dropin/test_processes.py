@@ -391,6 +391,27 @@ def test_a_delay_on_a_named_process_applies() -> None:
 # -- queues, events, values, locks ----------------------------------------------------------------------------------
 
 
+def test_a_value_made_without_a_lock_has_none() -> None:
+    """``Value(..., lock=False)`` is a raw shared value, as ``multiprocessing``'s: asking it for its lock raises
+    (``AttributeError``), where one made with a lock gives it. Mutation caught: ``get_lock`` answering None."""
+    got: list[str] = []
+
+    def program() -> None:
+        raw, locked = mp.Value("i", 0, lock=False), mp.Value("i", 0)
+        try:
+            raw.get_lock()
+            got.append("a lock")
+        except AttributeError:
+            got.append("no lock")
+        with locked.get_lock():
+            locked.value += 1
+        got.append(str(locked.value))
+
+    r = _run(program)
+    assert r.reports == ()
+    assert got == ["no lock", "1"]
+
+
 def test_an_event_orders_what_the_setter_did_before_it() -> None:
     got: list[float] = []
 

@@ -6,7 +6,8 @@ into one contiguous run, e.g. a column of a pinned matrix):
   copy also its dtype conversion) *at issue*, into pageable memory the copy then stages. So the host reads the
   pinned buffer then: a D2H still filling it races even where the copying stream waited for that D2H's event, and
   the host may overwrite the buffer right after the call. A mutant that reads the strided source on the stream, as
-  a contiguous one is read, misses the first race and reports the second overwrite.
+  a contiguous one is read, misses the first race and reports the second overwrite; one that takes a copy of another
+  dtype for one memcpy misses the blocking conversion's read (a non-blocking one converts on the device: no read).
 - device to host, non-blocking, into a pinned view that is not contiguous: the copy lands in a pageable temporary
   (synchronous, as CUDA's copy into pageable memory is) that the host then copies into the view: the host may read
   it at once. A mutant that keeps it asynchronous reports that read.
@@ -44,6 +45,24 @@ def _d2h_then_waited_h2d(strided: bool) -> Any:
     return program
 
 
+def _d2h_then_waited_converting_h2d(non_blocking: bool) -> Any:
+    def program(dev: Any) -> None:
+        x = torch.full((N,), 1.5, device=dev.device)
+        pinned = torch.empty(N, pin_memory=True)
+        side = dev.Stream(name="side")
+        side.wait_stream(dev.current_stream())
+        with dev.stream(side):
+            pinned.copy_(x, non_blocking=True)
+            done = dev.Event()
+            done.record()
+        dev.current_stream().wait_event(done)  # the stream waits: the host does not
+        y = torch.empty(N, dtype=torch.float64, device=dev.device)
+        y.copy_(pinned, non_blocking=non_blocking)  # float32 into float64
+        dev.synchronize()
+
+    return program
+
+
 def _h2d_then_overwrite(strided: bool) -> Any:
     def program(dev: Any) -> None:
         pinned = torch.full((N, 2), 2.0, pin_memory=True)
@@ -76,6 +95,12 @@ def test_a_strided_pinned_source_is_read_by_the_host_at_issue_a_stream_wait_orde
     races = _races(_d2h_then_waited_h2d(strided=True))
     assert [(r.current.on, r.previous.actor) for r in races] == [("host", "side")]
     assert _races(_d2h_then_waited_h2d(strided=False)) == []
+
+
+def test_a_blocking_copy_from_pinned_memory_into_another_dtype_converts_on_the_host_at_issue() -> None:
+    races = _races(_d2h_then_waited_converting_h2d(non_blocking=False))
+    assert [(r.current.on, r.previous.actor) for r in races] == [("host", "side")]
+    assert _races(_d2h_then_waited_converting_h2d(non_blocking=True)) == []
 
 
 def test_a_strided_pinned_source_may_be_overwritten_right_after_the_copy() -> None:
