@@ -523,6 +523,13 @@ def _target_and_config(text: str, what: str, world_size: int | None = None) -> t
     return target, given.config_dict()
 
 
+def _named(target: Any, text: str) -> str:
+    """The target's name as the command's lines say it: with the configuration TARGET fixes, where it fixes one
+    (``FILE.py::fn:n=1024``), so that a clean line says which configuration was clean."""
+    config = Schedule.parse(text).config_dict()
+    return str(target.name) + (":" + ",".join(f"{k}={v}" for k, v in config.items()) if config else "")
+
+
 def _check_target(args: argparse.Namespace, db: Any) -> int:
     from hypothesis import strategies as st
 
@@ -539,8 +546,9 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
     if config is None and isinstance(target, ProgramTarget):
         config = configs(target.program)
     show = _progress(args.quiet or args.json)
+    name = _named(target, args.target)
     if not args.quiet:
-        print(f"checking {target.name} ...", file=_stderr(), flush=True)
+        print(f"checking {name} ...", file=_stderr(), flush=True)
     ran = [0]
 
     def step(n: int) -> None:
@@ -560,7 +568,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
                 _print_json(json.dumps({"target": target.name, "found": False, "examples": ran[0],
                                         "interrupted": True}, indent=2))
             else:
-                print(f"{target.name}: interrupted after {ran[0]} schedules, none failed so far")
+                print(f"{name}: interrupted after {ran[0]} schedules, none failed so far")
         elif args.json:
             _print_json(json.dumps({
                 "target": target.name, "found": True, "examples": so_far.examples, "interrupted": True,
@@ -569,7 +577,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
                 "replay": replay_command(so_far.schedule, so_far.failure.replay_options()),
             }, indent=2))
         else:
-            print(f"{target.name}: found, interrupted while shrinking it after {ran[0]} schedules; the smallest "
+            print(f"{name}: found, interrupted while shrinking it after {ran[0]} schedules; the smallest "
                   "failing schedule so far:")
             print(so_far.failure.text())
         return _interrupted()
@@ -596,16 +604,16 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
             "world_size": args.world_size or 1, "replay": result.replay,
         }, indent=2))
     elif out is None:
-        print(f"{target.name}: clean over {_count(result.examples, 'schedule')} ({result.seconds}s)")
+        print(f"{name}: clean over {_count(result.examples, 'schedule')} ({result.seconds}s)")
         for n in result.notes:
             print(f"  note: {n}")
     else:
-        print(f"{target.name}: found after {_count(result.examples, 'schedule')} ({result.seconds}s)")
+        print(f"{name}: found after {_count(result.examples, 'schedule')} ({result.seconds}s)")
         print(out.text())
         _say_judged()
         if fix is not None:
             _print_fix(fix, str(out.schedule), out.replay_options())
-    _say_held(args, str(out.schedule) if out is not None else target.name)
+    _say_held(args, str(out.schedule) if out is not None else name)
     return 1 if out is not None else 0
 
 
@@ -979,13 +987,13 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
             _print_json(json.dumps({"target": target.name, "ran": ran[0], "total": total, "clean_so_far": ran[1],
                                     "interrupted": True}, indent=2))
         else:
-            print(f"{target.name}: interrupted after {ran[0]} of {total} schedules{clean}")
+            print(f"{_named(target, args.target)}: interrupted after {ran[0]} of {total} schedules{clean}")
         return _interrupted()
     if not args.quiet and _stderr().isatty():
         print("\r\x1b[K", end="", file=_stderr())  # clear the progress line
     scope = "the configuration given" if fixed or (builtin and config is not None) else (
         "every configuration" if builtin else "its defaults")
-    where = f"{target.name} ({scope})"
+    where = f"{_named(target, args.target)} ({scope})"
     whatever = False
     if failed is None and not builtin:
         # as check: a race is there whatever the timing, though no schedule made it show (the default run's: cached)
@@ -1026,7 +1034,7 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
         print(failed.text())
     if not args.json:
         _say_judged()
-    _say_held(args, str(failed.schedule) if failed is not None else target.name)
+    _say_held(args, str(failed.schedule) if failed is not None else _named(target, args.target))
     return code
 
 

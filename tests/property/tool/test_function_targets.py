@@ -527,6 +527,30 @@ def test_a_clean_check_gives_the_default_runs_notes(
     assert doc["notes"] == ["stream side (made at idle.py:5) got no operation: nothing ran on it to race"]
 
 
+def test_a_clean_line_names_the_configuration_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A TARGET that fixes a configuration (``idle.py::idle:n=32``) is named with it in the lines that say what was
+    checked and that it was clean (they named the function alone, as if its defaults had been), in ``check``'s and
+    in ``exhaust``'s."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "idle.py").write_text(textwrap.dedent("""
+        import torch
+
+        def idle(n: int = 64) -> None:
+            x = torch.ones(n, device="cuda")
+            assert x.sum().item() == n
+    """))
+    assert main(["check", "idle.py::idle:n=32", "--examples", "5"]) == 0
+    out, err = capsys.readouterr()
+    assert "checking idle.py::idle:n=32 ..." in err
+    assert out.startswith("idle.py::idle:n=32: clean over "), out
+    assert main(["exhaust", "idle.py::idle:n=32", "--delays", "1", "--units", "1"]) == 0
+    assert capsys.readouterr().out.startswith("idle.py::idle:n=32 (the configuration given): clean over ")
+    assert main(["check", "idle.py::idle", "-q", "--examples", "5"]) == 0
+    assert capsys.readouterr().out.startswith("idle.py::idle: clean over ")
+
+
 def test_an_edge_naming_an_actor_the_function_lacks_is_refused_as_a_delay_is(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
