@@ -6,10 +6,10 @@ reports. Virtual time: 1 unit = 1 ms of GPU time; the JSON is in microseconds, a
 
 - :func:`perfetto` / :func:`write_perfetto`: a process per simulated process (the main host, each rank or
   worker), a thread track per host actor and per stream; each operation a slice (op name, bytes, source line),
-  host steps as short slices, each passed wait marker a slice with a flow arrow from the operation that released
-  it, stalls as slices named ``stall``, the racing accesses and stale reads as instant events carrying their report
-  text (with a flow arrow between the two racing operations), and a suggested fix's edges as flow arrows named
-  ``suggested edge``. Opens in ui.perfetto.dev and chrome://tracing.
+  host steps as short slices, each passed wait marker a slice with a flow arrow from the operation its event was
+  recorded after, stalls as slices named ``stall``, the racing accesses and stale reads as instant events carrying
+  their report text (with a flow arrow between the two racing operations), and a suggested fix's edges as flow
+  arrows named ``suggested edge``. Opens in ui.perfetto.dev and chrome://tracing.
 - :func:`write_png`: one lane per actor, operations as bars coloured by kind, stalls hatched, the two racing
   operations outlined in red with an arrow between them (an illegal access in violet), the suggested edge dashed;
   the schedule line as title; zoomed on the flagged operations when they sit in a small part of a long run.
@@ -31,7 +31,7 @@ from simdevice.runtime.reports import IllegalAccess, Race, StaleRead, is_collect
 __all__ = ["Slice", "perfetto", "slices", "write_perfetto", "write_png"]
 
 _INDEX = re.compile(r"^(?P<name>.*) #(?P<index>\d+)$")
-_PASS = re.compile(r"on stream (?P<stream>\S+) \(item \d+\)")
+_PASS = re.compile(r"on stream (?P<stream>\S+) \(item (?P<item>\d+)\)")
 _STALL = re.compile(r"^stall (?P<units>\d+) units before #(?P<index>\d+)$")
 
 
@@ -50,8 +50,13 @@ class Slice:
     index: int = -1
     source: str = ""
     nbytes: int = 0
-    #: a marker's: the stream whose work released it
+    #: a marker's: the stream whose work it waited for
     waited: str = ""
+    #: a marker's: the item of ``waited`` it waited for (the event was recorded after it; 0: none)
+    after: int = 0
+    #: a stream's operation or marker: its place in the stream's queue, from 1 (a stream runs its items in order,
+    #: markers among them; 0: none, a host step or what did not run)
+    item: int = 0
     #: an operation's place in the order the run issued every operation, and a host step's that accessed memory
     #: the device reaches (-1: not known): a stall moves when an operation starts, not when it was issued
     issued: int = -1
@@ -62,6 +67,7 @@ def slices(out: Any) -> list[Slice]:
     run = out.run
     host_ns = SimConfig().host_step_ns
     started: dict[str, tuple[int, str]] = {}
+    items: dict[str, int] = {}  # per stream: the items done or passed so far
     result: list[Slice] = []
     # the run notes each operation's site as it issues it: the k-th is 2k in issue order, a host access made after
     # k operations 2k - 1 (it comes between the (k-1)-th and the k-th)
@@ -76,11 +82,14 @@ def slices(out: Any) -> list[Slice]:
             m = _INDEX.match(desc)
             index = int(m.group("index")) if m else -1
             source, nbytes = run.sites.get(f"{actor}#{index}", ("", 0))
+            items[actor] = items.get(actor, 0) + 1
             result.append(Slice(actor, "op", desc, t0, t, index, source, nbytes,
-                                issued=issued.get(f"{actor}#{index}", -1)))
+                                issued=issued.get(f"{actor}#{index}", -1), item=items[actor]))
         elif what.startswith("pass "):
             m = _PASS.search(what)
-            result.append(Slice(actor, "marker", what[5:], t, t, waited=m.group("stream") if m else ""))
+            items[actor] = items.get(actor, 0) + 1
+            result.append(Slice(actor, "marker", what[5:], t, t, waited=m.group("stream") if m else "",
+                                after=int(m.group("item")) if m else 0, item=items[actor]))
         elif what.startswith("stall "):
             m = _STALL.match(what)
             units = int(m.group("units")) if m else 0
@@ -173,6 +182,8 @@ def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
         events.append({"ph": "M", "name": "thread_name", "pid": pid[process_of(a)], "tid": tid[a],
                        "args": {"name": f"{a} ({kind})"}})
     flows = 0
+    # the item of a stream an event was recorded after, by its place in the stream's queue
+    done = {(o.actor, o.item): o for o in ss if o.item > 0}
 
     def flow(name: str, a: Slice, b: Slice, at_a: int, at_b: int, args: dict[str, Any] | None = None) -> None:
         """A flow arrow between ``a`` (at ``at_a``) and ``b`` (at ``at_b``). Perfetto and chrome://tracing read a
@@ -204,8 +215,7 @@ def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
                            "args": {"what": s.name}})
         else:  # a marker: a sliver, with the arrow from the work that let it pass
             events.append({**base, "ph": "X", "name": f"wait: {s.name}", "cat": "wait", "dur": 0.001})
-            source = max((o for o in ss if o.kind == "op" and o.actor == s.waited and o.end <= s.start),
-                         key=lambda o: o.end, default=None)
+            source = done.get((s.waited, s.after))
             if source is not None:
                 flow("wait", source, s, source.end - 1, s.start)
     for r in _racing(out):

@@ -574,6 +574,59 @@ def test_a_race_with_a_host_step_is_drawn_at_that_step(tmp_path: Path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _ping_pong(n: int = 256, iters: int = 4) -> None:
+    copy = torch.cuda.Stream()
+    bufs = [torch.empty(n, device="cuda"), torch.empty(n, device="cuda")]
+    filled = [torch.cuda.Event(), torch.cuda.Event()]
+    host = [torch.full((n,), float(i), pin_memory=True) for i in range(iters)]
+    out = torch.zeros(n, device="cuda")
+    for i in range(iters):
+        b = i % 2
+        with torch.cuda.stream(copy):
+            if i >= 2:
+                copy.wait_event(filled[b])  # one iteration short: the add that read bufs[b] last is not waited for
+            bufs[b].copy_(host[i], non_blocking=True)
+            filled[b].record()
+        torch.cuda.current_stream().wait_event(filled[b])
+        out.add_(bufs[b])
+    assert torch.equal(out.cpu(), torch.full((n,), float(sum(range(iters)))))
+
+
+def _stalled_ping_pong() -> tuple[FunctionTarget, Any]:
+    """The default stream stalled before its first operation: every wait on it passes long after the copy it waits
+    for finished, when the copy stream has run all its copies."""
+    from simdevice.search.targets import from_function
+
+    name = "tests/property/tool/test_explain.py::_ping_pong"
+    target = from_function(_ping_pong, name)
+    return target, target.run(Schedule.parse(f"{name}::default#0+1"))
+
+
+def test_a_wait_s_arrow_starts_at_the_operation_its_event_was_recorded_after() -> None:
+    """The event is recorded after an item of its stream (the trace names its place in the stream's queue): the
+    arrow starts there, not at whatever that stream ran last before the wait passed."""
+    _, out = _stalled_ping_pong()
+    events = perfetto(out)["traceEvents"]
+    threads = {e["args"]["name"].split(" ")[0]: e["tid"] for e in events if e["name"] == "thread_name"}
+    starts = {e["id"]: e for e in events if e["ph"] == "s" and e["name"] == "wait"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f" and e["name"] == "wait"}
+    assert starts.keys() == ends.keys()
+
+    def ns(us: float) -> int:
+        return round(us * 1000)
+
+    def at(e: dict[str, Any], cat: str) -> str:
+        """The slice of ``cat`` on the flow end's track whose time holds it."""
+        (x,) = [o["name"] for o in events if o["ph"] == "X" and o["cat"] == cat and o["tid"] == e["tid"]
+                and ns(o["ts"]) <= ns(e["ts"]) <= ns(o["ts"] + o["dur"])]
+        return x
+
+    waits = sorted((ends[k]["ts"], at(starts[k], "op"), at(ends[k], "wait")) for k in starts
+                   if ends[k]["tid"] == threads["default"])
+    assert all(wait.startswith("wait: event recorded on stream copy") for _, _, wait in waits)
+    assert [src for _, src, _ in waits] == [f"copy_ (H2D) #{k}" for k in range(4)]
+
+
 def test_slices_pair_every_start_with_its_end_and_keep_unrun_operations() -> None:
     _, out = _racy()
     ss = slices(out)
