@@ -743,6 +743,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for option, path in (("--perfetto", args.perfetto), ("--png", args.png)):
         if path is not None and (not path or os.path.isdir(path) or not os.path.isdir(os.path.dirname(path) or ".")):
             return _fail(f"{option} {path!r}: not a file in an existing folder")
+        why = _cannot_create_in(os.path.dirname(path) or ".") if path else None
+        if why is not None:
+            return _fail(f"{option} {path!r}: cannot write it ({why})")
     if args.png is not None and not args.png.lower().endswith(".png"):
         return _fail(f"--png {args.png!r}: not a .png file name (the picture is a PNG, written where named)")
     if args.png:
@@ -793,15 +796,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     fix = None
     if args.fix and backend == "sim" and not edges and not first.clean and not interrupted:
         fix = _suggest(target, first, args.json)
-    if args.perfetto or args.png:
-        from simdevice.timeline import write_perfetto, write_png
-
-        for option, path, write in (("--perfetto", args.perfetto, write_perfetto), ("--png", args.png, write_png)):
-            if path:
-                try:
-                    write(first, path, fix)
-                except OSError as e:
-                    return _fail(f"{option} {path!r}: cannot write it ({e.strerror or e})")
     if args.json:
         _print_json(json.dumps({
             "schedule": str(schedule), "backend": backend, "trials": len(outcomes), "failed": bad,
@@ -844,11 +838,34 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 print("  the GPU's timeline (ms since the run's start; CUDA events around each counted operation, "
                       "a collective from its launch stream's position to its end):")
             print("".join(f"  {line}\n" for line in first.trace_text().splitlines()), end="")
+    if args.perfetto or args.png:
+        # after the report: a file that cannot be written after all (the folder checked up front) loses no report
+        from simdevice.timeline import write_perfetto, write_png
+
+        for option, path, write in (("--perfetto", args.perfetto, write_perfetto), ("--png", args.png, write_png)):
+            if path:
+                try:
+                    write(first, path, fix)
+                except OSError as e:
+                    return _fail(f"{option} {path!r}: cannot write it ({e.strerror or e})")
     if interrupted:
         return _interrupted()
     if bad and all(o.clean or _no_verdict(target.name, o) is not None for o in outcomes):
         return 2  # no verdict (a step limit, or what the simulator does not run): neither clean nor failing
     return 1 if bad else 0
+
+
+def _cannot_create_in(folder: str) -> str | None:
+    """Why no file can be created in ``folder`` (a file made there and removed at once), or None."""
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".simdevice-")
+    except OSError as e:
+        return e.strerror or str(e)
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def _no_verdict(name: str, out: Any) -> tuple[str, str] | None:

@@ -17,9 +17,11 @@ reports. Virtual time: 1 unit = 1 ms of GPU time; the JSON is in microseconds, a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -239,11 +241,29 @@ def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
             "metadata": {"schedule": str(out.schedule), "verdict": out.verdict(), "time unit": "1 unit = 1 ms"}}
 
 
-def write_perfetto(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
-    """Write :func:`perfetto`'s document to ``path``; the path."""
+def _replace(path: str | os.PathLike[str], write: Any) -> Path:
+    """``write(tmp)`` into a new file beside ``path``, then that file renamed to ``path``: where writing fails,
+    nothing is left (no half-written file, and an earlier one at ``path`` kept); the path."""
     p = Path(path)
-    p.write_text(json.dumps(perfetto(out, fix), indent=1))
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=p.suffix)
+    os.close(fd)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as a file written in place would be (mkstemp's is the owner's only)
+        write(tmp)
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return p
+
+
+def write_perfetto(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
+    """Write :func:`perfetto`'s document to ``path`` (whole, or not at all); the path."""
+    text = json.dumps(perfetto(out, fix), indent=1)
+    return _replace(path, lambda tmp: Path(tmp).write_text(text))
 
 
 _COLOURS = {"compute": "#4c78a8", "D2H": "#f58518", "H2D": "#54a24b", "collective": "#b279a2", "host": "#9d9d9d",
@@ -261,7 +281,7 @@ def _kind(s: Slice) -> str:
 
 
 def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
-    """Draw the run's timeline into ``path`` (PNG); the path."""
+    """Draw the run's timeline into ``path`` (PNG; whole, or not at all); the path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -376,7 +396,7 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
         legend.append(Line2D([0], [0], color="#2ca02c", linestyle="--", label="suggested edge"))  # type: ignore[arg-type]
     fig.legend(handles=legend, loc="lower center", ncol=len(legend), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.35 / fig_h, 1, 1))
-    p = Path(path)
-    fig.savefig(p)
-    plt.close(fig)
-    return p
+    try:
+        return _replace(path, lambda tmp: fig.savefig(tmp, format="png"))
+    finally:
+        plt.close(fig)

@@ -670,6 +670,42 @@ def test_replay_suggests_the_fix_checks_it_and_replays_with_it(tmp_path: Path, r
     assert (tmp_path / "t.png").stat().st_size > 1000
 
 
+@pytest.mark.parametrize("option", ["--perfetto", "--png"])
+def test_a_file_that_cannot_be_written_after_the_run_leaves_the_report_and_nothing_half_written(
+        option: str, tmp_path: Path, run_cli: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folder passed the check made before the run, and writing fails after it (a full disk, say): the report
+    is printed, then the one-line error, exit 2; neither the half-written file nor a leftover remains, and a file
+    already at that path is kept as it was."""
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    import matplotlib.figure
+
+    def full(path: Any) -> None:
+        Path(path).write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", lambda self, *_, **__: full(self))
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, path, *_, **__: full(path))
+    path = tmp_path / ("t.json" if option == "--perfetto" else "t.png")
+    path.write_bytes(b"before")
+    line = FIXES["offload_reload/racy"][0]
+    p = run_cli(["replay", line, option, str(path)], ROOT)
+    assert p.returncode == 2
+    assert "  suggested fix: record an event on `d2h` after `copy_ (D2H)`" in p.stdout
+    assert "  replay with it: " in p.stdout
+    assert p.stderr.splitlines()[-1] == (f"simdevice: error: {option} {str(path)!r}: cannot write it (No space left on "
+                                         "device)")
+    assert sorted(x.name for x in tmp_path.iterdir()) == [path.name]
+    assert path.read_bytes() == b"before"
+
+
+def test_a_folder_no_file_can_be_made_in_is_refused_before_the_run(run_cli: Any) -> None:
+    p = run_cli(["replay", FIXES["offload_reload/racy"][0], "--png", "/proc/x.png"], ROOT)
+    assert p.returncode == 2
+    assert p.stdout == ""
+    assert p.stderr.startswith("simdevice: error: --png '/proc/x.png': cannot write it (")
+    assert p.stderr.count("\n") == 1
+
+
 def test_check_json_carries_the_fix(run_cli: Any) -> None:
     p = run_cli(["check", "examples/offload_plain.py::reload_racy", "--json", "--examples", "30"], ROOT)
     assert p.returncode == 1
