@@ -636,7 +636,7 @@ def _print_fix(fix: Any, schedule: str, options: str = "") -> None:
     for line in fix.lines():
         print(f"  {line}")
     if fix.edges:
-        print(f"  replay with it: {_replay_with(schedule, fix.edges, options)}")
+        print(f"  replay with {'it' if len(fix.edges) == 1 else 'them'}: {_replay_with(schedule, fix.edges, options)}")
 
 
 def _replay_with(schedule: Any, edges: Any, options: str) -> str:

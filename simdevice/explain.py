@@ -81,7 +81,8 @@ class Fix:
         """The fix as report lines."""
         if self.why_none is not None:
             return [f"no edge suggested: {self.why_none}"]
-        out = [f"suggested fix: {a}" for a in self.advice]
+        out = [f"suggested fix{' (in each of ' + ', '.join(procs) + ')' if procs else ''}: {a}"
+               for a, procs in self._per_process()]
         if self.checked:
             judged = "no wrong values" if self.values else "no stale read; race-only, so no value was checked"
             out.append(f"checked: with {'it' if len(self.edges) == 1 else 'these'} inserted, the failing schedule "
@@ -89,6 +90,20 @@ class Fix:
         else:
             out.append(f"not enough: {self.remains}")
         return out
+
+    def _per_process(self) -> list[tuple[str, list[str]]]:
+        """The advice, each said once, with the processes it is for (more than one: said without them): an edge
+        within one process (a rank, a worker) whose lines, ops and streams are those of an edge in other processes
+        is the same fix in each."""
+        said: dict[str, tuple[str, list[str]]] = {}  # the advice without its process -> as said, the processes
+        for e, a in zip(self.edges, self.advice, strict=True):
+            p = process_of(e.after.actor)
+            alike = a.replace(f"`{p}.", "`")
+            if p == "host" or p != process_of(e.before.actor) or p in alike:
+                alike = a  # the main process's, or across processes: said as it is
+            said.setdefault(alike, (a, []))[1].append(p)
+        return [(alike if len(set(procs)) > 1 else first, list(dict.fromkeys(procs)) if len(set(procs)) > 1 else [])
+                for alike, (first, procs) in said.items()]
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -455,6 +455,35 @@ def test_record_stream_is_advised_only_for_another_stream_than_the_blocks_own(re
     assert not any(n.startswith("stream third") for n in out.run.notes), out.run.notes
 
 
+def test_a_fix_each_process_needs_on_the_same_lines_is_said_once() -> None:
+    """An edge per rank between the same lines (each rank runs the program) is one fix, said once with the ranks it
+    is for; an edge on other lines, or the main process's, or across processes, is said as it is."""
+    from simdevice.explain import Fix
+    from simdevice.runtime import Site
+
+    def within(p: str, a: str = "p.py:9", b: str = "p.py:10") -> tuple[Edge, str]:
+        return (Edge(Site(f"{p}.nccl", a), Site(f"{p}.default", b)),
+                f"wait for the collective's work after `all_gather` on `{p}.nccl` ({a}) before `sum` on "
+                f"`{p}.default` ({b})")
+
+    across = (Edge(Site("rank0.d2h", "p.py:20"), Site("rank1.default", "p.py:21")),
+              "record an event on `rank0.d2h` after `copy_` on `rank0.d2h` (p.py:20) and make `rank1.default` wait "
+              "on it before `add_` on `rank1.default` (p.py:21) (across processes: ...)")
+    main = (Edge(Site("side", "p.py:30"), Site("default", "p.py:31")),
+            "record an event on `side` after `mul_` on `side` (p.py:30) and make `default` wait on it before `add_` "
+            "on `default` (p.py:31)")
+    pairs = [within("rank0"), within("rank1"), within("rank2"), within("rank0", "p.py:12"), across, main]
+    fix = Fix(tuple(e for e, _ in pairs), tuple(a for _, a in pairs), True, 10)
+    lines = fix.lines()
+    assert lines == [
+        "suggested fix (in each of rank0, rank1, rank2): wait for the collective's work after `all_gather` on "
+        "`nccl` (p.py:9) before `sum` on `default` (p.py:10)",
+        f"suggested fix: {pairs[3][1]}", f"suggested fix: {across[1]}", f"suggested fix: {main[1]}",
+        "checked: with these inserted, the failing schedule and 10 searched schedules are clean (no race, no wrong "
+        "values)"]
+    assert fix.as_dict()["advice"] == [a for _, a in pairs]  # each edge's own, as before
+
+
 def test_edges_parse_and_print_as_the_command_line_takes_them() -> None:
     for text in ("d2h@my_offload.py:11->default@my_offload.py:19", "nccl@my_gather.py:30=>side@my_gather.py:22",
                  "d2h@zcc.py:205[-1]=>default@zcc.py:151"):

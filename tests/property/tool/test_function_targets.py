@@ -221,9 +221,17 @@ def test_a_function_on_ranks_is_checked_and_replayed_with_world_size(
     assert main([*words[1:], "--no-fix"]) == 1
     assert "rank1" in capsys.readouterr().out
     assert main(["check", "ranks.py::gather_racy", "--world-size", "2", "-q"]) == 1
-    fixed = next(x for x in capsys.readouterr().out.splitlines() if "replay with it: " in x)
+    said = capsys.readouterr().out.splitlines()
+    # each rank's edge, between the same lines: one fix, said once, for both ranks; replayed with both edges
+    (fix,) = [x for x in said if x.startswith("  suggested fix")]
+    assert fix.startswith("  suggested fix (in each of rank0, rank1): wait for the collective's work"), fix
+    assert "`nccl` (ranks.py:" in fix, fix
+    assert "rank0." not in fix, fix
+    assert any(x.startswith("  checked: with these inserted") for x in said)
+    fixed = next(x for x in said if "replay with them: " in x)
+    assert fixed.count("--edge") == 2
     assert fixed.endswith(" --world-size 2")  # the fix replayed on the same ranks
-    assert main([*shlex.split(fixed.split("replay with it: ", 1)[1])[1:], "--no-fix"]) == 0
+    assert main([*shlex.split(fixed.split("replay with them: ", 1)[1])[1:], "--no-fix"]) == 0
     capsys.readouterr()
     for args, message in ((["check", "offload_reload/racy", "--world-size", "2"], "is a built-in program"),
                           (["check", "ranks.py::gather_racy", "--world-size", "0"], "must be in 1..32"),
