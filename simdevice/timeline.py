@@ -11,8 +11,9 @@ reports. Virtual time: 1 unit = 1 ms of GPU time; the JSON is in microseconds, a
   their report text (with a flow arrow between the two racing operations), and a suggested fix's edges as flow
   arrows named ``suggested edge``. Opens in ui.perfetto.dev and chrome://tracing.
 - :func:`write_png`: one lane per actor, operations as bars coloured by kind, stalls hatched, the two racing
-  operations outlined in red with an arrow between them (an illegal access in violet), the suggested edge dashed;
-  the schedule line as title; zoomed on the flagged operations when they sit in a small part of a long run.
+  operations outlined in red with an arrow between them (an illegal access in violet), the suggested edge a dashed
+  arc that stays inside the axes; the schedule line as title; zoomed on the flagged operations when they sit in a
+  small part of a long run.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import attrs
 from simdevice.runtime.config import UNIT_NS, SimConfig
 from simdevice.runtime.reports import IllegalAccess, Race, StaleRead, is_collective, process_of
 
-__all__ = ["Slice", "perfetto", "slices", "write_perfetto", "write_png"]
+__all__ = ["Slice", "figure", "perfetto", "slices", "write_perfetto", "write_png"]
 
 _INDEX = re.compile(r"^(?P<name>.*) #(?P<index>\d+)$")
 _PASS = re.compile(r"on stream (?P<stream>\S+) \(item (?P<item>\d+)\)")
@@ -282,6 +283,47 @@ def _kind(s: Slice) -> str:
 
 def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
     """Draw the run's timeline into ``path`` (PNG; whole, or not at all); the path."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(out, fix)
+    try:
+        return _replace(path, lambda tmp: fig.savefig(tmp, format="png"))
+    finally:
+        plt.close(fig)
+
+
+def _bend(ax: Any, start: tuple[float, float], end: tuple[float, float], most: float = 0.25) -> float:
+    """The ``rad`` of an ``arc3`` arrow from ``start`` to ``end`` (data coordinates) that bends to the side of the
+    straight line with more room in the axes (toward the plot's middle), no further than stays inside them: matplotlib
+    puts the control point at the middle plus ``rad`` times the line turned a quarter, and the curve's apex halfway
+    there."""
+    box = ax.get_window_extent()
+    (x0, y0), (x1, y1) = ax.transData.transform([start, end])
+    dx, dy = x1 - x0, y1 - y0
+    length = (dx * dx + dy * dy) ** 0.5
+    if length < 1:
+        return most
+    mx, my = (x0 + x1) / 2, (y0 + y1) / 2
+    nx, ny = dy / length, -dx / length  # where a positive rad bends it
+    margin = 6.0  # pixels: the line's width and the arrow's head
+
+    def room(ux: float, uy: float) -> float:
+        """From the middle of the line to the edge of the axes, along (ux, uy)."""
+        ways = [(box.x1 - mx) / ux if ux > 0 else (box.x0 - mx) / ux if ux < 0 else float("inf"),
+                (box.y1 - my) / uy if uy > 0 else (box.y0 - my) / uy if uy < 0 else float("inf")]
+        return max(min(ways) - margin, 0.0)
+
+    up, down = room(nx, ny), room(-nx, -ny)
+    if up == down:  # the middle of the axes decides
+        centre = ((box.x0 + box.x1) / 2 - mx) * nx + ((box.y0 + box.y1) / 2 - my) * ny
+        sign = 1.0 if centre >= 0 else -1.0
+    else:
+        sign = 1.0 if up > down else -1.0
+    return float(sign * min(most, 2 * max(up, down) / length))
+
+
+def figure(out: Any, fix: Any = None) -> Any:
+    """The run's timeline as a matplotlib figure (what :func:`write_png` writes); the caller closes it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -368,15 +410,13 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
         if all(abs(mid[0] - x) > span / 25 or abs(mid[1] - y) > 0.3 for x, y in labelled):  # no pile of labels
             ax.text(mid[0], mid[1] + 0.15, "race", color="red", fontsize=9, ha="center", zorder=5)
             labelled.append(mid)
+    arcs: list[tuple[tuple[float, float], tuple[float, float]]] = []
     if fix is not None:
         for e in fix.edges:
             pairs = _edge_ends(ss, e)  # one arrow: where the waiter is a racing operation, if it is one
             for a, b in [next((p for p in pairs if (p[1].actor, p[1].index) in racing or p[1] in racing_steps),
                                 pairs[0])] if pairs else []:
-                ax.annotate("", xy=(b.start / UNIT_NS, lane[b.actor]), xytext=(a.end / UNIT_NS, lane[a.actor]),
-                            arrowprops={"arrowstyle": "->", "color": "#2ca02c", "lw": 1.6, "linestyle": "--",
-                                        "connectionstyle": "arc3,rad=0.25"},
-                            zorder=4)
+                arcs.append(((a.end / UNIT_NS, lane[a.actor]), (b.start / UNIT_NS, lane[b.actor])))
     ax.set_yticks(range(len(actors)), actors)
     ax.set_ylim(len(actors) - 0.4, -0.6)
     ax.set_xlim(lo, lo + span * 1.02)
@@ -396,7 +436,9 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
         legend.append(Line2D([0], [0], color="#2ca02c", linestyle="--", label="suggested edge"))  # type: ignore[arg-type]
     fig.legend(handles=legend, loc="lower center", ncol=len(legend), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.35 / fig_h, 1, 1))
-    try:
-        return _replace(path, lambda tmp: fig.savefig(tmp, format="png"))
-    finally:
-        plt.close(fig)
+    for a_at, b_at in arcs:  # once the axes have their place: each arc bends inside them
+        ax.annotate("", xy=b_at, xytext=a_at,
+                    arrowprops={"arrowstyle": "->", "color": "#2ca02c", "lw": 1.6, "linestyle": "--",
+                                "connectionstyle": f"arc3,rad={_bend(ax, a_at, b_at):.3f}"},
+                    zorder=4)
+    return fig

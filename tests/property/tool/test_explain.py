@@ -665,6 +665,63 @@ def test_slices_pair_every_start_with_its_end_and_keep_unrun_operations() -> Non
     assert all(s.source for s in ops)
 
 
+def _h2d_overwrite(n: int = 1024) -> None:
+    pinned = torch.full((n,), 1.0, pin_memory=True)
+    dev = torch.empty(n, device="cuda")
+    dev.copy_(pinned, non_blocking=True)
+    pinned.fill_(2.0)  # the copy may still read it: no synchronize before
+    torch.cuda.synchronize()
+    assert torch.equal(dev.cpu(), torch.full((n,), 1.0))
+
+
+def _arcs_stay_in_the_axes(out: Any, fix: Any) -> list[Any]:
+    """The suggested edges' arrows of the picture, each checked to lie inside the axes."""
+    import matplotlib.pyplot as plt
+
+    from simdevice.timeline import figure
+
+    fig = figure(out, fix)
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        (ax,) = fig.axes
+        box = ax.get_window_extent(renderer)
+        arcs = [a for a in ax.texts if getattr(a, "arrow_patch", None) is not None
+                and a.arrow_patch.get_edgecolor()[:3] == pytest.approx((0x2c / 255, 0xa0 / 255, 0x2c / 255))]
+        assert arcs
+        title = ax.title.get_window_extent(renderer)
+        for a in arcs:
+            drawn = a.arrow_patch.get_window_extent(renderer)
+            assert box.x0 - 1 <= drawn.x0, (drawn, box)
+            assert drawn.x1 <= box.x1 + 1, (drawn, box)
+            assert box.y0 - 1 <= drawn.y0, (drawn, box)
+            assert drawn.y1 <= box.y1 + 1, (drawn, box)
+            assert drawn.y1 < title.y0
+            # still an arc, not the straight line the race's arrow may lie on
+            assert a.arrow_patch.get_connectionstyle().rad != 0
+        return arcs
+    finally:
+        plt.close(fig)
+
+
+def test_the_suggested_edge_s_arc_bends_inside_the_axes() -> None:
+    """A host step waits for a copy that ran long after it (the stream stalled): the arc goes from the lower lane
+    far up-left; bent the same way whatever its direction, it left the axes and crossed the title."""
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    from simdevice.search.targets import from_function
+
+    name = "tests/property/tool/test_explain.py::_h2d_overwrite"
+    target = from_function(_h2d_overwrite, name)
+    out = target.run(Schedule.parse(f"{name}::default#0+1"))
+    fix = suggest(target, out, schedules=10)
+    assert [e.before.actor for e in fix.edges] == ["host"]
+    _arcs_stay_in_the_axes(out, fix)
+    target, out = _stalled_ping_pong()
+    _arcs_stay_in_the_axes(out, suggest(target, out, schedules=10))
+    _, out = _racy()
+    _arcs_stay_in_the_axes(out, suggest(_racy()[0], out, schedules=10))  # type: ignore[arg-type]
+
+
 SHRUNK = [line for line, _ in FIXES.values()] + [line for line, _ in NO_RACE.values()]
 
 
