@@ -9,7 +9,8 @@ reports. Virtual time: 1 unit = 1 ms of GPU time; the JSON is in microseconds, a
   host steps as short slices, each passed wait marker a slice with a flow arrow from the operation its event was
   recorded after, stalls as slices named ``stall``, the racing accesses and stale reads as instant events carrying
   their report text (with a flow arrow between the two racing operations), and a suggested fix's edges as flow
-  arrows named ``suggested edge``. Opens in ui.perfetto.dev and chrome://tracing.
+  arrows named ``suggested edge``. Opens in ui.perfetto.dev and chrome://tracing. A track's slices nest or are
+  disjoint, and each flow binds to its own slice (:func:`perfetto` says how).
 - :func:`write_png`: one lane per actor, operations as bars coloured by kind, stalls hatched, the two racing
   operations outlined in red with an arrow between them (an illegal access in violet), the suggested edge a dashed
   arc that stays inside the axes; the schedule line as title; zoomed on the flagged operations when they sit in a
@@ -18,6 +19,7 @@ reports. Virtual time: 1 unit = 1 ms of GPU time; the JSON is in microseconds, a
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
@@ -166,6 +168,47 @@ def _edge_ends(ss: list[Slice], edge: Any) -> list[tuple[Slice, Slice]]:
     return ends
 
 
+#: a sliver in the Perfetto trace (a passed wait, an operation of no length), in ns: long enough to hold a flow's end
+#: strictly inside it
+_SLIVER = 2
+
+
+def _short(s: Slice) -> bool:
+    """Whether the Perfetto trace draws ``s`` as a sliver: a passed wait, an operation too short to hold a flow."""
+    return s.kind == "marker" or (s.kind in ("op", "pending") and s.end - s.start < _SLIVER + 1)
+
+
+def _place_slivers(ss: list[Slice], at: dict[int, tuple[int, int]]) -> None:
+    """Give each sliver its place on its track, ``at[id(s)]``: a wait ending where it passed, an operation starting
+    where it started, when that fits; in a gap, or inside a slice after that one's first ns (where a flow or an
+    instant of it goes), never across the edge of another slice nor on another sliver. Several at one time go one
+    after another in the stream's order (the waits before it, back from it; the operations after it)."""
+    taken: dict[str, list[tuple[int, int]]] = {}
+    for s in ss:
+        if id(s) in at:
+            taken.setdefault(s.actor, []).append(at[id(s)])
+    for spans in taken.values():
+        spans.sort()
+    slivers: dict[str, set[int]] = {}
+    for m in sorted((s for s in ss if _short(s)),
+                    key=lambda s: (s.actor, s.start, s.kind != "marker", -s.item if s.kind == "marker" else s.index)):
+        spans, mine = taken.get(m.actor, []), slivers.setdefault(m.actor, set())
+
+        def fits(a: int, spans: list[tuple[int, int]] = spans, mine: set[int] = mine) -> bool:
+            if a < 0 or any(b in mine for b in range(a - _SLIVER + 1, a + _SLIVER)):
+                return False
+            i = bisect.bisect_right(spans, (a, float("inf"))) - 1
+            if i >= 0 and spans[i][1] > a:  # inside that slice: wholly, after its first ns
+                return spans[i][0] + 3 <= a and a + _SLIVER <= spans[i][1]
+            return i + 1 >= len(spans) or spans[i + 1][0] >= a + _SLIVER
+        t = m.start
+        back, ahead = range(t - _SLIVER, t - _SLIVER - 64, -1), range(t, t + 64)
+        a = next((a for a in ([*back, *ahead] if m.kind == "marker" else [*ahead, *back]) if fits(a)),
+                 max(t - _SLIVER, 0) if m.kind == "marker" else t)
+        mine.add(a)
+        at[id(m)] = (a, a + _SLIVER)
+
+
 def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
     """The run as a Chrome/Perfetto trace-event document (``{"traceEvents": [...]}``)."""
     ss = slices(out)
@@ -184,60 +227,105 @@ def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
         kind = "host" if a == process_of(a) else "stream"
         events.append({"ph": "M", "name": "thread_name", "pid": pid[process_of(a)], "tid": tid[a],
                        "args": {"name": f"{a} ({kind})"}})
+    # Each slice's place on its track, in ns. A thread's slices must nest or be disjoint, and a flow event binds to
+    # the slice begun last on its track before it (a slice closes only when a later one begins; a thread's instant
+    # is a slice of no length): every flow comes strictly inside its own slice, before anything else begins in it,
+    # at a time at which nothing begins on that track.
+    at = {id(s): (s.start, s.end) for s in ss if not _short(s)}
+    _place_slivers(ss, at)
+    flagged = [x for r in _racing(out) for x in (_accessor(ss, out, r.previous), _accessor(ss, out, r.current))
+               if x is not None]
+    read = {id(r): _accessor(ss, out, r.read) for r in out.run.reports if isinstance(r, StaleRead)}
+    instants: dict[str, list[int]] = {}  # per track: where instants are (just inside the slice they mark)
+    for marked in flagged + [y for y in read.values() if y is not None]:
+        instants.setdefault(marked.actor, []).append(at[id(marked)][0] + 2)
+    begins: dict[str, list[int]] = {}
+    for s in ss:
+        begins.setdefault(s.actor, []).append(at[id(s)][0])
+    for a, ts in instants.items():
+        begins.setdefault(a, []).extend(ts)
+    for ts in begins.values():
+        ts.sort()
+
+    def early(x: Slice) -> int:
+        """Just after the slice begins (an instant that marks it comes after)."""
+        return at[id(x)][0] + 1
+
+    def late(x: Slice) -> int:
+        """Just before the slice ends or anything begins inside it, whichever comes first."""
+        start, stop = at[id(x)]
+        ts = begins[x.actor]
+        i = bisect.bisect_right(ts, start)
+        return max(min(ts[i] if i < len(ts) else stop, stop) - 1, start + 1)
+
     flows = 0
     # the item of a stream an event was recorded after, by its place in the stream's queue
     done = {(o.actor, o.item): o for o in ss if o.item > 0}
 
     def flow(name: str, a: Slice, b: Slice, at_a: int, at_b: int, args: dict[str, Any] | None = None) -> None:
-        """A flow arrow between ``a`` (at ``at_a``) and ``b`` (at ``at_b``). Perfetto and chrome://tracing read a
-        trace in time order and drop an ``f`` that comes before its ``s``, drawing the arrow from the earlier slice
-        to the later one whichever end names which: a suggested edge, whose ``b`` ran before ``a`` in the failing
-        run, starts at the earlier end (its ``args`` say which way it goes)."""
+        """A flow arrow between ``a`` (at ``at_a``, or as near as keeps it before ``b``'s end) and ``b`` (at
+        ``at_b``, or as near). Perfetto and chrome://tracing read a trace in time order and drop an ``f`` that
+        comes before its ``s`` (or at its time, in whichever order they read the two), drawing the arrow from the
+        earlier slice to the later one whichever end names which: a suggested edge, whose ``b`` ran before ``a`` in
+        the failing run, starts at the earlier end (its ``args`` say which way it goes)."""
         nonlocal flows
+        if at_a >= at_b and early(a) < late(b):  # both ends moved within their slices to keep a's first
+            at_a = max(early(a), min(at_a, late(b) - 1))
+            at_b = min(late(b), max(at_b, at_a + 1))
         if at_b < at_a:
             a, b, at_a, at_b = b, a, at_b, at_a
         flows += 1
         common = {"name": name, "cat": name, "id": flows}
-        events.append({**common, "ph": "s", "ts": us(at_a), "pid": pid[process_of(a.actor)], "tid": tid[a.actor],
+        arrows.append({**common, "ph": "s", "ts": us(at_a), "pid": pid[process_of(a.actor)], "tid": tid[a.actor],
                        **({"args": args} if args else {})})
-        events.append({**common, "ph": "f", "bp": "e", "ts": us(at_b), "pid": pid[process_of(b.actor)],
+        arrows.append({**common, "ph": "f", "bp": "e", "ts": us(at_b), "pid": pid[process_of(b.actor)],
                        "tid": tid[b.actor]})
 
+    timed: list[tuple[int, int, dict[str, Any]]] = []  # (start, -length, event): a slice before what it holds
+    arrows: list[dict[str, Any]] = []
     for s in ss:
-        base = {"pid": pid[process_of(s.actor)], "tid": tid[s.actor], "ts": us(s.start)}
+        start, stop = at[id(s)]
+        base = {"pid": pid[process_of(s.actor)], "tid": tid[s.actor], "ts": us(start)}
         if s.kind in ("op", "pending"):
             args: dict[str, Any] = {"index": s.index, "bytes": s.nbytes}
             if s.source:
                 args["source"] = s.source
-            events.append({**base, "ph": "X", "name": s.name, "cat": s.kind, "dur": max(us(s.end - s.start), 0.001),
-                           "args": args})
+            event = {**base, "ph": "X", "name": s.name, "cat": s.kind, "dur": us(stop - start), "args": args}
         elif s.kind == "host":
-            events.append({**base, "ph": "X", "name": s.name, "cat": "host", "dur": us(s.end - s.start)})
+            event = {**base, "ph": "X", "name": s.name, "cat": "host", "dur": us(stop - start)}
         elif s.kind == "stall":
-            events.append({**base, "ph": "X", "name": "stall", "cat": "stall", "dur": us(s.end - s.start),
-                           "args": {"what": s.name}})
+            event = {**base, "ph": "X", "name": "stall", "cat": "stall", "dur": us(stop - start),
+                     "args": {"what": s.name}}
         else:  # a marker: a sliver, with the arrow from the work that let it pass
-            events.append({**base, "ph": "X", "name": f"wait: {s.name}", "cat": "wait", "dur": 0.001})
+            event = {**base, "ph": "X", "name": f"wait: {s.name}", "cat": "wait", "dur": us(stop - start),
+                     "args": {"passed": us(s.start)}}
             source = done.get((s.waited, s.after))
             if source is not None:
-                flow("wait", source, s, source.end - 1, s.start)
+                flow("wait", source, s, late(source), early(s))
+        timed.append((start, start - stop, event))
     for r in _racing(out):
         a, b = _accessor(ss, out, r.previous), _accessor(ss, out, r.current)
         for x in (a, b):
             if x is not None:
-                events.append({"ph": "i", "s": "t", "name": "race", "cat": "race", "ts": us(x.start),
-                               "pid": pid[process_of(x.actor)], "tid": tid[x.actor], "args": {"report": str(r)}})
+                timed.append((early(x) + 1, 0, {"ph": "i", "s": "t", "name": "race", "cat": "race",
+                                                "ts": us(early(x) + 1), "pid": pid[process_of(x.actor)],
+                                                "tid": tid[x.actor], "args": {"report": str(r)}}))
         if a is not None and b is not None:
             first, second = (a, b) if a.start <= b.start else (b, a)
-            flow("race", first, second, first.start, second.start, {"report": str(r)})
+            flow("race", first, second, early(first), early(second), {"report": str(r)})
     for r in out.run.reports:
         if isinstance(r, StaleRead) and r.read.actor in tid:
-            events.append({"ph": "i", "s": "t", "name": "stale read", "cat": "stale-read", "ts": us(r.time_ns),
-                           "pid": pid[process_of(r.read.actor)], "tid": tid[r.read.actor], "args": {"report": str(r)}})
+            reader = read[id(r)]
+            t = early(reader) + 1 if reader is not None else r.time_ns
+            timed.append((t, 0, {"ph": "i", "s": "t", "name": "stale read", "cat": "stale-read", "ts": us(t),
+                                 "pid": pid[process_of(r.read.actor)], "tid": tid[r.read.actor],
+                                 "args": {"report": str(r), "time": us(r.time_ns)}}))
     if fix is not None:
         for e in fix.edges:
             for a, b in _edge_ends(ss, e):
-                flow("suggested edge", a, b, max(a.start, a.end - 1), b.start, {"edge": str(e)})
+                flow("suggested edge", a, b, late(a), early(b), {"edge": str(e)})
+    timed.sort(key=lambda x: (x[0], x[1]))
+    events += [e for _, _, e in timed] + arrows
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "metadata": {"schedule": str(out.schedule), "verdict": out.verdict(), "time unit": "1 unit = 1 ms"}}
 

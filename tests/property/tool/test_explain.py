@@ -524,6 +524,67 @@ def test_the_perfetto_trace_has_a_track_per_actor_a_slice_per_operation_and_the_
     json.dumps(doc)
 
 
+def _bound(doc: dict[str, Any]) -> dict[tuple[str, int], tuple[dict[str, Any], dict[str, Any]]]:
+    """The trace's structure, checked as Perfetto reads it, and each flow's two slices: per track, the complete
+    events nest or are disjoint (Perfetto requires it of a thread's slices); a flow event (``s``, or ``f`` with
+    ``bp: e``) binds to the slice on top of its track's stack when it is read, the one begun last before it (a
+    slice closes only when a later one begins; a thread's instant is a slice of no length), so it must come strictly
+    inside that slice with nothing begun on the track since, nothing beginning at its very time (the order of equal
+    times is the reader's), and that slice must be a complete event, not an instant."""
+    def ns(us: float) -> int:
+        return round(us * 1000)
+
+    tracks: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] == "X" or (e["ph"] == "i" and e.get("s") == "t"):
+            tracks.setdefault((e["pid"], e["tid"]), []).append(e)
+    for key, evs in tracks.items():
+        evs.sort(key=lambda e: (ns(e["ts"]), -ns(e.get("dur", 0))))
+        stack: list[tuple[int, dict[str, Any]]] = []
+        for e in evs:
+            if e["ph"] != "X":
+                continue
+            start, end = ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])
+            while stack and stack[-1][0] <= start:
+                stack.pop()
+            assert not stack or end <= stack[-1][0], (key, e, stack[-1][1])  # inside the enclosing one, or after it
+            stack.append((end, e))
+    flows: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] not in ("s", "f"):
+            continue
+        if e["ph"] == "f":
+            assert e.get("bp") == "e", e
+        t = ns(e["ts"])
+        evs = tracks.get((e["pid"], e["tid"]), [])
+        assert all(ns(x["ts"]) != t for x in evs), (e, [x for x in evs if ns(x["ts"]) == t])
+        before = [x for x in evs if ns(x["ts"]) < t]
+        assert before, e
+        top = before[-1]
+        assert top["ph"] == "X", (e, top)
+        assert t < ns(top["ts"]) + ns(top["dur"]), (e, top)
+        flows.setdefault((e["cat"], e["id"]), {})[e["ph"]] = top
+    assert all(set(ends) == {"s", "f"} for ends in flows.values())
+    return {k: (ends["s"], ends["f"]) for k, ends in flows.items()}
+
+
+def test_perfetto_slices_nest_and_each_flow_binds_to_its_own_slice() -> None:
+    """The default stream stalled: each wait on it passes and the add after it starts at the same time. Each wait's
+    arrow runs from the copy its event was recorded after into the wait's sliver, and the race arrows join the
+    racing copy and add, not a wait's sliver."""
+    target, out = _stalled_ping_pong()
+    fix = suggest(target, out, schedules=10)
+    bound = _bound(perfetto(out, fix))
+    waits = [(s["name"], f["name"]) for (cat, _), (s, f) in bound.items() if cat == "wait"]
+    assert all(f.startswith("wait: event recorded on stream copy") for _, f in waits), waits
+    assert sorted({s for s, _ in waits}) == [f"copy_ (H2D) #{k}" for k in range(4)]
+    races = sorted(tuple(sorted((s["name"], f["name"]))) for (cat, _), (s, f) in bound.items() if cat == "race")
+    assert races == [("add_ #1", "copy_ (H2D) #2"), ("add_ #2", "copy_ (H2D) #3")]
+    edges = [(s["name"], f["name"]) for (cat, _), (s, f) in bound.items() if cat == "suggested edge"]
+    assert edges
+    assert all({s.split(" #")[0], f.split(" #")[0]} == {"add_", "copy_ (H2D)"} for s, f in edges), edges
+
+
 def test_every_perfetto_flow_starts_no_later_than_it_ends() -> None:
     """Perfetto and chrome://tracing read the events in time order: a flow's ``f`` before its ``s`` finds no start
     and the arrow is dropped. The suggested edge runs from the D2H (stalled, so it ran last) to the H2D that ran
@@ -595,9 +656,11 @@ def test_a_race_with_a_host_step_is_drawn_at_that_step(tmp_path: Path) -> None:
     for name_ in ("race", "suggested edge"):
         ends = [e for e in events if e.get("name") == name_ and e["ph"] in ("s", "f")]
         assert {e["tid"] for e in ends} == {threads["host"], threads["default"]}, name_
-    # the host's end is the step that read: at its time, on its line
+    # the host's end is the step that read: at its time (just inside it, where no flow binds to the instant), on
+    # its line
     (step,) = [e for e in instants if e["tid"] == threads["host"]]
-    host_steps = [e for e in events if e["ph"] == "X" and e["tid"] == threads["host"] and e["ts"] == step["ts"]]
+    host_steps = [e for e in events if e["ph"] == "X" and e["tid"] == threads["host"]
+                  and e["ts"] < step["ts"] < e["ts"] + e["dur"]]
     assert [e["name"] for e in host_steps] == [race.current.op if race.current.on == "host" else race.previous.op]
     path = write_png(out, tmp_path / "run.png", fix)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -726,11 +789,17 @@ SHRUNK = [line for line, _ in FIXES.values()] + [line for line, _ in NO_RACE.val
 
 
 @pytest.mark.parametrize("line", SHRUNK)
-def test_a_picture_is_written_for_every_variants_shrunk_schedule(line: str, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+def test_a_picture_and_a_well_formed_trace_are_written_for_every_variants_shrunk_schedule(
+        line: str, tmp_path: Path) -> None:
     target, schedule = _target(line)
     out = target.run(schedule)
-    path = write_png(out, tmp_path / "run.png", suggest(target, out, schedules=10))
+    fix = suggest(target, out, schedules=10)
+    kinds = {"race": {"op", "pending", "host"}, "wait": {"op", "wait"}, "suggested edge": {"op", "pending", "host"}}
+    for (cat, _), (s, f) in _bound(perfetto(out, fix)).items():
+        assert s["cat"] in kinds[cat], (cat, s)
+        assert f["cat"] in ({"wait"} if cat == "wait" else kinds[cat]), (cat, f)
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    path = write_png(out, tmp_path / "run.png", fix)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
