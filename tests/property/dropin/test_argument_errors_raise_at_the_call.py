@@ -52,3 +52,20 @@ def test_an_uncaught_argument_error_stops_the_host_at_its_line() -> None:
     assert error.kind == "host-error"
     assert "host raised RuntimeError" in str(error)
     assert "same dtype" in str(error)
+
+
+
+@pytest.mark.parametrize("rows", [16, 1 << 12])
+def test_only_arguments_up_to_the_trial_bytes_are_tried_on_the_host(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host trial of an op's arguments makes zeros of their sizes, so it is made only up to
+    ``dispatch._TRIAL_BYTES`` of them (4 MiB): a program's large tensors cost no host copy (a race-only run of a
+    simulated 64 GiB would make them). Mutation caught: the bound left out (a 32 MiB sum tried)."""
+    from simdevice import dispatch
+
+    tried: list[Any] = []
+    monkeypatch.setattr(dispatch, "_on_a_stack_of_its_own", lambda call: tried.append(call))
+    a, b = (torch.empty(rows, 1024, device="meta") for _ in range(2))  # 128 KiB, or 32 MiB
+    assert dispatch._argument_error(torch.ops.aten.add.Tensor, (a, b), {}) is None
+    assert bool(tried) == (rows * 1024 * 4 * 2 <= dispatch._TRIAL_BYTES), (rows, len(tried))

@@ -74,3 +74,27 @@ def test_an_index_still_being_computed_counts_the_whole_destination_with_a_note(
     assert "race" in kinds  # conservative: the row it leaves alone is counted
     assert "host-error" not in kinds  # (the values are right: the op wrote rows 1, 5, 9 and 13 alone)
     assert any(n.startswith("index_copy_ (") and "its whole destination" in n for n in notes), notes
+
+
+def _a_whole_write_after_an_indexed_one() -> None:
+    dst = torch.zeros(16, 64, device="cuda")
+    idx = torch.tensor([1, 5, 9, 13], device="cuda")  # landed
+    dst.index_fill_(0, idx, 1.0)  # rows 1, 5, 9 and 13
+    dst.mul_(2.0)  # every row
+    pinned = torch.empty(64, pin_memory=True)
+    side = torch.cuda.Stream()  # no wait for the default stream
+    with torch.cuda.stream(side):
+        pinned.copy_(dst[0], non_blocking=True)
+    side.synchronize()
+    torch.cuda.synchronize()
+
+
+def test_the_narrowing_of_an_indexed_write_ends_with_it() -> None:
+    """The bytes an indexed write's accesses cover are its own: the op after it on the same destination covers what
+    it touches. A mutant that kept the narrowing past its op counted the ``mul_`` after the write as touching only
+    the indexed rows, and missed the race of a row it writes, read on another stream."""
+    s = simdevice.cuda()
+    s.run(_a_whole_write_after_an_indexed_one)
+    assert s.result is not None
+    races = [r for r in s.result.reports if r.kind == "race"]
+    assert any("mul_" in str(r) for r in races), s.result.reports
