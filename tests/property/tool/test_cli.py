@@ -89,7 +89,8 @@ def test_exhaust_reports_clean_and_found(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["exhaust", "offload_reload/correct:work=0", "--units", "1"]) == 0
     captured = capsys.readouterr()
     assert captured.err.startswith("running 31 schedules\n")
-    assert captured.out.startswith("offload_reload/correct:work=0 (the configuration given): clean over all 31 schedules")
+    assert captured.out.startswith(
+        "offload_reload/correct:work=0 (the configuration given): clean over all 31 schedules")
     assert main(["exhaust", "offload_reload/correct::d2h#0+1"]) == 2
     assert "exhaust draws the delays itself" in capsys.readouterr().err
     assert main(["exhaust", "offload_reload/racy", "--units", "1", "-q"]) == 0
