@@ -521,6 +521,17 @@ class SimTensor(torch.Tensor):
         return "tensor(" + text.partition("(")[2]  # torch's text, which names a subclass by its class
 
 
+def _view(data: torch.Tensor, st: Storage, ops: Dispatcher) -> SimTensor:
+    """A view of a simulated tensor, ``data`` its CPU bytes: with the lazy conjugation and negation of ``data``
+    (``conj()`` of a complex tensor, the imaginary part of one) shown by the tensor too, as torch shows them."""
+    t = SimTensor(data, st, ops)
+    if data.is_conj():
+        torch._C._set_conj(t, True)
+    if data.is_neg():
+        torch._C._set_neg(t, True)
+    return t
+
+
 class SimStorage:
     """The storage of a simulated tensor, as ``t.untyped_storage()`` shows it: its address and size, and
     ``resize_(0)``, which frees the allocation while tensors still refer to it (a forced release)."""
@@ -947,11 +958,11 @@ class Dispatcher:
             out = facts.call(*_unwrapped(args), **(_tree_map(data_of, kwargs) if kwargs else {}))
             st = base._st
             if base._ipc is not None:
-                return _tree_map(lambda t: _held_by(SimTensor(t, st, self), base._ipc) if isinstance(
+                return _tree_map(lambda t: _held_by(_view(t, st, self), base._ipc) if isinstance(
                     t, torch.Tensor) else t, out)
             if isinstance(out, torch.Tensor):
-                return SimTensor(out, st, self)
-            return _tree_map(lambda t: SimTensor(t, st, self) if isinstance(t, torch.Tensor) else t, out)
+                return _view(out, st, self)
+            return _tree_map(lambda t: _view(t, st, self) if isinstance(t, torch.Tensor) else t, out)
         if kind == "alloc":
             return self.new_device(_on_meta(_template, func, args, kwargs), self.rt.current())
         if facts.kind == "meta":

@@ -252,7 +252,12 @@ class Storage:
         """A view of the same bytes as ``t`` (a view of this storage) that does not keep its block allocated:
         what a queued stream operation holds, so that the program's ``del`` frees the block as on a GPU."""
         dtype_view = self.data.view(t.dtype)
-        return dtype_view.as_strided(t.shape, t.stride(), self._start(t) // t.element_size())
+        al = dtype_view.as_strided(t.shape, t.stride(), self._start(t) // t.element_size())
+        if t.is_conj():  # (a lazily conjugated or negated view: its values are the bytes' conjugate, negation)
+            torch._C._set_conj(al, True)
+        if t.is_neg():
+            torch._C._set_neg(al, True)
+        return al
 
     def _start(self, t: torch.Tensor) -> int:
         """Where ``t``'s first element lies in this storage, in bytes. (An empty tensor's ``data_ptr()`` is 0, not
