@@ -30,7 +30,11 @@ allocator closely enough for its hazards to appear as they do on a GPU:
   stay on the free list and can be handed out. Such a block is unmapped from
   birth (``Storage.unmapped``), so its first use is an illegal access.
 - ``empty_cache()`` releases segments that are entirely free (the memory saver
-  then frees their handle: see :mod:`simdevice.runtime.memsaver`).
+  then frees their handle: see :mod:`simdevice.runtime.memsaver`). First, as
+  CUDA's ``synchronize_and_free_events``, the host waits for every stream
+  recorded with a freed block to get past its free, and the block comes back:
+  so does the release an allocation past the device's memory makes before it
+  gives up.
 
 A device tensor's bytes are a CPU alias of its block (``torch.from_numpy`` of a
 NumPy view of the segment's bytes), with a storage of its own: when the program drops the
@@ -291,8 +295,11 @@ class CachingAllocator:
         current: Callable[[], HostActor | None] = lambda: None,
         capacity: int | None = None,
         lazy: bool = False,
+        block: Callable[[HostActor, str, Callable[[], bool]], None] | None = None,
     ) -> None:
         self.memory = memory
+        #: blocks a host actor until a condition holds (``Execution.block``): the host waiting for an event
+        self._block = block
         #: segments as address space only (a race-only run: no operation writes them)
         self.lazy = lazy
         #: bytes its segments may take together (None: no bound)
@@ -341,7 +348,7 @@ class CachingAllocator:
         need = like.untyped_storage().nbytes()
         size = max(ROUND, _round_up(need, ROUND))
         small = size <= SMALL_REQUEST
-        block = self._take(pool, size, small, stream, self.pick if pick is None else pick)
+        block = self._take(pool, size, small, stream, self.pick if pick is None else pick, actor)
         self.allocations += 1
         seg = block.segment
         if seg.paused is not None:
@@ -410,13 +417,14 @@ class CachingAllocator:
         stream."""
         return self._free.fitting(pool, small, stream, size)
 
-    def _take(self, pool: PoolTag, size: int, small: bool, stream: SimStream | None, pick: int) -> Block:
+    def _take(self, pool: PoolTag, size: int, small: bool, stream: SimStream | None, pick: int,
+              actor: HostActor | None = None) -> Block:
         taken = self._free.take(pool, small, stream, size, pick)
         if taken is not None:
             block = taken
             self.reused += 1
         else:
-            self._reserve(segment_size(size))
+            self._reserve(segment_size(size), actor)
             seg = Segment(len(self._segments) + 1, pool, segment_size(size), small, stream, self.lazy)
             self._segments.append(seg)
             self.pools.setdefault(pool, []).append(seg)
@@ -430,14 +438,15 @@ class CachingAllocator:
         block.free = False
         return block
 
-    def _reserve(self, nbytes: int) -> None:
+    def _reserve(self, nbytes: int, actor: HostActor | None = None) -> None:
         """Room for a new segment of ``nbytes``: past the capacity, the cached segments are released first (as
-        CUDA's allocator does before it gives up), then torch.OutOfMemoryError. The bounds: the fraction the program
-        set (``set_per_process_memory_fraction``), then the device's capacity."""
+        CUDA's allocator does before it gives up: ``actor``, the host allocating, waits for the streams recorded with
+        freed blocks), then torch.OutOfMemoryError. The bounds: the fraction the program set
+        (``set_per_process_memory_fraction``), then the device's capacity."""
         bounds = [b for b in (self.fraction and self.fraction[1], self.capacity) if b is not None]
         for bound in bounds:
             if self._reserved + nbytes > bound:
-                self.empty_cache()
+                self.empty_cache(actor)
                 self.alloc_retries += 1
                 if self._reserved + nbytes > bound:
                     self.ooms += 1
@@ -523,9 +532,13 @@ class CachingAllocator:
         if live:
             self._free.add(block)
 
-    def empty_cache(self) -> list[Segment]:
-        """Release every entirely free segment (``torch.cuda.empty_cache``); returns them."""
-        self.collect()
+    def empty_cache(self, actor: HostActor | None = None) -> list[Segment]:
+        """Release every entirely free segment (``torch.cuda.empty_cache``); returns them. First, as CUDA's
+        allocator does (``synchronize_and_free_events``), the host ``actor`` waits for every stream recorded with a
+        freed block to get past the block's free, and gives the block back."""
+        self.collect(actor)
+        if actor is not None and self._deferred:
+            self._synchronize_events(actor)
         released = []
         for pool, segs in self.pools.items():
             for seg in [s for s in segs if s.all_free()]:
@@ -539,6 +552,24 @@ class CachingAllocator:
                     on_release(seg)
             self.pools[pool] = segs
         return released
+
+    def _synchronize_events(self, actor: HostActor) -> None:
+        """The host waits for the events of every block of its process held back for its recorded streams
+        (``cudaEventSynchronize`` of each), then those blocks are free. (Another rank's or process's blocks are its
+        own allocator's on a GPU: neither waited for nor given back.)"""
+        held = [f for f in self._deferred if f.block.key[2] is not None and f.block.key[2].process == actor.name]
+        records = [r for freed in held for r in freed.uses]
+        if self._block is not None:
+            self._block(actor, "the streams recorded with freed blocks (empty_cache)",
+                        lambda: all(r.done() for r in records))
+        elif not all(r.done() for r in records):
+            return
+        for r in records:
+            sync.host_observes(actor, r)
+        for freed in held:
+            if freed in self._deferred:  # (not given back meanwhile by another actor's allocation)
+                self._deferred.remove(freed)
+                self._release(freed.block)
 
     def segments(self, pool: PoolTag) -> list[Segment]:
         return list(self.pools.get(pool, []))

@@ -46,7 +46,7 @@ import attrs
 import torch
 
 from simdevice.runtime.allocator import Block, CachingAllocator, PoolTag, Segment
-from simdevice.runtime.execution import Execution
+from simdevice.runtime.execution import Execution, HostActor
 from simdevice.runtime.memory import Memory, Storage
 
 
@@ -67,7 +67,7 @@ class SimMemorySaver:
         # the library hooks the allocator's segments, as torch_memory_saver hooks cudaMalloc
         self.allocator = CachingAllocator(
             memory, pick, on_segment=self._on_segment, on_release=self._on_release, current=execution.current_or_none,
-            capacity=execution.config.device_memory, lazy=not execution.config.values,
+            capacity=execution.config.device_memory, lazy=not execution.config.values, block=execution.block,
         )
         self.fixes = fixes
         #: per actor: stack of active pools (a tag inside region(), None inside disable())
@@ -229,9 +229,10 @@ class SimMemorySaver:
                     if b.storage is not None:
                         b.storage.unmapped = None
 
-    def empty_cache(self) -> None:
-        """Release the allocator's entirely free segments (``torch.cuda.empty_cache``)."""
-        self.allocator.empty_cache()
+    def empty_cache(self, actor: HostActor | None = None) -> None:
+        """Release the allocator's entirely free segments (``torch.cuda.empty_cache``; ``actor``, the host that
+        calls it, waits for the streams recorded with freed blocks first)."""
+        self.allocator.empty_cache(actor)
 
     def is_paused(self, tag: str) -> bool:
         return tag in self._paused

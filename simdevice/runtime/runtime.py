@@ -905,8 +905,8 @@ class Runtime:
         return self.execution.device_side()
 
     def empty_cache(self) -> None:
-        self.host_step("empty_cache")
-        self.memsaver.empty_cache()
+        a = self.host_step("empty_cache")
+        self.memsaver.empty_cache(a)
 
     # -- host actors, shared values, queues ----------------------------------------------------------------
     def spawn(self, name: str, body: Callable[[], Any]) -> HostActor:

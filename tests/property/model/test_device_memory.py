@@ -5,7 +5,11 @@ Rules, each with a test a mutation of it fails:
 - the caching allocator's segments may take ``device_memory`` bytes together; past it an allocation raises
   ``torch.OutOfMemoryError``, as CUDA does: the program may catch it, and a run that does not is a host error;
 - before it gives up, the allocator releases its cached (entirely free) segments and tries again;
-- a released segment's bytes count no more.
+- a released segment's bytes count no more;
+- ``empty_cache``, and the release before giving up, first wait for the streams recorded with freed blocks
+  (``record_stream``) and give those blocks back, as CUDA's ``synchronize_and_free_events`` does: their segments
+  are released too, and the host is ordered after those streams' use (its own process's: another rank's blocks are
+  its own allocator's).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+import simdevice
 from simdevice import SimDevice
 from simdevice.runtime import SimConfig
 from simdevice.runtime.reports import HostError
@@ -68,6 +73,40 @@ def test_a_released_segment_counts_no_more() -> None:
     assert SimDevice(config=SMALL).run(released).reports == ()
 
 
+def _recorded_then_freed(n: int) -> tuple[torch.Tensor, torch.cuda.Stream]:
+    """A tensor of ``n`` bytes the side stream reads into pinned memory, recorded with it and dropped: its block is
+    held back for the side stream. Returns the pinned buffer and the stream."""
+    side = torch.cuda.Stream()
+    x = torch.ones(n, dtype=torch.uint8, device="cuda")
+    pinned = torch.empty(8, dtype=torch.uint8, pin_memory=True)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(10_000_000)  # still reading when the host goes on
+        pinned.copy_(x[:8], non_blocking=True)
+    x.record_stream(side)
+    del x
+    return pinned, side
+
+
+def test_empty_cache_gives_back_the_blocks_held_for_recorded_streams() -> None:
+    with simdevice.cuda() as sim:
+        pinned, _ = _recorded_then_freed(4 * MIB)
+        torch.cuda.empty_cache()
+        reserved = torch.cuda.memory_reserved()
+        active = torch.cuda.memory_stats()["active_bytes.all.current"]
+        assert pinned.tolist() == [1] * 8  # the host waited for the side stream: its copy has landed
+    sim.assert_clean()
+    assert (reserved, active) == (0, 0)
+
+
+def test_the_release_before_giving_up_gives_back_the_blocks_held_for_recorded_streams() -> None:
+    with simdevice.cuda(config=SMALL) as sim:
+        pinned, _ = _recorded_then_freed(4 * MIB)
+        torch.empty(5 * MIB, dtype=torch.uint8, device="cuda")  # fits once the held block's segment is released
+        assert pinned.tolist() == [1] * 8
+    sim.assert_clean()
+
+
 @pytest.mark.parametrize("bad", [0, -1])
 def test_a_capacity_must_be_positive(bad: int) -> None:
     with pytest.raises(ValueError, match="device_memory must be > 0"):
@@ -79,3 +118,31 @@ def test_sizes_read_as_a_person_reads_them_however_large() -> None:
 
     assert [_size(n) for n in (512, 1536, 3 << 20, 5 << 30, 3 << 40, 2_000_000 << 40)] == [
         "512 bytes", "1.5 KiB", "3 MiB", "5 GiB", "3 TiB", "2,000,000 TiB"]
+
+
+def _rank_frees_while_another_empties(out: dict[int, int]) -> None:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    if rank == 1:
+        side = torch.cuda.Stream()
+        x = torch.ones(1024, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(10_000_000)
+            x.sum()
+        x.record_stream(side)
+        del x  # held for rank 1's side stream
+    dist.barrier()
+    if rank == 0:
+        torch.cuda.empty_cache()  # waits for its own process's streams only, as each process has its allocator
+        out[0] = torch.cuda.memory_stats()["active_bytes.all.current"]
+    dist.barrier()
+
+
+def test_empty_cache_waits_for_its_own_process_s_streams_only() -> None:
+    out: dict[int, int] = {}
+    s = simdevice.cuda()
+    s.run(_rank_frees_while_another_empties, out, world_size=2)
+    s.assert_clean()
+    assert out[0] >= 4096  # rank 1's block is still held (and rank 0 did not wait for rank 1's stream)
