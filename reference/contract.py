@@ -92,6 +92,9 @@ _META_OPS = frozenset(
         aten.set_.source_Storage_storage_offset,
         aten.set_.source_Tensor,
         aten.set_.source_Tensor_storage_offset,
+        # a new shape within the storage's bytes, or memory for an empty one: no kernel
+        aten.resize_.default,
+        aten.resize_as_.default,
     }
 )
 

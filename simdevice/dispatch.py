@@ -543,7 +543,7 @@ class SimStorage:
         return int(self._t._st.base)
 
     def nbytes(self) -> int:
-        return 0 if self._t._st.released is not None else self._t._st.nbytes
+        return 0 if self._t._st.released is not None else self._t._st.size
 
     def size(self) -> int:
         return self.nbytes()
@@ -748,6 +748,39 @@ def _on_meta(make: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any], func: 
         _META_CACHE.clear()
     _META_CACHE[key] = (func, out)
     return out
+
+
+#: ``resize_`` and ``resize_as_``: a device tensor's new layout, metadata alone (:meth:`Dispatcher._resize`)
+_RESIZES = frozenset({aten.resize_.default, aten.resize_as_.default})
+
+#: an ``out=`` op's outputs as its meta kernel leaves them, by (the op's id, its arguments' signature), with the op
+_OUT_LAYOUTS: dict[Any, tuple[Any, list[torch.Tensor | None] | None]] = {}
+
+
+def _out_layouts(func: Any, facts: OpFacts, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> list[torch.Tensor | None] | None:
+    """For each tensor an ``out=`` op writes (:func:`_written`'s order), its meta tensor where the op gives it a
+    new shape or strides (resizes it), else None; None where the meta kernel refuses the arguments. Kept per op and
+    signature (:data:`_OUT_LAYOUTS`)."""
+    key = (id(func), tuple([_sig(x) for x in args]), _sig(kwargs) if kwargs else ())
+    got = _OUT_LAYOUTS.get(key)
+    if got is not None and got[0] is func:
+        return got[1]
+    margs, mkwargs = _tree_map(_meta_of, args), _tree_map(_meta_of, kwargs)
+    before = [(m.shape, m.stride(), m.storage_offset()) for m in _written(facts, margs, mkwargs)]
+    layouts: list[torch.Tensor | None] | None
+    try:
+        _on_a_stack_of_its_own(lambda: func(*margs, **mkwargs))
+    except Exception:  # (any refusal: the op's own run raises it where a GPU would)
+        layouts = None
+    else:
+        after = _written(facts, margs, mkwargs)
+        layouts = [None if (m.shape, m.stride(), m.storage_offset()) == b else m
+                   for m, b in zip(after, before, strict=True)]
+    if len(_OUT_LAYOUTS) >= _META_CACHE_MAX:
+        _OUT_LAYOUTS.clear()
+    _OUT_LAYOUTS[key] = (func, layouts)
+    return layouts
 
 
 def _meta_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -970,6 +1003,9 @@ class Dispatcher:
                 return False
             if func is aten.record_stream.default:
                 return self._record_stream(args[0], args[1])
+            if func in _RESIZES and isinstance(args[0], SimTensor):
+                meta = func(*_tree_map(_meta_of, args), **kwargs)  # the new shape and strides
+                return self._resize(args[0], meta, self.rt.current())
             return func(*_tree_map(data_of, args), **kwargs)
         a = self.rt.host_step(facts.name, engine=self._from_engine())
         # (its caller is SimMode.__torch_dispatch__, the simulator's)
@@ -1006,6 +1042,43 @@ class Dispatcher:
         rt.host_access(a, func.__name__, self._refs(reads), self._refs(written), user_source())
         rt.memory.in_flight.before_write(written)
         return func(*args, **kwargs)
+
+    def _resize(self, t: SimTensor, meta: torch.Tensor, actor: HostActor) -> SimTensor:
+        """``t`` laid out as ``meta`` (the shape and strides ``resize_``, or an ``out=`` op, gives it), as CUDA's
+        resize does: within its storage's bytes, metadata alone; a storage of no bytes (an ``empty(0)``, or one
+        ``untyped_storage().resize_(0)`` released) gets a new allocation; a storage that holds bytes and must grow
+        would be copied into a new one, which is not simulated."""
+        shape, stride, offset = tuple(meta.shape), meta.stride(), t.storage_offset()  # (a resize keeps the offset)
+        if shape == tuple(t.shape) and stride == t.stride() and offset == t.storage_offset():
+            return t
+        size = t.element_size()
+        need = 0 if 0 in shape else (offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True))) * size
+        have = 0 if t._st.released is not None else t._st.size
+        if need <= have:
+            return t.set_(SimStorage(t), offset, shape, stride)
+        if have:
+            raise NotImplementedError(
+                f"growing a device tensor's storage of {have} bytes to {need} (resize_, or an out= tensor too small "
+                "for the result) is not simulated: CUDA copies it into a new allocation; allocate the tensor at its "
+                "size, or resize_(0) it first")
+        new = self.new_device(torch.empty(need // size, dtype=t.dtype, device=META), actor)
+        with no_dispatch():  # the new bytes laid out as ``meta``, and the shell to match: no simulated op
+            data = torch.empty(0, dtype=t.dtype, device="cpu").set_(new._data.untyped_storage(), offset, shape, stride)
+            shell = torch.empty(need, dtype=torch.uint8, device=META).untyped_storage()
+            torch.Tensor.set_(t, shell, offset, shape, stride)
+        t._point_at(data, new._st)
+        return t
+
+    def _fit_outputs(self, a: HostActor, func: Any, facts: OpFacts, args: tuple[Any, ...],
+                     kwargs: dict[str, Any], written: list[torch.Tensor]) -> None:
+        """An ``out=`` op resizes an output not shaped as its result (an ``empty(0)`` given to take it), before
+        it computes: each such output laid out as the op's meta kernel lays it out (:meth:`_resize`)."""
+        layouts = _out_layouts(func, facts, args, kwargs)
+        if layouts is None:
+            return  # (the op refuses these arguments: its run says so)
+        for t, meta in zip(written, layouts, strict=True):
+            if isinstance(t, SimTensor) and meta is not None:
+                self._resize(t, meta, a)
 
     def _record_stream(self, t: Any, stream: Any) -> None:
         """``t.record_stream(stream)`` with a stream of this simulated device."""
@@ -1108,6 +1181,8 @@ class Dispatcher:
     ) -> Any:
         """Enqueue one aten op on stream ``s`` for host actor ``a`` (its host step already taken)."""
         written = _written(facts, args, kwargs) if facts.written else []
+        if written and facts.written[0][2]:  # (an out= op: its outputs are keyword-only)
+            self._fit_outputs(a, func, facts, args, kwargs, written)
         meta = None
         if not written:
             if facts.returns_tensor and not facts.dynamic:

@@ -200,3 +200,62 @@ def test_an_error_inside_a_stream_op_ends_the_run_as_a_host_error() -> None:
         b = torch.ones(5, device="cuda")
         a.add_(b)  # the shape check fails on the device side of the simulator too: reported, never a hang
     assert [r.kind for r in sim.reports] == ["host-error"]
+
+
+def test_an_out_tensor_takes_the_result_s_shape_as_cuda_resizes_it() -> None:
+    """An ``out=`` op given a tensor not shaped as its result (``empty(0)``, the usual way to pass one) resizes it
+    first, as CUDA does; before, the output kept its old shape while the op ran on bytes that could not grow: a wrong
+    shape, or an error raised on the stream, a finding on a correct program."""
+    with simdevice.cuda() as sim:
+        x = torch.arange(16, dtype=torch.float32, device="cuda")
+        added, cat, summed, prod = (torch.empty(0, device="cuda") for _ in range(4))
+        torch.add(x, x, out=added)
+        torch.cat([x, x], out=cat)
+        torch.sum(x.view(4, 4), 1, out=summed)
+        torch.mm(x.view(4, 4), x.view(4, 4), out=prod)
+        shapes = [tuple(t.shape) for t in (added, cat, summed, prod)]
+        values = [t.cpu() for t in (added, cat, summed, prod)]
+        nbytes = summed.untyped_storage().nbytes()
+    sim.assert_clean()
+    h = torch.arange(16, dtype=torch.float32)
+    assert shapes == [(16,), (32,), (4,), (4, 4)]
+    for got, want in zip(values, (h + h, torch.cat([h, h]), h.view(4, 4).sum(1), h.view(4, 4) @ h.view(4, 4)),
+                         strict=True):
+        assert torch.equal(got, want), (got, want)
+    assert nbytes == 16
+
+
+def test_resize_within_the_storage_is_metadata_and_no_write() -> None:
+    """``resize_`` within the storage's bytes launches nothing on CUDA: the tensor shows its new shape (it kept the
+    old one before, while computing on the new), keeps its offset, and races with no other stream's read."""
+    with simdevice.cuda() as sim:
+        x = torch.arange(100, dtype=torch.float32, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            total = x.sum()
+        view = x[10:]
+        view.resize_(5, 2)
+        torch.cuda.current_stream().wait_stream(side)
+        got = (tuple(view.shape), view.storage_offset(), view.cpu().flatten().tolist(), total.item())
+        empty = torch.empty(0, device="cuda").resize_(3)  # a storage of no bytes gets memory
+        empty.fill_(1)
+        assert empty.cpu().tolist() == [1.0] * 3
+    sim.assert_clean()
+    assert got == ((5, 2), 10, [float(i) for i in range(10, 20)], 4950.0)
+
+
+def _grow() -> None:
+    x = torch.ones(16, device="cuda")
+    x.resize_(32)
+
+
+def test_growing_a_storage_that_holds_bytes_is_no_verdict() -> None:
+    from simdevice.explain import not_run
+    from simdevice.search.explore import explore
+
+    found = explore(_grow, max_examples=1)
+    assert found.failure is not None
+    unrun = not_run(found.failure)
+    assert unrun is not None
+    assert unrun.error.startswith("NotImplementedError: growing a device tensor's storage of 64 bytes to 128")
