@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -820,6 +821,45 @@ def install(p: Patches) -> None:
     for name in ("spawn", "start_processes"):
         if hasattr(torch.multiprocessing, name):
             p.set(torch.multiprocessing, name, _no_processes(name))
+    _refuse_compiled(p)
+    p.set(torch, "compile", _compile(torch.compile, p))  # (made for this session's patches, not kept)
+
+
+COMPILE_REFUSED = ("torch.compile is not simulated (a compiled function's kernels would run outside the simulated "
+                   "device, and its tracing would trace the simulator): run the function uncompiled here")
+
+
+def _refuse_compiled(p: Patches) -> None:
+    """A function ``torch.compile`` made, called in a run, raises ``NotImplementedError`` (no verdict), also one
+    compiled before the session: where Dynamo chooses how to run the call (``_callback_from_stance``, asked by every
+    compiled function's call), once Dynamo is loaded. A call Dynamo runs uncompiled anyway (``torch._dynamo.disable``,
+    the ``force_eager`` stance) goes on."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None or getattr(eval_frame._callback_from_stance, "_simdevice", False):
+        return
+    original = eval_frame._callback_from_stance
+
+    def callback_from_stance(callback: Any) -> Any:
+        chosen = original(callback)
+        if chosen not in (None, False) and in_actor():
+            raise NotImplementedError(COMPILE_REFUSED)
+        return chosen
+
+    callback_from_stance._simdevice = True  # type: ignore[attr-defined]
+    p.set(eval_frame, "_callback_from_stance", callback_from_stance)
+
+
+def _compile(original: Callable[..., Any], p: Patches) -> Callable[..., Any]:
+    """``torch.compile`` during a session: torch's (which loads Dynamo), with the refusal of
+    :func:`_refuse_compiled` in place."""
+
+    @functools.wraps(original)
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        _refuse_compiled(p)
+        return out
+
+    return compile
 
 
 AUTOCAST_NOTE = ("autocast('cuda') is not applied on the simulated device: its ops ran in the dtypes they were "
