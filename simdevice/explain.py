@@ -212,8 +212,11 @@ def _why_none(out: Outcome) -> str:
 #: intercepted"), not where it failed on its own
 _NOT_RUN = ("NotImplementedError", "RuntimeError: simdevice: ", "RuntimeError: Cannot access accelerator",
             "AssertionError: Torch not compiled with CUDA",
-            # CUDA's own C API (torch._C._cuda_*: memory history, BLAS handles), absent from the CPU build
-            "AttributeError: module 'torch._C' has no attribute '_cuda",
+            # CUDA's own C API (torch._C._cuda_*: memory history, BLAS handles; torch.cuda.comm's _broadcast,
+            # _scatter, ...), absent from the CPU build
+            "AttributeError: module 'torch._C' has no attribute '",
+            # a class of CUDA's the CPU build has only as a stub
+            "RuntimeError: Tried to instantiate dummy base class",
             # the device-generic torch.Stream("cuda") / torch.Event("cuda"), and a CUDA torch.Generator
             "RuntimeError: PyTorch is not linked with support for cuda devices",
             "RuntimeError: Cannot get CUDA generator without ATen_cuda library",

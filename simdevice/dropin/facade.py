@@ -542,6 +542,16 @@ def _no_raw_allocations(*args: Any, **kwargs: Any) -> Any:
                               "raw pointer is no tensor the simulator can follow): allocate tensors instead")
 
 
+def _no_mem_pools(*args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError("torch.cuda.MemPool / use_mem_pool are not simulated (the simulated caching allocator "
+                              "has no private pools): allocate from the ordinary pool")
+
+
+def _no_cudart(*args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError("torch.cuda.cudart() is not simulated (the CUDA runtime's own calls, "
+                              "cudaHostRegister among them, reach no simulated memory): pin with pin_memory()")
+
+
 def _no_external_streams(*args: Any, **kwargs: Any) -> Any:
     raise NotImplementedError("torch.cuda.ExternalStream is not simulated (a stream made outside torch): make the "
                               "stream with torch.cuda.Stream()")
@@ -690,6 +700,9 @@ def _tensor_to(original: Callable[..., Any]) -> Callable[..., Any]:
         args = tuple(_meta() if on_device(a) and not isinstance(a, torch.dtype) else a for a in args)
         if on_device(kwargs.get("device")):
             kwargs["device"] = _meta()
+        if self.layout is not torch.strided and (kwargs.get("device") is META or any(a is META for a in args)):
+            raise NotImplementedError(f"a {self.layout} tensor on the simulated device is not simulated (its "
+                                      "tensors are dense): move it there dense (to_dense())")
         return original(self, *args, **kwargs)
 
     return to
@@ -783,6 +796,9 @@ def install(p: Patches) -> None:
         "caching_allocator_alloc": _no_raw_allocations,
         "caching_allocator_delete": _no_raw_allocations,
         "ExternalStream": _no_external_streams,
+        "MemPool": _no_mem_pools,
+        "use_mem_pool": _no_mem_pools,
+        "cudart": _no_cudart,
         "_sleep": _sleep,
     }
     for name, value in table.items():

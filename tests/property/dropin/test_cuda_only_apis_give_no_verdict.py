@@ -1,0 +1,49 @@
+"""What a GPU build of torch has and the simulated device does not model gives no verdict (``NotImplementedError``,
+or an error the CPU build raises for a CUDA-only part, which ``check`` reads as such: exit 2), never a host error
+reported as a finding of a correct program."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from simdevice.explain import not_run
+from simdevice.search.explore import explore
+
+
+def _mem_pool() -> None:
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        torch.ones(4, device="cuda")
+
+
+def _host_register() -> None:
+    h = torch.zeros(16)
+    torch.cuda.cudart().cudaHostRegister(h.data_ptr(), h.numel() * 4, 0)
+
+
+def _comm_broadcast() -> None:
+    import torch.cuda.comm
+
+    torch.cuda.comm.broadcast(torch.ones(4, device="cuda"), devices=[0])
+
+
+def _sparse_to_device() -> None:
+    s = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0]), (2, 2))
+    assert s.cuda().to_dense().sum().item() == 3
+
+
+@pytest.mark.parametrize(("program", "error"), [
+    (_mem_pool, "NotImplementedError: torch.cuda.MemPool / use_mem_pool are not simulated"),
+    (_host_register, "NotImplementedError: torch.cuda.cudart() is not simulated"),
+    (_comm_broadcast, "AttributeError: module 'torch._C' has no attribute '_broadcast'"),
+    (_sparse_to_device, "NotImplementedError: a torch.sparse_coo tensor on the simulated device is not simulated"),
+])
+def test_a_cuda_only_api_is_no_verdict(program: Callable[[], None], error: str) -> None:
+    found = explore(program, max_examples=1)
+    assert found.failure is not None
+    unrun = not_run(found.failure)
+    assert unrun is not None, found.failure.text()
+    assert unrun.error.startswith(error), unrun.error
