@@ -447,6 +447,20 @@ class SimTensor(torch.Tensor):
     def untyped_storage(self) -> SimStorage:  # type: ignore[override]
         return SimStorage(self)
 
+    def _typed_storage(self) -> Any:
+        """``t.storage()`` (torch's deprecated ``TypedStorage``), which the simulated tensor has not: what the
+        simulator does not run (no verdict), where torch's own raised a TypeError the program was blamed for."""
+        raise NotImplementedError("Tensor.storage() (a TypedStorage) of a simulated tensor is not simulated: use "
+                                  "untyped_storage()")
+
+    def is_shared(self) -> bool:
+        """Always True for a CUDA tensor, as torch says (another process maps it through CUDA IPC)."""
+        return True
+
+    def share_memory_(self) -> SimTensor:
+        """A no-op for a CUDA tensor, as in torch."""
+        return self
+
     def set_(  # type: ignore[override]
         self,
         source: SimStorage | SimTensor | None = None,

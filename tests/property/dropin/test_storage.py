@@ -259,3 +259,26 @@ def test_growing_a_storage_that_holds_bytes_is_no_verdict() -> None:
     unrun = not_run(found.failure)
     assert unrun is not None
     assert unrun.error.startswith("NotImplementedError: growing a device tensor's storage of 64 bytes to 128")
+
+
+def _typed_storage() -> None:
+    torch.ones(16, device="cuda").storage()
+
+
+def test_a_device_tensor_is_shared_and_its_typed_storage_is_no_verdict() -> None:
+    """``share_memory_`` is a no-op for a CUDA tensor and ``is_shared`` is True, as torch says; ``storage()`` (a
+    ``TypedStorage``) is not simulated. Each raised torch's TypeError before (the simulated storage is no
+    ``UntypedStorage``), reported as the program's host error: a finding on a correct program."""
+    from simdevice.explain import not_run
+    from simdevice.search.explore import explore
+
+    with simdevice.cuda() as sim:
+        x = torch.ones(16, device="cuda")
+        got = (x.share_memory_() is x, x.is_shared())
+    sim.assert_clean()
+    assert got == (True, True)
+    found = explore(_typed_storage, max_examples=1)
+    assert found.failure is not None
+    unrun = not_run(found.failure)
+    assert unrun is not None, found.failure.text()
+    assert unrun.error.startswith("NotImplementedError: Tensor.storage() (a TypedStorage)")
