@@ -19,6 +19,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import attrs
 import torch
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils import _device as torch_device
@@ -28,6 +29,7 @@ from reference.naming import StreamNames, creation_site, inside
 from simdevice.api import EventHandle, SimDevice, StreamHandle
 from simdevice.dispatch import SimTensor
 from simdevice.dropin.patches import Patches
+from simdevice.runtime.config import SimConfig
 from simdevice.runtime.execution import outside_actor
 
 META = torch.device("meta")
@@ -38,6 +40,13 @@ _REFERENCE = os.path.join(os.path.dirname(_SIMDEVICE), "reference")
 _INTERNAL = inside(_SIMDEVICE, *(os.path.join(_REFERENCE, f"{m}.py") for m in ("contract", "cuda", "device", "naming")))
 
 _ACTIVE: list[DropInDevice] = []
+
+
+@functools.lru_cache(maxsize=64)
+def _real_sized(config: SimConfig) -> SimConfig:
+    """``config`` with ``real_sizes``: the caching allocator's sizes are CUDA's (made once per config: every run of
+    a search asks, and a config's ``__init__`` costs a tenth of an empty run)."""
+    return config if config.real_sizes else attrs.evolve(config, real_sizes=True)
 
 
 class DropInDevice(SimDevice):
@@ -51,6 +60,7 @@ class DropInDevice(SimDevice):
     def _build(self) -> None:
         """A new runtime (at the start, and where the run starts again on threads): the streams' names start again
         with it, so that the run on threads names each stream as the first run did."""
+        self.config = _real_sized(self.config)  # (plain torch.cuda code: its sizes are the GPU run's)
         super()._build()
         self._names = {}
         #: (receiving actor, storage id) -> the tensor a device tensor from another process was mapped as there

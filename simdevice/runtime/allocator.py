@@ -11,7 +11,10 @@ allocator closely enough for its hazards to appear as they do on a GPU:
   Sizes scale like the real allocator's, in simulated bytes (one simulated
   byte stands for ``SimConfig.byte_scale`` real ones): requests up to 1 KiB
   share 2 KiB "small" segments, requests below 10 KiB get a 20 KiB segment,
-  larger ones are rounded up to 2 KiB. A fresh segment is poisoned where it is
+  larger ones are rounded up to 2 KiB; blocks are multiples of 64 bytes. A
+  program whose sizes are its own (``SimConfig.real_sizes``: plain torch.cuda
+  code) gets CUDA's sizes themselves: 512-byte blocks, requests up to 1 MiB
+  from 2 MiB segments, below 10 MiB a 20 MiB one, larger rounded to 2 MiB. A fresh segment is poisoned where it is
   first handed out; a reused block keeps its last owner's bytes, as on a GPU.
 - A *block* is a piece of a segment. A request takes a free block of its pool
   and stream (same small/large kind) that fits, splitting off the rest; a
@@ -89,13 +92,20 @@ def _round_up(n: int, k: int) -> int:
     return (n + k - 1) // k * k
 
 
-def segment_size(nbytes: int) -> int:
-    """The size of the segment the caching allocator makes for a request it cannot serve from cache."""
-    if nbytes <= SMALL_REQUEST:
-        return SMALL_SEGMENT
-    if nbytes < MIN_LARGE_ALLOC:
-        return LARGE_SEGMENT
-    return _round_up(nbytes, ROUND_LARGE)
+#: CUDA's own sizes are these times 1024 (``kSmallSize``, ``kSmallBuffer``, ``kMinLargeAlloc``, ``kLargeBuffer``,
+#: ``kRoundLarge``), and its blocks are multiples of 512 bytes (``kMinBlockSize``)
+REAL = 1024
+REAL_ROUND = 512
+
+
+def segment_size(nbytes: int, scale: int = 1) -> int:
+    """The size of the segment the caching allocator makes for a request it cannot serve from cache (``scale``:
+    :data:`REAL` for CUDA's own sizes)."""
+    if nbytes <= SMALL_REQUEST * scale:
+        return SMALL_SEGMENT * scale
+    if nbytes < MIN_LARGE_ALLOC * scale:
+        return LARGE_SEGMENT * scale
+    return _round_up(nbytes, ROUND_LARGE * scale)
 
 
 class Block:
@@ -296,8 +306,14 @@ class CachingAllocator:
         capacity: int | None = None,
         lazy: bool = False,
         block: Callable[[HostActor, str, Callable[[], bool]], None] | None = None,
+        real_sizes: bool = False,
     ) -> None:
         self.memory = memory
+        #: CUDA's sizes (``SimConfig.real_sizes``), or 1/1024 of them: the segments' sizes are multiplied by this
+        self._scale = REAL if real_sizes else 1
+        #: what block sizes are multiples of, and the largest request served from a small segment
+        self._round = REAL_ROUND if real_sizes else ROUND
+        self._small = SMALL_REQUEST * self._scale
         #: blocks a host actor until a condition holds (``Execution.block``): the host waiting for an event
         self._block = block
         #: segments as address space only (a race-only run: no operation writes them)
@@ -346,8 +362,8 @@ class CachingAllocator:
         best-fit choice among fitting blocks (default: the run's)."""
         self.collect(actor)
         need = like.untyped_storage().nbytes()
-        size = max(ROUND, _round_up(need, ROUND))
-        small = size <= SMALL_REQUEST
+        size = max(self._round, _round_up(need, self._round))
+        small = size <= self._small
         block = self._take(pool, size, small, stream, self.pick if pick is None else pick, actor)
         self.allocations += 1
         seg = block.segment
@@ -424,15 +440,17 @@ class CachingAllocator:
             block = taken
             self.reused += 1
         else:
-            self._reserve(segment_size(size), actor)
-            seg = Segment(len(self._segments) + 1, pool, segment_size(size), small, stream, self.lazy)
+            nbytes = segment_size(size, self._scale)
+            self._reserve(nbytes, actor)
+            seg = Segment(len(self._segments) + 1, pool, nbytes, small, stream, self.lazy)
             self._segments.append(seg)
             self.pools.setdefault(pool, []).append(seg)
             on_segment = self._on_segment()
             if on_segment is not None:
                 on_segment(seg)
             block = seg.blocks[0]  # (never on the free list)
-        tail = self._split(block, size)
+        # (CUDA's should_split: a large block only where more than a small request's worth would be left)
+        tail = self._split(block, size, self._round if small or self._scale == 1 else self._small + 1)
         if tail is not None:
             self._free.add(tail)
         block.free = False
@@ -465,10 +483,10 @@ class CachingAllocator:
                 + ")")
 
     @staticmethod
-    def _split(block: Block, size: int) -> Block | None:
-        """Cut ``block`` to ``size``; the free rest, if any."""
+    def _split(block: Block, size: int, least: int = ROUND) -> Block | None:
+        """Cut ``block`` to ``size``; the free rest, if any (of ``least`` bytes at least)."""
         rest = block.nbytes - size
-        if rest >= ROUND:
+        if rest >= least:
             seg = block.segment
             tail = Block(seg, block.offset + size, rest, block.fresh)
             seg.blocks.insert(seg.blocks.index(block) + 1, tail)

@@ -87,6 +87,11 @@ class SimConfig:
     #: bytes the caching allocator may reserve (its segments, real CPU bytes); past it, after releasing its cached
     #: segments, an allocation raises torch.OutOfMemoryError as CUDA does
     device_memory: int = attrs.field(factory=default_device_memory, validator=_positive)
+    #: the program's sizes are its own (plain torch.cuda code, whose GPU run allocates what it allocates here): the
+    #: caching allocator rounds and pools them as CUDA's does (512-byte blocks, small requests up to 1 MiB from
+    #: 2 MiB segments, ...); else (the registered programs, whose sizes a GPU run multiplies by ``byte_scale``) at
+    #: 1/1024 of CUDA's sizes (``simdevice.runtime.allocator``)
+    real_sizes: bool = False
     #: compute the values (the default), or race-only: storages keep their shadows (versions, accesses) and no
     #: operation moves bytes, so memory does not grow with the simulated bytes; races and stale reads are found as
     #: with values, value checks are skipped and a host read of device memory gets a placeholder (``--no-values``)

@@ -68,6 +68,7 @@ class SimMemorySaver:
         self.allocator = CachingAllocator(
             memory, pick, on_segment=self._on_segment, on_release=self._on_release, current=execution.current_or_none,
             capacity=execution.config.device_memory, lazy=not execution.config.values, block=execution.block,
+            real_sizes=execution.config.real_sizes,
         )
         self.fixes = fixes
         #: per actor: stack of active pools (a tag inside region(), None inside disable())

@@ -358,8 +358,8 @@ def test_memory_stats_has_torch_s_common_keys_and_the_memory_module_is_the_devic
     stream), live allocations and segments, retries and out-of-memory errors; ``torch.cuda.memory``'s own functions
     and torch's deprecated ``memory_cached`` name answer for the simulated device (they asked the CPU build's C
     side, which has no CUDA)."""
-    n = 1 << 20
-    with simdevice.cuda(config=SimConfig(device_memory=16 << 20)) as sim:
+    n = 1 << 20  # 4 MiB of float32: a 20 MiB segment each, as CUDA's allocator makes
+    with simdevice.cuda(config=SimConfig(device_memory=64 << 20)) as sim:
         side = torch.cuda.Stream()
         x = torch.ones(n, device="cuda")
         side.wait_stream(torch.cuda.current_stream())
@@ -374,7 +374,7 @@ def test_memory_stats_has_torch_s_common_keys_and_the_memory_module_is_the_devic
         assert stats["segment.all.current"] >= 1
         assert (stats["num_ooms"], stats["num_alloc_retries"]) == (0, 0)
         with pytest.raises(torch.OutOfMemoryError):
-            torch.empty(8 * n, device="cuda")  # 32 MiB of 16
+            torch.empty(12 * n, device="cuda")  # 48 MiB more than y's 20 MiB segment, of 64
         stats = torch.cuda.memory_stats()
         assert (stats["num_ooms"], stats["num_alloc_retries"]) == (1, 1)
         assert torch.cuda.memory.memory_stats() == stats
@@ -389,16 +389,16 @@ def test_a_memory_fraction_bounds_the_allocator_after_it_releases_the_cache() ->
     the cached segments are released and the allocation tried again, then ``torch.OutOfMemoryError``; torch's
     checks of the fraction's type and range."""
     n = 1 << 20  # 4 MiB of float32
-    with simdevice.cuda(config=SimConfig(device_memory=32 << 20)) as sim:
+    with simdevice.cuda(config=SimConfig(device_memory=128 << 20)) as sim:
         assert torch.cuda.get_per_process_memory_fraction() == 1.0
-        torch.cuda.set_per_process_memory_fraction(0.5)  # 16 MiB
+        torch.cuda.set_per_process_memory_fraction(0.5)  # 64 MiB
         assert torch.cuda.get_per_process_memory_fraction() == 0.5
-        x = torch.empty(2 * n, device="cuda")  # 8 MiB
+        x = torch.empty(8 * n, device="cuda")  # 32 MiB
         del x  # cached
-        y = torch.empty(3 * n, device="cuda")  # 12 MiB: fits once the cache is released
+        y = torch.empty(12 * n, device="cuda")  # 48 MiB: fits once the cache is released
         assert torch.cuda.memory_stats()["num_alloc_retries"] == 1
         with pytest.raises(torch.OutOfMemoryError, match=r"set_per_process_memory_fraction\(0.5\)"):
-            torch.empty(2 * n, device="cuda")  # 8 more of 16
+            torch.empty(8 * n, device="cuda")  # 32 more of 64
         assert torch.cuda.memory_stats()["num_ooms"] == 1
         with pytest.raises(TypeError, match="must be `float`"):
             torch.cuda.set_per_process_memory_fraction(1)

@@ -100,9 +100,9 @@ def test_empty_cache_gives_back_the_blocks_held_for_recorded_streams() -> None:
 
 
 def test_the_release_before_giving_up_gives_back_the_blocks_held_for_recorded_streams() -> None:
-    with simdevice.cuda(config=SMALL) as sim:
-        pinned, _ = _recorded_then_freed(4 * MIB)
-        torch.empty(5 * MIB, dtype=torch.uint8, device="cuda")  # fits once the held block's segment is released
+    with simdevice.cuda(config=SimConfig(device_memory=48 * MIB)) as sim:  # (a drop-in run has CUDA's segments)
+        pinned, _ = _recorded_then_freed(12 * MIB)
+        torch.empty(40 * MIB, dtype=torch.uint8, device="cuda")  # fits once the held block's segment is released
         assert pinned.tolist() == [1] * 8
     sim.assert_clean()
 
