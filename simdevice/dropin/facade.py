@@ -457,11 +457,24 @@ def memory_stats(device: Any = None) -> dict[str, int]:
     of memory."""
     _check(device)
     stats = session_device().runtime.memory_stats()
-    return {"allocated_bytes.all.current": stats["allocated"], "allocated_bytes.all.peak": stats["peak"],
+    return _Stats({"allocated_bytes.all.current": stats["allocated"], "allocated_bytes.all.peak": stats["peak"],
             "active_bytes.all.current": stats["active"], "active_bytes.all.peak": stats["active_peak"],
             "reserved_bytes.all.current": stats["reserved"], "reserved_bytes.all.peak": stats["reserved_peak"],
             "allocation.all.current": stats["blocks"], "segment.all.current": stats["segments"],
-            "num_alloc_retries": stats["alloc_retries"], "num_ooms": stats["ooms"]}
+            "num_alloc_retries": stats["alloc_retries"], "num_ooms": stats["ooms"]})
+
+
+class _Stats(dict):  # type: ignore[type-arg]
+    """``memory_stats()``'s dict: a key of torch's that the simulated allocator does not count (per pool, the
+    ``requested_bytes``, ``inactive_split``, ...) raises ``NotImplementedError`` (no verdict), where a GPU's dict
+    has it: a ``KeyError`` would be blamed on the program."""
+
+    def __missing__(self, key: Any) -> Any:
+        raise NotImplementedError(f"torch.cuda.memory_stats()[{key!r}] is not simulated (the simulated allocator "
+                                  f"counts {', '.join(self)})")
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self[key]
 
 
 def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:

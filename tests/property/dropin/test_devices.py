@@ -642,3 +642,22 @@ def test_the_default_device_set_before_the_first_allocation_makes_device_tensors
     s.run(program)
     assert s.result is not None
     assert s.result.reports == ()
+
+
+def _pool_statistic() -> None:
+    torch.empty(100, device="cuda")
+    assert torch.cuda.memory_stats()["allocated_bytes.small_pool.current"] == 512
+
+
+def test_a_memory_statistic_not_counted_is_no_verdict() -> None:
+    """A key of a GPU's ``memory_stats()`` the simulated allocator does not count (per pool) raises
+    ``NotImplementedError``: no verdict, where a ``KeyError`` was blamed on the program, a finding."""
+    from simdevice.explain import not_run
+    from simdevice.search.explore import explore
+
+    found = explore(_pool_statistic, max_examples=1)
+    assert found.failure is not None
+    unrun = not_run(found.failure)
+    assert unrun is not None, found.failure.text()
+    assert unrun.error.startswith(
+        "NotImplementedError: torch.cuda.memory_stats()['allocated_bytes.small_pool.current'] is not simulated")
