@@ -425,29 +425,41 @@ def _capability(device: Any = None) -> tuple[int, int]:
     return p.major, p.minor
 
 
+def _own_process() -> str | None:
+    """The process whose statistics the caller reads (its host actor: a rank, a spawned process, the host), as each
+    process of a GPU has its own caching allocator; None outside the run's actors (all together)."""
+    rt = session_device().runtime
+    a = rt.current_or_none()
+    return a.name if a is not None else None
+
+
+def _own_stats() -> dict[str, int]:
+    return session_device().runtime.memory_stats(_own_process())
+
+
 def memory_allocated(device: Any = None) -> int:
     _check(device)
-    return session_device().runtime.memory_stats()["allocated"]
+    return _own_stats()["allocated"]
 
 
 def max_memory_allocated(device: Any = None) -> int:
     _check(device)
-    return session_device().runtime.memory_stats()["peak"]
+    return _own_stats()["peak"]
 
 
 def memory_reserved(device: Any = None) -> int:
     _check(device)
-    return session_device().runtime.memory_stats()["reserved"]
+    return _own_stats()["reserved"]
 
 
 def max_memory_reserved(device: Any = None) -> int:
     _check(device)
-    return session_device().runtime.memory_stats()["reserved_peak"]
+    return _own_stats()["reserved_peak"]
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
     _check(device)
-    session_device().runtime.reset_peak_memory_stats()
+    session_device().runtime.reset_peak_memory_stats(_own_process())
 
 
 def memory_stats(device: Any = None) -> dict[str, int]:
@@ -456,7 +468,7 @@ def memory_stats(device: Any = None) -> dict[str, int]:
     reserved, the live allocations and segments, and the allocations that released the cache to retry or ran out
     of memory."""
     _check(device)
-    stats = session_device().runtime.memory_stats()
+    stats = _own_stats()
     return _Stats({"allocated_bytes.all.current": stats["allocated"], "allocated_bytes.all.peak": stats["peak"],
             "active_bytes.all.current": stats["active"], "active_bytes.all.peak": stats["active_peak"],
             "reserved_bytes.all.current": stats["reserved"], "reserved_bytes.all.peak": stats["reserved_peak"],
@@ -497,8 +509,8 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     _check(device)
-    total = _total_memory()
-    return max(total - memory_reserved(), 0), total
+    total = _total_memory()  # (the device's free memory: every process's segments count)
+    return max(total - session_device().runtime.memory_stats()["reserved"], 0), total
 
 
 def manual_seed(seed: int) -> None:

@@ -293,6 +293,22 @@ def _weak(callback: Callable[[Segment], None] | None) -> Callable[[], Callable[[
     return lambda: callback
 
 
+class _Counts:
+    """One process's statistics (each process of a GPU has its own allocator, and counts its own): bytes allocated
+    and its peak, reserved and its peak, the active peak, retries and out-of-memory errors."""
+
+    __slots__ = ("active_peak", "allocated", "ooms", "peak", "reserved", "reserved_peak", "retries")
+
+    def __init__(self) -> None:
+        self.allocated = self.peak = self.reserved = self.reserved_peak = self.active_peak = 0
+        self.retries = self.ooms = 0
+
+
+def _process(stream: SimStream | None) -> str | None:
+    """The process (its host actor's name) whose allocation a block of ``stream``'s is."""
+    return stream.process if stream is not None else None
+
+
 class CachingAllocator:
     """Pools of stream-ordered segments and blocks; reuse of freed blocks; ``record_stream``; ``empty_cache``."""
 
@@ -345,6 +361,8 @@ class CachingAllocator:
         #: ``memory_stats``' counts: allocations that released the cached segments to retry, and that failed then
         self.alloc_retries = 0
         self.ooms = 0
+        #: the same, per process (``stats(process)``)
+        self._by: dict[str | None, _Counts] = {}
         #: called when a new segment is made (the memory saver maps a handle) and when one is released
         self._on_segment = _weak(on_segment)
         self._on_release = _weak(on_release)
@@ -388,7 +406,22 @@ class CachingAllocator:
         # active: allocated, and the freed blocks held for the streams recorded with them
         active = self._allocated + sum(f.block.nbytes for f in self._deferred) if self._deferred else self._allocated
         self._active_peak = max(self._active_peak, active)
+        mine = self._counts(stream)
+        mine.allocated += block.nbytes
+        mine.peak = max(mine.peak, mine.allocated)
+        held = sum(f.block.nbytes for f in self._deferred if _process(f.block.key[2]) == _process(stream))
+        mine.active_peak = max(mine.active_peak, mine.allocated + held)
         return Allocation(block, data, need, fresh, alias)
+
+    def _counts(self, stream: SimStream | None) -> _Counts:
+        """The statistics of the process ``stream`` is of."""
+        return self._counts_of(_process(stream))
+
+    def _counts_of(self, process: str | None) -> _Counts:
+        counts = self._by.get(process)
+        if counts is None:
+            counts = self._by[process] = _Counts()
+        return counts
 
     def dropped(self, block: Block, gen: int) -> None:
         """The program dropped the block's last tensor (a finalizer: record where the streams are, nothing more)."""
@@ -441,7 +474,7 @@ class CachingAllocator:
             self.reused += 1
         else:
             nbytes = segment_size(size, self._scale)
-            self._reserve(nbytes, actor)
+            self._reserve(nbytes, actor, stream)
             seg = Segment(len(self._segments) + 1, pool, nbytes, small, stream, self.lazy)
             self._segments.append(seg)
             self.pools.setdefault(pool, []).append(seg)
@@ -456,23 +489,28 @@ class CachingAllocator:
         block.free = False
         return block
 
-    def _reserve(self, nbytes: int, actor: HostActor | None = None) -> None:
+    def _reserve(self, nbytes: int, actor: HostActor | None = None, stream: SimStream | None = None) -> None:
         """Room for a new segment of ``nbytes``: past the capacity, the cached segments are released first (as
         CUDA's allocator does before it gives up: ``actor``, the host allocating, waits for the streams recorded with
         freed blocks), then torch.OutOfMemoryError. The bounds: the fraction the program set
         (``set_per_process_memory_fraction``), then the device's capacity."""
         bounds = [b for b in (self.fraction and self.fraction[1], self.capacity) if b is not None]
+        mine = self._counts(stream)
         for bound in bounds:
             if self._reserved + nbytes > bound:
                 self.empty_cache(actor)
                 self.alloc_retries += 1
+                mine.retries += 1
                 if self._reserved + nbytes > bound:
                     self.ooms += 1
+                    mine.ooms += 1
                     raise torch.OutOfMemoryError(
                         f"simulated device out of memory: tried to allocate {_size(nbytes)}; {_size(self._reserved)} "
                         f"reserved of {self._bound_text(bound)}")
         self._reserved += nbytes
         self._reserved_peak = max(self._reserved_peak, self._reserved)
+        mine.reserved += nbytes
+        mine.reserved_peak = max(mine.reserved_peak, mine.reserved)
 
     def _bound_text(self, bound: int) -> str:
         """The bound an allocation ran past, in an out-of-memory error's words."""
@@ -523,6 +561,7 @@ class CachingAllocator:
             block.storage = None
             block.uses = []
             self._allocated -= block.nbytes  # (held back for recorded streams or not: no longer allocated)
+            self._counts(block.key[2]).allocated -= block.nbytes
             if freed.uses:
                 self._deferred.append(freed)
             else:
@@ -564,6 +603,7 @@ class CachingAllocator:
                 self._free.remove(seg.blocks[0])
                 seg.released = True
                 self._reserved -= seg.nbytes
+                self._counts(seg.stream).reserved -= seg.nbytes
                 released.append(seg)
                 on_release = self._on_release()
                 if on_release is not None:
@@ -600,10 +640,13 @@ class CachingAllocator:
         """Blocks freed but held back for the streams recorded with them."""
         return len(self._deferred)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self, process: str | None = None) -> dict[str, int]:
         """Simulated bytes: ``allocated`` (blocks handed out and not freed since: a freed block held back for the
         streams recorded with it is not, as torch counts it), ``peak`` of it since the run began, ``reserved``
-        (segments)."""
+        (segments). ``process``: that process's own (its host actor's name; each process of a GPU has its own
+        allocator), else every process's together."""
+        if process is not None:
+            return self._stats_of(process)
         allocated = sum(b.nbytes for seg in self._segments if not seg.released for b in seg.blocks if not b.free)
         held = sum(f.block.nbytes for f in self._deferred)
         allocated -= held
@@ -618,8 +661,31 @@ class CachingAllocator:
                 "alloc_retries": self.alloc_retries, "ooms": self.ooms, "active": allocated + held,
                 "active_peak": max(self._active_peak, allocated + held)}
 
-    def reset_peaks(self) -> None:
-        """``torch.cuda.reset_peak_memory_stats``: the peaks start again from what is allocated and reserved now."""
+    def _stats_of(self, process: str) -> dict[str, int]:
+        """:meth:`stats` of one process: its segments (those made for its streams) and its blocks."""
+        mine = self._by.get(process) or _Counts()
+        live = [seg for seg in self._segments if not seg.released and _process(seg.stream) == process]
+        deferred = [f for f in self._deferred if _process(f.block.key[2]) == process]
+        held = sum(f.block.nbytes for f in deferred)
+        allocated = sum(b.nbytes for seg in live for b in seg.blocks if not b.free) - held
+        if allocated != mine.allocated:
+            raise AssertionError(f"allocator: {mine.allocated} bytes counted allocated by {process}, {allocated} in "
+                                 "its blocks")
+        return {"allocated": allocated, "peak": mine.peak, "reserved": sum(seg.nbytes for seg in live),
+                "reserved_peak": mine.reserved_peak, "segments": len(live),
+                "blocks": sum(1 for seg in live for b in seg.blocks if not b.free) - len(deferred),
+                "alloc_retries": mine.retries, "ooms": mine.ooms, "active": allocated + held,
+                "active_peak": max(mine.active_peak, allocated + held)}
+
+    def reset_peaks(self, process: str | None = None) -> None:
+        """``torch.cuda.reset_peak_memory_stats``: the peaks start again from what is allocated and reserved now
+        (``process``'s own, where given)."""
         self.collect_frees()
+        if process is not None:
+            mine = self._counts_of(process)
+            mine.peak, mine.reserved_peak = mine.allocated, mine.reserved
+            mine.active_peak = mine.allocated + sum(
+                f.block.nbytes for f in self._deferred if _process(f.block.key[2]) == process)
+            return
         self._peak, self._reserved_peak = self._allocated, self._reserved
         self._active_peak = self._allocated + sum(f.block.nbytes for f in self._deferred)

@@ -501,16 +501,17 @@ class Runtime:
         sync.issue(a, s)
         self.execution.enqueue(s, StreamOp(s, f"sleep ({ns} ns)", -1, max(ns, 1)))
 
-    def memory_stats(self) -> dict[str, int]:
+    def memory_stats(self, process: str | None = None) -> dict[str, int]:
         """Allocated (live blocks), its peak, and reserved (segments) bytes, as torch's caching allocator counts them
         for the same program: its own bytes (``byte_scale`` scales what they cost, not what they are), a block no
-        longer allocated from the moment its last tensor dies (``record_stream`` holds it back from reuse only)."""
+        longer allocated from the moment its last tensor dies (``record_stream`` holds it back from reuse only).
+        ``process``: that process's own (a host actor's name), as each process of a GPU has its own allocator."""
         allocator = self.memsaver.allocator
         allocator.collect_frees()
-        return allocator.stats()
+        return allocator.stats(process)
 
-    def reset_peak_memory_stats(self) -> None:
-        self.memsaver.allocator.reset_peaks()
+    def reset_peak_memory_stats(self, process: str | None = None) -> None:
+        self.memsaver.allocator.reset_peaks(process)
 
     @property
     def device_memory(self) -> int | None:

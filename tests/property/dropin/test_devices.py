@@ -661,3 +661,29 @@ def test_a_memory_statistic_not_counted_is_no_verdict() -> None:
     assert unrun is not None, found.failure.text()
     assert unrun.error.startswith(
         "NotImplementedError: torch.cuda.memory_stats()['allocated_bytes.small_pool.current'] is not simulated")
+
+
+def _each_rank_counts_its_own(out: dict[int, tuple[int, int, int, int]]) -> None:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    x = torch.empty((rank + 1) << 20, dtype=torch.uint8, device="cuda")
+    dist.barrier()
+    free, total = torch.cuda.mem_get_info()
+    out[rank] = (torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved(),
+                 total - free)
+    dist.barrier()
+    del x
+
+
+def test_each_rank_counts_its_own_allocations_and_the_device_s_free_memory_counts_all() -> None:
+    """Each process of a GPU has its own caching allocator and statistics: a rank's ``memory_allocated`` is its own
+    tensors' (it counted every rank's before, a finding where a rank checked its own); ``mem_get_info`` is the
+    device's, every process's segments taken from it."""
+    out: dict[int, tuple[int, int, int, int]] = {}
+    s = simdevice.cuda()
+    s.run(_each_rank_counts_its_own, out, world_size=2)
+    s.assert_clean()
+    mib = 1 << 20
+    assert out[0] == (mib, mib, 2 * mib, 2 * mib + 20 * mib)  # 1 MiB: a small segment; 2 MiB: a 20 MiB one
+    assert out[1] == (2 * mib, 2 * mib, 20 * mib, 2 * mib + 20 * mib)
