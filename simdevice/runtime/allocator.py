@@ -592,13 +592,15 @@ class CachingAllocator:
     def empty_cache(self, actor: HostActor | None = None) -> list[Segment]:
         """Release every entirely free segment (``torch.cuda.empty_cache``); returns them. First, as CUDA's
         allocator does (``synchronize_and_free_events``), the host ``actor`` waits for every stream recorded with a
-        freed block to get past the block's free, and gives the block back."""
+        freed block to get past the block's free, and gives the block back. With an ``actor``, its own process's
+        segments only (and those of no stream): another rank's or process's are its own allocator's on a GPU."""
         self.collect(actor)
         if actor is not None and self._deferred:
             self._synchronize_events(actor)
+        owners = (None, actor.name) if actor is not None else None
         released = []
         for pool, segs in self.pools.items():
-            for seg in [s for s in segs if s.all_free()]:
+            for seg in [s for s in segs if s.all_free() and (owners is None or _process(s.stream) in owners)]:
                 segs.remove(seg)
                 self._free.remove(seg.blocks[0])
                 seg.released = True

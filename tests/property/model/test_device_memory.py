@@ -9,7 +9,8 @@ Rules, each with a test a mutation of it fails:
 - ``empty_cache``, and the release before giving up, first wait for the streams recorded with freed blocks
   (``record_stream``) and give those blocks back, as CUDA's ``synchronize_and_free_events`` does: their segments
   are released too, and the host is ordered after those streams' use (its own process's: another rank's blocks are
-  its own allocator's).
+  its own allocator's);
+- ``empty_cache`` releases its own process's cached segments, not another rank's.
 """
 
 from __future__ import annotations
@@ -147,3 +148,28 @@ def test_empty_cache_waits_for_its_own_process_s_streams_only() -> None:
     s.run(_rank_frees_while_another_empties, out, world_size=2)
     s.assert_clean()
     assert out[1] >= 4096  # rank 1's block is still held (and rank 0 did not wait for rank 1's stream)
+
+
+def _rank_caches_while_another_empties(out: dict[int, int]) -> None:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    if rank == 1:
+        x = torch.ones(1024, device="cuda")
+        del x  # its segment is cached, entirely free
+    dist.barrier()
+    if rank == 0:
+        before = torch.cuda.mem_get_info()[0]  # the device's free memory: every process's segments taken
+        torch.cuda.empty_cache()
+        out[0] = torch.cuda.mem_get_info()[0] - before
+    dist.barrier()
+    if rank == 1:
+        out[1] = torch.cuda.memory_reserved()
+
+
+def test_empty_cache_releases_its_own_process_s_segments_only() -> None:
+    out: dict[int, int] = {}
+    s = simdevice.cuda()
+    s.run(_rank_caches_while_another_empties, out, world_size=2)
+    s.assert_clean()
+    assert out == {0: 0, 1: 2 << 20}  # rank 1's cached segment stays cached
