@@ -492,18 +492,18 @@ class _Stats(dict):  # type: ignore[type-arg]
 def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
     """``torch.cuda.set_per_process_memory_fraction``: the caching allocator's segments may take ``fraction`` of the
     device's memory together; an allocation past it releases the cache, then raises ``torch.OutOfMemoryError``.
-    (The simulated device has one allocator: the fraction bounds every process and rank of the run together.)"""
+    The calling process's own (a rank's, a spawned process's), as on a GPU."""
     _check(device)
     if not isinstance(fraction, float):  # (torch's checks and words)
         raise TypeError("Invalid type for fraction argument, must be `float`")
     if fraction < 0 or fraction > 1:
         raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
-    session_device().runtime.memsaver.allocator.fraction = (fraction, int(fraction * _total_memory()))
+    session_device().runtime.memsaver.allocator.fractions[_own_process()] = (fraction, int(fraction * _total_memory()))
 
 
 def get_per_process_memory_fraction(device: Any = None) -> float:
     _check(device)
-    fraction = session_device().runtime.memsaver.allocator.fraction
+    fraction = session_device().runtime.memsaver.allocator.fractions.get(_own_process())
     return 1.0 if fraction is None else fraction[0]
 
 

@@ -336,9 +336,9 @@ class CachingAllocator:
         self.lazy = lazy
         #: bytes its segments may take together (None: no bound)
         self.capacity = capacity
-        #: ``torch.cuda.set_per_process_memory_fraction``: bytes its segments may take together under the fraction
-        #: the program set, and the fraction (None: none set)
-        self.fraction: tuple[float, int] | None = None
+        #: ``torch.cuda.set_per_process_memory_fraction``, per process (a host actor's name): the fraction it set,
+        #: and the bytes its segments may take together under it (none set: no entry)
+        self.fractions: dict[str | None, tuple[float, int]] = {}
         self._reserved = 0
         #: the host actor running now (whoever drops a tensor frees it)
         self._current = current
@@ -493,29 +493,41 @@ class CachingAllocator:
         """Room for a new segment of ``nbytes``: past the capacity, the cached segments are released first (as
         CUDA's allocator does before it gives up: ``actor``, the host allocating, waits for the streams recorded with
         freed blocks), then torch.OutOfMemoryError. The bounds: the fraction the program set
-        (``set_per_process_memory_fraction``), then the device's capacity."""
-        bounds = [b for b in (self.fraction and self.fraction[1], self.capacity) if b is not None]
+        (``set_per_process_memory_fraction``: the allocating process's own segments under the fraction it set),
+        then the device's capacity (every process's segments)."""
         mine = self._counts(stream)
-        for bound in bounds:
-            if self._reserved + nbytes > bound:
+        fraction = self.fractions.get(_process(stream))
+
+        def used(own: bool) -> int:
+            return mine.reserved if own else self._reserved
+
+        bounds = [(True, fraction[1])] if fraction is not None else []
+        if self.capacity is not None:
+            bounds.append((False, self.capacity))
+        for own, bound in bounds:
+            if used(own) + nbytes > bound:
                 self.empty_cache(actor)
                 self.alloc_retries += 1
                 mine.retries += 1
-                if self._reserved + nbytes > bound:
+                if used(own) + nbytes > bound:
                     self.ooms += 1
                     mine.ooms += 1
                     raise torch.OutOfMemoryError(
-                        f"simulated device out of memory: tried to allocate {_size(nbytes)}; {_size(self._reserved)} "
-                        f"reserved of {self._bound_text(bound)}")
+                        f"simulated device out of memory: tried to allocate {_size(nbytes)}; {_size(used(own))} "
+                        f"reserved of {self._bound_text(bound, fraction if own else None)}")
         self._reserved += nbytes
         self._reserved_peak = max(self._reserved_peak, self._reserved)
         mine.reserved += nbytes
         mine.reserved_peak = max(mine.reserved_peak, mine.reserved)
 
-    def _bound_text(self, bound: int) -> str:
-        """The bound an allocation ran past, in an out-of-memory error's words."""
-        if self.fraction is not None and bound == self.fraction[1]:
-            return f"the {_size(bound)} the process may take (set_per_process_memory_fraction({self.fraction[0]}))"
+    @staticmethod
+    def _fraction_text(bound: int, fraction: tuple[float, int]) -> str:
+        return f"the {_size(bound)} the process may take (set_per_process_memory_fraction({fraction[0]}))"
+
+    def _bound_text(self, bound: int, fraction: tuple[float, int] | None = None) -> str:
+        """The bound an allocation ran past, in an out-of-memory error's words (``fraction``: the process's own)."""
+        if fraction is not None:
+            return self._fraction_text(bound, fraction)
         return (f"{_size(bound)} (raise it: SimConfig(device_memory=N), or --device-memory on the command line"
                 + ("" if self.lazy else "; with --no-values, a race-only run, its bytes cost this machine no memory")
                 + ")")

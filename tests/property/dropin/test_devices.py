@@ -687,3 +687,28 @@ def test_each_rank_counts_its_own_allocations_and_the_device_s_free_memory_count
     mib = 1 << 20
     assert out[0] == (mib, mib, 2 * mib, 2 * mib + 20 * mib)  # 1 MiB: a small segment; 2 MiB: a 20 MiB one
     assert out[1] == (2 * mib, 2 * mib, 20 * mib, 2 * mib + 20 * mib)
+
+
+def _each_rank_takes_its_fraction(out: dict[int, float]) -> None:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    if rank == 0:
+        torch.cuda.set_per_process_memory_fraction(0.5)
+    dist.barrier()
+    out[rank] = torch.cuda.get_per_process_memory_fraction()
+    torch.cuda.set_per_process_memory_fraction(0.5)
+    x = torch.empty(40 << 20, dtype=torch.uint8, device="cuda")  # 40 MiB of each rank's 50
+    dist.barrier()
+    del x
+
+
+def test_a_memory_fraction_is_the_process_s_own() -> None:
+    """``set_per_process_memory_fraction`` bounds the calling process's own segments, as on a GPU: two ranks of half
+    the device each may take 40 % each (the fraction bounded every rank's segments together before: the second
+    rank's allocation ran out of memory, a finding on a correct program), and one rank's setting is not another's."""
+    out: dict[int, float] = {}
+    s = simdevice.cuda(config=SimConfig(device_memory=100 << 20))
+    s.run(_each_rank_takes_its_fraction, out, world_size=2)
+    s.assert_clean()
+    assert out == {0: 0.5, 1: 1.0}
