@@ -111,7 +111,8 @@ class OpFacts:
     has_returns: bool
     #: whether a return is a tensor (else it is a host value: ``.item()``, ``equal``)
     returns_tensor: bool
-    #: an ``.out`` overload: the written arguments are outputs, not inputs
+    #: an out= overload (``add.out``, ``max.dim_max``, ``*_backward.grad_input``): it writes keyword-only arguments
+    #: alone, which are its outputs, not inputs
     out_variant: bool
     #: which tensor arguments are not read: "all", "self" or "" (see the sets above)
     not_read: str
@@ -162,7 +163,8 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
         written=written,
         has_returns=bool(schema.returns),
         returns_tensor=any("Tensor" in str(r.type) for r in schema.returns),
-        out_variant=schema.name.endswith("out"),
+        # (ATen's out= tensors are the keyword-only arguments it writes, whatever their names: ``out``, ``max``)
+        out_variant=bool(written) and all(kwarg_only for _, _, kwarg_only in written),
         not_read="all" if func in _INPUT_NOT_READ else "self" if func in _WRITE_ONLY_SELF else "",
         copy=func in _COPIES,
         seeded=torch.Tag.nondeterministic_seeded in func.tags,
