@@ -404,6 +404,9 @@ def test_a_memory_fraction_bounds_the_allocator_after_it_releases_the_cache() ->
             torch.cuda.set_per_process_memory_fraction(1)
         with pytest.raises(ValueError, match="Allowed range"):
             torch.cuda.set_per_process_memory_fraction(1.5)
+        torch.cuda.set_per_process_memory_fraction(1.0)  # (the range's ends are in it)
+        assert torch.cuda.get_per_process_memory_fraction() == 1.0
+        torch.cuda.set_per_process_memory_fraction(0.5)
         with pytest.raises(RuntimeError, match="invalid device ordinal"):
             torch.cuda.set_per_process_memory_fraction(0.5, 1)
         del y
