@@ -55,3 +55,21 @@ def test_a_device_tensor_in_an_object_arrives_as_a_copy_of_its_own() -> None:
     s.run(program, world_size=2)
     s.assert_clean()
     assert got == {r: [[0.0] * 4, [1.0] * 4] for r in (0, 1)}
+
+
+def test_an_object_that_does_not_pickle_here_is_shared_as_it_is() -> None:
+    """An object that does not pickle in the simulator's process (a local function in it, as a test's program has)
+    is handed to the receivers as it is, not refused: what the sender put in is what each rank gets."""
+    got: dict[int, list[Any]] = {}
+
+    def program() -> None:
+        r = dist.get_rank()
+        local = {"rank": r, "fn": lambda: r}  # a local function: no pickling it
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, local)
+        got[r] = [g["rank"] for g in gathered] + [g["fn"]() for g in gathered]
+
+    s = simdevice.cuda()
+    s.run(program, world_size=2)
+    s.assert_clean()
+    assert got == {0: [0, 1, 0, 1], 1: [0, 1, 0, 1]}
