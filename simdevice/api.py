@@ -178,8 +178,12 @@ class ProcessHandle:
 class SimWork:
     """The handle of an async collective (``torch.distributed.Work``)."""
 
-    def __init__(self, dev: SimDevice, gather: Gather, tensors: tuple[torch.Tensor, ...] = ()) -> None:
+    def __init__(self, dev: SimDevice, gather: Gather, tensors: tuple[torch.Tensor, ...] = (),
+                 barrier: bool = False) -> None:
         self._dev, self._gather = dev, gather
+        #: a barrier's work: its ``wait()`` and ``synchronize()`` also block the host until the current stream is done
+        #: (ProcessGroupNCCL's ``WorkNCCL::synchronize`` of a barrier: ``cudaStreamSynchronize`` of the current stream)
+        self._barrier = barrier
         #: the tensors the collective reads and writes, held while the handle lives, as ProcessGroupNCCL's work holds
         #: them (its outputs, its inputs stashed for the allocator): a gradient an autograd hook hands to an async
         #: collective and returns has a second reference, so autograd copies it into ``.grad`` rather than taking it
@@ -188,7 +192,7 @@ class SimWork:
     def wait(self, timeout: Any = None) -> bool:
         """NCCL's ``Work.wait``: the current stream waits for the collective; with a ``timeout`` the host also blocks
         until it completed (as ProcessGroupNCCL does for a timed wait). True, as torch returns."""
-        self._dev.runtime.work_wait(self._gather)
+        self._dev.runtime.work_wait(self._gather, self._barrier)
         if timeout is not None and timeout.total_seconds() > 0:
             self._dev.runtime.work_wait_host(self._gather)
         return True
@@ -198,7 +202,7 @@ class SimWork:
 
     def synchronize(self) -> None:
         """NCCL's ``Work.synchronize``: the current stream waits for the collective, as ``wait()`` does."""
-        self._dev.runtime.work_wait(self._gather)
+        self._dev.runtime.work_wait(self._gather, self._barrier)
 
     def get_future(self) -> Any:
         raise NotImplementedError("Work.get_future() is not simulated (wait() or synchronize() on the work is)")

@@ -274,7 +274,7 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, t
     rt = session_device().runtime
     gather = rt.collective("barrier", [], None, lambda rank, sent: [], user_source())
     if async_op:
-        return SimWork(session_device(), gather)
+        return SimWork(session_device(), gather, barrier=True)  # its wait() blocks the host, as the call does
     rt.work_wait_host(gather)  # NCCL's barrier blocks the host until every rank reached it
     return None
 

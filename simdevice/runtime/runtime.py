@@ -1103,10 +1103,16 @@ class Runtime:
         a = self.current()
         self._host_waits(a, [work.record()], f"collective {work.collective.seq} to complete")
 
-    def work_wait(self, work: Gather) -> None:
+    def work_wait(self, work: Gather, barrier: bool = False) -> None:
+        """``Work.wait()``: the caller's current stream waits for the collective. A barrier's work also blocks the
+        host until that stream has done all it was given (ProcessGroupNCCL's wait synchronizes the current stream
+        where the work is a barrier's), in the same host step."""
         a = self.host_step("work.wait")
         # wait: the caller's stream must not read the output before the receive landed
         self._stream_waits(a.current_stream, work.record(), "collective")
+        if barrier:
+            s = a.current_stream
+            self._host_waits(a, [self._record(s)], f"stream(s) {s.name} to finish")
 
     def work_is_completed(self, work: Gather) -> bool:
         a = self.host_step("work.is_completed", poll=True)

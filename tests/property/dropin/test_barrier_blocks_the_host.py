@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import torch
 import torch.distributed as dist
 
 import simdevice
@@ -26,3 +27,37 @@ def test_no_rank_leaves_the_barrier_before_the_last_one_reached_it() -> None:
     s.run(program, world_size=2)
     s.assert_clean()
     assert seen == {0: [0, 1], 1: [0, 1]}
+
+
+def _host_reads_after_an_async_barrier(side: bool) -> None:
+    x = torch.arange(16, dtype=torch.float32, device="cuda") * 2
+    pinned = torch.empty(16, pin_memory=True)
+    s = torch.cuda.Stream() if side else torch.cuda.current_stream()
+    s.wait_stream(torch.cuda.current_stream())
+    work = dist.barrier(async_op=True)
+    with torch.cuda.stream(s):
+        pinned.copy_(x, non_blocking=True)  # (queued after the barrier's call, before its wait)
+    work.wait()
+    assert torch.equal(pinned, torch.arange(16, dtype=torch.float32) * 2), "the host read before the D2H"
+
+
+def barrier_work_then_host_read() -> None:
+    _host_reads_after_an_async_barrier(False)
+
+
+def barrier_work_then_host_read_of_a_side_stream() -> None:
+    _host_reads_after_an_async_barrier(True)
+
+
+def test_a_barrier_s_work_wait_blocks_the_host_until_the_current_stream_is_done() -> None:
+    """ProcessGroupNCCL's ``wait()`` of a barrier's work synchronizes the current stream (``cudaStreamSynchronize``),
+    all it was given by then: a D2H queued on it after the call is done before the host reads its buffer. Before,
+    the wait only made the stream wait for the barrier, and the host's read was reported as a race."""
+    found = simdevice.explore(barrier_work_then_host_read, world_size=2, max_examples=30)
+    assert found.failure is None, found.failure
+
+
+def test_a_barrier_s_work_wait_does_not_synchronize_another_stream() -> None:
+    found = simdevice.explore(barrier_work_then_host_read_of_a_side_stream, world_size=2, max_examples=30)
+    assert found.failure is not None
+    assert "race" in found.failure.text()
