@@ -331,8 +331,16 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
         object_list[:] = [p.received() for p in sent[src]]
 
 
+def _get_default_group() -> _World:
+    """``distributed_c10d._get_default_group()`` (FSDP's and DeviceMesh's way to the default group): the world."""
+    _initialized()
+    return WORLD
+
+
 def install(p: Patches) -> None:
-    """Put the simulated process group in place of ``torch.distributed``'s."""
+    """Put the simulated process group in place of ``torch.distributed``'s, and of ``distributed_c10d``'s names of the
+    same functions (``torch.distributed`` re-exports them; code that calls them through that module, or imports them
+    from it, gets the simulated ones too)."""
     table: dict[str, Any] = {
         "is_available": lambda: True,
         "is_initialized": is_initialized,
@@ -359,12 +367,18 @@ def install(p: Patches) -> None:
         "get_global_rank": lambda group, group_rank: group_rank,
         "get_group_rank": lambda group, global_rank: global_rank,
     }
+    c10d = dist.distributed_c10d
     for name, value in table.items():
         p.set(dist, name, value)
+        if hasattr(c10d, name):
+            p.set(c10d, name, value)
+    p.set(c10d, "_get_default_group", _get_default_group)
     for name in NOT_SIMULATED:
         if hasattr(dist, name):
             p.set(dist, name, _not_simulated(name))
+        if hasattr(c10d, name):
+            p.set(c10d, name, _not_simulated(name))
 
 
 def patched_owners() -> list[Any]:
-    return [dist]
+    return [dist, dist.distributed_c10d]

@@ -54,3 +54,39 @@ def test_a_group_other_than_the_world_is_refused() -> None:
     assert errors, "a collective over a group other than the world ran as if it were the world"
     assert all("NotImplementedError: only the default process group (the whole world) is simulated" in e
                for e in errors), errors
+
+
+def test_distributed_c10d_s_names_are_the_simulated_ones() -> None:
+    """``torch.distributed`` re-exports ``distributed_c10d``'s functions: code that calls them through that module
+    (or imports them from it), and ``_get_default_group()`` (FSDP's and DeviceMesh's way to the default group), get
+    the simulated world. Before, ``_get_default_group()`` raised that no process group was initialized, a host error
+    blamed on the program, and ``distributed_c10d.all_reduce`` reached the real process group."""
+    from torch.distributed import distributed_c10d as c10d
+
+    got: dict[int, list[float]] = {}
+
+    def program() -> None:
+        pg = c10d._get_default_group()
+        assert pg.size() == dist.get_world_size()
+        t = torch.full((4,), float(dist.get_rank() + 1), device="cuda")
+        c10d.all_reduce(t, group=pg)
+        got[dist.get_rank()] = t.cpu().tolist()
+
+    s = simdevice.cuda()
+    s.run(program, world_size=2)
+    assert s.clean, s.text()
+    assert got == {0: [3.0] * 4, 1: [3.0] * 4}
+
+
+def test_what_distributed_c10d_offers_and_is_not_simulated_is_refused() -> None:
+    from torch.distributed import distributed_c10d as c10d
+
+    def program() -> None:
+        t = torch.ones(4, device="cuda")
+        c10d.send(t, dst=1 - dist.get_rank())
+
+    s = simdevice.cuda()
+    s.run(program, world_size=2)
+    errors = [str(r) for r in s.reports]
+    assert errors, "distributed_c10d.send ran"
+    assert all("NotImplementedError: torch.distributed.send is not simulated" in e for e in errors), errors
