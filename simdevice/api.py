@@ -207,6 +207,15 @@ class SimWork:
     def get_future(self) -> Any:
         raise NotImplementedError("Work.get_future() is not simulated (wait() or synchronize() on the work is)")
 
+    def __getattr__(self, name: str) -> Any:
+        """What else ``torch.distributed.Work`` offers (``result()``, ``exception()``, ``is_success()``, ...) is not
+        simulated: NotImplementedError naming it, so the run gives no verdict rather than an AttributeError blamed on
+        the program."""
+        if not name.startswith("_") and hasattr(torch.distributed.Work, name):
+            raise NotImplementedError(f"Work.{name} is not simulated (wait(), synchronize() and is_completed() on "
+                                      "the work are)")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
 
 class MemorySaverHandle:
     """``torch_memory_saver`` on the simulated device's caching allocator."""
