@@ -60,7 +60,8 @@ def _reduce(op: Any, sent: list[torch.Tensor]) -> torch.Tensor:
         return stacked.min(0).values
     if op == r.PRODUCT:
         return stacked.prod(0)
-    raise NotImplementedError(f"reduce op {op} is not simulated")
+    # (a ReduceOp made with an argument, ``_make_nccl_premul_sum(0.5)``, says its kind in ``op``)
+    raise NotImplementedError(f"reduce op {getattr(op, 'op', op)} is not simulated")
 
 
 def _finish(gather: Any, async_op: bool, *tensors: torch.Tensor) -> SimWork | None:
