@@ -219,7 +219,10 @@ def _host_collective(original: Callable[..., Any]) -> Callable[..., Any]:
         if original.__name__ == "barrier":
             dev.count_op(f"{dev.prefix}nccl")
         with _disable_current_modes():
-            return original(*args, **kwargs)
+            work = original(*args, **kwargs)
+        if work is not None and original.__name__ == "barrier":
+            return CountingWork(work)  # ``barrier(async_op=True).wait()`` is a host step, as on the simulator
+        return work
 
     return call
 
