@@ -115,9 +115,11 @@ class Block:
         # its segment holds it (Segment.blocks); a weak reference back, so that a run's allocator dies by reference
         # counting when the run is dropped (a cycle here kept every shadow and access of the run for the collector)
         self._segment = weakref.ref(segment)
-        #: its segment's id and (pool, small or large, stream), fixed for its life: which free list it goes on
+        #: its segment's id and (pool, small or large, stream, backed up), fixed for its life: which free list it
+        #: goes on
         self.sid = segment.id
-        self.key: tuple[PoolTag, bool, SimStream | None] = (segment.pool, segment.small, segment.stream)
+        self.key: tuple[PoolTag, bool, SimStream | None, bool] = (
+            segment.pool, segment.small, segment.stream, segment.backup)
         self.offset, self.nbytes = offset, nbytes
         self.free = True
         #: never handed out since its segment was made: its bytes are whatever cudaMalloc gave (poisoned)
@@ -142,10 +144,15 @@ class Segment:
     """One underlying allocation: its CPU bytes, its blocks, its stream, and its memory-saver state."""
 
     def __init__(
-        self, sid: int, pool: PoolTag, nbytes: int, small: bool, stream: SimStream | None = None, lazy: bool = False
+        self, sid: int, pool: PoolTag, nbytes: int, small: bool, stream: SimStream | None = None, lazy: bool = False,
+        backup: bool = False,
     ) -> None:
         self.id, self.pool, self.nbytes, self.small = sid, pool, nbytes, small
         self.stream = stream
+        #: made in a region that backs its contents up (``enable_cpu_backup``): the memory saver keeps the setting
+        #: per allocation, and torch_memory_saver gives each (tag, backup) its own pool, so that a region of one
+        #: setting never takes a cached block of the other
+        self.backup = backup
         self.label = f"seg#{sid}"
         #: ``lazy`` (a race-only run, whose operations move no bytes): address space only, no page until one is
         #: written, whatever the size (``MAP_NORESERVE``: not counted against this machine's memory either)
@@ -175,13 +182,13 @@ class Segment:
 
 
 class _FreeBlocks:
-    """The free blocks of live segments, by (pool, small or large, stream), each list in best-fit order (size, then
-    segment, then offset): the fitting blocks of a request are the tail from its size on, found by bisection, not by
-    a walk over every block of every segment. The allocator tells it each change (a block taken, freed, split or
-    merged; a segment made or released), before a free block's size changes."""
+    """The free blocks of live segments, by (pool, small or large, stream, backed up), each list in best-fit order
+    (size, then segment, then offset): the fitting blocks of a request are the tail from its size on, found by
+    bisection, not by a walk over every block of every segment. The allocator tells it each change (a block taken,
+    freed, split or merged; a segment made or released), before a free block's size changes."""
 
     def __init__(self) -> None:
-        self._lists: dict[tuple[PoolTag, bool, SimStream | None], list[tuple[int, int, int, Block]]] = {}
+        self._lists: dict[tuple[PoolTag, bool, SimStream | None, bool], list[tuple[int, int, int, Block]]] = {}
 
     def add(self, block: Block) -> None:
         bisect.insort(self._lists.setdefault(block.key, []), (block.nbytes, block.sid, block.offset, block))
@@ -192,9 +199,11 @@ class _FreeBlocks:
         assert entries[i][3] is block
         del entries[i]
 
-    def take(self, pool: PoolTag, small: bool, stream: SimStream | None, size: int, pick: int) -> Block | None:
+    def take(
+        self, pool: PoolTag, small: bool, stream: SimStream | None, size: int, pick: int, backup: bool = False
+    ) -> Block | None:
         """``fitting(...)[pick % len(fitting(...))]``, taken off its list; None where no block fits."""
-        entries = self._lists.get((pool, small, stream))
+        entries = self._lists.get((pool, small, stream, backup))
         if not entries:
             return None
         i = bisect.bisect_left(entries, (size,))
@@ -203,9 +212,11 @@ class _FreeBlocks:
             return None
         return entries.pop(i + pick % n)[3]
 
-    def fitting(self, pool: PoolTag, small: bool, stream: SimStream | None, size: int) -> list[Block]:
+    def fitting(
+        self, pool: PoolTag, small: bool, stream: SimStream | None, size: int, backup: bool = False
+    ) -> list[Block]:
         """The free blocks of at least ``size`` bytes, in best-fit order."""
-        entries = self._lists.get((pool, small, stream))
+        entries = self._lists.get((pool, small, stream, backup))
         if not entries:
             return []
         return [e[3] for e in entries[bisect.bisect_left(entries, (size,)):]]
@@ -374,15 +385,16 @@ class CachingAllocator:
     # -- allocation -----------------------------------------------------------------
     def malloc(
         self, like: torch.Tensor, pool: PoolTag, stream: SimStream | None = None, actor: HostActor | None = None,
-        pick: int | None = None,
+        pick: int | None = None, backup: bool = False,
     ) -> Allocation:
         """Bytes for a new device tensor shaped like ``like`` from ``pool``, for ``stream``. ``pick`` offsets the
-        best-fit choice among fitting blocks (default: the run's)."""
+        best-fit choice among fitting blocks (default: the run's). ``backup``: the region backs its contents up (its
+        own segments: the memory saver's pool of that tag and setting)."""
         self.collect(actor)
         need = like.untyped_storage().nbytes()
         size = max(self._round, _round_up(need, self._round))
         small = size <= self._small
-        block = self._take(pool, size, small, stream, self.pick if pick is None else pick, actor)
+        block = self._take(pool, size, small, stream, self.pick if pick is None else pick, actor, backup)
         self.allocations += 1
         seg = block.segment
         if seg.paused is not None:
@@ -460,22 +472,24 @@ class CachingAllocator:
         if block is not None and stream is not block.segment.stream and stream not in block.uses:
             block.uses.append(stream)
 
-    def fitting(self, pool: PoolTag, small: bool, stream: SimStream | None, size: int) -> list[Block]:
+    def fitting(
+        self, pool: PoolTag, small: bool, stream: SimStream | None, size: int, backup: bool = False
+    ) -> list[Block]:
         """The free blocks a request of ``size`` bytes (small or large) on ``stream`` from ``pool`` may take, in
         best-fit order (size, segment, offset): the blocks of its pool's live segments of its kind made for its
-        stream."""
-        return self._free.fitting(pool, small, stream, size)
+        stream (and of its backup setting)."""
+        return self._free.fitting(pool, small, stream, size, backup)
 
     def _take(self, pool: PoolTag, size: int, small: bool, stream: SimStream | None, pick: int,
-              actor: HostActor | None = None) -> Block:
-        taken = self._free.take(pool, small, stream, size, pick)
+              actor: HostActor | None = None, backup: bool = False) -> Block:
+        taken = self._free.take(pool, small, stream, size, pick, backup)
         if taken is not None:
             block = taken
             self.reused += 1
         else:
             nbytes = segment_size(size, self._scale)
             self._reserve(nbytes, actor, stream)
-            seg = Segment(len(self._segments) + 1, pool, nbytes, small, stream, self.lazy)
+            seg = Segment(len(self._segments) + 1, pool, nbytes, small, stream, self.lazy, backup)
             self._segments.append(seg)
             self.pools.setdefault(pool, []).append(seg)
             on_segment = self._on_segment()

@@ -4,13 +4,16 @@ The semantics of ``torch_memory_saver`` over the caching allocator of
 :mod:`simdevice.runtime.allocator`:
 
 - ``region(tag, enable_cpu_backup=False)``: allocations of the current actor
-  come from the pool of ``tag``; every new segment of it gets a physical
-  handle mapped at its addresses.
+  come from the pool of ``tag`` and that backup setting (the library keeps the
+  setting per allocation, and gives each tag and setting a ``MemPool`` of its
+  own); every new segment of it gets a physical handle mapped at its
+  addresses.
 - ``disable()``: allocations inside it come from the ordinary pool (plain
   device memory), even inside a region.
 - ``pause(tag)``: for every segment of the tag, unmap and release its handle;
   the addresses stay reserved, the contents are lost (poisoned with 0xFF
-  bytes, which read as NaN in floats) unless the region backs them up to host.
+  bytes, which read as NaN in floats) unless the region that made the segment
+  backs them up to host.
   Every live storage of the segment is then unmapped: any access is an
   :class:`~simdevice.report.IllegalAccess` naming the allocation, the pause and
   the access.
@@ -73,8 +76,9 @@ class SimMemorySaver:
         self.fixes = fixes
         #: per actor: stack of active pools (a tag inside region(), None inside disable())
         self._tags: dict[str, list[PoolTag]] = {}
+        #: per actor, beside it: whether each backs its allocations up (``enable_cpu_backup``)
+        self._backups: dict[str, list[bool]] = {}
         self._paused: set[str] = set()
-        self._backup: dict[str, bool] = {}
         self._saved: dict[int, torch.Tensor] = {}
         self._handles = 0
         #: handle -> what released it (each handle is released once)
@@ -89,6 +93,12 @@ class SimMemorySaver:
         """The pool an allocation by ``actor`` comes from (None: ordinary memory)."""
         stack = self._tags.get(actor, []) if actor else []
         return stack[-1] if stack else None
+
+    def backup_of(self, actor: str | None) -> bool:
+        """Whether an allocation by ``actor`` is backed up at a pause (made in a region with ``enable_cpu_backup``;
+        never in ordinary memory)."""
+        stack = self._backups.get(actor, []) if actor else []
+        return bool(stack) and stack[-1]
 
     def open_contexts(self) -> int:
         """How many region() and disable() contexts are entered and not yet left, over all actors."""
@@ -132,21 +142,26 @@ class SimMemorySaver:
     # -- the contract ------------------------------------------------------------------------
     @contextlib.contextmanager
     def region(self, tag: str = "default", enable_cpu_backup: bool = False) -> Iterator[None]:
-        self._backup[tag] = enable_cpu_backup
+        backups = self._backups.setdefault(self._exec.current().name, [])
         self._stack().append(tag)
+        backups.append(bool(enable_cpu_backup))
         try:
             yield
         finally:
             self._stack().pop()
+            backups.pop()
 
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
         self.disable_entries += 1
+        backups = self._backups.setdefault(self._exec.current().name, [])
         self._stack().append(None)
+        backups.append(False)
         try:
             yield
         finally:
             self._stack().pop()
+            backups.pop()
 
     def _tags_of(self, tag: str | None) -> list[str]:
         return [tag] if tag else [t for t in self.allocator.pools if t is not None]
@@ -192,7 +207,7 @@ class SimMemorySaver:
                 if seg.handle is None:
                     continue
                 if self._exec.config.values:  # race-only: the contents are not kept, so nothing to lose
-                    if self._backup.get(t):
+                    if seg.backup:
                         self._saved[seg.id] = seg.data.clone()
                     self._memory.in_flight.before_write([seg.data])
                     seg.data.fill_(0xFF)

@@ -610,7 +610,8 @@ class Runtime:
         pick = picks.get(k)
         if pick is not None:
             self._picked.add((name, k))
-        got = ms.allocator.malloc(like, ms.pool_of(actor.name), actor.current_stream, actor, pick)
+        got = ms.allocator.malloc(like, ms.pool_of(actor.name), actor.current_stream, actor, pick,
+                                  ms.backup_of(actor.name))
         block = got.block
         seg = block.segment
         st = self.memory.register(None, "device", actor.name, seg.shadow, block.offset, seg.array(), got.need,

@@ -74,6 +74,35 @@ def test_pause_keeps_addresses_and_contents_only_with_backup(backup: bool) -> No
     assert backup or bool(torch.isnan(peek(w)).all())
 
 
+def test_backup_is_the_allocating_region_s_not_the_tag_s_last() -> None:
+    """torch_memory_saver keeps ``enable_cpu_backup`` per allocation, in a ``MemPool`` per tag and setting: a later
+    region of the same tag without a backup neither drops the earlier allocation's backup nor takes its cached
+    blocks (nor the other way round)."""
+
+    def body(dev: Any) -> Any:
+        ms = dev.memory_saver
+        with ms.region("train", enable_cpu_backup=True):
+            w = torch.full((256,), 3.0, device=dev.device)
+            gone = torch.zeros(256, device=dev.device)
+            gone_at = data_of(gone).data_ptr()
+            del gone
+        with ms.region("train"):
+            scratch = torch.full((256,), 5.0, device=dev.device)
+        dev.synchronize()
+        ms.pause("train")
+        ms.resume("train")
+        return w.cpu(), gone_at, data_of(scratch).data_ptr(), w, scratch
+
+    dev, run = sim(body)
+    values, gone_at, scratch_at, _, scratch = run.result
+    assert not run.reports
+    assert torch.equal(values, torch.full((256,), 3.0))
+    assert scratch_at != gone_at
+    assert bool(torch.isnan(peek(scratch)).all())
+    segs = dev.runtime.memsaver.allocator.segments("train")
+    assert sorted(s.backup for s in segs) == [False, True]
+
+
 def test_access_while_paused_names_allocation_pause_and_access() -> None:
     def body(dev: Any) -> Any:
         ms = dev.memory_saver
