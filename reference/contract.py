@@ -189,7 +189,8 @@ class MemorySaver(Protocol):
     """``torch_memory_saver``: pausable memory regions."""
 
     def region(
-        self, tag: str = "default", enable_cpu_backup: bool = False
+        self, tag: str = "default", enable_cpu_backup: bool = False, enable_disk_backup: bool = False,
+        cpu_backup_backend: str | None = None,
     ) -> contextlib.AbstractContextManager[Any]: ...
     def disable(self) -> contextlib.AbstractContextManager[Any]: ...
     def pause(self, tag: str | None = None) -> None: ...

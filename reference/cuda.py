@@ -902,11 +902,19 @@ class ProcessWideMemorySaver:
         self._backup = os.environ.get("TMS_INIT_ENABLE_CPU_BACKUP") == "1"
 
     @contextlib.contextmanager
-    def region(self, tag: str = "default", enable_cpu_backup: bool = False) -> Iterator[None]:
+    def region(
+        self, tag: str = "default", enable_cpu_backup: bool = False, enable_disk_backup: bool = False,
+        cpu_backup_backend: str | None = None,
+    ) -> Iterator[None]:
         if enable_cpu_backup != self._backup:
             raise ValueError(
                 f"region({tag!r}, enable_cpu_backup={enable_cpu_backup}) in a process-wide memory saver started "
                 f"with TMS_INIT_ENABLE_CPU_BACKUP={int(self._backup)}"
+            )
+        if enable_disk_backup or cpu_backup_backend is not None:
+            raise ValueError(
+                f"region({tag!r}) with a disk backup or a backup backend in a process-wide memory saver: the "
+                "process's environment (TMS_INIT_ENABLE_DISK_BACKUP, TMS_INIT_CPU_BACKUP_BACKEND) sets them"
             )
         yield
 
@@ -929,8 +937,16 @@ class CountedMemorySaver:
     def __init__(self, saver: MemorySaver, step: Callable[[], None]) -> None:
         self._saver, self._step = saver, step
 
-    def region(self, tag: str = "default", enable_cpu_backup: bool = False) -> Any:
-        return self._saver.region(tag, enable_cpu_backup=enable_cpu_backup)
+    def region(
+        self, tag: str = "default", enable_cpu_backup: bool = False, enable_disk_backup: bool = False,
+        cpu_backup_backend: str | None = None,
+    ) -> Any:
+        more: dict[str, Any] = {}  # passed only where given: a library older than them takes the call as before
+        if enable_disk_backup:
+            more["enable_disk_backup"] = True
+        if cpu_backup_backend is not None:
+            more["cpu_backup_backend"] = cpu_backup_backend
+        return self._saver.region(tag, enable_cpu_backup=enable_cpu_backup, **more)
 
     def disable(self) -> Any:
         return self._saver.disable()

@@ -223,8 +223,40 @@ class MemorySaverHandle:
     def __init__(self, model: SimMemorySaver) -> None:
         self.model = model
 
-    def region(self, tag: str = "default", enable_cpu_backup: bool = False) -> contextlib.AbstractContextManager[Any]:
-        return self.model.region(tag, enable_cpu_backup)
+    def region(
+        self, tag: str = "default", enable_cpu_backup: bool = False, enable_disk_backup: bool = False,
+        cpu_backup_backend: str | None = None,
+    ) -> contextlib.AbstractContextManager[Any]:
+        return self.model.region(tag, enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+
+    def cuda_graph(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("torch_memory_saver's cuda_graph() is not simulated (CUDA graphs are not)")
+
+    @property
+    def enabled(self) -> bool:
+        return True  # as the library answers
+
+    def get_cpu_backup(self, x: Any, zero_copy: bool = False) -> Any:
+        raise NotImplementedError("torch_memory_saver's get_cpu_backup() is not simulated")
+
+    @property
+    def retain_cpu_backup(self) -> bool:
+        raise NotImplementedError("torch_memory_saver's retain_cpu_backup is not simulated")
+
+    @retain_cpu_backup.setter
+    def retain_cpu_backup(self, value: bool) -> None:
+        raise NotImplementedError("torch_memory_saver's retain_cpu_backup is not simulated")
+
+    @property
+    def memory_margin_bytes(self) -> int:
+        raise NotImplementedError("Only setter is supported")  # the library's own answer
+
+    @memory_margin_bytes.setter
+    def memory_margin_bytes(self, value: int) -> None:
+        raise NotImplementedError("torch_memory_saver's memory_margin_bytes (an OOM margin) is not simulated")
+
+    def set_disk_backup_dir(self, path: str) -> None:
+        pass  # where the backup's files go: the simulated backup keeps the bytes itself
 
     def disable(self) -> contextlib.AbstractContextManager[Any]:
         return self.model.disable()

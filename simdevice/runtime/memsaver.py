@@ -141,10 +141,18 @@ class SimMemorySaver:
 
     # -- the contract ------------------------------------------------------------------------
     @contextlib.contextmanager
-    def region(self, tag: str = "default", enable_cpu_backup: bool = False) -> Iterator[None]:
+    def region(
+        self, tag: str = "default", enable_cpu_backup: bool = False, enable_disk_backup: bool = False,
+        cpu_backup_backend: str | None = None,
+    ) -> Iterator[None]:
+        # the library's own checks; a backup to host memory (pinned or mmap) or to disk keeps the contents alike
+        if cpu_backup_backend is not None and not enable_cpu_backup:
+            raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
+        assert not (enable_cpu_backup and enable_disk_backup), (
+            "enable_cpu_backup and enable_disk_backup are mutually exclusive")
         backups = self._backups.setdefault(self._exec.current().name, [])
         self._stack().append(tag)
-        backups.append(bool(enable_cpu_backup))
+        backups.append(bool(enable_cpu_backup or enable_disk_backup))
         try:
             yield
         finally:

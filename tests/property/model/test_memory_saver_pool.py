@@ -327,3 +327,57 @@ def test_pick_chooses_among_fitting_blocks() -> None:
 
     chosen = {pick: SimDevice(options=Options(alloc_pick=pick)).run(body).result[0] for pick in (0, 1)}
     assert chosen == {0: "b", 1: "a"}  # best fit first; the schedule may choose the other
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"enable_disk_backup": True}, {"enable_cpu_backup": True, "cpu_backup_backend": "pinned"},
+               {"enable_cpu_backup": True, "cpu_backup_backend": "mmap"}],
+)
+def test_the_library_s_other_backups_keep_the_contents(kwargs: dict[str, Any]) -> None:
+    """``region()`` takes the library's ``enable_disk_backup`` and ``cpu_backup_backend``: each keeps the contents
+    across a pause, as ``enable_cpu_backup`` does (they were refused with a TypeError, a host error blamed on the
+    program)."""
+
+    def body(dev: Any) -> Any:
+        ms = dev.memory_saver
+        with ms.region("train", **kwargs):
+            w = torch.full((256,), 3.0, device=dev.device)
+        dev.synchronize()
+        ms.pause(tag="train")
+        ms.resume(tag="train")
+        return w.cpu(), w
+
+    _, run = sim(body)
+    assert not run.reports
+    assert torch.equal(run.result[0], torch.full((256,), 3.0))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"), [({"cpu_backup_backend": "pinned"}, "ValueError: cpu_backup_backend requires"),
+                          ({"enable_cpu_backup": True, "enable_disk_backup": True}, "AssertionError: enable_cpu")],
+)
+def test_region_refuses_what_the_library_refuses(kwargs: dict[str, Any], error: str) -> None:
+    def body(dev: Any) -> None:
+        with dev.memory_saver.region("train", **kwargs):
+            torch.zeros(16, device=dev.device)
+
+    _, run = sim(body)
+    assert len(run.reports) == 1
+    assert isinstance(run.reports[0], HostError)
+    assert error in str(run.reports[0])
+
+
+def test_the_library_s_unsimulated_calls_give_no_verdict() -> None:
+    """What the simulated library does not model raises NotImplementedError (no verdict), not AttributeError (a
+    host error blamed on the program)."""
+    ms = SimDevice().memory_saver
+    assert ms.enabled
+    ms.set_disk_backup_dir("/tmp")
+    with pytest.raises(NotImplementedError, match="cuda_graph"):
+        ms.cuda_graph(None)
+    with pytest.raises(NotImplementedError, match="get_cpu_backup"):
+        ms.get_cpu_backup(torch.zeros(1))
+    with pytest.raises(NotImplementedError, match="memory_margin_bytes"):
+        ms.memory_margin_bytes = 1 << 30
+    with pytest.raises(NotImplementedError, match="retain_cpu_backup"):
+        ms.retain_cpu_backup = True
