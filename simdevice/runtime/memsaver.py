@@ -23,6 +23,9 @@ The semantics of ``torch_memory_saver`` over the caching allocator of
   that no cached block fits gets a fresh, mapped segment, as on a GPU.)
 - ``resume(tag)``: a fresh handle mapped at the same addresses; contents back
   only with a backup.
+- Each process (host actor: the trainer, a rank, a spawned process) has a
+  memory saver of its own, as each has its own library and allocations:
+  ``pause`` and ``resume`` act on the calling process's segments only.
 - The library pauses only active allocations and resumes only paused ones
   (``torch_memory_saver``'s ``pause`` and ``resume`` exit the process on any
   other allocation of the tag): pausing a paused region, resuming one that is
@@ -78,7 +81,8 @@ class SimMemorySaver:
         self._tags: dict[str, list[PoolTag]] = {}
         #: per actor, beside it: whether each backs its allocations up (``enable_cpu_backup``)
         self._backups: dict[str, list[bool]] = {}
-        self._paused: set[str] = set()
+        #: (process, tag) of each region paused and not resumed since
+        self._paused: set[tuple[str, str]] = set()
         self._saved: dict[int, torch.Tensor] = {}
         self._handles = 0
         #: handle -> what released it (each handle is released once)
@@ -174,30 +178,35 @@ class SimMemorySaver:
     def _tags_of(self, tag: str | None) -> list[str]:
         return [tag] if tag else [t for t in self.allocator.pools if t is not None]
 
+    def _segments(self, tag: str, process: str) -> list[Segment]:
+        """The segments of ``tag``'s pool that ``process``'s library holds (each process pauses its own memory)."""
+        return [s for s in self.allocator.segments(tag) if s.stream is None or s.stream.process == process]
+
     def pause(self, tag: str | None = None) -> None:
         ex = self._exec
         ex.host_step(f"memory_saver.pause({tag})")
         self.allocator.collect()
-        self._refuse(tag, "pause")
+        me = ex.current().name
+        self._refuse(tag, "pause", me)
         # the library's own work on segment bytes (unmap, back up) is no access by the program
         with ex.device_side():
-            self._pause(tag)
+            self._pause(tag, me)
         ex.progress()
 
-    def _refuse(self, tag: str | None, what: str) -> None:
+    def _refuse(self, tag: str | None, what: str, process: str) -> None:
         """The library pauses only active allocations and resumes only paused ones: any other allocation of the
         tag (every tag for None) makes it print why and exit the process (``exit(1)``), raised here as a host
         error. An allocation made while its region is paused, outside ``disable()``, is active: still cached or
         alive at the resume, it ends the process there."""
         for t in self._tags_of(tag):
-            for seg in self.allocator.segments(t):
+            for seg in self._segments(t, process):
                 if what == "pause" and seg.paused is not None:
                     why = f"already paused ({seg.paused})"
                 elif what == "resume" and seg.paused is None:
                     why = (
                         f"not paused: made while the region was paused, outside disable(), and still "
                         f"{'alive' if self.allocator.live_blocks(seg) else 'cached'}"
-                        if t in self._paused
+                        if (process, t) in self._paused
                         else "not paused (the region is not paused)"
                     )
                 else:
@@ -207,11 +216,11 @@ class SimMemorySaver:
                     f"refuses to {what} it and exits the process"
                 )
 
-    def _pause(self, tag: str | None) -> None:
+    def _pause(self, tag: str | None, process: str) -> None:
         for t in self._tags_of(tag):
-            self._paused.add(t)
+            self._paused.add((process, t))
             why = f"memory_saver.pause({t!r}) at t={self._exec.now / 1e6:.3f}"
-            for seg in self.allocator.segments(t):
+            for seg in self._segments(t, process):
                 if seg.handle is None:
                     continue
                 if self._exec.config.values:  # race-only: the contents are not kept, so nothing to lose
@@ -231,15 +240,16 @@ class SimMemorySaver:
         ex = self._exec
         ex.host_step(f"memory_saver.resume({tag})")
         self.allocator.collect()
-        self._refuse(tag, "resume")
+        me = ex.current().name
+        self._refuse(tag, "resume", me)
         with ex.device_side():
-            self._resume(tag)
+            self._resume(tag, me)
         ex.progress()
 
-    def _resume(self, tag: str | None) -> None:
+    def _resume(self, tag: str | None, process: str) -> None:
         for t in self._tags_of(tag):
-            self._paused.discard(t)
-            for seg in self.allocator.segments(t):
+            self._paused.discard((process, t))
+            for seg in self._segments(t, process):
                 if seg.paused is None:
                     continue
                 self._handles += 1
@@ -258,5 +268,5 @@ class SimMemorySaver:
         calls it, waits for the streams recorded with freed blocks first)."""
         self.allocator.empty_cache(actor)
 
-    def is_paused(self, tag: str) -> bool:
-        return tag in self._paused
+    def is_paused(self, tag: str, process: str = "host") -> bool:
+        return (process, tag) in self._paused

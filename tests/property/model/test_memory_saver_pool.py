@@ -381,3 +381,37 @@ def test_the_library_s_unsimulated_calls_give_no_verdict() -> None:
         ms.memory_margin_bytes = 1 << 30
     with pytest.raises(NotImplementedError, match="retain_cpu_backup"):
         ms.retain_cpu_backup = True
+
+
+def test_each_process_pauses_its_own_memory() -> None:
+    """Each process has its own torch_memory_saver: a child's pause of a tag unmaps the child's segments of it, never
+    the parent's (which kept computing in its own region of that tag, and was reported as an illegal access)."""
+
+    def child(dev: Any) -> None:
+        ms = dev.memory_saver
+        with ms.region("train"):
+            c = torch.ones(1024, device=dev.device)
+        dev.synchronize()
+        ms.pause("train")
+        ms.resume("train")
+        c.fill_(2.0)
+        dev.synchronize()
+
+    def body(dev: Any) -> Any:
+        ms = dev.memory_saver
+        with ms.region("train"):
+            w = torch.full((1024,), 2.0, device=dev.device)
+        dev.synchronize()
+        p = dev.Process(child, name="worker")
+        p.start()
+        for _ in range(8):
+            w.mul_(1.0)
+        p.join()
+        dev.synchronize()
+        return w.cpu(), w
+
+    dev, run = sim(body)
+    assert not run.reports
+    assert torch.equal(run.result[0], torch.full((1024,), 2.0))
+    released = dev.runtime.memsaver.released
+    assert sorted(released.values()) == ["pause of seg#2"]
