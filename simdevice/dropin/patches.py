@@ -8,6 +8,7 @@ that raised.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,19 @@ class Patches:
         """``owner.name = value`` until :meth:`restore` (``owner``: a module or a class)."""
         self._saved.append((owner, name, vars(owner).get(name, _ABSENT)))
         setattr(owner, name, value)
+
+    def set_module(self, name: str, module: Any) -> None:
+        """``sys.modules[name] = module`` until :meth:`restore` (an import of ``name`` meanwhile gets ``module``)."""
+        old: Any = sys.modules.get(name, _ABSENT)
+        sys.modules[name] = module
+
+        def back() -> None:
+            if old is _ABSENT:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+
+        self.on_restore(back)
 
     def on_restore(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` once :meth:`restore` has put everything back (a cache of what was patched, forgotten)."""
