@@ -509,8 +509,10 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     _check(device)
-    total = _total_memory()  # (the device's free memory: every process's segments count)
-    return max(total - session_device().runtime.memory_stats()["reserved"], 0), total
+    total = _total_memory()  # (the device's free memory: every process's segments count, but what a pause released)
+    allocator = session_device().runtime.memsaver.allocator
+    allocator.collect_frees()
+    return max(total - allocator.held(), 0), total
 
 
 def manual_seed(seed: int) -> None:

@@ -508,12 +508,12 @@ class CachingAllocator:
         CUDA's allocator does before it gives up: ``actor``, the host allocating, waits for the streams recorded with
         freed blocks), then torch.OutOfMemoryError. The bounds: the fraction the program set
         (``set_per_process_memory_fraction``: the allocating process's own segments under the fraction it set),
-        then the device's capacity (every process's segments)."""
+        then the device's capacity (every process's segments that hold memory: a paused one's was given back)."""
         mine = self._counts(stream)
         fraction = self.fractions.get(_process(stream))
 
         def used(own: bool) -> int:
-            return mine.reserved if own else self._reserved
+            return mine.reserved if own else self.held()
 
         bounds = [(True, fraction[1])] if fraction is not None else []
         if self.capacity is not None:
@@ -533,6 +533,12 @@ class CachingAllocator:
         self._reserved_peak = max(self._reserved_peak, self._reserved)
         mine.reserved += nbytes
         mine.reserved_peak = max(mine.reserved_peak, mine.reserved)
+
+    def held(self) -> int:
+        """The device memory the segments hold: every process's reserved bytes but those of paused segments, whose
+        physical memory the memory saver released (their addresses stay reserved, and the caching allocator, which
+        knows nothing of the pause, still counts them as reserved)."""
+        return self._reserved - sum(s.nbytes for s in self._segments if s.paused is not None and not s.released)
 
     @staticmethod
     def _fraction_text(bound: int, fraction: tuple[float, int]) -> str:

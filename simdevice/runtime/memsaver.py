@@ -215,6 +215,21 @@ class SimMemorySaver:
                     f"memory_saver.{what}({tag!r}) meets {seg.label} of region {t!r}, {why}: the memory saver "
                     f"refuses to {what} it and exits the process"
                 )
+        capacity = self.allocator.capacity
+        if what == "resume" and capacity is not None:
+            # the pause gave the memory back: the resume maps fresh memory, and exits the process where none is left
+            held = self.allocator.held()
+            for t in self._tags_of(tag):
+                for seg in self._segments(t, process):
+                    if seg.paused is None:
+                        continue
+                    if held + seg.nbytes > capacity:
+                        raise RuntimeError(
+                            f"memory_saver.resume({tag!r}) cannot map {seg.label} of region {t!r} again "
+                            f"({seg.nbytes} bytes): the device holds {held} of its {capacity} bytes (cuMemCreate: "
+                            "out of memory), and the memory saver exits the process"
+                        )
+                    held += seg.nbytes
 
     def _pause(self, tag: str | None, process: str) -> None:
         for t in self._tags_of(tag):
