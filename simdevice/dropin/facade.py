@@ -570,6 +570,11 @@ def _no_summary(*args: Any, **kwargs: Any) -> Any:
                               "simulated allocator does not keep): memory_stats() has those it keeps")
 
 
+def _no_snapshot(*args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError("torch.cuda.memory_snapshot is not simulated (the simulated allocator keeps no "
+                              "per-segment record of CUDA's form): memory_stats() has the statistics it keeps")
+
+
 def _no_graphs(*args: Any, **kwargs: Any) -> Any:
     raise NotImplementedError("CUDA graphs are not simulated (capture and replay run no operation here)")
 
@@ -810,6 +815,7 @@ def install(p: Patches) -> None:
         "get_per_process_memory_fraction": get_per_process_memory_fraction,
         "memory_stats": memory_stats,
         "memory_summary": _no_summary,
+        "memory_snapshot": _no_snapshot,
         "memory_cached": memory_reserved,  # (torch's deprecated names for these two)
         "max_memory_cached": max_memory_reserved,
         "ipc_collect": lambda: None,  # no process holds this device's memory through an IPC handle to let go of
