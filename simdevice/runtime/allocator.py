@@ -421,13 +421,19 @@ class CachingAllocator:
         mine = self._counts(stream)
         mine.allocated += block.nbytes
         mine.peak = max(mine.peak, mine.allocated)
-        held = sum(f.block.nbytes for f in self._deferred if _process(f.block.key[2]) == _process(stream))
+        held = sum(f.block.nbytes for f in self._deferred if _process(f.block.key[2]) == _process(stream)) if (
+            self._deferred) else 0
         mine.active_peak = max(mine.active_peak, mine.allocated + held)
         return Allocation(block, data, need, fresh, alias)
 
     def _counts(self, stream: SimStream | None) -> _Counts:
-        """The statistics of the process ``stream`` is of."""
-        return self._counts_of(_process(stream))
+        """The statistics of the process ``stream`` is of (:func:`_process` and :meth:`_counts_of`, inline: two of
+        these come with every allocation and its free)."""
+        process = stream.process if stream is not None else None
+        counts = self._by.get(process)
+        if counts is None:
+            counts = self._by[process] = _Counts()
+        return counts
 
     def _counts_of(self, process: str | None) -> _Counts:
         counts = self._by.get(process)
