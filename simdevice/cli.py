@@ -246,7 +246,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     e.add_argument("target", help="PROGRAM/VARIANT[:CONFIG] (e.g. offload_reload/correct, zcc/FIXED:workers=2) "
                    "or FILE.py::FUNCTION[:CONFIG] (its defaults, or the configuration given)")
-    e.add_argument("--delays", type=int, default=1, metavar="K", help="at most K delays per schedule (default 1)")
+    e.add_argument("--delays", type=int, default=1, metavar="K",
+                   help="at most K delays per schedule, 0 to 4 (default 1)")
     e.add_argument("--units", default="1,5,20", metavar="U,U,..", help="stall sizes in units (default 1,5,20)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     e.add_argument("--show-output", action="store_true", help=_SHOW_OUTPUT)

@@ -71,7 +71,8 @@ class DropIn:
         if exc[1] is not None and isinstance(exc[1], Exception):
             # what the block raised is the run's host error, not raised on: say so where a test would pass unaware
             warnings.warn(f"the simdevice.cuda() block raised {type(exc[1]).__name__}: {exc[1]}; it is a host error "
-                          "of the run, not raised on (sim.assert_clean() raises it, with the run's reports)",
+                          "of the run, not raised on (sim.assert_clean() fails on it: an AssertionError with the "
+                          "run's reports)",
                           RuntimeWarning, stacklevel=2)
         return suppressed
 
