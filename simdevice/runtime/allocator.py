@@ -427,13 +427,8 @@ class CachingAllocator:
         return Allocation(block, data, need, fresh, alias)
 
     def _counts(self, stream: SimStream | None) -> _Counts:
-        """The statistics of the process ``stream`` is of (:func:`_process` and :meth:`_counts_of`, inline: two of
-        these come with every allocation and its free)."""
-        process = stream.process if stream is not None else None
-        counts = self._by.get(process)
-        if counts is None:
-            counts = self._by[process] = _Counts()
-        return counts
+        """The statistics of the process ``stream`` is of."""
+        return self._counts_of(_process(stream))
 
     def _counts_of(self, process: str | None) -> _Counts:
         counts = self._by.get(process)

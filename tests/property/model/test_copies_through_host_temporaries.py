@@ -27,10 +27,13 @@ from simdevice import Race, SimDevice
 N = 1024
 
 
-def _d2h_then_waited_h2d(strided: bool) -> Any:
+def _d2h_then_waited(shape: tuple[int, ...], h2d: Any) -> Any:
+    """A program: a D2H into a pinned buffer of ``shape`` on a side stream, the current stream waiting for its event
+    (the host does not), then ``h2d(dev, pinned)`` on the current stream."""
+
     def program(dev: Any) -> None:
-        x = torch.full((N, 2), 1.5, device=dev.device)
-        pinned = torch.empty(N, 2, pin_memory=True)
+        x = torch.full(shape, 1.5, device=dev.device)
+        pinned = torch.empty(*shape, pin_memory=True)
         side = dev.Stream(name="side")
         side.wait_stream(dev.current_stream())
         with dev.stream(side):
@@ -38,29 +41,26 @@ def _d2h_then_waited_h2d(strided: bool) -> Any:
             done = dev.Event()
             done.record()
         dev.current_stream().wait_event(done)  # the stream waits: the host does not
-        y = torch.empty(N, device=dev.device)
-        y.copy_(pinned[:, 0] if strided else pinned.view(-1)[:N], non_blocking=True)
+        h2d(dev, pinned)
         dev.synchronize()
 
     return program
+
+
+def _d2h_then_waited_h2d(strided: bool) -> Any:
+    def h2d(dev: Any, pinned: torch.Tensor) -> None:
+        y = torch.empty(N, device=dev.device)
+        y.copy_(pinned[:, 0] if strided else pinned.view(-1)[:N], non_blocking=True)
+
+    return _d2h_then_waited((N, 2), h2d)
 
 
 def _d2h_then_waited_converting_h2d(non_blocking: bool) -> Any:
-    def program(dev: Any) -> None:
-        x = torch.full((N,), 1.5, device=dev.device)
-        pinned = torch.empty(N, pin_memory=True)
-        side = dev.Stream(name="side")
-        side.wait_stream(dev.current_stream())
-        with dev.stream(side):
-            pinned.copy_(x, non_blocking=True)
-            done = dev.Event()
-            done.record()
-        dev.current_stream().wait_event(done)  # the stream waits: the host does not
+    def h2d(dev: Any, pinned: torch.Tensor) -> None:
         y = torch.empty(N, dtype=torch.float64, device=dev.device)
         y.copy_(pinned, non_blocking=non_blocking)  # float32 into float64
-        dev.synchronize()
 
-    return program
+    return _d2h_then_waited((N,), h2d)
 
 
 def _h2d_then_overwrite(strided: bool) -> Any:
