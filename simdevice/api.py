@@ -181,8 +181,8 @@ class SimWork:
     def __init__(self, dev: SimDevice, gather: Gather, tensors: tuple[torch.Tensor, ...] = (),
                  barrier: bool = False) -> None:
         self._dev, self._gather = dev, gather
-        #: a barrier's work: its ``wait()`` and ``synchronize()`` also block the host until the current stream is done
-        #: (ProcessGroupNCCL's ``WorkNCCL::synchronize`` of a barrier: ``cudaStreamSynchronize`` of the current stream)
+        #: a barrier's work: its ``wait()`` also blocks the host until the current stream is done where the barrier
+        #: is not done by then (``Runtime.work_wait``); its ``synchronize()`` is any work's (a stream wait alone)
         self._barrier = barrier
         #: the tensors the collective reads and writes, held while the handle lives, as ProcessGroupNCCL's work holds
         #: them (its outputs, its inputs stashed for the allocator): a gradient an autograd hook hands to an async
@@ -201,8 +201,9 @@ class SimWork:
         return self._dev.runtime.work_is_completed(self._gather)
 
     def synchronize(self) -> None:
-        """NCCL's ``Work.synchronize``: the current stream waits for the collective, as ``wait()`` does."""
-        self._dev.runtime.work_wait(self._gather, self._barrier)
+        """NCCL's ``Work.synchronize``: the current stream waits for the collective (a barrier's too: the host
+        does not block, as it may in ``wait()``)."""
+        self._dev.runtime.work_wait(self._gather)
 
     def get_future(self) -> Any:
         raise NotImplementedError("Work.get_future() is not simulated (wait() or synchronize() on the work is)")

@@ -1105,13 +1105,18 @@ class Runtime:
         self._host_waits(a, [work.record()], f"collective {work.collective.seq} to complete")
 
     def work_wait(self, work: Gather, barrier: bool = False) -> None:
-        """``Work.wait()``: the caller's current stream waits for the collective. A barrier's work also blocks the
-        host until that stream has done all it was given (ProcessGroupNCCL's wait synchronizes the current stream
-        where the work is a barrier's), in the same host step."""
+        """``Work.wait()``: the caller's current stream waits for the collective. An async barrier's work also asks
+        whether the barrier is done, in the same host step (ProcessGroupNCCL's ``WorkNCCL::wait``: ``isBarrierOp_ &&
+        !isCompleted()``): not done, the host blocks until the current stream has done all it was given (the barrier,
+        and whatever the program queued on it after the call); done, the host has seen it done and goes on, and
+        what the stream was given after the call may still be running."""
         a = self.host_step("work.wait")
         # wait: the caller's stream must not read the output before the receive landed
         self._stream_waits(a.current_stream, work.record(), "collective")
         if barrier:
+            if work.rec.done():
+                sync.host_observes(a, work.record())  # (the query that found it done)
+                return
             s = a.current_stream
             self._host_waits(a, [self._record(s)], f"stream(s) {s.name} to finish")
 

@@ -29,11 +29,13 @@ def test_no_rank_leaves_the_barrier_before_the_last_one_reached_it() -> None:
     assert seen == {0: [0, 1], 1: [0, 1]}
 
 
-def _host_reads_after_an_async_barrier(side: bool) -> None:
+def _host_reads_after_an_async_barrier(side: bool, stalled: bool = False) -> None:
     x = torch.arange(16, dtype=torch.float32, device="cuda") * 2
     pinned = torch.empty(16, pin_memory=True)
     s = torch.cuda.Stream() if side else torch.cuda.current_stream()
     s.wait_stream(torch.cuda.current_stream())
+    if stalled:
+        torch.cuda._sleep(10_000_000)  # about 15 ms: the barrier, behind it on the stream, is not done at wait()
     work = dist.barrier(async_op=True)
     with torch.cuda.stream(s):
         pinned.copy_(x, non_blocking=True)  # (queued after the barrier's call, before its wait)
@@ -45,16 +47,30 @@ def barrier_work_then_host_read() -> None:
     _host_reads_after_an_async_barrier(False)
 
 
+def stalled_barrier_work_then_host_read() -> None:
+    _host_reads_after_an_async_barrier(False, stalled=True)
+
+
 def barrier_work_then_host_read_of_a_side_stream() -> None:
     _host_reads_after_an_async_barrier(True)
 
 
 def test_a_barrier_s_work_wait_blocks_the_host_until_the_current_stream_is_done() -> None:
-    """ProcessGroupNCCL's ``wait()`` of a barrier's work synchronizes the current stream (``cudaStreamSynchronize``),
-    all it was given by then: a D2H queued on it after the call is done before the host reads its buffer. Before,
-    the wait only made the stream wait for the barrier, and the host's read was reported as a race."""
+    """ProcessGroupNCCL's ``wait()`` of a barrier's work not done yet (behind a stall of the current stream)
+    synchronizes the current stream (``cudaStreamSynchronize``), all it was given by then: a D2H queued on it after
+    the call is done before the host reads its buffer."""
+    s = simdevice.cuda()
+    s.run(stalled_barrier_work_then_host_read, world_size=2)
+    s.assert_clean()
+
+
+def test_a_barrier_s_work_wait_once_it_is_done_does_not_block_the_host() -> None:
+    """``WorkNCCL::wait`` synchronizes the current stream only ``if (isBarrierOp_ && !isCompleted())``: a barrier
+    done by the time of ``wait()`` leaves the D2H queued after the barrier's call unwaited, and the host's read of
+    its buffer races. A simulator that blocks the host at every barrier's ``wait()`` calls this program clean."""
     found = simdevice.explore(barrier_work_then_host_read, world_size=2, max_examples=30)
-    assert found.failure is None, found.failure
+    assert found.failure is not None
+    assert "race" in found.failure.text()
 
 
 def test_a_barrier_s_work_wait_does_not_synchronize_another_stream() -> None:
