@@ -10,6 +10,7 @@ GPU run must count what the simulator counts, and name the streams as it names t
 - a host step is taken (and a host delay applied) by what takes one in the simulator: a stream's
   ``wait_event``, ``wait_stream``, ``synchronize``, ``query``, an event's ``record``, ``query``,
   ``synchronize``, ``elapsed_time``, ``torch.cuda.synchronize()``, ``empty_cache()``, each collective call,
+  ``torch_memory_saver``'s ``pause`` and ``resume`` (``region`` and ``disable`` take none, as in the simulator),
   and (through ``CudaDevice``'s dispatch mode) every aten op on device or pinned memory; consecutive queries
   (``query``, ``is_completed``) count as one, as ``CudaDevice`` counts polls;
 - collectives of ``torch.distributed`` count one operation on this actor's ``nccl`` actor (stalled on a side
@@ -22,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import multiprocessing.process
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -227,6 +230,32 @@ def _host_collective(original: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def _counted_step(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A memory saver's ``pause`` or ``resume``: one host step before the library's call, as the simulated library
+    takes one (``simdevice.runtime.memsaver``)."""
+
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        _dev().host_step()
+        return original(*args, **kwargs)
+
+    return call
+
+
+def _memory_saver_class() -> Any:
+    """``torch_memory_saver.TorchMemorySaver`` where the library is installed (imported now, so that an import by the
+    program finds the class already counted), else None."""
+    module = sys.modules.get("torch_memory_saver")
+    if module is None:
+        if importlib.util.find_spec("torch_memory_saver") is None:
+            return None
+        try:
+            module = importlib.import_module("torch_memory_saver")
+        except (ImportError, OSError):  # installed but not loadable here (its CUDA build): the program cannot use it
+            return None
+    return getattr(module, "TorchMemorySaver", None)
+
+
 @contextlib.contextmanager
 def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
     """Count and stall plain torch.cuda code on ``dev``'s schedule for the duration."""
@@ -249,6 +278,12 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
         put(torch.cuda, "synchronize", synchronize)
         put(torch.cuda, "empty_cache", empty_cache)
         put(multiprocessing.process.BaseProcess, "start", _no_processes)
+        saver = _memory_saver_class()
+        if saver is not None:
+            # the library's singleton and any other instance: the class's methods (what the program calls,
+            # ``torch_memory_saver.torch_memory_saver.pause(tag)``, is the class's)
+            for name in ("pause", "resume"):
+                put(saver, name, _counted_step(getattr(saver, name)))
         if dist.is_available():
             for name in (
                 "all_gather_into_tensor", "all_gather", "all_reduce", "reduce_scatter_tensor", "broadcast", "reduce",
