@@ -667,7 +667,9 @@ class Memory:
         if key in self._seen_races:
             return
         self._seen_races.add(key)
-        free = self._frees.get(prev.storage) if prev.storage != cur.storage else None
+        # (a pause unmaps a whole segment: another storage's bytes, but no free handed them on)
+        free = self._frees.get(prev.storage) if prev.storage != cur.storage and "unmap" not in (
+            cur.kind, prev.kind) else None
         freed = _free_access(free) if free is not None else None
         self.reports.add(Race(current=cur, previous=prev, freed=freed))
 
@@ -772,6 +774,24 @@ class Memory:
             time_ns=now,
             before="the values the host made it with" if st.made else "uninitialized memory",
         )
+
+    def issue_unmap(self, who: Accessor, segments: list[tuple[str, Shadow, int]]) -> None:
+        """A memory-saver pause unmaps each of ``segments`` (its label, its shadow, its size): checked in the
+        happens-before layer as a write of all its bytes (kind ``unmap``), so that an access a stream issued before
+        it and the host did not wait for (one that may still be in flight), of a live allocation or of a freed
+        block alike, is a :class:`Race` naming the pause. Nothing is recorded: the bytes keep their history and
+        versions (what the pause does to the contents is the memory saver's, at the device's side)."""
+        self.issues += 1
+        actor, epoch, clock, op, index, source, on = who
+        for label, shadow, size in segments:
+            acc = Access(actor, epoch, op, index, "unmap", label, 0, size, source, 0, on, self.issues)
+            for _, _, cell in shadow.cells(0, size):
+                lw = cell.last_write
+                if lw is not None and lw.actor != actor and not clock.happens_before(lw.actor, lw.epoch):
+                    self._race(acc, lw)
+                for r in cell.reads:
+                    if r.actor != actor and not clock.happens_before(r.actor, r.epoch):
+                        self._race(acc, r)
 
     def issue_free(self, who: Accessor, st: Storage) -> None:
         """The program dropped allocation ``st``: from here its block may be handed on. Not an access: the bytes

@@ -46,7 +46,7 @@ touches a segment while its handle is released.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 import torch
@@ -54,6 +54,7 @@ import torch
 from simdevice.runtime.allocator import Block, CachingAllocator, PoolTag, Segment
 from simdevice.runtime.execution import Execution, HostActor
 from simdevice.runtime.memory import Memory, Storage
+from simdevice.runtime.reports import user_source
 
 
 @attrs.frozen
@@ -67,9 +68,14 @@ class LibraryFixes:
 class SimMemorySaver:
     """The memory saver's state over the caching allocator: which pool each actor allocates from, what is paused."""
 
-    def __init__(self, execution: Execution, memory: Memory, fixes: LibraryFixes, pick: int = 0) -> None:
+    def __init__(
+        self, execution: Execution, memory: Memory, fixes: LibraryFixes, pick: int = 0,
+        unmap: Callable[[HostActor, str, list[Segment], str], None] | None = None,
+    ) -> None:
         self._exec = execution
         self._memory = memory
+        #: the runtime's host access of a pause's unmap (the segments, ordered against the streams' accesses)
+        self._unmap = unmap
         # the library hooks the allocator's segments, as torch_memory_saver hooks cudaMalloc
         self.allocator = CachingAllocator(
             memory, pick, on_segment=self._on_segment, on_release=self._on_release, current=execution.current_or_none,
@@ -184,10 +190,16 @@ class SimMemorySaver:
 
     def pause(self, tag: str | None = None) -> None:
         ex = self._exec
-        ex.host_step(f"memory_saver.pause({tag})")
+        a = ex.host_step(f"memory_saver.pause({tag})")
         self.allocator.collect()
-        me = ex.current().name
+        me = a.name
         self._refuse(tag, "pause", me)
+        if self._unmap is not None:
+            # the unmap is the host's: a stream's access of the segments must be ordered before it (the library
+            # does not synchronize: with no backup to copy, nothing waits for the streams)
+            segments = [seg for t in self._tags_of(tag) for seg in self._segments(t, me) if seg.handle is not None]
+            if segments:
+                self._unmap(a, f"memory_saver.pause({tag!r})", segments, user_source())
         # the library's own work on segment bytes (unmap, back up) is no access by the program
         with ex.device_side():
             self._pause(tag, me)

@@ -26,8 +26,9 @@ import attrs
 from reference.naming import short_path
 from simdevice.runtime.config import UNIT_NS
 
-#: a free is the program dropping an allocation: as of that point its stream no longer owns the bytes
-AccessKind = Literal["read", "write", "free"]
+#: a free is the program dropping an allocation: as of that point its stream no longer owns the bytes; an unmap is a
+#: memory-saver pause taking a segment's memory away (a write, for ordering: nothing may access the bytes across it)
+AccessKind = Literal["read", "write", "free", "unmap"]
 
 
 def fmt_time(ns: int) -> str:
@@ -83,8 +84,17 @@ class Race:
 
     def __str__(self) -> str:
         c, p = self.current, self.previous
-        verb = {"read": "reads", "write": "writes", "free": "frees"}
-        past = {"read": "read", "write": "wrote", "free": "freed"}
+        verb = {"read": "reads", "write": "writes", "free": "frees", "unmap": "unmaps"}
+        past = {"read": "read", "write": "wrote", "free": "freed", "unmap": "unmapped"}
+        if c.kind == "unmap":
+            # a pause is a host step: the stream's access, issued before it and not waited for, may still be in
+            # flight when its memory goes
+            return (
+                f"race: {c.where()} unmaps {c.storage}, whose {p.range()} {p.where()} {past[p.kind]}; no "
+                "happens-before edge orders them: that access may still be in flight when the pause unmaps its "
+                "memory (a pause is a host step and does not wait for the streams: make the host wait for that "
+                "stream first, e.g. torch.cuda.synchronize() before the pause)"
+            )
         reused = ""
         if self.freed is not None:
             reused = f" as {p.storage}, before the {self.freed.where()} handed its block on"

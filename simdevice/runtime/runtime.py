@@ -24,6 +24,7 @@ import attrs
 import torch
 
 from simdevice.runtime import sync
+from simdevice.runtime.allocator import Segment
 from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.collectives import Collectives, Gather
 from simdevice.runtime.config import UNIT_NS, SimConfig
@@ -223,7 +224,8 @@ class Runtime:
         self.memory = Memory(self.reports)
         self.memory.in_flight.values = config.values
         self.execution = Execution(config, delays, self.memory, self.reports)
-        self.memsaver = SimMemorySaver(self.execution, self.memory, options.library, options.alloc_pick)
+        self.memsaver = SimMemorySaver(self.execution, self.memory, options.library, options.alloc_pick,
+                                       unmap=self.host_unmap)
         self.collectives = Collectives(self.execution, self.memory)
         #: entered in every host actor's thread (the dispatch mode that turns tensor ops into calls here)
         self._enter = enter
@@ -898,6 +900,22 @@ class Runtime:
         self.memory.start(issued, self.now)
         self.memory.finish(issued)
         self.execution.progress()
+        if at is not None:
+            rec = sync.host_record(a, a.current_stream)
+            self._issued_now(at, lambda: rec, mark)
+
+    def host_unmap(self, a: HostActor, op: str, segments: list[Segment], source: str) -> None:
+        """A host step of ``a`` (a memory-saver pause) unmaps ``segments`` now: an access of them a stream issued
+        before it, not ordered before it, races with it (:meth:`Memory.issue_unmap`). Inserted edges into it wait
+        first, as into any host access: a fix that makes the host wait for the stream before the pause is checked
+        so."""
+        at = self._occurrence(a.name, source)
+        if self._waits_at:
+            self._inserted_waits(a, None, source, at)
+        who = Accessor(a.name, a.clock.get(a.name), a.clock, op, -1, source, on="host")
+        mark = self.memory.issues
+        self.memory.issue_unmap(who, [(seg.label, seg.shadow, seg.nbytes) for seg in segments])
+        self.host_accesses[self.memory.issues] = (a.name, self.now, source, len(self.op_sites))
         if at is not None:
             rec = sync.host_record(a, a.current_stream)
             self._issued_now(at, lambda: rec, mark)

@@ -27,6 +27,7 @@ def trainer_sleeps_rollout_runs() -> tuple[int, int, int, int]:
     with tms.region("kv"):
         kv = torch.zeros(40 * MIB, dtype=torch.uint8, device="cuda")  # fits only in what the pause gave back
     del kv
+    torch.cuda.synchronize()  # wait: the zeros must finish before the pause unmaps their memory
     tms.pause("kv")
     tms.resume("train")
     w.fill_(1)
