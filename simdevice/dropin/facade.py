@@ -226,15 +226,14 @@ def _forward_on(dev: DropInDevice, s: contract.Stream | None) -> Iterator[Any]:
 
 
 _TAG = "simdevice.stream"
-#: a tagged node's metadata: what starts it on its stream (whichever of its hooks comes first)
-_ENTER = "simdevice.enter"
+_ACCUMULATE = "AccumulateGrad"
 
 
 class _ForwardStream(TorchFunctionMode):
-    """Tags each autograd node an op makes under a side stream with that stream, and hooks it so that backward runs
-    it there (``Runtime.backward_on``), as PyTorch runs each backward op on its forward op's stream. The nodes made
-    by the call are those reachable from its outputs' ``grad_fn`` made after every node it was given (sequence
-    numbers grow as nodes are made); ``AccumulateGrad`` is no forward op's, and runs where backward runs."""
+    """Tags each autograd node an op makes under a side stream with that stream: the stream its ``InputMetadata``
+    records on a GPU, where the engine runs it (:class:`_Engine`). The nodes made by the call are those reachable
+    from its outputs' ``grad_fn`` made after every node it was given (sequence numbers grow as nodes are made); a
+    leaf's ``AccumulateGrad`` gets its stream at backward (:meth:`_Engine._stream_of`)."""
 
     def __init__(self, rt: Any, s: Any) -> None:
         super().__init__()
@@ -251,102 +250,284 @@ class _ForwardStream(TorchFunctionMode):
             for t in out if isinstance(out, (list, tuple)) else (out,):
                 if isinstance(t, torch.Tensor) and t.grad_fn is not None:
                     self._tag(t.grad_fn, floor)
-                    enter = t.grad_fn.metadata.get(_ENTER)
-                    if enter is not None:
-                        # a hook the program puts on this output (``t.register_hook``) runs before the node's own
-                        # pre-hooks: on its node's stream all the same, as the engine switches streams first
-                        t.register_hook(enter)
         return out
 
     def _tag(self, node: Any, floor: int) -> None:
         todo = [node]
         while todo:
             n = todo.pop()
-            if n is None or _TAG in n.metadata or n._sequence_nr() <= floor or type(n).__name__ == "AccumulateGrad":
+            if n is None or _TAG in n.metadata or n._sequence_nr() <= floor or type(n).__name__ == _ACCUMULATE:
                 continue
             n.metadata[_TAG] = self.s
-            rt, s = self.rt, self.s
-            box: list[Any] = []
-
-            def enter(*_: Any, rt: Any = rt, s: Any = s, box: list[Any] = box) -> None:
-                """The node starts on ``s`` (once, whichever of its hooks comes first)."""
-                if not box:
-                    box.append(rt.backward_on(s))
-
-            def after(grad_inputs: Any, grad_outputs: Any, rt: Any = rt, s: Any = s, box: list[Any] = box) -> None:
-                if box:
-                    rt.backward_off(s, box.pop())
-
-            n.register_prehook(enter)
-            n.register_hook(after)
-            n.metadata[_ENTER] = enter
             todo += [f for f, _ in n.next_functions]
 
 
-def _autograd_entry(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.autograd.backward`` or ``grad`` (what ``Tensor.backward`` calls) inside a side stream's block: the
-    graph's nodes made outside any such block (:class:`_ForwardStream` tagged none of them) run on the stream
-    current outside the blocks (the default stream, or the one ``set_stream`` made current), their forward ops'
-    stream, as PyTorch's engine runs them, and not on the calling stream; so does each leaf's ``AccumulateGrad``
-    that only such nodes feed (the engine runs it on the stream current as the forward made it). The hooks that
-    move them are taken off when the call ends. Called outside any block, they run on the calling stream, which is
-    that stream already."""
+def _engine_entry(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.autograd``'s call into the engine (``_engine_run_backward``, what ``backward`` and ``grad`` call once
+    the initial gradients are made): where any node of the graph runs on a stream other than the calling one, the
+    engine's streams and syncs are modelled (:class:`_Engine`); else the whole backward is the calling stream's."""
 
     @functools.wraps(original)
-    def call(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+    def call(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
         if not in_actor():
-            return original(tensors, *args, **kwargs)
-        rt = session_device().runtime
-        blocks = rt.current().side_blocks
-        if not blocks or blocks[-1][0] is not rt.current_stream() or blocks[0][1] is blocks[-1][0]:
-            return original(tensors, *args, **kwargs)  # (set_stream made another stream current in the block)
-        handles = _run_untagged_on(rt, blocks[0][1], tensors)
+            return original(t_outputs, *args, **kwargs)
+        inputs = args[3] if len(args) > 3 else kwargs.get("inputs", ())
+        accumulate = kwargs.get("accumulate_grad", True)
+        engine = _Engine.plan(session_device().runtime, t_outputs, inputs or (), accumulate)
+        if engine is None:
+            return original(t_outputs, *args, **kwargs)
+        handles = engine.start()
         try:
-            return original(tensors, *args, **kwargs)
+            return original(t_outputs, *args, **kwargs)
         finally:
             for h in handles:
                 h.remove()
+            engine.end()
 
     return call
 
 
-def _run_untagged_on(rt: Any, base: Any, tensors: Any) -> list[Any]:
-    """Hook the untagged nodes reachable from ``tensors``' ``grad_fn`` to run on ``base``; the handles."""
-    roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-    todo = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-    seen: set[Any] = set()
-    fed_by_side: set[Any] = set()  # the AccumulateGrad nodes a side stream's node feeds
-    nodes: list[Any] = []
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        nodes.append(n)
-        tagged = _TAG in n.metadata
-        for f, _ in n.next_functions:
+def _edge(t: Any) -> tuple[Any, int] | None:
+    """A root's or an input's gradient edge (node, input number), None where it has none."""
+    if isinstance(t, torch.autograd.graph.GradientEdge):
+        return t.node, t.output_nr
+    if not isinstance(t, torch.Tensor) or not t.requires_grad:
+        return None
+    if t.grad_fn is not None:
+        return t.grad_fn, t.output_nr
+    e = torch.autograd.graph.get_gradient_edge(t)
+    return e.node, e.output_nr
+
+
+class _Engine:
+    """One backward through autograd's engine, as torch 2.9 to 2.13 runs it on a GPU (engine.cpp
+    ``evaluate_function``, input_buffer.cpp ``InputBuffer::add``, ``GraphTask::exec_post_processing``):
+
+    - A node's stream is the stream its forward op was made on (``Node::stream()``, its input metadata's): the side
+      stream of a ``torch.cuda.stream(s)`` block (:class:`_ForwardStream`'s tag), else the stream current outside
+      the blocks. A leaf's ``AccumulateGrad`` has the stream current when it was made, by the first forward op that
+      used the leaf (the one of least sequence number among its consumers), kept while the node lives.
+    - The engine makes a node's stream current (a stream guard) for all of the node: its tensor hooks, pre-hooks,
+      backward, post-hooks, and the accumulation of a later producer's gradient into its input buffer. Here the
+      stream is made current as the node before it ends, for the node the engine's ready queue gives next (the
+      greatest sequence number), so that hooks the program put on it earlier see it too.
+    - Producer to consumer: where their streams differ, the consumer's stream waits, before the consumer runs, for
+      an event recorded on the producer's stream as the producer ended, and the gradient is ``record_stream``-ed
+      onto the consumer's stream; a second producer's gradient is added on the consumer's stream, which waits for
+      both first. The roots' gradients come from the calling stream. No other edge: a node does not wait for the
+      calling stream, nor the calling stream for a node, until the end.
+    - At the end the calling stream waits for each stream that ran a node with no outputs (``AccumulateGrad``) or
+      whose gradient ``torch.autograd.grad`` captured (the leaf streams), before the engine's final callbacks."""
+
+    def __init__(self, rt: Any, calling: Any, base: Any) -> None:
+        self.rt, self.calling, self.base = rt, calling, base
+        self.nodes: list[Any] = []
+        self.index: dict[Any, int] = {}
+        self.deps: list[int] = []
+        self.streams: list[Any] = []
+        self.runs: list[bool] = []  # the engine executes the node (else it only captures, or never reaches it)
+        self.captures: set[int] = set()
+        self.roots: list[tuple[int, int]] = []
+        self.ready: list[int] = []
+        self.ready_streams: dict[tuple[int, int], Any] = {}
+        self.ready_events: dict[tuple[int, int], Any] = {}
+        self.switched: int | None = None  # the node whose stream the engine has made current (with its waits)
+        self.guarded = False  # a stream of this backward's is current
+        self.leaf_streams: list[Any] = []
+        self.queued = False
+
+    @classmethod
+    def plan(cls, rt: Any, t_outputs: Any, inputs: Any, accumulate: bool) -> _Engine | None:
+        calling = rt.current_stream()
+        blocks = rt.current().side_blocks
+        base = blocks[0][1] if blocks and blocks[-1][0] is calling else calling
+        e = cls(rt, calling, base)
+        roots = [_edge(t) for t in (t_outputs if isinstance(t_outputs, (list, tuple)) else (t_outputs,))]
+        parents: dict[int, int] = {}  # an AccumulateGrad's consumer of least sequence number
+        for r in roots:
+            if r is not None:
+                e.roots.append((e._add(r[0]), r[1]))
+        i = 0
+        while i < len(e.nodes):
+            n = e.nodes[i]
+            for f, _ in n.next_functions:
+                if f is None:
+                    continue
+                j = e._add(f)
+                e.deps[j] += 1
+                if type(f).__name__ == _ACCUMULATE:
+                    p = parents.get(j)
+                    if p is None or n._sequence_nr() < e.nodes[p]._sequence_nr():
+                        parents[j] = i
+            i += 1
+        if len(e.roots) > 1:  # the engine's GraphRoot feeds them
+            for r in e.roots:
+                e.deps[r[0]] += 1
+        e.streams = [e._stream_of(j, parents) for j in range(len(e.nodes))]
+        wanted = {e.index[x[0]] for x in (_edge(t) for t in inputs) if x is not None and x[0] in e.index}
+        if inputs:
+            e._mark_needed(wanted, accumulate)
+        else:
+            e.runs = [True] * len(e.nodes)
+        if all(s is calling for s in e.streams):
+            return None
+        return e
+
+    def _add(self, n: Any) -> int:
+        i = self.index.get(n)
+        if i is None:
+            i = self.index[n] = len(self.nodes)
+            self.nodes.append(n)
+            self.deps.append(0)
+        return i
+
+    def _stream_of(self, j: int, parents: dict[int, int]) -> Any:
+        n = self.nodes[j]
+        s = n.metadata.get(_TAG)
+        if s is not None:
+            return s
+        if type(n).__name__ != _ACCUMULATE:
+            return self.base
+        p = parents.get(j)
+        s = self._stream_of(p, parents) if p is not None else self.calling
+        n.metadata[_TAG] = s  # made then; a later graph that reaches the same node finds it so
+        return s
+
+    def _mark_needed(self, wanted: set[int], accumulate: bool) -> None:
+        """``inputs=``: the engine runs the nodes on a path to an input (an input's own ``AccumulateGrad`` where it
+        accumulates, ``backward(inputs=)``), and captures the inputs' gradients at their nodes."""
+        needed = [False] * len(self.nodes)
+
+        def made(j: int) -> int:  # a node's consumers are made after it; an AccumulateGrad has none to wait for
+            n = self.nodes[j]
+            return -1 if type(n).__name__ == _ACCUMULATE else int(n._sequence_nr())
+
+        for j in sorted(range(len(self.nodes)), key=made):
+            n = self.nodes[j]
+            own = j in wanted and accumulate and type(n).__name__ == _ACCUMULATE
+            needed[j] = own or any(f is not None and needed[self.index[f]] for f, _ in n.next_functions)
+        self.runs = needed
+        self.captures = {j for j in wanted if not needed[j]}
+
+    # -- during the backward ----------------------------------------------------------------------------------
+
+    def start(self) -> list[Any]:
+        """Hook the nodes the engine runs; the roots' gradients come from the calling stream (made there)."""
+        rec = self.rt.engine_record(self.calling)
+        for j, nr in self.roots:
+            self.ready_streams[(j, nr)] = self.calling
+            self.ready_events[(j, nr)] = rec
+        if len(self.roots) == 1:
+            self.ready.append(self.roots[0][0])
+        else:  # GraphRoot, on the calling stream
+            for j, _ in self.roots:
+                self.deps[j] -= 1
+                if self.deps[j] == 0:
+                    self.ready.append(j)
+        handles = []
+        for j, n in enumerate(self.nodes):
+            if not self.runs[j]:
+                continue
+            handles.append(n.register_prehook(functools.partial(self._pre, j)))
+            handles.append(n.register_hook(functools.partial(self._post, j)))
+        self._next()
+        return handles
+
+    def _switch(self, j: int) -> None:
+        """The engine's stream guard for node ``j``: its stream current, and waiting for its gradients."""
+        if self.switched == j:
+            return
+        self._unguard()
+        s = self.streams[j]
+        self.rt.engine_enter(s)
+        self.guarded, self.switched = True, j
+        for (c, _), on in list(self.ready_streams.items()):
+            if c == j and on is not s:
+                self.rt.engine_waits(s, self.ready_events[(c, _)], on)
+
+    def _unguard(self) -> None:
+        if self.guarded:
+            self.rt.engine_leave()
+            self.guarded, self.switched = False, None
+
+    def _next(self) -> None:
+        """Make current the stream of the node the engine's ready queue gives next (greatest sequence number)."""
+        while self.ready:
+            j = max(self.ready, key=lambda k: self.nodes[k]._sequence_nr())
+            if self.runs[j]:
+                self._switch(j)
+                return
+            self.ready.remove(j)
+            if j in self.captures:  # the engine waits for its gradients on its stream and captures them
+                self._switch(j)
+                self._leaf(self.streams[j])
+
+    def _pre(self, j: int, grad_outputs: Any) -> None:
+        if not self.queued:
+            self.queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._final)
+        if j in self.ready:
+            self.ready.remove(j)
+        self._switch(j)
+
+    def _post(self, j: int, grad_inputs: Any, grad_outputs: Any) -> None:
+        n, s = self.nodes[j], self.streams[j]
+        edges = n.next_functions
+        if not edges:
+            self._leaf(s)
+        rec = None
+        accumulate_on = None
+        for k, (f, nr) in enumerate(edges):
             if f is None:
                 continue
-            if tagged and type(f).__name__ == "AccumulateGrad":
-                fed_by_side.add(f)
-            todo.append(f)
-    handles = []
-    for n in nodes:
-        if _TAG in n.metadata or n in fed_by_side:
-            continue
-        box: list[Any] = []
+            c = self.index[f]
+            self.deps[c] -= 1
+            if self.deps[c] == 0 and (self.runs[c] or c in self.captures):
+                self.ready.append(c)
+            g = grad_inputs[k] if k < len(grad_inputs) else None
+            if g is None or not (self.runs[c] or c in self.captures):
+                continue
+            sc, key = self.streams[c], (c, nr)
+            if sc is not s and isinstance(g, SimTensor):
+                self.rt.record_stream(g._st, sc)
+            if key not in self.ready_streams:  # the first producer: the consumer waits for it before it runs
+                if sc is not s:
+                    rec = self.rt.engine_record(s) if rec is None else rec
+                    self.ready_events[key] = rec
+                self.ready_streams[key] = s
+                continue
+            # a later producer: its gradient is added to the buffer's on the consumer's stream, once ready
+            if sc is not s:
+                rec = self.rt.engine_record(s) if rec is None else rec
+                self.rt.engine_waits(sc, rec, s)
+            on = self.ready_streams[key]
+            if on is not sc:
+                self.rt.engine_waits(sc, self.ready_events[key], on)
+            self.ready_streams[key] = sc
+            accumulate_on = accumulate_on or sc
+        self._unguard()
+        if accumulate_on is not None:  # the engine's additions come next, on that stream
+            self.rt.engine_enter(accumulate_on)
+            self.guarded = True
+        else:
+            self._next()
 
-        def enter(*_: Any, box: list[Any] = box) -> None:
-            if not box:
-                box.append(rt.backward_on(base))
+    def _leaf(self, s: Any) -> None:
+        if all(x is not s for x in self.leaf_streams):
+            self.leaf_streams.append(s)
 
-        def after(*_: Any, box: list[Any] = box) -> None:
-            if box:
-                rt.backward_off(base, box.pop())
+    def _final(self) -> None:
+        """First of the engine's final callbacks: the calling stream current, waiting for the leaf streams."""
+        self._unguard()
+        for s in self.leaf_streams:
+            if s is not self.calling:
+                self.rt.engine_waits(self.calling, self.rt.engine_record(s), s)
+        self.leaf_streams = []
 
-        handles.append(n.register_prehook(enter))
-        handles.append(n.register_hook(after))
-    return handles
+    def end(self) -> None:
+        self._unguard()
+        if not self.queued:  # no node ran a hook (only captures): the engine still syncs the leaf streams
+            self._final()
 
 
 def _check(device: Any) -> None:
@@ -866,8 +1047,7 @@ def install(p: Patches) -> None:
         p.set(torch.Tensor, name, _wrapped(torch.Tensor, name, _tensor_new))
     p.set(torch.Tensor, "new_tensor", _wrapped(torch.Tensor, "new_tensor", _tensor_new_tensor))
     p.set(time, "sleep", _host_sleep)
-    for name in ("backward", "grad"):
-        p.set(torch.autograd, name, _wrapped(torch.autograd, name, _autograd_entry))
+    p.set(torch.autograd, "_engine_run_backward", _wrapped(torch.autograd, "_engine_run_backward", _engine_entry))
     amp = _wrapped(torch.amp, "autocast", _autocast)
     p.set(torch, "autocast", amp)
     p.set(torch.amp, "autocast", amp)

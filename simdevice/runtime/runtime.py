@@ -467,25 +467,25 @@ class Runtime:
     def current_stream(self) -> SimStream:
         return self.current().current_stream
 
-    def backward_on(self, s: SimStream) -> SimStream:
-        """Autograd's engine runs a node on ``s``, its forward op's stream, as PyTorch does: ``s`` waits for the
-        stream current in backward (where the node's input gradients come from), and is current until
-        :meth:`backward_off`. The engine's own syncs: no host step, nothing a GPU run counts. Returns that stream."""
-        a = self.current()
-        calling = a.current_stream
-        if calling is not s:
-            self._stream_waits(s, self._record(calling), f"stream {calling.name} (backward)")
-        a.stream_stack.append(s)
-        return calling
+    def engine_enter(self, s: SimStream) -> None:
+        """Autograd's engine makes ``s`` current while it runs a node (its stream guard), until
+        :meth:`engine_leave`: the node's hooks, its backward ops, and the accumulation of gradients into a buffer."""
+        self.current().stream_stack.append(s)
 
-    def backward_off(self, s: SimStream, calling: SimStream) -> None:
-        """The node that :meth:`backward_on` put on ``s`` is done: ``calling`` is current again and waits for ``s``
-        (backward as a whole is ordered on the stream it was called on, as PyTorch's engine syncs it)."""
+    def engine_leave(self) -> None:
+        """The engine's stream guard ends: the stream current before it is current again."""
         a = self.current()
-        if a.stream_stack and a.stream_stack[-1] is s:
+        if a.stream_stack:
             a.stream_stack.pop()
-        if calling is not s:
-            self._stream_waits(calling, self._record(s), f"stream {s.name} (backward)")
+
+    def engine_record(self, s: SimStream) -> EventRecord:
+        """An event autograd's engine records on ``s`` (no host step, nothing a GPU run counts)."""
+        return self._record(s)
+
+    def engine_waits(self, s: SimStream, rec: EventRecord, on: SimStream) -> None:
+        """``s`` waits for an event the engine recorded on ``on`` (no host step, nothing a GPU run counts)."""
+        if s is not on:
+            self._stream_waits(s, rec, f"stream {on.name} (backward)")
 
     def set_stream(self, s: SimStream) -> None:
         """``torch.cuda.set_stream``: ``s`` is current until changed (or until an enclosing stream context ends)."""
