@@ -1,4 +1,4 @@
-"""Rule (Runtime.backward_off): when a backward node that ran on its forward op's side stream is done, the stream
+"""Rule (Runtime.engine_leave): when a backward node that ran on its forward op's side stream is done, the stream
 ``backward()`` was called on is current again, so after ``loss.backward()`` the program's current stream is the
 one it was before (and what it issues next goes there, not to the side stream)."""
 
