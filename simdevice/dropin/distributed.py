@@ -332,6 +332,26 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
         object_list[:] = [p.received() for p in sent[src]]
 
 
+def _device_mesh() -> Any:
+    """``torch.distributed.device_mesh.DeviceMesh``, where this torch has one (None otherwise)."""
+    try:
+        from torch.distributed import device_mesh
+    except ImportError:
+        return None
+    return getattr(device_mesh, "DeviceMesh", None)
+
+
+def _no_device_mesh(self: Any, *args: Any, **kwargs: Any) -> None:
+    """``DeviceMesh.__init__``: refused, whichever way the mesh is made (``init_device_mesh``, FSDP2's default mesh,
+    ``DeviceMesh.from_group``). torch's mesh looks its process groups up in C++ (by name) and through names it
+    imported from ``distributed_c10d`` before the session, and the DTensors made on it wrap the simulated tensors,
+    which the simulator's dispatch does not take: it would fail somewhere inside torch, or run on the real group."""
+    raise NotImplementedError(
+        "torch.distributed.device_mesh.DeviceMesh is not simulated (init_device_mesh; DTensor, FSDP2's fully_shard "
+        "and tensor parallelism build on it; the simulated process group is the default one alone)"
+    )
+
+
 def _get_default_group() -> _World:
     """``distributed_c10d._get_default_group()`` (FSDP's and DeviceMesh's way to the default group): the world."""
     _initialized()
@@ -374,6 +394,9 @@ def install(p: Patches) -> None:
         if hasattr(c10d, name):
             p.set(c10d, name, value)
     p.set(c10d, "_get_default_group", _get_default_group)
+    mesh = _device_mesh()
+    if mesh is not None:
+        p.set(mesh, "__init__", _no_device_mesh)
     for name in NOT_SIMULATED:
         if hasattr(dist, name):
             p.set(dist, name, _not_simulated(name))
@@ -382,4 +405,5 @@ def install(p: Patches) -> None:
 
 
 def patched_owners() -> list[Any]:
-    return [dist, dist.distributed_c10d]
+    mesh = _device_mesh()
+    return [dist, dist.distributed_c10d, *([mesh] if mesh is not None else [])]
