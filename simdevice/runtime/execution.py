@@ -537,6 +537,9 @@ class Execution:
     def _switch(self, a: HostActor, to: HostActor) -> None:
         """Actor ``a`` stops, ``to`` goes on; returns when ``a``'s turn comes again (or the run unwinds it)."""
         self._engine.leaving(a)  # raises NeedsThreads before anything moved
+        inside = tls.in_op_call()
+        if inside is not None:
+            raise NeedsThreads(inside)
         holding = HOLDING  # (_whole, inline: two of these come with every switch)
         holding[0] += 1
         try:

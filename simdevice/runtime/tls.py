@@ -15,6 +15,7 @@ actor that starts a backward while another actor's backward is suspended would s
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -27,6 +28,36 @@ _INFRA = tuple(_C._TorchDispatchModeKey.__members__.values())
 
 class NeedsThreads(BaseException):
     """A greenlet run met torch state one thread cannot hold for two actors: the run starts again on threads."""
+
+
+def _op_calls() -> frozenset[Any]:
+    """The code of torch's Python methods that call an op through its pybind11 binding (``torch.ops.ns.op(...)``,
+    an ``OpOverload``'s call or redispatch), which may call back into Python (the simulator's dispatch)."""
+    import torch._ops as ops
+
+    codes = set()
+    for cls, name in ((ops.OpOverload, "__call__"), (ops.OpOverload, "redispatch"),
+                      (ops.OpOverloadPacket, "__call__"), (getattr(ops, "TorchBindOpOverload", None), "__call__")):
+        f = vars(cls).get(name) if cls is not None else None
+        if f is not None and hasattr(f, "__code__"):
+            codes.add(f.__code__)
+    return frozenset(codes)
+
+
+_OP_CALLS = _op_calls()
+
+
+def in_op_call() -> str | None:
+    """Where the calling greenlet is inside an op called through its pybind11 binding, why it cannot stop there.
+    pybind11 keeps a per-thread stack of its calls (``loader_life_support``) and aborts the process where one ends
+    that is not the last begun: two greenlets of one thread that each stop inside one close them out of order
+    (``torch.ops.aten.mul.Tensor(x, 2)`` on two ranks did)."""
+    f: Any = sys._getframe(1)
+    while f is not None:
+        if f.f_code in _OP_CALLS:
+            return "an actor stopped inside an op called through torch.ops (a pybind11 call of its thread)"
+        f = f.f_back
+    return None
 
 
 def _fresh_state() -> tuple[Any, Any, Any]:
