@@ -576,7 +576,8 @@ class Execution:
         # the caller's torch state is not the actors' (a thread of theirs would not have it)
         mine, fresh = _whole(tls.leave_caller)
         try:
-            self._hand(self._next(), None)
+            with tls.op_calls_counted():
+                self._hand(self._next(), None)
         finally:
             if self.aborting:
                 self._unwind()

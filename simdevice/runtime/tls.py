@@ -15,11 +15,18 @@ actor that starts a backward while another actor's backward is suspended would s
 
 from __future__ import annotations
 
-import sys
+import contextlib
+import functools
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+try:
+    from greenlet import getcurrent as _getcurrent  # type: ignore[import-untyped]
+except ImportError:  # pragma: no cover - greenlet is a dependency; without it every run is on threads
+    _getcurrent = threading.current_thread
 
 _C = torch._C
 _AG = torch._C._autograd
@@ -30,21 +37,45 @@ class NeedsThreads(BaseException):
     """A greenlet run met torch state one thread cannot hold for two actors: the run starts again on threads."""
 
 
-def _op_calls() -> frozenset[Any]:
-    """The code of torch's Python methods that call an op through its pybind11 binding (``torch.ops.ns.op(...)``,
-    an ``OpOverload``'s call or redispatch), which may call back into Python (the simulator's dispatch)."""
-    import torch._ops as ops
+#: torch's Python methods that call an op through its pybind11 binding (``torch.ops.ns.op(...)``, an
+#: ``OpOverload``'s call or redispatch), which may call back into Python (the simulator's dispatch)
+_OP_CALL_SITES = tuple((cls, name) for cls, name in (
+    (torch._ops.OpOverload, "__call__"), (torch._ops.OpOverload, "redispatch"),
+    (torch._ops.OpOverloadPacket, "__call__"), (getattr(torch._ops, "TorchBindOpOverload", None), "__call__"),
+) if cls is not None and callable(vars(cls).get(name)))
 
-    codes = set()
-    for cls, name in ((ops.OpOverload, "__call__"), (ops.OpOverload, "redispatch"),
-                      (ops.OpOverloadPacket, "__call__"), (getattr(ops, "TorchBindOpOverload", None), "__call__")):
-        f = vars(cls).get(name) if cls is not None else None
-        if f is not None and hasattr(f, "__code__"):
-            codes.add(f.__code__)
-    return frozenset(codes)
+#: greenlet -> how many such calls it is inside (counted while a greenlet run has them patched)
+_INSIDE: dict[Any, int] = {}
 
 
-_OP_CALLS = _op_calls()
+def _counting(original: Any) -> Any:
+    @functools.wraps(original)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        g = _getcurrent()
+        _INSIDE[g] = _INSIDE.get(g, 0) + 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            n = _INSIDE.pop(g, 1) - 1  # (a run unwinding after its end cleared the counts: none left)
+            if n:
+                _INSIDE[g] = n
+
+    return call
+
+
+@contextlib.contextmanager
+def op_calls_counted() -> Iterator[None]:
+    """While a greenlet run goes on, each greenlet's calls of an op through its pybind11 binding are counted
+    (:func:`in_op_call`). The simulator's own op calls go to the binding itself (``OpOverload._op``), uncounted."""
+    saved = [(cls, name, vars(cls)[name]) for cls, name in _OP_CALL_SITES]
+    for cls, name, f in saved:
+        setattr(cls, name, _counting(f))
+    try:
+        yield
+    finally:
+        for cls, name, f in saved:
+            setattr(cls, name, f)
+        _INSIDE.clear()
 
 
 def in_op_call() -> str | None:
@@ -52,11 +83,8 @@ def in_op_call() -> str | None:
     pybind11 keeps a per-thread stack of its calls (``loader_life_support``) and aborts the process where one ends
     that is not the last begun: two greenlets of one thread that each stop inside one close them out of order
     (``torch.ops.aten.mul.Tensor(x, 2)`` on two ranks did)."""
-    f: Any = sys._getframe(1)
-    while f is not None:
-        if f.f_code in _OP_CALLS:
-            return "an actor stopped inside an op called through torch.ops (a pybind11 call of its thread)"
-        f = f.f_back
+    if _INSIDE and _INSIDE.get(_getcurrent()):
+        return "an actor stopped inside an op called through torch.ops (a pybind11 call of its thread)"
     return None
 
 
