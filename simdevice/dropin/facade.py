@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 import torch
-from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+from torch.overrides import _get_current_function_mode_stack
 from torch.utils import _device as torch_device
 
 from reference import contract
@@ -208,58 +208,49 @@ def stream(s: contract.Stream | None) -> StreamContext:
 
 @contextlib.contextmanager
 def _forward_on(dev: DropInDevice, s: contract.Stream | None) -> Iterator[Any]:
-    """``torch.cuda.stream(s)``: ``s`` current for the block; on a stream other than the actor's default, the
-    autograd nodes the block's ops make are tagged to run their backward on ``s`` (:class:`_ForwardStream`)."""
+    """``torch.cuda.stream(s)``: ``s`` current for the block, and for the autograd nodes made in it
+    (:func:`_mark`)."""
     rt = dev.runtime
-    outer = rt.current_stream()
-    with dev.stream(s):
-        if s is None or rt.current_stream() is rt.default_stream():
+    try:
+        with dev.stream(s):
+            _mark(rt)
             yield s
-            return
-        blocks = rt.current().side_blocks
-        blocks.append((rt.current_stream(), outer))
-        try:
-            with _ForwardStream(rt, rt.current_stream()):
-                yield s
-        finally:
-            blocks.pop()
+    finally:
+        _mark(rt)
 
 
 _TAG = "simdevice.stream"
 _ACCUMULATE = "AccumulateGrad"
 
 
-class _ForwardStream(TorchFunctionMode):
-    """Tags each autograd node an op makes under a side stream with that stream: the stream its ``InputMetadata``
-    records on a GPU, where the engine runs it (:class:`_Engine`). The nodes made by the call are those reachable
-    from its outputs' ``grad_fn`` made after every node it was given (sequence numbers grow as nodes are made); a
-    leaf's ``AccumulateGrad`` gets its stream at backward (:meth:`_Engine._stream_of`)."""
+def _mark(rt: Any) -> None:
+    """The current actor's current stream changed (a ``torch.cuda.stream`` block began or ended, ``set_stream``, the
+    engine's stream guard): the autograd nodes made from the next sequence number on record it as their stream,
+    as a GPU's record it in their input metadata (``Node::stream()``), whatever makes them: an op, a custom
+    ``autograd.Function.apply``, a module's full backward hooks (:func:`_made_on`). Sequence numbers grow as the
+    nodes of a thread are made (the run's actors that share a thread each keep their own record)."""
+    a = rt.current()
+    marks = a.forward_streams
+    nr = torch.autograd._get_sequence_nr()
+    s = a.current_stream
+    while marks and marks[-1][0] >= nr:  # no node was made under it
+        marks.pop()
+    if (marks[-1][1] if marks else a.default_stream) is not s:
+        marks.append((nr, s))
 
-    def __init__(self, rt: Any, s: Any) -> None:
-        super().__init__()
-        self.rt, self.s = rt, s
 
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        floor = -1
-        for x in (*args, *(kwargs or {}).values()):
-            for t in x if isinstance(x, (list, tuple)) else (x,):
-                if isinstance(t, torch.Tensor) and t.grad_fn is not None:
-                    floor = max(floor, t.grad_fn._sequence_nr())
-        out = func(*args, **(kwargs or {}))
-        if torch.is_grad_enabled():
-            for t in out if isinstance(out, (list, tuple)) else (out,):
-                if isinstance(t, torch.Tensor) and t.grad_fn is not None:
-                    self._tag(t.grad_fn, floor)
-        return out
-
-    def _tag(self, node: Any, floor: int) -> None:
-        todo = [node]
-        while todo:
-            n = todo.pop()
-            if n is None or _TAG in n.metadata or n._sequence_nr() <= floor or type(n).__name__ == _ACCUMULATE:
-                continue
-            n.metadata[_TAG] = self.s
-            todo += [f for f, _ in n.next_functions]
+def _made_on(a: Any, n: Any) -> Any:
+    """The stream current on actor ``a`` when it made node ``n`` (:func:`_mark`)."""
+    marks = a.forward_streams
+    nr = n._sequence_nr()
+    lo, hi = 0, len(marks)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if marks[mid][0] <= nr:
+            lo = mid + 1
+        else:
+            hi = mid
+    return marks[lo - 1][1] if lo else a.default_stream
 
 
 def _engine_entry(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -303,10 +294,11 @@ class _Engine:
     """One backward through autograd's engine, as torch 2.9 to 2.13 runs it on a GPU (engine.cpp
     ``evaluate_function``, input_buffer.cpp ``InputBuffer::add``, ``GraphTask::exec_post_processing``):
 
-    - A node's stream is the stream its forward op was made on (``Node::stream()``, its input metadata's): the side
-      stream of a ``torch.cuda.stream(s)`` block (:class:`_ForwardStream`'s tag), else the stream current outside
-      the blocks. A leaf's ``AccumulateGrad`` has the stream current when it was made, by the first forward op that
-      used the leaf (the one of least sequence number among its consumers), kept while the node lives.
+    - A node's stream is the stream current when it was made (``Node::stream()``, its input metadata's): the
+      stream of the ``torch.cuda.stream(s)`` block, or ``set_stream``'s, it was made in, whatever made it (an op, a
+      custom ``autograd.Function.apply``, a module's full backward hooks; :func:`_made_on`). A leaf's
+      ``AccumulateGrad`` has the stream current when it was made, by the first forward op that used the leaf (the
+      one of least sequence number among its consumers), kept while the node lives.
     - The engine makes a node's stream current (a stream guard) for all of the node: its tensor hooks, pre-hooks,
       backward, post-hooks, and the accumulation of a later producer's gradient into its input buffer. Here the
       stream is made current as the node before it ends, for the node the engine's ready queue gives next (the
@@ -319,8 +311,8 @@ class _Engine:
     - At the end the calling stream waits for each stream that ran a node with no outputs (``AccumulateGrad``) or
       whose gradient ``torch.autograd.grad`` captured (the leaf streams), before the engine's final callbacks."""
 
-    def __init__(self, rt: Any, calling: Any, base: Any) -> None:
-        self.rt, self.calling, self.base = rt, calling, base
+    def __init__(self, rt: Any, calling: Any) -> None:
+        self.rt, self.calling, self.actor = rt, calling, rt.current()
         self.nodes: list[Any] = []
         self.index: dict[Any, int] = {}
         self.deps: list[int] = []
@@ -338,10 +330,7 @@ class _Engine:
 
     @classmethod
     def plan(cls, rt: Any, t_outputs: Any, inputs: Any, accumulate: bool) -> _Engine | None:
-        calling = rt.current_stream()
-        blocks = rt.current().side_blocks
-        base = blocks[0][1] if blocks and blocks[-1][0] is calling else calling
-        e = cls(rt, calling, base)
+        e = cls(rt, rt.current_stream())
         roots = [_edge(t) for t in (t_outputs if isinstance(t_outputs, (list, tuple)) else (t_outputs,))]
         parents: dict[int, int] = {}  # an AccumulateGrad's consumer of least sequence number
         for r in roots:
@@ -369,7 +358,7 @@ class _Engine:
             e._mark_needed(wanted, accumulate)
         else:
             e.runs = [True] * len(e.nodes)
-        if all(s is calling for s in e.streams):
+        if all(s is e.calling for s in e.streams):
             return None
         return e
 
@@ -383,11 +372,11 @@ class _Engine:
 
     def _stream_of(self, j: int, parents: dict[int, int]) -> Any:
         n = self.nodes[j]
+        if type(n).__name__ != _ACCUMULATE:
+            return _made_on(self.actor, n)
         s = n.metadata.get(_TAG)
         if s is not None:
             return s
-        if type(n).__name__ != _ACCUMULATE:
-            return self.base
         p = parents.get(j)
         s = self._stream_of(p, parents) if p is not None else self.calling
         n.metadata[_TAG] = s  # made then; a later graph that reaches the same node finds it so
@@ -440,6 +429,7 @@ class _Engine:
         self._unguard()
         s = self.streams[j]
         self.rt.engine_enter(s)
+        _mark(self.rt)  # a node made here (create_graph, a recomputation) is made on it
         self.guarded, self.switched = True, j
         for (c, _), on in list(self.ready_streams.items()):
             if c == j and on is not s:
@@ -448,6 +438,7 @@ class _Engine:
     def _unguard(self) -> None:
         if self.guarded:
             self.rt.engine_leave()
+            _mark(self.rt)
             self.guarded, self.switched = False, None
 
     def _next(self) -> None:
@@ -508,6 +499,7 @@ class _Engine:
         self._unguard()
         if accumulate_on is not None:  # the engine's additions come next, on that stream
             self.rt.engine_enter(accumulate_on)
+            _mark(self.rt)
             self.guarded = True
         else:
             self._next()
@@ -553,6 +545,7 @@ def set_stream(s: contract.Stream | None) -> None:
         return
     dev = session_device()
     dev.runtime.set_stream(dev.stream_of(s))
+    _mark(dev.runtime)
 
 
 def synchronize(device: Any = None) -> None:

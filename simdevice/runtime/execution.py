@@ -117,9 +117,10 @@ class HostActor:
         self.step_ns = 0
         self.default_stream: SimStream | None = None
         self.stream_stack: list[SimStream] = []
-        #: the side streams' ``torch.cuda.stream`` blocks it is in, innermost last: (the block's stream, the stream
-        #: current as it began)
-        self.side_blocks: list[tuple[SimStream, SimStream]] = []
+        #: the drop-in's record of its current stream by autograd sequence number: (the first sequence number a node
+        #: made on the stream gets, the stream), ascending; before the first, its default stream
+        #: (``dropin.facade._Engine``: a node's backward runs on the stream current when it was made)
+        self.forward_streams: list[tuple[int, SimStream]] = []
         self.streams: list[SimStream] = []
         #: unnamed streams made so far (they are called s1, s2, ...)
         self.unnamed = 0
