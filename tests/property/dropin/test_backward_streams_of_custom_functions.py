@@ -135,3 +135,45 @@ def test_a_module_s_full_backward_hooks_run_on_its_forward_s_stream() -> None:
         assert set(seen) == {"s"}, (kind, seen)
         raced, text = _verdict(_module_hooks, "default", kind)
         assert raced, (kind, text)
+
+
+def _nested_default_block(record_on: str) -> list[str]:
+    """A side stream's block holds a ``torch.cuda.stream(default)`` block, in which a tensor hook's node is made;
+    ``backward()`` on the default stream: the hook copies the gradient to pinned memory on the current stream and
+    records an event on ``record_on``."""
+    s = torch.cuda.Stream()
+    w = torch.ones(N, device="cuda", requires_grad=True)
+    pinned = torch.empty(N, pin_memory=True)
+    done = torch.cuda.Event()
+    seen: list[str] = []
+
+    def copy(g: torch.Tensor) -> None:
+        seen.append(torch.cuda.current_stream().name)  # type: ignore[attr-defined]
+        pinned.copy_(g, non_blocking=True)
+        done.record(s if record_on == "s" else torch.cuda.default_stream())
+
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        h = w * 2.0
+        with torch.cuda.stream(torch.cuda.default_stream()):
+            torch.cuda.current_stream().wait_stream(s)
+            y = h * 3.0
+            y.register_hook(copy)
+        torch.cuda.current_stream().wait_stream(torch.cuda.default_stream())
+        loss = y.sum()
+    torch.cuda.current_stream().wait_stream(s)
+    loss.backward()
+    done.synchronize()
+    assert torch.equal(pinned, torch.ones(N)), "the host read the pinned grad before the copy finished"
+    return seen
+
+
+def test_a_default_stream_block_inside_a_side_stream_s_block_makes_default_stream_nodes() -> None:
+    """Nodes made in a ``torch.cuda.stream(default)`` block nested in a side stream's block are the default
+    stream's: the hook on one sees the default stream, so an event recorded there covers its copy and one recorded
+    on ``s`` does not (before, the side block's tagging reached into the nested block: the reverse)."""
+    raced, seen = _verdict(_nested_default_block, "default")
+    assert not raced, seen
+    assert seen == ["default"], seen
+    raced, text = _verdict(_nested_default_block, "s")
+    assert raced, text
