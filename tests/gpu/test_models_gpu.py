@@ -223,10 +223,12 @@ def test_a_custom_function_made_in_a_side_stream_s_block_runs_its_backward_there
                                                                                  cycles: int) -> None:
     """Not one of the models waiting for a device: a difference found writing the case above. PyTorch's engine runs
     a custom ``autograd.Function``'s backward on the stream current at its forward, as any node's (the stream its
-    input metadata recorded). The simulator runs it on the default stream, whether ``backward()`` is called in the
-    side stream's block or after it on the default stream: ``dropin.facade._ForwardStream`` tags the nodes made by
-    torch-function calls in a side stream's block, and ``Function.apply`` makes its node with none. This case
-    asserts what a GPU is expected to do, so a pass here confirms the simulator's difference."""
+    input metadata recorded). The simulator ran it on the default stream, whether ``backward()`` was called in the
+    side stream's block or after it on the default stream (it tagged only the nodes torch-function calls made in a
+    side stream's block); it now gives each node the stream current when it was made, by sequence number
+    (``dropin.facade._mark``), and runs this backward on ``s``
+    (tests/property/dropin/test_backward_streams_of_custom_functions.py). This case asserts what a GPU is expected
+    to do, so a pass here confirms the simulator's model."""
     seen_all: set[str] = set()
     s = torch.cuda.Stream()
     for trial in range(TRIALS):
