@@ -46,6 +46,7 @@ touches a segment while its handle is released.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 
 import attrs
@@ -70,11 +71,12 @@ class SimMemorySaver:
 
     def __init__(
         self, execution: Execution, memory: Memory, fixes: LibraryFixes, pick: int = 0,
-        unmap: Callable[[HostActor, str, list[Segment], str], None] | None = None,
+        unmap: weakref.WeakMethod[Callable[[HostActor, str, list[Segment], str], None]] | None = None,
     ) -> None:
         self._exec = execution
         self._memory = memory
-        #: the runtime's host access of a pause's unmap (the segments, ordered against the streams' accesses)
+        #: the runtime's host access of a pause's unmap (the segments, ordered against the streams' accesses); held
+        #: weakly: the runtime holds this model, and a run dies by reference counting once dropped
         self._unmap = unmap
         # the library hooks the allocator's segments, as torch_memory_saver hooks cudaMalloc
         self.allocator = CachingAllocator(
@@ -194,12 +196,13 @@ class SimMemorySaver:
         self.allocator.collect()
         me = a.name
         self._refuse(tag, "pause", me)
-        if self._unmap is not None:
+        unmap = self._unmap() if self._unmap is not None else None
+        if unmap is not None:
             # the unmap is the host's: a stream's access of the segments must be ordered before it (the library
             # does not synchronize: with no backup to copy, nothing waits for the streams)
             segments = [seg for t in self._tags_of(tag) for seg in self._segments(t, me) if seg.handle is not None]
             if segments:
-                self._unmap(a, f"memory_saver.pause({tag!r})", segments, user_source())
+                unmap(a, f"memory_saver.pause({tag!r})", segments, user_source())
         # the library's own work on segment bytes (unmap, back up) is no access by the program
         with ex.device_side():
             self._pause(tag, me)

@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import gc
 import sys
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -225,7 +226,7 @@ class Runtime:
         self.memory.in_flight.values = config.values
         self.execution = Execution(config, delays, self.memory, self.reports)
         self.memsaver = SimMemorySaver(self.execution, self.memory, options.library, options.alloc_pick,
-                                       unmap=self.host_unmap)
+                                       unmap=weakref.WeakMethod(self.host_unmap))
         self.collectives = Collectives(self.execution, self.memory)
         #: entered in every host actor's thread (the dispatch mode that turns tensor ops into calls here)
         self._enter = enter
