@@ -231,6 +231,8 @@ class Execution:
         self.greenlets = config.actors == "greenlet" and _greenlet is not None
         self._cur: HostActor | None = None
         self._hub: Any = None
+        #: the greenlet run is going; torch.ops calls are counted in it (``tls.count_op_calls``: two actors or more)
+        self._greenlet_run = self._counting = False
         self._thread = threading.get_ident()
         self._switches = 0
         self._engine = tls.EngineWatch()
@@ -325,6 +327,9 @@ class Execution:
     def _start_greenlet(self, a: HostActor, body: Callable[[], Any], enter: Callable[[], Any]) -> None:
         if self._hub is None:
             self._hub = _getcurrent()  # the run's own greenlet: every actor's parent, which unwinds them
+        if self._greenlet_run and not self._counting:  # one more actor: one may stop inside an op call for another
+            self._counting = True
+            tls.count_op_calls()
 
         def main(_: Any) -> HostActor | None:
             # a fresh actor starts with a fresh thread's torch state: the greenlet that stopped took its own off
@@ -577,11 +582,18 @@ class Execution:
         # the caller's torch state is not the actors' (a thread of theirs would not have it)
         mine, fresh = _whole(tls.leave_caller)
         try:
-            with tls.op_calls_counted():
-                self._hand(self._next(), None)
+            self._greenlet_run = True
+            if len(self.actors) > 1:  # (one actor alone never stops for another)
+                self._counting = True
+                tls.count_op_calls()
+            self._hand(self._next(), None)
         finally:
+            self._greenlet_run = False
             if self.aborting:
                 self._unwind()
+            if self._counting:
+                self._counting = False
+                tls.uncount_op_calls()
             _whole(tls.back_to_caller, mine, fresh)
         if self._interrupt is not None:
             raise self._interrupt

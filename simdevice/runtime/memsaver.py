@@ -46,7 +46,6 @@ touches a segment while its handle is released.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Callable, Iterator
 
 import attrs
@@ -71,13 +70,13 @@ class SimMemorySaver:
 
     def __init__(
         self, execution: Execution, memory: Memory, fixes: LibraryFixes, pick: int = 0,
-        unmap: weakref.WeakMethod[Callable[[HostActor, str, list[Segment], str], None]] | None = None,
+        unmap: Callable[[HostActor, str, list[Segment], str], None] | None = None,
     ) -> None:
         self._exec = execution
         self._memory = memory
-        #: the runtime's host access of a pause's unmap (the segments, ordered against the streams' accesses); held
-        #: weakly: the runtime holds this model, and a run dies by reference counting once dropped
-        self._unmap = unmap
+        #: the runtime's host access of a pause's unmap (the segments, ordered against the streams' accesses); let go
+        #: when the run ends (the runtime holds this model: a run dies by reference counting once dropped)
+        self.unmap = unmap
         # the library hooks the allocator's segments, as torch_memory_saver hooks cudaMalloc
         self.allocator = CachingAllocator(
             memory, pick, on_segment=self._on_segment, on_release=self._on_release, current=execution.current_or_none,
@@ -196,7 +195,7 @@ class SimMemorySaver:
         self.allocator.collect()
         me = a.name
         self._refuse(tag, "pause", me)
-        unmap = self._unmap() if self._unmap is not None else None
+        unmap = self.unmap
         if unmap is not None:
             # the unmap is the host's: a stream's access of the segments must be ordered before it (the library
             # does not synchronize: with no backup to copy, nothing waits for the streams)

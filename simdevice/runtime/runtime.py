@@ -16,7 +16,6 @@ import contextlib
 import contextvars
 import gc
 import sys
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -226,7 +225,7 @@ class Runtime:
         self.memory.in_flight.values = config.values
         self.execution = Execution(config, delays, self.memory, self.reports)
         self.memsaver = SimMemorySaver(self.execution, self.memory, options.library, options.alloc_pick,
-                                       unmap=weakref.WeakMethod(self.host_unmap))
+                                       unmap=self.host_unmap)
         self.collectives = Collectives(self.execution, self.memory)
         #: entered in every host actor's thread (the dispatch mode that turns tensor ops into calls here)
         self._enter = enter
@@ -302,8 +301,10 @@ class Runtime:
 
     def _ended(self) -> None:
         """The run is over: no actor starts any more, so what an actor enters (the façade's, which holds the façade,
-        which holds this runtime) is let go; the run's objects then die by reference counting when it is dropped."""
+        which holds this runtime) is let go, and the memory saver's hold on this runtime; the run's objects then die
+        by reference counting when it is dropped."""
         self._enter = _no_more_actors
+        self.memsaver.unmap = None  # (a method of this runtime: the memory saver's model no longer holds it)
         self.execution.over = True
 
     @contextlib.contextmanager

@@ -15,10 +15,8 @@ actor that starts a backward while another actor's backward is suspended would s
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -63,19 +61,22 @@ def _counting(original: Any) -> Any:
     return call
 
 
-@contextlib.contextmanager
-def op_calls_counted() -> Iterator[None]:
-    """While a greenlet run goes on, each greenlet's calls of an op through its pybind11 binding are counted
-    (:func:`in_op_call`). The simulator's own op calls go to the binding itself (``OpOverload._op``), uncounted."""
-    saved = [(cls, name, vars(cls)[name]) for cls, name in _OP_CALL_SITES]
-    for cls, name, f in saved:
-        setattr(cls, name, _counting(f))
-    try:
-        yield
-    finally:
-        for cls, name, f in saved:
-            setattr(cls, name, f)
-        _INSIDE.clear()
+#: (class, method, torch's method, its counting wrapper), made once
+_COUNTING = tuple((cls, name, vars(cls)[name], _counting(vars(cls)[name])) for cls, name in _OP_CALL_SITES)
+
+
+def count_op_calls() -> None:
+    """From now on until :func:`uncount_op_calls`, each greenlet's calls of an op through its pybind11 binding are
+    counted (:func:`in_op_call`). The simulator's own op calls go to the binding itself (``OpOverload._op``),
+    uncounted. (A greenlet run turns it on once it has two actors: one alone never stops for another.)"""
+    for cls, name, _, counting in _COUNTING:
+        setattr(cls, name, counting)
+
+
+def uncount_op_calls() -> None:
+    for cls, name, original, _ in _COUNTING:
+        setattr(cls, name, original)
+    _INSIDE.clear()
 
 
 def in_op_call() -> str | None:

@@ -10,6 +10,11 @@ import subprocess
 import sys
 import textwrap
 
+import torch
+
+import simdevice
+from simdevice.runtime import tls
+
 _PROGRAM = textwrap.dedent('''
     import torch
     import simdevice
@@ -61,3 +66,24 @@ def test_ops_called_through_torch_ops_on_two_ranks_get_verdicts() -> None:
     done = subprocess.run([sys.executable, "-c", _PROGRAM], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "verdicts as expected" in done.stdout, done.stdout + done.stderr
+
+
+def _host_op_calls_then_a_device_op() -> None:
+    # ops through torch.ops on host tensors: each call ends before any rank stops (no host step inside it)
+    for _ in range(3):
+        torch.ops.aten.mul.Tensor(torch.ones(4), 2)
+    x = torch.ones(4, device="cuda")
+    x.mul_(2)  # a host step: the ranks take turns here, outside any op call
+    assert torch.equal(x.cpu(), torch.full((4,), 2.0))
+
+
+def test_a_run_counts_op_calls_only_while_they_last_and_gives_torch_back() -> None:
+    """A greenlet run counts each actor's calls through ``torch.ops`` while it has two actors or more
+    (``tls.count_op_calls``): a call that ended is no longer counted (the ranks go on as greenlets at their next
+    turns), and torch's own ``OpOverload`` and ``OpOverloadPacket`` methods are back once the run is over."""
+    originals = {(cls, name): vars(cls)[name] for cls, name in tls._OP_CALL_SITES}
+    s = simdevice.cuda()
+    s.run(_host_op_calls_then_a_device_op, world_size=2)
+    s.assert_clean()
+    assert s.device.config.actors == "greenlet", "the run started again on threads: a call was still counted"
+    assert {(cls, name): vars(cls)[name] for cls, name in tls._OP_CALL_SITES} == originals
