@@ -27,7 +27,7 @@ from torch.utils import _device as torch_device
 from reference import contract
 from reference.naming import StreamNames, creation_site, inside
 from simdevice.api import EventHandle, SimDevice, StreamHandle
-from simdevice.dispatch import SimTensor
+from simdevice.dispatch import SimTensor, storage_of
 from simdevice.dropin.patches import Patches
 from simdevice.runtime.config import SimConfig
 from simdevice.runtime.execution import outside_actor
@@ -480,7 +480,7 @@ class _Engine:
                 continue
             sc, key = self.streams[c], (c, nr)
             if sc is not s and isinstance(g, SimTensor):
-                self.rt.record_stream(g._st, sc)
+                self.rt.record_stream(storage_of(g), sc)
             if key not in self.ready_streams:  # the first producer: the consumer waits for it before it runs
                 if sc is not s:
                     rec = self.rt.engine_record(s) if rec is None else rec
