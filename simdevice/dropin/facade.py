@@ -384,19 +384,25 @@ class _Engine:
 
     def _mark_needed(self, wanted: set[int], accumulate: bool) -> None:
         """``inputs=``: the engine runs the nodes on a path to an input (an input's own ``AccumulateGrad`` where it
-        accumulates, ``backward(inputs=)``), and captures the inputs' gradients at their nodes."""
+        accumulates, ``backward(inputs=)``), and captures the other inputs' gradients at their nodes (a node that
+        captures makes the nodes before it run, as the engine's ``should_execute`` is ``needed_ || captures_``)."""
         needed = [False] * len(self.nodes)
 
         def made(j: int) -> int:  # a node's consumers are made after it; an AccumulateGrad has none to wait for
             n = self.nodes[j]
             return -1 if type(n).__name__ == _ACCUMULATE else int(n._sequence_nr())
 
+        captures = set()
         for j in sorted(range(len(self.nodes)), key=made):
             n = self.nodes[j]
             own = j in wanted and accumulate and type(n).__name__ == _ACCUMULATE
-            needed[j] = own or any(f is not None and needed[self.index[f]] for f, _ in n.next_functions)
+            if j in wanted and not own:
+                captures.add(j)
+            # (the engine's ``should_execute``: a node runs where a node after it runs or captures)
+            needed[j] = own or any(
+                f is not None and (needed[self.index[f]] or self.index[f] in captures) for f, _ in n.next_functions)
         self.runs = needed
-        self.captures = {j for j in wanted if not needed[j]}
+        self.captures = captures
 
     # -- during the backward ----------------------------------------------------------------------------------
 
@@ -460,6 +466,8 @@ class _Engine:
         if j in self.ready:
             self.ready.remove(j)
         self._switch(j)
+        if j in self.captures:  # it runs and captures a gradient: its stream is a leaf stream
+            self._leaf(self.streams[j])
 
     def _post(self, j: int, grad_inputs: Any, grad_outputs: Any) -> None:
         n, s = self.nodes[j], self.streams[j]
