@@ -77,3 +77,21 @@ def test_a_barrier_s_work_wait_does_not_synchronize_another_stream() -> None:
     found = simdevice.explore(barrier_work_then_host_read_of_a_side_stream, world_size=2, max_examples=30)
     assert found.failure is not None
     assert "race" in found.failure.text()
+
+
+def d2h_then_barrier_work_then_host_read() -> None:
+    """The D2H is queued before the barrier's call: a barrier found done at ``wait()`` has run after it."""
+    x = torch.arange(16, dtype=torch.float32, device="cuda") * 2
+    pinned = torch.empty(16, pin_memory=True)
+    pinned.copy_(x, non_blocking=True)
+    work = dist.barrier(async_op=True)
+    work.wait()
+    assert torch.equal(pinned, torch.arange(16, dtype=torch.float32) * 2), "the host read before the D2H"
+
+
+def test_a_barrier_found_done_at_wait_orders_what_came_before_it_on_the_stream() -> None:
+    """``wait()`` of a barrier already done does not block, but the host saw it done (``isCompleted()``): what the
+    current stream was given before the barrier is done, and the host's read of a D2H queued then is clean under
+    every schedule (a host that did not observe the done barrier raced)."""
+    found = simdevice.explore(d2h_then_barrier_work_then_host_read, world_size=2, max_examples=30)
+    assert found.failure is None, found.failure.text()
