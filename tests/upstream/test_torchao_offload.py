@@ -25,6 +25,7 @@ import simdevice
 from reference.schedule import Schedule
 from simdevice import StaleRead
 from simdevice.explain import suggest
+from simdevice.search.explore import search_target
 from simdevice.search.targets import resolve
 
 _torchao = importlib.util.find_spec("torchao")  # (not imported here: the driver imports it, quietly)
@@ -87,6 +88,12 @@ def test_gradient_accumulation_races_on_the_device_gradient_but_the_weights_come
     fix = suggest(resolve(f"{DRIVER}::train"), out, schedules=20)
     assert fix.checked, fix.lines()
     assert [str(e) for e in fix.edges] == [f"stream@{D2H}->default@{PASS}"]
+    # and no schedule makes the weights wrong: the last D2H, ordered after every accumulation, is the one read
+    accumulating = st.fixed_dictionaries({"accum": st.integers(2, 3), "steps": st.integers(1, 2),
+                                          "minimal_size": st.sampled_from([1, 4096])})
+    wrong = search_target(resolve(f"{DRIVER}::train"), lambda o: any(r.kind == "host-error" for r in o.run.reports),
+                          config=accumulating, max_examples=30)
+    assert wrong.failure is None, [str(r) for r in wrong.failure.run.reports]
 
 
 MUTANTS = {
