@@ -22,6 +22,7 @@ import pytest
 from hypothesis import strategies as st
 
 import simdevice
+from reference.naming import short_path
 from reference.schedule import Schedule
 from simdevice import StaleRead
 from simdevice.explain import suggest
@@ -34,7 +35,6 @@ if _torchao is None or not _torchao.submodule_search_locations:
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "tests/upstream/torchao_offload.py"
-UPSTREAM = "optim/cpu_offload.py"
 
 
 def _line(path: Path, text: str) -> int:
@@ -45,6 +45,9 @@ def _line(path: Path, text: str) -> int:
 
 
 _upstream = Path(next(iter(_torchao.submodule_search_locations))) / "optim" / "cpu_offload.py"
+#: the module as the reports name it (relative to the working directory where it lies under it, as a virtual
+#: environment in the checkout does; else its last two components)
+UPSTREAM = short_path(str(_upstream))
 #: the gradient's D2H in the hook; the CPU optimizer's step and the parameter's H2D in ``step()``
 D2H = f"{UPSTREAM}:{_line(_upstream, 'p_host.grad.copy_(p_device.grad, non_blocking=True)')}"
 CPU_STEP = f"{UPSTREAM}:{_line(_upstream, 'self.optim_dict[p_device].step()')}"
