@@ -518,6 +518,9 @@ class _Engine:
 
     def _final(self) -> None:
         """First of the engine's final callbacks: the calling stream current, waiting for the leaf streams."""
+        # a captured input made ready by the last node's accumulation into its buffer (no node ran after it, whose
+        # guard would have taken it from the ready queue): the engine still captures it on its stream
+        self._next()
         self._unguard()
         for s in self.leaf_streams:
             if s is not self.calling:

@@ -85,6 +85,7 @@ def d2h_then_barrier_work_then_host_read() -> None:
     pinned = torch.empty(16, pin_memory=True)
     pinned.copy_(x, non_blocking=True)
     work = dist.barrier(async_op=True)
+    time.sleep(0.01)  # the host does other work meanwhile: the barrier is done by the time of wait()
     work.wait()
     assert torch.equal(pinned, torch.arange(16, dtype=torch.float32) * 2), "the host read before the D2H"
 
@@ -93,5 +94,8 @@ def test_a_barrier_found_done_at_wait_orders_what_came_before_it_on_the_stream()
     """``wait()`` of a barrier already done does not block, but the host saw it done (``isCompleted()``): what the
     current stream was given before the barrier is done, and the host's read of a D2H queued then is clean under
     every schedule (a host that did not observe the done barrier raced)."""
+    s = simdevice.cuda()
+    s.run(d2h_then_barrier_work_then_host_read, world_size=2)  # done at wait(): no host block
+    s.assert_clean()
     found = simdevice.explore(d2h_then_barrier_work_then_host_read, world_size=2, max_examples=30)
     assert found.failure is None, found.failure.text()
