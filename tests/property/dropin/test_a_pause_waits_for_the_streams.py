@@ -54,3 +54,29 @@ def test_the_fix_names_the_missing_wait_and_is_checked() -> None:
 
 def synchronized() -> None:
     sleep_while_a_step_runs(synchronize=True)
+
+
+def pause_after_freeing_what_a_kernel_in_flight_wrote() -> None:
+    from torch_memory_saver import torch_memory_saver as tms
+
+    with tms.region("train"):
+        w = torch.zeros(1 << 16, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        w.add_(1)
+    del w  # freed while the side stream's kernel may still run (no record_stream)
+    tms.pause("train")
+    tms.resume("train")
+
+
+def test_a_pause_racing_with_a_freed_tensor_s_kernel_names_no_reuse() -> None:
+    """A pause unmaps the segment's bytes; it hands no block on: its race with a kernel on a tensor freed before it
+    is the pause's (``Memory._race`` looks up no free for an unmap), and the free the kernel was not ordered before
+    stays a note of its own (no reuse raced with it), not taken for the race's reuse."""
+    run = simdevice.cuda().run(pause_after_freeing_what_a_kernel_in_flight_wrote)
+    (race,) = run.reports
+    assert race.kind == "race"
+    assert race.freed is None
+    assert str(race).startswith("race: memory_saver.pause('train') on host host (")
+    assert any("no reuse raced with it in this run" in n for n in run.notes), run.notes
