@@ -666,6 +666,79 @@ def test_a_race_with_a_host_step_is_drawn_at_that_step(tmp_path: Path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _pause_while_a_step_runs() -> None:
+    from torch_memory_saver import torch_memory_saver as tms
+
+    with tms.region("train"):
+        w = torch.zeros(1 << 16, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        w.add_(1)  # a step's kernel on the region's memory
+    tms.pause("train")  # no synchronize before: the kernel may still be in flight
+    tms.resume("train")
+
+
+def test_a_pause_racing_with_a_kernel_is_drawn_at_the_pause(tmp_path: Path) -> None:
+    """A memory-saver pause while a kernel on its region may still run: the pause is a host step (an unmap, recorded
+    where it happened as any host access is), so the race's instant and flow in the Perfetto trace sit in the
+    pause's slice, the suggested synchronize is an arrow into it, and the picture outlines it, joined to the race
+    arrow and the fix's arc."""
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    import matplotlib.pyplot as plt
+
+    from simdevice.search.targets import from_function
+    from simdevice.timeline import UNIT_NS, figure
+
+    name = "tests/property/tool/test_explain.py::_pause_while_a_step_runs"
+    target = from_function(_pause_while_a_step_runs, name)
+    out = target.run(Schedule.parse(name))
+    (race,) = out.races
+    host, device = (race.current, race.previous) if race.current.on == "host" else (race.previous, race.current)
+    assert (host.on, device.on) == ("host", "stream")
+    assert host.op.startswith("memory_saver.pause('train')"), host.op
+    fix = suggest(target, out, schedules=10)
+    assert fix.checked, fix.lines()
+    (edge,) = fix.edges
+    assert edge.before.actor == "host", edge
+    # the pause's slice: a host step
+    (pause,) = [s for s in slices(out) if s.kind == "host" and s.name.startswith("memory_saver.pause")]
+    events = perfetto(out, fix)["traceEvents"]
+    threads = {e["args"]["name"].split(" ")[0]: e["tid"] for e in events if e["name"] == "thread_name"}
+    instants = [e for e in events if e["ph"] == "i" and e["name"] == "race"]
+    assert sorted(e["tid"] for e in instants) == sorted([threads["host"], threads[device.actor]])
+    for name_ in ("race", "suggested edge"):
+        ends = [e for e in events if e.get("name") == name_ and e["ph"] in ("s", "f")]
+        assert {e["tid"] for e in ends} == {threads["host"], threads[device.actor]}, name_
+        (at_host,) = [e for e in ends if e["tid"] == threads["host"]]
+        steps = [e["name"] for e in events if e["ph"] == "X" and e["tid"] == threads["host"]
+                 and e["ts"] <= at_host["ts"] <= e["ts"] + e["dur"]]
+        assert steps == [pause.name], (name_, steps)
+    (step,) = [e for e in instants if e["tid"] == threads["host"]]
+    assert [e["name"] for e in events if e["ph"] == "X" and e["tid"] == threads["host"]
+            and e["ts"] < step["ts"] < e["ts"] + e["dur"]] == [pause.name]
+    # the picture: the pause outlined in red, the race arrow and the fix's arc ending at it
+    fig = figure(out, fix)
+    try:
+        (ax,) = fig.axes
+        lanes = {t.get_text(): i for i, t in enumerate(ax.get_yticklabels())}
+        x = pause.start / UNIT_NS
+        outlined = [c for c in ax.collections if hasattr(c, "get_paths") and len(c.get_edgecolor())
+                    and tuple(c.get_edgecolor()[0][:3]) == (1.0, 0.0, 0.0)
+                    and any(abs(p.get_extents().y0 - (lanes["host"] - 0.2)) < 1e-6
+                            and p.get_extents().x0 == pytest.approx(x) for p in c.get_paths())]
+        assert outlined, "the pause is not outlined"
+        arrows = [(a.xy, a.xyann, a.arrow_patch.get_edgecolor()[:3]) for a in ax.texts
+                  if getattr(a, "arrow_patch", None) is not None]
+        red = [(xy, xyann) for xy, xyann, c in arrows if c == pytest.approx((1.0, 0.0, 0.0))]
+        green = [(xy, xyann) for xy, xyann, c in arrows if c == pytest.approx((0x2c / 255, 0xa0 / 255, 0x2c / 255))]
+        assert any((x, lanes["host"]) in (tuple(a), tuple(b)) for a, b in red), red
+        assert any(tuple(to) == (x, lanes["host"]) for to, _ in green), green  # xy: the arrow's head
+    finally:
+        plt.close(fig)
+    assert write_png(out, tmp_path / "run.png", fix).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def _ping_pong(n: int = 256, iters: int = 4) -> None:
     copy = torch.cuda.Stream()
     bufs = [torch.empty(n, device="cuda"), torch.empty(n, device="cuda")]
