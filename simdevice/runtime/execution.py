@@ -327,7 +327,7 @@ class Execution:
     def _start_greenlet(self, a: HostActor, body: Callable[[], Any], enter: Callable[[], Any]) -> None:
         if self._hub is None:
             self._hub = _getcurrent()  # the run's own greenlet: every actor's parent, which unwinds them
-        if self._greenlet_run and not self._counting:  # one more actor: one may stop inside an op call for another
+        if self._greenlet_run and not self._counting:  # a second actor: one may stop inside an op call for another
             self._counting = True
             tls.count_op_calls()
 
@@ -582,10 +582,7 @@ class Execution:
         # the caller's torch state is not the actors' (a thread of theirs would not have it)
         mine, fresh = _whole(tls.leave_caller)
         try:
-            self._greenlet_run = True
-            if len(self.actors) > 1:  # (one actor alone never stops for another)
-                self._counting = True
-                tls.count_op_calls()
+            self._greenlet_run = True  # (the run begins with its one host actor: ranks and processes start in it)
             self._hand(self._next(), None)
         finally:
             self._greenlet_run = False

@@ -68,7 +68,7 @@ _COUNTING = tuple((cls, name, vars(cls)[name], _counting(vars(cls)[name])) for c
 def count_op_calls() -> None:
     """From now on until :func:`uncount_op_calls`, each greenlet's calls of an op through its pybind11 binding are
     counted (:func:`in_op_call`). The simulator's own op calls go to the binding itself (``OpOverload._op``),
-    uncounted. (A greenlet run turns it on once it has two actors: one alone never stops for another.)"""
+    uncounted. (A greenlet run turns it on as its second actor starts: one alone never stops for another.)"""
     for cls, name, _, counting in _COUNTING:
         setattr(cls, name, counting)
 
