@@ -666,20 +666,7 @@ def test_a_race_with_a_host_step_is_drawn_at_that_step(tmp_path: Path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _pause_while_a_step_runs() -> None:
-    from torch_memory_saver import torch_memory_saver as tms
-
-    with tms.region("train"):
-        w = torch.zeros(1 << 16, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        w.add_(1)  # a step's kernel on the region's memory
-    tms.pause("train")  # no synchronize before: the kernel may still be in flight
-    tms.resume("train")
-
-
-def test_a_pause_racing_with_a_kernel_is_drawn_at_the_pause(tmp_path: Path) -> None:
+def test_a_pause_racing_with_a_kernel_is_drawn_at_the_pause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A memory-saver pause while a kernel on its region may still run: the pause is a host step (an unmap, recorded
     where it happened as any host access is), so the race's instant and flow in the Perfetto trace sit in the
     pause's slice, the suggested synchronize is an arrow into it, and the picture outlines it, joined to the race
@@ -687,11 +674,12 @@ def test_a_pause_racing_with_a_kernel_is_drawn_at_the_pause(tmp_path: Path) -> N
     pytest.importorskip("matplotlib", reason="matplotlib is not installed")
     import matplotlib.pyplot as plt
 
-    from simdevice.search.targets import from_function
+    from simdevice.search.targets import resolve
     from simdevice.timeline import UNIT_NS, figure
 
-    name = "tests/property/tool/test_explain.py::_pause_while_a_step_runs"
-    target = from_function(_pause_while_a_step_runs, name)
+    monkeypatch.chdir(ROOT)  # (the schedule line names the program relative to the repository)
+    name = "tests/property/dropin/test_a_pause_waits_for_the_streams.py::sleep_while_a_step_runs"
+    target = resolve(name)
     out = target.run(Schedule.parse(name))
     (race,) = out.races
     host, device = (race.current, race.previous) if race.current.on == "host" else (race.previous, race.current)
