@@ -1,0 +1,162 @@
+"""Plain torch.cuda programs for the models the nineteenth sitting fixed, run unchanged on the simulator
+(``tests/property/dropin/test_nineteenth_programs.py``: the verdicts) and on a GPU
+(``tests/gpu/test_nineteenth_gpu.py``: the rates and the streams seen, compared with those verdicts).
+
+Each program stalls a stream with ``torch.cuda._sleep(cycles)`` where the race it may have would show on a GPU, and
+returns what it saw: the streams its hooks ran on (by name: ``default``, ``side``) and whether it read right.
+``streams``: the side streams to use (the GPU test passes the same ones to every trial: the caching allocator keeps
+its blocks by stream, and a new stream's first allocation comes from ``cudaMalloc``, which may synchronize the device
+and hide a race); None makes them (the simulator's runs).
+
+- ``pause_while_a_kernel_may_run``: a ``torch_memory_saver`` pause with a kernel on the region's memory stalled on a
+  side stream, with or without ``torch.cuda.synchronize()`` before the pause; the host then waits for the side
+  stream while paused (on a GPU the kernel touches unmapped memory: an illegal memory access) and resumes;
+- ``set_stream_forward``: ops made under ``torch.cuda.set_stream(s)``: their node's tensor hook and the leaf's
+  post-accumulate-grad hook;
+- ``module_hooks``: a module's full backward hook and pre-hook, the forward in a side stream's block (backward on
+  the default stream) or on the default stream (backward in the side stream's block);
+- ``grad_capture``: ``torch.autograd.grad(loss, [w])`` with ``w * x`` made on a side stream, the node's tensor hook
+  stalling it; the gradient read on the calling stream (ordered by the engine's final wait for the capture's
+  stream) or on another stream that waits for nothing (a race).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+N = 1 << 20
+
+
+def _names(side: torch.cuda.Stream) -> dict[int, str]:
+    return {torch.cuda.default_stream().cuda_stream: "default", side.cuda_stream: "side"}
+
+
+def _recorder(seen: list[tuple[str, int]], what: str) -> Any:
+    def record(*args: Any) -> None:
+        seen.append((what, torch.cuda.current_stream().cuda_stream))
+
+    return record
+
+
+def pause_while_a_kernel_may_run(cycles: int = 1000, wait: bool = False) -> bool:
+    """Returns True (on a GPU the racy case faults before it returns)."""
+    from torch_memory_saver import torch_memory_saver as tms
+
+    with tms.region("train"):
+        w = torch.zeros(N, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(cycles)
+        w.add_(1)  # a step's kernel on the region's memory, still queued behind the stall
+    if wait:
+        torch.cuda.synchronize()  # the fix: the kernel is done before the pause unmaps its memory
+    tms.pause("train")
+    side.synchronize()  # the kernel runs while its memory is unmapped, unless it ran before
+    tms.resume("train")
+    torch.cuda.synchronize()
+    return True
+
+
+def set_stream_forward(streams: tuple[torch.cuda.Stream, ...] | None = None) -> list[str]:
+    """``y = w * x`` made under ``torch.cuda.set_stream(side)``, the loss on the default stream, ``backward()`` called
+    on the default stream. Returns the streams ``y``'s hook (MulBackward's pre-hook) and ``w``'s
+    post-accumulate-grad hook ran on."""
+    (side,) = streams or (torch.cuda.Stream(),)
+    seen: list[tuple[str, int]] = []
+    w = torch.randn(N, device="cuda", requires_grad=True)
+    x = torch.randn(N, device="cuda")
+    w.register_post_accumulate_grad_hook(_recorder(seen, "accumulate"))
+    default = torch.cuda.current_stream()
+    side.wait_stream(default)
+    torch.cuda.set_stream(side)
+    y = w * x
+    torch.cuda.set_stream(default)
+    y.register_hook(_recorder(seen, "y-hook"))
+    default.wait_stream(side)
+    y.sum().backward()
+    names = _names(side)
+    return sorted(f"{what}@{names.get(s, s)}" for what, s in seen)
+
+
+def module_hooks(forward_on_side: bool, cycles: int = 1000,
+                 streams: tuple[torch.cuda.Stream, ...] | None = None) -> list[str]:
+    """A ``Linear`` with a full backward pre-hook and hook. ``forward_on_side``: the forward in the side stream's block,
+    ``backward()`` on the default stream; else the forward on the default stream, ``backward()`` in the side stream's
+    block. Returns the streams the hooks ran on."""
+    (side,) = streams or (torch.cuda.Stream(),)
+    seen: list[tuple[str, int]] = []
+    lin = torch.nn.Linear(64, 64).cuda()
+    lin.register_full_backward_pre_hook(_recorder(seen, "pre"))
+    lin.register_full_backward_hook(_recorder(seen, "full"))
+    x = torch.randn(8, 64, device="cuda", requires_grad=True)
+    default = torch.cuda.current_stream()
+    side.wait_stream(default)
+    if forward_on_side:
+        with torch.cuda.stream(side):
+            y = lin(x)
+        default.wait_stream(side)
+        y.pow(2).sum().backward()
+    else:
+        loss = lin(x).pow(2).sum()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(cycles)
+            loss.backward()
+    torch.cuda.synchronize()
+    names = _names(side)
+    return sorted({f"{what}@{names.get(s, s)}" for what, s in seen})
+
+
+def grad_capture(read_on: str, cycles: int = 1000, seed: int = 0,
+                 streams: tuple[torch.cuda.Stream, ...] | None = None) -> tuple[bool, list[str]]:
+    """``torch.autograd.grad(loss, [w])`` on the default stream, ``y = w * x`` made on the side stream, ``y``'s hook
+    stalling the stream it runs on. ``read_on``: ``calling`` reads the gradient on the default stream (the engine's
+    final wait for the capture's stream orders it), ``other`` on a third stream that waits for nothing. Returns
+    (the read got ``x``, the gradient; the streams ``y``'s hook ran on)."""
+    side, other = streams or (torch.cuda.Stream(), torch.cuda.Stream())
+    seen: list[tuple[str, int]] = []
+    g = torch.Generator().manual_seed(seed)  # a seed a trial: a stale read does not find the trial before's values
+    w = torch.randn(N, generator=g).cuda().requires_grad_()
+    x = torch.randn(N, generator=g).cuda()
+    default = torch.cuda.current_stream()
+    side.wait_stream(default)
+    with torch.cuda.stream(side):
+        y = w * x
+
+    def stall(grad: torch.Tensor) -> None:
+        seen.append(("y-hook", torch.cuda.current_stream().cuda_stream))
+        torch.cuda._sleep(cycles)
+
+    y.register_hook(stall)
+    default.wait_stream(side)
+    (gw,) = torch.autograd.grad(y.sum(), [w])
+    if read_on == "calling":
+        got = gw.clone()
+    else:
+        with torch.cuda.stream(other):
+            got = gw.clone()
+    torch.cuda.synchronize()
+    names = _names(side)
+    return bool(torch.equal(got.cpu(), x.cpu())), sorted({f"{what}@{names.get(s, s)}" for what, s in seen})
+
+
+#: torchao's driver at the stalls the GPU test uses: the unmodified optimizer and each mutant
+TORCHAO = "tests/upstream/torchao_offload.py"
+TORCHAO_LINES = {
+    "train_without_backward_wait": "train::default#7+20",  # the forward's first op, after the batch's H2D syncs
+    "train_without_event_sync": "train::stream#0+20",  # the first gradient D2H
+    "train_without_stream_sync": "train::stream#2+20",  # the first parameter H2D
+    "train_without_record_stream": "train:offload_gradients=1:stream#0+20",
+}
+
+
+def torchao_lines() -> list[tuple[str, bool]]:
+    """(line, racy) for each mutant at its stall and the unmodified optimizer at the same stall."""
+    out = []
+    for mutant, fixed in TORCHAO_LINES.items():
+        config_and_stall = fixed.split(":", 1)[1]
+        out += [(f"{TORCHAO}::{mutant}:{config_and_stall.removeprefix('offload_gradients=1')}", True),
+                (f"{TORCHAO}::{fixed}", False)]
+    return out

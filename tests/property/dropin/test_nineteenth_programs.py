@@ -1,0 +1,61 @@
+"""The simulator's verdicts on the programs ``tests/gpu/test_nineteenth_gpu.py`` runs on a GPU
+(``tests/nineteenth_programs.py``, and torchao's ``CPUOffloadOptimizer`` driver at the GPU test's stalls): what the GPU
+is expected to show, checked here on the CPU so a GPU run only has to compare."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import nineteenth_programs as programs
+import pytest
+
+import simdevice
+from reference.schedule import Schedule
+from simdevice.search.targets import resolve
+
+ROOT = Path(__file__).resolve().parents[3]
+STALL = 10_000_000  # cycles: 14.6 ms on the simulator
+
+
+def test_a_pause_without_a_wait_races_with_the_stalled_kernel_and_with_one_is_clean() -> None:
+    racy = simdevice.cuda().run(programs.pause_while_a_kernel_may_run, STALL, False)
+    kinds = {r.kind for r in racy.reports}
+    assert "race" in kinds, [str(r) for r in racy.reports]
+    assert str(racy.reports[0]).startswith("race: memory_saver.pause('train') on host host ")
+    assert not simdevice.cuda().run(programs.pause_while_a_kernel_may_run, STALL, True).reports
+
+
+def test_nodes_made_under_set_stream_run_their_backward_and_hooks_there() -> None:
+    run = simdevice.cuda().run(programs.set_stream_forward)
+    assert not run.reports
+    assert run.result == ["accumulate@side", "y-hook@side"]
+
+
+@pytest.mark.parametrize(("forward_on_side", "want"), [(True, ["full@side", "pre@side"]),
+                                                       (False, ["full@default", "pre@default"])])
+def test_a_module_s_full_backward_hooks_run_on_its_forward_s_stream(forward_on_side: bool, want: list[str]) -> None:
+    run = simdevice.cuda().run(programs.module_hooks, forward_on_side, STALL)
+    assert not run.reports
+    assert run.result == want
+
+
+def test_grad_s_capture_is_waited_for_by_the_calling_stream_and_not_by_another() -> None:
+    run = simdevice.cuda().run(programs.grad_capture, "calling", STALL)
+    assert not run.reports
+    assert run.result == (True, ["y-hook@side"])
+    run = simdevice.cuda().run(programs.grad_capture, "other", STALL)
+    assert [r.kind for r in run.reports if r.kind == "race"] == ["race"]
+    assert run.result[1] == ["y-hook@side"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
+@pytest.mark.parametrize(("line", "racy"), programs.torchao_lines())
+def test_torchao_s_optimizer_and_its_mutants_at_the_gpu_test_s_stalls(line: str, racy: bool,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    s = Schedule.parse(line)
+    out = resolve(s.program).run(s)
+    assert out.clean != racy, out.verdict()
+    if racy:
+        assert any(r.kind == "host-error" for r in out.run.reports)  # wrong weights, not only a race
