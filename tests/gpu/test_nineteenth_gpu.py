@@ -1,0 +1,225 @@
+"""The nineteenth sitting's models on a real GPU, each compared with the simulator's verdict on the same program
+(``tests/nineteenth_programs.py``; the verdicts are also checked on the CPU by
+``tests/property/dropin/test_nineteenth_programs.py``):
+
+- a ``torch_memory_saver`` pause (the real library, 0.0.10, preload hook) with a kernel on the region's memory
+  stalled on a side stream and no wait before the pause: ``cuMemUnmap`` does not wait for it, so the kernel faults
+  (an illegal memory access: each trial in a process of its own); with ``torch.cuda.synchronize()`` before the
+  pause, none does;
+- backward's streams for nodes made under ``torch.cuda.set_stream(s)`` and for a module's full backward hook and
+  pre-hook: the streams the hooks ran on;
+- ``torch.autograd.grad(loss, [w])``: the calling stream's read of the captured gradient is right (the engine waits
+  for the capture's stream at the end), another stream's, which waits for nothing, is not;
+- torchao's ``CPUOffloadOptimizer`` (0.18.0) unmodified and its four mutants, each at a stall that exposes it.
+
+Run: ``NCCL_NVLS_ENABLE=0 PYTHONPATH=/tmp/site:. python -m pytest -q -s tests/gpu/test_nineteenth_gpu.py`` (the
+wheels installed into /tmp/site as docs/memsaver.md says). Each case prints ``RATE``; ``NINETEENTH_GPU_TRIALS`` sets
+the trials (default 5).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import nineteenth_programs as programs  # noqa: E402
+
+import simdevice  # noqa: E402
+from reference.cuda import calibrate_sleep_cycles_per_ms  # noqa: E402
+from reference.schedule import Schedule  # noqa: E402
+from simdevice.search.targets import resolve  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+TRIALS = int(os.environ.get("NINETEENTH_GPU_TRIALS", "5"))
+STALL_MS = 100
+ILLEGAL = re.compile(r"illegal (memory access|address)", re.IGNORECASE)
+
+
+def _where() -> str:
+    return f"(torch {torch.__version__}, {torch.cuda.get_device_name()})"
+
+
+@pytest.fixture(scope="module")
+def cycles() -> int:
+    return int(STALL_MS * calibrate_sleep_cycles_per_ms())
+
+
+# -- a memory-saver pause -----------------------------------------------------------------------------------------
+
+needs_saver = pytest.mark.skipif(importlib.util.find_spec("torch_memory_saver") is None,
+                                 reason="torch_memory_saver not installed (extra 'gpu')")
+
+
+def _pause_child(wait: bool, trials: int) -> tuple[str, str]:
+    """Run ``pause_while_a_kernel_may_run`` ``trials`` times in a child with the preload hook; return (its last
+    ``RESULT``, or ``faulted`` where its output names an illegal memory access; the output's tail)."""
+    from reference.cuda import cuda_runtime_dirs, memory_saver_preload
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    for key in ("TMS_INIT_ENABLE", "TMS_INIT_ENABLE_CPU_BACKUP"):
+        env.pop(key, None)
+    env["LD_PRELOAD"] = memory_saver_preload()
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([*cuda_runtime_dirs(), env.get("LD_LIBRARY_PATH", "")])
+    try:
+        p = subprocess.run([sys.executable, __file__, "pause", str(int(wait)), str(trials)], env=env,
+                           capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "timeout", ""
+    out = p.stdout + p.stderr
+    results = [line[7:] for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+    if results and not results[-1].startswith("faulted"):
+        return results[-1], out[-1500:]
+    if ILLEGAL.search(out):
+        return "faulted", next(line for line in out.splitlines() if ILLEGAL.search(line))[:300]
+    return (results[-1] if results else f"crash rc={p.returncode}"), out[-1500:]
+
+
+@needs_saver
+def test_a_pause_without_a_wait_faults_the_kernel_in_flight_and_with_one_does_not() -> None:
+    sim_racy = simdevice.cuda().run(programs.pause_while_a_kernel_may_run, 10_000_000, False)
+    sim_fixed = simdevice.cuda().run(programs.pause_while_a_kernel_may_run, 10_000_000, True)
+    faulted = 0
+    for _ in range(TRIALS):  # a fault is sticky: a process a trial
+        outcome, tail = _pause_child(False, 1)
+        faulted += outcome == "faulted"
+        print(f"  no wait: {outcome}: {tail.splitlines()[-1] if tail else ''}")
+    fixed, tail = _pause_child(True, TRIALS)  # one process: nothing should fault
+    print(f"RATE memory-saver pause with a stalled kernel in flight: no wait faulted {faulted}/{TRIALS} "
+          f"(simulator: {sim_racy.reports[0].kind if sim_racy.reports else 'clean'}); synchronize() before the "
+          f"pause: {fixed} (simulator: {'clean' if not sim_fixed.reports else 'racy'}) {_where()}", flush=True)
+    if fixed != f"clean {TRIALS}/{TRIALS}":
+        print(tail)
+    assert sim_racy.reports
+    assert not sim_fixed.reports
+    assert faulted == TRIALS, "the pause waited for the kernel (the simulator calls it a race)"
+    assert fixed == f"clean {TRIALS}/{TRIALS}"
+
+
+def _pause_main(wait: bool, trials: int) -> None:
+    import torch_memory_saver
+    from torch_memory_saver import torch_memory_saver as tms
+
+    torch_memory_saver.torch_memory_saver.hook_mode = "preload"
+    torch.cuda.set_device(0)
+    cycles = int(STALL_MS * calibrate_sleep_cycles_per_ms())
+    # the hook is in place: a pause gives a region's memory back (else nothing is unmapped and nothing can fault)
+    with tms.region("check"):
+        held = torch.ones(1 << 30, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    free0, _ = torch.cuda.mem_get_info()
+    tms.pause("check")
+    free1, _ = torch.cuda.mem_get_info()
+    tms.resume("check")
+    del held
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    if free1 - free0 < 1 << 29:
+        print(f"RESULT saver-inactive (a pause of 1 GiB released {(free1 - free0) >> 20} MiB)")
+        return
+    done = 0
+    for _ in range(trials):
+        try:
+            programs.pause_while_a_kernel_may_run(cycles, wait)
+        except RuntimeError as e:
+            print(f"RESULT faulted {str(e).splitlines()[0]}")
+            return
+        done += 1
+    print(f"RESULT clean {done}/{trials}")
+
+
+# -- backward's streams -------------------------------------------------------------------------------------------
+
+
+def test_nodes_made_under_set_stream_run_their_hooks_on_that_stream() -> None:
+    sim = simdevice.cuda().run(programs.set_stream_forward)
+    side = torch.cuda.Stream()
+    seen = {s for _ in range(TRIALS) for s in programs.set_stream_forward((side,))}
+    print(f"RATE ops under torch.cuda.set_stream(side), backward() on the default stream: hooks ran on "
+          f"{sorted(seen)} over {TRIALS} trials (simulator: {sim.result}) {_where()}", flush=True)
+    assert not sim.reports
+    assert sorted(seen) == sim.result
+
+
+@pytest.mark.parametrize("forward_on_side", [True, False])
+def test_a_module_s_full_backward_hooks_run_on_its_forward_s_stream(forward_on_side: bool, cycles: int) -> None:
+    sim = simdevice.cuda().run(programs.module_hooks, forward_on_side, 10_000_000)
+    side = torch.cuda.Stream()
+    seen = {s for _ in range(TRIALS) for s in programs.module_hooks(forward_on_side, cycles // 10, (side,))}
+    where = "forward in a side stream's block" if forward_on_side else "backward() in a side stream's block"
+    print(f"RATE a module's full backward hook and pre-hook, {where}: ran on {sorted(seen)} over {TRIALS} trials "
+          f"(simulator: {sim.result}) {_where()}", flush=True)
+    assert not sim.reports
+    assert sorted(seen) == sim.result
+
+
+@pytest.mark.parametrize("read_on", ["calling", "other"])
+def test_grad_s_capture_is_waited_for_by_the_calling_stream(read_on: str, cycles: int) -> None:
+    sim = simdevice.cuda().run(programs.grad_capture, read_on, 10_000_000)
+    streams = (torch.cuda.Stream(), torch.cuda.Stream())
+    programs.grad_capture(read_on, cycles, 0, streams)  # warm-up, not counted: fills the caching allocator's blocks
+    right = 0
+    seen: set[str] = set()
+    for trial in range(TRIALS):
+        r, s = programs.grad_capture(read_on, cycles, trial + 1, streams)
+        right += r
+        seen.update(s)
+    sim_verdict = "race" if any(r.kind == "race" for r in sim.reports) else "clean" if not sim.reports else "other"
+    print(f"RATE torch.autograd.grad(loss, [w]) with w * x on a side stream, the gradient read on the {read_on} "
+          f"stream: right {right}/{TRIALS}, y's hook ran on {sorted(seen)} (simulator: {sim_verdict}, "
+          f"{sim.result[1]}) {_where()}", flush=True)
+    assert sorted(seen) == sim.result[1]
+    if read_on == "calling":
+        assert sim_verdict == "clean"
+        assert right == TRIALS
+    else:
+        assert sim_verdict == "race"
+        assert right < TRIALS
+
+
+# -- torchao's CPUOffloadOptimizer --------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
+@pytest.mark.parametrize(("line", "racy"), programs.torchao_lines())
+def test_torchao_s_optimizer_and_its_mutants(line: str, racy: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    s = Schedule.parse(line)
+    t = resolve(s.program)
+    sim = t.run(s)
+    t.run(s, "cuda")  # warm-up, not counted
+    bad = 0
+    first = ""
+    for _ in range(TRIALS):
+        out = t.run(s, "cuda")
+        if not out.clean:
+            bad += 1
+            first = first or out.verdict() + ": " + "; ".join(out.problems)[:200]
+    print(f"RATE {line} wrong {bad}/{TRIALS} (simulator: {sim.verdict()}) {_where()}"
+          + (f" first: {first}" if first else ""), flush=True)
+    assert sim.clean != racy
+    if racy:
+        assert bad >= 1, "the stalled mutant's weights came out right on the GPU"
+    else:
+        assert bad == 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "pause":
+        _pause_main(sys.argv[2] == "1", int(sys.argv[3]))
+    sys.stdout.flush()
+    os._exit(0)
