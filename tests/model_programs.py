@@ -1,6 +1,6 @@
-"""Plain torch.cuda programs for the models the nineteenth sitting fixed, run unchanged on the simulator
-(``tests/property/dropin/test_nineteenth_programs.py``: the verdicts) and on a GPU
-(``tests/gpu/test_nineteenth_gpu.py``: the rates and the streams seen, compared with those verdicts).
+"""Plain torch.cuda programs for models that had no GPU case, run unchanged on the simulator
+(``tests/property/dropin/test_model_programs.py``: the verdicts) and on a GPU
+(``tests/gpu/test_model_programs_gpu.py``: the rates and the streams seen, compared with those verdicts).
 
 Each program stalls a stream with ``torch.cuda._sleep(cycles)`` where the race it may have would show on a GPU, and
 returns what it saw: the streams its hooks ran on (by name: ``default``, ``side``) and whether it read right.

@@ -1,5 +1,5 @@
-"""The simulator's verdicts on the programs ``tests/gpu/test_nineteenth_gpu.py`` runs on a GPU
-(``tests/nineteenth_programs.py``, and torchao's ``CPUOffloadOptimizer`` driver at the GPU test's stalls): what the GPU
+"""The simulator's verdicts on the programs ``tests/gpu/test_model_programs_gpu.py`` runs on a GPU
+(``tests/model_programs.py``, and torchao's ``CPUOffloadOptimizer`` driver at the GPU test's stalls): what the GPU
 is expected to show, checked here on the CPU so a GPU run only has to compare."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import nineteenth_programs as programs
+import model_programs as programs
 import pytest
 
 import simdevice

@@ -1,6 +1,6 @@
-"""The nineteenth sitting's models on a real GPU, each compared with the simulator's verdict on the same program
-(``tests/nineteenth_programs.py``; the verdicts are also checked on the CPU by
-``tests/property/dropin/test_nineteenth_programs.py``):
+"""Models that had no GPU case, on a real GPU, each compared with the simulator's verdict on the same program
+(``tests/model_programs.py``; the verdicts are also checked on the CPU by
+``tests/property/dropin/test_model_programs.py``):
 
 - a ``torch_memory_saver`` pause (the real library, 0.0.10, preload hook) with a kernel on the region's memory
   stalled on a side stream and no wait before the pause: ``cuMemUnmap`` does not wait for it, so the kernel faults
@@ -12,8 +12,8 @@
   for the capture's stream at the end), another stream's, which waits for nothing, is not;
 - torchao's ``CPUOffloadOptimizer`` (0.18.0) unmodified and its four mutants, each at a stall that exposes it.
 
-Run: ``NCCL_NVLS_ENABLE=0 PYTHONPATH=/tmp/site:. python -m pytest -q -s tests/gpu/test_nineteenth_gpu.py`` (the
-wheels installed into /tmp/site as docs/memsaver.md says). Each case prints ``RATE``; ``NINETEENTH_GPU_TRIALS`` sets
+Run: ``NCCL_NVLS_ENABLE=0 PYTHONPATH=/tmp/site:. python -m pytest -q -s tests/gpu/test_model_programs_gpu.py`` (the
+wheels installed into /tmp/site as docs/memsaver.md says). Each case prints ``RATE``; ``MODEL_PROGRAMS_GPU_TRIALS`` sets
 the trials (default 5).
 """
 
@@ -35,7 +35,7 @@ if not torch.cuda.is_available():
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-import nineteenth_programs as programs  # noqa: E402
+import model_programs as programs  # noqa: E402
 
 import simdevice  # noqa: E402
 from reference.cuda import calibrate_sleep_cycles_per_ms  # noqa: E402
@@ -44,7 +44,7 @@ from simdevice.search.targets import resolve  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-TRIALS = int(os.environ.get("NINETEENTH_GPU_TRIALS", "5"))
+TRIALS = int(os.environ.get("MODEL_PROGRAMS_GPU_TRIALS", "5"))
 STALL_MS = 100
 ILLEGAL = re.compile(r"illegal (memory access|address)", re.IGNORECASE)
 
