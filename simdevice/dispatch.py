@@ -853,6 +853,65 @@ def _argument_error(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) 
     return None
 
 
+def _overlap_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], written: list[torch.Tensor],
+                   limit: int | None) -> RuntimeError | None:
+    """What torch's memory-overlap check raises for an op that writes ``written`` (TensorIterator's, on the host
+    before CUDA launches anything: a destination whose elements share memory, ``x[:1].expand(4).add_(1)``, or one
+    that overlaps an input in part, ``x[1:].copy_(x[:-1])``), found by running the op on zeros laid out with the
+    same aliasing as its device tensors; None where no destination overlaps itself or another argument, where the
+    op runs, or where the bytes it spans pass ``limit``. The op computed on the stream cannot raise it: it writes
+    a copy of its destination (``_Effect``)."""
+    dests = [w for w in written if isinstance(w, SimTensor)]
+    if not dests:
+        return None
+    flat = _flat(args, kwargs)
+    blocks = {id(w._st) for w in dests}
+    others = [x for x in flat if isinstance(x, SimTensor) and id(x._st) in blocks and all(x is not w for w in dests)]
+    expanded = any(torch._debug_has_internal_overlap(w._data) == 1 for w in dests)
+    if not (others or expanded) or classify(func).seeded:  # (a random op's trial would draw from the host's generator)
+        return None
+
+    def extent(t: SimTensor) -> tuple[int, int, int]:  # (its CPU storage's address, first byte, end byte)
+        d = t._data
+        k = d.element_size()
+        n = 0 if d.numel() == 0 else 1 + sum((m - 1) * s for m, s in zip(d.shape, d.stride(), strict=True))
+        return int(d.untyped_storage().data_ptr()), d.storage_offset() * k, (d.storage_offset() + n) * k
+
+    spans = [extent(w) for w in dests]
+    if not expanded and not any(b == c and lo < e and d < hi for x in others for b, lo, hi in [extent(x)]
+                                for c, d, e in spans):
+        return None  # (disjoint parts of one allocation)
+    # zeros for each CPU storage among the device tensors, from the first byte they use (16-aligned) to the last
+    bounds: dict[int, tuple[int, int]] = {}
+    for x in flat:
+        if isinstance(x, SimTensor):
+            b, lo, hi = extent(x)
+            old = bounds.get(b, (lo, hi))
+            bounds[b] = (min(old[0], lo) // 16 * 16, max(old[1], hi))
+    if limit is not None and sum(hi - lo for lo, hi in bounds.values()) > limit:
+        return None
+    scratch = {b: (lo, torch.zeros(hi - lo, dtype=torch.uint8).untyped_storage()) for b, (lo, hi) in bounds.items()}
+
+    def laid_out(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return CPU if isinstance(x, torch.device) else x
+        if not isinstance(x, SimTensor):
+            return x.clone()
+        b, start, _ = extent(x)
+        lo, st = scratch[b]
+        d = x._data
+        return torch.empty(0, dtype=d.dtype).set_(st, (start - lo) // d.element_size(), d.shape, d.stride())
+
+    hargs, hkwargs = _tree_map(laid_out, args), _tree_map(laid_out, kwargs)
+    try:
+        _on_a_stack_of_its_own(lambda: func(*hargs, **hkwargs))
+    except RuntimeError as e:
+        return e if "single memory location" in str(e) else None
+    except Exception:
+        return None
+    return None
+
+
 def _on_a_stack_of_its_own(call: Callable[[], Any]) -> Any:
     """``call()`` in a thread of its own, its result or what it raised. An op's meta kernel may be Python that
     imports a module the first time it runs (``torch._dynamo``, behind ``torch._disable_dynamo``), and such an
@@ -1197,6 +1256,11 @@ class Dispatcher:
     ) -> Any:
         """Enqueue one aten op on stream ``s`` for host actor ``a`` (its host step already taken)."""
         written = _written(facts, args, kwargs) if facts.written else []
+        if written:
+            # (the trial's zeros: as many bytes as the op's own, where values are computed; bounded in a race-only run)
+            error = _overlap_error(func, args, kwargs, written, None if self.config.values else _TRIAL_BYTES)
+            if error is not None:
+                raise error
         if written and facts.written[0][2]:  # (an out= op: its outputs are keyword-only)
             self._fit_outputs(a, func, facts, args, kwargs, written)
         meta = None
