@@ -225,3 +225,76 @@ def test_grad_runs_the_nodes_before_a_captured_input_on_their_streams() -> None:
     mutant sweep: nodes before a captured input were not run as the engine's, so they ran on the calling stream.)"""
     assert _seen(grad_with_a_hook_of_a_side_stream_forward, "leaf") == ["s"]
     assert _seen(grad_with_a_hook_of_a_side_stream_forward, "product") == ["s"]
+
+
+def two_roots_with_tensor_hooks() -> list[str]:
+    """Two losses, ``l1`` made on the default stream, ``l2`` after it in a side stream's block, each with a tensor
+    hook; ``torch.autograd.backward([l1, l2])`` on the default stream. The engine's graph root makes both ready; its
+    ready queue gives ``l2`` first (greatest sequence number), and a tensor hook runs under its node's stream guard,
+    before the node's pre-hooks."""
+    s = torch.cuda.Stream()
+    w = torch.ones(N, device="cuda", requires_grad=True)
+    seen: list[str] = []
+    l1 = (w * 2.0).sum()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        l2 = (w * 3.0).sum()
+    l1.register_hook(lambda g: seen.append("l1:" + _name()))
+    l2.register_hook(lambda g: seen.append("l2:" + _name()))
+    torch.cuda.current_stream().wait_stream(s)
+    torch.autograd.backward([l1, l2])
+    torch.cuda.synchronize()
+    assert torch.equal(w.grad.cpu(), torch.full((N,), 5.0))
+    return seen
+
+
+def test_the_ready_queue_gives_the_node_of_greatest_sequence_number_first() -> None:
+    """A tensor hook of a root sees its own node's stream: the engine model makes current the stream of the ready
+    node of greatest sequence number, the one the engine runs next (a model taking the least ran ``l2``'s hook on
+    the default stream)."""
+    assert _seen(two_roots_with_tensor_hooks) == ["l2:s", "l1:default"]
+
+
+class _NoGradient(torch.autograd.Function):
+    """Doubles its input; its backward gives its input no gradient (None)."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx: object, g: torch.Tensor) -> None:
+        return None
+
+
+def grad_captured_at_a_node_that_also_runs() -> None:
+    """``w`` first used on ``s2``; on ``s`` a node (``_NoGradient``) made from it and the loss; ``torch.autograd.grad
+    (loss, [h, w])`` on the default stream. ``h``'s node both runs (``w``'s capture is after it) and captures ``h``'s
+    gradient, which ``s``'s sum backward made; the node gives ``w`` no gradient, so no stream after it waits for
+    ``s``. The calling stream's copy of the captured gradient is ordered by the wait for the leaf streams at the end,
+    ``s`` among them."""
+    s, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    w = torch.ones(N, device="cuda", requires_grad=True)
+    pinned = torch.empty(N, pin_memory=True)
+    s2.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s2):
+        w2 = w * 1.0
+    s.wait_stream(s2)
+    with torch.cuda.stream(s):
+        h = _NoGradient.apply(w2)
+        loss = (h * 3.0).sum()
+    torch.cuda.current_stream().wait_stream(s)
+    g_h, g_w = torch.autograd.grad(loss, [h, w], allow_unused=True)
+    assert g_w is None
+    pinned.copy_(g_h, non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(pinned, torch.full((N,), 3.0))
+
+
+def test_a_node_that_runs_and_captures_is_a_leaf_stream() -> None:
+    """The engine puts a capturing node's stream among the leaf streams also where the node runs (it is on the way
+    to another input): clean, where a model that made only capture-only nodes leaf streams reports the calling
+    stream's copy of the captured gradient as a race with ``s``'s backward."""
+    s = simdevice.cuda()
+    s.run(grad_captured_at_a_node_that_also_runs)
+    s.assert_clean()
