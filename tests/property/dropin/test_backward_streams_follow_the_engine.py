@@ -114,3 +114,32 @@ def test_gradients_accumulate_on_the_accumulate_grad_s_stream() -> None:
     s.assert_clean()
     assert s.result is not None
     assert s.result.result == ["s", "s"]
+
+
+def _a_side_stream_gradient_read_on_the_default_stream() -> None:
+    """``a = w * x`` on the default stream, the loss from it in a side stream's block, ``backward()`` on the default
+    stream: ``a``'s gradient is made on ``s`` and read by the product's backward on the default stream. The program
+    then allocates on ``s``: the caching allocator may hand out a block freed on ``s`` at once."""
+    s = torch.cuda.Stream()
+    w = torch.ones(N, device="cuda", requires_grad=True)
+    x = torch.full((N,), 2.0, device="cuda")
+    a = w * x
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        loss = (a * 3.0).sum()
+    torch.cuda.current_stream().wait_stream(s)
+    loss.backward()
+    with torch.cuda.stream(s):
+        kept = [torch.ones(N, device="cuda") for _ in range(4)]
+    torch.cuda.synchronize()
+    assert torch.equal(w.grad.cpu(), torch.full((N,), 6.0))
+    del kept
+
+
+def test_a_gradient_read_on_another_stream_is_recorded_on_it() -> None:
+    """The engine ``record_stream``-s a gradient onto its consumer's stream where the producer's differs: its block,
+    freed on ``s`` after the default stream's read, is not handed out on ``s`` before that read is done (clean;
+    without the record, ``s``'s new tensors overwrite it under the read: a race naming the free)."""
+    sim = simdevice.cuda()
+    sim.run(_a_side_stream_gradient_read_on_the_default_stream)
+    sim.assert_clean()
