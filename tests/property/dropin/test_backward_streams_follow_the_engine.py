@@ -143,3 +143,35 @@ def test_a_gradient_read_on_another_stream_is_recorded_on_it() -> None:
     sim = simdevice.cuda()
     sim.run(_a_side_stream_gradient_read_on_the_default_stream)
     sim.assert_clean()
+
+
+def _a_later_producer_on_a_side_stream() -> None:
+    """``w`` first used on the default stream (its ``AccumulateGrad`` there), then on ``s``, then on the default
+    stream again; ``v`` used on ``s2`` in between. ``backward()`` on the default stream: the products' backwards give
+    ``w`` three gradients, the second from ``s``, a later producer's, added into ``w``'s buffer on the default
+    stream while the ready queue holds ``v``'s node (on ``s2``) and the first product's."""
+    s, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    w = torch.ones(N, device="cuda", requires_grad=True)
+    v = torch.ones(N, device="cuda", requires_grad=True)
+    p0 = w * 1.0
+    s2.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s2):
+        q = v * 5.0
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        p1 = w * 2.0
+    p2 = w * 3.0
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.current_stream().wait_stream(s2)
+    (p0 + q + p1 + p2).sum().backward()
+    assert torch.equal(w.grad.cpu(), torch.full((N,), 6.0))
+    torch.cuda.synchronize()
+
+
+def test_a_later_producer_s_gradient_is_added_on_the_consumer_s_stream_after_it() -> None:
+    """A second producer's gradient is added into the buffer on the consumer's stream, which waits for that
+    producer's stream first (clean; a race where the addition does not wait for ``s``, or runs on the stream of the
+    node the ready queue gives next, ``s2``)."""
+    sim = simdevice.cuda()
+    sim.run(_a_later_producer_on_a_side_stream)
+    sim.assert_clean()
