@@ -298,3 +298,50 @@ def test_a_node_that_runs_and_captures_is_a_leaf_stream() -> None:
     s = simdevice.cuda()
     s.run(grad_captured_at_a_node_that_also_runs)
     s.assert_clean()
+
+
+def two_leaves_first_used_on_two_side_streams() -> None:
+    """``w1`` first used on ``s1``, ``w2`` on ``s2``; ``backward()`` on the default stream, then the default stream
+    reads both gradients: each leaf's ``AccumulateGrad`` ran on its own stream, and the calling stream waited for
+    both leaf streams at the end."""
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    w1 = torch.ones(N, device="cuda", requires_grad=True)
+    w2 = torch.ones(N, device="cuda", requires_grad=True)
+    s1.wait_stream(torch.cuda.current_stream())
+    s2.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s1):
+        a = w1 * 2.0
+    with torch.cuda.stream(s2):
+        b = w2 * 3.0
+    torch.cuda.current_stream().wait_stream(s1)
+    torch.cuda.current_stream().wait_stream(s2)
+    (a.sum() + b.sum()).backward()
+    assert torch.equal((w1.grad + w2.grad).cpu(), torch.full((N,), 5.0))
+
+
+def test_the_calling_stream_waits_for_every_leaf_stream() -> None:
+    """Two leaf streams: the calling stream waits for each at the end (clean; a race where it waits for one)."""
+    s = simdevice.cuda()
+    s.run(two_leaves_first_used_on_two_side_streams)
+    s.assert_clean()
+
+
+def grad_of_a_root_itself() -> None:
+    """A loss made on ``s`` (the default stream does not wait for it), ``torch.autograd.grad(h, [h])`` on the default
+    stream: no node runs, the engine captures the root's gradient at ``h``'s node, on ``s``, and the calling
+    stream waits for ``s`` (a leaf stream) at the end, so it may then read ``h``."""
+    s = torch.cuda.Stream()
+    w = torch.ones(N, device="cuda", requires_grad=True)
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        h = (w * 2.0).sum()
+    (g,) = torch.autograd.grad(h, [h])
+    assert float((h + g).cpu()) == 2.0 * N + 1.0
+
+
+def test_a_backward_that_only_captures_still_waits_for_the_leaf_streams() -> None:
+    """No node's hook runs where the engine only captures, and still the engine's end makes the calling stream wait
+    for the capture's stream (clean; without it the default stream's read of ``h`` races with ``s``'s sum)."""
+    s = simdevice.cuda()
+    s.run(grad_of_a_root_itself)
+    s.assert_clean()
