@@ -99,3 +99,24 @@ def test_a_barrier_found_done_at_wait_orders_what_came_before_it_on_the_stream()
     s.assert_clean()
     found = simdevice.explore(d2h_then_barrier_work_then_host_read, world_size=2, max_examples=30)
     assert found.failure is None, found.failure.text()
+
+
+def stalled_barrier_work_synchronized_then_host_read() -> None:
+    """The stalled barrier of :func:`stalled_barrier_work_then_host_read`, its work's ``synchronize()`` in place of
+    ``wait()``."""
+    x = torch.arange(16, dtype=torch.float32, device="cuda") * 2
+    pinned = torch.empty(16, pin_memory=True)
+    torch.cuda._sleep(10_000_000)  # the barrier, behind it on the stream, is not done at synchronize()
+    work = dist.barrier(async_op=True)
+    pinned.copy_(x, non_blocking=True)
+    work.synchronize()
+    assert torch.equal(pinned, torch.arange(16, dtype=torch.float32) * 2), "the host read before the D2H"
+
+
+def test_a_barrier_s_work_synchronize_does_not_block_the_host() -> None:
+    """``Work.synchronize()`` of a barrier's work is any work's, a stream wait: the host is not blocked even where
+    the barrier is not done, so its read of the D2H queued after the barrier races (a simulator that blocks the
+    host there, as ``wait()`` does, calls it clean)."""
+    s = simdevice.cuda()
+    s.run(stalled_barrier_work_synchronized_then_host_read, world_size=2)
+    assert "race" in s.text(), s.text()
