@@ -383,9 +383,12 @@ class _Engine:
         return s
 
     def _mark_needed(self, wanted: set[int], accumulate: bool) -> None:
-        """``inputs=``: the engine runs the nodes on a path to an input (an input's own ``AccumulateGrad`` where it
-        accumulates, ``backward(inputs=)``), and captures the other inputs' gradients at their nodes (a node that
-        captures makes the nodes before it run, as the engine's ``should_execute`` is ``needed_ || captures_``)."""
+        """``inputs=``: the engine runs the nodes on a path to an input. ``backward(inputs=)`` (it accumulates) runs
+        each input's own node, an ``AccumulateGrad`` or, for a non-leaf input, its ``grad_fn`` (the engine's
+        ``init_to_execute`` sets ``needed_`` on every output edge then; the input's ``retain_grad`` hook writes its
+        ``.grad`` as that node starts, and a node that returns gradients is no leaf stream); ``grad()`` captures the
+        inputs' gradients at their nodes (a node that captures makes the nodes before it run, as the engine's
+        ``should_execute`` is ``needed_ || captures_``)."""
         needed = [False] * len(self.nodes)
 
         def made(j: int) -> int:  # a node's consumers are made after it; an AccumulateGrad has none to wait for
@@ -395,7 +398,7 @@ class _Engine:
         captures = set()
         for j in sorted(range(len(self.nodes)), key=made):
             n = self.nodes[j]
-            own = j in wanted and accumulate and type(n).__name__ == _ACCUMULATE
+            own = j in wanted and accumulate
             if j in wanted and not own:
                 captures.add(j)
             # (the engine's ``should_execute``: a node runs where a node after it runs or captures)

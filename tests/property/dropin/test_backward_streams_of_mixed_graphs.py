@@ -345,3 +345,41 @@ def test_a_backward_that_only_captures_still_waits_for_the_leaf_streams() -> Non
     s = simdevice.cuda()
     s.run(grad_of_a_root_itself)
     s.assert_clean()
+
+
+def backward_into_a_non_leaf(read_on: str) -> str:
+    """``h = w * x`` in a side stream's block, ``loss.backward(inputs=[h])`` on the default stream, ``h.grad`` read
+    on ``read_on`` after it: the engine runs ``h``'s node (``needed_``, as every input's node of ``backward(inputs=)``)
+    on ``s``, where ``h``'s ``retain_grad`` hook writes ``h.grad``; that node returns gradients, so ``s`` is no leaf
+    stream and the calling stream does not wait for it. ``s`` is stalled before the backward, so no allocation's
+    query sees it done first. Returns the stream ``h``'s node's hook ran on."""
+    s = torch.cuda.Stream()
+    w = torch.ones(N, device="cuda", requires_grad=True)
+    x = torch.full((N,), 2.0, device="cuda")
+    seen: list[str] = []
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        h = w * x
+    torch.cuda.current_stream().wait_stream(s)
+    loss = (h * 3.0).sum()
+    h.grad_fn.register_prehook(lambda g: seen.append(_name()))
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(10_000_000)  # (``h.grad`` not written yet when the host reads it, unless it waits)
+    loss.backward(inputs=[h])
+    if read_on == "s":
+        torch.cuda.current_stream().wait_stream(s)
+    total = h.grad.sum().item()
+    assert w.grad is None
+    if read_on == "s":
+        assert total == 3.0 * N
+    return seen[0]
+
+
+def test_backward_into_a_non_leaf_runs_its_node_which_is_no_leaf_stream() -> None:
+    """Waited for, clean, the node on ``s``; not waited for, the calling stream's read of ``h.grad`` races with the
+    node's write of it on ``s`` (a model that took the input's node for a capture made ``s`` a leaf stream and
+    called it clean)."""
+    assert _seen(backward_into_a_non_leaf, "s") == "s"
+    run = simdevice.cuda()
+    run.run(backward_into_a_non_leaf, "default")
+    assert [r.kind for r in run.result.reports if r.kind == "race"], [str(r) for r in run.result.reports]
