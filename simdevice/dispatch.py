@@ -853,8 +853,24 @@ def _argument_error(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) 
     return None
 
 
-def _overlap_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], written: list[torch.Tensor],
-                   limit: int | None) -> RuntimeError | None:
+def _may_overlap(flat: list[torch.Tensor], written: list[torch.Tensor]) -> bool:
+    """Whether a device destination may overlap itself (a stride of 0) or another of the op's tensors (one of its
+    allocation): where not, :func:`_overlap_error` has nothing to find. (Every in-place op asks: loops, no
+    comprehensions.)"""
+    for w in written:
+        if not isinstance(w, SimTensor):
+            continue
+        if 0 in w._data.stride():
+            return True
+        st = w._st
+        for x in flat:
+            if x is not w and isinstance(x, SimTensor) and x._st is st:
+                return True
+    return False
+
+
+def _overlap_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[torch.Tensor],
+                   written: list[torch.Tensor], limit: int | None) -> RuntimeError | None:
     """What torch's memory-overlap check raises for an op that writes ``written`` (TensorIterator's, on the host
     before CUDA launches anything: a destination whose elements share memory, ``x[:1].expand(4).add_(1)``, or one
     that overlaps an input in part, ``x[1:].copy_(x[:-1])``), found by running the op on zeros laid out with the
@@ -864,7 +880,6 @@ def _overlap_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], wri
     dests = [w for w in written if isinstance(w, SimTensor)]
     if not dests:
         return None
-    flat = _flat(args, kwargs)
     blocks = {id(w._st) for w in dests}
     others = [x for x in flat if isinstance(x, SimTensor) and id(x._st) in blocks and all(x is not w for w in dests)]
     expanded = any(torch._debug_has_internal_overlap(w._data) == 1 for w in dests)
@@ -1256,9 +1271,9 @@ class Dispatcher:
     ) -> Any:
         """Enqueue one aten op on stream ``s`` for host actor ``a`` (its host step already taken)."""
         written = _written(facts, args, kwargs) if facts.written else []
-        if written:
+        if written and _may_overlap(flat, written):
             # (the trial's zeros: as many bytes as the op's own, where values are computed; bounded in a race-only run)
-            error = _overlap_error(func, args, kwargs, written, None if self.config.values else _TRIAL_BYTES)
+            error = _overlap_error(func, args, kwargs, flat, written, None if self.config.values else _TRIAL_BYTES)
             if error is not None:
                 raise error
         if written and facts.written[0][2]:  # (an out= op: its outputs are keyword-only)
