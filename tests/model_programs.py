@@ -15,6 +15,8 @@ and hide a race); None makes them (the simulator's runs).
   post-accumulate-grad hook;
 - ``module_hooks``: a module's full backward hook and pre-hook, the forward in a side stream's block (backward on
   the default stream) or on the default stream (backward in the side stream's block);
+- ``backward_into_a_non_leaf``: ``backward(inputs=[h])`` of a non-leaf ``h`` made on a side stream, ``h.grad`` read on
+  the calling stream with or without a wait for the side stream;
 - ``grad_capture``: ``torch.autograd.grad(loss, [w])`` with ``w * x`` made on a side stream, the node's tensor hook
   stalling it; the gradient read on the calling stream (ordered by the engine's final wait for the capture's
   stream) or on another stream that waits for nothing (a race).
@@ -140,6 +142,40 @@ def grad_capture(read_on: str, cycles: int = 1000, seed: int = 0,
     torch.cuda.synchronize()
     names = _names(side)
     return bool(torch.equal(got.cpu(), x.cpu())), sorted({f"{what}@{names.get(s, s)}" for what, s in seen})
+
+
+def backward_into_a_non_leaf(wait: bool, cycles: int = 1000, seed: int = 0,
+                             streams: tuple[torch.cuda.Stream, ...] | None = None) -> tuple[bool, list[str]]:
+    """``h = w * x`` made on the side stream, ``loss.backward(inputs=[h])`` on the default stream, ``h``'s node's
+    pre-hook stalling the stream it runs on, ``h.grad`` read on the default stream, after it waits for the side
+    stream or (``wait`` False) not: the engine runs ``h``'s node (``backward(inputs=)`` sets ``needed_`` on it), where
+    ``h``'s ``retain_grad`` hook writes ``h.grad``; the node returns gradients, so its stream is no leaf stream and
+    the calling stream does not wait for it. Returns (the read got 3, the gradient; the streams the hook ran on)."""
+    (side,) = streams or (torch.cuda.Stream(),)
+    seen: list[tuple[str, int]] = []
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, generator=g).cuda().requires_grad_()
+    x = torch.randn(N, generator=g).cuda()
+    default = torch.cuda.current_stream()
+    side.wait_stream(default)
+    with torch.cuda.stream(side):
+        h = w * x
+    default.wait_stream(side)
+    loss = (h * 3.0).sum()
+
+    def stall(grad_outputs: Any) -> None:
+        seen.append(("h-node", torch.cuda.current_stream().cuda_stream))
+        torch.cuda._sleep(cycles)
+
+    h.grad_fn.register_prehook(stall)
+    loss.backward(inputs=[h])
+    if wait:
+        default.wait_stream(side)
+    got = h.grad.clone()
+    torch.cuda.synchronize()
+    names = _names(side)
+    right = bool(torch.equal(got.cpu(), torch.full((N,), 3.0)))
+    return right, sorted({f"{what}@{names.get(s, s)}" for what, s in seen})
 
 
 #: torchao's driver at the stalls the GPU test uses: the unmodified optimizer and each mutant

@@ -8,6 +8,8 @@
   pause, none does;
 - backward's streams for nodes made under ``torch.cuda.set_stream(s)`` and for a module's full backward hook and
   pre-hook: the streams the hooks ran on;
+- ``loss.backward(inputs=[h])`` of a non-leaf ``h`` made on a side stream: ``h``'s node runs there and is no leaf
+  stream, so the calling stream's read of ``h.grad`` is right only after a wait for the side stream;
 - ``torch.autograd.grad(loss, [w])``: the calling stream's read of the captured gradient is right (the engine waits
   for the capture's stream at the end), another stream's, which waits for nothing, is not;
 - torchao's ``CPUOffloadOptimizer`` (0.18.0) unmodified and its four mutants, each at a stall that exposes it.
@@ -184,6 +186,30 @@ def test_grad_s_capture_is_waited_for_by_the_calling_stream(read_on: str, cycles
           f"{sim.result[1]}) {_where()}", flush=True)
     assert sorted(seen) == sim.result[1]
     if read_on == "calling":
+        assert sim_verdict == "clean"
+        assert right == TRIALS
+    else:
+        assert sim_verdict == "race"
+        assert right < TRIALS
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_backward_into_a_non_leaf_is_no_leaf_stream(wait: bool, cycles: int) -> None:
+    sim = simdevice.cuda().run(programs.backward_into_a_non_leaf, wait, 10_000_000)
+    streams = (torch.cuda.Stream(),)
+    programs.backward_into_a_non_leaf(wait, cycles, 0, streams)  # warm-up, not counted
+    right = 0
+    seen: set[str] = set()
+    for trial in range(TRIALS):
+        r, s = programs.backward_into_a_non_leaf(wait, cycles, trial + 1, streams)
+        right += r
+        seen.update(s)
+    sim_verdict = "race" if any(r.kind == "race" for r in sim.reports) else "clean" if not sim.reports else "other"
+    print(f"RATE loss.backward(inputs=[h]), h = w * x on a side stream, h.grad read on the calling stream "
+          f"{'after' if wait else 'without'} a wait for it: right {right}/{TRIALS}, h's node ran on {sorted(seen)} "
+          f"(simulator: {sim_verdict}, {sim.result[1]}) {_where()}", flush=True)
+    assert sorted(seen) == sim.result[1]
+    if wait:
         assert sim_verdict == "clean"
         assert right == TRIALS
     else:

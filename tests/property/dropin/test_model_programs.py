@@ -49,6 +49,15 @@ def test_grad_s_capture_is_waited_for_by_the_calling_stream_and_not_by_another()
     assert run.result[1] == ["y-hook@side"]
 
 
+@pytest.mark.parametrize("wait", [True, False])
+def test_backward_into_a_non_leaf_is_no_leaf_stream(wait: bool) -> None:
+    run = simdevice.cuda().run(programs.backward_into_a_non_leaf, wait, STALL)
+    races = [r for r in run.reports if r.kind == "race"]
+    assert bool(races) != wait, [str(r) for r in run.reports]
+    assert run.result[1] == ["h-node@side"]
+    assert run.result[0] == wait  # (stalled, the read gets the block's bytes before the node's write)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
 @pytest.mark.parametrize(("line", "racy"), programs.torchao_lines())
 def test_torchao_s_optimizer_and_its_mutants_at_the_gpu_test_s_stalls(line: str, racy: bool,
