@@ -143,9 +143,12 @@ def _advice(race: Race, edge: Edge) -> str:
     first, second = _ordered(race)
     done = f"`{first.op}` on `{first.actor}` ({first.source})"
     then = f"before `{second.op}` on {'the host' if second.on == 'host' else f'`{second.actor}`'} ({second.source})"
-    if is_collective(first.actor, first.op):
-        how = (f"wait for the collective's work (`work.wait()` of an `async_op=True` call; after a blocking call, "
-               f"a wait on the stream it was called on, which waits for it) after {done}")
+    if is_collective(first.actor, first.op):  # (it writes device memory: a stream reads it next, never the host)
+        # (``wait()`` makes the stream current at the call wait: called with another stream current, as in a program
+        # that waits on the default stream and reads on a side one, it orders the wrong stream)
+        how = (f"wait for the collective's work on `{second.actor}` (`work.wait()` of an `async_op=True` call with "
+               f"`{second.actor}` current; after a blocking call, a wait of `{second.actor}` on the stream it was "
+               f"called on) after {done}")
     elif second.on == "host":
         how = f"synchronize on an event recorded on `{first.actor}` after {done}"
     elif is_collective(second.actor, second.op):

@@ -206,6 +206,39 @@ def gather_racy(n: int = 64) -> None:
 """
 
 
+WAITED_ELSEWHERE = """
+import torch
+import torch.distributed as dist
+
+
+def read_on_a_side_stream(n: int = 64) -> None:
+    grad = torch.full((n,), float(dist.get_rank() + 1), device="cuda")
+    work = dist.all_reduce(grad, async_op=True)
+    side = torch.cuda.Stream()
+    work.wait()  # with the default stream current: it orders the default stream, not side
+    with torch.cuda.stream(side):
+        total = grad.sum()
+    torch.cuda.current_stream().wait_stream(side)
+    assert total.item() == 3.0 * n
+"""
+
+
+def test_a_collective_waited_with_another_stream_current_is_told_which_stream_must_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The program calls ``work.wait()``, on the default stream, and reads on ``side``: the fix names the stream
+    that must wait and that ``wait()`` orders the stream current at the call (it once said only "wait for the
+    collective's work", which the program already did)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "waited.py").write_text(WAITED_ELSEWHERE)
+    assert main(["check", "waited.py::read_on_a_side_stream", "--world-size", "2", "-q"]) == 1
+    said = capsys.readouterr().out.splitlines()
+    (fix,) = [x for x in said if x.startswith("  suggested fix")]
+    assert "wait for the collective's work on `side` (`work.wait()` of an `async_op=True` call with `side` current" in (
+        fix), fix
+    assert any(x.startswith("  checked: with these inserted") for x in said), said
+
+
 def test_a_function_on_ranks_is_checked_and_replayed_with_world_size(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
