@@ -133,6 +133,10 @@ class OpFacts:
     #: ``scatter_``, ``index_put_``, ``masked_fill_``, ...): marks those elements True in a boolean tensor shaped as
     #: the destination, from the op's arguments as host tensors (:data:`_INDEXED`); else None
     indexed: Callable[[torch.Tensor, list[Any]], Any] | None = attrs.field(default=None, eq=False, repr=False)
+    #: whether the op writes one tensor argument (not a list) and draws no random numbers: TensorIterator checks
+    #: such a destination for overlap on the host (:func:`_overlap_error`); a ``_foreach_`` or fused optimizer op,
+    #: which writes lists, takes CUDA's multi-tensor fast route without that check
+    overlap_checked: bool = False
 
 
 #: each op's facts by the op's id, with the op (the id stays its own while the op lives, and torch keeps every
@@ -174,6 +178,8 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
         into=_into(func) if not written and torch.Tag.nondeterministic_seeded not in func.tags else None,
         returned=_returned(schema, written),
         indexed=_INDEXED.get(func.__name__.split(".")[0]) if written and written[0][0] == 0 else None,
+        overlap_checked=len(written) == 1 and str(schema.arguments[written[0][0]].type) == "Tensor"
+        and torch.Tag.nondeterministic_seeded not in func.tags,
     )
 
 
@@ -853,20 +859,21 @@ def _argument_error(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) 
     return None
 
 
-def _may_overlap(flat: list[torch.Tensor], written: list[torch.Tensor]) -> bool:
-    """Whether a device destination may overlap itself (a stride of 0) or another of the op's tensors (one of its
-    allocation): where not, :func:`_overlap_error` has nothing to find. (Every in-place op asks: loops, no
-    comprehensions.)"""
-    for w in written:
-        if not isinstance(w, SimTensor):
-            continue
-        if 0 in w._data.stride():
-            return True
-        st = w._st
-        for x in flat:
-            if x is not w and isinstance(x, SimTensor) and x._st is st:
-                return True
-    return False
+def _may_overlap(flat: list[torch.Tensor], w: torch.Tensor) -> bool:
+    """Whether ``w``, an op's one destination (``OpFacts.overlap_checked``), may overlap itself (a stride of 0) or
+    another of the op's tensors (one of its allocation): where not, :func:`_overlap_error` has nothing to find.
+    (Every in-place op asks: one loop.)"""
+    if not isinstance(w, SimTensor):
+        return False
+    if 0 in w._data.stride():
+        return True
+    st = w._st
+    for x in flat:  # (a loop, not any() over a generator)
+        if x is not w and isinstance(x, SimTensor) and x._st is st:
+            break
+    else:
+        return False
+    return True
 
 
 def _overlap_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[torch.Tensor],
@@ -883,7 +890,7 @@ def _overlap_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fla
     blocks = {id(w._st) for w in dests}
     others = [x for x in flat if isinstance(x, SimTensor) and id(x._st) in blocks and all(x is not w for w in dests)]
     expanded = any(torch._debug_has_internal_overlap(w._data) == 1 for w in dests)
-    if not (others or expanded) or classify(func).seeded:  # (a random op's trial would draw from the host's generator)
+    if not (others or expanded):
         return None
 
     def extent(t: SimTensor) -> tuple[int, int, int]:  # (its CPU storage's address, first byte, end byte)
@@ -1271,7 +1278,7 @@ class Dispatcher:
     ) -> Any:
         """Enqueue one aten op on stream ``s`` for host actor ``a`` (its host step already taken)."""
         written = _written(facts, args, kwargs) if facts.written else []
-        if written and _may_overlap(flat, written):
+        if facts.overlap_checked and written and _may_overlap(flat, written[0]):
             # (the trial's zeros: as many bytes as the op's own, where values are computed; bounded in a race-only run)
             error = _overlap_error(func, args, kwargs, flat, written, None if self.config.values else _TRIAL_BYTES)
             if error is not None:

@@ -47,3 +47,21 @@ def test_disjoint_parts_of_one_allocation_run_as_ever() -> None:
     with simdevice.cuda() as sim:
         program()
     sim.assert_clean()
+
+
+def test_a_foreach_op_is_not_refused_as_its_fast_route_does_not_check() -> None:
+    """``_foreach_add_`` of lists whose tensors overlap in part: CUDA's multi-tensor fast route (each tensor
+    contiguous, the lists' sizes and strides equal) has no overlap check, so it runs; the CPU's per-tensor fallback,
+    which a trial on the CPU would take, refuses it."""
+
+    def program() -> None:
+        x = torch.arange(16, dtype=torch.float32, device="cuda")
+        torch._foreach_add_([x[1:5]], [x[0:4]])
+        torch.cuda.synchronize()
+
+    host = torch.arange(16, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        torch._foreach_add_([host[1:5]], [host[0:4]])
+    with simdevice.cuda() as sim:
+        program()
+    sim.assert_clean()
