@@ -62,8 +62,8 @@ class CountingStream(torch.cuda.Stream):
         s: CountingStream = super().__new__(cls, device=device, priority=priority, **kwargs)
         if "stream_id" not in kwargs:  # a new stream (not a view of an existing one): name it by its site
             dev = _dev()
-            filename, line = creation_site(_INTERNAL)
-            dev.name_stream(s, _names(dev).assign(filename, line))
+            filename, line, col = creation_site(_INTERNAL)
+            dev.name_stream(s, _names(dev).assign(filename, line, col))
         return s
 
     @classmethod

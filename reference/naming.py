@@ -2,14 +2,16 @@
 
 ``torch.cuda.Stream()`` has no name, and a schedule must name the stream it delays on both machines alike. A
 stream is named after the variable it is assigned to on the line that made it (``self._d2h_stream =
-torch.cuda.Stream()`` gives ``d2h_stream``; leading underscores dropped), or ``s1``, ``s2``, ... when the line
-names none; a name already taken gets ``-2``, ``-3``, ... The creation site (``file.py:LINE``) is kept beside it
-for reports. Both the simulator's drop-in and ``CudaDevice`` name streams with :class:`StreamNames`, so the same
-program gets the same names on both.
+torch.cuda.Stream()`` gives ``d2h_stream``; leading underscores dropped; ``copy, compute = torch.cuda.Stream(),
+torch.cuda.Stream()`` gives each its own target's name, found by the call's column), or ``s1``, ``s2``, ... when
+the line names none; a name already taken gets ``-2``, ``-3``, ... The creation site (``file.py:LINE``) is kept
+beside it for reports. Both the simulator's drop-in and ``CudaDevice`` name streams with :class:`StreamNames`, so
+the same program gets the same names on both.
 """
 
 from __future__ import annotations
 
+import ast
 import linecache
 import os
 import re
@@ -21,25 +23,63 @@ _ASSIGN = re.compile(r"^\s*(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*)\s*(?::[^=]*)?=[^=
 LIBRARIES = ("/torch/", "<frozen", "/contextlib.py", "/threading.py", "/weakref.py", "/functools.py")
 
 
-def creation_site(internal: Callable[[str], bool]) -> tuple[str, int]:
-    """(file, line) of the first caller frame whose file ``internal`` does not claim, nor a library's."""
+def creation_site(internal: Callable[[str], bool]) -> tuple[str, int, int | None]:
+    """(file, line, column of the call being made there, where Python knows it) of the first caller frame whose file
+    ``internal`` does not claim, nor a library's."""
     f = sys._getframe(1)
     while f is not None:
         name = f.f_code.co_filename
         if not internal(name) and not any(s in name.replace("\\", "/") for s in LIBRARIES):
-            return name, f.f_lineno
+            return name, f.f_lineno, _column(f)
         f = f.f_back  # type: ignore[assignment]
-    return "?", 0
+    return "?", 0, None
 
 
-def assigned_name(filename: str, lineno: int) -> str | None:
-    """The variable or attribute a source line assigns to, if it is a plain assignment."""
+def _column(f: object) -> int | None:
+    """The column where the frame's current instruction (a call) starts on its line."""
+    try:
+        positions = list(f.f_code.co_positions())  # type: ignore[attr-defined]
+        start_line, _, col, _ = positions[f.f_lasti // 2]  # type: ignore[attr-defined]
+    except (AttributeError, IndexError, ValueError):
+        return None
+    return col if start_line == f.f_lineno else None  # type: ignore[attr-defined]
+
+
+def assigned_name(filename: str, lineno: int, col: int | None = None) -> str | None:
+    """The variable or attribute a source line assigns to, if it is a plain assignment; in a tuple assignment of as
+    many values as targets (``a, b = f(), g()``), the target of the value at column ``col``."""
     line = linecache.getline(filename, lineno)
+    if col is not None and "," in line:
+        name = _tuple_target(line, col)
+        if name is not None:
+            return name.lstrip("_") or None
     m = _ASSIGN.match(line)
     if m is None:
         return None
     name = m.group(1).lstrip("_")
     return name or None
+
+
+def _tuple_target(line: str, col: int) -> str | None:
+    """In a one-line tuple assignment, the name (or attribute) its value at column ``col`` is assigned to."""
+    body = line.rstrip("\n")
+    indented = body[:1].isspace()
+    try:  # (an indented line parsed in a block of its own, so that its columns stay the line's)
+        tree = ast.parse("if 1:\n" + body if indented else body)
+    except SyntaxError:
+        return None
+    stmt = tree.body[0].body[0] if indented else tree.body[0]  # type: ignore[attr-defined]
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+        return None
+    target, value = stmt.targets[0], stmt.value
+    if not isinstance(target, (ast.Tuple, ast.List)) or not isinstance(value, (ast.Tuple, ast.List)):
+        return None
+    if len(target.elts) != len(value.elts):
+        return None
+    for t, v in zip(target.elts, value.elts, strict=True):
+        if v.lineno == 2 - (not indented) and v.col_offset <= col < (v.end_col_offset or 0):
+            return t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else None
+    return None
 
 
 def short_path(path: str, cwd: str | None = None) -> str:
@@ -71,9 +111,9 @@ class StreamNames:
     def _free(self, full: str) -> bool:
         return full not in self._mine and not self._taken(full)
 
-    def assign(self, filename: str, lineno: int) -> str:
-        """The full name of a stream made at ``filename:lineno``."""
-        base = assigned_name(filename, lineno) if lineno else None
+    def assign(self, filename: str, lineno: int, col: int | None = None) -> str:
+        """The full name of a stream made at ``filename:lineno`` (by the call at column ``col``, where known)."""
+        base = assigned_name(filename, lineno, col) if lineno else None
         if base is None:
             while True:
                 self._unnamed += 1

@@ -82,8 +82,8 @@ class DropInDevice(SimDevice):
             taken, actors = rt.streams, rt.execution.actors
             # (a stream's name is taken by a stream, or by an actor: a process the program started)
             names = self._names[a.name] = StreamNames(prefix, lambda full: full in taken() or full in actors)
-        filename, line = creation_site(_INTERNAL)
-        full = names.assign(filename, line)
+        filename, line, col = creation_site(_INTERNAL)
+        full = names.assign(filename, line, col)
         return rt.new_stream(full[len(prefix):], names.sites[full])
 
 

@@ -9,7 +9,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
+import simdevice
 from reference.schedule import Schedule
 from simdevice.cli import main
 from simdevice.search.targets import resolve
@@ -89,6 +91,24 @@ def test_delays_name_streams_by_their_creation_site_and_replay() -> None:
     out = t.run(Schedule.parse("examples/offload_plain.py::reload_racy::d2h_stream#0+5"))
     assert out.corrupted
     assert out.run.unfired == ()
+
+
+def streams_made_together() -> list[str]:
+    copy, compute = torch.cuda.Stream(), torch.cuda.Stream()
+    holder = type("Holder", (), {})()
+    holder._d2h, holder.h2d = torch.cuda.Stream(), torch.cuda.Stream()
+    first, count = torch.cuda.Stream(), 2
+    assert count == 2
+    return [s.name for s in (copy, compute, holder._d2h, holder.h2d, first)]  # type: ignore[attr-defined]
+
+
+def test_streams_made_in_one_tuple_assignment_take_their_own_targets_names() -> None:
+    """``copy, compute = torch.cuda.Stream(), torch.cuda.Stream()``: each stream its own target's name, found by the
+    call's column on the line (both were ``s1``, ``s2`` before)."""
+    run = simdevice.cuda()
+    run.run(streams_made_together)
+    assert run.result is not None
+    assert run.result.result == ["copy", "compute", "d2h", "h2d", "first"]
 
 
 BAD = {
