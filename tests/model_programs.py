@@ -146,11 +146,12 @@ def grad_capture(read_on: str, cycles: int = 1000, seed: int = 0,
 
 def backward_into_a_non_leaf(wait: bool, cycles: int = 1000, seed: int = 0,
                              streams: tuple[torch.cuda.Stream, ...] | None = None) -> tuple[bool, list[str]]:
-    """``h = w * x`` made on the side stream, ``loss.backward(inputs=[h])`` on the default stream, ``h``'s node's
-    pre-hook stalling the stream it runs on, ``h.grad`` read on the default stream, after it waits for the side
-    stream or (``wait`` False) not: the engine runs ``h``'s node (``backward(inputs=)`` sets ``needed_`` on it), where
-    ``h``'s ``retain_grad`` hook writes ``h.grad``; the node returns gradients, so its stream is no leaf stream and
-    the calling stream does not wait for it. Returns (the read got 3, the gradient; the streams the hook ran on)."""
+    """``h = w * x`` made on the side stream, ``loss.backward(inputs=[h])`` on the default stream, a hook on ``h``
+    stalling the stream it runs on (before ``retain_grad``'s hook writes ``h.grad``), ``h.grad`` read on the default
+    stream, after it waits for the side stream or (``wait`` False) not: the engine runs ``h``'s node
+    (``backward(inputs=)`` sets ``needed_`` on it), where ``h``'s ``retain_grad`` hook writes ``h.grad``; the node
+    returns gradients, so its stream is no leaf stream and the calling stream does not wait for it. Returns (the
+    read got the gradient, ``3 + seed``; the streams the hook ran on)."""
     (side,) = streams or (torch.cuda.Stream(),)
     seen: list[tuple[str, int]] = []
     g = torch.Generator().manual_seed(seed)
@@ -161,20 +162,21 @@ def backward_into_a_non_leaf(wait: bool, cycles: int = 1000, seed: int = 0,
     with torch.cuda.stream(side):
         h = w * x
     default.wait_stream(side)
-    loss = (h * 3.0).sum()
+    factor = 3.0 + seed  # (the gradient, a trial's own: a block a trial before left behind does not hold it)
+    loss = (h * factor).sum()
 
-    def stall(grad_outputs: Any) -> None:
+    def stall(grad: torch.Tensor) -> None:  # (a tensor hook: it runs before retain_grad's, which writes h.grad)
         seen.append(("h-node", torch.cuda.current_stream().cuda_stream))
         torch.cuda._sleep(cycles)
 
-    h.grad_fn.register_prehook(stall)
+    h.register_hook(stall)
     loss.backward(inputs=[h])
     if wait:
         default.wait_stream(side)
     got = h.grad.clone()
     torch.cuda.synchronize()
     names = _names(side)
-    right = bool(torch.equal(got.cpu(), torch.full((N,), 3.0)))
+    right = bool(torch.equal(got.cpu(), torch.full((N,), factor)))
     return right, sorted({f"{what}@{names.get(s, s)}" for what, s in seen})
 
 

@@ -133,6 +133,10 @@ def _pause_main(wait: bool, trials: int) -> None:
     if free1 - free0 < 1 << 29:
         print(f"RESULT saver-inactive (a pause of 1 GiB released {(free1 - free0) >> 20} MiB)")
         return
+    # a stall first, waited for: a fresh process's first stall ended within milliseconds on an H100 (the pause then
+    # met no kernel in flight), its later ones took their time
+    torch.cuda._sleep(cycles)
+    torch.cuda.synchronize()
     done = 0
     for _ in range(trials):
         try:
