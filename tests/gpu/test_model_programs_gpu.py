@@ -27,6 +27,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -173,18 +174,26 @@ def test_a_module_s_full_backward_hooks_run_on_its_forward_s_stream(forward_on_s
     assert sorted(seen) == sim.result
 
 
-@pytest.mark.parametrize("read_on", ["calling", "other"])
-def test_grad_s_capture_is_waited_for_by_the_calling_stream(read_on: str, cycles: int) -> None:
-    sim = simdevice.cuda().run(programs.grad_capture, read_on, 10_000_000)
-    streams = (torch.cuda.Stream(), torch.cuda.Stream())
-    programs.grad_capture(read_on, cycles, 0, streams)  # warm-up, not counted: fills the caching allocator's blocks
+def _read_rate(program: Any, case: Any, cycles: int, n_streams: int) -> tuple[Any, str, int, set[str]]:
+    """A read-right program (it returns whether its read was right and the streams its hooks ran on) on the
+    simulator, then ``TRIALS`` times on the GPU after a warm-up (which fills the caching allocator's blocks), each
+    trial with its own seed and the same streams: (the simulator's run, its verdict, the right reads, the streams)."""
+    sim = simdevice.cuda().run(program, case, 10_000_000)
+    streams = tuple(torch.cuda.Stream() for _ in range(n_streams))
+    program(case, cycles, 0, streams)  # warm-up, not counted
     right = 0
     seen: set[str] = set()
     for trial in range(TRIALS):
-        r, s = programs.grad_capture(read_on, cycles, trial + 1, streams)
+        r, s = program(case, cycles, trial + 1, streams)
         right += r
         seen.update(s)
-    sim_verdict = "race" if any(r.kind == "race" for r in sim.reports) else "clean" if not sim.reports else "other"
+    verdict = "race" if any(r.kind == "race" for r in sim.reports) else "clean" if not sim.reports else "other"
+    return sim, verdict, right, seen
+
+
+@pytest.mark.parametrize("read_on", ["calling", "other"])
+def test_grad_s_capture_is_waited_for_by_the_calling_stream(read_on: str, cycles: int) -> None:
+    sim, sim_verdict, right, seen = _read_rate(programs.grad_capture, read_on, cycles, 2)
     print(f"RATE torch.autograd.grad(loss, [w]) with w * x on a side stream, the gradient read on the {read_on} "
           f"stream: right {right}/{TRIALS}, y's hook ran on {sorted(seen)} (simulator: {sim_verdict}, "
           f"{sim.result[1]}) {_where()}", flush=True)
@@ -199,16 +208,7 @@ def test_grad_s_capture_is_waited_for_by_the_calling_stream(read_on: str, cycles
 
 @pytest.mark.parametrize("wait", [True, False])
 def test_backward_into_a_non_leaf_is_no_leaf_stream(wait: bool, cycles: int) -> None:
-    sim = simdevice.cuda().run(programs.backward_into_a_non_leaf, wait, 10_000_000)
-    streams = (torch.cuda.Stream(),)
-    programs.backward_into_a_non_leaf(wait, cycles, 0, streams)  # warm-up, not counted
-    right = 0
-    seen: set[str] = set()
-    for trial in range(TRIALS):
-        r, s = programs.backward_into_a_non_leaf(wait, cycles, trial + 1, streams)
-        right += r
-        seen.update(s)
-    sim_verdict = "race" if any(r.kind == "race" for r in sim.reports) else "clean" if not sim.reports else "other"
+    sim, sim_verdict, right, seen = _read_rate(programs.backward_into_a_non_leaf, wait, cycles, 1)
     print(f"RATE loss.backward(inputs=[h]), h = w * x on a side stream, h.grad read on the calling stream "
           f"{'after' if wait else 'without'} a wait for it: right {right}/{TRIALS}, h's node ran on {sorted(seen)} "
           f"(simulator: {sim_verdict}, {sim.result[1]}) {_where()}", flush=True)
