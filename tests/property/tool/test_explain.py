@@ -385,7 +385,7 @@ def test_the_fix_names_the_missing_synchronization_not_every_pair_it_orders() ->
     assert fix.checked, fix.lines()
     assert len(fix.edges) == 1, fix.edges
     (edge,) = fix.edges
-    assert (edge.after.actor, edge.before.actor, edge.forward) == ("s1", "host", False), edge  # (s1: d2h)
+    assert (edge.after.actor, edge.before.actor, edge.forward) == ("d2h", "host", False), edge
 
 
 def _two_reads_of_one_write(loop: int = 1) -> None:
