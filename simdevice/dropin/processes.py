@@ -153,9 +153,19 @@ def _sent(dev: Any, obj: Any, stream: Any) -> _Sent:
 
 
 class _Mapping:
-    """A device storage mapped into a receiving process: while a tensor of it lives there, it stays mapped."""
+    """A device storage mapped into a receiving process: while a tensor of it lives there, it stays mapped. It
+    holds the storage's bytes (``data``), so the sender's block is freed after the mapping ends, never before."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("__weakref__", "data")
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data = data
+
+
+def _unmapped(dev: Any, st: Any) -> Callable[[Any], None]:
+    """What ends a mapping of ``st`` (a weak reference's callback): the receiver's stream as it lets go, which the
+    sender's block waits for before its reuse (``Runtime.ipc_unmapped``)."""
+    return lambda _ref: dev.runtime.ipc_unmapped(st)
 
 
 def _received(dev: Any, sent: _Sent) -> Any:
@@ -182,8 +192,8 @@ def _received(dev: Any, sent: _Sent) -> Any:
         token = held() if held is not None else None
         if token is None:  # not mapped here, or no tensor of it left: mapped now, and waited for
             dev.runtime.ipc_mapped(rec)
-            token = _Mapping()
-            maps[key] = weakref.ref(token)
+            token = _Mapping(t._data)
+            maps[key] = weakref.ref(token, _unmapped(dev, st))
         tokens[id(st)] = token
     done: dict[int, Any] = {}
 

@@ -109,7 +109,7 @@ def segment_size(nbytes: int, scale: int = 1) -> int:
 
 
 class Block:
-    __slots__ = ("_segment", "free", "fresh", "gen", "key", "nbytes", "offset", "sid", "storage", "uses")
+    __slots__ = ("_segment", "free", "fresh", "gen", "held", "key", "nbytes", "offset", "sid", "storage", "uses")
 
     def __init__(self, segment: Segment, offset: int, nbytes: int, fresh: bool = True) -> None:
         # its segment holds it (Segment.blocks); a weak reference back, so that a run's allocator dies by reference
@@ -127,6 +127,9 @@ class Block:
         self.storage: Storage | None = None
         #: streams other than the segment's that used it (``record_stream``)
         self.uses: list[SimStream] = []
+        #: where other processes' streams were as they let go of their CUDA IPC mapping of it
+        #: (:meth:`CachingAllocator.released_by`)
+        self.held: list[EventRecord] = []
         #: how many times it was handed out: a finalizer of an earlier owner must not free a later one
         self.gen = 0
 
@@ -442,7 +445,7 @@ class CachingAllocator:
             return  # released before (untyped_storage().resize_(0)), perhaps handed out again since
         block.gen += 1
         stream = block.key[2]
-        uses = [sync.record(u) for u in block.uses]
+        uses = [sync.record(u) for u in block.uses] + block.held
         if stream is None:
             self._pending.append(_Freed(block, None, 0, None, uses, user_source()))
             return
@@ -472,6 +475,15 @@ class CachingAllocator:
         block = self._by_storage.get(st.id)
         if block is not None and stream is not block.segment.stream and stream not in block.uses:
             block.uses.append(stream)
+
+    def released_by(self, st: Storage, rec: EventRecord) -> None:
+        """A process that received ``st`` over CUDA IPC let go of its last tensor of it: torch's deleter of the
+        received storage synchronizes that process's current stream before it counts the reference down
+        (``THPStorage_newSharedCuda``), and the sender's block is not reused before (``CudaIPCSentDataLimbo``).
+        So its free waits for ``rec``, the receiver's stream then, as for a stream recorded with ``record_stream``."""
+        block = self._by_storage.get(st.id)
+        if block is not None and block.storage is st:
+            block.held.append(rec)
 
     def fitting(
         self, pool: PoolTag, small: bool, stream: SimStream | None, size: int, backup: bool = False
@@ -593,6 +605,7 @@ class CachingAllocator:
                 self._by_storage.pop(st.id, None)
             block.storage = None
             block.uses = []
+            block.held = []
             self._allocated -= block.nbytes  # (held back for recorded streams or not: no longer allocated)
             self._counts(block.key[2]).allocated -= block.nbytes
             if freed.uses:

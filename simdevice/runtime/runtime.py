@@ -995,6 +995,16 @@ class Runtime:
         ``_new_shared_cuda``). Part of the step that receives it."""
         self._wait_on(self.current().current_stream, rec, "the IPC event of a received tensor")
 
+    def ipc_unmapped(self, st: Any) -> None:
+        """The receiving actor let go of its last tensor of ``st``, a device storage another process sent it: torch's
+        deleter synchronizes the receiver's current stream before it releases the sender's block (the reference
+        count the sender's allocator reads before it reuses the block), so the block's free waits for that stream
+        as it stands now. Part of the step that dropped the tensor: no step of its own."""
+        a = self.current_or_none()
+        if a is None:
+            return
+        self.memsaver.allocator.released_by(st, self._record(a.current_stream))
+
     def queue_put(self, box: Mailbox, item: Any) -> None:
         a = self.host_step("Queue.put")
         if box.maxsize:
