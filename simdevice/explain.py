@@ -162,8 +162,10 @@ def _advice(race: Race, edge: Edge) -> str:
     if process_of(first.actor) != process_of(second.actor):
         across = " (across processes: an interprocess event, or a handshake the other process waits for)"
     freed = ""
-    if race.freed is not None and race.freed.actor != first.actor:
-        # (record_stream on the stream the block was allocated on is a no-op: that stream's own order holds it)
+    if race.freed is not None and race.freed.actor != first.actor and (
+            process_of(race.freed.actor) == process_of(first.actor)):
+        # (record_stream on the stream the block was allocated on is a no-op: that stream's own order holds it; and
+        # so is one in another process than the block's, on a tensor it received: torch's allocator skips it)
         freed = (f"; or keep the block from reuse until `{first.actor}` is done: `record_stream` on that stream "
                  f"(`{first.actor}`), on the tensor whose free at {race.freed.source} handed its block on, before "
                  "the free")

@@ -668,7 +668,12 @@ class Runtime:
         self.memory.release(st, f"which untyped_storage().resize_(0) at {source} released")
 
     def record_stream(self, st: Storage, s: SimStream) -> None:
-        """``t.record_stream(s)``: the allocation's block is not reused before ``s`` reaches the point of its free."""
+        """``t.record_stream(s)``: the allocation's block is not reused before ``s`` reaches the point of its free.
+        Of a tensor another process sent (CUDA IPC), nothing: torch's caching allocator skips a pointer it did not
+        allocate (``recordStream``), and the sender's block is kept by its reference count instead."""
+        a = self.current_or_none()
+        if a is not None and st.kind == "device" and st.process != a.name:
+            return
         self.memsaver.allocator.record_stream(st, s)
 
     def register_pinned(self, data: torch.Tensor, actor: str) -> Storage:

@@ -14,6 +14,8 @@ import torch
 import torch.multiprocessing as mp
 
 import simdevice
+from simdevice.explain import suggest
+from simdevice.search.explore import as_target
 
 N = 256
 
@@ -105,11 +107,12 @@ def _reuse_after_the_ack(q: Any, ack: Any) -> None:
     torch.cuda.synchronize()
 
 
-def consumer_drops_early(side: bool = False) -> None:
+def consumer_drops_early(side: bool = False, record: bool = False) -> None:
     """The consumer queues a read of a received tensor, drops the tensor and tells the producer, which allocates
     again (the sent block). torch's deleter of a received storage synchronizes the consumer's current stream
     before it releases the producer's block, so a read on the current stream is done by then; one on a side
-    stream (``side=True``) is not."""
+    stream (``side=True``) is not, and ``record_stream`` of a received tensor (``record=True``) does nothing:
+    torch's caching allocator skips a pointer it did not allocate."""
     ctx = mp.get_context("spawn")
     q, ack = ctx.Queue(), ctx.Event()
     p = ctx.Process(target=_reuse_after_the_ack, args=(q, ack), name="producer")
@@ -119,6 +122,8 @@ def consumer_drops_early(side: bool = False) -> None:
     st.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(st if side else torch.cuda.current_stream()):
         s = x.sum()
+    if record:
+        x.record_stream(st)
     del x
     ack.set()
     torch.cuda.current_stream().wait_stream(st)
@@ -134,6 +139,7 @@ PROGRAMS: list[tuple[Callable[..., None], dict[str, Any], dict[str, Any], int | 
     (producer_side_stream, {}, {"sync": False}, None),
     (child_writes_result, {}, {"sync": False}, None),
     (consumer_drops_early, {}, {"side": True}, None),
+    (consumer_drops_early, {}, {"side": True, "record": True}, None),
 ]
 
 #: schedules the correct programs must survive too (a stall of the process that would race)
@@ -157,3 +163,17 @@ def test_the_correct_program_is_clean_and_the_wrong_one_is_found(
     if fn in STALLS:
         assert _reports(fn, ok, world, STALLS[fn]) == []
     assert _reports(fn, bad, world) != []
+
+
+def test_record_stream_of_a_received_tensor_is_neither_done_nor_advised() -> None:
+    """A read of a received tensor on a side stream, the tensor dropped: ``record_stream`` in the receiver is no
+    fix (torch's allocator ignores a block of another process's), so the suggested fix is the wait alone."""
+    found = simdevice.explore(consumer_drops_early_on_a_side_stream, max_examples=20).failure
+    assert found is not None
+    fix = suggest(as_target(consumer_drops_early_on_a_side_stream), found, schedules=20)
+    assert fix.checked, fix.lines()
+    assert not any("record_stream" in a for a in fix.advice), fix.advice
+
+
+def consumer_drops_early_on_a_side_stream() -> None:
+    consumer_drops_early(side=True)
