@@ -2,7 +2,11 @@
 synchronization wrong: the correct one runs clean, the wrong one is found (what CUDA's, torch's, NCCL's and
 torch_memory_saver's semantics say of each). A consumer reading a received tensor on a side stream, a producer
 filling one on a side stream before a ``Queue`` sends it, a child writing into a buffer its parent gave it, a
-consumer dropping a received tensor before its read is done while the producer reuses the block."""
+consumer dropping a received tensor before its read is done while the producer reuses the block; on two ranks,
+async all-gather, reduce-scatter and broadcast with ``work.wait()`` before or after the use, a ZeRO-3 prefetch on a
+side stream, gradients reduce-scattered from a hook during backward, ``dist.barrier()`` taken for a device sync;
+memory-saver regions paused for a rollout with and without a synchronize, with and without a CPU backup, an
+allocation while paused, two tags, ``pause()`` of every tag."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import simdevice
@@ -131,6 +136,246 @@ def consumer_drops_early(side: bool = False, record: bool = False) -> None:
     p.join()
 
 
+# -- ranks (world_size=2) --------------------------------------------------------------------------------------------
+
+
+def gather_wait(mode: str = "ok") -> None:
+    """An async all_gather_into_tensor: the gathered tensor used after ``work.wait()`` (``ok``), before it
+    (``early``), or after a wait made with a side stream current (``side``: it orders the side stream)."""
+    ws, r = dist.get_world_size(), dist.get_rank()
+    shard = torch.full((N,), float(r + 1), device="cuda")
+    full = torch.empty(ws * N, device="cuda")
+    work = dist.all_gather_into_tensor(full, shard, async_op=True)
+    if mode == "early":
+        s = full.sum()
+        work.wait()
+    elif mode == "side":
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            work.wait()
+        s = full.sum()
+    else:
+        work.wait()
+        s = full.sum()
+    assert s.item() == sum(range(1, ws + 1)) * N
+
+
+def reduce_scatter_wait(mode: str = "ok") -> None:
+    """async reduce_scatter_tensor of gradients; the input overwritten after wait (ok) or before (reuse)."""
+    ws, r = dist.get_world_size(), dist.get_rank()
+    grads = torch.full((ws * N,), float(r + 1), device="cuda")
+    out = torch.empty(N, device="cuda")
+    work = dist.reduce_scatter_tensor(out, grads, async_op=True)
+    if mode == "reuse":
+        grads.zero_()
+        work.wait()
+    else:
+        work.wait()
+        grads.zero_()
+    assert out.sum().item() == sum(range(1, ws + 1)) * N
+
+
+def broadcast_wait(mode: str = "ok") -> None:
+    r = dist.get_rank()
+    x = torch.full((N,), 7.0, device="cuda") if r == 0 else torch.zeros(N, device="cuda")
+    work = dist.broadcast(x, src=0, async_op=True)
+    if mode == "ok":
+        work.wait()
+    y = x * 2
+    if mode != "ok":
+        work.wait()
+    assert y.sum().item() == 14 * N
+
+
+def zero3_prefetch(mode: str = "ok") -> None:
+    """ZeRO-3: each layer's weight all-gathered on a side stream ahead of use; the compute waits on an event.
+    mode: ok, no-event (compute doesn't wait), no-input-wait (the side stream doesn't wait for the shard update)."""
+    ws = dist.get_world_size()
+    layers = 3
+    shards = [torch.zeros(N, device="cuda") for _ in range(layers)]
+    ag = torch.cuda.Stream()
+    x = torch.ones(ws * N, device="cuda")
+    full = [None] * layers
+    events = [None] * layers
+
+    def prefetch(i):
+        shards[i].fill_(float(i + 1))  # the shard updated on the compute stream (last step's optimizer)
+        if mode != "no-input-wait":
+            ag.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(ag):
+            w = torch.empty(ws * N, device="cuda")
+            dist.all_gather_into_tensor(w, shards[i])
+            ev = torch.cuda.Event()
+            ev.record()
+        full[i], events[i] = w, ev
+
+    prefetch(0)
+    for i in range(layers):
+        if i + 1 < layers:
+            prefetch(i + 1)
+        if mode != "no-event":
+            torch.cuda.current_stream().wait_event(events[i])
+        w = full[i]
+        w.record_stream(torch.cuda.current_stream())
+        x = x * w
+        full[i] = None
+        del w
+    assert x.sum().item() == 6.0 * ws * N
+
+
+def grad_reduce_scatter_in_backward(mode: str = "ok") -> None:
+    """Gradients reduce-scattered from a post-accumulate-grad hook on a side stream, overlapped with the rest of
+    backward; mode: ok, no-wait-stream (the side stream doesn't wait for the gradient), no-final-wait."""
+    ws, r = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2 * ws, 2 * ws, bias=False), torch.nn.Linear(2 * ws, 2 * ws, bias=False)).cuda()
+    rs = torch.cuda.Stream()
+    outs, works = {}, []
+
+    def hook(p):
+        if mode != "no-wait-stream":
+            rs.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(rs):
+            out = torch.empty(p.numel() // ws, device="cuda")
+            works.append(dist.reduce_scatter_tensor(out, p.grad.reshape(-1), async_op=True))
+            outs[p] = out
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    x = torch.ones(4, 2 * ws, device="cuda")
+    model(x).sum().backward()
+    with torch.cuda.stream(rs):
+        for w in works:
+            if mode != "no-final-wait":
+                w.wait()
+    torch.cuda.current_stream().wait_stream(rs)
+    for p in model.parameters():
+        want = p.grad.reshape(-1)[r * (p.numel() // ws):(r + 1) * (p.numel() // ws)] * ws
+        assert torch.allclose(outs[p], want), (outs[p], want)
+
+
+def barrier_as_sync(mode: str = "ok") -> None:
+    """A D2H into pinned memory then dist.barrier() before the host reads it. On the current stream the barrier's
+    wait synchronizes that stream (ProcessGroupNCCL); on a side stream nothing orders it (mode side)."""
+    x = torch.arange(N, dtype=torch.float32, device="cuda") * 2
+    pinned = torch.empty(N, pin_memory=True)
+    if mode == "side":
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            pinned.copy_(x, non_blocking=True)
+    else:
+        pinned.copy_(x, non_blocking=True)
+    dist.barrier()
+    assert torch.equal(pinned, torch.arange(N, dtype=torch.float32) * 2)
+
+
+# -- torch_memory_saver ------------------------------------------------------------------------------------------------
+
+M = 4096
+
+
+def rollout_phase(mode: str = "ok") -> None:
+    """An RL trainer: weights in a region with a CPU backup; a train step on a side stream; pause for the rollout,
+    resume, check the weights. mode: ok; no-sync (pause without synchronize)."""
+    from torch_memory_saver import torch_memory_saver as tms
+
+    with tms.region("train", enable_cpu_backup=True):
+        w = torch.ones(M, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        w.mul_(2)
+    torch.cuda.current_stream().wait_stream(side)
+    if mode != "no-sync":
+        torch.cuda.synchronize()
+    tms.pause("train")
+    kv = torch.zeros(M, device="cuda")  # the rollout's memory
+    kv.add_(1)
+    del kv
+    tms.resume("train")
+    assert w.sum().item() == 2 * M
+
+
+def no_backup(backup: bool = True) -> None:
+    """Values read after resume: with a CPU backup they are back; without, they are gone."""
+    from torch_memory_saver import torch_memory_saver as tms
+
+    with tms.region("train", enable_cpu_backup=backup):
+        w = torch.full((M,), 3.0, device="cuda")
+    torch.cuda.synchronize()
+    tms.pause("train")
+    tms.resume("train")
+    assert w.sum().item() == 3 * M
+
+
+def alloc_while_paused(mode: str = "disable") -> None:
+    """While paused, the rollout allocates: inside disable() (ok), or in the region (region), or plainly (plain)."""
+    from torch_memory_saver import torch_memory_saver as tms
+
+    with tms.region("train", enable_cpu_backup=True):
+        w = torch.ones(M, device="cuda")
+        tmp = w * 2
+        del tmp
+        torch.cuda.synchronize()
+        tms.pause("train")
+        if mode == "disable":
+            with tms.disable():
+                h = torch.ones(512, device="cuda")
+                assert h.sum().item() == 512
+                del h
+        elif mode == "region":
+            h = torch.ones(512, device="cuda")
+            assert h.sum().item() == 512
+            del h
+    if mode == "plain":
+        h = torch.ones(512, device="cuda")
+        assert h.sum().item() == 512
+        del h
+    tms.resume("train")
+    assert w.sum().item() == M
+
+
+def two_tags(mode: str = "ok") -> None:
+    """Weights in 'weights', KV cache in 'kv'; pause 'kv' while the weights are in use (ok); or pause 'kv' while a
+    kernel on the kv cache may still run (busy)."""
+    from torch_memory_saver import torch_memory_saver as tms
+
+    with tms.region("weights", enable_cpu_backup=True):
+        w = torch.ones(M, device="cuda")
+    with tms.region("kv"):
+        kv = torch.zeros(M, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kv.add_(w)
+    if mode == "ok":
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+    tms.pause("kv")
+    y = w * 3  # the weights stay in use
+    assert y.sum().item() == 3 * M
+    tms.resume("kv")
+    torch.cuda.synchronize()
+
+
+def pause_all(mode: str = "ok") -> None:
+    """pause() with no tag pauses every region; disable() guard for the weight-sync buffer."""
+    from torch_memory_saver import torch_memory_saver as tms
+
+    with tms.region("a", enable_cpu_backup=True):
+        a = torch.ones(M, device="cuda")
+    with tms.region("b", enable_cpu_backup=True):
+        b = torch.full((M,), 2.0, device="cuda")
+    torch.cuda.synchronize()
+    tms.pause()
+    if mode == "touch":
+        a.add_(1)  # a kernel on paused memory: illegal access
+    tms.resume()
+    assert a.sum().item() + b.sum().item() == 3 * M
+
+
 # -- the verdicts ----------------------------------------------------------------------------------------------------
 
 #: (function, its correct configuration, its wrong one, the world's size)
@@ -140,11 +385,31 @@ PROGRAMS: list[tuple[Callable[..., None], dict[str, Any], dict[str, Any], int | 
     (child_writes_result, {}, {"sync": False}, None),
     (consumer_drops_early, {}, {"side": True}, None),
     (consumer_drops_early, {}, {"side": True, "record": True}, None),
+    (gather_wait, {}, {"mode": "early"}, 2),
+    (gather_wait, {}, {"mode": "side"}, 2),
+    (reduce_scatter_wait, {}, {"mode": "reuse"}, 2),
+    (broadcast_wait, {}, {"mode": "late"}, 2),
+    (zero3_prefetch, {}, {"mode": "no-event"}, 2),
+    (zero3_prefetch, {}, {"mode": "no-input-wait"}, 2),
+    (grad_reduce_scatter_in_backward, {}, {"mode": "no-wait-stream"}, 2),
+    (grad_reduce_scatter_in_backward, {}, {"mode": "no-final-wait"}, 2),
+    (barrier_as_sync, {}, {"mode": "side"}, 2),
+    (rollout_phase, {}, {"mode": "no-sync"}, None),
+    (no_backup, {}, {"backup": False}, None),
+    (alloc_while_paused, {}, {"mode": "region"}, None),
+    (alloc_while_paused, {"mode": "plain"}, {"mode": "region"}, None),
+    (two_tags, {}, {"mode": "busy"}, None),
+    (pause_all, {}, {"mode": "touch"}, None),
 ]
 
 #: schedules the correct programs must survive too (a stall of the process that would race)
 STALLS = {
     consumer_drops_early: "producer#0+5",
+    gather_wait: "rank0.nccl#0+5",
+    zero3_prefetch: "rank1.ag#0+5",
+    grad_reduce_scatter_in_backward: "rank0.rs#0+5",
+    rollout_phase: "side#0+5",
+    two_tags: "side#0+5",
 }
 
 
