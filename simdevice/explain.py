@@ -205,6 +205,11 @@ def _why_none(out: Outcome) -> str:
     if raised is not None and not out.problems:
         return (f"the program raised {raised.error.split(':', 1)[0].split(' ', 1)[0]} ({raised.source}) with no two "
                 "accesses racing: an error of its own under this interleaving, not a missing wait")
+    discarded = next((n for n in out.run.notes if n.startswith("memory_saver.pause(") and " discarded " in n), None)
+    if (errors or out.problems) and discarded is not None:
+        return (f"the program's own check failed with no two accesses racing, and {discarded.split(' discarded ')[0]} "
+                "discarded the contents of a region with no CPU backup, whose tensors lived on: no wait brings "
+                "them back; give the region enable_cpu_backup=True, or write its tensors again after the resume")
     if errors or out.problems:
         return ("the program's own check failed with no two accesses racing: its logic under this interleaving (a "
                 "bookkeeping or ordering decision), or a host read the simulator does not see (numpy(), tolist() "

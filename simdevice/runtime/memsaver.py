@@ -95,6 +95,9 @@ class SimMemorySaver:
         #: handle -> what released it (each handle is released once)
         self.released: dict[int, str] = {}
         self.disable_entries = 0
+        #: a note for each pause that discarded what a live tensor held (a segment with no backup): the run's notes
+        #: carry them, and a program whose own check then fails is told why no wait helps
+        self.discarded: list[str] = []
 
     # -- the current pool ----------------------------------------------------------------
     def _stack(self) -> list[PoolTag]:
@@ -261,9 +264,16 @@ class SimMemorySaver:
                 self._release_handle(seg, seg.handle, f"pause of {seg.label}")
                 seg.handle = None
                 seg.paused = why
+                live = False
                 for b in self.allocator.live_blocks(seg):
                     if b.storage is not None:
                         b.storage.unmapped = f"which {why} unmapped ({b})"
+                        live = True
+                if live and not seg.backup:
+                    self.discarded.append(
+                        f"{why} discarded what the live tensors of {seg.label} held (region {t!r} has no CPU "
+                        "backup): read after the resume before they are written again, they hold garbage "
+                        "(enable_cpu_backup=True keeps their values)")
 
     def resume(self, tag: str | None = None) -> None:
         ex = self._exec

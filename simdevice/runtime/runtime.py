@@ -393,7 +393,7 @@ class Runtime:
     def notes(self) -> tuple[str, ...]:
         """What could make a clean run mean less than it seems: with several streams, a stream the program made
         that got no operation, or whose operations touched no memory any other stream or the host touched."""
-        out = [*self._said, *self._free_notes()]
+        out = [*self._said, *self.memsaver.discarded, *self._free_notes()]
         for e in self._edges:
             unseen = [site for site in (e.after, e.before) if site not in self._edge_sites_seen]
             if unseen:

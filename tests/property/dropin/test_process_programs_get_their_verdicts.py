@@ -442,3 +442,23 @@ def test_record_stream_of_a_received_tensor_is_neither_done_nor_advised() -> Non
 
 def consumer_drops_early_on_a_side_stream() -> None:
     consumer_drops_early(side=True)
+
+
+def test_a_region_paused_without_a_backup_is_named_where_its_values_are_wrong(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Read after the resume, a tensor of a region with no CPU backup holds garbage: the run's notes name the pause
+    that discarded it, and the fix's "no edge" line says no wait brings it back (it once named the program's logic
+    or a host read the simulator does not see). With a backup, no such note."""
+    from simdevice.cli import main
+
+    here = "tests/property/dropin/test_process_programs_get_their_verdicts.py"
+    assert main(["check", f"{here}::no_backup:backup=False"]) == 1
+    out = capsys.readouterr().out
+    assert "note: memory_saver.pause('train') at t=" in out, out
+    assert "(region 'train' has no CPU backup)" in out, out
+    (line,) = [x for x in out.splitlines() if "no edge suggested" in x]
+    assert "discarded the contents of a region with no CPU backup" in line, line
+    run = simdevice.cuda().run(no_backup, True)
+    assert not run.reports, run.reports
+    assert not any("discarded" in n for n in run.notes), run.notes
