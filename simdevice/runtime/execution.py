@@ -84,13 +84,40 @@ class SimAbort(BaseException):
     """Raised inside actor threads to unwind them when the run ends early."""
 
 
+class _Finished:
+    """A greenlet run's ``Execution.finished``: the run's own thread runs the whole run (``Execution.begin``), so
+    the run is finished before anything waits for it (a ``threading.Event``, for a run on threads, is about 22,000
+    instructions to make, a twenty-fifth of an empty run)."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self) -> None:
+        assert self._set, "a greenlet run waited for its end before it ended"
+
+
+#: a greenlet run's actors' ``sem``, never used (``HostActor.sem``; typed as the semaphore a run on threads has)
+_NO_SEMAPHORE: Any = None
+
+
 class HostActor:
     """A host thread of one simulated process (the trainer, a worker, a rank)."""
 
     def __init__(self, name: str, order: int, delays: dict[int, int]) -> None:
         self.name = name
         self.order = order
-        self.sem = threading.Semaphore(0)
+        #: its turn, handed to its thread (``Execution.new_actor`` makes it for a run on threads: a greenlet run's
+        #: actors take turns by switching; a semaphore is about 22,000 instructions to make, a twenty-fifth of an
+        #: empty run)
+        self.sem: threading.Semaphore = _NO_SEMAPHORE
         self.thread: threading.Thread | None = None
         #: the actor's greenlet (a greenlet run), and its torch state while it is not running
         self.glet: Any = None
@@ -214,7 +241,10 @@ class Execution:
         self.reports = reports
         self.blocked: list[HostActor] = []
         self.trace: list[tuple[int, str, str]] = []
-        self.finished = threading.Event()
+        #: actors as greenlets on the thread that starts the run (else threads); the running one
+        self.greenlets = config.actors == "greenlet" and _greenlet is not None
+        #: set when the run is over (:meth:`on_threads` makes it an event the threads wait for)
+        self.finished: threading.Event | _Finished = _Finished() if self.greenlets else threading.Event()
         self.aborting = False
         self._lock = threading.Lock()
         self._live = 0
@@ -227,8 +257,6 @@ class Execution:
         self._local = threading.local()
         #: True while stream operations are applied (their aten calls are not the program's)
         self.in_engine = False
-        #: actors as greenlets on the thread that starts the run (else threads); the running one
-        self.greenlets = config.actors == "greenlet" and _greenlet is not None
         self._cur: HostActor | None = None
         self._hub: Any = None
         #: the greenlet run is going; torch.ops calls are counted in it (``tls.count_op_calls``: two actors or more)
@@ -241,6 +269,13 @@ class Execution:
         self._interrupt: BaseException | None = None
         self._traces = dict(config.host_trace)
         self._starts = dict(config.host_starts)
+
+    def on_threads(self) -> None:
+        """The run's actors are threads (before any is made): a program run as a ``with`` block
+        (``Runtime.here``) runs where it is, on the calling thread, and the actors it spawns get threads."""
+        assert not self.actors
+        self.greenlets = False
+        self.finished = threading.Event()
 
     @contextlib.contextmanager
     def device_side(self) -> Iterator[None]:
@@ -291,6 +326,8 @@ class Execution:
         if name in self.actors or name in self.streams:
             raise ValueError(f"an actor or stream named {name!r} already exists")
         a = HostActor(name, len(self.streams) + len(self.actors) + 1, self._delays(name))
+        if not self.greenlets:
+            a.sem = threading.Semaphore(0)
         self.actors[name] = a
         a.trace = self._traces.get(name)
         a.step_ns = (process and self.config.spawned_host_step_ns) or self.config.host_step_ns

@@ -315,7 +315,7 @@ class Runtime:
             raise RuntimeError("a SimDevice runs one program; make a new one per run")
         self._ran = True
         ex = self.execution
-        ex.greenlets = False  # the block runs where it is, on the calling thread: the actors it spawns get threads
+        ex.on_threads()  # the block runs where it is, on the calling thread: the actors it spawns get threads
         main = ex.new_actor("host", None)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
