@@ -340,10 +340,8 @@ class SimDevice:
         self._memory_saver = MemorySaverHandle(self.runtime.memsaver)
 
     # -- running -------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _enter(self) -> Iterator[None]:
-        with SimMode(self._dispatcher):
-            yield
+    def _enter(self) -> SimMode:
+        return SimMode(self._dispatcher)
 
     def run(self, program: Callable[..., Any], *args: Any) -> Run:
         """Run ``program(dev, *args)`` as host actor ``host``; a SimDevice runs one program once."""

@@ -208,6 +208,83 @@ class _ProgramThread(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+class _UnraisableReported:
+    """``Execution.unraisable_reported``'s block (a class: a ``contextlib.contextmanager`` costs each run about 9,000
+    instructions more)."""
+
+    __slots__ = ("_ex", "_previous", "_previous_thread_hook")
+
+    def __init__(self, ex: Execution) -> None:
+        self._ex = ex
+
+    def __enter__(self) -> None:
+        ex = self._ex
+        previous = self._previous = sys.unraisablehook
+
+        def hook(u: Any) -> None:
+            a = ex.current_or_none()
+            if isinstance(u.exc_value, SimAbort):
+                return  # the run is ending: what a finalizer was doing then stops there, as the actors do
+            if a is None or u.exc_value is None or isinstance(u.exc_value, KeyboardInterrupt):
+                # no actor's (a stop, which lands in an actor's greenlet, is the command's: signals.py keeps it)
+                previous(u)
+                return
+            where = getattr(u.object, "__qualname__", None) or type(u.object).__name__
+            e = u.exc_value
+            ex.reports.add(
+                HostError(a.name, f"{describe(e)} (in {where}, where Python ignores it)", error_source(e))
+            )
+
+        previous_thread_hook = self._previous_thread_hook = threading.excepthook
+
+        def thread_hook(args: Any) -> None:
+            # a thread the program started (no actor: the run's actors are its processes and ranks) raised, which
+            # Python would only print: a host error of the run, named after the thread
+            if args.exc_type is SystemExit or ex.current_or_none() is not None:
+                previous_thread_hook(args)
+                return
+            name = args.thread.name if args.thread is not None else "?"
+            e = args.exc_value
+            ex.reports.add(HostError(f"thread {name}", describe(e) if e is not None else args.exc_type.__name__,
+                                     error_source(e) if e is not None else "?"))
+
+        sys.unraisablehook = hook
+        threading.excepthook = thread_hook
+
+    def __exit__(self, *exc: object) -> None:
+        sys.unraisablehook = self._previous
+        threading.excepthook = self._previous_thread_hook
+
+
+class _ThreadsChecked:
+    """``Execution.program_threads_checked``'s block (a class, as :class:`_UnraisableReported`)."""
+
+    __slots__ = ("_live", "_owned")
+
+    def __init__(self, owned: Callable[[torch.Tensor], Any]) -> None:
+        self._owned = owned
+        self._live = [True]
+
+    def __enter__(self) -> None:
+        owned, live = self._owned, self._live
+
+        def start(thread: threading.Thread) -> None:
+            body = thread.run
+
+            def checked() -> None:
+                with _ProgramThread(owned, live):
+                    body()
+
+            thread.run = checked  # type: ignore[method-assign]
+            _THREAD_START(thread)
+
+        threading.Thread.start = start  # type: ignore[method-assign,assignment]
+
+    def __exit__(self, *exc: object) -> None:
+        self._live[0] = False
+        threading.Thread.start = _THREAD_START  # type: ignore[method-assign]
+
+
 def outside_actor() -> str:
     """Why a simulated device call from outside the run's actors fails: from a thread the program started, or from
     no run at all."""
@@ -649,70 +726,16 @@ class Execution:
         self._cur = None
         self.finished.set()
 
-    @contextlib.contextmanager
-    def unraisable_reported(self) -> Iterator[None]:
+    def unraisable_reported(self) -> _UnraisableReported:
         """While the run goes on, an exception Python would only print and ignore (raised in a ``__del__`` or a
         weakref callback of an actor, or in a thread the program started) is a host error of the run: never
         swallowed."""
-        previous = sys.unraisablehook
+        return _UnraisableReported(self)
 
-        def hook(u: Any) -> None:
-            a = self.current_or_none()
-            if isinstance(u.exc_value, SimAbort):
-                return  # the run is ending: what a finalizer was doing then stops there, as the actors do
-            if a is None or u.exc_value is None or isinstance(u.exc_value, KeyboardInterrupt):
-                # no actor's (a stop, which lands in an actor's greenlet, is the command's: signals.py keeps it)
-                previous(u)
-                return
-            where = getattr(u.object, "__qualname__", None) or type(u.object).__name__
-            e = u.exc_value
-            self.reports.add(
-                HostError(a.name, f"{describe(e)} (in {where}, where Python ignores it)", error_source(e))
-            )
-
-        previous_thread_hook = threading.excepthook
-
-        def thread_hook(args: Any) -> None:
-            # a thread the program started (no actor: the run's actors are its processes and ranks) raised, which
-            # Python would only print: a host error of the run, named after the thread
-            if args.exc_type is SystemExit or self.current_or_none() is not None:
-                previous_thread_hook(args)
-                return
-            name = args.thread.name if args.thread is not None else "?"
-            e = args.exc_value
-            self.reports.add(HostError(f"thread {name}", describe(e) if e is not None else args.exc_type.__name__,
-                                       error_source(e) if e is not None else "?"))
-
-        sys.unraisablehook = hook
-        threading.excepthook = thread_hook
-        try:
-            yield
-        finally:
-            sys.unraisablehook = previous
-            threading.excepthook = previous_thread_hook
-
-    @contextlib.contextmanager
-    def program_threads_checked(self, owned: Callable[[torch.Tensor], Any]) -> Iterator[None]:
+    def program_threads_checked(self, owned: Callable[[torch.Tensor], Any]) -> _ThreadsChecked:
         """While the run goes on, a thread the program starts runs under :class:`_ProgramThread`: its ops on memory
         ``owned`` names (the run's pinned memory) are an error naming the thread, not unchecked host accesses."""
-        live = [True]
-
-        def start(thread: threading.Thread) -> None:
-            body = thread.run
-
-            def checked() -> None:
-                with _ProgramThread(owned, live):
-                    body()
-
-            thread.run = checked  # type: ignore[method-assign]
-            _THREAD_START(thread)
-
-        threading.Thread.start = start  # type: ignore[method-assign,assignment]
-        try:
-            yield
-        finally:
-            live[0] = False
-            threading.Thread.start = _THREAD_START  # type: ignore[method-assign]
+        return _ThreadsChecked(owned)
 
     def begin(self) -> None:
         """Called by the thread that starts a run: give the first actor its turn (a greenlet run: run it all)."""
