@@ -965,9 +965,11 @@ class Execution:
     def unfired(self) -> tuple[str, ...]:
         out = []
         for name, a in self.actors.items():
-            out += [f"{name}#{k}+{u}" for k, u in a.delays.items() if k not in a.fired]
+            if a.delays:  # (an empty comprehension is a call: every run asks, of each actor and stream)
+                out += [f"{name}#{k}+{u}" for k, u in a.delays.items() if k not in a.fired]
         for name, s in self.streams.items():
-            out += [f"{name}#{k}+{u}" for k, u in s.delays.items() if k not in s.fired]
+            if s.delays:
+                out += [f"{name}#{k}+{u}" for k, u in s.delays.items() if k not in s.fired]
         return tuple(sorted(out))
 
     def op_counts(self) -> dict[str, int]:

@@ -381,11 +381,14 @@ class Runtime:
         """Delays whose operation never came, and choices whose allocation never came; of the schedule's
         ``delays`` and ``choices`` (``Delay``, ``Choice``), those for an actor, stream or allocator the run never
         made (``worker2`` of a run with one worker) never came either."""
+        # (each list only where there is something to look at: an empty comprehension is a call, and every run asks)
         never = [f"{name}#{k}~{p}" for name, picks in self._picks.items() for k, p in picks.items()
-                 if (name, k) not in self._picked]
+                 if (name, k) not in self._picked] if self._picks else []
         ex = self.execution
-        never += [str(d) for d in delays if d.actor not in ex.actors and d.actor not in ex.streams]
-        never += [str(c) for c in choices if c.actor not in self._picks]
+        if delays:
+            never += [str(d) for d in delays if d.actor not in ex.actors and d.actor not in ex.streams]
+        if choices:
+            never += [str(c) for c in choices if c.actor not in self._picks]
         return tuple(sorted([*ex.unfired(), *never]))
 
     def streams(self) -> dict[str, SimStream]:
@@ -437,6 +440,8 @@ class Runtime:
 
     def _free_notes(self, most: int = 4) -> list[str]:
         """Frees another stream's access was not ordered before, that no reuse turned into a race here."""
+        if not self.memory.unordered_frees:
+            return []
         raced = {r.freed for r in self.reports.items if isinstance(r, Race) and r.freed is not None}
         latent = [f for f in self.memory.unordered_frees if f.free not in raced]
         out = [f"{f} (no reuse raced with it in this run)" for f in latent[:most]]
