@@ -40,7 +40,7 @@ import torch
 
 from reference.schedule import is_actor_name
 from simdevice.api import SharedValueHandle
-from simdevice.dispatch import SimTensor, storage_of
+from simdevice.dispatch import SimTensor, data_of, storage_of
 from simdevice.dropin.patches import Patches
 from simdevice.dropin.pickling import pickled, unpickled
 from simdevice.runtime.config import UNIT_NS
@@ -192,7 +192,7 @@ def _received(dev: Any, sent: _Sent) -> Any:
         token = held() if held is not None else None
         if token is None:  # not mapped here, or no tensor of it left: mapped now, and waited for
             dev.runtime.ipc_mapped(rec)
-            token = _Mapping(t._data)
+            token = _Mapping(data_of(t))
             maps[key] = weakref.ref(token, _unmapped(dev, st))
         tokens[id(st)] = token
     done: dict[int, Any] = {}
