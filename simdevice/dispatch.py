@@ -877,21 +877,14 @@ def _may_overlap(flat: list[torch.Tensor], w: torch.Tensor) -> bool:
 
 
 def _overlap_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[torch.Tensor],
-                   written: list[torch.Tensor], limit: int | None) -> RuntimeError | None:
-    """What torch's memory-overlap check raises for an op that writes ``written`` (TensorIterator's, on the host
-    before CUDA launches anything: a destination whose elements share memory, ``x[:1].expand(4).add_(1)``, or one
-    that overlaps an input in part, ``x[1:].copy_(x[:-1])``), found by running the op on zeros laid out with the
-    same aliasing as its device tensors; None where no destination overlaps itself or another argument, where the
-    op runs, or where the bytes it spans pass ``limit``. The op computed on the stream cannot raise it: it writes
-    a copy of its destination (``_Effect``)."""
-    dests = [w for w in written if isinstance(w, SimTensor)]
-    if not dests:
-        return None
-    blocks = {id(w._st) for w in dests}
-    others = [x for x in flat if isinstance(x, SimTensor) and id(x._st) in blocks and all(x is not w for w in dests)]
-    expanded = any(torch._debug_has_internal_overlap(w._data) == 1 for w in dests)
-    if not (others or expanded):
-        return None
+                   w: SimTensor, limit: int | None) -> RuntimeError | None:
+    """What torch's memory-overlap check raises for an op whose one destination is ``w`` and that
+    :func:`_may_overlap` let through (TensorIterator's, on the host before CUDA launches anything: a destination
+    whose elements share memory, ``x[:1].expand(4).add_(1)``, or one that overlaps an input in part,
+    ``x[1:].copy_(x[:-1])``), found by running the op on zeros laid out with the same aliasing as its device
+    tensors; None where the destination overlaps neither itself nor another argument, where the op runs, or where
+    the bytes it spans pass ``limit``. The op computed on the stream cannot raise it: it writes a copy of its
+    destination (``_Effect``)."""
 
     def extent(t: SimTensor) -> tuple[int, int, int]:  # (its CPU storage's address, first byte, end byte)
         d = t._data
@@ -899,10 +892,11 @@ def _overlap_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], fla
         n = 0 if d.numel() == 0 else 1 + sum((m - 1) * s for m, s in zip(d.shape, d.stride(), strict=True))
         return int(d.untyped_storage().data_ptr()), d.storage_offset() * k, (d.storage_offset() + n) * k
 
-    spans = [extent(w) for w in dests]
-    if not expanded and not any(b == c and lo < e and d < hi for x in others for b, lo, hi in [extent(x)]
-                                for c, d, e in spans):
-        return None  # (disjoint parts of one allocation)
+    if torch._debug_has_internal_overlap(w._data) != 1:
+        c, d, e = extent(w)
+        others = [extent(x) for x in flat if isinstance(x, SimTensor) and x is not w and x._st is w._st]
+        if not any(b == c and lo < e and d < hi for b, lo, hi in others):
+            return None  # (disjoint parts of one allocation)
     # zeros for each CPU storage among the device tensors, from the first byte they use (16-aligned) to the last
     bounds: dict[int, tuple[int, int]] = {}
     for x in flat:
@@ -1280,7 +1274,7 @@ class Dispatcher:
         written = _written(facts, args, kwargs) if facts.written else []
         if facts.overlap_checked and written and _may_overlap(flat, written[0]):
             # (the trial's zeros: as many bytes as the op's own, where values are computed; bounded in a race-only run)
-            error = _overlap_error(func, args, kwargs, flat, written, None if self.config.values else _TRIAL_BYTES)
+            error = _overlap_error(func, args, kwargs, flat, written[0], None if self.config.values else _TRIAL_BYTES)
             if error is not None:
                 raise error
         if written and facts.written[0][2]:  # (an out= op: its outputs are keyword-only)
