@@ -19,7 +19,13 @@ and hide a race); None makes them (the simulator's runs).
   the calling stream with or without a wait for the side stream;
 - ``grad_capture``: ``torch.autograd.grad(loss, [w])`` with ``w * x`` made on a side stream, the node's tensor hook
   stalling it; the gradient read on the calling stream (ordered by the engine's final wait for the capture's
-  stream) or on another stream that waits for nothing (a race).
+  stream) or on another stream that waits for nothing (a race);
+- ``drop_a_received_tensor``: a consumer process reads a device tensor another process sent it (CUDA IPC) behind a
+  stall, drops it and tells the producer, which collects what its consumers let go (``torch.cuda.ipc_collect()``)
+  and allocates the block again: torch's deleter of a received storage synchronizes the consumer's *current* stream
+  first, so a read there is done by then, one on a side stream is not (with ``record_stream`` or without: torch's
+  caching allocator skips a pointer it did not allocate), unless the tensor was the last the consumer held of the
+  producer's segment: then the deleter unmaps the segment, which waits for all the consumer's streams.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.multiprocessing as mp
 
 N = 1 << 20
 
@@ -181,6 +188,51 @@ def backward_into_a_non_leaf(wait: bool, cycles: int = 1000, seed: int = 0,
 
 
 #: torchao's driver at the stalls the GPU test uses: the unmodified optimizer and each mutant
+def _reuse_when_let_go(q: Any, let_go: Any, reused: Any, read: Any) -> None:
+    xs = [torch.full((N,), 5.0, device="cuda") for _ in range(2)]  # (one segment: CUDA IPC maps it as a whole)
+    torch.cuda.synchronize()
+    q.put(xs)
+    del xs  # held for the consumer (torch's limbo) while it holds the tensors
+    let_go.wait()
+    torch.cuda.ipc_collect()  # the consumer let go of the first: its block goes back to this process's allocator
+    y = torch.empty(N, device="cuda")  # the block it sent first
+    y.fill_(7.0)
+    torch.cuda.synchronize()
+    reused.set()
+    read.wait()  # (this process holds the memory until the consumer has read)
+
+
+def drop_a_received_tensor(read_on: str, keep: bool = True, cycles: int = 1000,
+                           streams: tuple[torch.cuda.Stream, ...] | None = None) -> bool:
+    """The producer sends two tensors of one segment; the consumer reads the first behind a stall and drops it,
+    keeping the second (``keep``) or not. ``read_on``: ``current`` (the read on the consumer's current stream),
+    ``side`` (on a side stream) or ``side-recorded`` (and ``x.record_stream(side)`` before the drop). Whether the
+    consumer read what was sent: the drop waits for the current stream, or for every stream where it is the
+    segment's last tensor (``cudaIpcCloseMemHandle``)."""
+    ctx = mp.get_context("spawn")
+    q, let_go, reused, read = ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Event()
+    p = ctx.Process(target=_reuse_when_let_go, args=(q, let_go, reused, read), name="producer")
+    p.start()
+    x, other = q.get()
+    if not keep:
+        del other
+    (side,) = streams or (torch.cuda.Stream(),)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(torch.cuda.current_stream() if read_on == "current" else side):
+        torch.cuda._sleep(cycles)
+        total = x.sum()
+    if read_on == "side-recorded":
+        x.record_stream(side)
+    del x  # torch's deleter synchronizes the current stream (or unmaps the segment), then lets the block go
+    let_go.set()
+    reused.wait()
+    torch.cuda.current_stream().wait_stream(side)
+    right = total.item() == 5.0 * N
+    read.set()
+    p.join()
+    return right
+
+
 TORCHAO = "tests/upstream/torchao_offload.py"
 TORCHAO_LINES = {
     "train_without_backward_wait": "train::default#7+20",  # the forward's first op, after the batch's H2D syncs

@@ -66,6 +66,9 @@ class DropInDevice(SimDevice):
         #: (receiving actor, storage id) -> the tensor a device tensor from another process was mapped as there
         #: (``processes``: CUDA IPC maps a storage once while the receiver holds it)
         self.ipc_maps: dict[tuple[str, int], Any] = {}
+        #: (receiving actor, the sender's segment id) -> how many of the segment's storages are mapped there
+        #: (``processes``: torch maps a segment once, by its IPC handle, and unmaps it with its last storage)
+        self.ipc_segments: dict[tuple[str, int], Any] = {}
         #: the simulated processes by their actor's name, and each actor's children (``processes``)
         self.sim_processes: dict[str, Any] = {}
         self.sim_children: dict[str, list[Any]] = {}

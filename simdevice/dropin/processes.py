@@ -162,10 +162,33 @@ class _Mapping:
         self.data = data
 
 
-def _unmapped(dev: Any, st: Any) -> Callable[[Any], None]:
+class _Segment:
+    """The sender's segment of a received storage, mapped into a receiving process: torch maps it once by its IPC
+    handle (``getIpcDevPtr``), however many of its storages the process holds, and unmaps it with the last."""
+
+    __slots__ = ("live",)
+
+    def __init__(self) -> None:
+        self.live = 0  # its storages mapped in the receiver
+
+
+def _unmapped(dev: Any, st: Any, key: tuple[str, int] | None) -> Callable[[Any], None]:
     """What ends a mapping of ``st`` (a weak reference's callback): the receiver's stream as it lets go, which the
-    sender's block waits for before its reuse (``Runtime.ipc_unmapped``)."""
-    return lambda _ref: dev.runtime.ipc_unmapped(st)
+    sender's block waits for before its reuse, or all its streams where the segment ``key`` names is unmapped with
+    it (``Runtime.ipc_unmapped``)."""
+    segments: dict[tuple[str, int], _Segment] = dev.ipc_segments
+
+    def done(_ref: Any) -> None:
+        closes = False
+        if key is not None:
+            segment = segments[key]
+            segment.live -= 1
+            closes = segment.live == 0
+            if closes:
+                del segments[key]
+        dev.runtime.ipc_unmapped(st, closes)
+
+    return done
 
 
 def _received(dev: Any, sent: _Sent) -> Any:
@@ -193,7 +216,11 @@ def _received(dev: Any, sent: _Sent) -> Any:
         if token is None:  # not mapped here, or no tensor of it left: mapped now, and waited for
             dev.runtime.ipc_mapped(rec)
             token = _Mapping(data_of(t))
-            maps[key] = weakref.ref(token, _unmapped(dev, st))
+            segment = dev.runtime.ipc_segment(st)
+            at = None if segment is None else (receiver, id(segment))
+            if at is not None:  # (while a storage of it is mapped here, its block keeps the segment: no id reused)
+                dev.ipc_segments.setdefault(at, _Segment()).live += 1
+            maps[key] = weakref.ref(token, _unmapped(dev, st, at))
         tokens[id(st)] = token
     done: dict[int, Any] = {}
 

@@ -486,6 +486,12 @@ class CachingAllocator:
         if block is not None and stream is not block.segment.stream and stream not in block.uses:
             block.uses.append(stream)
 
+    def segment_of(self, st: Storage) -> Segment | None:
+        """The segment of ``st``'s block (the memory one ``cudaMalloc`` made, which one CUDA IPC handle names), while
+        ``st`` holds its block."""
+        block = self._by_storage.get(st.id)
+        return block.segment if block is not None and block.storage is st else None
+
     def released_by(self, st: Storage, rec: EventRecord) -> None:
         """A process that received ``st`` over CUDA IPC let go of its last tensor of it: torch's deleter of the
         received storage synchronizes that process's current stream before it counts the reference down

@@ -256,6 +256,9 @@ class Runtime:
         self._edge_sites_seen: set[sync.Site] = set()
         #: what the program used that the simulator runs otherwise than a GPU, said once each in the run's notes
         self._said: list[str] = []
+        #: actors that closed a CUDA IPC mapping since their last step: what their host waits for at the next one
+        #: (``ipc_unmapped``)
+        self._closing: dict[str, list[EventRecord]] = {}
         self._latest: dict[sync.Site, Callable[[], EventRecord]] = {}
         #: forward edges: the sites whose operations are counted (all of them while counting), the count so far
         self._counted = _COUNTED.get()
@@ -359,6 +362,11 @@ class Runtime:
         allocator = self.memsaver.allocator
         if allocator.has_pending:  # the program dropped tensors since its last step: their frees come first
             allocator.collect_frees()
+        if self._closing:
+            recs = self._closing.pop(a.name, None)
+            if recs:  # (the drop blocked the host where it came, before this step: ``ipc_unmapped``)
+                names = ", ".join(r.stream.name for r in recs)
+                self._host_waits(a, recs, f"stream(s) {names} to finish (a received tensor's memory unmapped)")
         return a
 
     @property
@@ -1014,15 +1022,31 @@ class Runtime:
         ``_new_shared_cuda``). Part of the step that receives it."""
         self._wait_on(self.current().current_stream, rec, "the IPC event of a received tensor")
 
-    def ipc_unmapped(self, st: Any) -> None:
+    def ipc_segment(self, st: Any) -> Any:
+        """The sender's segment of device storage ``st`` (what one CUDA IPC handle maps), or None."""
+        return self.memsaver.allocator.segment_of(st)
+
+    def ipc_unmapped(self, st: Any, closes: bool = False) -> None:
         """The receiving actor let go of its last tensor of ``st``, a device storage another process sent it: torch's
         deleter synchronizes the receiver's current stream before it releases the sender's block (the reference
         count the sender's allocator reads before it reuses the block), so the block's free waits for that stream
-        as it stands now. Part of the step that dropped the tensor: no step of its own."""
+        as it stands now. ``closes``: no tensor of the sender's segment is left in the receiver, so the deleter
+        unmaps it first (``cudaIpcCloseMemHandle``), which waits for every stream of the receiver, the host
+        blocked till then (0.1 ms against 100 ms on an H100, docs/confirmations.md): the free waits for them all,
+        and so does the receiver's host at its next step. Part of the step that dropped the tensor: no step of its
+        own."""
         a = self.current_or_none()
         if a is None:
             return
-        self.memsaver.allocator.released_by(st, self._record(a.current_stream))
+        allocator = self.memsaver.allocator
+        if not closes:
+            allocator.released_by(st, self._record(a.current_stream))
+            return
+        streams = a.streams if a.current_stream in a.streams else [*a.streams, a.current_stream]
+        recs = [self._record(s) for s in streams]
+        for rec in recs:
+            allocator.released_by(st, rec)
+        self._closing.setdefault(a.name, []).extend(recs)
 
     def queue_put(self, box: Mailbox, item: Any) -> None:
         a = self.host_step("Queue.put")

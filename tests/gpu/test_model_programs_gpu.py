@@ -12,6 +12,10 @@
   stream, so the calling stream's read of ``h.grad`` is right only after a wait for the side stream;
 - ``torch.autograd.grad(loss, [w])``: the calling stream's read of the captured gradient is right (the engine waits
   for the capture's stream at the end), another stream's, which waits for nothing, is not;
+- a consumer process that reads a received device tensor behind a stall, drops it and lets the producer reuse its
+  block (``torch.cuda.ipc_collect()``): read right on the consumer's current stream (torch's deleter synchronizes
+  it), wrong on a side stream, with ``record_stream`` or without, while the consumer holds another tensor of the
+  producer's segment; right on any stream where it holds none (the deleter unmaps the segment, which waits);
 - torchao's ``CPUOffloadOptimizer`` (0.18.0) unmodified and its four mutants, each at a stall that exposes it.
 
 Run: ``NCCL_NVLS_ENABLE=0 PYTHONPATH=/tmp/site:. python -m pytest -q -s tests/gpu/test_model_programs_gpu.py`` (the
@@ -134,10 +138,10 @@ def _pause_main(wait: bool, trials: int) -> None:
     if free1 - free0 < 1 << 29:
         print(f"RESULT saver-inactive (a pause of 1 GiB released {(free1 - free0) >> 20} MiB)")
         return
-    # a stall first, waited for: a fresh process's first stall ended within milliseconds on an H100 (the pause then
-    # met no kernel in flight), its later ones took their time
-    torch.cuda._sleep(cycles)
-    torch.cuda.synchronize()
+    # the program once with its wait first: a kernel's first launch in a process loads its module (CUDA's lazy
+    # loading), which waits for the device, so a first ``w.add_(1)`` launched behind the stall returned only once
+    # the stall was over, and the pause met no kernel in flight (an H100, the twenty-seventh run)
+    programs.pause_while_a_kernel_may_run(cycles, True)
     done = 0
     for _ in range(trials):
         try:
@@ -219,6 +223,26 @@ def test_backward_into_a_non_leaf_is_no_leaf_stream(wait: bool, cycles: int) -> 
     else:
         assert sim_verdict == "race"
         assert right < TRIALS
+
+
+# -- CUDA IPC: a received tensor dropped ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("read_on", "keep", "right"), [
+    ("current", True, True), ("side", True, False), ("side-recorded", True, False),
+    ("side", False, True), ("side-recorded", False, True),
+])
+def test_a_dropped_received_tensor_s_block_waits_for_the_current_stream_or_for_all(read_on: str, keep: bool,
+                                                                                   right: bool, cycles: int) -> None:
+    sim = simdevice.cuda().run(programs.drop_a_received_tensor, read_on, keep, 10_000_000)
+    streams = (torch.cuda.Stream(),)
+    programs.drop_a_received_tensor("current", True, cycles, streams)  # warm-up: the kernels loaded, blocks cached
+    got = [programs.drop_a_received_tensor(read_on, keep, cycles, streams) for _ in range(TRIALS)]
+    print(f"RATE a received tensor dropped, read on the {read_on} stream, {'another' if keep else 'no other'} "
+          f"tensor of its segment held: right {sum(got)}/{TRIALS} (simulator: {'right' if sim.result else 'wrong'}, "
+          f"{'race' if sim.reports else 'clean'}) {_where()}", flush=True)
+    assert sim.result == right
+    assert sum(got) == (TRIALS if right else 0)
 
 
 # -- torchao's CPUOffloadOptimizer --------------------------------------------------------------------------------

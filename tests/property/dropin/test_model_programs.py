@@ -58,6 +58,20 @@ def test_backward_into_a_non_leaf_is_no_leaf_stream(wait: bool) -> None:
     assert run.result[0] == wait  # (stalled, the read gets the block's bytes before the node's write)
 
 
+@pytest.mark.parametrize(("read_on", "keep", "right"), [
+    ("current", True, True), ("side", True, False), ("side-recorded", True, False),  # the current stream only
+    ("side", False, True), ("side-recorded", False, True),  # the segment's last tensor: every stream
+])
+def test_a_dropped_received_tensor_s_block_waits_for_the_current_stream_or_for_all(read_on: str, keep: bool,
+                                                                                   right: bool) -> None:
+    run = simdevice.cuda().run(programs.drop_a_received_tensor, read_on, keep, STALL)
+    races = [str(r) for r in run.reports if r.kind == "race"]
+    assert bool(races) != right, [str(r) for r in run.reports]
+    assert run.result == right  # (stalled, the side stream's read sees the producer's new values)
+    if races:
+        assert races[0].startswith("race: fill_ on stream producer.default #"), races
+
+
 @pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
 @pytest.mark.parametrize(("line", "racy"), programs.torchao_lines())
 def test_torchao_s_optimizer_and_its_mutants_at_the_gpu_test_s_stalls(line: str, racy: bool,

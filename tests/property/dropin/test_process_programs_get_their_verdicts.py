@@ -102,27 +102,31 @@ def child_writes_result(sync: bool = True) -> None:
 
 
 def _reuse_after_the_ack(q: Any, ack: Any) -> None:
-    x = torch.empty(N, device="cuda")
+    x, other = torch.empty(N, device="cuda"), torch.empty(N, device="cuda")  # (one segment)
     x.fill_(5.0)
-    q.put(x)
-    del x
+    q.put((x, other))
+    del x, other
     ack.wait()  # the consumer let go of it
     y = torch.empty(N, device="cuda")  # the sent block, once the consumer released it
     y.fill_(7.0)
     torch.cuda.synchronize()
 
 
-def consumer_drops_early(side: bool = False, record: bool = False) -> None:
+def consumer_drops_early(side: bool = False, record: bool = False, keep: bool = True) -> None:
     """The consumer queues a read of a received tensor, drops the tensor and tells the producer, which allocates
     again (the sent block). torch's deleter of a received storage synchronizes the consumer's current stream
     before it releases the producer's block, so a read on the current stream is done by then; one on a side
     stream (``side=True``) is not, and ``record_stream`` of a received tensor (``record=True``) does nothing:
-    torch's caching allocator skips a pointer it did not allocate."""
+    torch's caching allocator skips a pointer it did not allocate. That is while the consumer holds another
+    tensor of the producer's segment (``keep``); where it holds none, the deleter unmaps the segment, which waits
+    for all its streams."""
     ctx = mp.get_context("spawn")
     q, ack = ctx.Queue(), ctx.Event()
     p = ctx.Process(target=_reuse_after_the_ack, args=(q, ack), name="producer")
     p.start()
-    x = q.get()
+    x, other = q.get()
+    if not keep:
+        del other
     st = torch.cuda.Stream()
     st.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(st if side else torch.cuda.current_stream()):
@@ -133,6 +137,28 @@ def consumer_drops_early(side: bool = False, record: bool = False) -> None:
     ack.set()
     torch.cuda.current_stream().wait_stream(st)
     assert s.item() == 5 * N
+    p.join()
+
+
+def consumer_copies_out(keep: bool = False) -> None:
+    """The consumer copies a received tensor into pinned memory on a side stream, drops it and reads the copy on
+    the host with no wait of its own: right only where the drop unmapped the producer's segment (no other tensor
+    of it kept), which blocks the host until every stream of the consumer is done."""
+    ctx = mp.get_context("spawn")
+    q, ack = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_reuse_after_the_ack, args=(q, ack), name="producer")
+    p.start()
+    x, other = q.get()
+    if not keep:
+        del other
+    pinned = torch.empty(N, pin_memory=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        pinned.copy_(x, non_blocking=True)
+    del x
+    assert pinned.sum().item() == 5 * N
+    ack.set()
     p.join()
 
 
@@ -385,6 +411,8 @@ PROGRAMS: list[tuple[Callable[..., None], dict[str, Any], dict[str, Any], int | 
     (child_writes_result, {}, {"sync": False}, None),
     (consumer_drops_early, {}, {"side": True}, None),
     (consumer_drops_early, {}, {"side": True, "record": True}, None),
+    (consumer_drops_early, {"side": True, "keep": False}, {"side": True}, None),  # (the segment's last: it waits)
+    (consumer_copies_out, {}, {"keep": True}, None),
     (gather_wait, {}, {"mode": "early"}, 2),
     (gather_wait, {}, {"mode": "side"}, 2),
     (reduce_scatter_wait, {}, {"mode": "reuse"}, 2),
