@@ -159,11 +159,11 @@ def _advice(race: Race, edge: Edge) -> str:
     else:
         how = f"record an event on `{first.actor}` after {done} and make `{second.actor}` wait on it"
     across = ""
-    if process_of(first.actor) != process_of(second.actor):
+    if process_of(first.actor, first.on) != process_of(second.actor, second.on):
         across = " (across processes: an interprocess event, or a handshake the other process waits for)"
     freed = ""
     if race.freed is not None and race.freed.actor != first.actor and (
-            process_of(race.freed.actor) == process_of(first.actor)):
+            process_of(race.freed.actor, race.freed.on) == process_of(first.actor, first.on)):
         # (record_stream on the stream the block was allocated on is a no-op: that stream's own order holds it; and
         # so is one in another process than the block's, on a tensor it received: torch's allocator skips it)
         freed = (f"; or keep the block from reuse until `{first.actor}` is done: `record_stream` on that stream "
@@ -178,7 +178,8 @@ def _reorder(races: list[Race]) -> list[str]:
     for r in races:
         first, second = _ordered(r)
         how = ("have the host wait for it (a handshake) before issuing the other"
-               if process_of(first.actor) != process_of(second.actor) else "issue it first and wait on it")
+               if process_of(first.actor, first.on) != process_of(second.actor, second.on)
+               else "issue it first and wait on it")
         text = (f"`{second.op}` on `{second.actor}` ({second.source}) is issued after `{first.op}` on "
                 f"`{first.actor}` ({first.source}); if it must come first, {how}")
         if text not in out:
@@ -273,8 +274,8 @@ def _forward_advice(race: Race, edge: Edge) -> str:
     match = ""
     if edge.offset:
         match = f" (the k-th `{first.op}` there waits for the (k{edge.offset:+d})-th `{second.op}`)"
-    proc = process_of(first.actor)
-    if proc != process_of(second.actor):
+    proc = process_of(first.actor, first.on)
+    if proc != process_of(second.actor, second.on):
         host = "the main process's host" if proc == "host" else f"`{proc}`'s host"
         return f"have {host} wait for {x} before {y}: a handshake{match}"
     return f"issue {x} before {y} and wait on it{match}"

@@ -233,9 +233,17 @@ class ReportSink:
 _COLLECTIVE_OPS = ("all_gather", "all_reduce", "reduce_scatter", "broadcast", "all_to_all")
 
 
-def process_of(actor: str) -> str:
+def process_of(actor: str, on: str | None = None) -> str:
     """The simulated process an actor belongs to, from its name: ``rank1.nccl`` and ``rank1`` -> ``rank1``,
-    ``worker0.d2h`` -> ``worker0``; the main host and its streams (``host``, ``d2h``) -> ``host``."""
+    ``worker0.d2h`` -> ``worker0``; the main host and its streams (``host``, ``d2h``) -> ``host``. Where the name is
+    an access's (``on``, "host" or "stream"), any process: a host step's actor is its process (``saver``,
+    ``rank1.saver``), a stream's process is its name but the stream's own (``saver.side`` -> ``saver``,
+    ``rank1.saver.side`` -> ``rank1.saver``); without it, a process the program named (``saver``) is not told from
+    a stream of the main host's."""
+    if on == "host":
+        return actor
+    if on == "stream":
+        return actor.rsplit(".", 1)[0] if "." in actor else "host"
     if "." in actor:
         return actor.split(".", 1)[0]
     return actor if re.fullmatch(r"(rank|worker)\d+", actor) else "host"
