@@ -74,6 +74,8 @@ class DropInDevice(SimDevice):
         self.sim_children: dict[str, list[Any]] = {}
         #: the actors whose default process group ``destroy_process_group`` destroyed (``distributed``)
         self.groups_destroyed: set[str] = set()
+        #: the interprocess events' CUDA events by their IPC handle (``Event.ipc_handle``)
+        self.ipc_events: dict[bytes, Any] = {}
 
     def site_named_stream(self) -> Any:
         """A new stream of the current actor, named after the line of the program that made it."""
@@ -176,16 +178,79 @@ class Stream(StreamHandle):
         self._entered.pop().__exit__(*exc)
 
 
-class Event(EventHandle):
-    """``torch.cuda.Event`` on the simulated device."""
+class _CudaEvent:
+    """The CUDA event behind a ``torch.cuda.Event``: where it was last recorded. An interprocess event and every event
+    opened from its handle (``Event.from_ipc_handle``, in any process) share one, as CUDA's IPC events do: what one
+    process records is what the others wait for, query and synchronize on (as recorded when they ask)."""
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
-        if interprocess:
-            raise NotImplementedError("interprocess events are not simulated")
+    __slots__ = ("handle", "rec")
+
+    def __init__(self) -> None:
+        self.rec: Any = None
+        self.handle: bytes | None = None
+
+
+#: the size of CUDA's ``cudaIpcEventHandle_t``, the ``bytes`` torch's ``ipc_handle()`` gives
+_IPC_HANDLE_BYTES = 64
+
+
+class Event(EventHandle):
+    """``torch.cuda.Event`` on the simulated device. An interprocess one (``interprocess=True``) gives an IPC handle
+    (``ipc_handle()``: bytes), which another process opens (``Event.from_ipc_handle(device, handle)``) as the same
+    CUDA event; torch pickles an event by its handle, so one sent to another process arrives as that event too. A
+    plain event has no handle: ``ipc_handle()`` raises CUDA's error, as on a GPU (torch creates the CUDA event with
+    the flags it was made with, and ``cudaIpcGetEventHandle`` refuses one without ``cudaEventInterprocess``)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                 external: bool = False) -> None:
+        self._cuda = _CudaEvent()
+        self.interprocess = interprocess
+        # (CUDA refuses the flags as torch creates the event, at its first record or ``ipc_handle()``)
+        self._bad_flags = interprocess and enable_timing
         super().__init__(session_device(), enable_timing)
 
-    def ipc_handle(self) -> Any:
-        raise NotImplementedError("interprocess events are not simulated")
+    @property  # type: ignore[override]
+    def _rec(self) -> Any:
+        return self._cuda.rec
+
+    @_rec.setter
+    def _rec(self, rec: Any) -> None:
+        self._cuda.rec = rec
+
+    def _created(self) -> None:
+        """torch creates the CUDA event at its first record or ``ipc_handle()``; CUDA refuses an interprocess event
+        that keeps timing (``cudaEventInterprocess`` needs ``cudaEventDisableTiming``)."""
+        if self._bad_flags:
+            raise RuntimeError("CUDA error: invalid argument (an interprocess event must be made with "
+                               "enable_timing=False: cudaEventInterprocess needs cudaEventDisableTiming)")
+
+    def record(self, stream: contract.Stream | None = None) -> None:
+        self._created()
+        super().record(stream)
+
+    def ipc_handle(self) -> bytes:
+        """The event's IPC handle (64 bytes, as CUDA's), for ``Event.from_ipc_handle`` in another process."""
+        self._created()
+        if not self.interprocess:
+            raise RuntimeError("CUDA error: invalid resource handle (ipc_handle() of a torch.cuda.Event made "
+                               "without interprocess=True)")
+        if self._cuda.handle is None:
+            dev = session_device()
+            handle = f"simdevice ipc event {len(dev.ipc_events)}".encode().ljust(_IPC_HANDLE_BYTES, b"\0")
+            dev.ipc_events[handle] = self._cuda
+            self._cuda.handle = handle
+        return self._cuda.handle
+
+    @classmethod
+    def from_ipc_handle(cls, device: Any, handle: Any) -> Event:
+        """The interprocess event ``handle`` names (``cudaIpcOpenEventHandle``): the same CUDA event."""
+        cuda = session_device().ipc_events.get(bytes(handle)) if isinstance(handle, (bytes, bytearray)) else None
+        if cuda is None:
+            raise RuntimeError("CUDA error: invalid resource handle (Event.from_ipc_handle: no interprocess event of "
+                               "this run has this handle)")
+        opened = cls(interprocess=True)
+        opened._cuda = cuda
+        return opened
 
 
 class StreamContext:

@@ -114,15 +114,12 @@ def _by_reference(x: Any) -> bool:
     from simdevice.dropin import facade
 
     if isinstance(x, facade.Event):
-        # torch pickles an event by its IPC handle (``reduce_event``): CUDA gives one only for an event made as an
-        # interprocess one, which a recorded event is not (torch makes the CUDA event at its first record); one not
-        # recorded yet is made an interprocess one then, and those are not simulated
-        if getattr(x, "_rec", None) is not None:
-            raise RuntimeError("CUDA error: invalid resource handle (a torch.cuda.Event recorded before it was sent "
-                               "to another process: torch sends its IPC handle, which only an interprocess event "
-                               "has)")
-        raise NotImplementedError("a torch.cuda.Event sent to another process (an interprocess event) is not "
-                                  "simulated")
+        # torch pickles an event by its IPC handle (``reduce_event``), which the receiver opens as the same CUDA event
+        # (``rebuild_event``): an interprocess event crosses as itself (:class:`facade.Event` shares its CUDA event
+        # with every event opened from its handle); a plain one has no handle, recorded or not (``ipc_handle()``
+        # raises CUDA's error, as it does on a GPU)
+        x.ipc_handle()
+        return True
     return isinstance(x, (torch.Tensor, torch.UntypedStorage, SimQueue, SimEvent, SimLock, SharedValueHandle,
                           facade.Stream))
 
