@@ -210,6 +210,61 @@ def _collective(original: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+#: a ``batch_isend_irecv`` under way (its ops' own calls are not counted again)
+_IN_BATCH: list[str] = []
+
+
+def _point_to_point(original: Callable[..., Any], raw: dict[str, Callable[..., Any]]) -> Callable[..., Any]:
+    """``isend``, ``irecv``, ``send``, ``recv`` as the simulator counts them: one host step, one operation of the pair's
+    ``p2pPEER-nccl`` actor (stalled alone, as a collective's), and for ``send`` and ``recv`` a host step for the
+    wait; ``batch_isend_irecv``: one host step, one operation of ``nccl`` per op (their stalls, summed, before the
+    group)."""
+    name = original.__name__
+    blocking = name in ("send", "recv")
+
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        if _IN_BATCH:  # torch's batch calls each op's ``isend`` or ``irecv``: counted with the batch already
+            return raw[name](*args, **kwargs)
+        dev = _dev()
+        dev.host_step()
+        if name == "batch_isend_irecv":
+            units = sum(dev.count_op(f"{dev.prefix}nccl") for _ in args[0])
+        else:
+            peer = args[1] if len(args) > 1 else kwargs.get("dst" if "send" in name else "src",
+                                                              kwargs.get("group_dst", kwargs.get("group_src")))
+            units = dev.count_op(f"{dev.prefix}p2p{peer}-nccl")
+        launch = torch.cuda.current_stream()
+        if units:  # (as ``_collective``: NCCL waits for the stream it is launched from, which sleeps first)
+            launch = _RawStream()
+            after = _RawEvent()
+            _RawEvent.record(after, _ORIGINAL["current_stream"]())
+            _RawEvent.wait(after, launch)
+            with torch.cuda.stream(launch):
+                torch.cuda._sleep(int(units * dev.cycles_per_ms))
+        with torch.cuda.stream(launch), _disable_current_modes():
+            if blocking:  # (the async call and its wait, as torch's own send and recv make them)
+                work = raw["isend" if name == "send" else "irecv"](*args, **kwargs)
+            else:
+                _IN_BATCH.append(name)
+                try:
+                    work = original(*args, **kwargs)
+                finally:
+                    _IN_BATCH.pop()
+        if name == "batch_isend_irecv":
+            return [CountingWork(w) for w in work]
+        if not blocking:
+            return CountingWork(work) if work is not None else None
+        dev.host_step()
+        if work is not None:
+            work.wait()
+        return (args[1] if len(args) > 1 else kwargs.get("src")) if name == "recv" else None
+
+    return call
+
+
 def _host_collective(original: Callable[..., Any]) -> Callable[..., Any]:
     """An object collective or a barrier: one host step; its internals are no program ops."""
 
@@ -292,6 +347,14 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
                 put(dist, name, _collective(getattr(dist, name)))
             for name in ("barrier", "all_gather_object", "broadcast_object_list"):
                 put(dist, name, _host_collective(getattr(dist, name)))
+            # (``send`` and ``recv`` call the unwrapped ``isend`` and ``irecv``: one count each)
+            raw = {name: getattr(dist, name) for name in ("isend", "irecv")}
+            p2p = {name: _point_to_point(getattr(dist, name), raw)
+                   for name in ("send", "recv", "isend", "irecv", "batch_isend_irecv")}
+            for name, wrapped in p2p.items():
+                put(dist, name, wrapped)
+                # (``P2POp`` takes only ``distributed_c10d``'s own ``isend`` and ``irecv`` for its op)
+                put(dist.distributed_c10d, name, wrapped)
         yield
     finally:
         while saved:

@@ -4,8 +4,9 @@ A host actor that is no rank is a world of one; under ``spawn_ranks`` (``DropIn.
 rank's calls meet its peers'. Collectives are the runtime's: each rank's send, the rendezvous, its receive on
 its ``nccl`` stream; a blocking call makes the current stream wait for the receive (as NCCL does), an
 ``async_op=True`` one returns a work handle whose ``wait()`` does; ``barrier`` and the object collectives
-block the host. Only the whole world is a group (``new_group`` of every rank, or of none given). The calls it does
-not run (``NOT_SIMULATED``: point-to-point, ``all_to_all``, ``gather``, ...) raise NotImplementedError naming
+block the host. Point-to-point calls (``send``, ``recv``, ``isend``, ``irecv``, ``batch_isend_irecv``) run on the
+stream of their pair of ranks, a batch on the collectives' stream (``Runtime.point_to_point``). Only the whole world is a group (``new_group`` of every rank, or of none given). The calls it does
+not run (``NOT_SIMULATED``: ``all_to_all``, ``gather``, ...) raise NotImplementedError naming
 themselves, so a run that reaches one gives no verdict instead of the real process group's error.
 """
 
@@ -43,7 +44,8 @@ WORLD = _World()
 #: the collectives and point-to-point calls that run on the simulated process group
 SIMULATED = (
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all_single", "barrier",
-    "broadcast", "broadcast_object_list", "reduce", "reduce_scatter_tensor",
+    "batch_isend_irecv", "broadcast", "broadcast_object_list", "irecv", "isend", "recv", "reduce",
+    "reduce_scatter_tensor", "send",
 )
 
 
@@ -250,6 +252,78 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
     return _finish(gather, async_op, output, input)
 
 
+def _peer(peer: int | None, group_peer: int | None, what: str) -> int:
+    """The peer rank of a point-to-point call, given as a global rank or a rank of the group (the same, in the
+    world), as torch takes it. A receive from any source (neither given) is what ProcessGroupNCCL refuses."""
+    if peer is None and group_peer is None and what == "source":
+        raise RuntimeError("ProcessGroupNCCL does not support recvAnysource")
+    return _root(peer, group_peer)
+
+
+def _point_to_point(ops: list[tuple[int, torch.Tensor, bool]], batch: bool = False) -> SimWork:
+    """Sends and receives as NCCL runs them (:meth:`Runtime.point_to_point`): one call on the stream of its pair of
+    ranks, a batch on the collectives' stream; the work's ``wait()`` makes the current stream wait for all of them."""
+    for peer, tensor, is_send in ops:
+        _check_tensor(tensor)
+        if peer == get_rank():  # (NCCL takes a send to itself only in a group with its receive: not simulated)
+            raise NotImplementedError(f"torch.distributed: a {'send to' if is_send else 'receive from'} the rank "
+                                      "itself is not simulated")
+    rt = session_device().runtime
+    gather = rt.point_to_point([(peer, ref_of(t), is_send) for peer, t, is_send in ops], batch, user_source())
+    return SimWork(session_device(), gather, tuple(t for _, t, _ in ops))
+
+
+def isend(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0,
+          group_dst: int | None = None) -> SimWork:
+    _check_group(group)
+    return _point_to_point([(_peer(dst, group_dst, "destination"), tensor, True)])
+
+
+def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0,
+          group_src: int | None = None) -> SimWork:
+    _check_group(group)
+    return _point_to_point([(_peer(src, group_src, "source"), tensor, False)])
+
+
+def send(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0,
+         group_dst: int | None = None) -> None:
+    """As torch's: ``isend`` and ``wait()``: the current stream waits for the send; the host goes on (NCCL's send
+    does not block the host; its stream waits for the peer's receive)."""
+    _check_group(group)
+    peer = _peer(dst, group_dst, "destination")
+    if peer == get_rank():
+        raise ValueError("Invalid destination rank: should not be the same as the rank of the current process.")
+    isend(tensor, peer).wait()
+
+
+def recv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0,
+         group_src: int | None = None) -> int:
+    """As torch's: ``irecv`` and ``wait()``; the source rank."""
+    _check_group(group)
+    peer = _peer(src, group_src, "source")
+    if peer == get_rank():
+        raise ValueError("Invalid source rank: should not be the same as the rank of the current process.")
+    irecv(tensor, peer).wait()
+    return peer
+
+
+def batch_isend_irecv(p2p_op_list: list[Any]) -> list[SimWork]:
+    """The ops as one NCCL group on the collectives' stream (torch's coalescing manager): every send and receive of
+    it posted before any waits for its peer; one work for the group, as torch returns."""
+    if not isinstance(p2p_op_list, list) or not all(isinstance(p, dist.P2POp) for p in p2p_op_list):
+        raise ValueError("Invalid ``p2p_op_list``. Each op is expected to to be of type ``torch.distributed.P2POp``.")
+    if not p2p_op_list:
+        return []
+    ops = []
+    for p in p2p_op_list:
+        _check_group(p.group)
+        if p.op not in (isend, irecv, dist.isend, dist.irecv):
+            raise ValueError("Invalid ``op``. Expected ``op`` to be of type ``torch.distributed.isend`` or "
+                             "``torch.distributed.irecv``.")
+        ops.append((p.peer, p.tensor, getattr(p.op, "__name__", "") == "isend"))
+    return [_point_to_point(ops, batch=True)]
+
+
 def _not_simulated(name: str) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
@@ -263,7 +337,7 @@ def _not_simulated(name: str) -> Any:
 #: what ``torch.distributed`` offers that the simulated process group does not run: each raises NotImplementedError
 #: naming itself (the run then gives no verdict), rather than reaching the real, uninitialized process group
 NOT_SIMULATED = (
-    "send", "recv", "isend", "irecv", "batch_isend_irecv", "all_to_all", "gather", "scatter", "reduce_scatter",
+    "all_to_all", "gather", "scatter", "reduce_scatter",
     "gather_object", "scatter_object_list", "send_object_list", "recv_object_list", "all_gather_coalesced",
     "all_reduce_coalesced", "all_gather_single", "reduce_scatter_single", "monitored_barrier", "new_subgroups",
     "new_subgroups_by_enumeration", "split_group", "shrink_group", "record_comm", "_coalescing_manager",
@@ -382,6 +456,11 @@ def install(p: Patches) -> None:
         "broadcast": broadcast,
         "reduce": reduce,
         "all_to_all_single": all_to_all_single,
+        "send": send,
+        "recv": recv,
+        "isend": isend,
+        "irecv": irecv,
+        "batch_isend_irecv": batch_isend_irecv,
         "barrier": barrier,
         "all_gather_object": all_gather_object,
         "broadcast_object_list": broadcast_object_list,

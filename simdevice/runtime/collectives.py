@@ -50,6 +50,10 @@ class World:
         #: collectives issued so far, in NCCL order (the k-th of every rank is one instance)
         self.instances: list[Collective] = []
         self._issued: dict[int, int] = {}
+        #: point-to-point messages by (sender, receiver), each a collective of two (sender 0, receiver 1), and how
+        #: many each side posted: the k-th send from i to j is the k-th receive on j from i
+        self.messages: dict[tuple[int, int], list[Collective]] = {}
+        self._posted: dict[tuple[int, int, int], int] = {}
         #: host-side exchanges of Python objects, and how many each rank took part in
         self.object_rounds: list[ObjectRound] = []
         self.objects_issued: dict[int, int] = {}
@@ -70,6 +74,15 @@ class World:
                 "(every rank must issue the same collectives in the same order)"
             )
         return coll
+
+    def message_for(self, sender: int, receiver: int, side: int) -> Collective:
+        """The next message from ``sender`` to ``receiver`` that ``side`` (0: the sender, 1: the receiver) posts."""
+        k = self._posted.get((sender, receiver, side), 0)
+        self._posted[(sender, receiver, side)] = k + 1
+        channel = self.messages.setdefault((sender, receiver), [])
+        while len(channel) <= k:
+            channel.append(Collective(len(channel), 2))
+        return channel[k]
 
 
 class Collective:
@@ -181,44 +194,92 @@ class Collectives:
         """Issue ``a``'s part of a collective: a send reading ``inp`` (nothing for a barrier), the rendezvous, and
         a receive writing ``outs`` with ``combine(rank, every rank's send)``. The k-th collective of every rank
         of a world is one instance; ranks that disagree on its kind are the program's error, as NCCL's would be."""
-        ex = self._exec
         world, rank = self.world_of(a.name)
         comm = self.comm_stream(a)
+        self._after_caller(a, comm)
+        coll = world.instance_for(rank, a.name, kind)
+        self._post(a, comm, coll, rank, f"{kind} (send)", inp, outs, src)
+        self._rendezvous(comm, coll, f"every rank's send of collective {coll.seq} ({world.size} ranks)")
+        self._land(comm, coll, rank, f"{kind} (receive)", inp, outs, combine, src)
+        return Gather(sync.record(comm), coll)
+
+    def p2p_stream(self, a: HostActor, peer: int) -> SimStream:
+        """``a``'s stream for point-to-point calls with ``peer`` (``rank0.p2p1-nccl``), made at its first one: as
+        ProcessGroupNCCL gives each pair of ranks a communicator and a stream of its own, apart from the
+        collectives' (a ``batch_isend_irecv`` runs on the collectives' stream, :meth:`comm_stream`)."""
+        full = f"p2p{peer}-nccl" if a.name == "host" else f"{a.name}.p2p{peer}-nccl"
+        s = self._exec.streams.get(full)
+        return s if s is not None else self._exec.new_stream(a, f"p2p{peer}-nccl")
+
+    def point_to_point(self, a: HostActor, comm: SimStream, ops: list[tuple[int, Ref, bool]], src: str) -> Gather:
+        """Issue ``a``'s sends and receives (``(peer, tensor, is_send)``) on ``comm``, as one NCCL group: every one
+        is posted before any waits for its peer, so that a send and a receive of one group never hold each other up
+        (a single call is a group of one). The k-th send from rank i to rank j is the k-th receive on j from i, as
+        NCCL matches them; each completes once both sides are posted and the sender's bytes are read, and the
+        receive lands them then. A send and a receive of the same pair each posted first on both ranks, in calls of
+        their own, wait for each other forever, as on a GPU (NCCL's send blocks its stream until the receive)."""
+        world, rank = self.world_of(a.name)
+        self._after_caller(a, comm)
+        posted = []
+        for peer, ref, is_send in ops:
+            if not 0 <= peer < world.size or peer == rank:
+                raise ValueError(f"Invalid {'destination' if is_send else 'source'} rank {peer}: a rank of the world "
+                                 f"({world.size} ranks) other than this one ({rank})")
+            sender, receiver = (rank, peer) if is_send else (peer, rank)
+            msg = world.message_for(sender, receiver, 0 if is_send else 1)
+            inp, outs = (ref, []) if is_send else (None, [ref])
+            self._post(a, comm, msg, 0 if is_send else 1, "send" if is_send else "recv (posted)", inp, outs, src)
+            posted.append((msg, is_send, inp, outs, f"message {msg.seq} from rank {sender} to rank {receiver}"))
+        for msg, _, _, _, what in posted:
+            self._rendezvous(comm, msg, f"both sides of {what}")
+        for msg, is_send, inp, outs, _ in posted:
+            self._land(comm, msg, 0 if is_send else 1, "send (done)" if is_send else "recv (receive)", inp, outs,
+                       lambda slot, sent: [sent[0]] if slot == 1 else [], src)
+        return Gather(sync.record(comm), posted[-1][0])
+
+    def _after_caller(self, a: HostActor, comm: SimStream) -> None:
         cur = a.current_stream
         self.called_under.add(cur.name)
         # wait: NCCL's stream must not read the input before the caller's stream produced it
-        ex.enqueue(comm, sync.stream_waits(comm, sync.record(cur), f"stream {cur.name}"))
-        coll = world.instance_for(rank, a.name, kind)
+        self._exec.enqueue(comm, sync.stream_waits(comm, sync.record(cur), f"stream {cur.name}"))
+
+    def _post(self, a: HostActor, comm: SimStream, coll: Collective, slot: int, desc: str, inp: Ref | None,
+              outs: list[Ref], src: str) -> None:
+        """``a``'s part of ``coll`` (its ``slot``: its rank, or sender 0 and receiver 1 of a message) issued: the
+        counted operation that reads ``inp`` as it starts (a schedule's ``rank1.nccl#k`` delays this one)."""
         coll.issued += 1
         moved = inp if inp is not None else (outs[0] if outs else None)
         if moved is not None:
-            coll.moved[rank] = (moved[1].numel(), moved[1].dtype)
+            coll.moved[slot] = (moved[1].numel(), moved[1].dtype)
         sync.collective_issued(coll, a, comm)
-
         # A world of one is NCCL's one-rank path (``ncclLaunchOneRank``): no kernel, one ``cudaMemcpyAsync`` of the
         # input into the output, so the receive starts with the send and moves its bytes in order as any copy
         # (a copy that trails it reads its bytes, ``Memory.start``). Between ranks the receive lands in ring order.
-        one = world.size == 1
-        send_ns = 0 if one else ex.config.launch_ns
-        send = self._enqueue(comm, f"{kind} (send)", True, send_ns, [inp] if inp else [], [], src)
+        ex = self._exec
+        send = self._enqueue(comm, desc, True, 0 if coll.size == 1 else ex.config.launch_ns, [inp] if inp else [],
+                             [], src)
         data_in = inp[1] if inp is not None else None
-
         values = ex.config.values  # race-only: no bytes move
 
         def sent() -> None:
-            coll.sent[rank] = (in_memory_order(data_in).clone() if data_in is not None and values
+            coll.sent[slot] = (in_memory_order(data_in).clone() if data_in is not None and values
                                else torch.empty(0, device="cpu"))
 
         send.start = sent
         ex.enqueue(comm, send)
 
-        rendezvous = StreamOp(
-            comm, f"every rank's send of collective {coll.seq} ({world.size} ranks)", -1, 0, ready=coll.all_sent
-        )
-        ex.enqueue(comm, rendezvous)
+    def _rendezvous(self, comm: SimStream, coll: Collective, what: str) -> None:
+        """The marker ``comm`` passes once every part of ``coll`` is posted and has started."""
+        self._exec.enqueue(comm, StreamOp(comm, what, -1, 0, ready=coll.all_sent))
 
+    def _land(self, comm: SimStream, coll: Collective, slot: int, desc: str, inp: Ref | None, outs: list[Ref],
+              combine: Callable[[int, list[torch.Tensor]], list[torch.Tensor]], src: str) -> None:
+        """The receive of ``slot``'s part of ``coll``: it writes ``outs`` with ``combine(slot, every part's send)``
+        as it completes."""
+        ex = self._exec
+        values = ex.config.values
         sync.collective_receive(comm, coll)
-        recv = self._enqueue(comm, f"{kind} (receive)", False, ex.config.kernel_ns(2 * nbytes(outs)), [], outs, src)
+        recv = self._enqueue(comm, desc, False, ex.config.kernel_ns(2 * nbytes(outs)), [], outs, src)
 
         def parts(st: Storage, d: torch.Tensor, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
             """Storage byte ranges within ``d`` (``st``'s, contiguous) as element ranges of ``d``."""
@@ -231,7 +292,7 @@ class Collectives:
             coll.check_agreed()  # (every rank has issued it: the receive comes after the rendezvous)
             if not values:
                 return
-            values_in = combine(rank, [coll.sent[q] for q in range(world.size)])
+            values_in = combine(slot, [coll.sent[q] for q in range(coll.size)])
             early = issued.landed_early
             for (st, d), v in zip(outs, values_in, strict=True):
                 lo, hi = st.byte_range(d)
@@ -245,7 +306,7 @@ class Collectives:
             """Bytes ``[lo, hi)`` of ``st`` land now: a copy that trails this one over them completes first."""
             if not values:
                 return
-            values_in = combine(rank, [coll.sent[q] for q in range(world.size)])
+            values_in = combine(slot, [coll.sent[q] for q in range(coll.size)])
             for (s, d), v in zip(outs, values_in, strict=True):
                 if s is st:
                     [(a, b)] = parts(st, d, [(lo, hi)])
@@ -254,14 +315,13 @@ class Collectives:
                     flat[a:b].copy_(v.reshape(-1)[a:b])
 
         recv.finish = received
-        recv.sweeps = one and inp is not None
+        recv.sweeps = coll.size == 1 and inp is not None
         if recv.sweeps:  # NCCL's one-rank copy: its bytes are known from its start, so a part can land early
             recv.issued.early = land_early
         ex.enqueue(comm, recv)
         if coll.complete:
             # the last rank in: peers' comm streams may be parked at their rendezvous
             ex.kick_all()
-        return Gather(sync.record(comm), coll)
 
     def all_gather(self, a: HostActor, out: Ref, inp: Ref, src: str) -> Gather:
         """Issue ``a``'s part of an all-gather of ``inp`` (this rank's shard) into ``out`` (every rank's)."""

@@ -868,11 +868,12 @@ class Runtime:
         if self.now > before:
             self.trace.append((self.now, a.name, f"waited for {what}"))
 
-    def _collective_waits(self, a: HostActor, source: str) -> _Key | None:
-        """The inserted edges into a collective about to be issued at ``source``; its site and occurrence."""
+    def _collective_waits(self, a: HostActor, source: str, comm: SimStream | None = None) -> _Key | None:
+        """The inserted edges into a collective about to be issued at ``source`` (on ``comm``, by default the
+        actor's collectives' stream); its site and occurrence."""
         if not (self._waits_at or self._tracked or self._counted is not None):
             return None
-        comm = self.collectives.comm_stream(a)
+        comm = comm if comm is not None else self.collectives.comm_stream(a)
         at = self._occurrence(comm.name, source)
         if self._waits_at:
             self._inserted_waits(a, comm, source, at, collective=True)
@@ -1138,10 +1139,10 @@ class Runtime:
         comm = g.rec.stream
         self.op_sites[f"{comm.name}#{comm.ops - 1}"] = (source, span_bytes(refs))
 
-    def _kept_for(self, a: HostActor, refs: list[Ref]) -> None:
+    def _kept_for(self, a: HostActor, refs: list[Ref], comm: SimStream | None = None) -> None:
         """As ProcessGroupNCCL does (it records a collective's tensors on its stream, or stashes them in the work):
         their blocks are not handed out again before the collective is done, even if the program drops them."""
-        comm = self.collectives.comm_stream(a)
+        comm = comm if comm is not None else self.collectives.comm_stream(a)
         for st, _ in refs:
             self.record_stream(st, comm)
 
@@ -1162,6 +1163,24 @@ class Runtime:
         self._issued_at(g.rec.stream.name, source, g.record)
         self._issued_now(at, g.record, mark)
         self._collective_site(g, source, [*outs, *([inp] if inp is not None else [])])
+        if not a.traced:
+            a.time += self.config.collective_host_ns
+        return g
+
+    def point_to_point(self, ops: list[tuple[int, Ref, bool]], batch: bool, source: str) -> Gather:
+        """Sends and receives (``(peer, tensor, is_send)``) of the current actor: one call (``send``, ``isend``,
+        ``recv``, ``irecv``: one op) on the stream of its pair of ranks, or a ``batch_isend_irecv`` (``batch``) on
+        the collectives' stream, as one NCCL group (:meth:`Collectives.point_to_point`)."""
+        a = self.host_step("batch_isend_irecv" if batch else ("send" if ops[0][2] else "recv"))
+        comm = self.collectives.comm_stream(a) if batch else self.collectives.p2p_stream(a, ops[0][0])
+        at = self._collective_waits(a, source, comm)
+        mark = self.memory.issues
+        g = self.collectives.point_to_point(a, comm, ops, source)
+        refs = [ref for _, ref, _ in ops]
+        self._kept_for(a, refs, comm)
+        self._issued_at(comm.name, source, g.record)
+        self._issued_now(at, g.record, mark)
+        self.op_sites[f"{comm.name}#{comm.ops - 1}"] = (source, span_bytes(refs))
         if not a.traced:
             a.time += self.config.collective_host_ns
         return g
