@@ -700,6 +700,14 @@ def _one_memcpy(dst: torch.Tensor, src: torch.Tensor) -> bool:
     return _dense(dst)
 
 
+#: torch's own error for ``record_stream`` of a host tensor, pinned or not (the op has a CUDA kernel alone), its
+#: dispatcher's table of kernels left out
+_HOST_RECORD_STREAM = (
+    "Could not run 'aten::record_stream' with arguments from the 'CPU' backend (as torch raises on a GPU: "
+    "record_stream takes a device tensor; pinned memory a non-blocking copy used is kept from reuse by torch's "
+    "caching host allocator until that copy is done, and a host read of it waits for an event or a synchronize)")
+
+
 def _through_host_temporaries(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dst: torch.Tensor,
                               src: torch.Tensor) -> tuple[bool, bool]:
     """For a copy between a pinned host tensor and the device that is no single memcpy, how ATen's CUDA copy makes
@@ -1118,7 +1126,7 @@ class Dispatcher:
         if func is aten.is_pinned.default:
             return rt.lookup_pinned(args[0]) is not None
         if func is aten.record_stream.default and actor is not None:
-            return None  # pinned memory is not pooled by the simulator: nothing to defer
+            raise NotImplementedError(_HOST_RECORD_STREAM)
         if func is aten._pin_memory.default and actor is not None:
             return self.new_pinned(args[0].clone(), actor.name, made=True)
         pinned = [t for t in flat if rt.lookup_pinned(t) is not None]
