@@ -25,6 +25,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -209,11 +210,19 @@ def _place_slivers(ss: list[Slice], at: dict[int, tuple[int, int]]) -> None:
         at[id(m)] = (a, a + _SLIVER)
 
 
+def _processes(ss: list[Slice]) -> Callable[[str], str]:
+    """Each track's process: a host actor's (one with host steps) is itself, a stream's its name less the stream's
+    (``saver.side`` -> ``saver``, ``d2h`` -> ``host``), as ``process_of`` says of an access."""
+    hosts = {s.actor for s in ss if s.kind == "host"} | {"host"}
+    return lambda a: process_of(a, "host" if a in hosts else "stream")
+
+
 def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
     """The run as a Chrome/Perfetto trace-event document (``{"traceEvents": [...]}``)."""
     ss = slices(out)
+    proc_of = _processes(ss)
     actors = sorted({s.actor for s in ss} | set(out.run.op_counts))
-    procs = sorted({process_of(a) for a in actors}, key=lambda p: (p != "host", p))
+    procs = sorted({proc_of(a) for a in actors}, key=lambda p: (p != "host", p))
     pid = {p: i + 1 for i, p in enumerate(procs)}
     tid = {a: i + 1 for i, a in enumerate(actors)}
     events: list[dict[str, Any]] = []
@@ -224,8 +233,8 @@ def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
     for p in procs:
         events.append({"ph": "M", "name": "process_name", "pid": pid[p], "tid": 0, "args": {"name": p}})
     for a in actors:
-        kind = "host" if a == process_of(a) else "stream"
-        events.append({"ph": "M", "name": "thread_name", "pid": pid[process_of(a)], "tid": tid[a],
+        kind = "host" if a == proc_of(a) else "stream"
+        events.append({"ph": "M", "name": "thread_name", "pid": pid[proc_of(a)], "tid": tid[a],
                        "args": {"name": f"{a} ({kind})"}})
     # Each slice's place on its track, in ns. A thread's slices must nest or be disjoint, and a flow event binds to
     # the slice begun last on its track before it (a slice closes only when a later one begins; a thread's instant
@@ -276,16 +285,16 @@ def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
             a, b, at_a, at_b = b, a, at_b, at_a
         flows += 1
         common = {"name": name, "cat": name, "id": flows}
-        arrows.append({**common, "ph": "s", "ts": us(at_a), "pid": pid[process_of(a.actor)], "tid": tid[a.actor],
+        arrows.append({**common, "ph": "s", "ts": us(at_a), "pid": pid[proc_of(a.actor)], "tid": tid[a.actor],
                        **({"args": args} if args else {})})
-        arrows.append({**common, "ph": "f", "bp": "e", "ts": us(at_b), "pid": pid[process_of(b.actor)],
+        arrows.append({**common, "ph": "f", "bp": "e", "ts": us(at_b), "pid": pid[proc_of(b.actor)],
                        "tid": tid[b.actor]})
 
     timed: list[tuple[int, int, dict[str, Any]]] = []  # (start, -length, event): a slice before what it holds
     arrows: list[dict[str, Any]] = []
     for s in ss:
         start, stop = at[id(s)]
-        base = {"pid": pid[process_of(s.actor)], "tid": tid[s.actor], "ts": us(start)}
+        base = {"pid": pid[proc_of(s.actor)], "tid": tid[s.actor], "ts": us(start)}
         if s.kind in ("op", "pending"):
             args: dict[str, Any] = {"index": s.index, "bytes": s.nbytes}
             if s.source:
@@ -308,7 +317,7 @@ def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
         for x in (a, b):
             if x is not None:
                 timed.append((early(x) + 1, 0, {"ph": "i", "s": "t", "name": "race", "cat": "race",
-                                                "ts": us(early(x) + 1), "pid": pid[process_of(x.actor)],
+                                                "ts": us(early(x) + 1), "pid": pid[proc_of(x.actor)],
                                                 "tid": tid[x.actor], "args": {"report": str(r)}}))
         if a is not None and b is not None:
             first, second = (a, b) if a.start <= b.start else (b, a)
@@ -318,7 +327,7 @@ def perfetto(out: Any, fix: Any = None) -> dict[str, Any]:
             reader = read[id(r)]
             t = early(reader) + 1 if reader is not None else r.time_ns
             timed.append((t, 0, {"ph": "i", "s": "t", "name": "stale read", "cat": "stale-read", "ts": us(t),
-                                 "pid": pid[process_of(r.read.actor)], "tid": tid[r.read.actor],
+                                 "pid": pid[proc_of(r.read.actor)], "tid": tid[r.read.actor],
                                  "args": {"report": str(r), "time": us(r.time_ns)}}))
     if fix is not None:
         for e in fix.edges:
@@ -419,9 +428,11 @@ def figure(out: Any, fix: Any = None) -> Any:
     from matplotlib.patches import Patch
 
     ss = slices(out)
+    proc_of = _processes(ss)
+
     def order(a: str) -> tuple[bool, str, bool, str]:
         """The main host's lanes first, each process's host actor above its streams."""
-        p = process_of(a)
+        p = proc_of(a)
         return p != "host", p, a != p, a
 
     actors = sorted({s.actor for s in ss}, key=order)

@@ -15,6 +15,7 @@ import simdevice
 from simdevice.explain import suggest
 from simdevice.runtime.reports import process_of
 from simdevice.search.explore import as_target
+from simdevice.timeline import perfetto
 
 N = 256
 
@@ -52,3 +53,15 @@ def test_an_access_s_process_is_its_host_s_or_its_stream_s_prefix() -> None:
     assert [process_of("saver", "host"), process_of("saver.side", "stream"), process_of("side", "stream"),
             process_of("rank1.saver", "host"), process_of("rank1.saver.d2h", "stream"),
             process_of("host", "host")] == ["saver", "saver", "host", "rank1.saver", "rank1.saver", "host"]
+
+
+def test_the_timeline_puts_a_named_process_s_tracks_in_that_process() -> None:
+    """The Perfetto trace's processes and the picture's lanes: ``saver`` and ``saver.side`` are the process
+    ``saver``'s (they were the main process's, beside its own host and streams)."""
+    found = simdevice.explore(saver_reads_its_own_copy_early, max_examples=20).failure
+    assert found is not None
+    events = perfetto(found)["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    threads = {e["args"]["name"]: names[e["pid"]] for e in events if e["name"] == "thread_name"}
+    assert threads["saver (host)"] == threads["saver.side (stream)"] == "saver", threads
+    assert threads["host (host)"] == "host", threads
