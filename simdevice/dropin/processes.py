@@ -177,7 +177,7 @@ def _unmapped(dev: Any, st: Any, key: tuple[str, int] | None) -> Callable[[Any],
 
     def done(_ref: Any) -> None:
         closes = False
-        if key is not None:
+        if key is not None and key in segments:  # (a weak reference's callback must not raise)
             segment = segments[key]
             segment.live -= 1
             closes = segment.live == 0
