@@ -704,8 +704,8 @@ def _one_memcpy(dst: torch.Tensor, src: torch.Tensor) -> bool:
 #: dispatcher's table of kernels left out
 _HOST_RECORD_STREAM = (
     "Could not run 'aten::record_stream' with arguments from the 'CPU' backend (as torch raises on a GPU: "
-    "record_stream takes a device tensor; pinned memory a non-blocking copy used is kept from reuse by torch's "
-    "caching host allocator until that copy is done, and a host read of it waits for an event or a synchronize)")
+    "record_stream takes a device tensor; torch's caching host allocator keeps pinned memory from reuse until the "
+    "non-blocking copies that used it are done, and a host read of it must wait for an event or a synchronize)")
 
 
 def _through_host_temporaries(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dst: torch.Tensor,
