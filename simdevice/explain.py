@@ -138,6 +138,14 @@ def edge_for(race: Race) -> Edge | None:
     return Edge(Site(first.actor, first.source), Site(second.actor, second.source))
 
 
+def _communication(op: str) -> tuple[str, str]:
+    """What a communication stream's operation ``op`` belongs to, and its asynchronous form: a point-to-point call's
+    (``send``, ``recv (receive)``: ``isend``, ``irecv``) or a collective's."""
+    if op.startswith(("send", "recv")):
+        return "point-to-point call", "an `isend` or `irecv`"
+    return "collective", "an `async_op=True` call"
+
+
 def _advice(race: Race, edge: Edge) -> str:
     """One edge in the program's words."""
     first, second = _ordered(race)
@@ -146,15 +154,17 @@ def _advice(race: Race, edge: Edge) -> str:
     if is_collective(first.actor, first.op):  # (it writes device memory: a stream reads it next, never the host)
         # (``wait()`` makes the stream current at the call wait: called with another stream current, as in a program
         # that waits on the default stream and reads on a side one, it orders the wrong stream)
-        how = (f"wait for the collective's work on `{second.actor}` (`work.wait()` of an `async_op=True` call with "
-               f"`{second.actor}` current; after a blocking call, a wait of `{second.actor}` on the stream it was "
-               f"called on) after {done}")
+        work, call = _communication(first.op)
+        how = (f"wait for the {work}'s work on `{second.actor}` (`work.wait()` of {call} with `{second.actor}` "
+               f"current; after a blocking call, a wait of `{second.actor}` on the stream it was called on) after "
+               f"{done}")
     elif second.on == "host":
         how = f"synchronize on an event recorded on `{first.actor}` after {done}"
     elif is_collective(second.actor, second.op):
         # the program cannot wait on NCCL's own stream: it waits for the stream the collective is called on
-        how = (f"record an event on `{first.actor}` after {done} and make the stream the collective is called on "
-               "wait on it (NCCL's stream waits for the calling stream when the collective is issued)")
+        work, _ = _communication(second.op)
+        how = (f"record an event on `{first.actor}` after {done} and make the stream the {work} is called on "
+               f"wait on it (NCCL's stream waits for the calling stream when the {work} is issued)")
         then = f"before the call that issues `{second.op}` on `{second.actor}` ({second.source})"
     else:
         how = f"record an event on `{first.actor}` after {done} and make `{second.actor}` wait on it"

@@ -81,16 +81,19 @@ class World:
         self._posted[(sender, receiver, side)] = k + 1
         channel = self.messages.setdefault((sender, receiver), [])
         while len(channel) <= k:
-            channel.append(Collective(len(channel), 2))
+            channel.append(Collective(len(channel), 2, message=True))
         return channel[k]
 
 
 class Collective:
-    """One all-gather across the world: who issued it, what each rank sent, the joined clock."""
+    """One collective across the world (or one point-to-point message, a collective of two: ``message``): who
+    issued it, what each part sent, the joined clock."""
 
-    def __init__(self, seq: int, size: int) -> None:
+    def __init__(self, seq: int, size: int, message: bool = False) -> None:
         self.seq = seq
         self.size = size
+        #: a point-to-point message: its parts are the sender (0) and the receiver (1), not ranks
+        self.message = message
         self.issued = 0
         self.sent: dict[int, torch.Tensor] = {}
         self.clock = VectorClock()
@@ -106,11 +109,13 @@ class Collective:
         if len(set(self.moved.values())) <= 1:
             return
         by_rank = [self.moved[q] for q in sorted(self.moved)]
+        who, order, each = (("a send and its receive", "the sender's, then the receiver's", "both")
+                            if self.message else ("the ranks", "by rank", "every rank"))
         if len({n for n, _ in by_rank}) > 1:
-            raise RuntimeError(f"the ranks passed tensors of different sizes ({', '.join(str(n) for n, _ in by_rank)}"
-                               " elements, by rank): every rank must pass tensors of the same size")
+            raise RuntimeError(f"{who} passed tensors of different sizes ({', '.join(str(n) for n, _ in by_rank)}"
+                               f" elements, {order}): {each} must pass tensors of the same size")
         names = ", ".join(str(d).removeprefix("torch.") for _, d in by_rank)
-        raise RuntimeError(f"the ranks passed tensors of different dtypes ({names}, by rank): every rank must pass "
+        raise RuntimeError(f"{who} passed tensors of different dtypes ({names}, {order}): {each} must pass "
                            "tensors of the same dtype")
 
     @property

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 
 import simdevice
+from simdevice.explain import suggest
+from simdevice.search.explore import as_target
 
 N = 256
 
@@ -106,3 +108,34 @@ def test_a_receive_from_any_source_is_refused_as_nccl_refuses_it() -> None:
     errors = [str(r) for r in s.reports]
     assert errors
     assert all("ProcessGroupNCCL does not support recvAnysource" in e for e in errors), errors
+
+
+def pipeline_reads_early() -> None:
+    pipeline("early")
+
+
+def test_the_fix_names_the_point_to_point_call_s_wait() -> None:
+    """The suggested fix for a read of a receive's buffer before its wait names the point-to-point call's work and
+    its asynchronous form, not a collective's (``async_op=True``)."""
+    found = simdevice.explore(pipeline_reads_early, max_examples=30, world_size=2).failure
+    assert found is not None
+    fix = suggest(as_target(pipeline_reads_early, world_size=2), found, schedules=10)
+    assert fix.checked, fix.lines()
+    (advice,) = fix.advice
+    assert advice.startswith("wait for the point-to-point call's work on `rank1.default` (`work.wait()` of an "
+                             "`isend` or `irecv` with `rank1.default` current;"), advice
+    assert "collective" not in advice, advice
+
+
+def test_a_send_and_a_receive_of_different_sizes_are_named_as_such() -> None:
+    def program() -> None:
+        if dist.get_rank() == 0:
+            dist.send(torch.ones(N, device="cuda"), 1)
+        else:
+            dist.recv(torch.empty(N // 2, device="cuda"), 0)
+
+    s = simdevice.cuda()
+    s.run(program, world_size=2)
+    errors = [str(r) for r in s.reports]
+    assert any(f"a send and its receive passed tensors of different sizes ({N}, {N // 2} elements, the sender's, "
+               "then the receiver's): both must pass tensors of the same size" in e for e in errors), errors
