@@ -5,9 +5,10 @@ rank's calls meet its peers'. Collectives are the runtime's: each rank's send, t
 its ``nccl`` stream; a blocking call makes the current stream wait for the receive (as NCCL does), an
 ``async_op=True`` one returns a work handle whose ``wait()`` does; ``barrier`` and the object collectives
 block the host. Point-to-point calls (``send``, ``recv``, ``isend``, ``irecv``, ``batch_isend_irecv``) run on the
-stream of their pair of ranks, a batch on the collectives' stream (``Runtime.point_to_point``). Only the whole world is a group (``new_group`` of every rank, or of none given). The calls it does
-not run (``NOT_SIMULATED``: ``all_to_all``, ``gather``, ...) raise NotImplementedError naming
-themselves, so a run that reaches one gives no verdict instead of the real process group's error.
+stream of their pair of ranks, a batch on the collectives' stream (``Runtime.point_to_point``). Only the whole
+world is a group (``new_group`` of every rank, or of none given). The calls it does not run (``NOT_SIMULATED``:
+``all_to_all``, ``gather``, ...) raise NotImplementedError naming themselves, so a run that reaches one gives no
+verdict instead of the real process group's error.
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ A process the program starts inside a run (``multiprocessing.Process``, ``torch.
 context's ``Process`` from ``get_context("spawn")``, or a subclass of any of them with its own ``run``) becomes a
 host actor with its own streams, as ``SimDevice.Process`` makes one; ``join``, ``is_alive`` and ``exitcode`` answer
 for it (0 when its target returns, ``n`` for ``sys.exit(n)`` or ``os._exit(n)``; what else it raises is a host
-error of the run). Queues (``Queue``, ``SimpleQueue``), ``Event``, ``Value`` and ``Lock`` made in the run are the
-simulator's: each put, get, set, wait and read is a host step that orders the receiver after the sender, and a
-blocking one that can never return is a deadlock, not a hang. The other primitives (``Pipe``, ``Pool``,
-``Manager``, ``Barrier``, ...) raise ``NotImplementedError`` in a run, so the program gets no verdict rather than a
-wrong one.
+error of the run). Queues (``Queue``, ``SimpleQueue``), ``Event``, ``Value``, ``Lock`` and ``Barrier`` made in the
+run are the simulator's: each put, get, set, wait and read is a host step that orders the receiver after the sender
+(a barrier's parties after each other's arrivals), and a blocking one that can never return is a deadlock, not a
+hang. The other primitives (``Pipe``, ``Pool``, ``Manager``, ``Condition``, ...) raise ``NotImplementedError`` in
+a run, so the program gets no verdict rather than a wrong one.
 
 A device tensor sent to another process (in a process's arguments, or through a queue) is CUDA IPC, as torch does
 it (``torch.multiprocessing.reductions``): the sender records an interprocess event on its stream as it pickles the
@@ -31,6 +31,7 @@ import multiprocessing
 import multiprocessing.context
 import multiprocessing.process
 import os
+import threading
 import types
 import weakref
 from collections.abc import Callable
@@ -43,13 +44,15 @@ from simdevice.api import SharedValueHandle
 from simdevice.dispatch import SimTensor, data_of, storage_of
 from simdevice.dropin.patches import Patches
 from simdevice.dropin.pickling import pickled, unpickled
+from simdevice.runtime import sync
+from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.config import UNIT_NS
 from simdevice.runtime.reports import user_source
 from simdevice.runtime.runtime import Mailbox, SharedCell
 
 #: the primitives a run refuses (those it simulates: ``_MADE``)
-_REFUSED = ("Pipe", "Pool", "Manager", "JoinableQueue", "Barrier", "Condition", "Semaphore", "BoundedSemaphore",
-            "RLock", "Array", "RawArray", "RawValue")
+_REFUSED = ("Pipe", "Pool", "Manager", "JoinableQueue", "Condition", "Semaphore", "BoundedSemaphore", "RLock",
+            "Array", "RawArray", "RawValue")
 #: what pickling does not look into for tensors (by reference: classes, modules, functions)
 _OPAQUE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 #: virtual time a timed wait (``join(timeout)``, ``get(timeout=)``, ``wait(timeout)``) sleeps between its polls, in
@@ -120,8 +123,8 @@ def _by_reference(x: Any) -> bool:
         # raises CUDA's error, as it does on a GPU)
         x.ipc_handle()
         return True
-    return isinstance(x, (torch.Tensor, torch.UntypedStorage, SimQueue, SimEvent, SimLock, SharedValueHandle,
-                          facade.Stream))
+    return isinstance(x, (torch.Tensor, torch.UntypedStorage, SimQueue, SimEvent, SimLock, SimBarrier,
+                          SharedValueHandle, facade.Stream))
 
 
 def _sent(dev: Any, obj: Any, stream: Any) -> _Sent:
@@ -660,17 +663,109 @@ class SimValue(SharedValueHandle):
         self.get_lock().release()
 
 
+class SimBarrier:
+    """``multiprocessing.Barrier`` in a run: each ``wait`` is a host step; the parties of one round leave it when the
+    last arrives, each then ordered after every party's past at its arrival (the round's clock). A party waits for
+    the others without polling, or for ``timeout`` seconds of virtual time (then the barrier breaks, as Python's
+    does); ``action`` runs in the last party to arrive, before the others leave. Fewer parties than it counts:
+    the run's deadlock, as on a machine."""
+
+    def __init__(self, parties: int, action: Callable[[], Any] | None = None, timeout: float | None = None) -> None:
+        if parties < 1:
+            raise ValueError("parties must be >= 1")
+        self._dev = _session()
+        self._parties = parties
+        self._action = action
+        self._timeout = timeout
+        self._round = 0  # the round parties arrive in now
+        self._waiting = 0  # parties arrived in it
+        self._broken = False
+        self._broken_rounds: set[int] = set()  # rounds ``reset()`` ended with parties in them
+        self.clock = VectorClock()  # the pasts of this round's arrivals
+        self._left: dict[int, VectorClock] = {}  # each completed round's clock
+
+    @property
+    def parties(self) -> int:
+        return self._parties
+
+    @property
+    def n_waiting(self) -> int:
+        self._dev.runtime.host_step("Barrier.n_waiting", poll=True)
+        return self._waiting
+
+    @property
+    def broken(self) -> bool:
+        self._dev.runtime.host_step("Barrier.broken", poll=True)
+        return self._broken
+
+    def wait(self, timeout: float | None = None) -> int:
+        rt = self._dev.runtime
+        a = rt.host_step("Barrier.wait")
+        if self._broken:
+            raise threading.BrokenBarrierError
+        k, index = self._round, self._waiting
+        self._waiting += 1
+        sync.publish(self, a)
+        if self._waiting == self._parties:  # the last: the round ends
+            if self._action is not None:
+                try:
+                    self._action()
+                except BaseException:
+                    self._break()
+                    raise
+            self._left[k] = self.clock
+            self.clock = VectorClock()
+            self._round += 1
+            self._waiting = 0
+            rt.execution.changed()
+        else:
+            def left() -> bool:
+                return self._round != k or self._broken
+
+            wait = self._timeout if timeout is None else timeout
+            if wait is None:
+                rt.execution.block(a, f"the other parties of a barrier ({self._waiting} of {self._parties} arrived)",
+                                   left)
+            elif not _timed(left, wait):
+                self._break()
+            if self._round == k or k in self._broken_rounds:
+                raise threading.BrokenBarrierError
+        sync.observe(rt.current(), self._left[k])
+        return index
+
+    def _break(self) -> None:
+        self._broken = True
+        self._dev.runtime.execution.changed()
+
+    def abort(self) -> None:
+        """The barrier breaks: parties waiting in it, and any that arrive later, raise ``BrokenBarrierError``."""
+        self._dev.runtime.host_step("Barrier.abort")
+        self._break()
+
+    def reset(self) -> None:
+        """Back to its empty state: parties waiting in the round it ends raise ``BrokenBarrierError``."""
+        rt = self._dev.runtime
+        rt.host_step("Barrier.reset")
+        if self._waiting:
+            self._broken_rounds.add(self._round)
+            self._round += 1
+            self._waiting = 0
+            self.clock = VectorClock()
+        self._broken = False
+        rt.execution.changed()
+
+
 #: what each simulated primitive's factory makes in a run
 _MADE: dict[str, Callable[..., Any]] = {
     "Queue": SimQueue, "SimpleQueue": lambda: SimQueue(simple=True), "Event": SimEvent, "Value": SimValue,
-    "Lock": SimLock,
+    "Lock": SimLock, "Barrier": SimBarrier,
 }
 
 
 def _refusal(name: str) -> NotImplementedError:
     return NotImplementedError(
-        f"multiprocessing.{name} is not simulated (the run's processes share Queue, SimpleQueue, Event, Value and "
-        "Lock)"
+        f"multiprocessing.{name} is not simulated (the run's processes share Queue, SimpleQueue, Event, Value, "
+        "Lock and Barrier)"
     )
 
 

@@ -500,7 +500,7 @@ def test_a_get_with_a_timeout_raises_empty() -> None:
 
 
 @pytest.mark.parametrize("make", [lambda: mp.Pipe(), lambda: mp.get_context("spawn").Pool(2),
-                                  lambda: multiprocessing.Barrier(2)])
+                                  lambda: multiprocessing.Condition()])
 def test_what_is_not_simulated_raises_not_implemented(make: Any) -> None:
     r = _run(make)
     assert _kinds(r) == ["host-error"]
