@@ -227,12 +227,13 @@ class _FreeBlocks:
 
 
 class Allocation:
-    """What ``malloc`` hands out: the block, the tensor's bytes (they keep the block allocated), how many bytes the
-    tensor's storage has (``need``), and whether the bytes are fresh (never handed out before)."""
+    """What ``malloc`` hands out: the block (None for a request of no bytes, which takes none), the tensor's bytes
+    (they keep the block allocated), how many bytes the tensor's storage has (``need``), and whether the bytes are
+    fresh (never handed out before)."""
 
     __slots__ = ("alias", "block", "data", "fresh", "need")
 
-    def __init__(self, block: Block, data: torch.Tensor, need: int, fresh: bool,
+    def __init__(self, block: Block | None, data: torch.Tensor, need: int, fresh: bool,
                  alias: torch.Tensor | None = None) -> None:
         self.block, self.data, self.need, self.fresh = block, data, need, fresh
         #: the tensor's bytes once more, shaped as it is, keeping nothing allocated (what a queued operation
@@ -402,9 +403,14 @@ class CachingAllocator:
     ) -> Allocation:
         """Bytes for a new device tensor shaped like ``like`` from ``pool``, for ``stream``. ``pick`` offsets the
         best-fit choice among fitting blocks (default: the run's). ``backup``: the region backs its contents up (its
-        own segments: the memory saver's pool of that tag and setting)."""
-        self.collect(actor)
+        own segments: the memory saver's pool of that tag and setting). A request of no bytes (``empty(0)``) takes
+        no block, as CUDA's allocator hands it a null pointer without a ``malloc``: nothing is counted, and no block
+        is split off a freed one that the next allocation would have taken."""
         need = like.untyped_storage().nbytes()
+        if not need:
+            raw = bytes_at(np.zeros(1, np.uint8), 0, 0)[0]  # (a storage of one byte, seen as none)
+            return Allocation(None, raw.view(like.dtype).as_strided(like.shape, like.stride()), 0, True)
+        self.collect(actor)
         size = max(self._round, _round_up(need, self._round))
         small = size <= self._small
         block = self._take(pool, size, small, stream, self.pick if pick is None else pick, actor, backup)

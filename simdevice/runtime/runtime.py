@@ -627,6 +627,9 @@ class Runtime:
         CPU bytes, their storage, whether the bytes are fresh, i.e. never handed out before, and the bytes once more
         as a queued operation holds them, ``Storage.alias``, where the allocator made that at no cost; else None)."""
         ms = self.memsaver
+        if not like.untyped_storage().nbytes():  # no bytes: no block, and no choice of one for a schedule to make
+            got = ms.allocator.malloc(like, None)
+            return got.data, self.memory.register(got.data, "device", actor.name), got.fresh, None
         name = "alloc" if actor.name == "host" else f"{actor.name}.alloc"
         k = self._allocs.get(name, 0)
         self._allocs[name] = k + 1
@@ -639,6 +642,7 @@ class Runtime:
         got = ms.allocator.malloc(like, ms.pool_of(actor.name), actor.current_stream, actor, pick,
                                   ms.backup_of(actor.name))
         block = got.block
+        assert block is not None
         seg = block.segment
         st = self.memory.register(None, "device", actor.name, seg.shadow, block.offset, seg.array(), got.need,
                                   seg.address + block.offset)
