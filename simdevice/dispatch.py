@@ -118,7 +118,8 @@ class OpFacts:
     not_read: str
     copy: bool
     seeded: bool
-    #: the output's shape depends on the input's values (``nonzero``, ``masked_select``, ``unique``)
+    #: torch tags its output's shape as one its input's values may decide (``nonzero``, ``masked_select``; ``index``
+    #: with a mask): its meta kernel refuses where they do
     dynamic: bool
     #: the op itself, without OpOverload.__call__'s Python frame around it
     call: Any = attrs.field(eq=False, repr=False)
@@ -840,9 +841,12 @@ def _argument_error(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) 
     ``mkwargs``), where that is an error of its arguments: torch checks dtypes and shapes on the host before CUDA
     launches anything, where a meta kernel may not check them (``mm`` of float32 and bfloat16) or refuse for another
     reason, and the op computed on the stream would raise them there, past a ``try`` of the program's. None where it
-    runs, draws random numbers, names a device, or its tensors are larger than :data:`_TRIAL_BYTES`."""
+    runs, draws random numbers, names a device, its tensors are larger than :data:`_TRIAL_BYTES`, or its output's
+    shape is of a kind values may decide (:attr:`OpFacts.dynamic`), whose host kernel checks values zeros do not
+    stand for (``repeat_interleave`` given ``output_size`` checks the repeats' sum, which CUDA's kernel does not)."""
     leaves = _leaves_of((margs, mkwargs))[0]
-    if any(isinstance(x, torch.device) for x in leaves) or classify(func).seeded:
+    facts = classify(func)
+    if any(isinstance(x, torch.device) for x in leaves) or facts.seeded or facts.dynamic:
         return None
     if sum(x.numel() * x.element_size() for x in leaves if isinstance(x, torch.Tensor)) > _TRIAL_BYTES:
         return None
@@ -1288,10 +1292,13 @@ class Dispatcher:
         if written and facts.written[0][2]:  # (an out= op: its outputs are keyword-only)
             self._fit_outputs(a, func, facts, args, kwargs, written)
         meta = None
-        if not written:
-            if facts.returns_tensor and not facts.dynamic:
-                meta = self._meta_outputs(func, args, kwargs)
-            if facts.dynamic or (facts.returns_tensor and meta is None):
+        if not written and facts.returns_tensor:
+            # The meta kernel of an op whose output's shape may depend on its input's values (torch's tag
+            # ``dynamic_output_shape``) refuses where it does (``nonzero``, ``masked_select``, ``index`` with a mask),
+            # and shapes the output where it does not (``index`` with integer indices, ``repeat_interleave`` given
+            # ``output_size``), where CUDA launches it as any other kernel: the host does not wait for it.
+            meta = self._meta_outputs(func, args, kwargs)
+            if meta is None:
                 return self._data_dependent(a, s, func, facts, args, kwargs, flat, src)
         result, outputs = self._outputs(a, func, facts, args, kwargs, written, meta)
         inputs, staged = self._inputs(facts, args, kwargs, flat, written)

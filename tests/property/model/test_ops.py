@@ -162,6 +162,34 @@ def test_a_data_dependent_shape_runs_on_the_data_and_makes_the_host_wait(make: A
     assert torch.equal(r.result, make(torch.arange(12, dtype=torch.float32) - 5))
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda x: x[torch.arange(1, 4, 2, device=x.device)],
+        lambda x: torch.repeat_interleave(x, output_size=66),  # (x its repeats: 0 + 1 + ... + 11)
+    ],
+    ids=["integer-index", "repeat_interleave-output_size"],
+)
+def test_an_op_whose_shape_its_arguments_decide_does_not_make_the_host_wait(make: Any) -> None:
+    """torch tags ``index`` and ``repeat_interleave`` as of a dynamic output shape (for a mask, for no
+    ``output_size``), but with integer indices, or given ``output_size``, the host knows the shape and CUDA launches
+    them as any kernel. Before, the host waited for them as for ``nonzero``: a side stream's write of their input
+    issued after them was ordered after their read, and its race missed."""
+
+    def program(dev: Any) -> torch.Tensor:
+        x = torch.arange(12, device=dev.device)
+        side = dev.Stream(name="side")
+        side.wait_stream(dev.current_stream())
+        y = make(x)
+        with dev.stream(side):
+            x.zero_()  # nothing orders it after the read of x
+        dev.synchronize()
+        return y.cpu()
+
+    r = run(program)
+    assert [(x.current.op, x.previous.actor) for x in r.reports if isinstance(x, Race)] == [("zero_", "default")]
+
+
 def test_a_data_dependent_op_waits_for_the_writes_it_reads_and_its_output_is_written_on_its_stream() -> None:
     def program(dev: Any) -> int:
         x = torch.zeros(1024, device=dev.device)
