@@ -121,6 +121,9 @@ class OpFacts:
     #: torch tags its output's shape as one its input's values may decide (``nonzero``, ``masked_select``; ``index``
     #: with a mask): its meta kernel refuses where they do
     dynamic: bool
+    #: the position of an advanced-indexing op's ``Tensor?[] indices`` (``index``, ``index_put_``): ATen moves an
+    #: index on the host to the device first (:meth:`Dispatcher._move_indices`); else None
+    indices: int | None
     #: the op itself, without OpOverload.__call__'s Python frame around it
     call: Any = attrs.field(eq=False, repr=False)
     #: for an op that returns one new tensor, its overload that writes it into a given tensor instead, and that
@@ -174,6 +177,8 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
         copy=func in _COPIES,
         seeded=torch.Tag.nondeterministic_seeded in func.tags,
         dynamic=torch.Tag.dynamic_output_shape in func.tags,
+        indices=next((i for i, a in enumerate(schema.arguments) if a.name == "indices" and str(a.type) ==
+                      "List[Optional[Tensor]]"), None),
         call=getattr(func, "_op", func),
         # (not a random op: its out= kernel need not draw from the generator as the op does)
         into=_into(func) if not written and torch.Tag.nondeterministic_seeded not in func.tags else None,
@@ -997,6 +1002,29 @@ def _not_read(
     return None
 
 
+def _indices_of(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """An advanced-indexing op's ``indices`` (:attr:`OpFacts.indices`), else none."""
+    pos = facts.indices
+    if pos is None:
+        return []
+    got = args[pos] if pos < len(args) else kwargs.get("indices")
+    return list(got) if isinstance(got, (list, tuple)) else []
+
+
+def _on_host(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and not isinstance(x, SimTensor)
+
+
+def _with_indices(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  indices: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The op's arguments with ``indices`` in its ``indices``' place."""
+    pos = facts.indices
+    assert pos is not None
+    if pos < len(args):
+        return (*args[:pos], indices, *args[pos + 1:]), kwargs
+    return args, {**kwargs, "indices": indices}
+
+
 def _written(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     for i, name, kwarg_only in facts.written:
@@ -1259,6 +1287,10 @@ class Dispatcher:
         not_read = _not_read(facts, args, kwargs, flat, written)
         # (``flat``: the op's tensors, read as they are where every one is read)
         inputs = flat if not_read is None else [x for x in flat if id(x) not in not_read]
+        if facts.indices is not None:  # host indices are host copies already (:meth:`_move_indices`): none read here
+            host = {id(x) for x in _indices_of(facts, args, kwargs) if _on_host(x)}
+            if host:
+                inputs = [x for x in inputs if id(x) not in host]
         staged: dict[int, torch.Tensor] = {}
         for x in inputs:
             if isinstance(x, SimTensor):
@@ -1283,6 +1315,10 @@ class Dispatcher:
         src: str,
     ) -> Any:
         """Enqueue one aten op on stream ``s`` for host actor ``a`` (its host step already taken)."""
+        moved: list[SimTensor] = []
+        if facts.indices is not None and any(_on_host(x) for x in _indices_of(facts, args, kwargs)):
+            args, kwargs, moved = self._move_indices(a, s, facts, args, kwargs, src)
+            flat = _flat(args, kwargs)
         written = _written(facts, args, kwargs) if facts.written else []
         if facts.overlap_checked and written and _may_overlap(flat, written[0]):
             # (the trial's zeros: as many bytes as the op's own, where values are computed; bounded in a race-only run)
@@ -1367,6 +1403,7 @@ class Dispatcher:
         # The host waits for results it reads itself (.item(), equal, .cpu(), a pageable destination) and for a
         # copy to or from host memory without non_blocking=True (CUDA synchronizes its stream then).
         waits = host_value or blocking_copy or pageable_out
+        out_refs += [(m._st, m._data) for m in moved]  # (the host indices' copies: written, and read, by the op)
         index, rec = self.rt.enqueue(
             a, s, desc, duration, in_refs, out_refs, src, start=eff.start, finish=eff.finish,
             # a copy moves its bytes in order; one that reads its source at its completion can trail another
@@ -1380,6 +1417,37 @@ class Dispatcher:
             if host_value:
                 return eff.value
         return result
+
+    def _move_indices(self, a: HostActor, s: SimStream, facts: OpFacts, args: tuple[Any, ...],
+                      kwargs: dict[str, Any], src: str) -> tuple[tuple[Any, ...], dict[str, Any], list[SimTensor]]:
+        """An advanced-indexing op given indices on the host (``table[idx]``, ``table[mask] = 0``), as ATen's
+        ``make_info`` takes them: a host mask expanded into its long indices on the host (``nonzero``: the host
+        reads it), then each host index moved to the device, a blocking copy on the current stream
+        (``memcpy_and_sync``: the host waits for the stream) into a block of its own that the op reads and that is
+        freed after it. Here the masks are read and expanded, the host waits for ``s``, the long indices are read
+        (host copies: the op reads their bytes as they are now), and a block is taken for each. The arguments with
+        the indices so, and those blocks' tensors (written by the op; dropped once it is issued)."""
+        name = facts.name
+        indices = _indices_of(facts, args, kwargs)
+        masks = [x for x in indices if _on_host(x) and x.dtype in (torch.bool, torch.uint8)]
+        if masks and self._refs(masks):  # (pinned memory alone is the simulator's to check)
+            self.rt.host_access(a, name, self._refs(masks), [], src)
+        self.rt.host_waits_for_stream(a, s, f"stream {s.name} to take {name}'s host index (a blocking copy)")
+        longs = [x for x in indices if _on_host(x) and not any(x is m for m in masks)]
+        if longs and self._refs(longs):
+            self.rt.host_access(a, name, self._refs(longs), [], src)
+        expanded: list[Any] = []
+        with no_dispatch():  # (host tensors: no simulated op)
+            for x in indices:
+                if not _on_host(x):
+                    expanded.append(x)
+                elif any(x is m for m in masks):
+                    expanded += [i.clone() for i in x.nonzero().unbind(1)]
+                else:
+                    expanded.append(x.clone())
+        moved = [self.new_device(_meta_of(x), a) for x in expanded if _on_host(x)]
+        args, kwargs = _with_indices(facts, args, kwargs, expanded)
+        return args, kwargs, moved
 
     def _copies_through_host(self, a: HostActor, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                              outputs: list[torch.Tensor], staged: dict[int, torch.Tensor], source: str) -> bool:

@@ -922,6 +922,11 @@ class Runtime:
         """The host needs what the operation recorded at ``rec`` produced (``.item()``, a blocking copy)."""
         self._host_waits(a, [rec], desc)
 
+    def host_waits_for_stream(self, a: HostActor, s: SimStream, desc: str) -> None:
+        """Within an operation it is issuing (its host step taken), the host waits for everything ``s`` was given so
+        far: a blocking copy ATen makes inside an op (``memcpy_and_sync``), as a host index is moved to the device."""
+        self._host_waits(a, [self._record(s)], desc)
+
     def host_access(self, a: HostActor, op: str, reads: list[Ref], writes: list[Ref], source: str) -> None:
         """A host step of ``a`` reads and writes host memory the device also reaches (pinned buffers), now."""
         at = self._occurrence(a.name, source)

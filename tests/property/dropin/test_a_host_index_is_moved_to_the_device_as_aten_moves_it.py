@@ -1,0 +1,95 @@
+"""A device tensor indexed with indices on the host (``table[idx]``, ``table[mask] = 0``, ``index_put_``) runs as
+ATen's advanced indexing runs it (``make_info``): a host mask expanded into its long indices on the host, each host
+index moved to the device with a blocking copy on the current stream (the host waits for that stream), then the
+kernel, launched as any other. Before, the simulator refused every such call ("expected all tensors on the
+device"), a host error where torch runs the program: a wrong verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import simdevice
+from simdevice import Race
+
+N = 1024
+
+
+def _gathers(device: str) -> list[float]:
+    table = torch.arange(64, dtype=torch.float32, device=device).view(16, 4)
+    rows = table[torch.tensor([3, 7])]
+    masked = table[torch.arange(16) < 2]
+    table[torch.tensor([0, 1])] = 0.0
+    table.index_put_((torch.tensor([2]),), torch.ones(4, device=device), accumulate=True)
+    t = torch.zeros(4, 5, 6, device=device)
+    m = torch.zeros(4, 5, dtype=torch.bool)
+    m[1, 2] = m[3, 4] = True
+    t[m] = 1.0
+    t[:, torch.tensor([0, 4]), 1:3] += 2.0
+    return [rows.sum().item(), masked.sum().item(), table.sum().item(), t.sum().item(), float(t[m, 1:2].numel())]
+
+
+def _host_reads_after_an_index() -> None:
+    """The index's blocking copy synchronized the current stream: the D2H before it has landed."""
+    x = torch.arange(N, dtype=torch.float32, device="cuda")
+    h = torch.empty(N, pin_memory=True)
+    h.copy_(x, non_blocking=True)
+    rows = x[torch.tensor([1, 2])]
+    assert (h.sum().item(), rows.sum().item()) == (N * (N - 1) / 2, 3.0)
+
+
+def _side_writes_after_an_index() -> None:
+    """The host does not wait for the gather itself: a side stream's write of its table, unordered, races."""
+    table = torch.arange(64, dtype=torch.float32, device="cuda").view(16, 4)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    rows = table[torch.tensor([3, 7])]
+    with torch.cuda.stream(side):
+        table.zero_()
+    torch.cuda.current_stream().wait_stream(side)
+    del rows
+
+
+def _pinned_index_from_a_side_stream(wait: bool) -> None:
+    """A pinned index a side stream's D2H fills: the move reads it, and must wait for that stream's event."""
+    table = torch.arange(64, dtype=torch.float32, device="cuda").view(16, 4)
+    dev_idx = torch.tensor([3, 7], device="cuda")
+    idx = torch.empty(2, dtype=torch.long, pin_memory=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        idx.copy_(dev_idx, non_blocking=True)
+        filled = torch.cuda.Event()
+        filled.record()
+    if wait:
+        filled.synchronize()
+    rows = table[idx]
+    del rows
+
+
+def test_indexing_with_host_indices_computes_as_on_the_host() -> None:
+    with simdevice.cuda() as sim:
+        got = _gathers("cuda")
+    sim.assert_clean()
+    assert got == _gathers("cpu")
+
+
+@pytest.mark.parametrize(
+    ("program", "races"),
+    [
+        (_host_reads_after_an_index, False),
+        (_side_writes_after_an_index, True),
+        (lambda: _pinned_index_from_a_side_stream(True), False),
+        (lambda: _pinned_index_from_a_side_stream(False), True),
+    ],
+    ids=["the host waits for the stream", "not for the gather", "a pinned index waited for", "one not waited for"],
+)
+def test_a_host_index_is_moved_by_a_blocking_copy(program: Callable[[], None], races: bool) -> None:
+    s = simdevice.cuda()
+    s.run(program)
+    if races:
+        assert any(isinstance(r, Race) for r in s.reports), s.text()
+    else:
+        s.assert_clean()
