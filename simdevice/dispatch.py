@@ -76,7 +76,8 @@ _INPUT_NOT_READ = frozenset(
     }
 )
 #: in-place ops that overwrite their destination without reading it
-_WRITE_ONLY_SELF = frozenset({aten.copy_.default, aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default})
+_WRITE_ONLY_SELF = frozenset({aten.copy_.default, aten._foreach_copy_.default, aten.fill_.Scalar, aten.fill_.Tensor,
+                              aten.zero_.default})
 
 
 def _shaped_like(*names: str) -> frozenset[Any]:
@@ -97,7 +98,9 @@ def _shaped_like(*names: str) -> frozenset[Any]:
 _HOST_WHEN_ASKED = _shaped_like("empty_like", "new_empty", "new_empty_strided", "zeros_like", "ones_like",
                                 "full_like", "new_zeros", "new_ones", "new_full", "rand_like", "randn_like",
                                 "randint_like")
-_COPIES = frozenset({aten.copy_.default, aten._to_copy.default})
+_COPIES = frozenset({aten.copy_.default, aten._to_copy.default,
+                     # (given a host tensor, CUDA's kernel takes its slow route: ``copy_`` of each pair in turn)
+                     aten._foreach_copy_.default})
 
 
 @attrs.frozen
@@ -671,8 +674,9 @@ def ref_of(t: torch.Tensor) -> Ref:
 
 
 def _non_blocking(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether a copy op was asked for ``non_blocking=True`` (``copy_``'s third argument, or a keyword)."""
-    if func is aten.copy_.default and len(args) > 2:
+    """Whether a copy op was asked for ``non_blocking=True`` (``copy_``'s or ``_foreach_copy_``'s third argument, or
+    a keyword)."""
+    if (func is aten.copy_.default or func is aten._foreach_copy_.default) and len(args) > 2:
         return bool(args[2])
     return bool(kwargs.get("non_blocking", False))
 
@@ -996,7 +1000,7 @@ def _not_read(
     if facts.not_read == "all":
         return {id(x) for x in flat}
     if facts.not_read == "self":
-        return {id(args[0])}
+        return {id(x) for x in args[0]} if isinstance(args[0], (list, tuple)) else {id(args[0])}
     if facts.out_variant or "out" in kwargs:
         return {id(x) for x in written}
     return None
@@ -1454,22 +1458,27 @@ class Dispatcher:
         """A copy between pinned memory and the device that ATen makes through host temporaries
         (:func:`_through_host_temporaries`): a pinned source the host reads now is checked as the host's read and
         staged (the copy reads the staged bytes, as from pageable memory); whether the copy lands in a pageable
-        temporary (the host waits for it)."""
+        temporary (the host waits for it). For ``_foreach_copy_``, each pair's ``copy_``."""
         if func is aten.copy_.default:
-            dst, src = args[0], args[1]
+            pairs = [(args[0], args[1])]
+        elif func is aten._foreach_copy_.default:
+            pairs = list(zip(args[0], args[1], strict=False))
         elif len(args) == 1 and len(outputs) == 1:
-            dst, src = outputs[0], args[0]
+            pairs = [(outputs[0], args[0])]
         else:
             return False
-        if not isinstance(dst, torch.Tensor) or not isinstance(src, torch.Tensor):
-            return False
-        host = src if isinstance(dst, SimTensor) else dst
-        if isinstance(host, SimTensor) or self.rt.lookup_pinned(host) is None:
-            return False
-        reads_now, into_pageable = _through_host_temporaries(func, args, kwargs, dst, src)
-        if reads_now:
-            self.rt.host_access(a, func.__name__, self._refs([src]), [], source)
-            staged[id(src)] = src.clone() if self.config.values else src
+        into_pageable = False
+        for dst, src in pairs:
+            if not isinstance(dst, torch.Tensor) or not isinstance(src, torch.Tensor):
+                continue
+            host = src if isinstance(dst, SimTensor) else dst
+            if isinstance(host, SimTensor) or self.rt.lookup_pinned(host) is None:
+                continue
+            reads_now, into_temporary = _through_host_temporaries(func, args, kwargs, dst, src)
+            if reads_now:
+                self.rt.host_access(a, func.__name__, self._refs([src]), [], source)
+                staged[id(src)] = src.clone() if self.config.values else src
+            into_pageable = into_pageable or into_temporary
         return into_pageable
 
     def _narrow(self, facts: OpFacts, args: tuple[Any, ...], written: list[torch.Tensor], src: str) -> bool:
