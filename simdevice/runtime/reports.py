@@ -328,14 +328,38 @@ def user_source(skip: int = 0) -> str:
     return "?"
 
 
+#: what torch's CPU build says where a ``torch.cuda`` function calls CUDA's own C API, which it lacks (the start
+#: :mod:`simdevice.explain` reads as what the simulator does not run)
+_NO_CUDA_C_API = "module 'torch._C' has no attribute '"
+
+
 def describe(e: BaseException) -> str:
-    """``Type: message``; for a bare ``assert`` (no message), the line that failed: ``AssertionError at `...```."""
+    """``Type: message``; for a bare ``assert`` (no message), the line that failed: ``AssertionError at `...```; for
+    a ``torch.cuda`` function that calls CUDA's own C API, which torch's CPU build lacks (``host_memory_stats``,
+    ``memory_stats_as_nested_dict``, ``torch.cuda.comm``'s: ``torch._C._cuda_*``, ``_broadcast``), the function the
+    program called, by name."""
     text = str(e)
+    if isinstance(e, AttributeError) and text.startswith(_NO_CUDA_C_API):
+        called = _torch_entry(e)
+        if called is not None:
+            text += f" ({called} reaches CUDA's own C API, which the simulator does not run)"
     if text:
         return f"{type(e).__name__}: {text}"
     frame = _innermost_own(e)
     line = linecache.getline(frame.tb_frame.f_code.co_filename, frame.tb_lineno).strip() if frame else ""
     return f"{type(e).__name__} at `{line}`" if line else type(e).__name__
+
+
+def _torch_entry(e: BaseException) -> str | None:
+    """The torch function the program's innermost frame called, on the way to ``e`` (``torch.cuda.memory.
+    host_memory_stats``); None where there is none."""
+    own = _innermost_own(e)
+    entry = own.tb_next if own is not None else None
+    if entry is None:
+        return None
+    frame = entry.tb_frame
+    module = frame.f_globals.get("__name__", "")
+    return f"{module}.{frame.f_code.co_name}" if module.startswith("torch.") else None
 
 
 def _innermost_own(e: BaseException) -> Any:

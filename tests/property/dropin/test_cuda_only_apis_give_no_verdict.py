@@ -57,3 +57,33 @@ def test_a_cuda_only_api_is_no_verdict(program: Callable[[], None], error: str) 
     unrun = not_run(found.failure)
     assert unrun is not None, found.failure.text()
     assert unrun.error.startswith(error), unrun.error
+
+
+def _host_memory_stats() -> None:
+    torch.ones(4).pin_memory()
+    assert torch.cuda.host_memory_stats()["allocations.current"] >= 1
+
+
+def _nested_stats() -> None:
+    torch.ones(4, device="cuda")
+    assert torch.cuda.memory_stats_as_nested_dict()["allocation"]["all"]["current"] == 1
+
+
+def _reset_accumulated() -> None:
+    torch.cuda.reset_accumulated_memory_stats()
+
+
+@pytest.mark.parametrize(("program", "called"), [
+    (_host_memory_stats, "torch.cuda.memory.host_memory_stats"),
+    (_nested_stats, "torch.cuda.memory.memory_stats_as_nested_dict"),
+    (_reset_accumulated, "torch.cuda.memory.reset_accumulated_memory_stats"),
+    (_comm_broadcast, "torch.nn.parallel.comm.broadcast"),  # (torch.cuda.comm.broadcast, where torch defines it)
+])
+def test_a_torch_function_that_reaches_cuda_s_c_api_is_named(program: Callable[[], None], called: str) -> None:
+    """The CPU build's error names a private C function (``torch._C._cuda_hostMemoryStats``): the no-verdict line
+    names the torch function the program called as well. Before, it named the C function alone."""
+    found = explore(program, max_examples=1)
+    assert found.failure is not None
+    unrun = not_run(found.failure)
+    assert unrun is not None, found.failure.text()
+    assert f"({called} reaches CUDA's own C API, which the simulator does not run)" in unrun.error, unrun.error
