@@ -1220,7 +1220,7 @@ class Dispatcher:
         s = self.rt.stream_by_id(stream.stream_id) if isinstance(stream, torch.Stream) else None
         if s is None or stream.device_type != _META_TYPE:
             raise TypeError(f"record_stream: {stream!r} is not a stream of this simulated device")
-        self.rt.record_stream(storage_of(t), s)
+        self.rt.record_stream(storage_of(t), s, user_source())
 
     # -- stream ops ---------------------------------------------------------------------------
     def _meta_outputs(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

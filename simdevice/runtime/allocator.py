@@ -498,6 +498,11 @@ class CachingAllocator:
         block = self._by_storage.get(st.id)
         return block.segment if block is not None and block.storage is st else None
 
+    def allocated_on(self, st: Storage) -> SimStream | None:
+        """The stream ``st``'s block was allocated for (whose pool it is of), while it is a live allocation here."""
+        block = self._by_storage.get(st.id)
+        return block.key[2] if block is not None else None
+
     def released_by(self, st: Storage, rec: EventRecord) -> None:
         """A process that received ``st`` over CUDA IPC let go of its last tensor of it: torch's deleter of the
         received storage synchronizes that process's current stream before it counts the reference down

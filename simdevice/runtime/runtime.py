@@ -693,14 +693,21 @@ class Runtime:
         self.memsaver.allocator.collect_frees()
         self.memory.release(st, f"which untyped_storage().resize_(0) at {source} released")
 
-    def record_stream(self, st: Storage, s: SimStream) -> None:
+    def record_stream(self, st: Storage, s: SimStream, source: str | None = None) -> None:
         """``t.record_stream(s)``: the allocation's block is not reused before ``s`` reaches the point of its free.
         Of a tensor another process sent (CUDA IPC), nothing: torch's caching allocator skips a pointer it did not
-        allocate (``recordStream``), and the sender's block is kept by its reference count instead."""
+        allocate (``recordStream``), and the sender's block is kept by its reference count instead. ``source``: the
+        program's line that called it (where the program did): one naming the stream the tensor was allocated on,
+        which torch's allocator ignores, is noted."""
         a = self.current_or_none()
         if a is not None and st.kind == "device" and st.process != a.name:
             return
-        self.memsaver.allocator.record_stream(st, s)
+        allocator = self.memsaver.allocator
+        if source is not None and allocator.allocated_on(st) is s:
+            self.note(f"record_stream({s.name}) at {source} does nothing: the tensor was allocated on {s.name}, "
+                      "whose own order holds its block (torch's allocator ignores a use on the allocating stream); "
+                      "to keep the block from reuse until another stream is done with it, name that stream")
+        allocator.record_stream(st, s)
 
     def register_pinned(self, data: torch.Tensor, actor: str) -> Storage:
         return self.memory.register(data, "pinned", actor)

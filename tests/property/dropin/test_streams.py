@@ -117,6 +117,38 @@ def test_torch_record_stream_takes_a_simulated_stream_and_defers_reuse() -> None
     assert any(isinstance(r, (Race, StaleRead)) for r in dropped.reports)
 
 
+def _recorded_inside_the_block(inside: bool) -> None:
+    copy = torch.cuda.Stream()
+    pinned = torch.ones(1024).pin_memory()
+    with torch.cuda.stream(copy):
+        w = pinned.to("cuda", non_blocking=True)  # allocated on copy
+        if inside:
+            w.record_stream(torch.cuda.current_stream())  # copy itself: a no-op
+    if not inside:
+        w.record_stream(torch.cuda.current_stream())  # the stream that reads it
+    torch.cuda.current_stream().wait_stream(copy)
+    total = w.sum()
+    del w
+    assert total.item() == 1024.0
+
+
+def test_record_stream_naming_the_allocating_stream_is_noted_as_doing_nothing() -> None:
+    """``w.record_stream(torch.cuda.current_stream())`` inside the copy stream's block names the stream ``w`` was
+    allocated on, which torch's allocator ignores: the program meant the reading stream. The run says so (a run
+    that fails for it, where a reuse races, shows the note beside the race)."""
+    inside, outside = simdevice.cuda(), simdevice.cuda()
+    inside.run(_recorded_inside_the_block, True)
+    outside.run(_recorded_inside_the_block, False)
+    assert inside.result is not None
+    assert outside.result is not None
+    line = _recorded_inside_the_block.__code__.co_firstlineno + 6
+    assert [n for n in inside.result.notes if n.startswith("record_stream(")] == [
+        f"record_stream(copy) at {HERE}:{line} does nothing: the tensor was allocated on copy, whose own order holds "
+        "its block (torch's allocator ignores a use on the allocating stream); to keep the block from reuse until "
+        "another stream is done with it, name that stream"]
+    assert not [n for n in outside.result.notes if n.startswith("record_stream(")]
+
+
 def test_an_idle_stream_and_a_stream_that_shares_nothing_are_noted() -> None:
     def program() -> None:
         side = torch.cuda.Stream()
