@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -335,6 +336,38 @@ def _tree_map(fn: Callable[[Any], Any], x: Any) -> Any:
     return fn(x)
 
 
+def _index_tensor(seq: Any) -> torch.Tensor:
+    """A list (of integers or booleans, nested) or a NumPy array used as an index, as the host tensor torch makes of it
+    (``sequenceToVariable``): bool or uint8 as it is (a mask), any other type as int64."""
+    t = torch.as_tensor(seq, device="cpu")
+    return t if t.dtype in (torch.bool, torch.uint8) else t.long()
+
+
+def _sequence(x: Any) -> bool:
+    return isinstance(x, (list, np.ndarray))
+
+
+def _sequences_made_tensors(index: Any) -> Any:
+    """``index`` with each list or NumPy array in it made the host tensor torch makes of it, before torch's C++
+    indexing does: torch makes it on the indexed tensor's device, which for a simulated tensor is its ``meta``
+    shell (and with the dispatcher's Python keys excluded: the simulator never sees it), so its values were lost.
+    From the host, torch's advanced indexing moves it to the device as it moves any host index
+    (:meth:`Dispatcher._move_indices`). A list at the top that torch takes as a tuple (``treatSequenceAsTuple``:
+    shorter than 32, with a sequence, slice, ``None``, ``...`` or tensor in it) stays a list, its items made so."""
+    if isinstance(index, tuple):
+        if not any(_sequence(x) for x in index):
+            return index
+        return tuple(_index_tensor(x) if _sequence(x) else x for x in index)
+    if isinstance(index, np.ndarray):
+        return _index_tensor(index)
+    if isinstance(index, list):
+        if len(index) < 32 and any(_sequence(x) or isinstance(x, (tuple, slice, torch.Tensor)) or x is None
+                                   or x is Ellipsis for x in index):
+            return [_index_tensor(x) if _sequence(x) else x for x in index]
+        return _index_tensor(index)
+    return index
+
+
 #: torch's own ``Tensor.data`` (a descriptor of the C tensor type), which :class:`SimTensor` extends
 _TENSOR_DATA: Any = torch._C.TensorBase.__dict__["data"]
 
@@ -388,6 +421,12 @@ class SimTensor(torch.Tensor):
             f"{func} on a simulated device tensor outside SimDevice.run: "
             "use simdevice.peek(t) to read one after the run"
         )
+
+    def __getitem__(self, index: Any) -> Any:
+        return super().__getitem__(_sequences_made_tensors(index))
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        super().__setitem__(_sequences_made_tensors(index), value)
 
     def tolist(self) -> Any:  # torch refuses tolist() on subclasses; on CUDA it is a synchronizing D2H
         return self.cpu().tolist()

@@ -2,12 +2,14 @@
 ATen's advanced indexing runs it (``make_info``): a host mask expanded into its long indices on the host, each host
 index moved to the device with a blocking copy on the current stream (the host waits for that stream), then the
 kernel, launched as any other. Before, the simulator refused every such call ("expected all tensors on the
-device"), a host error where torch runs the program: a wrong verdict."""
+device"), a host error where torch runs the program: a wrong verdict. A list or a NumPy array as an index is made a
+host tensor as torch makes it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 
@@ -29,6 +31,17 @@ def _gathers(device: str) -> list[float]:
     t[m] = 1.0
     t[:, torch.tensor([0, 4]), 1:3] += 2.0
     return [rows.sum().item(), masked.sum().item(), table.sum().item(), t.sum().item(), float(t[m, 1:2].numel())]
+
+
+def _sequences(device: str) -> list[torch.Tensor]:
+    t = torch.arange(32.0, device=device).view(8, 4)
+    out = [t[[1, 3]], t[[True, False] * 4], t[([0, 2], [1, 3])], t[np.array([1, 2])], t[(np.array([1, 2]), [0, 1])],
+           t[[0, 1], 1:3], t[:, [0, 3]], t[[1, 2], None], t[[[0], [1]], [0, 1]], t[np.array([True, False] * 4)],
+           t[[]], t[list(range(8)) * 5]]
+    t[[0, 2]] = 0.0
+    t[:, [1]] += 1.0
+    t[[True] * 8, 0] = 5.0
+    return [o.cpu() for o in out] + [t.cpu()]
 
 
 def _host_reads_after_an_index() -> None:
@@ -74,6 +87,18 @@ def test_indexing_with_host_indices_computes_as_on_the_host() -> None:
         got = _gathers("cuda")
     sim.assert_clean()
     assert got == _gathers("cpu")
+
+
+def test_lists_and_numpy_arrays_index_as_on_the_host() -> None:
+    """torch's C++ makes a list or NumPy index into a tensor on the indexed tensor's device, out of the
+    dispatcher's sight; the simulated tensor's shell is ``meta``, so the values were lost (before the host index
+    was moved, such an index was refused): the simulated tensor makes them host tensors first."""
+    with simdevice.cuda() as sim:
+        got = _sequences("cuda")
+    sim.assert_clean()
+    want = _sequences("cpu")
+    assert [g.shape for g in got] == [w.shape for w in want]
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
 
 @pytest.mark.parametrize(
