@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils import _device as torch_device
@@ -992,6 +993,21 @@ def _tensor_new_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     return new_tensor
 
 
+def _tensor_legacy_new(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``t.new(data)``, torch's legacy constructor given data (a list, a tuple, a NumPy array; not a ``torch.Size``,
+    nor sizes, which it takes as a shape): ``t.new_tensor(data)`` (torch's own builds it below the dispatcher: a meta
+    shell here, its values lost)."""
+
+    @functools.wraps(original)
+    def new(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if (len(args) == 1 and isinstance(args[0], (list, tuple, np.ndarray)) and not isinstance(args[0], torch.Size)
+                and set(kwargs) <= {"device"} and on_device(kwargs.get("device", self.device))):
+            return self.new_tensor(args[0], device=kwargs.get("device"))
+        return original(self, *args, **kwargs)
+
+    return new
+
+
 def _tensor_to(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -1121,6 +1137,7 @@ def install(p: Patches) -> None:
     for name in _NEW:
         p.set(torch.Tensor, name, _wrapped(torch.Tensor, name, _tensor_new))
     p.set(torch.Tensor, "new_tensor", _wrapped(torch.Tensor, "new_tensor", _tensor_new_tensor))
+    p.set(torch.Tensor, "new", _wrapped(torch.Tensor, "new", _tensor_legacy_new))
     p.set(time, "sleep", _host_sleep)
     p.set(torch.autograd, "_engine_run_backward", _wrapped(torch.autograd, "_engine_run_backward", _engine_entry))
     amp = _wrapped(torch.amp, "autocast", _autocast)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -108,6 +109,21 @@ def test_new_tensor_is_made_on_its_tensor_s_device_and_data_made_with_requires_g
     assert not isinstance(host, SimTensor)
     assert all(t.is_leaf and t.requires_grad for t in leaves)
     assert product == [2.0, 2.0]
+
+
+def test_the_legacy_new_given_data_makes_it_on_its_tensor_s_device() -> None:
+    """``t.new([1.0, 2.0])`` (torch's legacy constructor, given data) is a tensor of that data on ``t``'s device with
+    ``t``'s dtype, as ``new_tensor`` is; sizes and a ``torch.Size`` stay a shape. Before, torch built it below the
+    dispatcher on the meta shell: a plain meta tensor reached the program, its values lost."""
+    with simdevice.cuda() as sim:
+        x = torch.ones(2, device="cuda", dtype=torch.float16)
+        made = [x.new([1.0, 2.0]), x.new((3, 4)), x.new(np.array([5, 6]))]
+        values = [t.cpu().tolist() for t in made]
+        shapes = [tuple(x.new(3).shape), tuple(x.new(torch.Size([2, 3])).shape)]
+    sim.assert_clean()
+    assert all(isinstance(t, SimTensor) and t.dtype == torch.float16 for t in made)
+    assert values == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+    assert shapes == [(3,), (2, 3)]
 
 
 def test_current_device_is_an_index_factories_accept() -> None:
