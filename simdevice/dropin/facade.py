@@ -868,6 +868,18 @@ _nvtx = types.SimpleNamespace(
 )
 
 
+def _profiler_init(*args: Any, **kwargs: Any) -> None:
+    raise NotImplementedError("torch.cuda.profiler.init is not simulated (it configures CUDA's command-line "
+                              "profiler): leave it out, or use torch.cuda.profiler.start and stop")
+
+
+#: ``torch.cuda.profiler``'s ``start`` and ``stop`` (``cudaProfilerStart``, ``cudaProfilerStop``: where an external
+#: profiler captures, nothing the program sees), and so its ``profile()``, which calls them: no-ops. (Its module bound
+#: torch's ``cudart`` as torch imported it, which the CPU build has not: they raised an AttributeError, a host error
+#: of a program a GPU runs.)
+_profiler = types.SimpleNamespace(start=lambda: None, stop=lambda: None, init=_profiler_init)
+
+
 # -- devices in factories and copies --------------------------------------------------------------------------
 
 
@@ -1125,6 +1137,8 @@ def install(p: Patches) -> None:
             p.set(torch.cuda.memory, name, value)
     for name in ("range_push", "range_pop", "mark", "range", "range_start", "range_end"):
         p.set(cuda.nvtx, name, getattr(_nvtx, name))
+    for name in ("start", "stop", "init"):
+        p.set(cuda.profiler, name, getattr(_profiler, name))
     for name in _FACTORIES:
         if hasattr(torch, name):
             p.set(torch, name, _wrapped(torch, name, _factory))
@@ -1242,5 +1256,5 @@ def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
 
 #: what a session patches, for the test that checks they come back as they were
 def patched_owners() -> list[Any]:
-    return [torch, torch.cuda, torch.cuda.memory, torch.cuda.nvtx, torch.Tensor, torch.multiprocessing, time, torch.amp,
-            torch.cuda.amp, torch.autograd]
+    return [torch, torch.cuda, torch.cuda.memory, torch.cuda.nvtx, torch.cuda.profiler, torch.Tensor,
+            torch.multiprocessing, time, torch.amp, torch.cuda.amp, torch.autograd]

@@ -572,6 +572,25 @@ def test_nvtx_marks_nothing_in_each_of_its_forms() -> None:
     sim.assert_clean()
 
 
+def _profiled() -> None:
+    with torch.cuda.profiler.profile():
+        x = torch.ones(4, device="cuda")
+    torch.cuda.profiler.start()
+    assert (x * 2).sum().item() == 8.0
+    torch.cuda.profiler.stop()
+
+
+def test_the_cuda_profiler_s_start_and_stop_do_nothing_and_its_init_is_not_simulated() -> None:
+    """``torch.cuda.profiler.profile()``, ``start()`` and ``stop()`` only tell an external profiler where to capture:
+    no-ops. Before, they called the CUDA runtime torch's CPU build has not, through the ``cudart`` their module bound
+    at import (an AttributeError on None): a host error, found, of a program a GPU runs."""
+    s = simdevice.cuda()
+    s.run(_profiled)
+    s.assert_clean()
+    with simdevice.cuda(), pytest.raises(NotImplementedError, match=r"torch\.cuda\.profiler\.init is not "):
+        torch.cuda.profiler.init("out.txt")
+
+
 def test_a_stream_context_is_a_class_entered_again_and_set_stream_none_does_nothing() -> None:
     with simdevice.cuda() as sim:
         s = torch.cuda.Stream()
