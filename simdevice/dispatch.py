@@ -482,6 +482,13 @@ class SimTensor(torch.Tensor):
             return name.replace("torch.meta.", f"torch.{self.device.type}.", 1)
         return super().type(dtype, non_blocking, **kwargs)
 
+    def pin_memory(self, device: Any = None) -> torch.Tensor:
+        """Pinning a device tensor fails with torch's own error, the program's (torch's CPU build asked for an
+        accelerator before it checked the device, an error read as what the simulator does not run: no verdict)."""
+        kind = self.type().rsplit(".", 1)[1].removesuffix("Tensor")  # (``torch.cuda.FloatTensor``: ``Float``)
+        raise RuntimeError(f"cannot pin '{self._ops.shown.type.upper()}{kind}Type' only dense CPU tensors can be "
+                           "pinned")
+
     @property  # type: ignore[override]
     def device(self) -> torch.device:
         return self._ops.shown

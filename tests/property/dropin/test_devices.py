@@ -10,8 +10,11 @@ import pytest
 import torch
 
 import simdevice
+from simdevice import HostError
 from simdevice.dispatch import SimTensor
+from simdevice.explain import not_run
 from simdevice.runtime.config import SimConfig
+from simdevice.search.explore import explore
 
 SPELLINGS: list[Any] = ["cuda", "cuda:0", torch.device("cuda"), torch.device("cuda", 0), 0]
 
@@ -570,6 +573,20 @@ def test_nvtx_marks_nothing_in_each_of_its_forms() -> None:
             pass
         torch.cuda.nvtx.range_end(torch.cuda.nvtx.range_start("step"))
     sim.assert_clean()
+
+
+def _pins_a_device_tensor() -> None:
+    torch.ones(4, device="cuda", dtype=torch.bfloat16).pin_memory()
+
+
+def test_pinning_a_device_tensor_is_the_program_s_error_as_on_a_gpu() -> None:
+    """torch refuses to pin a CUDA tensor ("cannot pin 'CUDABFloat16Type' ..."): an error of the program, found.
+    Before, torch's CPU build asked for an accelerator first, an error read as what the simulator does not run."""
+    found = explore(_pins_a_device_tensor, max_examples=1)
+    assert found.failure is not None
+    assert not_run(found.failure) is None
+    assert [r.error for r in found.failure.run.reports if isinstance(r, HostError)] == [
+        "RuntimeError: cannot pin 'CUDABFloat16Type' only dense CPU tensors can be pinned"]
 
 
 def _profiled() -> None:
