@@ -482,6 +482,15 @@ class SimTensor(torch.Tensor):
             return name.replace("torch.meta.", f"torch.{self.device.type}.", 1)
         return super().type(dtype, non_blocking, **kwargs)
 
+    def numpy(self, *, force: bool = False) -> Any:
+        """A device tensor has no NumPy view: torch's own error (torch's says "not supported for tensor
+        subclasses", which reads as the simulator's); ``np.asarray(t)`` comes here too. ``force=True`` copies it
+        to the host first, as torch's does."""
+        if force:
+            return self.detach().cpu().resolve_conj().resolve_neg().numpy()
+        raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the "
+                        "tensor to host memory first.")
+
     def pin_memory(self, device: Any = None) -> torch.Tensor:
         """Pinning a device tensor fails with torch's own error, the program's (torch's CPU build asked for an
         accelerator before it checked the device, an error read as what the simulator does not run: no verdict)."""

@@ -589,6 +589,24 @@ def test_pinning_a_device_tensor_is_the_program_s_error_as_on_a_gpu() -> None:
         "RuntimeError: cannot pin 'CUDABFloat16Type' only dense CPU tensors can be pinned"]
 
 
+def test_a_device_tensor_to_numpy_fails_as_on_a_gpu_unless_forced() -> None:
+    """``t.numpy()`` and ``np.asarray(t)`` of a device tensor raise torch's TypeError for a CUDA tensor (torch's own
+    said "not supported for tensor subclasses", which reads as the simulator's limit); ``numpy(force=True)`` copies
+    it to the host."""
+    with simdevice.cuda() as sim:
+        t = torch.ones(2, device="cuda", requires_grad=True)
+        errors = []
+        for convert in (t.numpy, lambda: np.asarray(t)):
+            with pytest.raises(TypeError) as e:
+                convert()
+            errors.append(str(e.value))
+        forced = t.numpy(force=True).tolist()
+    sim.assert_clean()
+    assert errors == ["can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host "
+                      "memory first."] * 2
+    assert forced == [1.0, 1.0]
+
+
 def _profiled() -> None:
     with torch.cuda.profiler.profile():
         x = torch.ones(4, device="cuda")
