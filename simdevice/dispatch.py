@@ -1225,12 +1225,20 @@ class Dispatcher:
             return func(*args, **kwargs)
         # A host step touching pinned memory: check it as a host access, then run it now.
         a = rt.host_step(func.__name__, engine=self._from_engine())
+        return self._on_the_host(a, func, facts, args, kwargs, flat, pinned, user_source())
+
+    def _on_the_host(self, a: HostActor, func: Any, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     flat: list[torch.Tensor], pinned: list[torch.Tensor], source: str) -> Any:
+        """Host actor ``a`` runs an op on host tensors now (its host step taken), its accesses of pinned memory
+        (``pinned``, those of ``flat``) checked as the host's."""
+        rt = self.rt
         written = _written(facts, args, kwargs)
         # an in-place op reads what it updates (``add_``), unless it only overwrites it (``copy_``, ``fill_``)
         skip = _not_read(facts, args, kwargs, flat, written)
         reads = pinned if skip is None else [t for t in pinned if id(t) not in skip]
-        rt.host_access(a, func.__name__, self._refs(reads), self._refs(written), user_source())
-        rt.memory.in_flight.before_write(written)
+        if pinned:
+            rt.host_access(a, func.__name__, self._refs(reads), self._refs(written), source)
+            rt.memory.in_flight.before_write(written)
         return func(*args, **kwargs)
 
     def _resize(self, t: SimTensor, meta: torch.Tensor, actor: HostActor) -> SimTensor:
@@ -1375,6 +1383,8 @@ class Dispatcher:
     ) -> Any:
         """Enqueue one aten op on stream ``s`` for host actor ``a`` (its host step already taken)."""
         moved: list[SimTensor] = []
+        if facts.indices is not None and _on_host(args[0]):
+            return self._index_on_the_host(a, s, func, facts, args, kwargs, src)
         if facts.indices is not None and any(_on_host(x) for x in _indices_of(facts, args, kwargs)):
             args, kwargs, moved = self._move_indices(a, s, facts, args, kwargs, src)
             flat = _flat(args, kwargs)
@@ -1507,6 +1517,33 @@ class Dispatcher:
         moved = [self.new_device(_meta_of(x), a) for x in expanded if _on_host(x)]
         args, kwargs = _with_indices(facts, args, kwargs, expanded)
         return args, kwargs, moved
+
+    def _index_on_the_host(self, a: HostActor, s: SimStream, func: Any, facts: OpFacts, args: tuple[Any, ...],
+                           kwargs: dict[str, Any], src: str) -> Any:
+        """A host tensor indexed with indices on the device (``cpu_table[ids]``, ``cpu_table[ids] = 0``, ``ids`` on
+        the device), as ATen's ``make_info`` takes them: each index moved to the host, a blocking D2H on the current
+        stream (the host waits for it), then the op on the CPU. One stream operation, as a GPU run counts it: the
+        D2H of the indices, which reads their values as it starts; then the op, the host's, on those values."""
+        devs = [x for x in _indices_of(facts, args, kwargs) if isinstance(x, SimTensor)]
+        aliases = [_alias_of(x) for x in devs]
+        got: list[torch.Tensor] = []
+
+        def start() -> None:  # (values even in a race-only run: the host's op needs them)
+            got[:] = [al.clone() for al in aliases]
+
+        desc = f"{facts.name} (D2H)"
+        duration = self.config.copy_ns(sum(x.numel() * x.element_size() for x in devs), "d2h")
+        index, rec = self.rt.enqueue(a, s, desc, duration, self._refs(devs), [], src, start=start)
+        assert rec is not None
+        self.rt.host_waits_for(a, rec, f"stream {s.name} to finish {desc} #{index} (its indices, moved to the host)")
+        host = dict(zip([id(x) for x in devs], got, strict=True))
+        args, kwargs = _with_indices(facts, args, kwargs, [host.get(id(x), x) for x in _indices_of(facts, args,
+                                                                                                  kwargs)])
+        flat = _flat(args, kwargs)
+        if any(isinstance(x, SimTensor) for x in flat):
+            raise RuntimeError(f"{facts.name}: expected all tensors on the host, got a device tensor")
+        pinned = [t for t in flat if self.rt.lookup_pinned(t) is not None]
+        return self._on_the_host(a, func, facts, args, kwargs, flat, pinned, src)
 
     def _copies_through_host(self, a: HostActor, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                              outputs: list[torch.Tensor], staged: dict[int, torch.Tensor], source: str) -> bool:

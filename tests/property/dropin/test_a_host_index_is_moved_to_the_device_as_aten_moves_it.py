@@ -82,6 +82,69 @@ def _pinned_index_from_a_side_stream(wait: bool) -> None:
     del rows
 
 
+def _host_table_device_ids(device: str) -> list[float]:
+    table = torch.arange(32.0).view(8, 4)
+    ids = torch.tensor([1, 3], device=device)
+    rows = table[ids]
+    table[ids] = 0.0
+    return [rows.sum().item(), table.sum().item(), float(rows.device.type == "cpu")]
+
+
+def _ids_from_a_side_stream(wait: bool) -> None:
+    """A host table gathered with ids a side stream computes: the ids' D2H on the current stream must wait."""
+    table = torch.arange(32.0).view(8, 4).pin_memory()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        ids = torch.arange(4, device="cuda") * 2
+    if wait:
+        torch.cuda.current_stream().wait_stream(side)
+    rows = table[ids]
+    del rows
+
+
+def _pinned_table_refilled_while_read(wait: bool) -> None:
+    """The host's gather of a pinned table an H2D still reads is a read: no race; its refill after the gather, while
+    the H2D may read it, is one unless the host waits."""
+    table = torch.arange(32.0).view(8, 4).pin_memory()
+    on_device = table.to("cuda", non_blocking=True)
+    rows = table[torch.tensor([1, 3], device="cuda")]  # (the host waited for the current stream: the H2D is done)
+    if not wait:
+        copy = torch.cuda.Stream()
+        with torch.cuda.stream(copy):
+            again = table.to("cuda", non_blocking=True)
+        del again
+    table.zero_()
+    del on_device, rows
+
+
+def test_a_host_tensor_indexed_with_device_indices_takes_them_to_the_host() -> None:
+    """``cpu_table[ids]`` with ``ids`` on the device: ATen moves the ids to the host (a blocking D2H on the current
+    stream) and gathers on the CPU. Before, the simulator refused it, a host error where torch runs."""
+    with simdevice.cuda() as sim:
+        got = _host_table_device_ids("cuda")
+    sim.assert_clean()
+    assert got == _host_table_device_ids("cpu")
+
+
+@pytest.mark.parametrize(
+    ("program", "races"),
+    [
+        (lambda: _ids_from_a_side_stream(True), False),
+        (lambda: _ids_from_a_side_stream(False), True),
+        (lambda: _pinned_table_refilled_while_read(True), False),
+        (lambda: _pinned_table_refilled_while_read(False), True),
+    ],
+    ids=["ids waited for", "ids not waited for", "the host waited for the stream", "another stream's H2D"],
+)
+def test_device_indices_of_a_host_tensor_are_a_blocking_d2h(program: Callable[[], None], races: bool) -> None:
+    s = simdevice.cuda()
+    s.run(program)
+    if races:
+        assert any(isinstance(r, Race) for r in s.reports), s.text()
+    else:
+        s.assert_clean()
+
+
 def test_indexing_with_host_indices_computes_as_on_the_host() -> None:
     with simdevice.cuda() as sim:
         got = _gathers("cuda")
