@@ -588,12 +588,13 @@ class Memory:
         return issued
 
     def _allocated(self, who: Accessor, kind: AccessKind, refs: list[Ref]) -> list[Ref]:
-        """The refs whose storage still has memory; an access to a released one is an illegal access."""
+        """The refs whose storage still has memory; an access to a released one is an illegal access, unless it
+        touches no byte (a tensor of no elements: a GPU's kernel reads nothing of it, or none is launched)."""
         kept = []
         for st, data in refs:
             if st.released is None:
                 kept.append((st, data))
-            else:
+            elif data.nbytes:
                 access = self._access(who, kind, st, data)
                 self.reports.add(IllegalAccess(access=access, allocation=st.label, reason=st.released))
         return kept
@@ -721,7 +722,8 @@ class Memory:
 
     # -- the version layer (at execution) -----------------------------------------
     def check_mapped(self, st: Storage, access: Access) -> bool:
-        if st.unmapped is None:
+        """Whether the access touches mapped memory (or no byte at all); else an illegal access, reported."""
+        if st.unmapped is None or access.lo == access.hi:
             return True
         self.reports.add(IllegalAccess(access=access, allocation=st.label, reason=st.unmapped))
         return False

@@ -21,6 +21,18 @@ def test_resize_to_zero_frees_the_storage_and_a_later_read_is_reported() -> None
     assert "resize_(0)" in sim.text()
 
 
+def test_an_op_on_no_elements_of_a_released_storage_touches_nothing() -> None:
+    """A tensor of no elements of a released storage (a freed flat parameter's empty view, one ``cat`` skips) reads
+    no byte: no illegal access, as a GPU runs it. Before, each such op was one, reading ``[0:0]``."""
+    with simdevice.cuda() as sim:
+        flat = torch.ones(64, device="cuda")
+        flat.untyped_storage().resize_(0)
+        joined = torch.cat([flat[:0], torch.ones(2, device="cuda")])
+        total = flat[:0].sum() + joined.sum()
+        assert total.item() == 2.0
+    sim.assert_clean()
+
+
 def _offload_then_release(record: bool) -> None:
     """Offload an activation on a side stream and release it at once, as offload code does."""
     d2h = torch.cuda.Stream()
