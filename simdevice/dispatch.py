@@ -1520,10 +1520,14 @@ class Dispatcher:
 
     def _index_on_the_host(self, a: HostActor, s: SimStream, func: Any, facts: OpFacts, args: tuple[Any, ...],
                            kwargs: dict[str, Any], src: str) -> Any:
-        """A host tensor indexed with indices on the device (``cpu_table[ids]``, ``cpu_table[ids] = 0``, ``ids`` on
-        the device), as ATen's ``make_info`` takes them: each index moved to the host, a blocking D2H on the current
-        stream (the host waits for it), then the op on the CPU. One stream operation, as a GPU run counts it: the
-        D2H of the indices, which reads their values as it starts; then the op, the host's, on those values."""
+        """A host tensor written at indices on the device (``cpu_table[ids] = 0``, ``index_put_``), as ATen's
+        ``make_info`` takes them: each index moved to the host, a blocking D2H on the current stream (the host waits
+        for it), then the op on the CPU. One stream operation, as a GPU run counts it: the D2H of the indices, which
+        reads their values as it starts; then the op, the host's, on those values. A read at them (``cpu_table[ids]``,
+        ``index``) is refused as torch refuses it (on an H100, docs/confirmations.md, twenty-eighth run)."""
+        if func is aten.index.Tensor:
+            raise RuntimeError(f"indices should be either on cpu or on the same device as the indexed tensor "
+                               f"({args[0].device})")
         devs = [x for x in _indices_of(facts, args, kwargs) if isinstance(x, SimTensor)]
         aliases = [_alias_of(x) for x in devs]
         got: list[torch.Tensor] = []

@@ -85,45 +85,58 @@ def _pinned_index_from_a_side_stream(wait: bool) -> None:
 def _host_table_device_ids(device: str) -> list[float]:
     table = torch.arange(32.0).view(8, 4)
     ids = torch.tensor([1, 3], device=device)
-    rows = table[ids]
     table[ids] = 0.0
-    return [rows.sum().item(), table.sum().item(), float(rows.device.type == "cpu")]
+    table.index_put_((ids,), torch.tensor(-1.0))
+    return [table.sum().item()]
 
 
 def _ids_from_a_side_stream(wait: bool) -> None:
-    """A host table gathered with ids a side stream computes: the ids' D2H on the current stream must wait."""
+    """A host table written at ids a side stream computes: the ids' D2H on the current stream must wait."""
     table = torch.arange(32.0).view(8, 4).pin_memory()
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         ids = torch.arange(4, device="cuda") * 2
     if wait:
         torch.cuda.current_stream().wait_stream(side)
-    rows = table[ids]
-    del rows
+    table[ids] = 0.0
 
 
 def _pinned_table_refilled_while_read(wait: bool) -> None:
-    """The host's gather of a pinned table an H2D still reads is a read: no race; its refill after the gather, while
-    the H2D may read it, is one unless the host waits."""
+    """The host's write of a pinned table at device ids waits for the current stream (the ids' blocking D2H): an
+    H2D of the table on that stream is done by then; one on another stream is not."""
     table = torch.arange(32.0).view(8, 4).pin_memory()
     on_device = table.to("cuda", non_blocking=True)
-    rows = table[torch.tensor([1, 3], device="cuda")]  # (the host waited for the current stream: the H2D is done)
     if not wait:
         copy = torch.cuda.Stream()
         with torch.cuda.stream(copy):
             again = table.to("cuda", non_blocking=True)
         del again
-    table.zero_()
-    del on_device, rows
+    table[torch.tensor([1, 3], device="cuda")] = 0.0  # (the host waited for the current stream: the H2D is done)
+    del on_device
 
 
-def test_a_host_tensor_indexed_with_device_indices_takes_them_to_the_host() -> None:
-    """``cpu_table[ids]`` with ``ids`` on the device: ATen moves the ids to the host (a blocking D2H on the current
-    stream) and gathers on the CPU. Before, the simulator refused it, a host error where torch runs."""
+def test_a_host_tensor_written_at_device_indices_takes_them_to_the_host() -> None:
+    """``cpu_table[ids] = 0`` with ``ids`` on the device: ATen moves the ids to the host (a blocking D2H on the
+    current stream) and writes on the CPU. Before, the simulator refused it, a host error where torch runs."""
     with simdevice.cuda() as sim:
         got = _host_table_device_ids("cuda")
     sim.assert_clean()
     assert got == _host_table_device_ids("cpu")
+
+
+def test_a_host_tensor_read_at_device_indices_is_refused_as_torch_refuses_it() -> None:
+    """``cpu_table[ids]`` with ``ids`` on the device raises on a GPU ("indices should be either on cpu or on the
+    same device as the indexed tensor (cpu)", an H100), where ``cpu_table[ids] = 0`` runs: so it does here."""
+
+    def program() -> None:
+        table = torch.arange(32.0).view(8, 4)
+        table[torch.tensor([1, 3], device="cuda")]
+
+    s = simdevice.cuda()
+    s.run(program)
+    errors = [str(r) for r in s.reports]
+    assert len(errors) == 1, errors
+    assert "indices should be either on cpu or on the same device as the indexed tensor (cpu)" in errors[0], errors
 
 
 @pytest.mark.parametrize(
