@@ -1382,12 +1382,13 @@ class Dispatcher:
         src: str,
     ) -> Any:
         """Enqueue one aten op on stream ``s`` for host actor ``a`` (its host step already taken)."""
-        moved: list[SimTensor] = []
-        if facts.indices is not None and _on_host(args[0]):
-            return self._index_on_the_host(a, s, func, facts, args, kwargs, src)
-        if facts.indices is not None and any(_on_host(x) for x in _indices_of(facts, args, kwargs)):
-            args, kwargs, moved = self._move_indices(a, s, facts, args, kwargs, src)
-            flat = _flat(args, kwargs)
+        moved: list[SimTensor] | None = None
+        if facts.indices is not None:  # (an advanced-indexing op: most ops are none, at the cost of this test)
+            if _on_host(args[0]):
+                return self._index_on_the_host(a, s, func, facts, args, kwargs, src)
+            if any(_on_host(x) for x in _indices_of(facts, args, kwargs)):
+                args, kwargs, moved = self._move_indices(a, s, facts, args, kwargs, src)
+                flat = _flat(args, kwargs)
         written = _written(facts, args, kwargs) if facts.written else []
         if facts.overlap_checked and written and _may_overlap(flat, written[0]):
             # (the trial's zeros: as many bytes as the op's own, where values are computed; bounded in a race-only run)
@@ -1472,7 +1473,8 @@ class Dispatcher:
         # The host waits for results it reads itself (.item(), equal, .cpu(), a pageable destination) and for a
         # copy to or from host memory without non_blocking=True (CUDA synchronizes its stream then).
         waits = host_value or blocking_copy or pageable_out
-        out_refs += [(m._st, m._data) for m in moved]  # (the host indices' copies: written, and read, by the op)
+        if moved:  # (the host indices' copies: written, and read, by the op)
+            out_refs += [(m._st, m._data) for m in moved]
         index, rec = self.rt.enqueue(
             a, s, desc, duration, in_refs, out_refs, src, start=eff.start, finish=eff.finish,
             # a copy moves its bytes in order; one that reads its source at its completion can trail another
