@@ -888,7 +888,13 @@ def _meta_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     if out is None:
         try:
             out = _on_a_stack_of_its_own(lambda: func(*margs, **mkwargs))
-        except (NotImplementedError, RuntimeError):
+        except (NotImplementedError, RuntimeError) as e:
+            if isinstance(e, RuntimeError) and not any(
+                    isinstance(x, torch.Tensor) for x in _leaves_of((margs, mkwargs))[0]):
+                # a factory (``ones``, ``full``, ``arange`` on the device): no data can decide what it makes, so its
+                # refusal (a negative size, a zero step) is an argument error, raised at the call as CUDA raises it
+                # (:func:`_argument_error` does not try an op that names a device)
+                raise
             out = None  # nonzero, boolean indexing, repeat_interleave without a size: the values decide
         error = _argument_error(func, margs, mkwargs)
         if error is not None:

@@ -55,6 +55,33 @@ def test_an_uncaught_argument_error_stops_the_host_at_its_line() -> None:
 
 
 
+@pytest.mark.parametrize("make", [
+    lambda: torch.ones(-5, device="cuda"),
+    lambda: torch.full((-2,), 1.0, device="cuda"),
+    lambda: torch.arange(0, 10, 0, device="cuda"),
+    lambda: torch.linspace(0, 1, -1, device="cuda"),
+    lambda: torch.randn(-2, device="cuda"),
+], ids=["ones", "full", "arange", "linspace", "randn"])
+def test_a_factory_s_refusal_raises_at_the_call(make: Any) -> None:
+    """A factory on the device (``ones``, ``full``, ``arange``, ...) with a size or step torch refuses raises at the
+    call, as on CUDA: a ``try`` around it takes the error. Before, its meta kernel's refusal was taken for a result
+    the values decide, and the host trial skips an op that names a device: the error came from the stream, past the
+    ``try`` (a host error "stream default raised RuntimeError: Trying to create tensor with negative dimension")."""
+    caught: list[str] = []
+
+    def program() -> None:
+        try:
+            make()
+        except RuntimeError as e:
+            caught.append(str(e))
+        torch.ones(4, device="cuda").add_(1)
+
+    with simdevice.cuda() as sim:
+        program()
+    sim.assert_clean()
+    assert len(caught) == 1
+
+
 @pytest.mark.parametrize("rows", [16, 1 << 12])
 def test_only_arguments_up_to_the_trial_bytes_are_tried_on_the_host(
     rows: int, monkeypatch: pytest.MonkeyPatch
