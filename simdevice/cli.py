@@ -267,10 +267,12 @@ def _parser() -> argparse.ArgumentParser:
         "list",
         help="list the known programs (or the functions of a file of yours, with their actors)",
         description="Without a PATH: the known programs, their variants and actors. With one (FILE.py or a "
-        "module): its public functions a schedule can target, each probed once on the simulator: its style "
+        "module, or FILE.py::FUNCTION for that function alone): its public functions a schedule can target, each probed once on the simulator: its style "
         "(plain torch.cuda or contract), parameters, and the operations each actor makes.",
     )
-    ls.add_argument("path", nargs="?", metavar="PATH", help="FILE.py or MODULE (default: the known programs)")
+    ls.add_argument("path", nargs="?", metavar="PATH",
+                    help="FILE.py or MODULE, or one function of it, FILE.py::FUNCTION[:KEY=VALUE,...] (default: the "
+                    "known programs)")
     ls.add_argument("--world-size", type=int, default=None, metavar="N",
                     help="probe each function on N ranks, as check --world-size N runs it (its actors: rank0, "
                     "rank0.default, ...)")
@@ -1084,9 +1086,17 @@ def _list_functions(path: str, world_size: int | None = None) -> int:
 
     # what the file prints as it is imported and probed goes to stderr: stdout holds the listing alone
     apart = contextlib.redirect_stdout(sys.stderr)
+    config: dict[str, Any] = {}
     try:
         with apart:
-            found = functions_in(path, world_size)
+            if "::" in path:  # one function (FILE.py::FUNCTION[:KEY=VALUE,...]), as check and replay name it
+                given = Schedule.parse(path)
+                if given.delays or given.choices:
+                    raise ScheduleError(f"list probes the default schedule; drop the delays from {path[:200]!r}")
+                target, config = _target_and_config(path, "list", world_size)
+                found = [target]
+            else:
+                found = functions_in(path, world_size)
     except ScheduleError as e:
         return _fail(str(e))
     if not found:
@@ -1094,22 +1104,22 @@ def _list_functions(path: str, world_size: int | None = None) -> int:
               "with a default)")
         return 0
     for target in found:
-        params = ", ".join(f"{k}={v!r}" for k, v in target.params.items())
+        params = ", ".join(f"{k}={v!r}" for k, v in {**target.params, **config}.items())
         style = "plain torch.cuda" if target.style == "plain" else "contract (dev)"
         try:
             with apart:
-                counts = target.probe()
+                counts = target.probe(config)
         except TargetError as e:
             print(f"{target.name}  [{style}]({params})\n  probe failed: {e}")
             continue
         ops = ", ".join(f"{a} {n}" for a, n in sorted(counts.items()) if n)
         print(f"{target.name}  [{style}]({params})\n  operations: {ops or 'none'}")
         with apart:
-            default = target.run(target.schedule())  # (the probe's run, kept)
+            default = target.run(target.schedule(config))  # (the probe's run, kept)
         if any(r.kind in ("host-error", "step-limit", "deadlock") for r in default.run.reports):
             # an error or a limit ended it early: the counts are of what it did until then
-            print(f"  its default schedule ends early: {default.verdict()} (simdevice replay \"{target.name}\""
-                  f"{default.replay_options()})")
+            print(f"  its default schedule ends early: {default.verdict()} (simdevice replay "
+                  f"\"{_named(target, path) if config else target.name}\"{default.replay_options()})")
     return 0
 
 

@@ -442,6 +442,29 @@ def test_list_says_when_a_functions_default_run_is_not_clean(
     assert out.count("ends early") == 1
 
 
+def test_list_takes_one_function_as_check_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``list FILE.py::FUNCTION[:KEY=VALUE]`` lists that function alone, probed in that configuration, as ``check``
+    and ``replay`` name it; a bad one is one line. Before, it was taken for a module's name: "no module
+    'two.py::fine' (No module named 'two.py::fine'; 'two' is not a package)"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "two.py").write_text('import torch\n\n\ndef fine(n: int = 2):\n    torch.ones(n, device="cuda")\n'
+                                     '    if n > 2:\n        torch.ones(n, device="cuda")\n\n\n'
+                                     'def other():\n    pass\n')
+    assert main(["list", "two.py::fine"]) == 0
+    assert capsys.readouterr().out == "two.py::fine  [plain torch.cuda](n=2)\n  operations: default 1, host 1\n"
+    assert main(["list", "two.py::fine:n=3"]) == 0
+    assert capsys.readouterr().out == "two.py::fine  [plain torch.cuda](n=3)\n  operations: default 2, host 2\n"
+    for bad, says in (("two.py::nope", "two.py has no function 'nope'"),
+                      ("two.py::fine:m=1", "two.py::fine has no parameter 'm'"),
+                      ("two.py::fine::default#0+1", "list probes the default schedule; drop the delays")):
+        assert main(["list", bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        assert says in err[0], err
+
+
 def test_exhaust_json_gives_the_answer_for_scripts(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["exhaust", "offload_reload/racy:", "--delays", "1", "--units", "1", "--json", "-q"]) == 0
     doc = json.loads(capsys.readouterr().out)
