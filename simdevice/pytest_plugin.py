@@ -82,8 +82,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A ``@pytest.mark.parametrize`` on a fuzz test names parameters of its function, which the test itself does not
     take (pytest passes it nothing): they are made known here, so that pytest's check of the marker passes, and
-    :func:`pytest_pyfunc_call` hands each case's values to the test, which holds them fixed in its configuration."""
-    if getattr(metafunc.function, "__simdevice_target__", None) is None:
+    :func:`pytest_pyfunc_call` hands each case's values to the test, which holds them fixed in its configuration. A
+    fuzz test that cannot run (``__simdevice_unrunnable__``: a parameter without a default, say) gets them too, so
+    that each case fails with its one line, not the module at collection with pytest's "function uses no
+    argument"."""
+    function = metafunc.function
+    if getattr(function, "__simdevice_target__", None) is None and not hasattr(function, "__simdevice_unrunnable__"):
         return
     for marker in metafunc.definition.iter_markers(name="parametrize"):
         names = marker.args[0] if marker.args else marker.kwargs.get("argnames", ())

@@ -599,3 +599,30 @@ def test_a_parametrized_fuzz_test_holds_each_case_s_values(pytester: pytest.Pyte
     assert "a parametrized 'reps', which test_param.py::test_unknown has no parameter of" in out, out
     p = run_cli(["replay", "test_param.py::test_param:n=4096", "--no-fix"], Path(pytester.path))
     assert p.returncode == 1, p.stderr
+
+
+def test_a_parametrized_fuzz_test_that_cannot_run_fails_each_case_in_one_line(pytester: pytest.Pytester) -> None:
+    """``@pytest.mark.parametrize`` on a fuzz test whose function has a parameter without a default (a case's value
+    does not make one): each case fails with the one line that says so, and the module's other tests run. Before,
+    the test ``fuzz`` made for it was no fuzz test to the plugin: pytest refused the marker at collection
+    ("function uses no argument 'n'"), and no test of the module ran."""
+    pytester.makepyfile(test_nodefault="""
+import pytest
+import torch
+import simdevice
+
+
+@pytest.mark.parametrize("n", [4, 8])
+@simdevice.fuzz
+def test_param(n: int) -> None:
+    torch.ones(n, device="cuda")
+
+
+def test_other() -> None:
+    pass
+""")
+    result = _pytest(pytester)
+    result.assert_outcomes(passed=1, failed=2)
+    out = result.stdout.str()
+    assert "function uses no argument" not in out, out
+    assert out.count("@simdevice.fuzz: test_nodefault.py::test_param has a parameter 'n' without a default") == 2, out
