@@ -267,8 +267,9 @@ def _parser() -> argparse.ArgumentParser:
         "list",
         help="list the known programs (or the functions of a file of yours, with their actors)",
         description="Without a PATH: the known programs, their variants and actors. With one (FILE.py or a "
-        "module, or FILE.py::FUNCTION for that function alone): its public functions a schedule can target, each probed once on the simulator: its style "
-        "(plain torch.cuda or contract), parameters, and the operations each actor makes.",
+        "module, or FILE.py::FUNCTION for that function alone): its public functions a schedule can target, each "
+        "probed once on the simulator: its style (plain torch.cuda or contract), parameters, and the operations "
+        "each actor makes.",
     )
     ls.add_argument("path", nargs="?", metavar="PATH",
                     help="FILE.py or MODULE, or one function of it, FILE.py::FUNCTION[:KEY=VALUE,...] (default: the "
