@@ -10,6 +10,7 @@ allocation while paused, two tags, ``pause()`` of every tag."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -140,13 +141,25 @@ def consumer_drops_early(side: bool = False, record: bool = False, keep: bool = 
     p.join()
 
 
-def consumer_copies_out(keep: bool = False) -> None:
+def _work_until_the_ack(q: Any, ack: Any) -> None:
+    x, other = torch.empty(N, device="cuda"), torch.empty(N, device="cuda")  # (one segment)
+    x.fill_(5.0)
+    q.put((x, other))
+    del x, other
+    z = torch.zeros(N, device="cuda")
+    while not ack.is_set():  # its own work meanwhile: host steps while the consumer drops what it received
+        z.add_(1.0)
+        time.sleep(0.001)
+
+
+def consumer_copies_out(keep: bool = False, busy: bool = False) -> None:
     """The consumer copies a received tensor into pinned memory on a side stream, drops it and reads the copy on
     the host with no wait of its own: right only where the drop unmapped the producer's segment (no other tensor
-    of it kept), which blocks the host until every stream of the consumer is done."""
+    of it kept), which blocks the host until every stream of the consumer is done. ``busy``: the producer takes
+    host steps of its own meanwhile (what the drop blocks is the consumer's host, not the next host to step)."""
     ctx = mp.get_context("spawn")
     q, ack = ctx.Queue(), ctx.Event()
-    p = ctx.Process(target=_reuse_after_the_ack, args=(q, ack), name="producer")
+    p = ctx.Process(target=_work_until_the_ack if busy else _reuse_after_the_ack, args=(q, ack), name="producer")
     p.start()
     x, other = q.get()
     if not keep:
@@ -159,6 +172,44 @@ def consumer_copies_out(keep: bool = False) -> None:
     del x
     assert pinned.sum().item() == 5 * N
     ack.set()
+    p.join()
+
+
+def _reuse_once_let_go(q: Any, reused: Any) -> None:
+    x, other = torch.empty(N, device="cuda"), torch.empty(N, device="cuda")  # (one segment)
+    x.fill_(5.0)
+    q.put((x, other))
+    del x, other
+    time.sleep(0.05)  # no handshake: meanwhile the consumer drops the tensor, which lets the block go (torch's limbo)
+    torch.cuda.synchronize()  # (a step: the simulator's allocation takes none, so what came meanwhile comes first)
+    torch.cuda.ipc_collect()
+    y = torch.empty(N, device="cuda")  # the sent block, released by the consumer's drop
+    y.fill_(7.0)
+    torch.cuda.synchronize()
+    reused.set()
+
+
+def consumer_drops_unannounced(keep: bool = False) -> None:
+    """The consumer reads a received tensor on a side stream and drops it, telling the producer nothing; the
+    producer allocates again a while later. The drop of the segment's last tensor unmaps it, and the block is let go
+    once every stream of the consumer is done, the side stream too (the consumer's host, which waits for them at its
+    next step, tells the producer nothing); with another tensor of the segment kept (``keep``), once the current
+    stream is, so the producer's reuse races with the side stream's read."""
+    ctx = mp.get_context("spawn")
+    q, reused = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_reuse_once_let_go, args=(q, reused), name="producer")
+    p.start()
+    x, other = q.get()
+    if not keep:
+        del other
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        s = x.sum()
+    del x
+    reused.wait()
+    torch.cuda.current_stream().wait_stream(side)
+    assert s.item() == 5 * N
     p.join()
 
 
@@ -413,6 +464,8 @@ PROGRAMS: list[tuple[Callable[..., None], dict[str, Any], dict[str, Any], int | 
     (consumer_drops_early, {}, {"side": True, "record": True}, None),
     (consumer_drops_early, {"side": True, "keep": False}, {"side": True}, None),  # (the segment's last: it waits)
     (consumer_copies_out, {}, {"keep": True}, None),
+    (consumer_copies_out, {"busy": True}, {"keep": True, "busy": True}, None),
+    (consumer_drops_unannounced, {}, {"keep": True}, None),
     (gather_wait, {}, {"mode": "early"}, 2),
     (gather_wait, {}, {"mode": "side"}, 2),
     (reduce_scatter_wait, {}, {"mode": "reuse"}, 2),
@@ -433,6 +486,7 @@ PROGRAMS: list[tuple[Callable[..., None], dict[str, Any], dict[str, Any], int | 
 #: schedules the correct programs must survive too (a stall of the process that would race)
 STALLS = {
     consumer_drops_early: "producer#0+5",
+    consumer_drops_unannounced: "producer#0+5",
     gather_wait: "rank0.nccl#0+5",
     zero3_prefetch: "rank1.ag#0+5",
     grad_reduce_scatter_in_backward: "rank0.rs#0+5",
