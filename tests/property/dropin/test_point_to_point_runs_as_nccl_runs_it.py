@@ -110,6 +110,145 @@ def test_a_receive_from_any_source_is_refused_as_nccl_refuses_it() -> None:
     assert all("ProcessGroupNCCL does not support recvAnysource" in e for e in errors), errors
 
 
+def send_then_batch_then_all_reduce(batched: bool) -> None:
+    """A send's buffer written again after a later collective's wait, the send made in a ``batch_isend_irecv``
+    (``batched``): the batch runs on the collectives' stream, in order with the collective, so the collective's wait
+    orders it; a single ``isend`` runs on its pair's stream, which the collective's wait says nothing of."""
+    r = dist.get_rank()
+    buf = torch.full((N,), 1.0, device="cuda")
+    z = torch.ones(N, device="cuda")
+    op = dist.P2POp(dist.isend, buf, 1) if r == 0 else dist.P2POp(dist.irecv, buf, 0)
+    works = dist.batch_isend_irecv([op]) if batched else [dist.isend(buf, 1) if r == 0 else dist.irecv(buf, 0)]
+    dist.all_reduce(z)  # wait: the current stream waits for the collectives' stream
+    if r == 0:
+        buf.fill_(-1.0)
+    for w in works:
+        w.wait()
+
+
+@pytest.mark.parametrize("schedule", [None, "rank0.nccl#0+5"])
+def test_a_batch_runs_on_the_collectives_stream_so_a_collective_s_wait_orders_it(schedule: str | None) -> None:
+    assert _reports(send_then_batch_then_all_reduce, True, schedule=schedule) == []
+    assert "race" in _reports(send_then_batch_then_all_reduce, False, schedule="rank0.p2p1-nccl#0+5")
+
+
+def send_a_temporary(wait: bool) -> None:
+    """Rank 0 sends a temporary, drops it (and the work, unless it ``wait``s on it later) and allocates again:
+    ProcessGroupNCCL keeps the tensors of a call in flight (it records them on its stream, or stashes them in the work
+    its watchdog holds till the end), so the new tensor never gets the sent block while the send may read it."""
+    r = dist.get_rank()
+    if r == 0:
+        tmp = torch.full((N,), 3.0, device="cuda")
+        work = dist.isend(tmp, 1)
+        del tmp
+        if not wait:
+            del work
+        again = torch.empty(N, device="cuda")  # (the sent block, were it handed out again)
+        again.fill_(-1.0)
+        if wait:
+            work.wait()
+    else:
+        buf = torch.empty(N, device="cuda")
+        dist.recv(buf, 0)
+        assert buf.sum().item() == 3 * N
+
+
+@pytest.mark.parametrize("wait", [True, False])
+@pytest.mark.parametrize("schedule", [None, "rank0.p2p1-nccl#0+5", "rank1#0+5"])
+def test_a_send_s_tensor_is_kept_from_reuse_till_the_send_is_done(wait: bool, schedule: str | None) -> None:
+    assert _reports(send_a_temporary, wait, schedule=schedule) == []
+
+
+def send_then_reuse(blocking: bool) -> None:
+    """Rank 0 writes the buffer again right after its ``send`` (``blocking``), or after an ``isend`` it does not wait
+    for: ``send`` is ``isend`` and ``wait()``, so the current stream waits for the send and the write is ordered."""
+    r = dist.get_rank()
+    buf = torch.full((N,), 1.0, device="cuda")
+    if r == 0:
+        if blocking:
+            dist.send(buf, 1)
+        else:
+            work = dist.isend(buf, 1)
+        buf.fill_(-1.0)
+        if not blocking:
+            work.wait()
+    else:
+        dist.recv(buf, 0)
+        assert buf.sum().item() == N
+
+
+def test_a_blocking_send_orders_the_current_stream() -> None:
+    assert _reports(send_then_reuse, True, schedule="rank0.p2p1-nccl#0+5") == []
+    assert "race" in _reports(send_then_reuse, False, schedule="rank0.p2p1-nccl#0+5")
+
+
+def fan_out(wait_all: bool) -> None:
+    """Rank 0 sends one buffer to ranks 1 and 2 and waits for the send to rank 2 only (``wait_all``: for both) before
+    it writes the buffer again: each pair of ranks has a stream of its own, so the send to rank 2 says nothing of the
+    send to rank 1."""
+    r = dist.get_rank()
+    buf = torch.full((N,), 1.0, device="cuda")
+    if r == 0:
+        to_1, to_2 = dist.isend(buf, 1), dist.isend(buf, 2)
+        to_2.wait()
+        if wait_all:
+            to_1.wait()
+        buf.fill_(-1.0)
+    else:
+        dist.recv(buf, 0)
+        assert buf.sum().item() == N
+
+
+def test_each_pair_of_ranks_has_a_stream_of_its_own() -> None:
+    s = simdevice.cuda("rank0.p2p1-nccl#0+5")
+    s.run(fan_out, True, world_size=3)
+    assert s.result is not None
+    assert s.result.reports == ()
+    assert {"rank0.p2p1-nccl", "rank0.p2p2-nccl", "rank1.p2p0-nccl", "rank2.p2p0-nccl"} <= set(s.result.op_counts)
+    s = simdevice.cuda("rank0.p2p1-nccl#0+5")
+    s.run(fan_out, False, world_size=3)
+    assert s.result is not None
+    assert "race" in {r.kind for r in s.result.reports}
+
+
+@pytest.mark.parametrize("peer", [2, -1])
+def test_a_peer_outside_the_world_is_refused(peer: int) -> None:
+    def program() -> None:
+        dist.isend(torch.zeros(N, device="cuda"), peer)
+
+    s = simdevice.cuda()
+    s.run(program, world_size=2)
+    errors = [str(r) for r in s.reports]
+    assert errors
+    assert all(f"ValueError: Invalid destination rank {peer}" in e for e in errors), errors
+
+
+def send_what_a_side_stream_wrote() -> None:
+    """Rank 0 sends what a side stream wrote, its current stream waiting for nothing first: the send's stream waits
+    for the calling stream only."""
+    r = dist.get_rank()
+    buf = torch.empty(N, device="cuda")
+    if r == 0:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            buf.fill_(2.0)
+        dist.send(buf, 1)
+        torch.cuda.current_stream().wait_stream(side)
+    else:
+        dist.recv(buf, 0)
+        assert buf.sum().item() == 2 * N
+
+
+def test_the_suggested_fix_before_a_send_waits_on_its_pair_s_stream_and_it_runs() -> None:
+    """The fix is checked with its edge inserted where the send is issued, on the stream of its pair of ranks (the
+    collectives' stream takes no edge at a send's line)."""
+    found = simdevice.explore(send_what_a_side_stream_wrote, max_examples=20, world_size=2).failure
+    assert found is not None
+    fix = suggest(as_target(send_what_a_side_stream_wrote, world_size=2), found, schedules=20)
+    assert fix.checked, fix.lines()
+    assert [(e.after.actor, e.before.actor) for e in fix.edges] == [("rank0.side", "rank0.p2p1-nccl")], fix.edges
+
+
 def pipeline_reads_early() -> None:
     pipeline("early")
 
