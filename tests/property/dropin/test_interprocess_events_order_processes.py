@@ -160,3 +160,37 @@ def test_the_handle_is_cuda_s_64_bytes_and_one_per_event() -> None:
     assert _run(program).reports == ()
     assert [len(h) for h in handles] == [64, 64, 64]
     assert handles[0] == handles[1] != handles[2]
+
+
+def _forward_the_event(q: Any, out: Any) -> None:
+    handle = q.get()
+    stepped = torch.cuda.Event.from_ipc_handle(torch.cuda.current_device(), handle)
+    out.put(stepped.ipc_handle())  # (an opened event is an interprocess one: it has a handle)
+
+
+def event_opened_and_sent_on(wait: bool) -> None:
+    """A relay opens the trainer's event from its handle and gives it back by its own ``ipc_handle()``; the trainer's
+    side stream waits on the event opened from that (``wait``) before it reads what the default stream wrote."""
+    ctx = mp.get_context("spawn")
+    q, out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_forward_the_event, args=(q, out), name="relay")
+    p.start()
+    params = torch.zeros(N, device="cuda")
+    stepped = torch.cuda.Event(interprocess=True)
+    q.put(stepped.ipc_handle())
+    handle = out.get()
+    params.add_(1.0)
+    stepped.record()
+    side = torch.cuda.Stream()
+    if wait:
+        side.wait_event(torch.cuda.Event.from_ipc_handle(torch.cuda.current_device(), handle))
+    with torch.cuda.stream(side):
+        snap = params.to("cpu", non_blocking=True)
+    side.synchronize()
+    assert snap.sum().item() == N
+    p.join()
+
+
+def test_an_event_opened_from_a_handle_gives_a_handle_to_the_same_event() -> None:
+    assert _run(event_opened_and_sent_on, True, schedule="default#1+5").reports == ()
+    assert "race" in {r.kind for r in _run(event_opened_and_sent_on, False, schedule="default#1+5").reports}
