@@ -235,14 +235,15 @@ def test_a_stream_operations_error_names_the_line_that_issued_it() -> None:
     that issued it, not the simulator's frame that ran it."""
 
     def program(dev: Any) -> None:
-        torch.arange(-5, device=dev.device)  # the failing line
+        x, i = torch.ones(4, device=dev.device), torch.full((2,), 7, device=dev.device)
+        x.index_select(0, i)  # the failing line: an index out of range, which only the kernel sees
         dev.synchronize()
 
     r = run(program)
     [err] = r.reports
     assert isinstance(err, HostError)
     assert err.actor == "stream default"
-    assert err.source.endswith(f"test_ops.py:{program.__code__.co_firstlineno + 1}"), err.source
+    assert err.source.endswith(f"test_ops.py:{program.__code__.co_firstlineno + 2}"), err.source
 
 
 def test_empty_tensors_are_tensors_like_any_other() -> None:
