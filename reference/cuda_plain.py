@@ -175,6 +175,21 @@ def empty_cache() -> None:
 _ORIGINAL: dict[str, Callable[..., Any]] = {}
 
 
+def _launched_from(dev: Any, units: float) -> Any:
+    """The stream a communication call is launched from: the current one, or, to stall NCCL alone by ``units``, a
+    raw stream that waits for the current one and then sleeps (NCCL waits for the stream it is launched from; raw
+    stream and event: the tool's own calls are no host steps of the program, and name no stream)."""
+    launch = torch.cuda.current_stream()
+    if units:
+        launch = _RawStream()
+        after = _RawEvent()
+        _RawEvent.record(after, _ORIGINAL["current_stream"]())
+        _RawEvent.wait(after, launch)
+        with torch.cuda.stream(launch):
+            torch.cuda._sleep(int(units * dev.cycles_per_ms))
+    return launch
+
+
 def _collective(original: Callable[..., Any]) -> Callable[..., Any]:
     """A collective call: one host step, one operation of ``nccl`` (stalled alone), a host step for a blocking
     call's wait; the real call made with the counting mode off (its internals are no program ops)."""
@@ -187,16 +202,7 @@ def _collective(original: Callable[..., Any]) -> Callable[..., Any]:
         dev.host_step()
         units = dev.count_op(f"{dev.prefix}nccl")
         async_op = bool(kwargs.get("async_op", False))
-        launch = torch.cuda.current_stream()
-        if units:
-            # stall NCCL alone: it waits for the stream it is launched from, which sleeps after the caller's work
-            # (raw stream and event: the tool's own calls are no host steps of the program, and name no stream)
-            launch = _RawStream()
-            after = _RawEvent()
-            _RawEvent.record(after, _ORIGINAL["current_stream"]())
-            _RawEvent.wait(after, launch)
-            with torch.cuda.stream(launch):
-                torch.cuda._sleep(int(units * dev.cycles_per_ms))
+        launch = _launched_from(dev, units)
         with torch.cuda.stream(launch), _disable_current_modes():
             kwargs["async_op"] = True
             work = original(*args, **kwargs)
@@ -236,14 +242,7 @@ def _point_to_point(original: Callable[..., Any], raw: dict[str, Callable[..., A
             peer = args[1] if len(args) > 1 else kwargs.get("dst" if "send" in name else "src",
                                                               kwargs.get("group_dst", kwargs.get("group_src")))
             units = dev.count_op(f"{dev.prefix}p2p{peer}-nccl")
-        launch = torch.cuda.current_stream()
-        if units:  # (as ``_collective``: NCCL waits for the stream it is launched from, which sleeps first)
-            launch = _RawStream()
-            after = _RawEvent()
-            _RawEvent.record(after, _ORIGINAL["current_stream"]())
-            _RawEvent.wait(after, launch)
-            with torch.cuda.stream(launch):
-                torch.cuda._sleep(int(units * dev.cycles_per_ms))
+        launch = _launched_from(dev, units)
         with torch.cuda.stream(launch), _disable_current_modes():
             if blocking:  # (the async call and its wait, as torch's own send and recv make them)
                 work = raw["isend" if name == "send" else "irecv"](*args, **kwargs)
