@@ -745,7 +745,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if (args.perfetto or args.png) and args.gpu:
         return _fail("--perfetto and --png draw the simulator's timeline; drop --gpu")
     for option, path in (("--perfetto", args.perfetto), ("--png", args.png)):
-        if path is not None and (not path or os.path.isdir(path) or not os.path.isdir(os.path.dirname(path) or ".")):
+        if path is not None and os.path.isdir(path):
+            return _fail(f"{option} {path!r}: a folder; name the file to write in it ({option} "
+                         f"{os.path.join(path, 'run.png' if option == '--png' else 'run.json')!r})")
+        if path is not None and (not path or not os.path.isdir(os.path.dirname(path) or ".")):
             return _fail(f"{option} {path!r}: not a file in an existing folder")
         why = _cannot_create_in(os.path.dirname(path) or ".") if path else None
         if why is not None:

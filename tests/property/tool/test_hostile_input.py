@@ -52,7 +52,6 @@ MALFORMED = [
     (['replay', L, '--edge', 'nonsense'], "bad edge 'nonsense': expected"),
     (['replay', L, '--edge', 'a@b.py:1->'], "bad edge 'a@b.py:1->': expected"),
     (['replay', L, '--perfetto', '/nonexistent/dir/x.json'], "--perfetto '/nonexistent/dir/x.json': not a"),
-    (['replay', L, '--png', 'somedir'], "--png 'somedir': not a file in an"),
     (['replay', L, '--gpu', '--edge', 'd2h@x.py:1->default@x.py:2'], '--edge inserts a synchronization on the'),
     (['replay', L, '--nosuchflag'], 'unrecognized arguments: --nosuchflag'),
     (['replay', 'xxxxxxxxxxxxxxxxxxxx' + 'x' * 9980], 'schedule of 10000 characters: too long to be one'),
@@ -87,6 +86,10 @@ MALFORMED = [
     (['exhaust', L, '--units', '1,2000000'], "--units must be in 1..1000000, got '1,2000000'"),
     (['replay', L, '--png', 'noext'], "--png 'noext': not a .png file name"),
     (['replay', L, '--png', ''], "--png '': not a file in an existing folder"),
+    (['replay', L, '--png', 'somedir'], "--png 'somedir': a folder; name the file to write in it (--png "
+                                        "'somedir/run.png')"),
+    (['replay', L, '--perfetto', 'somedir'], "--perfetto 'somedir': a folder; name the file to write in it "
+                                             "(--perfetto 'somedir/run.json')"),
     (['replay', L, '--png', '/proc/x.png', '--no-fix'], "--png '/proc/x.png': cannot write it ("),
     (['replay', L, '--perfetto', '/proc/x.json', '--no-fix'], "--perfetto '/proc/x.json': cannot write it ("),
     (['check', L, '--world-size', '2'], "--world-size is for a function target (FILE.py::FUNCTION)"),
