@@ -42,6 +42,14 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
+def _unquoted(line: str) -> str:
+    """A schedule line pasted with the quotes ``check`` prints around it (``replay '"f.py::fn::d#0+1"'``): without
+    them (a schedule line never starts or ends with a quote)."""
+    if len(line) >= 2 and line[0] == line[-1] and line[0] in "'\"":
+        return line[1:-1]
+    return line
+
+
 def _fail(message: str) -> int:
     print(f"simdevice: error: {message}", file=_stderr())
     return 2
@@ -726,7 +734,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except ValueError as e:
         return _fail(str(e))
     try:
-        schedule = Schedule.parse(args.schedule)
+        schedule = Schedule.parse(_unquoted(args.schedule))
         target: Target
         if is_function_target(schedule.program):
             function = target_of(schedule.program, _world_size(args))

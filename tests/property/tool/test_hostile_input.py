@@ -145,6 +145,8 @@ EXTREME = [
     (["replay", L + "::host#0+1000000", "--no-fix"], 0, "on sim: clean"),
     (["replay", "zcc/FIXED::worker2#0+1"], 0, "delays never applied (their operation never came): worker2#0+1"),
     (["replay", L + "::host#0~1"], 0, "delays never applied (their operation never came): host#0~1"),
+    # a line pasted with the quotes check prints around it
+    (["replay", f'"{L}::host#0+1000000"', "--no-fix"], 0, "on sim: clean"),
 ]
 
 
