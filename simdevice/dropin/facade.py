@@ -200,12 +200,14 @@ class Event(EventHandle):
     (``ipc_handle()``: bytes), which another process opens (``Event.from_ipc_handle(device, handle)``) as the same
     CUDA event; torch pickles an event by its handle, so one sent to another process arrives as that event too. A
     plain event has no handle: ``ipc_handle()`` raises CUDA's error, as on a GPU (torch creates the CUDA event with
-    the flags it was made with, and ``cudaIpcGetEventHandle`` refuses one without ``cudaEventInterprocess``)."""
+    the flags it was made with, and ``cudaIpcGetEventHandle`` refuses one without ``cudaEventInterprocess``); nor
+    has an event opened from a handle (CUDA exports no imported event), so one cannot be sent on either."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
                  external: bool = False) -> None:
         self._cuda = _CudaEvent()
         self.interprocess = interprocess
+        self._opened = False  # opened from another event's handle (``from_ipc_handle``): it gives none itself
         # (CUDA refuses the flags as torch creates the event, at its first record or ``ipc_handle()``)
         self._bad_flags = interprocess and enable_timing
         super().__init__(session_device(), enable_timing)
@@ -235,6 +237,9 @@ class Event(EventHandle):
         if not self.interprocess:
             raise RuntimeError("CUDA error: invalid resource handle (ipc_handle() of a torch.cuda.Event made "
                                "without interprocess=True)")
+        if self._opened:  # (on an H100 too: docs/confirmations.md, twenty-eighth run)
+            raise RuntimeError("CUDA error: invalid resource handle (ipc_handle() of an event opened from another's "
+                               "IPC handle: CUDA gives none for an imported event; pass on the handle received)")
         if self._cuda.handle is None:
             dev = session_device()
             handle = f"simdevice ipc event {len(dev.ipc_events)}".encode().ljust(_IPC_HANDLE_BYTES, b"\0")
@@ -251,6 +256,7 @@ class Event(EventHandle):
                                "this run has this handle)")
         opened = cls(interprocess=True)
         opened._cuda = cuda
+        opened._opened = True
         return opened
 
 
