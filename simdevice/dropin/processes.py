@@ -44,8 +44,6 @@ from simdevice.api import SharedValueHandle
 from simdevice.dispatch import SimTensor, data_of, storage_of
 from simdevice.dropin.patches import Patches
 from simdevice.dropin.pickling import pickled, unpickled
-from simdevice.runtime import sync
-from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.config import UNIT_NS
 from simdevice.runtime.reports import user_source
 from simdevice.runtime.runtime import Mailbox, SharedCell
@@ -681,8 +679,8 @@ class SimBarrier:
         self._waiting = 0  # parties arrived in it
         self._broken = False
         self._broken_rounds: set[int] = set()  # rounds ``reset()`` ended with parties in them
-        self.clock = VectorClock()  # the pasts of this round's arrivals
-        self._left: dict[int, VectorClock] = {}  # each completed round's clock
+        self._arrivals = SharedCell(None)  # this round's: its clock, the pasts of its arrivals
+        self._left: dict[int, SharedCell] = {}  # each completed round's
 
     @property
     def parties(self) -> int:
@@ -700,12 +698,11 @@ class SimBarrier:
 
     def wait(self, timeout: float | None = None) -> int:
         rt = self._dev.runtime
-        a = rt.host_step("Barrier.wait")
+        a = rt.barrier_arrive(self._arrivals)
         if self._broken:
             raise threading.BrokenBarrierError
         k, index = self._round, self._waiting
         self._waiting += 1
-        sync.publish(self, a)
         if self._waiting == self._parties:  # the last: the round ends
             if self._action is not None:
                 try:
@@ -713,8 +710,8 @@ class SimBarrier:
                 except BaseException:
                     self._break()
                     raise
-            self._left[k] = self.clock
-            self.clock = VectorClock()
+            self._left[k] = self._arrivals
+            self._arrivals = SharedCell(None)
             self._round += 1
             self._waiting = 0
             rt.execution.changed()
@@ -730,7 +727,7 @@ class SimBarrier:
                 self._break()
             if self._round == k or k in self._broken_rounds:
                 raise threading.BrokenBarrierError
-        sync.observe(rt.current(), self._left[k])
+        rt.barrier_leave(a, self._left[k])
         return index
 
     def _break(self) -> None:
@@ -750,7 +747,7 @@ class SimBarrier:
             self._broken_rounds.add(self._round)
             self._round += 1
             self._waiting = 0
-            self.clock = VectorClock()
+            self._arrivals = SharedCell(None)
         self._broken = False
         rt.execution.changed()
 

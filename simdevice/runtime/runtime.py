@@ -1018,6 +1018,17 @@ class Runtime:
         sync.observe(a, cell)
         cell.value = True
 
+    def barrier_arrive(self, arrivals: SharedCell) -> HostActor:
+        """``multiprocessing.Barrier.wait``'s host step: the arriving actor's past joins the round's (``arrivals``),
+        which every party is ordered after as it leaves (:meth:`barrier_leave`)."""
+        a = self.host_step("Barrier.wait")
+        sync.publish(arrivals, a)
+        return a
+
+    def barrier_leave(self, a: HostActor, arrivals: SharedCell) -> None:
+        """``a`` leaves a completed round of a barrier: ordered after every party's arrival in it."""
+        sync.observe(a, arrivals)
+
     def process_poll(self, child: HostActor, step: str) -> bool:
         """``Process.is_alive()`` / ``exitcode`` in a run: a polling host step (the child may run meanwhile);
         whether ``child`` is done, after which the caller is ordered after it."""
@@ -1196,7 +1207,7 @@ class Runtime:
         self._kept_for(a, refs, comm)
         self._issued_at(comm.name, source, g.record)
         self._issued_now(at, g.record, mark)
-        self.op_sites[f"{comm.name}#{comm.ops - 1}"] = (source, span_bytes(refs))
+        self._collective_site(g, source, refs)
         if not a.traced:
             a.time += self.config.collective_host_ns
         return g
