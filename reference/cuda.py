@@ -17,6 +17,7 @@ import contextlib
 import gc
 import os
 import pickle
+import queue
 import sys
 import tempfile
 import time
@@ -636,7 +637,10 @@ class CudaDevice:
         from reference.cuda_plain import counting_torch_cuda
 
         if world_size is not None:
-            raise NotImplementedError("plain torch.cuda code on several GPUs: launch it with torchrun")
+            # on ranks ``rank0..``, a process and a GPU each, as the simulator's drop-in runs it on ranks
+            if self.timeline is not None:
+                raise NotImplementedError("a GPU timeline of a run on several ranks is not drawn")
+            return self._result(self.spawn_ranks(_PlainCall(fn, args, kwargs), world_size))
         _warm_caches()
         _CURRENT.append(self)
         try:
@@ -766,6 +770,10 @@ class CudaDevice:
         """
         self._host_step()
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        plain = isinstance(fn, _PlainCall)
+        if world_size > 1 and world_size > torch.cuda.device_count():
+            raise RuntimeError(f"{world_size} ranks need {world_size} GPUs, a rank each; this machine has "
+                               f"{torch.cuda.device_count()}")
         if world_size == 1:
             from torch.utils._python_dispatch import _disable_current_modes
 
@@ -773,10 +781,12 @@ class CudaDevice:
             timed = self.counter.stamps is not None
             child = CudaDevice(self.schedule, actor="rank0", cycles_per_ms=self.cycles_per_ms, timed=timed)
             child.timeline = self.timeline  # one timeline, one start: the rank's steps land in this run's
-            with _disable_current_modes():
-                run = child.run(fn, *args)
-            self.counter.counts.update(child.counter.counts)
-            self.counter.fired |= child.counter.fired
+            try:
+                with _disable_current_modes():
+                    run = child.run_plain(fn, *args) if plain else child.run(fn, *args)
+            finally:  # (a rank's error is the run's: its counts up to there are kept)
+                self.counter.counts.update(child.counter.counts)
+                self.counter.fired |= child.counter.fired
             if self.counter.stamps is not None and child.counter.stamps is not None:
                 self.counter.stamps.update(child.counter.stamps)
                 self.counter.hosts |= child.counter.hosts
@@ -797,17 +807,31 @@ class CudaDevice:
         for p in procs:
             p.start()
         out: dict[int, Any] = {}
+        errors: list[str] = []
         try:
             for _ in procs:
-                r, result, counts, fired, error = results.get(timeout=600)
-                if error:
-                    raise RuntimeError(f"rank{r} failed: {error}")
-                out[r] = pickle.loads(result)
-                self.counter.counts.update(counts)
+                try:
+                    # a rank that failed leaves its peers waiting in NCCL for it, maybe for good: a minute for them
+                    r, result, counts, fired, error = results.get(timeout=60 if errors else 600)
+                except queue.Empty:
+                    break
+                self.counter.counts.update(counts)  # (a failed rank's too: the counts up to its error)
                 self.counter.fired |= fired
+                if error:
+                    errors.append(f"rank{r} failed: {error}")
+                else:
+                    out[r] = pickle.loads(result)
         finally:
             for p in procs:
-                p.join(timeout=60)
+                p.join(timeout=5 if errors else 60)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+        if errors:
+            raise RuntimeError(errors[0])
+        if len(out) < world_size:
+            raise RuntimeError(f"rank(s) {', '.join(str(r) for r in range(world_size) if r not in out)} never "
+                               "finished (10 minutes)")
         return [out[r] for r in range(world_size)]
 
     @property
@@ -974,20 +998,55 @@ def _init_nccl_group(rank: int, world_size: int, port: int | None) -> None:
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
 
 
+class _PlainCall:
+    """Plain torch.cuda code a rank runs: ``fn(*args, **kwargs)`` with no ``dev`` (``run_plain``'s), sent to the
+    rank's process by reference (``fn`` a function its module defines, or an object that pickles so)."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+    def __call__(self) -> Any:
+        return self.fn(*self.args, **self.kwargs)
+
+
+def _warm_communicators(rank: int, world_size: int) -> None:
+    """Make the NCCL communicators plain code may use before it runs: the world's (a collective) and each pair's
+    (a send and a receive between every two ranks). NCCL makes one at its first use, and its set-up synchronizes
+    the device, which inside the program would wait out a stall the schedule put before that use (as
+    ``_world_of_one`` does for a world of one)."""
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.zeros(1, device="cuda"))
+    one = torch.zeros(1, device="cuda")
+    for a in range(world_size):
+        for b in range(a + 1, world_size):
+            if rank == a:
+                dist.send(one, b)
+            elif rank == b:
+                dist.recv(one, a)
+    torch.cuda.synchronize()
+
+
 def _rank_entry(payload: bytes, rank: int, world_size: int, port: int, results: Any) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     # NVLink multicast stays off (the machines are shared); a fork server started before spawn_ranks set it
     # would not pass it on
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     schedule, cycles, fn, args = pickle.loads(payload)
+    dev: CudaDevice | None = None
     try:
         _init_nccl_group(rank, world_size, port)
         dev = CudaDevice(schedule, actor=f"rank{rank}", cycles_per_ms=cycles)
-        run = dev.run(fn, *args)
+        if isinstance(fn, _PlainCall):
+            _warm_communicators(rank, world_size)
+            run = dev.run_plain(fn, *args)
+        else:
+            run = dev.run(fn, *args)
         # plain bytes: a shared-memory tensor would need this process alive until the parent opened it
         results.put((rank, pickle.dumps(run.result), dict(dev.counter.counts), set(dev.counter.fired), ""))
     except Exception as e:  # the parent raises it; a silent child would leave it waiting
-        results.put((rank, pickle.dumps(None), {}, set(), f"{type(e).__name__}: {e}"))
+        counts, fired = (dict(dev.counter.counts), set(dev.counter.fired)) if dev is not None else ({}, set())
+        results.put((rank, pickle.dumps(None), counts, fired, f"{type(e).__name__}: {e}"))
     finally:
         import torch.distributed as dist
 

@@ -146,7 +146,9 @@ class FunctionTarget:
         try:
             with module_state_kept(self.fn):
                 if self.style == "plain":
-                    run = dev.run_plain(self.fn, world_size=self.world_size, **kwargs)
+                    # on ranks, each a process of its own: the function by where it is, found again there
+                    fn = self.fn if self.world_size is None else RankFunction(self.name, os.getcwd())
+                    run = dev.run_plain(fn, world_size=self.world_size, **kwargs)
                 else:
                     run = dev.run(self._contract_body(kwargs))
         except Exception as e:
@@ -453,6 +455,25 @@ def functions_in(where: str, world_size: int | None = None) -> list[FunctionTarg
         except TargetError:
             continue
     return out
+
+
+@attrs.frozen
+class RankFunction:
+    """A function target's function as a rank's process of a GPU run finds it: by its target text (a file or a
+    module, then its name) and the folder the command ran in, where a relative file or a module of that folder is
+    found. A function loaded from a file lives in a module no other process can import by name; so it is sent as
+    this, and loaded again there (once a process)."""
+
+    text: str
+    cwd: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        where, name = split(self.text)
+        if where.endswith(".py"):
+            where = os.path.join(self.cwd, where)
+        elif self.cwd not in sys.path:
+            sys.path.insert(0, self.cwd)
+        return resolve(f"{where}::{name}").fn(*args, **kwargs)
 
 
 def _where_text(where: str) -> str:

@@ -50,9 +50,9 @@ def _at_the_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
 
 
-def _counts_match(line: str) -> None:
+def _counts_match(line: str, world_size: int | None = None) -> None:
     s = Schedule.parse(line)
-    t = resolve(s.program)
+    t = resolve(s.program, world_size)
     sim = t.run(s)
     t.run(s, "cuda")  # warm-up: a cold caching allocator's cudaMalloc synchronizes the device, hiding the race
     gpu = t.run(s, "cuda")
@@ -128,3 +128,32 @@ def test_a_stalled_racy_example_corrupts_and_its_fix_does_not(protocol: str) -> 
 def test_megatrons_inline_reload_corrupts_with_a_stalled_d2h_and_the_fix_does_not(tail: str) -> None:
     assert rate(f"{TRAIN}{tail}") >= TRIALS - 1
     assert rate(f"{TRAIN}_fixed{tail}") == 0
+
+
+#: a pipeline's hand-off on two ranks (``--world-size 2``), its send stalled on the pair's stream
+PIPELINE = [f"examples/pipeline_plain.py::handoff_{v}::rank0.p2p1-nccl#0+20" for v in ("racy", "correct")]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="two ranks need two GPUs")
+@pytest.mark.parametrize("line", [*PIPELINE, "examples/pipeline_plain.py::handoff_correct"])
+def test_point_to_point_operation_counts_on_two_ranks_are_the_simulators(line: str) -> None:
+    # each rank a process and a GPU of its own, as `replay --gpu --world-size 2` runs it
+    _counts_match(line, world_size=2)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="two ranks need two GPUs")
+@pytest.mark.parametrize("line", PIPELINE)
+def test_a_send_buffer_refilled_before_the_wait_corrupts_and_the_fix_does_not(line: str) -> None:
+    s = Schedule.parse(line)
+    t = resolve(s.program, 2)
+    trials = max(1, TRIALS // 4)  # (each run starts two processes and their NCCL communicators)
+    bad = sum(t.run(s, "cuda").corrupted for _ in range(trials))
+    print(f"RATE {line} corrupted {bad}/{trials}")
+    assert bad >= 1 if "racy" in line else bad == 0
+
+
+@pytest.mark.parametrize("line", [f"examples/offload_plain.py::gather_{v}::rank0.nccl#0+20" for v in ("racy",
+                                                                                                 "correct")])
+def test_plain_code_on_a_world_of_one_rank_counts_as_simulated(line: str) -> None:
+    # `--world-size 1`: actor rank0, in this process, its NCCL group of one made before the program runs
+    _counts_match(line, world_size=1)

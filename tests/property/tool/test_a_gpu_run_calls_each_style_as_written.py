@@ -6,6 +6,12 @@ asked to run the function and runs it that way.)"""
 
 from __future__ import annotations
 
+import functools
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -13,7 +19,9 @@ import pytest
 import reference.cuda
 from reference.contract import Run
 from simdevice.search import targets
-from simdevice.search.targets import from_function
+from simdevice.search.targets import from_function, resolve
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class FakeCudaDevice:
@@ -54,3 +62,32 @@ def test_a_gpu_run_calls_the_function_in_its_own_style(monkeypatch: pytest.Monke
     assert FakeCudaDevice.calls == [way], f"{fn.__name__} code ran through CudaDevice.{FakeCudaDevice.calls}"
     assert out.problems == (), out.problems
     assert out.run.result == (fn.__name__, 7)
+
+
+def test_plain_code_on_ranks_reaches_each_rank_as_a_function_it_can_load(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On ranks (``--world-size N``) each rank runs in a process of its own, which gets the function by pickle: a
+    function loaded from the user's file lives in a module no other process can import by name, so it goes as its
+    target text and folder, and is loaded again there (from another working directory too)."""
+    (tmp_path / "prog.py").write_text("def fn(n: int = 4):\n    return ('ran', n)\n")
+    got: list[tuple[Any, int | None]] = []
+
+    class Ranks(FakeCudaDevice):
+        def run_plain(self, fn: Any, *args: Any, world_size: int | None = None, **kwargs: Any) -> Run:
+            got.append((pickle.dumps(functools.partial(fn, *args, **kwargs)), world_size))
+            return Run(result=None)
+
+    monkeypatch.setattr(reference.cuda, "CudaDevice", Ranks)
+    monkeypatch.setattr(targets, "_CYCLES", [])
+    monkeypatch.chdir(tmp_path)
+    target = resolve("prog.py::fn", world_size=2)
+    out = target.run(target.schedule({"n": 7}), backend="cuda")
+    assert out.problems == (), out.problems
+    (blob, world), = got
+    assert world == 2
+    p = subprocess.run([sys.executable, "-c", "import pickle, sys; print(pickle.loads(sys.stdin.buffer.read())())"],
+                       input=blob, capture_output=True, cwd=ROOT / "simdevice", check=False,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    assert p.stdout.decode().strip() == "('ran', 7)"

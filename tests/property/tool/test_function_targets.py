@@ -42,6 +42,17 @@ def test_plain_and_contract_versions_get_the_same_verdicts(protocol: str, capsys
     assert verdicts["plain", "correct"] == verdicts["contract", "correct"] == (False, "clean", "None")
 
 
+@pytest.mark.parametrize(("variant", "expect"), [("racy", 1), ("correct", 0)])
+def test_the_pipeline_example_on_two_ranks(variant: str, expect: int, capsys: pytest.CaptureFixture[str]) -> None:
+    # the line tests/gpu/test_dropin_gpu.py replays on two GPUs: found with the send's stream stalled, as there
+    code = main(["check", f"examples/pipeline_plain.py::handoff_{variant}", "--world-size", "2", "--json",
+                 "--examples", "40", "--no-fix"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == expect, doc
+    line = f"examples/pipeline_plain.py::handoff_{variant}::rank0.p2p1-nccl#0+20"
+    assert resolve(Schedule.parse(line).program, 2).run(Schedule.parse(line)).corrupted == bool(expect)
+
+
 def test_the_printed_line_replays_to_the_same_reports(capsys: pytest.CaptureFixture[str]) -> None:
     code, doc = _check("examples/offload_plain.py::reload_racy", capsys)
     assert code == 1
