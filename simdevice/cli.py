@@ -774,6 +774,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
         if not torch.cuda.is_available():
             return _fail("--gpu needs a CUDA GPU, and torch sees none on this machine")
+        ranks = args.world_size or 0
+        if ranks > torch.cuda.device_count():
+            return _fail(f"--gpu --world-size {ranks} needs {ranks} GPUs, a rank each; torch sees "
+                         f"{torch.cuda.device_count()} on this machine")
+        if ranks and args.trace:
+            return _fail("--trace --gpu draws one process's GPU timeline; a run on ranks has one a rank: drop --trace")
         backend = "cuda"
         target.run(schedule, backend)  # warm-up: the trials meet warm caching allocators, as in a steady state
     from simdevice.explain import check_edges

@@ -47,6 +47,21 @@ def test_gpu_replay_without_a_gpu_is_refused(capsys: pytest.CaptureFixture[str])
     assert capsys.readouterr().err == "simdevice: error: --gpu needs a CUDA GPU, and torch sees none on this machine\n"
 
 
+@pytest.mark.parametrize(("extra", "said"), [
+    ([], "--gpu --world-size 2 needs 2 GPUs, a rank each; torch sees 1 on this machine"),
+    (["--world-size", "1", "--trace"], "--trace --gpu draws one process's GPU timeline; a run on ranks has one a rank"),
+])
+def test_gpu_replay_on_more_ranks_than_gpus_or_traced_on_ranks_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], extra: list[str], said: str
+) -> None:
+    # (a machine with one GPU, as torch would see it; refused before anything runs)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    args = ["replay", "examples/pipeline_plain.py::handoff_racy::rank0.p2p1-nccl#0+20", "--gpu"]
+    assert main([*args, *(extra or ["--world-size", "2"])]) == 2
+    assert capsys.readouterr().err.startswith(f"simdevice: error: {said}")
+
+
 def test_check_json_reports_every_variant(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--json", "--examples", "30", "--program", "offload_reload"]) == 0
     doc = json.loads(capsys.readouterr().out)
