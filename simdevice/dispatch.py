@@ -1467,11 +1467,10 @@ class Dispatcher:
         into = facts.into if (facts.into is not None and not host_touch and not written and not facts.copy
                               and len(outputs) == 1 and self.config.values and meta is not None
                               and meta.dim() > 0) else None
-        made: dict[int, torch.Tensor] = {}
-        aliased_written = _all_aliased(written, made) if written else []
+        aliased_written = _all_aliased(written) if written else []
         # (an op that writes its arguments makes those its outputs: one list, aliased once)
-        aliased_outputs = aliased_written if outputs is written else _all_aliased(outputs, made)
-        eff = _Effect(self, func, _aliased(args, made), _aliased_kwargs(kwargs, made) if kwargs else {},
+        aliased_outputs = aliased_written if outputs is written else _all_aliased(outputs)
+        eff = _Effect(self, func, _aliased(args), _aliased_kwargs(kwargs) if kwargs else {},
                       aliased_written, staged, self.rt.next_seed() if facts.seeded else None, aliased_outputs, reads,
                       into)
         blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)
@@ -1629,9 +1628,8 @@ class Dispatcher:
         compute it (it needs the size to allocate), then the output is written on the stream."""
         inputs, staged = self._inputs(facts, args, kwargs, flat, [])
         duration = self.config.kernel_ns(sum(x.numel() * x.element_size() for x in inputs))
-        made: dict[int, torch.Tensor] = {}
         # its output's size comes from values, so it computes them even in a race-only run (what memory holds)
-        eff = _Effect(self, func, _aliased(args, made), _aliased_kwargs(kwargs, made), [], staged, None, [], [],
+        eff = _Effect(self, func, _aliased(args), _aliased_kwargs(kwargs), [], staged, None, [], [],
                       compute=True)
         index, rec = self.rt.enqueue(a, s, facts.name, duration, self._refs(inputs), [], src, start=eff.start)
         assert rec is not None
@@ -1803,20 +1801,20 @@ def _alias_of(x: SimTensor) -> torch.Tensor:
     return al
 
 
-def _aliased(args: Any, made: dict[int, torch.Tensor]) -> Any:
+def _aliased(args: Any) -> Any:
     """An op's arguments (its positional tuple, its keywords, or a container among them) as its effect runs them:
-    each simulated tensor as its alias (noted in ``made`` by the tensor's id), a device as the CPU."""
+    each simulated tensor as its alias (:func:`_alias_of`, made once per tensor), a device as the CPU."""
     t = type(args)
     if t is tuple or t is list or t is dict:  # the usual case, without a call per leaf
         out = []
         for x in args.values() if t is dict else args:
             if isinstance(x, SimTensor):
-                al = made[id(x)] = _alias_of(x)
-                out.append(al)
+                al = x._alias  # (_alias_of, inline: every op's arguments come here)
+                out.append(al if al is not None else _alias_of(x))
             elif isinstance(x, torch.device):
                 out.append(CPU)
             elif isinstance(x, _NODES):
-                out.append(_aliased(x, made))
+                out.append(_aliased(x))
             else:
                 out.append(x)
         if t is dict:
@@ -1825,8 +1823,7 @@ def _aliased(args: Any, made: dict[int, torch.Tensor]) -> Any:
 
     def one(x: Any) -> Any:
         if isinstance(x, SimTensor):
-            al = made[id(x)] = _alias_of(x)
-            return al
+            return _alias_of(x)
         if isinstance(x, torch.device):
             return CPU
         return x
@@ -1834,25 +1831,19 @@ def _aliased(args: Any, made: dict[int, torch.Tensor]) -> Any:
     return _tree_map(one, args)
 
 
-def _aliased_kwargs(kwargs: dict[str, Any], made: dict[int, torch.Tensor]) -> dict[str, Any]:
+def _aliased_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """An op's keywords as :func:`_aliased` makes them, the device the CPU (a None one too), ``pin_memory`` left out
     (its effect's bytes are the device's or the caller's own)."""
-    out: dict[str, Any] = _aliased(kwargs, made)
+    out: dict[str, Any] = _aliased(kwargs)
     if "device" in out:
         out["device"] = CPU
     out.pop("pin_memory", None)
     return out
 
 
-def _all_aliased(tensors: list[torch.Tensor], made: dict[int, torch.Tensor]) -> list[torch.Tensor]:
-    """Each of ``tensors`` as :func:`_aliased` makes it (the alias already made for one of the op's arguments)."""
-    out = []
-    for t in tensors:
-        al = made.get(id(t))
-        if al is None and isinstance(t, SimTensor):
-            al = made[id(t)] = _alias_of(t)
-        out.append(t if al is None else al)
-    return out
+def _all_aliased(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each of ``tensors`` as :func:`_aliased` makes it (a simulated one's alias is the one its arguments' has)."""
+    return [_alias_of(t) if isinstance(t, SimTensor) else t for t in tensors]
 
 
 class SimMode(TorchDispatchMode):
