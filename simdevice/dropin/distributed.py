@@ -161,7 +161,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
         raise ValueError(f"all_gather: tensor_list holds {len(tensor_list)} tensors, one per rank "
                          f"({get_world_size()}) expected (NCCL would write past the ones given)")
     rt = session_device().runtime
-    gather = rt.collective("all_gather", [ref_of(t) for t in tensor_list], ref_of(tensor),
+    gather = rt.collective("all_gather", [ref_of(t) for t in tensor_list], [ref_of(tensor)],
                            lambda rank, sent: sent, user_source())
     return _finish(gather, async_op, *tensor_list, tensor)
 
@@ -172,7 +172,7 @@ def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = N
     _check_tensor(tensor)
     rt = session_device().runtime
     ref = ref_of(tensor)
-    gather = rt.collective("all_reduce", [ref], ref, lambda rank, sent: [_reduce(op, sent)], user_source())
+    gather = rt.collective("all_reduce", [ref], [ref], lambda rank, sent: [_reduce(op, sent)], user_source())
     return _finish(gather, async_op, tensor)
 
 
@@ -187,7 +187,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = d
     def shard(rank: int, sent: list[torch.Tensor]) -> list[torch.Tensor]:
         return [_reduce(op, sent)[rank * n:(rank + 1) * n]]
 
-    gather = rt.collective("reduce_scatter", [ref_of(output)], ref_of(input), shard, user_source())
+    gather = rt.collective("reduce_scatter", [ref_of(output)], [ref_of(input)], shard, user_source())
     return _finish(gather, async_op, output, input)
 
 
@@ -210,9 +210,9 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, a
     ref = ref_of(tensor)
     # NCCL's in-place broadcast: the root only sends from its buffer, the others only receive into theirs
     if get_rank() == src:
-        gather = rt.collective("broadcast", [], ref, lambda rank, sent: [], user_source())
+        gather = rt.collective("broadcast", [], [ref], lambda rank, sent: [], user_source())
     else:
-        gather = rt.collective("broadcast", [ref], None, lambda rank, sent: [sent[src]], user_source())
+        gather = rt.collective("broadcast", [ref], [], lambda rank, sent: [sent[src]], user_source())
     return _finish(gather, async_op, tensor)
 
 
@@ -225,7 +225,7 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = dist.ReduceOp
     ref = ref_of(tensor)
     # every rank sends its tensor; only ``dst``'s is written (NCCL's in-place reduce)
     outs = [ref] if get_rank() == dst else []
-    gather = rt.collective("reduce", outs, ref, lambda rank, sent: [_reduce(op, sent)] if rank == dst else [],
+    gather = rt.collective("reduce", outs, [ref], lambda rank, sent: [_reduce(op, sent)] if rank == dst else [],
                            user_source())
     return _finish(gather, async_op, tensor)
 
@@ -249,7 +249,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
     def mine(rank: int, sent: list[torch.Tensor]) -> list[torch.Tensor]:
         return [torch.cat([t.reshape(-1)[rank * n:(rank + 1) * n] for t in sent])]
 
-    gather = rt.collective("all_to_all", [ref_of(output)], ref_of(input), mine, user_source())
+    gather = rt.collective("all_to_all", [ref_of(output)], [ref_of(input)], mine, user_source())
     return _finish(gather, async_op, output, input)
 
 
@@ -348,7 +348,7 @@ NOT_SIMULATED = (
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None) -> SimWork | None:
     _check_group(group)
     rt = session_device().runtime
-    gather = rt.collective("barrier", [], None, lambda rank, sent: [], user_source())
+    gather = rt.collective("barrier", [], [], lambda rank, sent: [], user_source())
     if async_op:
         return SimWork(session_device(), gather, barrier=True)  # its wait() blocks the host, as the call does
     rt.work_wait_host(gather)  # NCCL's barrier blocks the host until every rank reached it

@@ -19,6 +19,12 @@ stream, as NCCL does:
 3. the *receive*: an uncounted operation that writes the whole output from
    the sends' data when it completes.
 
+A collective whose ranks exchange different amounts (an all-to-all with split sizes, ``all_to_all`` of a list,
+``reduce_scatter`` of a list) is given each rank's :class:`Splits`: what it sends to and receives from each peer,
+as NCCL runs it (one ``ncclSend`` and one ``ncclRecv`` per peer, in one group). Each rank's receive is handed what
+each peer sent to it, and the ranks must agree pairwise (a send of 6 elements met by a receive of 4 is the
+program's error, as on a GPU: the wrong bytes, or a hang).
+
 Happens-before (:mod:`simdevice.runtime.sync`): the collective joins the
 clocks of the callers that issued it; a rank's receive carries the clocks of
 the peers that had issued it by then, and ``work.wait()`` joins all of them
@@ -31,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import torch
 
 from simdevice.runtime import sync
@@ -85,6 +92,16 @@ class World:
         return channel[k]
 
 
+@attrs.frozen
+class Splits:
+    """What one rank's call exchanges with each peer, in elements, by peer rank: ``sends[r]`` from its input (the
+    input's elements in memory order, each peer's part after the one before), ``receives[r]`` into its output (the
+    same, in the output). NCCL's send to ``r`` and receive from ``r`` of that many elements (none where 0)."""
+
+    sends: tuple[int, ...]
+    receives: tuple[int, ...]
+
+
 class Collective:
     """One collective across the world (or one point-to-point message, a collective of two: ``message``): who
     issued it, what each part sent, the joined clock."""
@@ -102,21 +119,50 @@ class Collective:
         #: by rank, the elements and dtype of the tensor its call moves (what it sends, or receives if it sends
         #: nothing: a broadcast's receivers): NCCL takes one count and one type for every rank
         self.moved: dict[int, tuple[int, torch.dtype]] = {}
+        #: by rank, what its call sends to and receives from each peer, where the ranks exchange different amounts
+        #: (an all-to-all): then the sizes that must agree are those of each send and its receive
+        self.splits: dict[int, Splits] = {}
 
     def check_agreed(self) -> None:
         """Raise where the ranks passed tensors of different sizes or dtypes (on a GPU: a hang, or bytes of one
-        type read as another)."""
-        if len(set(self.moved.values())) <= 1:
-            return
+        type read as another); for a collective with :class:`Splits`, where a rank's send to a peer is not the size
+        of that peer's receive from it (on a GPU: a receive of fewer elements takes the wrong bytes, one of more
+        waits for bytes that never come)."""
         by_rank = [self.moved[q] for q in sorted(self.moved)]
         who, order, each = (("a send and its receive", "the sender's, then the receiver's", "both")
                             if self.message else ("the ranks", "by rank", "every rank"))
-        if len({n for n, _ in by_rank}) > 1:
+        if self.splits:
+            self._check_splits()
+        elif len({n for n, _ in by_rank}) > 1:
             raise RuntimeError(f"{who} passed tensors of different sizes ({', '.join(str(n) for n, _ in by_rank)}"
                                f" elements, {order}): {each} must pass tensors of the same size")
-        names = ", ".join(str(d).removeprefix("torch.") for _, d in by_rank)
-        raise RuntimeError(f"{who} passed tensors of different dtypes ({names}, {order}): {each} must pass "
-                           "tensors of the same dtype")
+        if len({d for _, d in by_rank}) > 1:
+            names = ", ".join(str(d).removeprefix("torch.") for _, d in by_rank)
+            raise RuntimeError(f"{who} passed tensors of different dtypes ({names}, {order}): {each} must pass "
+                               "tensors of the same dtype")
+
+    def _check_splits(self) -> None:
+        for j in range(self.size):
+            for r in range(self.size):
+                sent, received = self.splits[j].sends[r], self.splits[r].receives[j]
+                if sent != received:
+                    raise RuntimeError(
+                        f"the ranks disagree on what they exchange: rank {j} sends {sent} elements to rank {r}, "
+                        f"which receives {received} from rank {j} (each rank must receive from a peer what that "
+                        "peer sends it)"
+                    )
+
+    def addressed_to(self, slot: int) -> list[torch.Tensor]:
+        """What each part sent that ``slot`` receives, by part: its whole send, or with :class:`Splits` the piece
+        of it for ``slot``."""
+        sent = [self.sent[q] for q in range(self.size)]
+        if not self.splits:
+            return sent
+        pieces = []
+        for q, t in enumerate(sent):
+            start = sum(self.splits[q].sends[:slot])
+            pieces.append(t[start:start + self.splits[q].sends[slot]])
+        return pieces
 
     @property
     def complete(self) -> bool:
@@ -192,20 +238,28 @@ class Collectives:
         a: HostActor,
         kind: str,
         outs: list[Ref],
-        inp: Ref | None,
+        ins: list[Ref],
         combine: Callable[[int, list[torch.Tensor]], list[torch.Tensor]],
         src: str,
+        splits: Splits | None = None,
     ) -> Gather:
-        """Issue ``a``'s part of a collective: a send reading ``inp`` (nothing for a barrier), the rendezvous, and
-        a receive writing ``outs`` with ``combine(rank, every rank's send)``. The k-th collective of every rank
+        """Issue ``a``'s part of a collective: a send reading ``ins`` (nothing for a barrier; several tensors are
+        sent as one run, one after the other), the rendezvous, and a receive writing ``outs`` with
+        ``combine(rank, what every rank sent it)``: every rank's whole send, or with ``splits`` (this rank's
+        :class:`Splits`) the piece of each rank's send addressed to this one. The k-th collective of every rank
         of a world is one instance; ranks that disagree on its kind are the program's error, as NCCL's would be."""
         world, rank = self.world_of(a.name)
+        if splits is not None and not len(splits.sends) == len(splits.receives) == world.size:
+            raise ValueError(f"{kind}: split sizes for {len(splits.sends)} and {len(splits.receives)} ranks in a "
+                             f"world of {world.size}")
         comm = self.comm_stream(a)
         self._after_caller(a, comm)
         coll = world.instance_for(rank, a.name, kind)
-        self._post(a, comm, coll, rank, f"{kind} (send)", inp, outs, src)
+        if splits is not None:
+            coll.splits[rank] = splits
+        self._post(a, comm, coll, rank, f"{kind} (send)", ins, outs, src)
         self._rendezvous(comm, coll, f"every rank's send of collective {coll.seq} ({world.size} ranks)")
-        self._land(comm, coll, rank, f"{kind} (receive)", inp, outs, combine, src)
+        self._land(comm, coll, rank, f"{kind} (receive)", ins, outs, combine, src)
         return Gather(sync.record(comm), coll)
 
     def p2p_stream(self, a: HostActor, peer: int) -> SimStream:
@@ -232,13 +286,13 @@ class Collectives:
                                  f"({world.size} ranks) other than this one ({rank})")
             sender, receiver = (rank, peer) if is_send else (peer, rank)
             msg = world.message_for(sender, receiver, 0 if is_send else 1)
-            inp, outs = (ref, []) if is_send else (None, [ref])
-            self._post(a, comm, msg, 0 if is_send else 1, "send" if is_send else "recv (posted)", inp, outs, src)
-            posted.append((msg, is_send, inp, outs, f"message {msg.seq} from rank {sender} to rank {receiver}"))
+            ins, outs = ([ref], []) if is_send else ([], [ref])
+            self._post(a, comm, msg, 0 if is_send else 1, "send" if is_send else "recv (posted)", ins, outs, src)
+            posted.append((msg, is_send, ins, outs, f"message {msg.seq} from rank {sender} to rank {receiver}"))
         for msg, _, _, _, what in posted:
             self._rendezvous(comm, msg, f"both sides of {what}")
-        for msg, is_send, inp, outs, _ in posted:
-            self._land(comm, msg, 0 if is_send else 1, "send (done)" if is_send else "recv (receive)", inp, outs,
+        for msg, is_send, ins, outs, _ in posted:
+            self._land(comm, msg, 0 if is_send else 1, "send (done)" if is_send else "recv (receive)", ins, outs,
                        lambda slot, sent: [sent[0]] if slot == 1 else [], src)
         return Gather(sync.record(comm), posted[-1][0])
 
@@ -248,27 +302,30 @@ class Collectives:
         # wait: NCCL's stream must not read the input before the caller's stream produced it
         self._exec.enqueue(comm, sync.stream_waits(comm, sync.record(cur), f"stream {cur.name}"))
 
-    def _post(self, a: HostActor, comm: SimStream, coll: Collective, slot: int, desc: str, inp: Ref | None,
+    def _post(self, a: HostActor, comm: SimStream, coll: Collective, slot: int, desc: str, ins: list[Ref],
               outs: list[Ref], src: str) -> None:
         """``a``'s part of ``coll`` (its ``slot``: its rank, or sender 0 and receiver 1 of a message) issued: the
-        counted operation that reads ``inp`` as it starts (a schedule's ``rank1.nccl#k`` delays this one)."""
+        counted operation that reads ``ins`` as it starts (a schedule's ``rank1.nccl#k`` delays this one)."""
         coll.issued += 1
-        moved = inp if inp is not None else (outs[0] if outs else None)
-        if moved is not None:
-            coll.moved[slot] = (moved[1].numel(), moved[1].dtype)
+        moved = ins if ins else outs[:1]
+        if moved:
+            coll.moved[slot] = (sum(d.numel() for _, d in moved), moved[0][1].dtype)
         sync.collective_issued(coll, a, comm)
         # A world of one is NCCL's one-rank path (``ncclLaunchOneRank``): no kernel, one ``cudaMemcpyAsync`` of the
         # input into the output, so the receive starts with the send and moves its bytes in order as any copy
         # (a copy that trails it reads its bytes, ``Memory.start``). Between ranks the receive lands in ring order.
         ex = self._exec
-        send = self._enqueue(comm, desc, True, 0 if coll.size == 1 else ex.config.launch_ns, [inp] if inp else [],
-                             [], src)
-        data_in = inp[1] if inp is not None else None
+        send = self._enqueue(comm, desc, True, 0 if coll.size == 1 else ex.config.launch_ns, ins, [], src)
+        data_in = [d for _, d in ins]
         values = ex.config.values  # race-only: no bytes move
 
         def sent() -> None:
-            coll.sent[slot] = (in_memory_order(data_in).clone() if data_in is not None and values
-                               else torch.empty(0, device="cpu"))
+            if not values or not data_in:
+                coll.sent[slot] = torch.empty(0, device="cpu")
+            elif len(data_in) == 1:
+                coll.sent[slot] = in_memory_order(data_in[0]).clone()
+            else:  # (several tensors: one run, each after the one before)
+                coll.sent[slot] = torch.cat([in_memory_order(d) for d in data_in])
 
         send.start = sent
         ex.enqueue(comm, send)
@@ -277,7 +334,7 @@ class Collectives:
         """The marker ``comm`` passes once every part of ``coll`` is posted and has started."""
         self._exec.enqueue(comm, StreamOp(comm, what, -1, 0, ready=coll.all_sent))
 
-    def _land(self, comm: SimStream, coll: Collective, slot: int, desc: str, inp: Ref | None, outs: list[Ref],
+    def _land(self, comm: SimStream, coll: Collective, slot: int, desc: str, ins: list[Ref], outs: list[Ref],
               combine: Callable[[int, list[torch.Tensor]], list[torch.Tensor]], src: str) -> None:
         """The receive of ``slot``'s part of ``coll``: it writes ``outs`` with ``combine(slot, every part's send)``
         as it completes."""
@@ -297,7 +354,7 @@ class Collectives:
             coll.check_agreed()  # (every rank has issued it: the receive comes after the rendezvous)
             if not values:
                 return
-            values_in = combine(slot, [coll.sent[q] for q in range(coll.size)])
+            values_in = combine(slot, coll.addressed_to(slot))
             early = issued.landed_early
             for (st, d), v in zip(outs, values_in, strict=True):
                 lo, hi = st.byte_range(d)
@@ -311,7 +368,8 @@ class Collectives:
             """Bytes ``[lo, hi)`` of ``st`` land now: a copy that trails this one over them completes first."""
             if not values:
                 return
-            values_in = combine(slot, [coll.sent[q] for q in range(coll.size)])
+            coll.check_agreed()  # (a world of one: its one rank has issued it)
+            values_in = combine(slot, coll.addressed_to(slot))
             for (s, d), v in zip(outs, values_in, strict=True):
                 if s is st:
                     [(a, b)] = parts(st, d, [(lo, hi)])
@@ -320,7 +378,7 @@ class Collectives:
                     flat[a:b].copy_(v.reshape(-1)[a:b])
 
         recv.finish = received
-        recv.sweeps = coll.size == 1 and inp is not None
+        recv.sweeps = coll.size == 1 and len(ins) == 1
         if recv.sweeps:  # NCCL's one-rank copy: its bytes are known from its start, so a part can land early
             recv.issued.early = land_early
         ex.enqueue(comm, recv)
@@ -337,7 +395,7 @@ class Collectives:
                 f"all_gather_into_tensor: output has {data_out.numel()} elements, "
                 f"expected {data_in.numel() * world.size}"
             )
-        return self.collective(a, "all_gather", [out], inp, _concatenated, src)
+        return self.collective(a, "all_gather", [out], [inp], _concatenated, src)
 
     def exchange_objects(self, a: HostActor, obj: Any, kind: str = "all_gather_object") -> list[Any]:
         """A host-side collective of Python objects (``all_gather_object``): ``a`` blocks until every rank of

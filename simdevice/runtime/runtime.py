@@ -26,7 +26,7 @@ import torch
 from simdevice.runtime import sync
 from simdevice.runtime.allocator import Segment
 from simdevice.runtime.clock import VectorClock
-from simdevice.runtime.collectives import Collectives, Gather
+from simdevice.runtime.collectives import Collectives, Gather, Splits
 from simdevice.runtime.config import UNIT_NS, SimConfig
 from simdevice.runtime.execution import POLLS, Delays, Execution, HostActor
 from simdevice.runtime.memory import Accessor, Memory, Ref, Storage
@@ -1177,19 +1177,22 @@ class Runtime:
         self,
         kind: str,
         outs: list[Ref],
-        inp: Ref | None,
+        ins: list[Ref],
         combine: Callable[[int, list[torch.Tensor]], list[torch.Tensor]],
         source: str,
+        splits: Splits | None = None,
     ) -> Gather:
-        """Any collective of the current actor's world (``all_reduce``, ``broadcast``, ``barrier``, ...)."""
+        """Any collective of the current actor's world (``all_reduce``, ``broadcast``, ``barrier``, ...): its send
+        reads ``ins``, its receive writes ``outs`` with ``combine`` (:meth:`Collectives.collective`; ``splits``:
+        what this rank sends to and receives from each peer, where the ranks exchange different amounts)."""
         a = self.host_step(kind)
         at = self._collective_waits(a, source)
         mark = self.memory.issues
-        g = self.collectives.collective(a, kind, outs, inp, combine, source)
-        self._kept_for(a, [*outs, *([inp] if inp is not None else [])])
+        g = self.collectives.collective(a, kind, outs, ins, combine, source, splits)
+        self._kept_for(a, [*outs, *ins])
         self._issued_at(g.rec.stream.name, source, g.record)
         self._issued_now(at, g.record, mark)
-        self._collective_site(g, source, [*outs, *([inp] if inp is not None else [])])
+        self._collective_site(g, source, [*outs, *ins])
         if not a.traced:
             a.time += self.config.collective_host_ns
         return g
