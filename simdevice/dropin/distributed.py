@@ -7,7 +7,7 @@ its ``nccl`` stream; a blocking call makes the current stream wait for the recei
 block the host. Point-to-point calls (``send``, ``recv``, ``isend``, ``irecv``, ``batch_isend_irecv``) run on the
 stream of their pair of ranks, a batch on the collectives' stream (``Runtime.point_to_point``). Only the whole
 world is a group (``new_group`` of every rank, or of none given). The calls it does not run (``NOT_SIMULATED``:
-``all_to_all``, ``gather``, ...) raise NotImplementedError naming themselves, so a run that reaches one gives no
+``gather``, ``scatter``, ...) raise NotImplementedError naming themselves, so a run that reaches one gives no
 verdict instead of the real process group's error.
 """
 
@@ -24,6 +24,7 @@ from simdevice.dispatch import SimTensor, ref_of
 from simdevice.dropin.facade import session_device
 from simdevice.dropin.patches import Patches
 from simdevice.dropin.pickling import pickled, unpickled
+from simdevice.runtime.collectives import Splits
 from simdevice.runtime.reports import user_source
 
 
@@ -44,9 +45,9 @@ WORLD = _World()
 
 #: the collectives and point-to-point calls that run on the simulated process group
 SIMULATED = (
-    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all_single", "barrier",
-    "batch_isend_irecv", "broadcast", "broadcast_object_list", "irecv", "isend", "recv", "reduce",
-    "reduce_scatter_tensor", "send",
+    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single",
+    "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list", "irecv", "isend", "recv", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "send",
 )
 
 
@@ -230,27 +231,121 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = dist.ReduceOp
     return _finish(gather, async_op, tensor)
 
 
+def _torch_checks_list(tensors: Any, name: str) -> None:
+    """torch's own check of a list argument (``_check_tensor_list``): a list of tensors, else TypeError."""
+    dist.distributed_c10d._check_tensor_list(tensors, name)
+
+
+def _same_dtype(*tensors: torch.Tensor) -> None:
+    """torch's own check that a collective's tensors share one dtype (``_ensure_all_tensors_same_dtype``)."""
+    dist.distributed_c10d._ensure_all_tensors_same_dtype(*tensors)
+
+
+def _joined(rank: int, sent: list[torch.Tensor]) -> list[torch.Tensor]:
+    """An all-to-all's one output: the pieces the ranks sent this one, in rank order."""
+    return [torch.cat([t.reshape(-1) for t in sent])]
+
+
+def _split_lengths(split_sizes: list[int], t: torch.Tensor, w: int) -> tuple[int, ...]:
+    """The elements of ``t`` for each rank, as c10d's ``checkSplitSizes`` checks the splits and
+    ``computeLengthsAndOffsets`` reads them: rows of dim 0 (none given: ``size(0) / w`` each)."""
+    rows = t.size(0)
+    if not split_sizes:
+        if rows % w:
+            raise RuntimeError("Tensor's dim 0 does not divide equally across group size")
+        split_sizes = [rows // w] * w
+    elif len(split_sizes) != w:
+        raise RuntimeError("Number of tensor splits not equal to group size")
+    elif sum(split_sizes) != rows:
+        raise RuntimeError("Split sizes doesn't match total dim 0 size")
+    row = t.numel() // rows if rows else 1
+    return tuple(row * int(n) for n in split_sizes)
+
+
 def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes: Any = None,
                       input_split_sizes: Any = None, group: Any = None, async_op: bool = False) -> SimWork | None:
+    """As ProcessGroupNCCL's ``alltoall_base``: on the rank's ``nccl`` stream, one NCCL group of a send to and a
+    receive from every rank (none of 0 elements). Without split sizes each rank gets an equal share of dim 0; with
+    them, ``input_split_sizes[r]`` rows of the input (in order) go to rank r and ``output_split_sizes[r]`` rows of
+    the output come from it, one list given and the other not meaning equal shares on that side. Rank j's
+    ``input_split_sizes[r]`` must be rank r's ``output_split_sizes[j]``: where they differ the run raises, naming
+    both (NCCL would take the wrong bytes, or wait for bytes that never come)."""
     _check_group(group)
     _check_tensor(output)
     _check_tensor(input)
-    if output_split_sizes is not None or input_split_sizes is not None:
-        raise NotImplementedError("all_to_all_single with split sizes is not simulated (equal splits are)")
+    _same_dtype(output, input)
     w = get_world_size()
-    if input.numel() % w or output.numel() != input.numel():
-        raise ValueError(
-            f"all_to_all_single: input of {input.numel()} and output of {output.numel()} elements "
-            f"do not split equally over {w} ranks"
-        )
+    out_splits = [] if output_split_sizes is None else list(output_split_sizes)
+    in_splits = [] if input_split_sizes is None else list(input_split_sizes)
+    if not out_splits and not in_splits:
+        if input.numel() % w or output.numel() != input.numel():
+            raise ValueError(
+                f"all_to_all_single: input of {input.numel()} and output of {output.numel()} elements "
+                f"do not split equally over {w} ranks"
+            )
+        n = input.numel() // w
+        splits = Splits((n,) * w, (n,) * w)
+    else:
+        splits = Splits(_split_lengths(in_splits, input, w), _split_lengths(out_splits, output, w))
     rt = session_device().runtime
-    n = input.numel() // w
-
-    def mine(rank: int, sent: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [torch.cat([t.reshape(-1)[rank * n:(rank + 1) * n] for t in sent])]
-
-    gather = rt.collective("all_to_all", [ref_of(output)], [ref_of(input)], mine, user_source())
+    gather = rt.collective("all_to_all", [ref_of(output)], [ref_of(input)], _joined, user_source(), splits)
     return _finish(gather, async_op, output, input)
+
+
+def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor], group: Any = None,
+               async_op: bool = False) -> SimWork | None:
+    """As ProcessGroupNCCL's ``alltoall``: on the rank's ``nccl`` stream, one NCCL group of a send of
+    ``input_tensor_list[r]`` to rank r and a receive from it into ``output_tensor_list[r]``, for every rank (none of
+    0 elements); the tensors may differ in size, rank j's ``input_tensor_list[r]`` being the size of rank r's
+    ``output_tensor_list[j]`` (where not, the run raises, naming both)."""
+    _check_group(group)
+    _torch_checks_list(output_tensor_list, "output_tensor_list")
+    _torch_checks_list(input_tensor_list, "input_tensor_list")
+    _same_dtype(output_tensor_list, input_tensor_list)
+    for t in [*output_tensor_list, *input_tensor_list]:
+        _check_tensor(t)
+    w = get_world_size()
+    for tensors, name in ((output_tensor_list, "output_tensor_list"), (input_tensor_list, "input_tensor_list")):
+        if len(tensors) != w:
+            raise ValueError(f"all_to_all: {name} holds {len(tensors)} tensors, one per rank ({w}) expected (NCCL "
+                             "would send to or receive from the ranks given alone)")
+    splits = Splits(tuple(t.numel() for t in input_tensor_list), tuple(t.numel() for t in output_tensor_list))
+    rt = session_device().runtime
+    gather = rt.collective("all_to_all", [ref_of(t) for t in output_tensor_list],
+                           [ref_of(t) for t in input_tensor_list], lambda rank, sent: sent, user_source(), splits)
+    return _finish(gather, async_op, *output_tensor_list, *input_tensor_list)
+
+
+def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any = dist.ReduceOp.SUM,
+                   group: Any = None, async_op: bool = False) -> SimWork | None:
+    """As ProcessGroupNCCL's ``reduce_scatter``: on the rank's ``nccl`` stream, every tensor of ``input_list`` read
+    (tensors of one shape are copied there into one buffer for ``ncclReduceScatter``; of different shapes, each is
+    reduced to its rank in one NCCL group), and ``output`` written with the reduction of every rank's
+    ``input_list[rank]``."""
+    _check_group(group)
+    _torch_checks_list(input_list, "input_list")
+    _same_dtype(output, input_list)
+    _check_tensor(output)
+    for t in input_list:
+        _check_tensor(t)
+    w = get_world_size()
+    if all(t.shape == input_list[0].shape for t in input_list):  # ProcessGroupNCCL's ``check_same_size``
+        if len(input_list) != w:  # (its ``flatten_for_scatter_gather``)
+            raise ValueError("Tensor list input to scatter/gather must match number of collective participants but "
+                             f"got {len(input_list)} inputs with world_size {w} and 1 devices.")
+        if any(t.numel() != output.numel() for t in input_list):
+            raise ValueError("All tensor operands to scatter/gather must have the same number of elements")
+    else:  # one ``_reduce_oop`` to each rank
+        if len(input_list) != w:
+            raise ValueError(f"reduce_scatter: input_list holds {len(input_list)} tensors, one per rank ({w}) "
+                             "expected")
+        if input_list[get_rank()].numel() != output.numel():
+            raise ValueError("Tensor input and output of _reduce_oop must have the same number of elements ")
+    splits = Splits(tuple(t.numel() for t in input_list), (output.numel(),) * w)
+    rt = session_device().runtime
+    gather = rt.collective("reduce_scatter", [ref_of(output)], [ref_of(t) for t in input_list],
+                           lambda rank, sent: [_reduce(op, sent)], user_source(), splits)
+    return _finish(gather, async_op, output, *input_list)
 
 
 def _peer(peer: int | None, group_peer: int | None, what: str) -> int:
@@ -338,10 +433,10 @@ def _not_simulated(name: str) -> Any:
 #: what ``torch.distributed`` offers that the simulated process group does not run: each raises NotImplementedError
 #: naming itself (the run then gives no verdict), rather than reaching the real, uninitialized process group
 NOT_SIMULATED = (
-    "all_to_all", "gather", "scatter", "reduce_scatter",
-    "gather_object", "scatter_object_list", "send_object_list", "recv_object_list", "all_gather_coalesced",
-    "all_reduce_coalesced", "all_gather_single", "reduce_scatter_single", "monitored_barrier", "new_subgroups",
-    "new_subgroups_by_enumeration", "split_group", "shrink_group", "record_comm", "_coalescing_manager",
+    "gather", "scatter", "gather_object", "scatter_object_list", "send_object_list", "recv_object_list",
+    "all_gather_coalesced", "all_reduce_coalesced", "all_gather_single", "reduce_scatter_single", "monitored_barrier",
+    "new_subgroups", "new_subgroups_by_enumeration", "split_group", "shrink_group", "record_comm",
+    "_coalescing_manager",
 )
 
 
@@ -457,6 +552,8 @@ def install(p: Patches) -> None:
         "broadcast": broadcast,
         "reduce": reduce,
         "all_to_all_single": all_to_all_single,
+        "all_to_all": all_to_all,
+        "reduce_scatter": reduce_scatter,
         "send": send,
         "recv": recv,
         "isend": isend,
