@@ -190,6 +190,14 @@ def _launched_from(dev: Any, units: float) -> Any:
     return launch
 
 
+#: the ``torch.distributed`` calls counted as the simulator counts them (every call its process group runs):
+#: collectives (an operation of ``nccl``), those that block the host, point-to-point calls
+COLLECTIVES = ("all_gather_into_tensor", "all_gather", "all_reduce", "reduce_scatter_tensor", "reduce_scatter",
+               "broadcast", "reduce", "all_to_all_single", "all_to_all")
+HOST_COLLECTIVES = ("barrier", "all_gather_object", "broadcast_object_list")
+POINT_TO_POINT = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+
+
 def _collective(original: Callable[..., Any]) -> Callable[..., Any]:
     """A collective call: one host step, one operation of ``nccl`` (stalled alone), a host step for a blocking
     call's wait; the real call made with the counting mode off (its internals are no program ops)."""
@@ -339,17 +347,13 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
             for name in ("pause", "resume"):
                 put(saver, name, _counted_step(getattr(saver, name)))
         if dist.is_available():
-            for name in (
-                "all_gather_into_tensor", "all_gather", "all_reduce", "reduce_scatter_tensor", "broadcast", "reduce",
-                "all_to_all_single",
-            ):
+            for name in COLLECTIVES:
                 put(dist, name, _collective(getattr(dist, name)))
-            for name in ("barrier", "all_gather_object", "broadcast_object_list"):
+            for name in HOST_COLLECTIVES:
                 put(dist, name, _host_collective(getattr(dist, name)))
             # (``send`` and ``recv`` call the unwrapped ``isend`` and ``irecv``: one count each)
             raw = {name: getattr(dist, name) for name in ("isend", "irecv")}
-            p2p = {name: _point_to_point(getattr(dist, name), raw)
-                   for name in ("send", "recv", "isend", "irecv", "batch_isend_irecv")}
+            p2p = {name: _point_to_point(getattr(dist, name), raw) for name in POINT_TO_POINT}
             for name, wrapped in p2p.items():
                 put(dist, name, wrapped)
                 # (``P2POp`` takes only ``distributed_c10d``'s own ``isend`` and ``irecv`` for its op)

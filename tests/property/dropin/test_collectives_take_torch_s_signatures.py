@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 import simdevice
+from reference import cuda_plain
 from simdevice.dropin import distributed
 
 
@@ -55,3 +56,11 @@ def test_a_root_given_both_ways_is_the_program_s_error() -> None:
     errors = [str(r) for r in s.reports]
     assert errors
     assert all("ValueError: Can't specify both group_rank and global_rank" in e for e in errors), errors
+
+
+def test_a_gpu_run_counts_every_call_the_simulator_runs() -> None:
+    # ``replay --gpu`` counts each call as the simulator does (reference/cuda_plain.py wraps it); a call the simulator
+    # runs that the GPU run does not wrap shifts every later operation's index there (all_to_all and reduce_scatter
+    # of lists were simulated before a GPU run counted them)
+    counted = {*cuda_plain.COLLECTIVES, *cuda_plain.HOST_COLLECTIVES, *cuda_plain.POINT_TO_POINT}
+    assert counted == set(distributed.SIMULATED)
