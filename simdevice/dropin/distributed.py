@@ -361,9 +361,9 @@ def _point_to_point(ops: list[tuple[int, torch.Tensor, bool]], batch: bool = Fal
     ranks, a batch on the collectives' stream; the work's ``wait()`` makes the current stream wait for all of them."""
     for peer, tensor, is_send in ops:
         _check_tensor(tensor)
-        if peer == get_rank():  # (NCCL takes a send to itself only in a group with its receive: not simulated)
+        if peer == get_rank() and not batch:  # (NCCL matches a send to itself with a receive of its group)
             raise NotImplementedError(f"torch.distributed: a {'send to' if is_send else 'receive from'} the rank "
-                                      "itself is not simulated")
+                                      "itself outside a batch_isend_irecv is not simulated")
     rt = session_device().runtime
     gather = rt.point_to_point([(peer, ref_of(t), is_send) for peer, t, is_send in ops], batch, user_source())
     return SimWork(session_device(), gather, tuple(t for _, t, _ in ops))

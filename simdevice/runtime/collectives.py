@@ -270,18 +270,21 @@ class Collectives:
         s = self._exec.streams.get(full)
         return s if s is not None else self._exec.new_stream(a, f"p2p{peer}-nccl")
 
-    def point_to_point(self, a: HostActor, comm: SimStream, ops: list[tuple[int, Ref, bool]], src: str) -> Gather:
+    def point_to_point(self, a: HostActor, comm: SimStream, ops: list[tuple[int, Ref, bool]], src: str,
+                       batch: bool = False) -> Gather:
         """Issue ``a``'s sends and receives (``(peer, tensor, is_send)``) on ``comm``, as one NCCL group: every one
         is posted before any waits for its peer, so that a send and a receive of one group never hold each other up
         (a single call is a group of one). The k-th send from rank i to rank j is the k-th receive on j from i, as
         NCCL matches them; each completes once both sides are posted and the sender's bytes are read, and the
         receive lands them then. A send and a receive of the same pair each posted first on both ranks, in calls of
-        their own, wait for each other forever, as on a GPU (NCCL's send blocks its stream until the receive)."""
+        their own, wait for each other forever, as on a GPU (NCCL's send blocks its stream until the receive).
+        A ``batch`` (``batch_isend_irecv``) may send to the rank itself: NCCL matches it with the group's receive
+        from itself (an all-to-all written as sends and receives has one such pair)."""
         world, rank = self.world_of(a.name)
         self._after_caller(a, comm)
         posted = []
         for peer, ref, is_send in ops:
-            if not 0 <= peer < world.size or peer == rank:
+            if not 0 <= peer < world.size or (peer == rank and not batch):
                 raise ValueError(f"Invalid {'destination' if is_send else 'source'} rank {peer}: a rank of the world "
                                  f"({world.size} ranks) other than this one ({rank})")
             sender, receiver = (rank, peer) if is_send else (peer, rank)

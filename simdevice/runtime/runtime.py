@@ -1205,7 +1205,7 @@ class Runtime:
         comm = self.collectives.comm_stream(a) if batch else self.collectives.p2p_stream(a, ops[0][0])
         at = self._collective_waits(a, source, comm)
         mark = self.memory.issues
-        g = self.collectives.point_to_point(a, comm, ops, source)
+        g = self.collectives.point_to_point(a, comm, ops, source, batch)
         refs = [ref for _, ref, _ in ops]
         self._kept_for(a, refs, comm)
         self._issued_at(comm.name, source, g.record)

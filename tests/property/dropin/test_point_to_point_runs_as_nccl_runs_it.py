@@ -278,3 +278,41 @@ def test_a_send_and_a_receive_of_different_sizes_are_named_as_such() -> None:
     errors = [str(r) for r in s.reports]
     assert any(f"a send and its receive passed tensors of different sizes ({N}, {N // 2} elements, the sender's, "
                "then the receiver's): both must pass tensors of the same size" in e for e in errors), errors
+
+
+def all_to_all_by_sends(wait: bool) -> None:
+    """An all-to-all written as one ``batch_isend_irecv`` of a send to and a receive from every rank, the rank itself
+    among them (NCCL matches a send to itself with the group's receive from itself); the received rows read after the
+    work's ``wait()``, or not."""
+    r, w = dist.get_rank(), dist.get_world_size()
+    send = torch.arange(w, dtype=torch.float32, device="cuda").repeat_interleave(N) + 10 * r
+    recv = torch.empty(w * N, device="cuda")
+    ops = [dist.P2POp(dist.isend, send[p * N:(p + 1) * N], p) for p in range(w)]
+    ops += [dist.P2POp(dist.irecv, recv[p * N:(p + 1) * N], p) for p in range(w)]
+    works = dist.batch_isend_irecv(ops)
+    if wait:
+        for work in works:
+            work.wait()  # wait: the rows must have landed before they are read
+    want = torch.tensor([10.0 * p + r for p in range(w)]).repeat_interleave(N)
+    assert torch.equal(recv.cpu(), want), "read rows before they landed"
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_batch_may_send_to_the_rank_itself(world: int) -> None:
+    s = simdevice.cuda("rank0.nccl#0+5")
+    s.run(all_to_all_by_sends, True, world_size=world)
+    s.assert_clean()
+    s = simdevice.cuda("rank0.nccl#0+5")
+    s.run(all_to_all_by_sends, False, world_size=world)
+    assert "race" in [r.kind for r in s.reports]
+
+
+def test_a_send_to_the_rank_itself_alone_is_refused() -> None:
+    def program() -> None:
+        dist.isend(torch.ones(N, device="cuda"), dist.get_rank())
+
+    s = simdevice.cuda()
+    s.run(program, world_size=2)
+    errors = [str(r) for r in s.reports]
+    assert errors
+    assert all("the rank itself outside a batch_isend_irecv is not simulated" in e for e in errors), errors
