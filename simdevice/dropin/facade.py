@@ -1136,11 +1136,13 @@ def install(p: Patches) -> None:
     }
     for name, value in table.items():
         p.set(cuda, name, value)
-    # where torch.cuda's memory functions are defined: code that calls them there (``torch.cuda.memory.memory_stats``),
-    # and torch's own aliases that call them by their module's names, get the simulated device's too
-    for name, value in table.items():
-        if callable(getattr(torch.cuda.memory, name, None)):
-            p.set(torch.cuda.memory, name, value)
+    # where torch.cuda's memory and graph functions are defined: code that calls them there
+    # (``torch.cuda.memory.memory_stats``, ``torch.cuda.graphs.is_current_stream_capturing``), and torch's own
+    # aliases that call them by their module's names, get the simulated device's too
+    for module in (torch.cuda.memory, torch.cuda.graphs):
+        for name, value in table.items():
+            if callable(getattr(module, name, None)):
+                p.set(module, name, value)
     for name in ("range_push", "range_pop", "mark", "range", "range_start", "range_end"):
         p.set(cuda.nvtx, name, getattr(_nvtx, name))
     for name in ("start", "stop", "init"):

@@ -87,3 +87,33 @@ def test_a_torch_function_that_reaches_cuda_s_c_api_is_named(program: Callable[[
     unrun = not_run(found.failure)
     assert unrun is not None, found.failure.text()
     assert f"({called} reaches CUDA's own C API, which the simulator does not run)" in unrun.error, unrun.error
+
+
+def _capturing_guard() -> None:
+    x = torch.ones(4, device="cuda")
+    if not torch.cuda.graphs.is_current_stream_capturing():  # where torch defines it
+        x.mul_(2)
+    assert torch.equal(x.cpu(), torch.full((4,), 2.0))
+
+
+def test_the_capture_question_is_answered_where_torch_defines_it() -> None:
+    """``torch.cuda.graphs.is_current_stream_capturing()`` answers as ``torch.cuda``'s name does (no capture is
+    under way: the simulator runs none). Before, the CPU build's dummy class raised there: no verdict for a correct
+    program."""
+    assert explore(_capturing_guard, max_examples=5).failure is None
+
+
+def _graph_through_graphs_module() -> None:
+    g = torch.cuda.graphs.CUDAGraph()
+    with torch.cuda.graphs.graph(g):
+        torch.ones(4, device="cuda")
+
+
+def test_a_graph_made_where_torch_defines_it_is_refused_by_name() -> None:
+    """``torch.cuda.graphs.CUDAGraph`` refuses as ``torch.cuda.CUDAGraph`` does, naming CUDA graphs. Before, the
+    CPU build's "Tried to instantiate dummy base class CUDAGraph" was the line."""
+    found = explore(_graph_through_graphs_module, max_examples=1)
+    assert found.failure is not None
+    unrun = not_run(found.failure)
+    assert unrun is not None, found.failure.text()
+    assert unrun.error.startswith("NotImplementedError: CUDA graphs are not simulated"), unrun.error
