@@ -1106,6 +1106,7 @@ def install(p: Patches) -> None:
         "memory_stats": memory_stats,
         "memory_summary": _no_summary,
         "memory_snapshot": _no_snapshot,
+        "get_allocator_backend": lambda: "native",  # the simulated allocator is CUDA's caching one
         "memory_cached": memory_reserved,  # (torch's deprecated names for these two)
         "max_memory_cached": max_memory_reserved,
         "ipc_collect": lambda: None,  # no process holds this device's memory through an IPC handle to let go of
