@@ -195,8 +195,13 @@ def _fuzz_test(
             try:
                 pinned = pin(target, text)
             except ValueError as e:  # (TargetError and ScheduleError among them): the one line
-                _fail(f"@simdevice.example({text!r}): {e}")
-            searched = hypothesis_example(schedule=pinned)(searched)
+                refused = str(e)
+            else:
+                searched = hypothesis_example(schedule=pinned)(searched)
+                continue
+            # failed outside the handler: pytest's report of an exception raised in one shows the first as well
+            # ("During handling of the above exception, another exception occurred")
+            _fail(f"@simdevice.example({text!r}): {refused}")
         extra: dict[str, Any] = {"max_examples": max_examples} if max_examples is not None else {}
         searched = settings(_settings(_applied(test, f)), **extra)(searched)
         with engine.storage(), kept_patched(target):

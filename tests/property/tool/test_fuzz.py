@@ -493,6 +493,7 @@ def test_a_fuzz_test_it_cannot_run_fails_alone_in_one_line(pytester: pytest.Pyte
     out = result.stdout.str()
     assert "@simdevice.fuzz: test_broken.py::needs_n has a parameter 'n' without a default" in out
     assert "@simdevice.example('nosuch#0+1'): delay nosuch#0+1 names actor 'nosuch'" in out
+    assert "During handling of the above exception" not in out  # the one line, not the error it came from too
     # (the first stopped the module's collection; the other two were Hypothesis's tracebacks)
     assert "@simdevice.fuzz: 3 is not a function" in out
     assert "@simdevice.fuzz: a strategy for 'm', which test_broken.py::fine has no parameter of" in out
