@@ -114,9 +114,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if call.excinfo is None or not isinstance(call.excinfo.value, FuzzFailure):
         return
     failure = call.excinfo.value
+    unwritten = ""
     if _TRACE_DIR:
-        failure.write_trace(_TRACE_DIR[0])
-    report.longrepr = f"simdevice: {item.nodeid} fails under a schedule\n{failure.block()}"
+        try:
+            failure.write_trace(_TRACE_DIR[0])
+        except OSError as e:  # a folder this process may not write after all (root's access() says yes to /proc)
+            # the failure is still the report: an INTERNALERROR here lost it and ended the session
+            unwritten = f"\n  trace: not written ({str(_TRACE_DIR[0])!r}: {e.strerror or e})"
+    report.longrepr = f"simdevice: {item.nodeid} fails under a schedule\n{failure.block()}{unwritten}"
 
 
 class Explorer:

@@ -227,6 +227,22 @@ def test_the_database_and_trace_options_write_where_asked(pytester: pytest.Pytes
         result.stderr.fnmatch_lines([f"*{option} '{below}': cannot be made*"])
 
 
+def test_a_trace_folder_that_cannot_be_written_leaves_the_failure_reported(pytester: pytest.Pytester) -> None:
+    """A folder that looked writable (as root, access() says yes even to /proc) but is not: the failure is reported
+    with a line saying the trace was not written (it was an INTERNALERROR that lost the failure and the rest of the
+    session). Without root, /proc is refused up front, as a usage error."""
+    _user_dir(pytester)
+    result = _pytest(pytester, "-k", "plain_racy", "--simdevice-trace=/proc/simdevice-trace")
+    out = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in out
+    if result.ret == pytest.ExitCode.USAGE_ERROR:
+        assert "--simdevice-trace '/proc/simdevice-trace': cannot be made" in out
+        return
+    result.assert_outcomes(failed=1)
+    assert 'replay: simdevice replay "protocols.py::plain_racy::d2h#0+1"' in out
+    assert "trace: not written ('/proc/simdevice-trace': " in out
+
+
 @pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
 def test_pytest_xdist_spreads_the_fuzz_tests_over_workers(pytester: pytest.Pytester) -> None:
     _user_dir(pytester)
