@@ -198,6 +198,8 @@ def explore(
         raise ValueError(f"max_delays must be >= 0, got {max_delays}")
     if budget_s is not None and not 0 < budget_s < float("inf"):  # (NaN too: a search that ended at once, clean)
         raise ValueError(f"budget_s must be > 0 seconds, got {budget_s}")
+    if isinstance(examples, (str, Schedule)):  # (a str was taken a character at a time: "bad schedule target 'd'")
+        raise TypeError(f"examples is a list of schedule lines, not one: examples=[{str(examples)!r}]")
     target = as_target(fn, world_size)
     if config is None:  # a simdevice.fuzz test's own strategies
         config = getattr(target, "strategy", None)

@@ -433,6 +433,18 @@ def test_explore_refuses_a_bad_bound_in_one_line(option: dict[str, Any], message
         simdevice.explore(small, **option)
 
 
+def test_explore_refuses_one_schedule_line_given_for_its_list_of_examples() -> None:
+    """``examples="d2h#0+1"``: a str was taken a character at a time, and refused as "bad schedule target 'd'"."""
+    import torch
+
+    def small(n: int = 8) -> None:
+        torch.ones(n, device="cuda").add_(1)
+
+    with pytest.raises(TypeError, match=re.escape("examples is a list of schedule lines, not one: "
+                                                  "examples=['default#0+1']")):
+        simdevice.explore(small, examples="default#0+1", max_examples=1)
+
+
 STRATEGIES = textwrap.dedent('''
     import torch
     from hypothesis import strategies as st
