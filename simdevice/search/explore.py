@@ -87,6 +87,12 @@ class Exploration:
         return self.text()
 
 
+#: the note of a clean search of a function that made no operation a schedule can delay (a clean verdict that says
+#: nothing: tensors left on the host, say)
+NO_DEVICE_WORK = ("its run made no CUDA operation (no stream work, no host step on device or pinned memory): no "
+                  "schedule changes what it does (are its tensors on device=\"cuda\"?)")
+
+
 def as_target(fn: Callable[..., Any] | str | Target, world_size: int | None = None) -> Target:
     """A target from a function, a ``file.py::fn`` / ``module::fn`` text, or a target."""
     if isinstance(fn, str):
@@ -215,6 +221,8 @@ def explore(
             found = default
         else:
             notes = default.run.notes
+            if not any(default.run.op_counts.values()):  # clean, as a program that never ran on the device is
+                notes = (*notes, NO_DEVICE_WORK)
     return Exploration(target.name, found, count, round(result.seconds, 2), result.examples, notes)
 
 

@@ -622,6 +622,30 @@ def test_a_clean_check_gives_the_default_runs_notes(
     assert doc["notes"] == ["stream side (made at idle.py:5) got no operation: nothing ran on it to race"]
 
 
+def test_a_clean_check_of_a_function_that_made_no_cuda_operation_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Tensors left on the host (``device=`` forgotten): "clean over 2 schedules" alone read as a protocol checked;
+    the clean verdict now says no schedule could change what the function does, in its text and in ``--json``."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "host.py").write_text(textwrap.dedent("""
+        import torch
+
+        def on_host(n: int = 64) -> None:
+            x = torch.ones(n)
+            assert x.sum().item() == n
+    """))
+    note = "its run made no CUDA operation (no stream work, no host step on device or pinned memory)"
+    assert main(["check", "host.py::on_host", "-q"]) == 0
+    assert f"  note: {note}" in capsys.readouterr().out
+    assert main(["check", "host.py::on_host", "-q", "--json"]) == 0
+    assert any(n.startswith(note) for n in json.loads(capsys.readouterr().out)["notes"])
+    (tmp_path / "dev.py").write_text("import torch\n\n\ndef on_device(n: int = 64) -> None:\n"
+                                     "    torch.ones(n, device='cuda').add_(1)\n")
+    assert main(["check", "dev.py::on_device", "-q", "--examples", "3"]) == 0
+    assert "note:" not in capsys.readouterr().out
+
+
 def test_a_clean_line_names_the_configuration_checked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
