@@ -722,6 +722,23 @@ def _table(findings: list[Any]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5])
 
 
+def _named_as_reported(edge: Any) -> Any:
+    """``edge`` with each site's file named as the run's reports name it (relative to the working directory, or
+    its last two components: :func:`reference.naming.short_path`), where it names a file that exists otherwise
+    (``/abs/path/my_offload.py:11``, ``./my_offload.py:11``): such an edge matched no operation, and did nothing."""
+    import attrs
+
+    from reference.naming import short_path
+
+    def named(site: Any) -> Any:
+        file, _, line = site.source.rpartition(":")
+        if not os.path.isfile(file):
+            return site
+        return attrs.evolve(site, source=f"{short_path(os.path.abspath(file))}:{line}")
+
+    return attrs.evolve(edge, after=named(edge.after), before=named(edge.before))
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from simdevice.programs import resolve
     from simdevice.runtime import Edge
@@ -730,7 +747,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.trials < 1:
         return _fail(f"--trials must be >= 1, got {args.trials}")
     try:
-        edges = [Edge.parse(e) for e in args.edge]
+        edges = [_named_as_reported(Edge.parse(e)) for e in args.edge]
     except ValueError as e:
         return _fail(str(e))
     try:

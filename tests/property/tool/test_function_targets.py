@@ -200,6 +200,20 @@ def test_empty_or_bad_command_line_values_are_one_line_and_exit_2(tmp_path: Path
     assert not list(tmp_path.iterdir())
 
 
+def test_an_edge_naming_its_file_by_another_path_is_the_edge_the_reports_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--edge`` with the file named as the user may type it (an absolute path, ``./``): the same edge as the one the
+    reports' ``examples/offload_plain.py:22`` names (it matched no operation, and the race stayed)."""
+    schedule = "examples/offload_plain.py::reload_racy::d2h_stream#0+1"
+    here = ROOT / "examples" / "offload_plain.py"
+    for a, b in ((here, here), ("./examples/offload_plain.py", "examples/../examples/offload_plain.py")):
+        assert main(["replay", schedule, "--edge", f"d2h_stream@{a}:22->default@{b}:30"]) == 0, (a, b)
+        out = capsys.readouterr().out
+        assert out.startswith(f'schedule "{schedule}" on sim: clean'), out
+        assert "d2h_stream@examples/offload_plain.py:22->default@examples/offload_plain.py:30" in out
+
+
 def test_replay_refuses_a_delay_on_an_actor_the_function_lacks(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "examples/offload_plain.py::reload_racy::gpu#0+1"]) == 2
     err = capsys.readouterr().err
