@@ -442,13 +442,17 @@ def resolve(text: str, world_size: int | None = None) -> FunctionTarget:
 
 def functions_in(where: str, world_size: int | None = None) -> list[FunctionTarget]:
     """The functions of a file or module that a schedule can target: public, defined there, every parameter but a
-    leading ``dev`` with a default (a function decorated by ``simdevice.fuzz`` included); each run on
-    ``world_size`` ranks where given."""
+    leading ``dev`` with a default (a function decorated by ``simdevice.fuzz`` included, and a ``test*`` fuzz test
+    made there of a function defined elsewhere); each run on ``world_size`` ranks where given."""
     module = _module_of(where)
     out = []
     for name, obj in vars(module).items():
         fn = getattr(obj, "__simdevice_target__", obj)
-        if name.startswith("_") or not inspect.isfunction(fn) or fn.__module__ != module.__name__:
+        if name.startswith("_") or not inspect.isfunction(fn):
+            continue
+        # a fuzz test of a function imported from elsewhere (``test_x = simdevice.fuzz(x)``) is one of this file's,
+        # as pytest collects it (and ``check FILE.py::test_x`` runs it); a function imported is not
+        if fn.__module__ != module.__name__ and not (fn is not obj and name.startswith("test")):
             continue
         try:
             out.append(from_function(obj, f"{_where_text(where)}::{name}", world_size))

@@ -263,6 +263,10 @@ def test_list_shows_the_functions_of_a_file_with_their_actors(pytester: pytest.P
     assert "_plain" not in p.stdout  # private helpers are no targets
     p = run_cli(["list", "test_user.py"], here)
     assert "test_user.py::test_pinned  [plain torch.cuda](n=1024)" in p.stdout  # a @fuzz test stands for its function
+    # a fuzz test made here of a function imported (the README's ``test_x = simdevice.fuzz(x)``): listed, as pytest
+    # collects it and check runs it (it was left out, "defined elsewhere"); the function imported itself is not
+    assert "test_user.py::test_plain_racy  [plain torch.cuda](n=1024)" in p.stdout
+    assert "test_user.py::plain_racy" not in p.stdout
 
 
 def test_a_local_functions_failure_says_how_it_replays_and_that_replays_it() -> None:
