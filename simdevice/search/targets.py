@@ -529,6 +529,11 @@ def from_function(
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
+        if p.default is p.empty and p.name == "simdevice" and name.rpartition("::")[2].startswith("test"):
+            raise TargetError(
+                f"{name} is a test that takes the simdevice fixture (it explores what it names itself): run it with "
+                "pytest, or check the function it explores"
+            )
         if p.default is p.empty:
             raise TargetError(
                 f"{name} has a parameter {p.name!r} without a default: give it one in the function's signature "

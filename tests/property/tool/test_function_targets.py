@@ -897,3 +897,14 @@ def test_a_delay_on_an_actor_the_run_never_reached_says_why(capsys: pytest.Captu
     assert "names actor 'd2h_stream'" in err[0]
     assert "its run without delays ended early, before it could make one: host error: host raised OutOfMemoryError" \
         in err[0]
+
+
+def test_a_test_taking_the_simdevice_fixture_is_named_as_one(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # the fixture is pytest's to give: "give it a default" was the wrong advice for it
+    (tmp_path / "test_mine.py").write_text("def test_offload(simdevice):\n    simdevice.explore('x.py::f')\n")
+    assert main(["check", f"{tmp_path}/test_mine.py::test_offload"]) == 2
+    err = capsys.readouterr().err
+    assert "is a test that takes the simdevice fixture" in err, err
+    assert "run it with pytest" in err, err
+    assert err.count("\n") == 1
