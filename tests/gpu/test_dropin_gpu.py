@@ -157,3 +157,20 @@ def test_a_send_buffer_refilled_before_the_wait_corrupts_and_the_fix_does_not(li
 def test_plain_code_on_a_world_of_one_rank_counts_as_simulated(line: str) -> None:
     # `--world-size 1`: actor rank0, in this process, its NCCL group of one made before the program runs
     _counts_match(line, world_size=1)
+
+
+#: the collectives of tests/collective_programs.py on a world of one, stalled on the collective, read after the wait
+#: (wait=1) or not (wait=0)
+COLLECTIVES = [f"tests/collective_programs.py::exchange:call={c},wait={w}:rank0.nccl#0+20"
+               for c in ("a2a_single", "a2a", "reduce_scatter", "self_batch") for w in (0, 1)]
+
+
+@pytest.mark.parametrize("line", COLLECTIVES)
+def test_collectives_on_a_world_of_one_count_and_corrupt_as_simulated(line: str) -> None:
+    _counts_match(line, world_size=1)
+    s = Schedule.parse(line)
+    t = resolve(s.program, 1)
+    trials = max(1, TRIALS // 4)
+    bad = sum(t.run(s, "cuda").corrupted for _ in range(trials))
+    print(f"RATE {line} corrupted {bad}/{trials}")
+    assert bad >= 1 if "wait=0" in line else bad == 0

@@ -1,0 +1,41 @@
+"""Plain torch.distributed programs on a world of one rank, run unchanged on the simulator
+(``tests/property/dropin/test_collective_programs.py``: the verdicts) and on one GPU (``tests/gpu/test_dropin_gpu.py``:
+the operation counts and the rates): each calls one collective with ``async_op=True``, waits for its work or not, and
+reads the output on the default stream. Stalled on ``rank0.nccl`` (``exchange::rank0.nccl#0+20``), a read that does
+not wait takes the output before NCCL wrote it.
+
+- ``a2a_single``: ``all_to_all_single`` with split sizes (one rank: its own rows);
+- ``a2a``: ``all_to_all`` of lists;
+- ``reduce_scatter``: ``reduce_scatter`` of a list;
+- ``self_batch``: a ``batch_isend_irecv`` of a send to the rank itself and the receive from itself (NCCL matches the
+  two within the group).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+CALLS = ("a2a_single", "a2a", "reduce_scatter", "self_batch")
+
+
+def exchange(call: str = "a2a_single", wait: bool = True, n: int = 4096) -> None:
+    """One collective of ``call`` from ``inp`` into ``out``; ``out`` read after its work's ``wait()`` or not."""
+    inp = torch.arange(n, dtype=torch.float32, device="cuda")
+    out = torch.zeros(n, device="cuda")
+    if call == "a2a_single":
+        works = [dist.all_to_all_single(out, inp, [n], [n], async_op=True)]
+    elif call == "a2a":
+        works = [dist.all_to_all([out], [inp], async_op=True)]
+    elif call == "reduce_scatter":
+        works = [dist.reduce_scatter(out, [inp], async_op=True)]
+    else:
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, inp, dist.get_rank()),
+                                        dist.P2POp(dist.irecv, out, dist.get_rank())])
+    if wait:
+        for work in works:
+            work.wait()  # wait: the output must have landed before it is read
+    total = out.sum().item()
+    for work in works:
+        work.wait()
+    assert total == n * (n - 1) / 2, f"read {total}: the output before the collective wrote it"
