@@ -386,6 +386,12 @@ class SimDevice:
     def now_units(self) -> float:
         return self.runtime.now / UNIT_NS
 
+    def from_host(self, host: torch.Tensor) -> torch.Tensor:
+        """``host``'s values on this device as torch puts Python data there (``torch.tensor(data, device=...)``):
+        a blocking copy on the current actor's current stream that no dispatch mode sees, so no step or operation is
+        counted (``Dispatcher.from_host``)."""
+        return self._dispatcher.from_host(host, self.runtime.current())
+
     # -- this device's handles -------------------------------------------------------------
     def stream_of(self, s: contract.Stream) -> SimStream:
         """The runtime stream behind a handle of this device (TypeError for anything else)."""

@@ -1137,6 +1137,20 @@ class Dispatcher:
         t._alias = alias
         return t
 
+    def from_host(self, host: torch.Tensor, a: HostActor) -> SimTensor:
+        """``host``'s values in a new device tensor, as torch puts Python data on the device: made on the host, then
+        a blocking copy onto the current stream made below the dispatch modes, which a GPU run's mode never sees
+        (``internal_new_from_data`` in torch/csrc/utils/tensor_new.cpp): no step, no operation
+        (:meth:`Runtime.unseen_copy`)."""
+        t = self.new_device(host, a)
+        if not host.numel():  # (torch copies no bytes, and waits for nothing: ``copy_`` of none returns at once)
+            return t
+        self.rt.unseen_copy(a, a.current_stream, "H2D", [(t._st, t._data)], user_source())
+        with self.rt.device_side():
+            self.rt.memory.in_flight.before_write([t._data])
+            t._data.copy_(host)
+        return t
+
     def new_pinned(self, data: torch.Tensor, actor: str, made: bool = False) -> torch.Tensor:
         """``data`` as pinned memory of ``actor``'s; ``made``: the host gave it its values as it made it (``zeros``,
         ``.pin_memory()`` of a tensor), where an empty buffer's bytes are uninitialized."""

@@ -12,10 +12,15 @@ backward op on its forward op's stream.
 programs make their streams and tensors and log them: a D2H stream kept in a module global, made at the first call
 (each run of a target starts from its module as it was); a tensor made inside ``with torch.device("cuda")``
 (model-init code); a print of a device tensor, which reads its values and so waits for its stream.
+
+``python_data_on_device``: plain torch.cuda code that puts Python data on the device (``torch.tensor([...],
+device="cuda")``), which torch copies below the dispatch modes: no operation on either machine, but a blocking copy
+that waits for the current stream.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from reference.contract import Device
@@ -106,3 +111,27 @@ def printed_reload(wait: int = 1, n: int = 1 << 20) -> None:
     if wait:
         print(f"first elements: {act[:2]}")
     assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
+
+
+def python_data_on_device(wait: int = 1, n: int = 1 << 20) -> None:
+    """Python data put on the device (``torch.tensor``, ``as_tensor``, ``asarray``, ``new_tensor`` of a list or a
+    number, also in a side stream's block: copies no dispatch mode sees) among a NumPy array's and a host tensor's
+    (``.to()``: ``_to_copy``, an operation on both machines); then a D2H into pinned memory on the current stream,
+    ``default#3``, and, with ``wait``, one more list put on the device, whose blocking copy waits for that stream
+    before the host reads the pinned copy."""
+    act = torch.arange(n, dtype=torch.float32, device="cuda")
+    side = torch.cuda.Stream()
+    made = [torch.tensor([1.0, 2.0], device="cuda"), torch.as_tensor([3.0], device="cuda"),
+            torch.asarray([4.0], device="cuda"), act.new_tensor([5.0]), torch.tensor(6.0, device="cuda"),
+            torch.tensor(np.array([7.0], dtype=np.float32), device="cuda"),
+            torch.as_tensor(torch.tensor([8.0]), device="cuda")]
+    with torch.cuda.stream(side):
+        made.append(torch.tensor([9.0], device="cuda"))
+    pinned = torch.empty(n, pin_memory=True)
+    pinned.copy_(act, non_blocking=True)
+    if wait:
+        made.append(torch.tensor([10.0], device="cuda"))
+    assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
+    got = torch.cat([m.reshape(-1) for m in made]).cpu().tolist()
+    assert got == [float(k) for k in range(1, 10 + (wait > 0))], got
+

@@ -971,9 +971,29 @@ def _factory(fn: Callable[..., Any]) -> Callable[..., Any]:
     return make
 
 
+def _seen_moving(fn: Callable[..., Any], data: Any) -> bool:
+    """Whether a GPU run's dispatch mode sees ``fn`` move ``data`` to the device (an ``_to_copy``): a tensor, a NumPy
+    array, an object with ``__cuda_array_interface__`` (and, for ``asarray``, a NumPy scalar, a DLPack capsule or
+    a buffer), which torch moves with ``.to()`` through the dispatcher. Python data (a list, a number) it copies
+    below the modes (``internal_new_from_data``, torch/csrc/utils/tensor_new.cpp: the Python keys excluded), and
+    a GPU run counts no operation."""
+    if isinstance(data, (torch.Tensor, np.ndarray)) or hasattr(data, "__cuda_array_interface__"):
+        return True
+    if fn.__name__ != "asarray":
+        return False
+    if isinstance(data, np.generic) or type(data).__name__ == "PyCapsule":
+        return True
+    try:
+        memoryview(data)
+    except TypeError:
+        return False
+    return True
+
+
 def _from_data(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``torch.tensor``, ``as_tensor``, ``asarray``: made on the host, then copied to the device (synchronously,
-    from pageable memory, as CUDA does)."""
+    from pageable memory, as CUDA does): Python data by a copy no dispatch mode sees (``SimDevice.from_host``),
+    the rest by ``.to()``, an operation of the program's on both machines (:func:`_seen_moving`)."""
 
     @functools.wraps(fn)
     def make(*args: Any, **kwargs: Any) -> Any:
@@ -989,7 +1009,12 @@ def _from_data(fn: Callable[..., Any]) -> Callable[..., Any]:
         if args and isinstance(args[0], SimTensor):
             return fn(*args, device=_meta(), **kwargs)
         grad = bool(kwargs.pop("requires_grad", False))
-        out = fn(*args, **kwargs).to(_meta())
+        data = args[0] if args else kwargs.get("data", kwargs.get("obj"))
+        out = fn(*args, **kwargs)
+        if in_actor() and not _seen_moving(fn, data):
+            out = session_device().from_host(out)
+        else:
+            out = out.to(_meta())
         return out.requires_grad_() if grad else out  # a leaf, as made on the device
 
     return make

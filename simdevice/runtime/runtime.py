@@ -925,6 +925,19 @@ class Runtime:
         self.memory.start(issued, self.now)
         self.memory.finish(issued)
 
+    def unseen_copy(self, a: HostActor, s: SimStream, desc: str, writes: list[Ref], source: str) -> None:
+        """A blocking copy from pageable host memory onto ``s`` that torch makes below the dispatch modes (Python
+        data put on the device: ``torch.tensor(data, device="cuda")``, a list used as an index), so a GPU run's mode
+        sees none: no step and no operation of ``a`` or ``s`` is counted, as none is there. As CUDA makes it
+        (``memcpy_and_sync``): the host waits for everything ``s`` was given so far, ``s`` writes ``writes``
+        (ordered after the host's past), and the host sees it done."""
+        self._host_waits(a, [self._record(s)], f"stream {s.name} to take {desc} (a blocking copy)")
+        epoch = sync.issue(a, s)
+        issued = self.memory.issue(Accessor(s.name, epoch, s.clock, desc, -1, source), [], writes)
+        self.memory.start(issued, self.now)
+        self.memory.finish(issued)
+        sync.host_observes(a, sync.record(s))
+
     def host_waits_for(self, a: HostActor, rec: EventRecord, desc: str) -> None:
         """The host needs what the operation recorded at ``rec`` produced (``.item()``, a blocking copy)."""
         self._host_waits(a, [rec], desc)

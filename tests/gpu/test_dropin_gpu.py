@@ -94,6 +94,18 @@ def test_streams_kept_in_a_module_tensors_made_in_a_device_block_and_prints_run_
     assert rate(f"{line}::{stall}") == 0
 
 
+def test_python_data_put_on_the_device_is_no_operation_and_its_copy_waits_for_the_stream() -> None:
+    """``torch.tensor([...], device="cuda")`` and its kin (``tests/hazards.py::python_data_on_device``): torch copies
+    Python data below the dispatch modes, so neither machine counts an operation for it, where a NumPy array's or a
+    host tensor's ``.to()`` is one on both; the copy is blocking, so the stalled D2H before it has landed when the
+    host reads it (and, without it, does not)."""
+    line = "tests/hazards.py::python_data_on_device"
+    _counts_match(line)
+    _counts_match(f"{line}::default#3+20")
+    assert rate(f"{line}::default#3+20") == 0
+    assert rate(f"{line}:wait=0:default#3+20") >= TRIALS - 1
+
+
 @pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core is not installed (the extra 'upstream')")
 @pytest.mark.parametrize("line", MEGATRON)
 def test_megatron_operation_counts_are_the_simulators(line: str) -> None:
