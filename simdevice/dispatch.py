@@ -336,35 +336,45 @@ def _tree_map(fn: Callable[[Any], Any], x: Any) -> Any:
     return fn(x)
 
 
-def _index_tensor(seq: Any) -> torch.Tensor:
-    """A list (of integers or booleans, nested) or a NumPy array used as an index, as the host tensor torch makes of it
-    (``sequenceToVariable``): bool or uint8 as it is (a mask), any other type as int64."""
+def _index_tensor(seq: Any, ops: Dispatcher) -> torch.Tensor:
+    """A list (of integers or booleans, nested) or a NumPy array used as an index, as the tensor torch makes of it
+    (``sequenceToVariable``): bool or uint8 as it is (a mask), any other type as int64, on the indexed tensor's
+    device. A list torch copies there below the dispatch modes (:meth:`Dispatcher.from_host`: no operation a GPU
+    run counts); a NumPy array it moves with ``.to()``, an ``_to_copy`` a GPU run's mode sees and counts (both seen
+    on an H100). Either copy is blocking. Outside a run's actors: the host tensor."""
     t = torch.as_tensor(seq, device="cpu")
-    return t if t.dtype in (torch.bool, torch.uint8) else t.long()
+    t = t if t.dtype in (torch.bool, torch.uint8) else t.long()
+    a = ops.rt.current_or_none()
+    if a is None:
+        return t
+    if isinstance(seq, np.ndarray):
+        return t.to(META)
+    return ops.from_host(t, a)
 
 
 def _sequence(x: Any) -> bool:
     return isinstance(x, (list, np.ndarray))
 
 
-def _sequences_made_tensors(index: Any) -> Any:
-    """``index`` with each list or NumPy array in it made the host tensor torch makes of it, before torch's C++
-    indexing does: torch makes it on the indexed tensor's device, which for a simulated tensor is its ``meta``
-    shell (and with the dispatcher's Python keys excluded: the simulator never sees it), so its values were lost.
-    From the host, torch's advanced indexing moves it to the device as it moves any host index
-    (:meth:`Dispatcher._move_indices`). A list at the top that torch takes as a tuple (``treatSequenceAsTuple``:
-    shorter than 32, with a sequence, slice, ``None``, ``...`` or tensor in it) stays a list, its items made so."""
+def _sequences_made_tensors(index: Any, ops: Dispatcher) -> Any:
+    """``index`` with each list or NumPy array in it made the tensor torch makes of it, before torch's C++ indexing
+    does: torch makes it on the indexed tensor's device, which for a simulated tensor is its ``meta`` shell, so its
+    values were lost; made here as torch makes it (:func:`_index_tensor`), it is a device index, which autograd
+    saves for backward as a GPU's does (a host index would be moved to the device again there, and the host would
+    wait for the stream where a GPU's does not). A list at the top that torch takes as a tuple
+    (``treatSequenceAsTuple``: shorter than 32, with a sequence, slice, ``None``, ``...`` or tensor in it) stays a
+    list, its items made so."""
     if isinstance(index, tuple):
         if not any(_sequence(x) for x in index):
             return index
-        return tuple(_index_tensor(x) if _sequence(x) else x for x in index)
+        return tuple(_index_tensor(x, ops) if _sequence(x) else x for x in index)
     if isinstance(index, np.ndarray):
-        return _index_tensor(index)
+        return _index_tensor(index, ops)
     if isinstance(index, list):
         if len(index) < 32 and any(_sequence(x) or isinstance(x, (tuple, slice, torch.Tensor)) or x is None
                                    or x is Ellipsis for x in index):
-            return [_index_tensor(x) if _sequence(x) else x for x in index]
-        return _index_tensor(index)
+            return [_index_tensor(x, ops) if _sequence(x) else x for x in index]
+        return _index_tensor(index, ops)
     return index
 
 
@@ -423,10 +433,10 @@ class SimTensor(torch.Tensor):
         )
 
     def __getitem__(self, index: Any) -> Any:
-        return super().__getitem__(_sequences_made_tensors(index))
+        return super().__getitem__(_sequences_made_tensors(index, self._ops))
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        super().__setitem__(_sequences_made_tensors(index), value)
+        super().__setitem__(_sequences_made_tensors(index, self._ops), value)
 
     def tolist(self) -> Any:  # torch refuses tolist() on subclasses; on CUDA it is a synchronizing D2H
         return self.cpu().tolist()

@@ -13,9 +13,9 @@ programs make their streams and tensors and log them: a D2H stream kept in a mod
 (each run of a target starts from its module as it was); a tensor made inside ``with torch.device("cuda")``
 (model-init code); a print of a device tensor, which reads its values and so waits for its stream.
 
-``python_data_on_device``: plain torch.cuda code that puts Python data on the device (``torch.tensor([...],
-device="cuda")``), which torch copies below the dispatch modes: no operation on either machine, but a blocking copy
-that waits for the current stream.
+``python_data_on_device`` and ``list_index_backward``: plain torch.cuda code that puts Python data on the device
+(``torch.tensor([...], device="cuda")``, a list as an index), which torch copies below the dispatch modes: no
+operation on either machine, but a blocking copy that waits for the current stream.
 """
 
 from __future__ import annotations
@@ -135,3 +135,25 @@ def python_data_on_device(wait: int = 1, n: int = 1 << 20) -> None:
     got = torch.cat([m.reshape(-1) for m in made]).cpu().tolist()
     assert got == [float(k) for k in range(1, 10 + (wait > 0))], got
 
+
+def list_index_backward(wait: int = 0, n: int = 1 << 20) -> None:
+    """Rows gathered by a list index (``table[[1, 3]]``: torch makes it a device tensor below the dispatch modes,
+    and autograd saves that) and by a NumPy array (moved by ``.to()``, an operation on both machines); an H2D from
+    pinned memory on the current stream, ``default#7``; the backward, whose ``index_put`` takes the saved device
+    indices and so waits for nothing; then the host refills the pinned buffer: before the H2D read it, unless
+    ``wait`` synchronizes the stream first."""
+    table = torch.zeros(16, 4, device="cuda", requires_grad=True)
+    rows = table[[1, 3]]
+    more = table[np.array([2, 5])]
+    loss = rows.sum() + more.sum()
+    pinned = torch.ones(n, pin_memory=True)
+    dev = torch.empty(n, device="cuda")
+    dev.copy_(pinned, non_blocking=True)
+    loss.backward()
+    if wait:
+        torch.cuda.current_stream().synchronize()
+    pinned.fill_(2.0)
+    assert torch.equal(dev.cpu(), torch.ones(n)), "the host refilled the pinned buffer before the H2D read it"
+    want = torch.zeros(16, 4)
+    want[[1, 2, 3, 5]] = 1.0
+    assert torch.equal(table.grad.cpu(), want), "the gradient differs from the host's"

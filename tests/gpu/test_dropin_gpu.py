@@ -106,6 +106,18 @@ def test_python_data_put_on_the_device_is_no_operation_and_its_copy_waits_for_th
     assert rate(f"{line}:wait=0:default#3+20") >= TRIALS - 1
 
 
+def test_backward_through_a_list_index_waits_for_nothing() -> None:
+    """``table[[1, 3]]`` and ``table[np.array(...)]`` (``tests/hazards.py::list_index_backward``): the same counts on
+    both machines (the NumPy array's move is one operation, the list's copy none), and backward's ``index_put`` takes
+    the saved device indices without waiting for the stream: the host refills the pinned buffer under the stalled
+    H2D before it, unless the program synchronizes the stream."""
+    line = "tests/hazards.py::list_index_backward"
+    _counts_match(f"{line}:wait=1")
+    _counts_match(f"{line}:wait=1:default#7+20")
+    assert rate(f"{line}::default#7+20") >= TRIALS - 1
+    assert rate(f"{line}:wait=1:default#7+20") == 0
+
+
 @pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core is not installed (the extra 'upstream')")
 @pytest.mark.parametrize("line", MEGATRON)
 def test_megatron_operation_counts_are_the_simulators(line: str) -> None:

@@ -166,9 +166,10 @@ def test_indexing_with_host_indices_computes_as_on_the_host() -> None:
 
 
 def test_lists_and_numpy_arrays_index_as_on_the_host() -> None:
-    """torch's C++ makes a list or NumPy index into a tensor on the indexed tensor's device, out of the
-    dispatcher's sight; the simulated tensor's shell is ``meta``, so the values were lost (before the host index
-    was moved, such an index was refused): the simulated tensor makes them host tensors first."""
+    """torch's C++ makes a list or NumPy index into a tensor on the indexed tensor's device; the simulated tensor's
+    shell is ``meta``, so the values were lost (before the host index was moved, such an index was refused): the
+    simulated tensor makes them device tensors first, as torch makes them
+    (test_a_list_index_is_a_device_tensor_as_torch_makes_it.py)."""
     with simdevice.cuda() as sim:
         got = _sequences("cuda")
     sim.assert_clean()
