@@ -847,6 +847,21 @@ class Execution:
         self.last_progress = max(self.last_progress, self.now)
         self.steps_since_progress = self.idle_waits = 0
 
+    def sleep_until(self, a: HostActor, t: int) -> None:
+        """Actor ``a`` sleeps until ``t`` (``time.sleep``), taking no step: the device and the other actors go on
+        meanwhile, as they go on while a host sleeps on a GPU, so what ``a`` does before its next step (an
+        allocation, whose allocator asks which recorded streams are done) sees them as of ``t``. Its next step, due
+        at ``t`` or later, comes where it would have come."""
+        if self.aborting:
+            raise SimAbort
+        # (no progress of its own: a loop that only sleeps and polls is still a deadlock at the stall horizon)
+        top = self._heap[0] if self._heap else None
+        if top is None or top[0] > t or (top[0] == t and (top[1] > _HOST or (top[1] == _HOST and top[2] > a.order))):
+            self.now = max(self.now, t)  # nothing comes before it wakes
+        else:
+            self._push(t, _HOST, a.order, a)
+            self._wait_turn(a)
+
     def waiting_until(self, t: int) -> None:
         """Something will happen at ``t`` (a stall or a sleep ends, an operation completes): polling until then is
         waiting for it, not a deadlock, however long the stall."""

@@ -1116,10 +1116,14 @@ class Runtime:
     def host_sleeps(self, ns: int) -> None:
         """The current actor's host sleeps ``ns`` (``time.sleep`` in a drop-in program): virtual time it spends,
         no step of its own (nothing a GPU run counts), so its next step comes that much later. A measured step's
-        cost holds its sleeps already."""
+        cost holds its sleeps already. The device and the other actors go on meanwhile (``Execution.sleep_until``):
+        an allocation after the sleep finds the streams where they are when it wakes, not where they were at the
+        actor's last step (a block held for a recorded stream that finished during the sleep is handed out again,
+        as on an H100)."""
         a = self.current()
         if not a.traced:
             a.time += ns
+        self.execution.sleep_until(a, a.time)
         # a loop that sleeps and takes no step (``while True: time.sleep(1)``) never gives another actor a turn,
         # nor meets the step bound or the stall horizon: every so many sleeps, one is a polling step
         steps = self.execution.host_steps
