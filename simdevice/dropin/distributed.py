@@ -437,6 +437,9 @@ NOT_SIMULATED = (
     "all_gather_coalesced", "all_reduce_coalesced", "all_gather_single", "reduce_scatter_single", "monitored_barrier",
     "new_subgroups", "new_subgroups_by_enumeration", "split_group", "shrink_group", "record_comm",
     "_coalescing_manager",
+    # C++ functions that take the process group itself (DDP's construction calls them): handed the simulated group,
+    # or ``dist.group.WORLD`` (None here), they crash the process
+    "_verify_params_across_processes", "_broadcast_coalesced",
 )
 
 
@@ -522,6 +525,24 @@ def _no_device_mesh(self: Any, *args: Any, **kwargs: Any) -> None:
     )
 
 
+def _ddp_class() -> Any:
+    """``torch.nn.parallel.DistributedDataParallel``."""
+    from torch.nn.parallel import distributed as ddp
+
+    return ddp.DistributedDataParallel
+
+
+def _no_ddp(self: Any, *args: Any, **kwargs: Any) -> None:
+    """``DistributedDataParallel.__init__``: refused. Its construction checks and broadcasts the parameters through
+    C++ functions that take the process group, and its ``Reducer`` all-reduces the gradients in C++: none of them can
+    take the simulated group (handed it, they crash the process)."""
+    raise NotImplementedError(
+        "torch.nn.parallel.DistributedDataParallel is not simulated (its Reducer all-reduces the gradients in C++, "
+        "on a real process group); torch.distributed.all_reduce of each gradient, in a "
+        "register_post_accumulate_grad_hook or after backward, is simulated"
+    )
+
+
 def _get_default_group() -> _World:
     """``distributed_c10d._get_default_group()`` (FSDP's and DeviceMesh's way to the default group): the world."""
     _initialized()
@@ -574,6 +595,7 @@ def install(p: Patches) -> None:
     mesh = _device_mesh()
     if mesh is not None:
         p.set(mesh, "__init__", _no_device_mesh)
+    p.set(_ddp_class(), "__init__", _no_ddp)
     for name in NOT_SIMULATED:
         if hasattr(dist, name):
             p.set(dist, name, _not_simulated(name))
@@ -583,4 +605,4 @@ def install(p: Patches) -> None:
 
 def patched_owners() -> list[Any]:
     mesh = _device_mesh()
-    return [dist, dist.distributed_c10d, *([mesh] if mesh is not None else [])]
+    return [dist, dist.distributed_c10d, _ddp_class(), *([mesh] if mesh is not None else [])]
