@@ -14,6 +14,8 @@ verdict instead of the real process group's error.
 from __future__ import annotations
 
 import inspect
+import os
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import torch
@@ -21,7 +23,7 @@ import torch.distributed as dist
 
 from simdevice.api import SimWork
 from simdevice.dispatch import SimTensor, ref_of
-from simdevice.dropin.facade import session_device
+from simdevice.dropin.facade import in_actor, session_device
 from simdevice.dropin.patches import Patches
 from simdevice.dropin.pickling import pickled, unpickled
 from simdevice.runtime.collectives import Splits
@@ -549,10 +551,71 @@ def _get_default_group() -> _World:
     return WORLD
 
 
+#: what torchrun (``torch.distributed.run``) sets in each rank's environment, on one node: a rank of a simulated
+#: world reads its own (``int(os.environ["LOCAL_RANK"])``), as each process torchrun starts does
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                      "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class RankEnviron(MutableMapping[str, str]):
+    """``os.environ`` as each rank of a simulated world sees it: the process's environment, but for torchrun's
+    variables (:data:`TORCHRUN_VARIABLES`), which are the rank's own, as torchrun sets them in each process it
+    starts (a rank's own write of one stays its own). Outside a rank, the process's environment as it is."""
+
+    def __init__(self, real: MutableMapping[str, str]) -> None:
+        self.real = real
+        #: a rank's writes of torchrun's variables, by rank
+        self._written: dict[int, dict[str, str]] = {}
+
+    def _rank(self) -> dict[str, str] | None:
+        got = session_device().runtime.rank_in_world() if in_actor() else None
+        if got is None:
+            return None
+        rank, size = got
+        own = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_WORLD_SIZE": str(size),
+               "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(size),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+        own.update(self._written.get(rank, {}))
+        return own
+
+    def __getitem__(self, key: str) -> str:
+        own = self._rank() if key in TORCHRUN_VARIABLES else None
+        return own[key] if own is not None else self.real[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        got = session_device().runtime.rank_in_world() if key in TORCHRUN_VARIABLES and in_actor() else None
+        if got is None:
+            self.real[key] = value
+        else:
+            if not isinstance(value, str):  # (as os.environ)
+                raise TypeError(f"str expected, not {type(value).__name__}")
+            self._written.setdefault(got[0], {})[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        got = session_device().runtime.rank_in_world() if key in TORCHRUN_VARIABLES and in_actor() else None
+        if got is None:
+            del self.real[key]
+        elif self._written.get(got[0], {}).pop(key, None) is None:
+            raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        own = self._rank()
+        yield from self.real
+        if own is not None:
+            yield from (k for k in own if k not in self.real)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def copy(self) -> dict[str, str]:
+        return dict(self)
+
+
 def install(p: Patches) -> None:
     """Put the simulated process group in place of ``torch.distributed``'s, and of ``distributed_c10d``'s names of the
     same functions (``torch.distributed`` re-exports them; code that calls them through that module, or imports them
-    from it, gets the simulated ones too)."""
+    from it, gets the simulated ones too); and each rank's torchrun variables in ``os.environ``."""
+    p.set(os, "environ", RankEnviron(os.environ))
     table: dict[str, Any] = {
         "is_available": lambda: True,
         "is_initialized": is_initialized,
@@ -605,4 +668,4 @@ def install(p: Patches) -> None:
 
 def patched_owners() -> list[Any]:
     mesh = _device_mesh()
-    return [dist, dist.distributed_c10d, _ddp_class(), *([mesh] if mesh is not None else [])]
+    return [dist, dist.distributed_c10d, _ddp_class(), os, *([mesh] if mesh is not None else [])]

@@ -1290,5 +1290,5 @@ def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
 
 #: what a session patches, for the test that checks they come back as they were
 def patched_owners() -> list[Any]:
-    return [torch, torch.cuda, torch.cuda.memory, torch.cuda.nvtx, torch.cuda.profiler, torch.Tensor,
+    return [torch, torch.cuda, torch.cuda.memory, torch.cuda.graphs, torch.cuda.nvtx, torch.cuda.profiler, torch.Tensor,
             torch.multiprocessing, time, torch.amp, torch.cuda.amp, torch.autograd]

@@ -205,6 +205,11 @@ class Collectives:
             solo.ranks[actor] = 0
         return solo, 0
 
+    def rank_of(self, actor: str) -> tuple[World, int] | None:
+        """``actor``'s world and rank where it is a rank of a world :meth:`new_world` made (None: it is no rank)."""
+        w = self._worlds.get(actor)
+        return None if w is None else (w, w.ranks[actor])
+
     def new_world(self, ranks: list[HostActor]) -> World:
         if any(a.name in self._worlds for a in ranks):
             raise RuntimeError("spawn_ranks: one world per simulated run (actors rank0.. already exist)")

@@ -1147,6 +1147,13 @@ class Runtime:
         a = self.current_or_none()
         return 1 if a is None else self.collectives.world_of(a.name)[0].size
 
+    def rank_in_world(self) -> tuple[int, int] | None:
+        """The current actor's rank and its world's size, where it is a rank of a world :meth:`spawn_ranks` made
+        (None: no actor runs, or it is no rank: a world of its own)."""
+        a = self.current_or_none()
+        got = None if a is None else self.collectives.rank_of(a.name)
+        return None if got is None else (got[1], got[0].size)
+
     def spawn_ranks(self, world_size: int, body: Callable[[], Any]) -> list[Any]:
         """Run ``body`` on actors ``rank0..`` of a new world; wait for all of them; return their results."""
         if world_size < 1:
