@@ -783,7 +783,13 @@ class CudaDevice:
             child.timeline = self.timeline  # one timeline, one start: the rank's steps land in this run's
             try:
                 with _disable_current_modes():
-                    run = child.run_plain(fn, *args) if plain else child.run(fn, *args)
+                    if plain:
+                        from reference.cuda_plain import torchrun_environment
+
+                        with torchrun_environment(0, 1):
+                            run = child.run_plain(fn, *args)
+                    else:
+                        run = child.run(fn, *args)
             finally:  # (a rank's error is the run's: its counts up to there are kept)
                 self.counter.counts.update(child.counter.counts)
                 self.counter.fired |= child.counter.fired
@@ -1038,8 +1044,11 @@ def _rank_entry(payload: bytes, rank: int, world_size: int, port: int, results: 
         _init_nccl_group(rank, world_size, port)
         dev = CudaDevice(schedule, actor=f"rank{rank}", cycles_per_ms=cycles)
         if isinstance(fn, _PlainCall):
+            from reference.cuda_plain import torchrun_environment
+
             _warm_communicators(rank, world_size)
-            run = dev.run_plain(fn, *args)
+            with torchrun_environment(rank, world_size):  # (a script written for torchrun reads its rank there)
+                run = dev.run_plain(fn, *args)
         else:
             run = dev.run(fn, *args)
         # plain bytes: a shared-memory tensor would need this process alive until the parent opened it

@@ -25,6 +25,7 @@ import contextlib
 import functools
 import importlib.util
 import multiprocessing.process
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -318,6 +319,33 @@ def _memory_saver_class() -> Any:
     return getattr(module, "TorchMemorySaver", None)
 
 
+def _group_made(*args: Any, **kwargs: Any) -> None:
+    """The program's ``init_process_group`` in a run whose group is made already: that group is the program's."""
+
+
+def _group_kept(group: Any = None) -> None:
+    """The program's ``destroy_process_group``: the run ends the group it made, after the program."""
+
+
+@contextlib.contextmanager
+def torchrun_environment(rank: int, world_size: int) -> Iterator[None]:
+    """The variables torchrun sets in the environment of each process it starts, on one node, for the duration (as
+    the simulator's ranks read them: ``simdevice.dropin.distributed.RankEnviron``); put back after."""
+    values = {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world_size, "LOCAL_WORLD_SIZE": world_size,
+              "GROUP_RANK": 0, "ROLE_RANK": rank, "ROLE_WORLD_SIZE": world_size, "MASTER_ADDR": "127.0.0.1",
+              "MASTER_PORT": 29500}
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update({k: str(v) for k, v in values.items()})
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 @contextlib.contextmanager
 def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
     """Count and stall plain torch.cuda code on ``dev``'s schedule for the duration."""
@@ -347,6 +375,11 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
             for name in ("pause", "resume"):
                 put(saver, name, _counted_step(getattr(saver, name)))
         if dist.is_available():
+            if dist.is_initialized():  # the run's own group (a world of one, or the ranks'): the program's is that
+                # one, as the simulator's is the world it runs in (a script written for torchrun makes and ends it)
+                for owner in (dist, dist.distributed_c10d):
+                    put(owner, "init_process_group", _group_made)
+                    put(owner, "destroy_process_group", _group_kept)
             for name in COLLECTIVES:
                 put(dist, name, _collective(getattr(dist, name)))
             for name in HOST_COLLECTIVES:

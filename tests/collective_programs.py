@@ -9,9 +9,15 @@ not wait takes the output before NCCL wrote it.
 - ``reduce_scatter``: ``reduce_scatter`` of a list;
 - ``self_batch``: a ``batch_isend_irecv`` of a send to the rank itself and the receive from itself (NCCL matches the
   two within the group).
+
+``torchrun_style`` is a script written for ``torchrun``: it makes the process group, takes its device from
+``LOCAL_RANK`` and ends the group, as each process torchrun starts does; an async ``all_reduce`` read after its wait
+or not.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -39,3 +45,18 @@ def exchange(call: str = "a2a_single", wait: bool = True, n: int = 4096) -> None
     for work in works:
         work.wait()
     assert total == n * (n - 1) / 2, f"read {total}: the output before the collective wrote it"
+
+
+def torchrun_style(wait: bool = True, n: int = 4096) -> None:
+    dist.init_process_group("nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    x = torch.full((n,), float(int(os.environ["RANK"]) + 1), device=f"cuda:{local_rank}")
+    work = dist.all_reduce(x, async_op=True)
+    if wait:
+        work.wait()  # wait: the sum must have landed before it is read
+    total = x.sum().item()
+    work.wait()
+    world = int(os.environ["WORLD_SIZE"])
+    assert total == n * world * (world + 1) / 2, f"read {total}: the tensor before the all-reduce wrote it"
+    dist.destroy_process_group()

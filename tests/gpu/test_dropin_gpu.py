@@ -186,7 +186,8 @@ def test_plain_code_on_a_world_of_one_rank_counts_as_simulated(line: str) -> Non
 #: the collectives of tests/collective_programs.py on a world of one, stalled on the collective, read after the wait
 #: (wait=1) or not (wait=0)
 COLLECTIVES = [f"tests/collective_programs.py::exchange:call={c},wait={w}:rank0.nccl#0+20"
-               for c in ("a2a_single", "a2a", "reduce_scatter", "self_batch") for w in (0, 1)]
+               for c in ("a2a_single", "a2a", "reduce_scatter", "self_batch") for w in (0, 1)] + [
+    f"tests/collective_programs.py::torchrun_style:wait={w}:rank0.nccl#0+20" for w in (0, 1)]
 
 
 @pytest.mark.parametrize("line", COLLECTIVES)

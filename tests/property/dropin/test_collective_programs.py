@@ -30,3 +30,11 @@ def test_a_read_without_the_wait_is_found_and_with_it_clean(call: str) -> None:
         out = resolve(s.program, 1).run(s)
         assert out.corrupted != wait, (wait, out.verdict())
         assert ("race" in [r.kind for r in out.run.reports]) != wait
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_script_written_for_torchrun_runs_on_ranks(world: int) -> None:
+    for wait in (True, False):
+        s = Schedule.parse(f"tests/collective_programs.py::torchrun_style:wait={int(wait)}:rank0.nccl#0+20")
+        out = resolve(s.program, world).run(s)
+        assert out.corrupted != wait, (wait, out.verdict())
