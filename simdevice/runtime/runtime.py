@@ -256,8 +256,8 @@ class Runtime:
         self._edge_sites_seen: set[sync.Site] = set()
         #: what the program used that the simulator runs otherwise than a GPU, said once each in the run's notes
         self._said: list[str] = []
-        #: actors that closed a CUDA IPC mapping since their last step: what their host waits for at the next one
-        #: (``ipc_unmapped``)
+        #: actors that let go of a received storage (a CUDA IPC mapping) since their last step: what their host
+        #: waits for at the next one, or as the process ends (``ipc_unmapped``)
         self._closing: dict[str, list[EventRecord]] = {}
         self._latest: dict[sync.Site, Callable[[], EventRecord]] = {}
         #: forward edges: the sites whose operations are counted (all of them while counting), the count so far
@@ -363,11 +363,16 @@ class Runtime:
         if allocator.has_pending:  # the program dropped tensors since its last step: their frees come first
             allocator.collect_frees()
         if self._closing:
-            recs = self._closing.pop(a.name, None)
-            if recs:  # (the drop blocked the host where it came, before this step: ``ipc_unmapped``)
-                names = ", ".join(r.stream.name for r in recs)
-                self._host_waits(a, recs, f"stream(s) {names} to finish (a received tensor's memory unmapped)")
+            self._dropped_waits(a)
         return a
+
+    def _dropped_waits(self, a: HostActor) -> None:
+        """What ``a``'s host waited for where it let go of received storages (``ipc_unmapped``): the drop blocked
+        the host where it came, before this step, or before the process ended."""
+        recs = self._closing.pop(a.name, None)
+        if recs:
+            names = ", ".join(dict.fromkeys(r.stream.name for r in recs))
+            self._host_waits(a, recs, f"stream(s) {names} to finish (a received tensor let go)")
 
     @property
     def in_engine(self) -> bool:
@@ -993,7 +998,15 @@ class Runtime:
         ex = self.execution
         parent = self.host_step(f"Process.start({name})")
         child = ex.new_actor(name, parent, process=True)
-        ex.start_actor(child, body, self._enter)
+
+        def process() -> Any:
+            out = body()
+            # the process ends after what its host blocked on as it let go of received storages last (torch's
+            # deleter synchronizes): a join of it is ordered after that too
+            self._dropped_waits(child)
+            return out
+
+        ex.start_actor(child, process, self._enter)
         ex.progress()
         return child
 
@@ -1071,17 +1084,20 @@ class Runtime:
         """The receiving actor let go of its last tensor of ``st``, a device storage another process sent it: torch's
         deleter synchronizes the receiver's current stream before it releases the sender's block (the reference
         count the sender's allocator reads before it reuses the block), so the block's free waits for that stream
-        as it stands now. ``closes``: no tensor of the sender's segment is left in the receiver, so the deleter
-        unmaps it first (``cudaIpcCloseMemHandle``), which waits for every stream of the receiver, the host
-        blocked till then (0.1 ms against 100 ms on an H100, docs/confirmations.md): the free waits for them all,
-        and so does the receiver's host at its next step. Part of the step that dropped the tensor: no step of its
-        own."""
+        as it stands now, and so does the receiver's host (``cudaStreamSynchronize`` blocks it). ``closes``: no
+        tensor of the sender's segment is left in the receiver, so the deleter unmaps it first
+        (``cudaIpcCloseMemHandle``), which waits for every stream of the receiver, the host blocked till then (0.1 ms
+        against 100 ms on an H100, docs/confirmations.md): the free waits for them all, and so does the receiver's
+        host. The host's wait comes at its next step, or as its process ends where none comes (a join of the
+        process is ordered after it). Part of the step that dropped the tensor: no step of its own."""
         a = self.current_or_none()
         if a is None:
             return
         allocator = self.memsaver.allocator
         if not closes:
-            allocator.released_by(st, self._record(a.current_stream))
+            rec = self._record(a.current_stream)
+            allocator.released_by(st, rec)
+            self._closing.setdefault(a.name, []).append(rec)  # (``cudaStreamSynchronize``: the host waits for it)
             return
         streams = a.streams if a.current_stream in a.streams else [*a.streams, a.current_stream]
         recs = [self._record(s) for s in streams]
