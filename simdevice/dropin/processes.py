@@ -357,6 +357,9 @@ def _patch_process(p: Patches) -> None:
                 child.exitcode = 0
             except SystemExit as e:
                 child.exitcode = _exit_code(e.code)
+            # the child's own copy of this object dies as its interpreter ends (with its received tensors: torch's
+            # deleter runs for each), where here the parent's object would keep them: let go of them as it ends
+            self._args, self._kwargs = (), {}
 
         parent = child.parent = rt.current().name
         name = _name(dev, self)

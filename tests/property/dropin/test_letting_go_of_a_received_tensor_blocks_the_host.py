@@ -4,7 +4,10 @@
 process's host, so what it does after the drop, a handshake or its own end (which the parent's ``join`` waits
 for), comes after that stream's work on the tensor. Once these were missed: a drop that was not the segment's last
 let the host go on at once, and a drop just before the process returned left its end unordered, so a parent that
-joined a child which wrote into a buffer it was given, then let go of it, was reported racing with that write."""
+joined a child which wrote into a buffer it was given, then let go of it, was reported racing with that write.
+A child's arguments die with its interpreter, so they are let go of as it ends (here the parent's ``Process`` object
+held the child's copies: a child that wrote into a buffer given as its argument and returned raced with the
+parent's read after the join)."""
 
 from __future__ import annotations
 
@@ -89,4 +92,37 @@ def test_what_follows_the_drop_is_ordered_after_the_write(fn: Any, kwargs: dict[
 @pytest.mark.parametrize("kwargs", [{"side": True}, {"early": True}])
 def test_a_drop_orders_the_current_stream_alone_and_only_from_where_it_comes(kwargs: dict[str, Any]) -> None:
     reports = _reports(drop_one_then_tell, kwargs)
+    assert any(r.startswith("race") and "fill_" in r for r in reports), reports
+
+
+def _write_argument(x: torch.Tensor, done: Any, side: bool) -> None:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s if side else torch.cuda.current_stream()):
+        x.fill_(4.0)
+    done.set()  # (a parent that reads after this, not after the join, races with the write)
+
+
+def write_argument_then_exit(side: bool = False, join: bool = True) -> None:
+    """The parent hands a child an output buffer as its argument; the child writes it and returns, and its
+    interpreter's end lets go of its arguments (torch's deleter of each received storage): a parent that joins it
+    reads the write."""
+    ctx = mp.get_context("spawn")
+    done = ctx.Event()
+    x = torch.zeros(N, device="cuda")
+    p = ctx.Process(target=_write_argument, args=(x, done, side), name="child")
+    p.start()
+    if join:
+        p.join()
+    else:
+        done.wait()
+    assert x.sum().item() == 4 * N
+    p.join()
+
+
+@pytest.mark.parametrize(("side", "stall"), [(False, "child.default#0+5"), (True, "child.s#0+5")])
+def test_a_child_s_end_lets_go_of_its_arguments(side: bool, stall: str) -> None:
+    assert _reports(write_argument_then_exit, {"side": side}) == []
+    assert _reports(write_argument_then_exit, {"side": side}, stall) == []
+    reports = _reports(write_argument_then_exit, {"side": side, "join": False})
     assert any(r.startswith("race") and "fill_" in r for r in reports), reports
