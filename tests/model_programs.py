@@ -20,6 +20,9 @@ and hide a race); None makes them (the simulator's runs).
 - ``grad_capture``: ``torch.autograd.grad(loss, [w])`` with ``w * x`` made on a side stream, the node's tensor hook
   stalling it; the gradient read on the calling stream (ordered by the engine's final wait for the capture's
   stream) or on another stream that waits for nothing (a race);
+- ``child_writes_and_ends``: a child process writes a device buffer it was passed, on its current stream behind a
+  stall, and returns without synchronizing; the parent reads the buffer after ``join()`` (the child's received
+  tensor dies as its interpreter ends: torch's deleter synchronizes the child's current stream first);
 - ``drop_a_received_tensor``: a consumer process reads a device tensor another process sent it (CUDA IPC) behind a
   stall, drops it and tells the producer, which collects what its consumers let go (``torch.cuda.ipc_collect()``)
   and allocates the block again: torch's deleter of a received storage synchronizes the consumer's *current* stream
@@ -231,6 +234,25 @@ def drop_a_received_tensor(read_on: str, keep: bool = True, cycles: int = 1000,
     read.set()
     p.join()
     return right
+
+
+def _write_and_end(buf: torch.Tensor, cycles: int) -> None:
+    torch.cuda._sleep(cycles)
+    buf.fill_(7.0)  # on the child's current stream, behind the stall; no synchronize before it returns
+
+
+def child_writes_and_ends(cycles: int = 1000) -> bool:
+    """The parent passes a device buffer to a child process (CUDA IPC), which writes it on its current stream behind
+    a stall and returns without synchronizing; the parent joins it and reads the buffer. Whether the read saw the
+    write: the child's received tensor dies as its interpreter ends, and torch's deleter synchronizes its current
+    stream first, so the join comes after the write."""
+    ctx = mp.get_context("spawn")
+    buf = torch.zeros(N, device="cuda")
+    torch.cuda.synchronize()
+    p = ctx.Process(target=_write_and_end, args=(buf, cycles), name="writer")
+    p.start()
+    p.join()
+    return bool(buf.sum().item() == 7.0 * N)
 
 
 TORCHAO = "tests/upstream/torchao_offload.py"

@@ -245,6 +245,17 @@ def test_a_dropped_received_tensor_s_block_waits_for_the_current_stream_or_for_a
     assert sum(got) == (TRIALS if right else 0)
 
 
+def test_a_child_s_write_to_a_received_tensor_is_done_when_it_has_ended(cycles: int) -> None:
+    sim = simdevice.cuda().run(programs.child_writes_and_ends, 10_000_000)
+    programs.child_writes_and_ends(cycles)  # warm-up
+    got = [programs.child_writes_and_ends(cycles) for _ in range(TRIALS)]
+    print(f"RATE a child's write to a received tensor, read after join: right {sum(got)}/{TRIALS} (simulator: "
+          f"{'right' if sim.result else 'wrong'}, {'race' if sim.reports else 'clean'}) {_where()}", flush=True)
+    assert sim.result
+    assert sim.reports == ()
+    assert sum(got) == TRIALS
+
+
 # -- torchao's CPUOffloadOptimizer --------------------------------------------------------------------------------
 
 

@@ -72,6 +72,14 @@ def test_a_dropped_received_tensor_s_block_waits_for_the_current_stream_or_for_a
         assert races[0].startswith("race: fill_ on stream producer.default #"), races
 
 
+def test_a_child_s_write_to_a_received_tensor_is_done_when_it_has_ended() -> None:
+    # (the GPU test of the same program: tests/gpu/test_model_programs_gpu.py; a race before the child's arguments
+    # were let go as it ended)
+    run = simdevice.cuda().run(programs.child_writes_and_ends, STALL)
+    assert [str(r) for r in run.reports] == []
+    assert run.result
+
+
 @pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
 @pytest.mark.parametrize(("line", "racy"), programs.torchao_lines())
 def test_torchao_s_optimizer_and_its_mutants_at_the_gpu_test_s_stalls(line: str, racy: bool,
