@@ -9,6 +9,7 @@ raised NotImplementedError and the list forms were refused (no verdict)."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import pytest
@@ -197,3 +198,80 @@ def test_wrong_arguments_raise_at_the_call_as_torch_raises(program: Callable[[],
     assert errors, f"{program.__name__} ran clean"
     assert all(f"rank0 raised {error}" in e or f"rank1 raised {error}" in e for e in errors), errors
     assert all("test_all_to_all_and_list_reduce_scatter_run_as_nccl_runs_them.py:" in e for e in errors), errors
+
+
+def _reduce_scatter_of_a_size_by_rank() -> None:
+    """Rank q's output holds q + 2 elements, and every rank's ``input_list[q]`` as many (pieces of several shapes:
+    ProcessGroupNCCL reduces each to its rank, ``_reduce_oop``, so the ranks' outputs may differ in size)."""
+    r, w = dist.get_rank(), dist.get_world_size()
+    inputs = [torch.full((q + 2,), float(r + q + 1), device="cuda") for q in range(w)]
+    out = torch.empty(r + 2, device="cuda")
+    dist.reduce_scatter(out, inputs)
+    got = out.cpu().tolist()
+    assert got == [float(sum(j + r + 1 for j in range(w)))] * (r + 2), got
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_list_reduce_scatter_sends_each_rank_its_own_piece_s_size(world: int) -> None:
+    # (a mutant that sent every rank as many elements as the sender's own output was told the ranks disagree)
+    s = simdevice.cuda()
+    s.run(_reduce_scatter_of_a_size_by_rank, world_size=world)
+    s.assert_clean()
+
+
+def _own_piece_of_another_size() -> None:
+    # both ranks: output of 4, input_list[0] of 4, input_list[1] of 6 (another shape): rank 1's own piece is wrong
+    dist.reduce_scatter(torch.empty(4, device="cuda"), [torch.ones(4, device="cuda"), torch.ones(2, 3, device="cuda")])
+
+
+def test_a_rank_s_own_piece_of_another_size_than_its_output_raises_on_that_rank() -> None:
+    # (``input_list[rank]`` is checked, as ProcessGroupNCCL's ``_reduce_oop`` to that rank checks it; a mutant that
+    # checked ``input_list[0]`` let rank 1 on, to a disagreement at the exchange)
+    s = simdevice.cuda()
+    s.run(_own_piece_of_another_size, world_size=2)
+    errors = [str(r) for r in s.reports]
+    assert any("rank1 raised ValueError: Tensor input and output of _reduce_oop must have the same number of elements"
+               in e for e in errors), errors
+    assert not any("rank0 raised ValueError" in e for e in errors), errors
+
+
+def _a_dtype_by_rank() -> None:
+    dtype = torch.float32 if dist.get_rank() == 0 else torch.float16
+    dist.all_to_all_single(torch.empty(4, device="cuda", dtype=dtype), torch.ones(4, device="cuda", dtype=dtype),
+                           [2, 2], [2, 2])
+    torch.cuda.synchronize()
+
+
+def test_ranks_that_pass_different_dtypes_with_split_sizes_are_told_so() -> None:
+    # each rank's own tensors share a dtype (torch's check at the call); the ranks' differ: NCCL would read bytes of
+    # one type as another (a mutant that checked the dtypes only without split sizes ran clean)
+    s = simdevice.cuda()
+    s.run(_a_dtype_by_rank, world_size=2)
+    text = s.text()
+    assert ("raised RuntimeError: the ranks passed tensors of different dtypes (float32, float16, by rank): every rank "
+            "must pass tensors of the same dtype") in text, text
+
+
+def _inputs_dropped_while_the_work_lives(call: str, seen: list[bool]) -> None:
+    w = dist.get_world_size()
+    outs = [torch.empty(2, device="cuda") for _ in range(w)]
+    ins = [torch.ones(2, device="cuda") for _ in range(w)]
+    alive = [weakref.ref(t) for t in ins]
+    if call == "all_to_all":
+        work = dist.all_to_all(outs, ins, async_op=True)
+    else:
+        work = dist.reduce_scatter(outs[0], ins, async_op=True)
+    del ins
+    seen.append(all(r() is not None for r in alive))
+    assert work is not None
+    work.wait()
+
+
+@pytest.mark.parametrize("call", ["all_to_all", "reduce_scatter"])
+def test_the_work_holds_the_input_list_as_nccl_s_does(call: str) -> None:
+    # ProcessGroupNCCL's work stashes its inputs for the allocator, as it does a single tensor's (test_rng_and_distributed)
+    seen: list[bool] = []
+    s = simdevice.cuda()
+    s.run(_inputs_dropped_while_the_work_lives, call, seen, world_size=2)
+    s.assert_clean()
+    assert seen == [True, True]
