@@ -57,3 +57,27 @@ def test_outside_ranks_the_environment_is_the_process_s() -> None:
     assert seen == [(had, "1")]
     assert os.environ.pop("SIMDEVICE_TEST_VARIABLE") == "1"  # (a program's write of its own goes to the process)
     assert type(os.environ) is os._Environ  # (put back after the session)
+
+
+def test_a_rank_reads_its_own_variables_where_the_process_has_them_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command itself run under torchrun, or from a shell that exported ``MASTER_PORT``: each rank still reads
+    its own (a mutant that let the process's value win gave every rank ``RANK=5``; one that gave every rank
+    ``LOCAL_RANK=0`` put them all on one device). A value that is not a str is refused, as ``os.environ`` does."""
+    for key, value in (("RANK", "5"), ("LOCAL_RANK", "5"), ("WORLD_SIZE", "8"), ("MASTER_PORT", "1234")):
+        monkeypatch.setenv(key, value)
+    got: dict[int, tuple[str, ...]] = {}
+
+    def program() -> None:
+        r = dist.get_rank()
+        seen = (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"], os.environ["MASTER_PORT"])
+        try:
+            os.environ["RANK"] = 1  # type: ignore[assignment]
+        except TypeError as e:
+            seen += (str(e),)
+        got[r] = seen
+
+    s = simdevice.cuda()
+    s.run(program, world_size=2)
+    s.assert_clean()
+    assert got == {r: (str(r), str(r), "2", "29500", "str expected, not int") for r in range(2)}
+    assert (os.environ["RANK"], os.environ["MASTER_PORT"]) == ("5", "1234")
