@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -91,3 +92,16 @@ def test_empty_data_waits_for_nothing() -> None:
     run = simdevice.cuda().run(program)
     assert run.result == 0
     assert any(isinstance(r, Race) for r in run.reports), run.reports
+
+
+def test_asarray_of_a_numpy_scalar_is_moved_by_to_as_a_numpy_array_is() -> None:
+    """``torch.asarray`` moves a NumPy scalar with ``.to()`` (as a NumPy array, not as Python data): an ``_to_copy``
+    a GPU run's mode counts (a mutant that took it for Python data made it an unseen copy: no step)."""
+
+    def program() -> float:
+        return float(torch.asarray(np.float32(3.0), device="cuda").cpu().item())
+
+    run = simdevice.cuda().run(program)
+    assert not run.reports, run.reports
+    assert run.result == 3.0
+    assert _steps(run.trace, "host") == ["_to_copy", "_to_copy"]  # the move, then .cpu()
