@@ -126,3 +126,35 @@ def test_a_child_s_end_lets_go_of_its_arguments(side: bool, stall: str) -> None:
     assert _reports(write_argument_then_exit, {"side": side}, stall) == []
     reports = _reports(write_argument_then_exit, {"side": side, "join": False})
     assert any(r.startswith("race") and "fill_" in r for r in reports), reports
+
+
+def _write_and_drop_in_the_block(q: Any, done: Any) -> None:
+    x, other = q.get()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        x.fill_(4.0)
+        del x  # not the segment's last, in the block: the deleter synchronizes ``s``, the current stream
+    done.set()
+    q.get()
+    del other
+
+
+def drop_in_a_side_stream_block() -> None:
+    ctx = mp.get_context("spawn")
+    q, done = ctx.Queue(), ctx.Event()
+    x, other = torch.zeros(N, device="cuda"), torch.zeros(N, device="cuda")  # (one segment)
+    p = ctx.Process(target=_write_and_drop_in_the_block, args=(q, done), name="child")
+    p.start()
+    q.put((x, other))
+    done.wait()
+    assert x.sum().item() == 4 * N
+    q.put(None)
+    p.join()
+
+
+def test_a_drop_in_a_stream_block_orders_that_stream() -> None:
+    # (the current stream as the drop comes, not the process's default: a mutant that synchronized the default
+    # stream let the parent read under the side stream's write)
+    assert _reports(drop_in_a_side_stream_block, {}) == []
+    assert _reports(drop_in_a_side_stream_block, {}, "child.s#0+5") == []
