@@ -269,7 +269,8 @@ def _inputs_dropped_while_the_work_lives(call: str, seen: list[bool]) -> None:
 
 @pytest.mark.parametrize("call", ["all_to_all", "reduce_scatter"])
 def test_the_work_holds_the_input_list_as_nccl_s_does(call: str) -> None:
-    # ProcessGroupNCCL's work stashes its inputs for the allocator, as it does a single tensor's (test_rng_and_distributed)
+    # ProcessGroupNCCL's work stashes its inputs for the allocator, as a single tensor's
+    # (tests/property/dropin/test_rng_and_distributed.py)
     seen: list[bool] = []
     s = simdevice.cuda()
     s.run(_inputs_dropped_while_the_work_lives, call, seen, world_size=2)
