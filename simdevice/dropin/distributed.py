@@ -560,23 +560,25 @@ TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "G
 class RankEnviron(MutableMapping[str, str]):
     """``os.environ`` as each rank of a simulated world sees it: the process's environment, but for torchrun's
     variables (:data:`TORCHRUN_VARIABLES`), which are the rank's own, as torchrun sets them in each process it
-    starts (a rank's own write of one stays its own). Outside a rank, the process's environment as it is."""
+    starts (a rank's own write or deletion of one stays its own). Outside a rank, the process's environment."""
 
     def __init__(self, real: MutableMapping[str, str]) -> None:
         self.real = real
-        #: a rank's writes of torchrun's variables, by rank
-        self._written: dict[int, dict[str, str]] = {}
+        #: a rank's writes of torchrun's variables, by rank (None: the rank deleted it)
+        self._written: dict[int, dict[str, str | None]] = {}
 
     def _rank(self) -> dict[str, str] | None:
+        """The current rank's torchrun variables (None: no rank runs)."""
         got = session_device().runtime.rank_in_world() if in_actor() else None
         if got is None:
             return None
         rank, size = got
-        own = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_WORLD_SIZE": str(size),
-               "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(size),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+        own: dict[str, str | None] = {
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_WORLD_SIZE": str(size),
+            "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500"}
         own.update(self._written.get(rank, {}))
-        return own
+        return {k: v for k, v in own.items() if v is not None}
 
     def __getitem__(self, key: str) -> str:
         own = self._rank() if key in TORCHRUN_VARIABLES else None
@@ -595,14 +597,18 @@ class RankEnviron(MutableMapping[str, str]):
         got = session_device().runtime.rank_in_world() if key in TORCHRUN_VARIABLES and in_actor() else None
         if got is None:
             del self.real[key]
-        elif self._written.get(got[0], {}).pop(key, None) is None:
+            return
+        if key not in (self._rank() or {}):
             raise KeyError(key)
+        self._written.setdefault(got[0], {})[key] = None
 
     def __iter__(self) -> Iterator[str]:
         own = self._rank()
-        yield from self.real
-        if own is not None:
-            yield from (k for k in own if k not in self.real)
+        if own is None:
+            yield from self.real
+            return
+        yield from (k for k in self.real if k not in TORCHRUN_VARIABLES)
+        yield from own
 
     def __len__(self) -> int:
         return sum(1 for _ in self)

@@ -81,3 +81,26 @@ def test_a_rank_reads_its_own_variables_where_the_process_has_them_too(monkeypat
     s.assert_clean()
     assert got == {r: (str(r), str(r), "2", "29500", "str expected, not int") for r in range(2)}
     assert (os.environ["RANK"], os.environ["MASTER_PORT"]) == ("5", "1234")
+
+
+def test_a_rank_s_deletion_of_a_variable_is_its_own() -> None:
+    # as in a process torchrun started: deleted, the variable is gone for that rank (a read raises, a listing lacks
+    # it), a second deletion raises, a write brings it back; the other ranks keep theirs
+    got: dict[int, Any] = {}
+
+    def program() -> None:
+        r = dist.get_rank()
+        if r == 0:
+            del os.environ["MASTER_PORT"]
+            gone = ("MASTER_PORT" not in os.environ, os.environ.get("MASTER_PORT"), "MASTER_PORT" in dict(os.environ))
+            with pytest.raises(KeyError):
+                del os.environ["MASTER_PORT"]
+            os.environ["MASTER_PORT"] = "1234"
+            got[r] = (*gone, os.environ["MASTER_PORT"])
+        else:
+            got[r] = os.environ["MASTER_PORT"]
+
+    s = simdevice.cuda()
+    s.run(program, world_size=2)
+    s.assert_clean()
+    assert got == {0: (True, None, False, "1234"), 1: "29500"}
