@@ -138,12 +138,16 @@ def edge_for(race: Race) -> Edge | None:
     return Edge(Site(first.actor, first.source), Site(second.actor, second.source))
 
 
-def _communication(op: str) -> tuple[str, str]:
-    """What a communication stream's operation ``op`` belongs to, and its asynchronous form: a point-to-point call's
-    (``send``, ``recv (receive)``: ``isend``, ``irecv``) or a collective's."""
+def _communication(op: str, actor: str) -> tuple[str, str]:
+    """What a communication stream's operation ``op`` on ``actor`` belongs to, and how its work is waited for: a
+    ``batch_isend_irecv``'s (a send or receive on the collectives' own stream, ``nccl``, where ProcessGroupNCCL runs
+    the batch as one group: its works, there are no blocking forms), a point-to-point call's (``send``,
+    ``recv (receive)`` on the pair's stream: ``isend``, ``irecv``) or a collective's."""
     if op.startswith(("send", "recv")):
-        return "point-to-point call", "an `isend` or `irecv`"
-    return "collective", "an `async_op=True` call"
+        if actor.rsplit(".", 1)[-1] == "nccl":
+            return "`batch_isend_irecv`", "the `wait()` of each work the `batch_isend_irecv` returned,"
+        return "point-to-point call", "`work.wait()` of an `isend` or `irecv`"
+    return "collective", "`work.wait()` of an `async_op=True` call"
 
 
 def _advice(race: Race, edge: Edge) -> str:
@@ -154,15 +158,16 @@ def _advice(race: Race, edge: Edge) -> str:
     if is_collective(first.actor, first.op):  # (it writes device memory: a stream reads it next, never the host)
         # (``wait()`` makes the stream current at the call wait: called with another stream current, as in a program
         # that waits on the default stream and reads on a side one, it orders the wrong stream)
-        work, call = _communication(first.op)
-        how = (f"wait for the {work}'s work on `{second.actor}` (`work.wait()` of {call} with `{second.actor}` "
-               f"current; after a blocking call, a wait of `{second.actor}` on the stream it was called on) after "
-               f"{done}")
+        work, call = _communication(first.op, first.actor)
+        blocking = ("" if work.startswith("`batch") else
+                    f"; after a blocking call, a wait of `{second.actor}` on the stream it was called on")
+        how = (f"wait for the {work}'s work on `{second.actor}` ({call} with `{second.actor}` current{blocking}) "
+               f"after {done}")
     elif second.on == "host":
         how = f"synchronize on an event recorded on `{first.actor}` after {done}"
     elif is_collective(second.actor, second.op):
         # the program cannot wait on NCCL's own stream: it waits for the stream the collective is called on
-        work, _ = _communication(second.op)
+        work, _ = _communication(second.op, second.actor)
         how = (f"record an event on `{first.actor}` after {done} and make the stream the {work} is called on "
                f"wait on it (NCCL's stream waits for the calling stream when the {work} is issued)")
         then = f"before the call that issues `{second.op}` on `{second.actor}` ({second.source})"

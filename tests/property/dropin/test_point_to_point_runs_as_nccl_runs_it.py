@@ -316,3 +316,23 @@ def test_a_send_to_the_rank_itself_alone_is_refused() -> None:
     errors = [str(r) for r in s.reports]
     assert errors
     assert all("the rank itself outside a batch_isend_irecv is not simulated" in e for e in errors), errors
+
+
+def all_to_all_by_sends_read_early() -> None:
+    all_to_all_by_sends(False)
+
+
+def test_the_fix_for_a_batch_names_the_batch_s_works_not_an_isend_s() -> None:
+    """A read of a ``batch_isend_irecv``'s receive buffer before its works' ``wait()``: the fix names the batch's
+    works (there is no blocking form of a batch), not an ``isend`` or ``irecv``, which would run on the pair's stream
+    and not be ordered with the batch. Before, it said ``work.wait()`` of an ``isend`` or ``irecv``."""
+    found = simdevice.explore(all_to_all_by_sends_read_early, max_examples=30, world_size=2).failure
+    assert found is not None
+    fix = suggest(as_target(all_to_all_by_sends_read_early, world_size=2), found, schedules=10)
+    assert fix.checked, fix.lines()
+    assert fix.advice, fix.lines()
+    for advice in fix.advice:
+        assert advice.startswith("wait for the `batch_isend_irecv`'s work on `"), advice
+        assert "the `wait()` of each work the `batch_isend_irecv` returned," in advice, advice
+        assert "isend` or `irecv" not in advice, advice
+        assert "blocking call" not in advice, advice
