@@ -26,6 +26,7 @@ why.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -102,7 +103,8 @@ class Fix:
             if p == "host" or p != process_of(e.before.actor) or p in alike:
                 alike = a  # the main process's, or across processes: said as it is
             said.setdefault(alike, (a, []))[1].append(p)
-        return [(alike if len(set(procs)) > 1 else first, list(dict.fromkeys(procs)) if len(set(procs)) > 1 else [])
+        return [(alike if len(set(procs)) > 1 else first,
+                 sorted(set(procs), key=_by_number) if len(set(procs)) > 1 else [])
                 for alike, (first, procs) in said.items()]
 
     def as_dict(self) -> dict[str, Any]:
@@ -121,6 +123,11 @@ class Fix:
             "remains": self.remains,
             "why_none": self.why_none,
         }
+
+
+def _by_number(name: str) -> list[Any]:
+    """A process's name as it sorts for a reader: ``rank2`` before ``rank10``, whichever raced first."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def _ordered(race: Race) -> tuple[Access, Access]:

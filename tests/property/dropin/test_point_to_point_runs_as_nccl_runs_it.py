@@ -336,3 +336,25 @@ def test_the_fix_for_a_batch_names_the_batch_s_works_not_an_isend_s() -> None:
         assert "the `wait()` of each work the `batch_isend_irecv` returned," in advice, advice
         assert "isend` or `irecv" not in advice, advice
         assert "blocking call" not in advice, advice
+
+
+def read_before_a_blocking_all_to_all_on_a_side_stream() -> None:
+    """A blocking ``all_to_all_single`` called on a side stream, its output read on the default stream."""
+    comm = torch.cuda.Stream()
+    inp = torch.full((8,), float(dist.get_rank() + 1), device="cuda")
+    out = torch.empty(8, device="cuda")
+    comm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(comm):
+        dist.all_to_all_single(out, inp)
+    (out + 1.0).sum().item()
+
+
+def test_the_ranks_a_fix_is_said_for_are_in_order() -> None:
+    """The same fix in every rank is said once, for the ranks in their order, whichever rank's race the schedule
+    showed first. Before, a schedule that ran rank 0 late said ``in each of rank1, rank0``."""
+    found = simdevice.explore(read_before_a_blocking_all_to_all_on_a_side_stream, world_size=2,
+                              examples=["rank0#0+1"]).failure
+    assert found is not None
+    fix = suggest(as_target(read_before_a_blocking_all_to_all_on_a_side_stream, world_size=2), found, schedules=10)
+    (line, *_) = fix.lines()
+    assert line.startswith("suggested fix (in each of rank0, rank1): "), line
