@@ -113,6 +113,14 @@ def poison(t: torch.Tensor) -> None:
 
 
 @functools.cache
+def torchrun_variables(rank: int, world_size: int) -> dict[str, str]:
+    """What torchrun (``torch.distributed.run``) sets in the environment of each process it starts, on one node: the
+    rank's own on both backends (the simulator's ranks read them, a GPU run's rank processes have them)."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
 def op_kind(func: torch._ops.OpOverload) -> OpKind:
     """How an aten op counts: a view, a bare allocation, bookkeeping, or a stream op."""
     if func in _ALLOC_OPS:

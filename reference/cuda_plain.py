@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import torch
 
+from reference.contract import torchrun_variables
 from reference.naming import StreamNames, creation_site, inside
 
 
@@ -331,11 +332,9 @@ def _group_kept(group: Any = None) -> None:
 def torchrun_environment(rank: int, world_size: int) -> Iterator[None]:
     """The variables torchrun sets in the environment of each process it starts, on one node, for the duration (as
     the simulator's ranks read them: ``simdevice.dropin.distributed.RankEnviron``); put back after."""
-    values = {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world_size, "LOCAL_WORLD_SIZE": world_size,
-              "GROUP_RANK": 0, "ROLE_RANK": rank, "ROLE_WORLD_SIZE": world_size, "MASTER_ADDR": "127.0.0.1",
-              "MASTER_PORT": 29500}
+    values = torchrun_variables(rank, world_size)
     before = {k: os.environ.get(k) for k in values}
-    os.environ.update({k: str(v) for k, v in values.items()})
+    os.environ.update(values)
     try:
         yield
     finally:

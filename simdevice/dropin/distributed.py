@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from reference.contract import torchrun_variables
 from simdevice.api import SimWork
 from simdevice.dispatch import SimTensor, ref_of
 from simdevice.dropin.facade import in_actor, session_device
@@ -553,8 +554,7 @@ def _get_default_group() -> _World:
 
 #: what torchrun (``torch.distributed.run``) sets in each rank's environment, on one node: a rank of a simulated
 #: world reads its own (``int(os.environ["LOCAL_RANK"])``), as each process torchrun starts does
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                      "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN_VARIABLES = tuple(torchrun_variables(0, 1))
 
 
 class RankEnviron(MutableMapping[str, str]):
@@ -567,17 +567,19 @@ class RankEnviron(MutableMapping[str, str]):
         #: a rank's writes of torchrun's variables, by rank (None: the rank deleted it)
         self._written: dict[int, dict[str, str | None]] = {}
 
+    @staticmethod
+    def _here(key: str | None = None) -> tuple[int, int] | None:
+        """The current actor's rank and world size, where one runs and ``key`` (if given) is torchrun's."""
+        if (key is not None and key not in TORCHRUN_VARIABLES) or not in_actor():
+            return None
+        return session_device().runtime.rank_in_world()
+
     def _rank(self) -> dict[str, str] | None:
         """The current rank's torchrun variables (None: no rank runs)."""
-        got = session_device().runtime.rank_in_world() if in_actor() else None
+        got = self._here()
         if got is None:
             return None
-        rank, size = got
-        own: dict[str, str | None] = {
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_WORLD_SIZE": str(size),
-            "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": "29500"}
-        own.update(self._written.get(rank, {}))
+        own: dict[str, str | None] = {**torchrun_variables(*got), **self._written.get(got[0], {})}
         return {k: v for k, v in own.items() if v is not None}
 
     def __getitem__(self, key: str) -> str:
@@ -585,7 +587,7 @@ class RankEnviron(MutableMapping[str, str]):
         return own[key] if own is not None else self.real[key]
 
     def __setitem__(self, key: str, value: str) -> None:
-        got = session_device().runtime.rank_in_world() if key in TORCHRUN_VARIABLES and in_actor() else None
+        got = self._here(key)
         if got is None:
             self.real[key] = value
         else:
@@ -594,7 +596,7 @@ class RankEnviron(MutableMapping[str, str]):
             self._written.setdefault(got[0], {})[key] = value
 
     def __delitem__(self, key: str) -> None:
-        got = session_device().runtime.rank_in_world() if key in TORCHRUN_VARIABLES and in_actor() else None
+        got = self._here(key)
         if got is None:
             del self.real[key]
             return
