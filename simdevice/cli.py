@@ -311,15 +311,24 @@ def cmd_check(args: argparse.Namespace) -> int:
         return _fail("--db: an empty path (name a directory for Hypothesis's example database)")
     if args.db is not None and os.path.exists(args.db) and not os.path.isdir(args.db):
         return _fail(f"--db {args.db!r} is a file, not a directory")
-    if args.db is not None and not os.path.exists(args.db) and not os.access(
-            os.path.dirname(os.path.abspath(args.db)), os.W_OK):
-        return _fail(f"--db {args.db!r}: its folder does not exist or cannot be written")
     if args.jobs is not None and args.jobs < 1:
         return _fail(f"--jobs must be >= 1, got {args.jobs}")
     if args.target and args.program:
         return _fail("--program picks the built-in programs of check's table; with a TARGET, drop it")
     if not args.target and args.world_size is not None:
         return _fail("--world-size is for a function target (check FILE.py::FUNCTION --world-size N)")
+    if args.db is not None:
+        # made now, as the user asked: Hypothesis makes it at its first save and says nothing when it cannot (a
+        # path under a file, or in /proc, saved nothing)
+        if not os.path.isdir(os.path.dirname(os.path.abspath(args.db))):
+            return _fail(f"--db {args.db!r}: its folder does not exist")
+        try:
+            if not os.path.isdir(args.db):
+                os.mkdir(args.db)
+        except OSError as e:
+            return _fail(f"--db {args.db!r}: cannot make the directory ({e.strerror or e})")
+        if not os.access(args.db, os.W_OK | os.X_OK):
+            return _fail(f"--db {args.db!r}: the directory cannot be written")
     db = database(args.db)
     if args.target:
         return _check_target(args, db)
