@@ -152,6 +152,11 @@ class OpFacts:
 _FACTS: dict[int, tuple[Any, OpFacts]] = {}
 
 
+#: ops named in reports as the program wrote them, where ATen's name is not what it wrote: ``t.item()``,
+#: ``float(t)`` and ``if t:`` read one value through ``_local_scalar_dense``
+_USER_NAMES = {"_local_scalar_dense": "item"}
+
+
 def classify(func: torch._ops.OpOverload) -> OpFacts:
     """The op's :class:`OpFacts`, read from its schema once."""
     got = _FACTS.get(id(func))
@@ -171,7 +176,7 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
     )
     return OpFacts(
         kind=op_kind(func),
-        name=func.__name__.split(".")[0],
+        name=_USER_NAMES.get(func.__name__.split(".")[0], func.__name__.split(".")[0]),
         written=written,
         has_returns=bool(schema.returns),
         returns_tensor=any("Tensor" in str(r.type) for r in schema.returns),
@@ -1254,7 +1259,7 @@ class Dispatcher:
         if not pinned or actor is None or facts.kind in ("view", "alloc", "meta"):
             return func(*args, **kwargs)
         # A host step touching pinned memory: check it as a host access, then run it now.
-        a = rt.host_step(func.__name__, engine=self._from_engine())
+        a = rt.host_step(facts.name, engine=self._from_engine())
         return self._on_the_host(a, func, facts, args, kwargs, flat, pinned, user_source())
 
     def _on_the_host(self, a: HostActor, func: Any, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -1267,7 +1272,7 @@ class Dispatcher:
         skip = _not_read(facts, args, kwargs, flat, written)
         reads = pinned if skip is None else [t for t in pinned if id(t) not in skip]
         if pinned:
-            rt.host_access(a, func.__name__, self._refs(reads), self._refs(written), source)
+            rt.host_access(a, facts.name, self._refs(reads), self._refs(written), source)
             rt.memory.in_flight.before_write(written)
         return func(*args, **kwargs)
 
@@ -1603,7 +1608,7 @@ class Dispatcher:
                 continue
             reads_now, into_temporary = _through_host_temporaries(func, args, kwargs, dst, src)
             if reads_now:
-                self.rt.host_access(a, func.__name__, self._refs([src]), [], source)
+                self.rt.host_access(a, classify(func).name, self._refs([src]), [], source)
                 staged[id(src)] = src.clone() if self.config.values else src
             into_pageable = into_pageable or into_temporary
         return into_pageable

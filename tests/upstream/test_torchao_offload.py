@@ -104,7 +104,7 @@ MUTANTS = {
     "train_without_backward_wait": ("race: copy_ (D2H) on stream stream #", f"default@{PASS}->stream@{D2H}",
                                     "make `stream` wait on it before `copy_ (D2H)`"),
     # the CPU AdamW step reads the pinned gradient before its D2H landed: the host's wait on the D2H's event
-    "train_without_event_sync": ("race: _fused_adamw_.default on host host ", f"stream@{D2H}->host@{CPU_STEP}",
+    "train_without_event_sync": ("race: _fused_adamw_ on host host ", f"stream@{D2H}->host@{CPU_STEP}",
                                  "synchronize on an event recorded on `stream` after `copy_ (D2H)`"),
     # the next forward, or the final read, reads a weight its H2D may still write: the wait on the side stream
     "train_without_stream_sync": ("which copy_ (H2D) on stream stream #", f"stream@{H2D}->default@{DRIVER}:",
