@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from reference import contract
 from reference.contract import MemorySaver, Run, op_kind, poison
-from reference.naming import LIBRARIES
+from reference.naming import LIBRARIES, op_name
 from reference.origin import Origin
 from reference.schedule import Schedule
 
@@ -511,7 +511,7 @@ def timeline_entries(host: list[tuple[int, str, str]],
 def _copy_kind(func: Any, args: Any, kwargs: dict[str, Any] | None = None) -> str:
     """``copy_ (D2H)``, ``_to_copy (H2D)`` and the like for a copy between host and device, as the simulator names
     it; any other operation by its name (``mul_``)."""
-    name = str(func.__name__).split(".")[0]
+    name = op_name(func)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if name == "copy_" and len(tensors) >= 2 and tensors[0].is_cuda != tensors[1].is_cuda:
         return f"{name} ({'H2D' if tensors[0].is_cuda else 'D2H'})"

@@ -1,4 +1,5 @@
-"""Names for streams made by plain torch.cuda code: where they were created, as a schedule can say it.
+"""Names for streams made by plain torch.cuda code: where they were created, as a schedule can say it; and names
+for the aten ops the program ran, as reports and traces give them on both machines (:func:`op_name`).
 
 ``torch.cuda.Stream()`` has no name, and a schedule must name the stream it delays on both machines alike. A
 stream is named after the variable it is assigned to on the line that made it (``self._d2h_stream =
@@ -21,6 +22,16 @@ from collections.abc import Callable
 _ASSIGN = re.compile(r"^\s*(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*)\s*(?::[^=]*)?=[^=]")
 #: files of libraries, never the program's (torch's among them)
 LIBRARIES = ("/torch/", "<frozen", "/contextlib.py", "/threading.py", "/weakref.py", "/functools.py")
+
+#: ops named as the program wrote them, where ATen's name is not what it wrote: ``t.item()``, ``float(t)`` and
+#: ``if t:`` read one value through ``_local_scalar_dense``
+_WRITTEN_AS = {"_local_scalar_dense": "item"}
+
+
+def op_name(func: Callable[..., object]) -> str:
+    """An aten op's name without its overload (``fill_``, not ``fill_.Scalar``), as the program wrote it."""
+    name = str(func.__name__).split(".")[0]
+    return _WRITTEN_AS.get(name, name)
 
 
 def creation_site(internal: Callable[[str], bool]) -> tuple[str, int, int | None]:

@@ -51,6 +51,7 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from reference.contract import OpKind, op_kind, poison
+from reference.naming import op_name
 from reference.origin import Origin
 from simdevice import elementwise
 from simdevice.runtime import Runtime
@@ -152,11 +153,6 @@ class OpFacts:
 _FACTS: dict[int, tuple[Any, OpFacts]] = {}
 
 
-#: ops named in reports as the program wrote them, where ATen's name is not what it wrote: ``t.item()``,
-#: ``float(t)`` and ``if t:`` read one value through ``_local_scalar_dense``
-_USER_NAMES = {"_local_scalar_dense": "item"}
-
-
 def classify(func: torch._ops.OpOverload) -> OpFacts:
     """The op's :class:`OpFacts`, read from its schema once."""
     got = _FACTS.get(id(func))
@@ -176,7 +172,7 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
     )
     return OpFacts(
         kind=op_kind(func),
-        name=_USER_NAMES.get(func.__name__.split(".")[0], func.__name__.split(".")[0]),
+        name=op_name(func),
         written=written,
         has_returns=bool(schema.returns),
         returns_tensor=any("Tensor" in str(r.type) for r in schema.returns),
