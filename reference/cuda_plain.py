@@ -27,13 +27,15 @@ import importlib.util
 import multiprocessing.process
 import os
 import sys
+import sysconfig
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
 
 from reference.contract import torchrun_variables
-from reference.naming import StreamNames, creation_site, inside
+from reference.naming import LIBRARIES, StreamNames, creation_site, inside
 
 
 class CudaDevice(Protocol):
@@ -367,6 +369,7 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
         put(torch.cuda, "synchronize", synchronize)
         put(torch.cuda, "empty_cache", empty_cache)
         put(multiprocessing.process.BaseProcess, "start", _no_processes)
+        put(threading.Thread, "start", _no_program_threads(threading.Thread.start))
         saver = _memory_saver_class()
         if saver is not None:
             # the library's singleton and any other instance: the class's methods (what the program calls,
@@ -403,6 +406,28 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
 
 
 _MISSING = object()
+
+
+#: the standard library's own folder: a thread it starts (a pool's worker) is not the program's
+_STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+
+def _no_program_threads(start: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``Thread.start`` in a counted run: a thread the program starts is a host actor of its own on the simulator,
+    whose steps are not counted on the GPU, so its schedule would not mean the same operations here. A thread the
+    standard library or torch starts goes on as it would."""
+
+    def checked(self: Any) -> None:
+        f: Any = sys._getframe(1)
+        while f is not None and f.f_code.co_filename.endswith(f"{os.sep}threading.py"):
+            f = f.f_back  # (a subclass's start that calls its base's)
+        path = os.path.realpath(f.f_code.co_filename) if f is not None else _STDLIB
+        if not (path.startswith(_STDLIB) and "-packages" not in path) and not any(s in path for s in LIBRARIES):
+            raise NotImplementedError("threads a program starts are not replayed on a GPU yet: their steps are not "
+                                      "counted there (the simulator runs them)")
+        start(self)
+
+    return checked
 
 
 def _no_processes(self: Any) -> None:

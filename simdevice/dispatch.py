@@ -1244,13 +1244,13 @@ class Dispatcher:
             out = func(*args, **kw)
             if facts.kind == "alloc" and self.config.values:
                 poison(out)
-            return self.new_pinned(out, actor.name, made=facts.kind != "alloc")
+            return self.new_pinned(out, actor.process, made=facts.kind != "alloc")
         if func is aten.is_pinned.default:
             return rt.lookup_pinned(args[0]) is not None
         if func is aten.record_stream.default and actor is not None:
             raise NotImplementedError(_HOST_RECORD_STREAM)
         if func is aten._pin_memory.default and actor is not None:
-            return self.new_pinned(args[0].clone(), actor.name, made=True)
+            return self.new_pinned(args[0].clone(), actor.process, made=True)
         pinned = [t for t in flat if rt.lookup_pinned(t) is not None]
         if not pinned or actor is None or facts.kind in ("view", "alloc", "meta"):
             return func(*args, **kwargs)
@@ -1369,7 +1369,7 @@ class Dispatcher:
             # a non-blocking copy from the device to a new host tensor lands in pinned memory, and the host goes
             # on (ATen's _to_copy pins its output then): ``t.to("cpu", non_blocking=True)`` read at once is a race
             if kwargs.get("pin_memory") or kwargs.get("non_blocking"):
-                self.new_pinned(host_out, a.name)
+                self.new_pinned(host_out, a.process)
             return host_out, [host_out]
         if type(meta) is torch.Tensor:  # one output (what the rest does, without a call per leaf)
             out = self.new_device(meta, a)

@@ -157,11 +157,18 @@ def _communication(op: str, actor: str) -> tuple[str, str]:
     return "collective", "`work.wait()` of an `async_op=True` call"
 
 
+def _where(access: Any) -> str:
+    """Where an access is, in a fix's words: ``the host``, ``the host's thread `writer```, or the stream."""
+    if access.on == "host":
+        return "the host"
+    return f"the host's thread `{access.actor}`" if access.on == "thread" else f"`{access.actor}`"
+
+
 def _advice(race: Race, edge: Edge) -> str:
     """One edge in the program's words."""
     first, second = _ordered(race)
     done = f"`{first.op}` on `{first.actor}` ({first.source})"
-    then = f"before `{second.op}` on {'the host' if second.on == 'host' else f'`{second.actor}`'} ({second.source})"
+    then = f"before `{second.op}` on {_where(second)} ({second.source})"
     if is_collective(first.actor, first.op):  # (it writes device memory: a stream reads it next, never the host)
         # (``wait()`` makes the stream current at the call wait: called with another stream current, as in a program
         # that waits on the default stream and reads on a side one, it orders the wrong stream)
@@ -170,7 +177,7 @@ def _advice(race: Race, edge: Edge) -> str:
                     f"; after a blocking call, a wait of `{second.actor}` on the stream it was called on")
         how = (f"wait for the {work}'s work on `{second.actor}` ({call} with `{second.actor}` current{blocking}) "
                f"after {done}")
-    elif second.on == "host":
+    elif second.on != "stream":
         how = f"synchronize on an event recorded on `{first.actor}` after {done}"
     elif is_collective(second.actor, second.op):
         # the program cannot wait on NCCL's own stream: it waits for the stream the collective is called on
@@ -297,7 +304,7 @@ def _forward_advice(race: Race, edge: Edge) -> str:
     processes a handshake."""
     first, second = _ordered(race)
     x = f"`{second.op}` on `{second.actor}` ({second.source})"
-    y = f"`{first.op}` on {'the host' if first.on == 'host' else f'`{first.actor}`'} ({first.source})"
+    y = f"`{first.op}` on {_where(first)} ({first.source})"
     match = ""
     if edge.offset:
         match = f" (the k-th `{first.op}` there waits for the (k{edge.offset:+d})-th `{second.op}`)"

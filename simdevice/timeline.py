@@ -133,7 +133,7 @@ def _find(ss: list[Slice], actor: str, index: int) -> Slice | None:
 
 def _accessor(ss: list[Slice], out: Any, access: Any) -> Slice | None:
     """The slice of a report's access: a stream operation's, or the host step that made a host access."""
-    if access.on != "host":
+    if access.on == "stream":
         return _find(ss, access.actor, access.index)
     at = getattr(out.run, "host_accesses", {}).get(access.seq)
     if at is None:
@@ -438,9 +438,9 @@ def figure(out: Any, fix: Any = None) -> Any:
     actors = sorted({s.actor for s in ss}, key=order)
     lane = {a: i for i, a in enumerate(actors)}
     end = max((s.end for s in ss), default=1) / UNIT_NS
-    racing = {(x.actor, x.index) for r in _racing(out) for x in (r.previous, r.current) if x.on != "host"}
+    racing = {(x.actor, x.index) for r in _racing(out) for x in (r.previous, r.current) if x.on == "stream"}
     # a racing host step (a read of pinned memory before the copy into it is done, or a write while one reads it)
-    racing_steps = {h for r in _racing(out) for x in (r.previous, r.current) if x.on == "host"
+    racing_steps = {h for r in _racing(out) for x in (r.previous, r.current) if x.on != "stream"
                     for h in [_accessor(ss, out, x)] if h is not None}
     illegal = {(r.access.actor, r.access.index) for r in out.run.reports if isinstance(r, IllegalAccess)}
     # zoom on the flagged operations when they sit in a small part of a long run

@@ -118,18 +118,18 @@ def is_initialized() -> bool:
     """The actor's world is its default process group from its start (a program need not call
     ``init_process_group``), until ``destroy_process_group``."""
     dev = session_device()
-    return dev.runtime.current().name not in dev.groups_destroyed
+    return dev.runtime.current().process not in dev.groups_destroyed
 
 
 def init_process_group(*args: Any, **kwargs: Any) -> None:
     dev = session_device()
-    dev.groups_destroyed.discard(dev.runtime.current().name)
+    dev.groups_destroyed.discard(dev.runtime.current().process)
 
 
 def destroy_process_group(group: Any = None) -> None:
     _check_group(group)
     dev = session_device()
-    dev.groups_destroyed.add(dev.runtime.current().name)
+    dev.groups_destroyed.add(dev.runtime.current().process)
 
 
 def get_rank(group: Any = None) -> int:

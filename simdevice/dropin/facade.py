@@ -82,12 +82,12 @@ class DropInDevice(SimDevice):
         """A new stream of the current actor, named after the line of the program that made it."""
         rt = self.runtime
         a = rt.current()
-        prefix = "" if a.name == "host" else f"{a.name}."
-        names = self._names.get(a.name)
+        prefix = "" if a.process == "host" else f"{a.process}."
+        names = self._names.get(a.process)
         if names is None:
             taken, actors = rt.streams, rt.execution.actors
             # (a stream's name is taken by a stream, or by an actor: a process the program started)
-            names = self._names[a.name] = StreamNames(prefix, lambda full: full in taken() or full in actors)
+            names = self._names[a.process] = StreamNames(prefix, lambda full: full in taken() or full in actors)
         filename, line, col = creation_site(_INTERNAL)
         full = names.assign(filename, line, col)
         return rt.new_stream(full[len(prefix):], names.sites[full])
@@ -693,7 +693,7 @@ def _own_process() -> str | None:
     process of a GPU has its own caching allocator; None outside the run's actors (all together)."""
     rt = session_device().runtime
     a = rt.current_or_none()
-    return a.name if a is not None else None
+    return a.process if a is not None else None
 
 
 def _own_stats() -> dict[str, int]:

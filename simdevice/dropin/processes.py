@@ -136,7 +136,7 @@ def _sent(dev: Any, obj: Any, stream: Any) -> _Sent:
         _reached(obj, found, set())
     else:
         found = [x for x in refs if isinstance(x, SimTensor)]
-    sender = dev.runtime.current().name
+    sender = dev.runtime.current().process
     events: dict[int, Any] = {}
     for t in found:
         st = storage_of(t)
@@ -194,7 +194,7 @@ def _received(dev: Any, sent: _Sent) -> Any:
     the receiver holds no tensor of a device tensor's storage yet, its current stream waits for the sender's event;
     each device tensor is a tensor of its own over the same memory, which holds the mapping."""
     events = sent.events
-    receiver = dev.runtime.current().name
+    receiver = dev.runtime.current().process
     maps: dict[tuple[str, int], weakref.ref[Any]] = dev.ipc_maps
     found: list[SimTensor] = []
     if sent.payload is None:
@@ -319,7 +319,7 @@ def _name(dev: Any, proc: Any) -> str:
     host (``rank1.saver``: each rank may start its own ``saver``)."""
     rt = dev.runtime
     taken = set(rt.execution.actors) | set(rt.streams())
-    parent = rt.current().name
+    parent = rt.current().process
     prefix = "" if parent == "host" else f"{parent}."
     kind = type(proc).__name__
     name = str(proc.name)
@@ -361,7 +361,7 @@ def _patch_process(p: Patches) -> None:
             # deleter runs for each), where here the parent's object would keep them: let go of them as it ends
             self._args, self._kwargs = (), {}
 
-        parent = child.parent = rt.current().name
+        parent = child.parent = rt.current().process
         name = _name(dev, self)
         if rt.memory.issues and _start_method(self) == "fork":
             rt.note(f"a process started with the fork method after CUDA was in use ({name}, {user_source()}): on a "
@@ -380,7 +380,7 @@ def _patch_process(p: Patches) -> None:
         if child is None:
             return join(self, timeout)
         rt = _session().runtime
-        if timeout is None or _timed(lambda: child.actor.state == "done", timeout):
+        if timeout is None or timed(lambda: child.actor.state == "done", timeout):
             rt.join(child.actor)  # (once it is done, at once: the join orders what follows after the child)
         return None
 
@@ -432,7 +432,7 @@ def _own_process() -> Any:
     if not _in_run():
         return None
     dev = _session()
-    return dev.sim_processes.get(dev.runtime.current().name)
+    return dev.sim_processes.get(dev.runtime.current().process)
 
 
 def _patch_identity(p: Patches) -> None:
@@ -459,7 +459,7 @@ def _patch_identity(p: Patches) -> None:
             return children()  # type: ignore[no-any-return]
         dev = _session()
         a = dev.runtime.host_step("active_children", poll=True)
-        return [q for q in dev.sim_children.get(a.name, []) if q._simdevice.actor.state != "done"]
+        return [q for q in dev.sim_children.get(a.process, []) if q._simdevice.actor.state != "done"]
 
     def sim_getpid() -> int:
         own = _own_process()
@@ -506,7 +506,7 @@ def _no_real_primitives(args: tuple[Any, ...]) -> None:
             "processes share the Queue, SimpleQueue, Event, Value and Lock made in the run")
 
 
-def _timed(done: Callable[[], bool], timeout: float) -> bool:
+def timed(done: Callable[[], bool], timeout: float) -> bool:
     """A wait of at most ``timeout`` seconds of virtual time: polls of ``done()`` with sleeps between them until it
     holds or the time is up; whether it holds. (A wait without a timeout blocks instead.)"""
     rt = _session().runtime
@@ -532,10 +532,12 @@ def _timed(done: Callable[[], bool], timeout: float) -> bool:
 class SimQueue:
     """``multiprocessing.Queue`` in a run (``SimpleQueue`` with ``simple``: pickled in the putting thread)."""
 
-    def __init__(self, maxsize: int = 0, *, simple: bool = False) -> None:
+    def __init__(self, maxsize: int = 0, *, simple: bool = False, shared: bool = False) -> None:
         self._dev = _session()
         self._box = Mailbox(maxsize)
         self._simple = simple
+        #: a queue between the threads of one process (``queue.Queue``): its items go as they are, not pickled
+        self._shared = shared
 
     def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
         import queue
@@ -543,9 +545,12 @@ class SimQueue:
         dev = self._dev
         if not block:
             timeout = 0.0
-        if timeout is not None and self._box.maxsize > 0 and not _timed(lambda: not self.full(), timeout):
+        if timeout is not None and self._box.maxsize > 0 and not timed(lambda: not self.full(), timeout):
             raise queue.Full
         a = dev.runtime.current()
+        if self._shared:
+            dev.runtime.queue_put(self._box, obj)
+            return
         # a Queue's feeder thread pickles the item, on the device's default stream (a new thread's current one)
         dev.runtime.queue_put(self._box, _sent(dev, obj, a.current_stream if self._simple else a.default_stream))
 
@@ -555,9 +560,10 @@ class SimQueue:
         rt = self._dev.runtime
         if not block:
             timeout = 0.0
-        if timeout is not None and not _timed(lambda: not rt.queue_empty(self._box), timeout):
+        if timeout is not None and not timed(lambda: not rt.queue_empty(self._box), timeout):
             raise queue.Empty
-        return _received(self._dev, rt.queue_get(self._box))
+        got = rt.queue_get(self._box)
+        return got if self._shared else _received(self._dev, got)
 
     def put_nowait(self, obj: Any) -> None:
         self.put(obj, False)
@@ -604,7 +610,7 @@ class SimEvent:
 
     def wait(self, timeout: float | None = None) -> bool:
         if timeout is not None:
-            return _timed(self.is_set, timeout)
+            return timed(self.is_set, timeout)
         self._dev.runtime.value_wait(self._cell, bool, "Event.wait", "an event another process sets")
         return True
 
@@ -622,10 +628,14 @@ class SimLock:
             rt.lock_acquire(self._cell)
             return True
         wait = timeout if timeout is not None and block else 0.0
-        free = _timed(lambda: not rt.value_get(self._cell, "Lock.acquire"), wait)
+        free = timed(lambda: not rt.value_get(self._cell, "Lock.acquire"), wait)
         if free:
             rt.lock_acquire(self._cell)
         return free
+
+    def held(self, step: str) -> bool:
+        """Whether some actor holds it (a polling host step ``step``)."""
+        return bool(self._dev.runtime.value_get(self._cell, step))
 
     def release(self) -> None:
         if not self._cell.value:
@@ -726,7 +736,7 @@ class SimBarrier:
             if wait is None:
                 rt.execution.block(a, f"the other parties of a barrier ({self._waiting} of {self._parties} arrived)",
                                    left)
-            elif not _timed(left, wait):
+            elif not timed(left, wait):
                 self._break()
             if self._round == k or k in self._broken_rounds:
                 raise threading.BrokenBarrierError

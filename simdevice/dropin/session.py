@@ -16,7 +16,7 @@ from typing import Any
 from reference.contract import Run
 from reference.schedule import Schedule
 from simdevice.api import as_schedule
-from simdevice.dropin import distributed, facade, memsaver, processes
+from simdevice.dropin import distributed, facade, memsaver, processes, threads
 from simdevice.dropin.facade import DropInDevice
 from simdevice.dropin.patches import Patches
 from simdevice.runtime import Options, SimConfig
@@ -118,10 +118,12 @@ class DropIn:
 
 
 def install(p: Patches) -> None:
-    """What a session patches: torch.cuda and the device, torch.distributed, multiprocessing, torch_memory_saver."""
+    """What a session patches: torch.cuda and the device, torch.distributed, multiprocessing, threading,
+    torch_memory_saver."""
     facade.install(p)
     distributed.install(p)
     processes.install(p)
+    threads.install(p)
     memsaver.install(p)
 
 

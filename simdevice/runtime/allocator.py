@@ -670,7 +670,7 @@ class CachingAllocator:
         self.collect(actor)
         if actor is not None and self._deferred:
             self._synchronize_events(actor)
-        owners = (None, actor.name) if actor is not None else None
+        owners = (None, actor.process) if actor is not None else None
         released = []
         for pool, segs in self.pools.items():
             for seg in [s for s in segs if s.all_free() and (owners is None or _process(s.stream) in owners)]:
@@ -690,7 +690,7 @@ class CachingAllocator:
         """The host waits for the events of every block of its process held back for its recorded streams
         (``cudaEventSynchronize`` of each), then those blocks are free. (Another rank's or process's blocks are its
         own allocator's on a GPU: neither waited for nor given back.)"""
-        held = [f for f in self._deferred if f.block.key[2] is not None and f.block.key[2].process == actor.name]
+        held = [f for f in self._deferred if f.block.key[2] is not None and f.block.key[2].process == actor.process]
         records = [r for freed in held for r in freed.uses]
         if self._block is not None:
             self._block(actor, "the streams recorded with freed blocks (empty_cache)",

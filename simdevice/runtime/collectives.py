@@ -221,7 +221,7 @@ class Collectives:
 
     def comm_stream(self, a: HostActor) -> SimStream:
         """``a``'s communication stream (``nccl``, ``rank1.nccl``), made at its first collective."""
-        full = "nccl" if a.name == "host" else f"{a.name}.nccl"
+        full = "nccl" if a.process == "host" else f"{a.process}.nccl"
         s = self._exec.streams.get(full)
         return s if s is not None else self._exec.new_stream(a, "nccl")
 
@@ -253,13 +253,13 @@ class Collectives:
         ``combine(rank, what every rank sent it)``: every rank's whole send, or with ``splits`` (this rank's
         :class:`Splits`) the piece of each rank's send addressed to this one. The k-th collective of every rank
         of a world is one instance; ranks that disagree on its kind are the program's error, as NCCL's would be."""
-        world, rank = self.world_of(a.name)
+        world, rank = self.world_of(a.process)
         if splits is not None and not len(splits.sends) == len(splits.receives) == world.size:
             raise ValueError(f"{kind}: split sizes for {len(splits.sends)} and {len(splits.receives)} ranks in a "
                              f"world of {world.size}")
         comm = self.comm_stream(a)
         self._after_caller(a, comm)
-        coll = world.instance_for(rank, a.name, kind)
+        coll = world.instance_for(rank, a.process, kind)
         if splits is not None:
             coll.splits[rank] = splits
         self._post(a, comm, coll, rank, f"{kind} (send)", ins, outs, src)
@@ -271,7 +271,7 @@ class Collectives:
         """``a``'s stream for point-to-point calls with ``peer`` (``rank0.p2p1-nccl``), made at its first one: as
         ProcessGroupNCCL gives each pair of ranks a communicator and a stream of its own, apart from the
         collectives' (a ``batch_isend_irecv`` runs on the collectives' stream, :meth:`comm_stream`)."""
-        full = f"p2p{peer}-nccl" if a.name == "host" else f"{a.name}.p2p{peer}-nccl"
+        full = f"p2p{peer}-nccl" if a.process == "host" else f"{a.process}.p2p{peer}-nccl"
         s = self._exec.streams.get(full)
         return s if s is not None else self._exec.new_stream(a, f"p2p{peer}-nccl")
 
@@ -285,7 +285,7 @@ class Collectives:
         their own, wait for each other forever, as on a GPU (NCCL's send blocks its stream until the receive).
         A ``batch`` (``batch_isend_irecv``) may send to the rank itself: NCCL matches it with the group's receive
         from itself (an all-to-all written as sends and receives has one such pair)."""
-        world, rank = self.world_of(a.name)
+        world, rank = self.world_of(a.process)
         self._after_caller(a, comm)
         posted = []
         for peer, ref, is_send in ops:
@@ -396,7 +396,7 @@ class Collectives:
 
     def all_gather(self, a: HostActor, out: Ref, inp: Ref, src: str) -> Gather:
         """Issue ``a``'s part of an all-gather of ``inp`` (this rank's shard) into ``out`` (every rank's)."""
-        world, _ = self.world_of(a.name)
+        world, _ = self.world_of(a.process)
         (_, data_out), (_, data_in) = out, inp
         if data_out.numel() != data_in.numel() * world.size:
             raise ValueError(
@@ -410,8 +410,8 @@ class Collectives:
         its world has contributed, and is then ordered after all of them. It takes its place among the world's
         collectives (torch runs it as NCCL collectives, in order with the others), so ranks that issue it where a
         peer issued another collective are told so."""
-        world, rank = self.world_of(a.name)
-        world.instance_for(rank, a.name, kind)
+        world, rank = self.world_of(a.process)
+        world.instance_for(rank, a.process, kind)
         ex = self._exec
         k = world.objects_issued.get(rank, 0)
         world.objects_issued[rank] = k + 1

@@ -113,6 +113,9 @@ class HostActor:
 
     def __init__(self, name: str, order: int, delays: dict[int, int]) -> None:
         self.name = name
+        #: the process it runs in: its own name, or for a thread the program started (``threading.Thread``), its
+        #: process's; what is a process's (its streams, allocator, pinned memory, rank) is that process's
+        self.process = name
         self.order = order
         #: its turn, handed to its thread (``Execution.new_actor`` makes it for a run on threads: a greenlet run's
         #: actors take turns by switching; a semaphore is about 22,000 instructions to make, a twenty-fifth of an
@@ -256,6 +259,11 @@ class _UnraisableReported:
         threading.excepthook = self._previous_thread_hook
 
 
+#: the drop-in's, while a session is installed: given a thread the program starts in a run, starts it as a host
+#: actor of the run and says True, or says False (a thread the simulator does not run: see :class:`_ProgramThread`)
+thread_actor: Callable[[threading.Thread], bool] | None = None
+
+
 class _ThreadsChecked:
     """``Execution.program_threads_checked``'s block (a class, as :class:`_UnraisableReported`)."""
 
@@ -269,6 +277,8 @@ class _ThreadsChecked:
         owned, live = self._owned, self._live
 
         def start(thread: threading.Thread) -> None:
+            if thread_actor is not None and thread_actor(thread):
+                return
             body = thread.run
 
             def checked() -> None:
@@ -383,10 +393,10 @@ class Execution:
         return getattr(self._local, "actor", None)
 
     def new_stream(self, actor: HostActor, name: str) -> SimStream:
-        full = name if actor.name == "host" else f"{actor.name}.{name}"
+        full = name if actor.process == "host" else f"{actor.process}.{name}"
         if full in self.streams or full in self.actors:
             raise ValueError(f"a stream or actor named {full!r} already exists")
-        s = SimStream(full, actor.name, len(self.streams) + len(self.actors) + 1)
+        s = SimStream(full, actor.process, len(self.streams) + len(self.actors) + 1)
         s.delays = self._delays(full)
         self.streams[full] = s
         self._by_order[s.order] = s
@@ -396,10 +406,12 @@ class Execution:
     def stream_by_order(self, order: int) -> SimStream | None:
         return self._by_order.get(order)
 
-    def new_actor(self, name: str, parent: HostActor | None, process: bool = False) -> HostActor:
+    def new_actor(self, name: str, parent: HostActor | None, process: bool = False,
+                  thread: bool = False) -> HostActor:
         """A host actor; ``parent``: the actor whose step started it; ``process``: a spawned process of its own
         (``Process``), with the start and the pace of one where the config has them (``spawn_start_ns``,
-        ``spawned_host_step_ns``)."""
+        ``spawned_host_step_ns``); ``thread``: a thread of ``parent``'s process (``threading.Thread``), which
+        shares its streams (a new thread's current stream is the device's default stream) and its pace."""
         if name in self.actors or name in self.streams:
             raise ValueError(f"an actor or stream named {name!r} already exists")
         a = HostActor(name, len(self.streams) + len(self.actors) + 1, self._delays(name))
@@ -408,7 +420,12 @@ class Execution:
         self.actors[name] = a
         a.trace = self._traces.get(name)
         a.step_ns = (process and self.config.spawned_host_step_ns) or self.config.host_step_ns
-        a.default_stream = self.new_stream(a, "default")
+        if thread and parent is not None:
+            owner = self.actors[parent.process]
+            a.process, a.step_ns = owner.name, parent.step_ns
+            a.default_stream, a.streams = owner.default_stream, owner.streams  # (one list: the process's streams)
+        else:
+            a.default_stream = self.new_stream(a, "default")
         if parent is not None:
             sync.spawned(parent, a)
             start = self._starts.get(name) or (self.config.spawn_start_ns if process else 0)

@@ -300,7 +300,7 @@ class Accessor(NamedTuple):
     #: the operation's index on its actor, as schedules count them (-1 for uncounted); it hides the tuple's index()
     index: int  # type: ignore[assignment]
     source: str
-    #: "stream" for a stream operation, "host" for a host step
+    #: "stream" for a stream operation, "host" for a host step ("thread": one of a thread the program started)
     on: str = "stream"
 
 

@@ -101,7 +101,7 @@ class SimMemorySaver:
 
     # -- the current pool ----------------------------------------------------------------
     def _stack(self) -> list[PoolTag]:
-        return self._tags.setdefault(self._exec.current().name, [])
+        return self._tags.setdefault(self._exec.current().process, [])
 
     def pool_of(self, actor: str | None) -> PoolTag:
         """The pool an allocation by ``actor`` comes from (None: ordinary memory)."""
@@ -164,7 +164,7 @@ class SimMemorySaver:
             raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
         assert not (enable_cpu_backup and enable_disk_backup), (
             "enable_cpu_backup and enable_disk_backup are mutually exclusive")
-        backups = self._backups.setdefault(self._exec.current().name, [])
+        backups = self._backups.setdefault(self._exec.current().process, [])
         self._stack().append(tag)
         backups.append(bool(enable_cpu_backup or enable_disk_backup))
         try:
@@ -176,7 +176,7 @@ class SimMemorySaver:
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
         self.disable_entries += 1
-        backups = self._backups.setdefault(self._exec.current().name, [])
+        backups = self._backups.setdefault(self._exec.current().process, [])
         self._stack().append(None)
         backups.append(False)
         try:
@@ -196,7 +196,7 @@ class SimMemorySaver:
         ex = self._exec
         a = ex.host_step(f"memory_saver.pause({tag})")
         self.allocator.collect()
-        me = a.name
+        me = a.process
         self._refuse(tag, "pause", me)
         unmap = self.unmap
         if unmap is not None:
@@ -279,7 +279,7 @@ class SimMemorySaver:
         ex = self._exec
         ex.host_step(f"memory_saver.resume({tag})")
         self.allocator.collect()
-        me = ex.current().name
+        me = ex.current().process
         self._refuse(tag, "resume", me)
         with ex.device_side():
             self._resume(tag, me)

@@ -54,7 +54,7 @@ class Access:
     source: str
     #: write id issued for a write; for a read, the write id the program expected to see
     version: int
-    #: "stream" for a stream operation, "host" for a host step
+    #: "stream" for a stream operation, "host" for a host step ("thread": one of a thread the program started)
     on: str = "stream"
     #: the order the program issued it in (one count per operation or host step over the whole run): which of two
     #: racing accesses the program meant first (not part of a report's identity or text)
@@ -236,13 +236,13 @@ _COLLECTIVE_OPS = ("all_gather", "all_reduce", "reduce_scatter", "broadcast", "a
 def process_of(actor: str, on: str | None = None) -> str:
     """The simulated process an actor belongs to, from its name: ``rank1.nccl`` and ``rank1`` -> ``rank1``,
     ``worker0.d2h`` -> ``worker0``; the main host and its streams (``host``, ``d2h``) -> ``host``. Where the name is
-    an access's (``on``, "host" or "stream"), any process: a host step's actor is its process (``saver``,
+    an access's (``on``, "host", "thread" or "stream"), any process: a host step's actor is its process (``saver``,
     ``rank1.saver``), a stream's process is its name but the stream's own (``saver.side`` -> ``saver``,
     ``rank1.saver.side`` -> ``rank1.saver``); without it, a process the program named (``saver``) is not told from
     a stream of the main host's."""
     if on == "host":
         return actor
-    if on == "stream":
+    if on in ("stream", "thread"):  # (a thread the program started is named as its process's streams are)
         return actor.rsplit(".", 1)[0] if "." in actor else "host"
     if "." in actor:
         return actor.split(".", 1)[0]

@@ -211,6 +211,12 @@ class Mailbox:
         return 0 < self.maxsize <= len(self.items)
 
 
+def _host_side(a: HostActor) -> str:
+    """Where a host step of ``a`` is: ``host``, or ``thread`` for a thread the program started (its process is the
+    one its name is prefixed by, as a stream's is: ``writer`` is the main process's, ``rank1.writer`` rank 1's)."""
+    return "host" if a.process == a.name else "thread"
+
+
 class Runtime:
     """One run of the simulated device."""
 
@@ -369,7 +375,7 @@ class Runtime:
     def _dropped_waits(self, a: HostActor) -> None:
         """What ``a``'s host waited for where it let go of received storages (``ipc_unmapped``): the drop blocked
         the host where it came, before this step, or before the process ended."""
-        recs = self._closing.pop(a.name, None)
+        recs = self._closing.pop(a.process, None)
         if recs:
             names = ", ".join(dict.fromkeys(r.stream.name for r in recs))
             self._host_waits(a, recs, f"stream(s) {names} to finish (a received tensor let go)")
@@ -469,7 +475,7 @@ class Runtime:
         a = self.current()
         ex = self.execution
         if site is not None:
-            self._sites[(a.name + "." if a.name != "host" else "") + (name or "")] = site
+            self._sites[(a.process + "." if a.process != "host" else "") + (name or "")] = site
         if name is None:
             while True:
                 a.unnamed += 1
@@ -634,7 +640,7 @@ class Runtime:
         ms = self.memsaver
         if not like.untyped_storage().nbytes():  # no bytes: no block, and no choice of one for a schedule to make
             got = ms.allocator.malloc(like, None)
-            return got.data, self.memory.register(got.data, "device", actor.name), got.fresh, None
+            return got.data, self.memory.register(got.data, "device", actor.process), got.fresh, None
         name = "alloc" if actor.name == "host" else f"{actor.name}.alloc"
         k = self._allocs.get(name, 0)
         self._allocs[name] = k + 1
@@ -644,12 +650,12 @@ class Runtime:
         pick = picks.get(k)
         if pick is not None:
             self._picked.add((name, k))
-        got = ms.allocator.malloc(like, ms.pool_of(actor.name), actor.current_stream, actor, pick,
-                                  ms.backup_of(actor.name))
+        got = ms.allocator.malloc(like, ms.pool_of(actor.process), actor.current_stream, actor, pick,
+                                  ms.backup_of(actor.process))
         block = got.block
         assert block is not None
         seg = block.segment
-        st = self.memory.register(None, "device", actor.name, seg.shadow, block.offset, seg.array(), got.need,
+        st = self.memory.register(None, "device", actor.process, seg.shadow, block.offset, seg.array(), got.need,
                                   seg.address + block.offset)
         ms.allocated(block, st)
         return got.data, st, got.fresh, got.alias
@@ -658,7 +664,7 @@ class Runtime:
         """Whose generator a random op draws from: the current actor's (each rank and process is a process of its
         own, with its own CUDA generator), so that what one rank draws never moves another's numbers."""
         a = self.execution.current_or_none()
-        return a.name if a is not None else ""
+        return a.process if a is not None else ""
 
     def next_seed(self) -> int:
         """The seed of the next random op: each gets its own, in the order the actor issues them, so a random op's
@@ -705,7 +711,7 @@ class Runtime:
         program's line that called it (where the program did): one naming the stream the tensor was allocated on,
         which torch's allocator ignores, is noted."""
         a = self.current_or_none()
-        if a is not None and st.kind == "device" and st.process != a.name:
+        if a is not None and st.kind == "device" and st.process != a.process:
             return
         allocator = self.memsaver.allocator
         if source is not None and allocator.allocated_on(st) is s:
@@ -957,7 +963,7 @@ class Runtime:
         at = self._occurrence(a.name, source)
         if self._waits_at:
             self._inserted_waits(a, None, source, at)
-        who = Accessor(a.name, a.clock.get(a.name), a.clock, op, -1, source, on="host")
+        who = Accessor(a.name, a.clock.get(a.name), a.clock, op, -1, source, _host_side(a))
         mark = self.memory.issues
         issued = self.memory.issue(who, reads, writes)
         self.host_accesses[self.memory.issues] = (a.name, self.now, source, len(self.op_sites))
@@ -976,7 +982,7 @@ class Runtime:
         at = self._occurrence(a.name, source)
         if self._waits_at:
             self._inserted_waits(a, None, source, at)
-        who = Accessor(a.name, a.clock.get(a.name), a.clock, op, -1, source, on="host")
+        who = Accessor(a.name, a.clock.get(a.name), a.clock, op, -1, source, _host_side(a))
         mark = self.memory.issues
         self.memory.issue_unmap(who, [(seg.label, seg.shadow, seg.nbytes) for seg in segments])
         self.host_accesses[self.memory.issues] = (a.name, self.now, source, len(self.op_sites))
@@ -993,17 +999,19 @@ class Runtime:
         self.memsaver.empty_cache(a)
 
     # -- host actors, shared values, queues ----------------------------------------------------------------
-    def spawn(self, name: str, body: Callable[[], Any]) -> HostActor:
-        """``Process.start``: a new host actor of its own process, after the parent's step that started it."""
+    def spawn(self, name: str, body: Callable[[], Any], thread: bool = False) -> HostActor:
+        """``Process.start``: a new host actor of its own process, after the parent's step that started it;
+        ``thread``: ``Thread.start``, a new host actor of the parent's process."""
         ex = self.execution
-        parent = self.host_step(f"Process.start({name})")
-        child = ex.new_actor(name, parent, process=True)
+        parent = self.host_step(f"{'Thread' if thread else 'Process'}.start({name})")
+        child = ex.new_actor(name, parent, process=not thread, thread=thread)
 
         def process() -> Any:
             out = body()
             # the process ends after what its host blocked on as it let go of received storages last (torch's
-            # deleter synchronizes): a join of it is ordered after that too
-            self._dropped_waits(child)
+            # deleter synchronizes): a join of it is ordered after that too (a thread's process goes on)
+            if not thread:
+                self._dropped_waits(child)
             return out
 
         ex.start_actor(child, process, self._enter)
@@ -1011,8 +1019,9 @@ class Runtime:
         return child
 
     def join(self, child: HostActor) -> None:
-        a = self.host_step(f"Process.join({child.name})")
-        self.execution.block(a, f"process {child.name} to exit", lambda: child.state == "done")
+        what = "Process" if child.process == child.name else "Thread"
+        a = self.host_step(f"{what}.join({child.name})")
+        self.execution.block(a, f"{what.lower()} {child.name} to exit", lambda: child.state == "done")
         sync.observe(a, child)
 
     def value_get(self, cell: SharedCell, step: str = "Value.get") -> Any:
@@ -1097,13 +1106,13 @@ class Runtime:
         if not closes:
             rec = self._record(a.current_stream)
             allocator.released_by(st, rec)
-            self._closing.setdefault(a.name, []).append(rec)  # (``cudaStreamSynchronize``: the host waits for it)
+            self._closing.setdefault(a.process, []).append(rec)  # (``cudaStreamSynchronize``: the host waits for it)
             return
         streams = a.streams if a.current_stream in a.streams else [*a.streams, a.current_stream]
         recs = [self._record(s) for s in streams]
         for rec in recs:
             allocator.released_by(st, rec)
-        self._closing.setdefault(a.name, []).extend(recs)
+        self._closing.setdefault(a.process, []).extend(recs)
 
     def queue_put(self, box: Mailbox, item: Any) -> None:
         a = self.host_step("Queue.put")
@@ -1157,17 +1166,17 @@ class Runtime:
     # -- collectives ----------------------------------------------------------------------------------------
     def rank(self) -> int:
         a = self.current_or_none()
-        return 0 if a is None else self.collectives.world_of(a.name)[1]
+        return 0 if a is None else self.collectives.world_of(a.process)[1]
 
     def world_size(self) -> int:
         a = self.current_or_none()
-        return 1 if a is None else self.collectives.world_of(a.name)[0].size
+        return 1 if a is None else self.collectives.world_of(a.process)[0].size
 
     def rank_in_world(self) -> tuple[int, int] | None:
         """The current actor's rank and its world's size, where it is a rank of a world :meth:`spawn_ranks` made
         (None: no actor runs, or it is no rank: a world of its own)."""
         a = self.current_or_none()
-        got = None if a is None else self.collectives.rank_of(a.name)
+        got = None if a is None else self.collectives.rank_of(a.process)
         return None if got is None else (got[1], got[0].size)
 
     def spawn_ranks(self, world_size: int, body: Callable[[], Any]) -> list[Any]:

@@ -1,0 +1,268 @@
+"""``threading`` in a torch.cuda session: the threads a program starts are host actors of its process.
+
+A thread the program's own code starts inside a run (``threading.Thread``, or a subclass with its own ``run``)
+becomes a host actor of the process that started it: its steps are scheduled and delayed as any actor's, in its
+own program order, and it shares that process's streams, caching allocator, pinned memory and rank; its current
+stream starts as the device's default stream, as a new thread's does in torch, whatever stream the starting thread
+is inside. It is named in a schedule by the name the program gave it, else by its target's name (``writer``), else
+``thread``; ``-2``, ``-3``, ... for a second and third of one name, and prefixed as a process's streams are by a
+process other than the host (``rank1.writer``). ``join`` (with a timeout, in virtual time) and ``is_alive`` answer
+for it; what it raises is a host error of the run (Python would print it and go on).
+
+The run's actors take turns on one machine thread, so a thread waiting on one of Python's own primitives for
+another would wait for good: ``threading.Event``, ``Lock``, ``RLock`` and ``Barrier`` and ``queue.Queue`` and
+``SimpleQueue`` made by the program in a run are the simulator's (each set, wait, acquire, release, put and get a
+host step that orders the waiter after the one it waited for; a wait that can never end is a deadlock, not a hang);
+``Condition``, ``Semaphore``, ``BoundedSemaphore``, ``LifoQueue`` and ``PriorityQueue`` made there raise
+``NotImplementedError``, so the program gets no verdict rather than a hang. What the standard library makes for
+itself stays Python's, and so do the threads it starts (a ``ThreadPoolExecutor``'s workers: their use of the
+device is refused, naming the thread). A primitive made before the run is Python's own too: one thread holding it
+across a device call while another waits for it would hang the run, so make them in the function.
+
+A replay on a GPU is not offered for a run with threads (their steps are not counted there).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import sys
+import sysconfig
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from reference.schedule import is_actor_name
+from simdevice.dropin import processes
+from simdevice.dropin.patches import Patches
+from simdevice.runtime import execution
+from simdevice.runtime.reports import internal_file
+from simdevice.runtime.runtime import SharedCell
+
+_OWN = str(Path(__file__).resolve().parents[1]) + os.sep
+_STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
+#: Python's name for a thread it named itself (``Thread-3``, ``Thread-3 (writer)``): counted over the interpreter's
+#: life, so not one a schedule can name
+_DEFAULT_NAME = re.compile(r"Thread-\d+( \(.*\))?")
+
+
+def _session() -> Any:
+    from simdevice.dropin import facade  # (facade imports this module's installer)
+
+    return facade.session_device()
+
+
+def _in_run() -> bool:
+    from simdevice.dropin import facade
+
+    return facade.in_actor()
+
+
+def _by_program(skip: int, past_threading: bool = False) -> bool:
+    """Whether the caller ``skip`` frames up (past the simulator's own frames, and ``threading``'s with
+    ``past_threading``: a subclass's ``start`` that calls its base's) is the program's code, not the standard
+    library's or torch's."""
+    f: Any = sys._getframe(skip + 1)
+    while f is not None and (f.f_code.co_filename.startswith(_OWN)
+                             or (past_threading and f.f_code.co_filename.endswith(f"{os.sep}threading.py"))):
+        f = f.f_back
+    if f is None:
+        return False
+    filename = f.f_code.co_filename
+    path = os.path.realpath(filename) if not filename.startswith("<") else filename
+    return not internal_file(filename) and not (path.startswith(_STDLIB) and "-packages" not in path)
+
+
+def _name(rt: Any, thread: threading.Thread) -> str:
+    parent = rt.current().process
+    prefix = "" if parent == "host" else f"{parent}."
+    given = str(thread.name)
+    if _DEFAULT_NAME.fullmatch(given) or not is_actor_name(given):
+        target = getattr(thread, "_target", None)
+        base = getattr(target, "__name__", "") if target is not None else ""
+        if not is_actor_name(base):
+            base = "thread"
+    else:
+        base = given
+    taken = set(rt.execution.actors) | set(rt.streams())
+    name, k = prefix + base, 1
+    while name in taken:
+        k += 1
+        name = f"{prefix}{base}-{k}"
+    return name
+
+
+class _Started:
+    """What a simulated thread's ``Thread`` object holds: its actor."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+
+def _start(thread: threading.Thread) -> bool:
+    """``Thread.start`` in a run (``execution.thread_actor``): a thread the program started becomes a host actor of
+    its process; True when it did."""
+    if not _in_run() or not _by_program(1, past_threading=True):
+        return False
+    if getattr(thread, "_simdevice", None) is not None:
+        raise RuntimeError("threads can only be started once")
+    rt = _session().runtime
+    name = _name(rt, thread)
+    actor = rt.spawn(name, thread.run, thread=True)
+    actor.daemon = bool(thread.daemon)
+    thread._simdevice = _Started(actor)  # type: ignore[attr-defined]
+    rt.gpu_replay = False  # (reference.cuda_plain refuses it: the replay line offers no --gpu)
+    return True
+
+
+def _patch_thread(p: Patches) -> None:
+    base = threading.Thread
+    join, is_alive = base.join, base.is_alive
+
+    def sim_join(self: Any, timeout: float | None = None) -> None:
+        started = getattr(self, "_simdevice", None)
+        if started is None:
+            return join(self, timeout)
+        rt = _session().runtime
+        if rt.current().name == started.actor.name:
+            raise RuntimeError("cannot join current thread")
+        if timeout is None or processes.timed(lambda: started.actor.state == "done", timeout):
+            rt.join(started.actor)
+        return None
+
+    def sim_is_alive(self: Any) -> bool:
+        started = getattr(self, "_simdevice", None)
+        if started is None:
+            return is_alive(self)
+        if _in_run():
+            return not _session().runtime.process_poll(started.actor, "Thread.is_alive")
+        return bool(started.actor.state != "done")
+
+    p.set(base, "join", sim_join)
+    p.set(base, "is_alive", sim_is_alive)
+    p.set(execution, "thread_actor", _start)
+
+
+class SimRLock:
+    """``threading.RLock`` in a run: a lock its holder may take again (each take released once)."""
+
+    def __init__(self) -> None:
+        self._lock = processes.SimLock()
+        self._owner: str | None = None
+        self._count = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        me = _session().runtime.current().name
+        if self._owner == me:
+            self._count += 1
+            return True
+        if not self._lock.acquire(blocking, None if timeout is None or timeout < 0 else timeout):
+            return False
+        self._owner, self._count = me, 1
+        return True
+
+    def release(self) -> None:
+        if self._owner != _session().runtime.current().name:
+            raise RuntimeError("cannot release un-acquired lock")
+        self._count -= 1
+        if self._count == 0:
+            self._owner = None
+            self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class SimThreadLock(processes.SimLock):
+    """``threading.Lock`` in a run: ``acquire(blocking, timeout)`` as Python spells it, and ``locked()`` (a poll)."""
+
+    def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool:  # type: ignore[override]
+        return super().acquire(blocking, None if timeout is None or timeout < 0 else timeout)
+
+    def locked(self) -> bool:
+        return self.held("Lock.locked")
+
+
+class SimThreadQueue(processes.SimQueue):
+    """``queue.Queue`` (and ``SimpleQueue``) in a run: items go as they are, and ``task_done``/``join`` count the
+    items put and not yet done."""
+
+    def __init__(self, maxsize: int = 0) -> None:
+        super().__init__(maxsize, shared=True)
+        self._unfinished = SharedCell(0)
+
+    def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
+        super().put(obj, block, timeout)
+        self._unfinished.value += 1  # (within the put's step)
+
+    def task_done(self) -> None:
+        cell = self._unfinished
+        if cell.value <= 0:
+            raise ValueError("task_done() called too many times")
+        _session().runtime.value_set(cell, cell.value - 1, "Queue.task_done")
+
+    def join(self) -> None:
+        _session().runtime.value_wait(self._unfinished, lambda v: v == 0, "Queue.join",
+                                     "every item put on a queue to be done")
+
+
+#: what a run makes in place of each primitive, when the program makes it (the standard library's own stay Python's)
+_MADE: dict[tuple[Any, str], Callable[..., Any]] = {
+    (threading, "Event"): processes.SimEvent,
+    (threading, "Lock"): SimThreadLock,
+    (threading, "RLock"): SimRLock,
+    (threading, "Barrier"): processes.SimBarrier,
+    (queue, "Queue"): SimThreadQueue,
+    (queue, "SimpleQueue"): SimThreadQueue,
+}
+_REFUSED = ((threading, "Condition"), (threading, "Semaphore"), (threading, "BoundedSemaphore"),
+            (queue, "LifoQueue"), (queue, "PriorityQueue"))
+
+
+def _in_run_instead(module: Any, name: str, original: Any) -> Any:
+    """``original`` where a run is not going on or the standard library calls it; in a run, for the program, the
+    simulator's primitive or a refusal. A class stays a class (a subclass of it made meanwhile is the original's)."""
+    made = _MADE.get((module, name))
+
+    def instead() -> Any:
+        if made is None:
+            raise NotImplementedError(
+                f"{module.__name__}.{name} made in a run is not simulated (the run's threads share threading's "
+                "Event, Lock, RLock and Barrier and queue's Queue and SimpleQueue)")
+        return made
+
+    if isinstance(original, type):
+        def new(cls: type, *args: Any, **kwargs: Any) -> Any:
+            if cls is replaced and _in_run() and _by_program(1):
+                return instead()(*args, **kwargs)
+            base_new: Any = original.__new__
+            return object.__new__(cls) if base_new is object.__new__ else base_new(cls)
+
+        replaced: Any = type(name, (original,), {"__new__": new, "__module__": original.__module__,
+                                                 "__qualname__": original.__qualname__,
+                                                 "__doc__": original.__doc__})
+        return replaced
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if _in_run() and _by_program(1):
+            return instead()(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
+def install(p: Patches) -> None:
+    """Put the simulated threads and primitives in place (each falls back to the original outside a run)."""
+    _patch_thread(p)
+    for module, name in (*_MADE, *_REFUSED):
+        p.set(module, name, _in_run_instead(module, name, getattr(module, name)))
+
+
+def patched_owners() -> list[Any]:
+    return [threading, threading.Thread, queue, execution]

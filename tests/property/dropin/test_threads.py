@@ -1,0 +1,390 @@
+"""Threads the program starts (``threading.Thread``) are host actors of its process: an asynchronous checkpoint
+writer that reads a pinned buffer before the copy into it is done is found, and the one that waits is clean; a
+thread's current stream is the device's default stream; it shares its process's streams, pinned memory and rank;
+``threading``'s and ``queue``'s primitives made by the program are the simulator's, so a wait is a scheduled wait,
+and one that can never end is a deadlock, not a hang. Each rule has a program here that a change of it fails.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+import simdevice
+from simdevice import Deadlock, HostError, Race, StaleRead
+from simdevice.explain import suggest
+from simdevice.search.targets import from_function
+
+N = 1024
+
+
+def _run(fn: Any, schedule: str | None = None) -> Any:
+    s = simdevice.cuda(schedule)
+    s.run(fn)
+    assert s.result is not None
+    return s.result
+
+
+# -- an asynchronous checkpoint writer ------------------------------------------------------------------------------
+
+
+def _snapshot(wait: bool) -> None:
+    """The trainer copies its weights to pinned memory on a side stream and hands the buffer to a writer thread,
+    which saves it while the trainer goes on; ``wait``: the writer synchronizes on the copy's event first."""
+    w = torch.ones(N, device="cuda")
+    pinned = torch.empty(N, pin_memory=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        pinned.copy_(w, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+    torch.cuda.current_stream().wait_event(copied)  # the next step waits for the copy's read of w
+    saved = []
+
+    def writer() -> None:
+        if wait:
+            copied.synchronize()
+        saved.append(pinned.clone())
+
+    t = threading.Thread(target=writer)
+    t.start()
+    w.add_(1)  # the next step
+    t.join()
+    assert torch.equal(saved[0], torch.ones(N)), "the snapshot is not the weights it was taken of"
+
+
+def _writer_waits() -> None:
+    _snapshot(True)
+
+
+def _writer_races() -> None:
+    _snapshot(False)
+
+
+def test_a_writer_thread_that_waits_for_the_copy_is_clean() -> None:
+    found = simdevice.explore(_writer_waits, max_examples=40)
+    assert found.failure is None, found.failure.text()
+
+
+def test_a_writer_thread_that_reads_the_buffer_before_the_copy_is_found_and_its_fix_named() -> None:
+    found = simdevice.explore(_writer_races, max_examples=40)
+    assert found.failure is not None
+    races = [r for r in found.failure.run.reports if isinstance(r, Race)]
+    assert any("clone on thread writer" in str(r) and "copy_ (D2H) on stream side" in str(r) for r in races), races
+    text = found.failure.text()
+    # a GPU replay is not offered for a run with threads
+    replay = [line for line in text.splitlines() if "replay:" in line]
+    assert replay, text
+    assert "--gpu" not in replay[0], replay
+    # the thread is its process's: a synchronize in it is the fix (no interprocess event, no handshake), checked
+    target = from_function(_writer_races)
+    fix = suggest(target, target.run(found.failure.schedule))
+    lines = "\n".join(fix.lines())
+    assert fix.checked, lines
+    assert "synchronize on an event recorded on `side` after `copy_ (D2H)`" in lines, lines
+    assert "before `clone` on the host's thread `writer`" in lines, lines
+    assert "across processes" not in lines, lines
+
+
+def test_a_delay_of_the_writer_thread_is_its_own() -> None:
+    """The thread is an actor of the schedule, named after its target: a stall of its first step lets the copy
+    finish first, so the racy writer reads the weights."""
+    run = _run(_writer_races, "writer#0+20")
+    assert "writer" in run.op_counts
+    assert not any(isinstance(r, StaleRead) for r in run.reports), run.reports
+    assert not run.unfired
+
+
+# -- a thread's streams ---------------------------------------------------------------------------------------------
+
+
+def _current_stream_in_a_thread() -> None:
+    side = torch.cuda.Stream()
+    seen = []
+
+    def look() -> None:
+        seen.append(torch.cuda.current_stream() == torch.cuda.default_stream())
+
+    with torch.cuda.stream(side):  # (the starting thread's current stream is not the new thread's)
+        t = threading.Thread(target=look)
+        t.start()
+    t.join()
+    assert seen == [True], seen
+
+
+def test_a_new_threads_current_stream_is_the_default_stream() -> None:
+    run = _run(_current_stream_in_a_thread)
+    assert not run.reports, run.reports
+
+
+def _synchronize_in_a_thread() -> None:
+    """The main thread fills a pinned buffer on a side stream it makes once the reader runs; the reader's
+    ``torch.cuda.synchronize()`` waits for every stream of the device, that one included."""
+    x = torch.full((N,), 3.0, device="cuda")
+    pinned = torch.empty(N, pin_memory=True)
+    ready = threading.Event()
+    got = []
+
+    def reader() -> None:
+        ready.wait()
+        torch.cuda.synchronize()
+        got.append(pinned.clone())
+
+    t = threading.Thread(target=reader)
+    t.start()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        pinned.copy_(x, non_blocking=True)
+    ready.set()
+    t.join()
+    assert torch.equal(got[0], torch.full((N,), 3.0))
+
+
+def test_a_threads_synchronize_waits_for_its_processs_streams() -> None:
+    for schedule in (None, "side#0+20", "reader#0+5"):
+        run = _run(_synchronize_in_a_thread, schedule)
+        assert not run.reports, (schedule, run.reports)
+
+
+def _freed_in_a_thread() -> None:
+    """A block freed by the thread is its process's allocator's: the main thread's next tensor takes it (one
+    caching allocator per process)."""
+    box = []
+
+    def make() -> None:
+        box.append(torch.empty(N, device="cuda").data_ptr())
+
+    t = threading.Thread(target=make)
+    t.start()
+    t.join()
+    assert torch.empty(N, device="cuda").data_ptr() == box[0]
+
+
+def test_a_thread_shares_its_processs_allocator() -> None:
+    run = _run(_freed_in_a_thread)
+    assert not run.reports, run.reports
+
+
+# -- names ---------------------------------------------------------------------------------------------------------
+
+
+def _named_threads() -> None:
+    def work() -> None:
+        torch.ones(4, device="cuda").add_(1)
+
+    ts = [threading.Thread(target=work), threading.Thread(target=work), threading.Thread(target=work, name="saver"),
+          threading.Thread(target=lambda: work())]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def test_a_thread_is_named_by_its_name_else_its_target_else_thread() -> None:
+    run = _run(_named_threads)
+    assert not run.reports, run.reports
+    assert {"work", "work-2", "saver", "thread"} <= set(run.op_counts), run.op_counts
+
+
+# -- primitives ----------------------------------------------------------------------------------------------------
+
+
+def _queue_handoff(wait: bool) -> None:
+    """The main thread hands a pinned buffer and its copy's event to a consumer over a ``queue.Queue``."""
+    x = torch.full((N,), 5.0, device="cuda")
+    q: queue.Queue[Any] = queue.Queue()
+    out = []
+
+    def consumer() -> None:
+        buf, ev = q.get()
+        if wait:
+            ev.synchronize()
+        out.append(buf.sum().item())
+        q.task_done()
+
+    t = threading.Thread(target=consumer)
+    t.start()
+    pinned = torch.empty(N, pin_memory=True)
+    pinned.copy_(x, non_blocking=True)
+    ev = torch.cuda.Event()
+    ev.record()
+    q.put((pinned, ev))
+    q.join()
+    t.join()
+    assert out == [5.0 * N], out
+
+
+def _handoff_waits() -> None:
+    _queue_handoff(True)
+
+
+def _handoff_races() -> None:
+    _queue_handoff(False)
+
+
+def test_a_queue_hands_items_over_as_they_are_and_orders_the_getter() -> None:
+    assert simdevice.explore(_handoff_waits, max_examples=30).failure is None
+    found = simdevice.explore(_handoff_races, max_examples=30)
+    assert found.failure is not None
+    assert any(isinstance(r, Race) and "on thread consumer" in str(r) for r in found.failure.run.reports)
+
+
+def _event_and_lock() -> None:
+    """Two threads update one device tensor under a lock; the main thread waits on an event the last one sets."""
+    total = torch.zeros(1, device="cuda")
+    lock = threading.Lock()
+    rlock = threading.RLock()
+    done = threading.Event()
+    left = [2]
+
+    def add() -> None:
+        with lock:
+            total.add_(1)  # (a device op while holding the lock: the other thread waits its turn)
+            torch.cuda.synchronize()
+        with rlock, rlock:
+            left[0] -= 1
+            if left[0] == 0:
+                done.set()
+
+    ts = [threading.Thread(target=add, name=f"adder{i}") for i in range(2)]
+    for t in ts:
+        t.start()
+    assert done.wait(timeout=5.0)
+    for t in ts:
+        t.join()
+    assert total.item() == 2.0
+
+
+def test_a_lock_held_across_a_device_call_and_an_event_are_the_simulators() -> None:
+    for schedule in (None, "adder0#0+5", "adder1#1+5,host#2+1"):
+        run = _run(_event_and_lock, schedule)
+        assert not run.reports, (schedule, run.reports)
+
+
+def _waits_for_ever() -> None:
+    never = threading.Event()
+
+    def waiter() -> None:
+        never.wait()
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    t.join()
+
+
+def test_a_wait_that_can_never_end_is_a_deadlock_not_a_hang() -> None:
+    run = _run(_waits_for_ever)
+    assert [type(r) for r in run.reports] == [Deadlock], run.reports
+
+
+@pytest.mark.parametrize("name", ["Condition", "Semaphore"])
+def test_a_primitive_not_simulated_is_refused_by_name(name: str) -> None:
+    def program() -> None:
+        getattr(threading, name)()
+
+    run = _run(program)
+    (err,) = run.reports
+    assert isinstance(err, HostError)
+    assert f"threading.{name} made in a run is not simulated" in err.error
+
+
+def test_the_standard_librarys_own_primitives_stay_pythons() -> None:
+    """A ``threading.Thread`` made in a run makes its own ``Event`` (Python's, as the library calls it), and a
+    ``queue.Queue`` made by the program is the simulator's, a ``queue.Queue`` subclass made meanwhile a class."""
+
+    def program() -> None:
+        t = threading.Thread(target=lambda: None)
+        assert type(t._started).__module__ == "threading"
+        assert not isinstance(queue.Queue(), queue.Queue)  # the simulator's, not Python's
+
+        class Mine(queue.Queue):  # type: ignore[type-arg]
+            pass
+
+        assert isinstance(Mine(), queue.Queue)
+
+    run = _run(program)
+    assert not run.reports, run.reports
+
+
+# -- what stays refused, and errors ---------------------------------------------------------------------------------
+
+
+def _pool_uses_the_device() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    x = torch.ones(4, device="cuda")
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: x * 2).result()
+
+
+def test_a_thread_pools_workers_stay_unsimulated_and_their_device_use_is_refused() -> None:
+    run = _run(_pool_uses_the_device)
+    errors = [r for r in run.reports if isinstance(r, HostError)]
+    assert errors, run.reports
+    assert "used from a thread the program started" in errors[0].error, run.reports
+
+
+def _thread_raises() -> None:
+    def fail() -> None:
+        torch.ones(4, device="cuda").add_(1)
+        raise ValueError("the writer failed")
+
+    t = threading.Thread(target=fail, name="writer")
+    t.start()
+    t.join()
+
+
+def test_what_a_thread_raises_is_a_host_error_of_its_actor() -> None:
+    run = _run(_thread_raises)
+    (err,) = [r for r in run.reports if isinstance(r, HostError)]
+    assert err.actor == "writer", err
+    assert "the writer failed" in err.error, err
+
+
+def _join_with_a_timeout() -> None:
+    side = torch.cuda.Stream()
+    go = threading.Event()
+    alive = []
+
+    def slow() -> None:
+        go.wait()
+
+    t = threading.Thread(target=slow)
+    t.start()
+    t.join(timeout=0.01)
+    alive.append(t.is_alive())
+    go.set()
+    t.join()
+    alive.append(t.is_alive())
+    del side
+    assert alive == [True, False], alive
+
+
+def test_join_with_a_timeout_and_is_alive_answer_for_the_thread() -> None:
+    run = _run(_join_with_a_timeout)
+    assert not run.reports, run.reports
+
+
+def test_a_gpu_run_refuses_a_thread_the_program_starts_and_lets_the_librarys_go() -> None:
+    """``replay --gpu`` counts one host per process: a thread the program starts is refused there (its steps would
+    not mean the same operations), where a thread the standard library starts for itself (a pool's worker) runs."""
+    import os
+    import sysconfig
+
+    from reference import cuda_plain
+
+    started: list[str] = []
+    checked = cuda_plain._no_program_threads(lambda t: started.append(t.name))
+    with pytest.raises(NotImplementedError, match="threads a program starts are not replayed on a GPU yet"):
+        checked(threading.Thread(name="mine"))
+    library: dict[str, Any] = {}
+    here = os.path.join(sysconfig.get_paths()["stdlib"], "concurrent", "futures", "thread.py")
+    exec(compile("def start(checked, t):\n    checked(t)\n", here, "exec"), library)
+    library["start"](checked, threading.Thread(name="worker"))
+    assert started == ["worker"]
