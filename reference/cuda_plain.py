@@ -197,8 +197,8 @@ def _launched_from(dev: Any, units: float) -> Any:
 #: the ``torch.distributed`` calls counted as the simulator counts them (every call its process group runs):
 #: collectives (an operation of ``nccl``), those that block the host, point-to-point calls
 COLLECTIVES = ("all_gather_into_tensor", "all_gather", "all_reduce", "reduce_scatter_tensor", "reduce_scatter",
-               "broadcast", "reduce", "all_to_all_single", "all_to_all")
-HOST_COLLECTIVES = ("barrier", "all_gather_object", "broadcast_object_list")
+               "broadcast", "reduce", "all_to_all_single", "all_to_all", "gather", "scatter")
+HOST_COLLECTIVES = ("barrier", "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list")
 POINT_TO_POINT = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 
 

@@ -4,11 +4,13 @@ A host actor that is no rank is a world of one; under ``spawn_ranks`` (``DropIn.
 rank's calls meet its peers'. Collectives are the runtime's: each rank's send, the rendezvous, its receive on
 its ``nccl`` stream; a blocking call makes the current stream wait for the receive (as NCCL does), an
 ``async_op=True`` one returns a work handle whose ``wait()`` does; ``barrier`` and the object collectives
-block the host. Point-to-point calls (``send``, ``recv``, ``isend``, ``irecv``, ``batch_isend_irecv``) run on the
-stream of their pair of ranks, a batch on the collectives' stream (``Runtime.point_to_point``). Only the whole
-world is a group (``new_group`` of every rank, or of none given). The calls it does not run (``NOT_SIMULATED``:
-``gather``, ``scatter``, ...) raise NotImplementedError naming themselves, so a run that reaches one gives no
-verdict instead of the real process group's error.
+block the host. The rooted calls write only where NCCL writes: ``broadcast`` the others' buffers, ``reduce`` and
+``gather`` the destination's, ``scatter`` each rank's from the source's list. Point-to-point calls (``send``,
+``recv``, ``isend``, ``irecv``, ``batch_isend_irecv``) run on the stream of their pair of ranks, a batch on the
+collectives' stream (``Runtime.point_to_point``). Only the whole world is a group (``new_group`` of every rank, or
+of none given). The calls it does not run (``NOT_SIMULATED``: ``send_object_list``, ``recv_object_list``, ...)
+raise NotImplementedError naming themselves, so a run that reaches one gives no verdict instead of the real process
+group's error.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ WORLD = _World()
 #: the collectives and point-to-point calls that run on the simulated process group
 SIMULATED = (
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single",
-    "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list", "irecv", "isend", "recv", "reduce",
-    "reduce_scatter", "reduce_scatter_tensor", "send",
+    "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list", "gather", "gather_object", "irecv", "isend",
+    "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send",
 )
 
 
@@ -232,6 +234,99 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = dist.ReduceOp
     gather = rt.collective("reduce", outs, [ref], lambda rank, sent: [_reduce(op, sent)] if rank == dst else [],
                            user_source())
     return _finish(gather, async_op, tensor)
+
+
+def _root_in_world(name: str, root: int) -> None:
+    """ProcessGroupNCCL's check of a rooted collective's root (``assertRootRank``): a rank of the world."""
+    if not 0 <= root < get_world_size():
+        raise ValueError(f"ProcessGroupNCCL::{name}: invalid root rank: {root}")
+
+
+def _shape(sizes: Any) -> str:
+    """A tensor's sizes as c10d's messages print them (``toString``): ``(2, 3)``."""
+    return f"({', '.join(str(n) for n in sizes)})"
+
+
+def _rooted_list(name: str, tensors: list[torch.Tensor], like: torch.Tensor, which: str) -> None:
+    """ProcessGroupNCCL's checks of the root's list in ``gather`` (``which``: output) and ``scatter`` (input): one
+    tensor per rank, each of ``like``'s sizes (``assertTypeAndSizesMatch``; torch checked the dtypes already)."""
+    w = get_world_size()
+    if len(tensors) != w:
+        raise ValueError(f"ProcessGroupNCCL::{name}: Incorrect {which} list size {len(tensors)}. {which.capitalize()} "
+                         f"list size should be {w}, same as size of the process group.")
+    for i, t in enumerate(tensors):
+        if t.shape != like.shape:
+            raise ValueError(f"ProcessGroupNCCL::{name}: invalid tensor size at index {i} (expected "
+                             f"{_shape(like.shape)}, got {_shape(t.shape)})")
+
+
+def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int | None = None,
+           group: Any = None, async_op: bool = False, group_dst: int | None = None) -> SimWork | None:
+    """As ProcessGroupNCCL's ``gather``: on the rank's ``nccl`` stream, every rank sends ``tensor`` to ``dst``, whose
+    receive writes rank r's into ``gather_list[r]``; the other ranks write nothing. ``gather_list`` is given on
+    ``dst`` alone (None or empty elsewhere), one tensor per rank of the input's sizes and dtype, as torch and
+    ProcessGroupNCCL check, with their messages. (``dst``'s own piece is a copy ProcessGroupNCCL issues on the
+    calling stream; here it lands with the others on ``nccl``, so a read of that piece alone before the work's
+    ``wait()`` is reported where a GPU orders it: a possible false race, never a missed one.)"""
+    dist.distributed_c10d._check_single_tensor(tensor, "tensor")
+    if gather_list:  # (as torch: a list only where one is given; None and [] alike elsewhere)
+        _torch_checks_list(gather_list, "gather_list")
+    else:
+        gather_list = []
+    _same_dtype(tensor, gather_list)
+    _check_group(group)
+    if dst is None and group_dst is None:  # (torch's default: rank 0)
+        dst = 0
+    dst = _root(dst, group_dst)
+    dist.distributed_c10d._validate_output_list_for_rank(get_rank(), dst, gather_list)
+    _root_in_world("gather", dst)
+    if get_rank() == dst:
+        _rooted_list("gather", gather_list, tensor, "output")
+    for t in [tensor, *gather_list]:
+        _check_tensor(t)
+    rt = session_device().runtime
+    outs = [ref_of(t) for t in gather_list]
+    issued = rt.collective("gather", outs, [ref_of(tensor)], lambda rank, sent: sent if rank == dst else [],
+                           user_source())
+    return _finish(issued, async_op, *gather_list, tensor)
+
+
+def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int | None = None,
+            group: Any = None, async_op: bool = False, group_src: int | None = None) -> SimWork | None:
+    """As ProcessGroupNCCL's ``scatter``: on the rank's ``nccl`` stream, ``src`` sends ``scatter_list[r]`` to rank
+    r (one NCCL group of a send to each rank), and each rank's receive writes its piece into ``tensor``.
+    ``scatter_list`` is given on ``src`` alone (None or empty elsewhere), one tensor per rank of the output's sizes
+    and dtype there, as torch and ProcessGroupNCCL check, with their messages; a rank whose ``tensor`` is not the
+    size of its piece is told so at the exchange, naming both sides (on a GPU: the wrong bytes, or a hang).
+    (``src``'s own piece is a copy ProcessGroupNCCL issues on the calling stream; here it runs on ``nccl`` with the
+    others: a possible false race on that piece, never a missed one.)"""
+    dist.distributed_c10d._check_single_tensor(tensor, "tensor")
+    if scatter_list:
+        _torch_checks_list(scatter_list, "scatter_list")
+    else:
+        scatter_list = []
+    _same_dtype(tensor, scatter_list)
+    _check_group(group)
+    if src is None and group_src is None:
+        src = 0
+    src = _root(src, group_src)
+    rank, w = get_rank(), get_world_size()
+    if rank == src and not scatter_list:
+        raise ValueError("Argument ``scatter_list`` must be specified on source rank.")
+    if rank != src and scatter_list:
+        raise ValueError("Argument ``scatter_list`` must NOT be specified on non-source ranks.")
+    _root_in_world("scatter", src)
+    if rank == src:
+        _rooted_list("scatter", scatter_list, tensor, "input")
+    for t in [tensor, *scatter_list]:
+        _check_tensor(t)
+    # what each rank exchanges: ``src`` sends each rank its piece, each rank receives its own from ``src`` alone
+    receives = tuple(tensor.numel() if q == src else 0 for q in range(w))
+    sends = tuple(t.numel() for t in scatter_list) if rank == src else (0,) * w
+    rt = session_device().runtime
+    issued = rt.collective("scatter", [ref_of(tensor)], [ref_of(t) for t in scatter_list],
+                           lambda rank, sent: [sent[src]], user_source(), Splits(sends, receives))
+    return _finish(issued, async_op, tensor, *scatter_list)
 
 
 def _torch_checks_list(tensors: Any, name: str) -> None:
@@ -436,7 +531,7 @@ def _not_simulated(name: str) -> Any:
 #: what ``torch.distributed`` offers that the simulated process group does not run: each raises NotImplementedError
 #: naming itself (the run then gives no verdict), rather than reaching the real, uninitialized process group
 NOT_SIMULATED = (
-    "gather", "scatter", "gather_object", "scatter_object_list", "send_object_list", "recv_object_list",
+    "send_object_list", "recv_object_list",
     "all_gather_coalesced", "all_reduce_coalesced", "all_gather_single", "reduce_scatter_single", "monitored_barrier",
     "new_subgroups", "new_subgroups_by_enumeration", "split_group", "shrink_group", "record_comm",
     "_coalescing_manager",
@@ -506,6 +601,46 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
                                                      "broadcast_object_list")
     if not root:  # the others get copies of the root's objects
         object_list[:] = [p.received() for p in sent[src]]
+
+
+def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int | None = None, group: Any = None,
+                  group_dst: int | None = None) -> None:
+    """As torch's: every rank's object pickled at the call, ``dst`` unpickling each into ``object_gather_list[r]``
+    (given on ``dst`` alone, torch's check); the host blocks until every rank has given its object."""
+    _check_group(group)
+    if dst is None and group_dst is None:  # (torch's default: rank 0)
+        dst = 0
+    dst = _root(dst, group_dst)
+    dist.distributed_c10d._validate_output_list_for_rank(get_rank(), dst, object_gather_list)
+    _root_in_world("gather", dst)
+    sent = session_device().runtime.exchange_objects(_Pickled(obj), "gather_object")
+    if object_gather_list is not None and get_rank() == dst:
+        for i, p in enumerate(sent):  # (as torch fills it: by index, a list too short raises IndexError)
+            object_gather_list[i] = p.received()
+
+
+def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_input_list: list[Any] | None = None,
+                        src: int | None = None, group: Any = None, group_src: int | None = None) -> None:
+    """As torch's: ``src`` pickles each object of ``scatter_object_input_list`` (one per rank) at the call, and each
+    rank unpickles its own into ``scatter_object_output_list[0]``; the host blocks until ``src`` has given them."""
+    _check_group(group)
+    if src is None and group_src is None:
+        src = 0
+    src = _root(src, group_src)
+    if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
+        raise ValueError("Expected argument scatter_object_output_list to be a list of size at least 1.")
+    root = get_rank() == src
+    if root:
+        if scatter_object_input_list is None:
+            raise ValueError("source rank must provide non-None scatter_object_input_list")
+        if len(scatter_object_input_list) != get_world_size():  # (the check of torch's ``scatter`` inside it)
+            raise ValueError(f"ProcessGroupNCCL::scatter: Incorrect input list size {len(scatter_object_input_list)}"
+                             f". Input list size should be {get_world_size()}, same as size of the process group.")
+    _root_in_world("scatter", src)
+    sent = session_device().runtime.exchange_objects(
+        [_Pickled(o) for o in scatter_object_input_list] if root and scatter_object_input_list is not None else None,
+        "scatter_object_list")
+    scatter_object_output_list[0] = sent[src][get_rank()].received()
 
 
 def _device_mesh() -> Any:
@@ -646,6 +781,8 @@ def install(p: Patches) -> None:
         "all_to_all_single": all_to_all_single,
         "all_to_all": all_to_all,
         "reduce_scatter": reduce_scatter,
+        "gather": gather,
+        "scatter": scatter,
         "send": send,
         "recv": recv,
         "isend": isend,
@@ -654,6 +791,8 @@ def install(p: Patches) -> None:
         "barrier": barrier,
         "all_gather_object": all_gather_object,
         "broadcast_object_list": broadcast_object_list,
+        "gather_object": gather_object,
+        "scatter_object_list": scatter_object_list,
         "get_global_rank": lambda group, group_rank: group_rank,
         "get_group_rank": lambda group, global_rank: global_rank,
     }
