@@ -20,10 +20,11 @@ stream, as NCCL does:
    the sends' data when it completes.
 
 A collective whose ranks exchange different amounts (an all-to-all with split sizes, ``all_to_all`` of a list,
-``reduce_scatter`` of a list) is given each rank's :class:`Splits`: what it sends to and receives from each peer,
-as NCCL runs it (one ``ncclSend`` and one ``ncclRecv`` per peer, in one group). Each rank's receive is handed what
-each peer sent to it, and the ranks must agree pairwise (a send of 6 elements met by a receive of 4 is the
-program's error, as on a GPU: the wrong bytes, or a hang).
+``reduce_scatter`` of a list, ``scatter``: its source sends, the other ranks only receive) is given each rank's
+:class:`Splits`: what it sends to and receives from each peer, as NCCL runs it (one ``ncclSend`` and one
+``ncclRecv`` per peer, in one group). Each rank's receive is handed what each peer sent to it, and the ranks must
+agree pairwise (a send of 6 elements met by a receive of 4 is the program's error, as on a GPU: the wrong bytes, or
+a hang).
 
 Happens-before (:mod:`simdevice.runtime.sync`): the collective joins the
 clocks of the callers that issued it; a rank's receive carries the clocks of
