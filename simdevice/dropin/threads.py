@@ -60,19 +60,21 @@ def _in_run() -> bool:
     return facade.in_actor()
 
 
-def _by_program(skip: int, past_threading: bool = False) -> bool:
-    """Whether the caller ``skip`` frames up (past the simulator's own frames, and ``threading``'s with
-    ``past_threading``: a subclass's ``start`` that calls its base's) is the program's code, not the standard
-    library's or torch's."""
+def _by_program(skip: int, through_start: bool = False) -> bool:
+    """Whether the caller ``skip`` frames up is the program's code, not the standard library's, torch's or the
+    simulator's own (which makes a semaphore per actor on threads). ``through_start``: the caller of
+    ``Thread.start``, past the simulator's frames that patch it and ``threading``'s (a subclass's ``start`` that
+    calls its base's)."""
     f: Any = sys._getframe(skip + 1)
-    while f is not None and (f.f_code.co_filename.startswith(_OWN)
-                             or (past_threading and f.f_code.co_filename.endswith(f"{os.sep}threading.py"))):
+    while through_start and f is not None and (f.f_code.co_filename.startswith(_OWN)
+                                               or f.f_code.co_filename.endswith(f"{os.sep}threading.py")):
         f = f.f_back
     if f is None:
         return False
     filename = f.f_code.co_filename
     path = os.path.realpath(filename) if not filename.startswith("<") else filename
-    return not internal_file(filename) and not (path.startswith(_STDLIB) and "-packages" not in path)
+    return not filename.startswith(_OWN) and not internal_file(filename) and not (
+        path.startswith(_STDLIB) and "-packages" not in path)
 
 
 def _name(rt: Any, thread: threading.Thread) -> str:
@@ -104,7 +106,7 @@ class _Started:
 def _start(thread: threading.Thread) -> bool:
     """``Thread.start`` in a run (``execution.thread_actor``): a thread the program started becomes a host actor of
     its process; True when it did."""
-    if not _in_run() or not _by_program(1, past_threading=True):
+    if not _in_run() or not _by_program(1, through_start=True):
         return False
     if getattr(thread, "_simdevice", None) is not None:
         raise RuntimeError("threads can only be started once")

@@ -388,3 +388,32 @@ def test_a_gpu_run_refuses_a_thread_the_program_starts_and_lets_the_librarys_go(
     exec(compile("def start(checked, t):\n    checked(t)\n", here, "exec"), library)
     library["start"](checked, threading.Thread(name="worker"))
     assert started == ["worker"]
+
+
+def _a_process_and_a_thread() -> None:
+    import multiprocessing
+
+    x = torch.ones(N, device="cuda")
+    torch.cuda.synchronize()
+    p = multiprocessing.get_context("spawn").Process(target=_sum_of, args=(x,), name="child")
+    p.start()
+    p.join()
+    assert p.exitcode == 0
+    _writer_waits()
+
+
+def _sum_of(x: torch.Tensor) -> None:
+    assert x.sum().item() == N
+
+
+@pytest.mark.parametrize("actors", ["greenlet", "thread"])
+def test_the_simulators_own_primitives_stay_pythons_on_either_kind_of_actor(actors: str) -> None:
+    """On threads, the simulator makes a ``threading.Semaphore`` for each actor it starts (a process's, a
+    thread's): its own, not the program's, so not refused (it was, for a process started in a run on threads)."""
+    from simdevice import SimConfig
+
+    s = simdevice.cuda(config=SimConfig(actors=actors))
+    s.run(_a_process_and_a_thread)
+    assert s.result is not None
+    assert not s.result.reports, s.result.reports
+    assert {"child", "writer"} <= set(s.result.op_counts), s.result.op_counts
