@@ -11,8 +11,9 @@ not wait takes the output before NCCL wrote it.
   two within the group).
 
 ``torchrun_style`` is a script written for ``torchrun``: it makes the process group, takes its device from
-``LOCAL_RANK`` and ends the group, as each process torchrun starts does; an async ``all_reduce`` read after its wait
-or not.
+``LOCAL_RANK`` and ends the group, as each process torchrun starts does; an async ``all_gather_into_tensor`` read
+after its wait or not (an ``all_reduce`` in place would not do on one rank: the sum of one is its input, so an early
+read reads the right numbers; on an H100 its unwaited read was right 5/5, where the simulator named the stale read).
 """
 
 from __future__ import annotations
@@ -51,12 +52,15 @@ def torchrun_style(wait: bool = True, n: int = 4096) -> None:
     dist.init_process_group("nccl")
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
-    x = torch.full((n,), float(int(os.environ["RANK"]) + 1), device=f"cuda:{local_rank}")
-    work = dist.all_reduce(x, async_op=True)
-    if wait:
-        work.wait()  # wait: the sum must have landed before it is read
-    total = x.sum().item()
-    work.wait()
     world = int(os.environ["WORLD_SIZE"])
-    assert total == n * world * (world + 1) / 2, f"read {total}: the tensor before the all-reduce wrote it"
+    x = torch.full((n,), float(int(os.environ["RANK"]) + 1), device=f"cuda:{local_rank}")
+    # (into a buffer of its own: an all-reduce of one rank writes the values its input had, so a read before it
+    # landed would read the right numbers on a world of one)
+    out = torch.zeros(n * world, device=f"cuda:{local_rank}")
+    work = dist.all_gather_into_tensor(out, x, async_op=True)
+    if wait:
+        work.wait()  # wait: every rank's part must have landed before it is read
+    total = out.sum().item()
+    work.wait()
+    assert total == n * world * (world + 1) / 2, f"read {total}: the buffer before the all-gather wrote it"
     dist.destroy_process_group()
