@@ -437,6 +437,12 @@ class SimTensor(torch.Tensor):
         return super().__getitem__(_sequences_made_tensors(index, self._ops))
 
     def __setitem__(self, index: Any, value: Any) -> None:
+        if isinstance(value, (bool, int, float, complex)):
+            # as torch's ``THPVariable_setitem`` makes a number into a tensor for a CUDA tensor: on the host, of
+            # the destination's dtype (``valueToTensor`` on kCPU), which the assignment then copies (``copy_``, a
+            # blocking copy from pageable memory: the host waits), fills with (``fill_``) or puts (``index_put_``);
+            # a simulated tensor's C++ device is its ``meta`` shell, for which torch made it on the device
+            value = torch.scalar_tensor(value, dtype=self.dtype)
         super().__setitem__(_sequences_made_tensors(index, self._ops), value)
 
     def tolist(self) -> Any:  # torch refuses tolist() on subclasses; on CUDA it is a synchronizing D2H
@@ -1091,6 +1097,23 @@ def _on_host(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and not isinstance(x, SimTensor)
 
 
+#: the ops that put a value at indices (``t[idx] = v``)
+_PUTS = (aten.index_put_.default, aten._index_put_impl_.default)
+
+
+def _value_moved(args: tuple[Any, ...], kwargs: dict[str, Any], indices: list[Any]) -> bool:
+    """Whether ATen's ``_index_put_impl_`` moves the op's value to the device with a blocking copy (the host waits
+    for the stream: on an H100, ``t[idx] = 1.0`` waited out a 100 ms kernel): a one-element value on the host
+    (``t[idx] = 1.0`` makes it so), unless the op is a mask's fill (``canDispatchToMaskedFill``: one defined index,
+    a bool or byte one on the device, which reads the value on the host instead)."""
+    value: Any = args[2] if len(args) > 2 else kwargs.get("values")
+    if not _on_host(value) or value.numel() != 1 or value.dim() != 0:
+        return False
+    defined = [x for x in indices if x is not None]
+    return not (len(defined) == 1 and isinstance(defined[0], SimTensor)
+                and defined[0].dtype in (torch.bool, torch.uint8))
+
+
 def _with_indices(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any],
                   indices: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The op's arguments with ``indices`` in its ``indices``' place."""
@@ -1420,6 +1443,9 @@ class Dispatcher:
             if any(_on_host(x) for x in _indices_of(facts, args, kwargs)):
                 args, kwargs, moved = self._move_indices(a, s, facts, args, kwargs, src)
                 flat = _flat(args, kwargs)
+            if func in _PUTS and _value_moved(args, kwargs, _indices_of(facts, args, kwargs)):
+                self.rt.host_waits_for_stream(a, s, f"stream {s.name} to take {facts.name}'s host value (a blocking "
+                                                    "copy)")
         written = _written(facts, args, kwargs) if facts.written else []
         if facts.overlap_checked and written and _may_overlap(flat, written[0]):
             # (the trial's zeros: as many bytes as the op's own, where values are computed; bounded in a race-only run)

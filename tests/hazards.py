@@ -136,6 +136,30 @@ def python_data_on_device(wait: int = 1, n: int = 1 << 20) -> None:
     assert got == [float(k) for k in range(1, 10 + (wait > 0))], got
 
 
+def assigned_numbers(kind: int = 0, n: int = 1 << 20) -> None:
+    """A Python number assigned into a device tensor, after a D2H into pinned memory on the current stream,
+    ``default#3``; then the host reads the pinned copy. torch makes the number a host tensor for a CUDA tensor, and
+    the assignment: ``kind`` 0, ``t[0] = 2.0``, copies it (``copy_``, a blocking copy from pageable memory: the host
+    waits for the stream); 1, ``t[idx] = 1.0``, puts it (``index_put_``, whose kernel moves the value with a
+    blocking copy: the host waits); 2, ``t[2:4] = 3.0``, fills with it (``fill_``, the value read on the host: no
+    wait); 3, ``t[mask] = 1.0``, a mask's fill (no wait). One counted operation each on both machines."""
+    act = torch.arange(n, dtype=torch.float32, device="cuda")
+    t = torch.zeros(8, device="cuda")
+    idx = torch.tensor([1, 3], device="cuda")  # (Python data: no operation on either machine)
+    mask = t < 0
+    pinned = torch.empty(n, pin_memory=True)
+    pinned.copy_(act, non_blocking=True)
+    if kind == 0:
+        t[0] = 2.0
+    elif kind == 1:
+        t[idx] = 1.0
+    elif kind == 2:
+        t[2:4] = 3.0
+    else:
+        t[mask] = 1.0
+    assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
+
+
 def list_index_backward(wait: int = 0, n: int = 1 << 20) -> None:
     """Rows gathered by a list index (``table[[1, 3]]``: torch makes it a device tensor below the dispatch modes,
     and autograd saves that) and by a NumPy array (moved by ``.to()``, an operation on both machines); an H2D from

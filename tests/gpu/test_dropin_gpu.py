@@ -106,6 +106,17 @@ def test_python_data_put_on_the_device_is_no_operation_and_its_copy_waits_for_th
     assert rate(f"{line}:wait=0:default#3+20") >= TRIALS - 1
 
 
+@pytest.mark.parametrize(("kind", "waits"), [(0, True), (1, True), (2, False), (3, False)])
+def test_a_number_assigned_is_one_operation_and_waits_where_torch_copies_it(kind: int, waits: bool) -> None:
+    """``t[0] = 2.0``, ``t[idx] = 1.0``, ``t[2:4] = 3.0``, ``t[mask] = 1.0`` (``tests/hazards.py::assigned_numbers``):
+    one operation on both machines, and the host waits for the stalled D2H before it at the first two (a blocking
+    copy of the number), not at the others."""
+    line = f"tests/hazards.py::assigned_numbers:kind={kind}"
+    _counts_match(line)
+    got = rate(f"{line}:default#3+20")
+    assert (got == 0) if waits else (got >= TRIALS - 1), got
+
+
 def test_backward_through_a_list_index_waits_for_nothing() -> None:
     """``table[[1, 3]]`` and ``table[np.array(...)]`` (``tests/hazards.py::list_index_backward``): the same counts on
     both machines (the NumPy array's move is one operation, the list's copy none), and backward's ``index_put`` takes

@@ -105,3 +105,22 @@ def test_asarray_of_a_numpy_scalar_is_moved_by_to_as_a_numpy_array_is() -> None:
     assert not run.reports, run.reports
     assert run.result == 3.0
     assert _steps(run.trace, "host") == ["_to_copy", "_to_copy"]  # the move, then .cpu()
+
+
+@pytest.mark.parametrize(("kind", "op", "waits"), [(0, "copy_ (H2D)", True), (1, "index_put_", True),
+                                                   (2, "fill_", False), (3, "index_put_", False)])
+def test_a_number_assigned_is_a_host_value_as_torch_makes_it_for_a_cuda_tensor(kind: int, op: str,
+                                                                                waits: bool) -> None:
+    """``t[0] = 2.0`` and its kin (``tests/hazards.py::assigned_numbers``): torch makes the number a host tensor
+    for a CUDA tensor (the simulator made it a device ``scalar_tensor``, an operation a GPU run does not count, and
+    copied it device to device without the host waiting). On an H100 (docs/confirmations.md, thirtieth run) the
+    host waits for the stream at ``t[0] = 2.0`` (a blocking copy) and at ``t[idx] = 1.0`` (the kernel moves its
+    value so), not at ``t[2:4] = 3.0`` nor at a mask's fill; each is one operation."""
+    line = f"tests/hazards.py::assigned_numbers:kind={kind}:default#3+20"
+    out = resolve("tests/hazards.py::assigned_numbers").run(Schedule.parse(line))
+    assert _steps(out.run.trace, "host")[4] == op.split(" ")[0]
+    assert out.run.op_counts["default"] == 5, out.run.op_counts  # (arange, zeros, lt, the D2H, the assignment)
+    assert not any("scalar_tensor" in what for _, _, what in out.run.trace)
+    assert out.clean == waits, out.problems
+    if waits:
+        assert f"start {op} #4" in _steps(out.run.trace, "default")
