@@ -127,6 +127,8 @@ class HostActor:
         self.hold: tls.Hold = None
         #: when it last stopped (a greenlet run unwinds the last stopped first)
         self.stopped = 0
+        #: its CPU generator's state while another actor holds the generator (``Execution.own_generator``)
+        self.rng_state: torch.Tensor | None = None
         self.time = 0
         #: counted host steps so far (a schedule's index of the next one)
         self.steps = 0
@@ -356,6 +358,9 @@ class Execution:
         self._interrupt: BaseException | None = None
         self._traces = dict(config.host_trace)
         self._starts = dict(config.host_starts)
+        #: the actor whose CPU generator state torch's generator holds, and that state as the run found it
+        self._rng_owner: HostActor | None = None
+        self._rng_start: torch.Tensor | None = None
 
     def on_threads(self) -> None:
         """The run's actors are threads (before any is made): a program run as a ``with`` block
@@ -479,6 +484,7 @@ class Execution:
         try:
             if self.aborting:
                 raise SimAbort
+            self.own_generator(a)
             with enter():
                 a.state = "running"
                 a.result = body()
@@ -496,6 +502,33 @@ class Execution:
                 self.reports.add(HostError(a.name, describe(e), error_source(e)))
             self._abort()
 
+    def own_generator(self, a: HostActor) -> None:
+        """Actor ``a`` goes on: torch's CPU generator (host random numbers: ``torch.randn`` on the CPU, a module's
+        initial weights) holds ``a``'s own state, as each process of a real world has a generator of its own. The
+        actor that held it keeps where it stopped; an actor's first turn starts from the generator as the run
+        found it, as each process starts from the same default seed, so ranks seeded alike (or not at all) draw
+        alike whatever the schedule. Before, the actors shared one generator: a rank's draws moved another's
+        numbers, so seeded ranks built different weights once their draws interleaved."""
+        owner = self._rng_owner
+        if owner is a:
+            return
+        gen = torch.default_generator
+        if owner is None:  # the run's first actor: the generator is as the run found it
+            self._rng_start = gen.get_state()
+        else:
+            owner.rng_state = gen.get_state()
+            state = a.rng_state if a.rng_state is not None else self._rng_start
+            assert state is not None
+            gen.set_state(state)
+        self._rng_owner = a
+
+    def generator_back(self) -> None:
+        """The run is over: torch's CPU generator holds the run's first actor's state again (the caller's code, for
+        a program run as a ``with`` block, goes on from its own draws)."""
+        first = next(iter(self.actors.values()), None)
+        if first is not None and self._rng_owner is not None and self._rng_owner is not first:
+            self.own_generator(first)
+
     def adopt(self, a: HostActor) -> None:
         """The calling thread is actor ``a`` from now on, and has the first turn (``start_actor`` without a new
         thread: a program written as a ``with`` block runs where it is)."""
@@ -503,6 +536,7 @@ class Execution:
         assert not self.greenlets, "a program run as a with block has its actors on threads"
         a.thread = threading.current_thread()
         a.state = "running"
+        self.own_generator(a)
         with self._lock:
             self._live += 1
 
@@ -516,6 +550,7 @@ class Execution:
             self._abort()
         self._exit(a)
         self.finished.wait()
+        self.generator_back()
         self._local.actor = None
 
     def _exit(self, a: HostActor) -> HostActor | None:
@@ -666,6 +701,8 @@ class Execution:
                         a.sem.acquire()
                 if self.aborting:
                     raise SimAbort
+                if self._rng_owner is not a:  # (own_generator's test, inline: it comes with every host step)
+                    self.own_generator(a)
                 return
             if not self._process_stream_events(prio, obj):
                 raise SimAbort
