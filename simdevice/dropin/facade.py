@@ -32,6 +32,7 @@ from simdevice.dispatch import SimTensor, storage_of
 from simdevice.dropin.patches import Patches
 from simdevice.runtime.config import SimConfig
 from simdevice.runtime.execution import outside_actor
+from simdevice.runtime.reports import user_source
 
 META = torch.device("meta")
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -1065,6 +1066,20 @@ def _tensor_to(original: Callable[..., Any]) -> Callable[..., Any]:
     return to
 
 
+def _tensor_tolist(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``t.tolist()``: torch reads a host tensor's bytes in C++, below the dispatcher, so a read of pinned memory a
+    non-blocking D2H may still be filling (``ids.to("cpu", non_blocking=True).tolist()`` without a synchronize)
+    is checked here, as the host's read (a simulated tensor's own ``tolist`` copies it to the host first)."""
+
+    @functools.wraps(original)
+    def tolist(self: torch.Tensor) -> Any:
+        if _ACTIVE and not isinstance(self, SimTensor):
+            _ACTIVE[-1].runtime.unseen_host_read(self, "tolist", user_source())
+        return original(self)
+
+    return tolist
+
+
 def _tensor_cuda(to: Callable[..., Any]) -> Callable[..., Any]:
     def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
         _check(device)  # (an index past the device count raises, as CUDA's invalid device ordinal)
@@ -1182,6 +1197,7 @@ def install(p: Patches) -> None:
     to = _wrapped(torch.Tensor, "to", _tensor_to)
     p.set(torch.Tensor, "to", to)
     p.set(torch.Tensor, "cuda", _tensor_cuda(to))
+    p.set(torch.Tensor, "tolist", _wrapped(torch.Tensor, "tolist", _tensor_tolist))
     for name in _NEW:
         p.set(torch.Tensor, name, _wrapped(torch.Tensor, name, _tensor_new))
     p.set(torch.Tensor, "new_tensor", _wrapped(torch.Tensor, "new_tensor", _tensor_new_tensor))

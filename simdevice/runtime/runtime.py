@@ -974,6 +974,17 @@ class Runtime:
             rec = sync.host_record(a, a.current_stream)
             self._issued_now(at, lambda: rec, mark)
 
+    def unseen_host_read(self, t: torch.Tensor, op: str, source: str) -> None:
+        """The current actor's host reads host tensor ``t``'s bytes where no aten op does (``tolist()`` reads them
+        in C++, below the dispatcher): where ``t`` is pinned memory of this run, the read is checked as a host
+        access now, within the actor's last step (no step of its own: a GPU run counts none there either)."""
+        a = self.current_or_none()
+        if a is None or self.execution.in_engine:
+            return
+        st = self.lookup_pinned(t)
+        if st is not None:
+            self.host_access(a, op, [(st, t)], [], source)
+
     def host_unmap(self, a: HostActor, op: str, segments: list[Segment], source: str) -> None:
         """A host step of ``a`` (a memory-saver pause) unmaps ``segments`` now: an access of them a stream issued
         before it, not ordered before it, races with it (:meth:`Memory.issue_unmap`). Inserted edges into it wait

@@ -1,9 +1,9 @@
 """Small plain torch.cuda programs of patterns engineers write, each correct and with one synchronization wrong:
 the correct one runs clean, the wrong one races at the default schedule (what CUDA's stream semantics say of
 each). A data prefetcher, a double-buffered D2H ring polled by events, an event recorded twice, a wait on an event
-never recorded, ``wait_stream``'s snapshot, ``.to("cpu", non_blocking=True)`` synchronized on the wrong stream, a
-pinned staging buffer reused, nested stream blocks, a side stream's pool handing a freed block on, and async
-collectives waited on the wrong stream or in part."""
+never recorded, ``wait_stream``'s snapshot, ``.to("cpu", non_blocking=True)`` synchronized on the wrong stream or
+read with ``tolist()`` unsynchronized, a pinned staging buffer reused, nested stream blocks, a side stream's pool
+handing a freed block on, and async collectives waited on the wrong stream or in part."""
 
 from __future__ import annotations
 
@@ -135,6 +135,18 @@ def to_cpu_on_a_side_stream(device_sync: bool = True) -> None:
     assert h.sum().item() == float(N * (N - 1) // 2)
 
 
+def sampled_tokens(sync: bool = True) -> None:
+    """A sampler's tokens copied to the host with ``.to("cpu", non_blocking=True)`` and read with ``tolist()`` once
+    an event recorded after the copy is synchronized (``tolist()`` reads the bytes below the dispatcher)."""
+    ids = torch.arange(N, device="cuda").mul_(2)
+    host_ids = ids.to("cpu", non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    if sync:
+        copied.synchronize()
+    host_ids.tolist()  # (no check of the values: the read itself races)
+
+
 def pinned_staging_reused(sync: bool = True) -> None:
     """One pinned staging buffer filled by the host for each step's H2D."""
     staging = torch.empty(N).pin_memory()
@@ -231,6 +243,7 @@ CASES: dict[str, tuple[Callable[..., None], tuple[Any, ...], tuple[Any, ...], in
     "event never recorded": (unrecorded_event, (), (False,), 1),
     "wait_stream's snapshot": (wait_stream_snapshot, (), (False,), 1),
     "to cpu on a side stream": (to_cpu_on_a_side_stream, (), (False,), 1),
+    "tolist of a non-blocking D2H": (sampled_tokens, (), (False,), 1),
     "pinned staging reused": (pinned_staging_reused, (), (False,), 1),
     "nested stream blocks": (nested_streams, (), (False,), 1),
     "a side stream's pool": (side_pool_reuse, (), (False,), 1),
