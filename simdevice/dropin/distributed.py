@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
@@ -681,6 +682,25 @@ def _no_ddp(self: Any, *args: Any, **kwargs: Any) -> None:
     )
 
 
+def _fsdp_class() -> Any:
+    """``torch.distributed.fsdp.FullyShardedDataParallel`` (FSDP1), where the program imported it before the session
+    (its import takes seconds: a session does not pay it for programs that never use it)."""
+    module = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+    return getattr(module, "FullyShardedDataParallel", None)
+
+
+def _no_fsdp(self: Any, *args: Any, **kwargs: Any) -> None:
+    """``FullyShardedDataParallel.__init__``: refused. Its flat parameter is made and freed through torch's
+    ``TypedStorage`` (``Tensor.storage()``), and ``CPUOffload`` moves it between host and device with ``p.data =``,
+    neither of which a simulated tensor has: without this, the run stopped inside torch naming those instead."""
+    raise NotImplementedError(
+        "torch.distributed.fsdp.FullyShardedDataParallel (FSDP1) is not simulated (its flat parameter is made and "
+        "freed through Tensor.storage(), a TypedStorage, and CPUOffload moves it with .data between host and "
+        "device); the same all_gather_into_tensor and reduce_scatter_tensor on a stream of its own, written with "
+        "torch.distributed, are simulated"
+    )
+
+
 def _get_default_group() -> _World:
     """``distributed_c10d._get_default_group()`` (FSDP's and DeviceMesh's way to the default group): the world."""
     _initialized()
@@ -806,6 +826,9 @@ def install(p: Patches) -> None:
     if mesh is not None:
         p.set(mesh, "__init__", _no_device_mesh)
     p.set(_ddp_class(), "__init__", _no_ddp)
+    fsdp = _fsdp_class()
+    if fsdp is not None:
+        p.set(fsdp, "__init__", _no_fsdp)
     for name in NOT_SIMULATED:
         if hasattr(dist, name):
             p.set(dist, name, _not_simulated(name))
@@ -814,5 +837,5 @@ def install(p: Patches) -> None:
 
 
 def patched_owners() -> list[Any]:
-    mesh = _device_mesh()
-    return [dist, dist.distributed_c10d, _ddp_class(), os, *([mesh] if mesh is not None else [])]
+    mesh, fsdp = _device_mesh(), _fsdp_class()
+    return [dist, dist.distributed_c10d, _ddp_class(), os, *(c for c in (mesh, fsdp) if c is not None)]

@@ -72,3 +72,30 @@ def test_check_of_a_ddp_program_says_ddp_is_not_simulated(
     assert len(err) == 1, err
     assert _REFUSED in err[0], err[0]
     assert "ddp_user.py:8" in err[0], err[0]  # the line that wrapped the model
+
+
+_FSDP_FILE = '''
+import torch
+from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel as FSDP
+
+
+def train() -> None:
+    model = torch.nn.Linear(8, 4).cuda()
+    fsdp = FSDP(model, cpu_offload=CPUOffload(offload_params=True))
+    fsdp(torch.ones(2, 8, device="cuda")).sum().backward()
+'''
+
+
+def test_check_of_an_fsdp1_program_says_fsdp1_is_not_simulated(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """FSDP1 (imported before the session, as a program imports it) is refused where it wraps the model. Before,
+    the run stopped inside torch's flat parameter, on ``Tensor.storage()`` ("use untyped_storage()", advice for
+    code the program does not own) or, with ``CPUOffload``, on ``p.data`` set to a host tensor."""
+    f = tmp_path / "fsdp_user.py"
+    f.write_text(_FSDP_FILE)
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "fsdp_user.py::train", "--world-size", "2", "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "NotImplementedError: torch.distributed.fsdp.FullyShardedDataParallel (FSDP1) is not simulated" in err[0]
+    assert "fsdp_user.py:8" in err[0], err[0]  # the line that wrapped the model
