@@ -323,12 +323,16 @@ def _host_updates_pinned(sync: bool) -> list[float]:
 
 def test_a_host_in_place_op_on_pinned_memory_reads_it_too() -> None:
     """``pinned.add_(1)`` on the host reads the buffer as well as writing it: while the D2H that fills it is in
-    flight, it reads the old values (a stale read; on a GPU the D2H then overwrites the sum: a lost update)."""
+    flight, it reads the old values (a stale read; on a GPU the D2H then overwrites the sum: a lost update, which
+    the final ``tolist()`` reads)."""
     s = simdevice.cuda("default#1+1")  # the D2H stalled: the host's add_ comes first
     s.run(_host_updates_pinned, False)
     stale = [r for r in s.reports if isinstance(r, StaleRead)]
-    assert len(stale) == 1, s.text()
+    assert len(stale) == 2, s.text()
     assert str(stale[0]).startswith("stale read: add_ on host host")
+    assert str(stale[1]).startswith("stale read: tolist on host host"), s.text()
+    assert "it saw copy_ (D2H) on stream default #1" in str(stale[1]), s.text()
+    assert "expected the data of add_ on host host" in str(stale[1]), s.text()
     s = simdevice.cuda("default#1+1")
     s.run(_host_updates_pinned, True)
     s.assert_clean()
