@@ -508,7 +508,9 @@ class Execution:
         actor that held it keeps where it stopped; an actor's first turn starts from the generator as the run
         found it, as each process starts from the same default seed, so ranks seeded alike (or not at all) draw
         alike whatever the schedule. Before, the actors shared one generator: a rank's draws moved another's
-        numbers, so seeded ranks built different weights once their draws interleaved."""
+        numbers, so seeded ranks built different weights once their draws interleaved. A thread the program started
+        shares its process's."""
+        a = self.actors.get(a.process, a)  # (a thread the program started draws from its process's)
         owner = self._rng_owner
         if owner is a:
             return

@@ -417,3 +417,23 @@ def test_the_simulators_own_primitives_stay_pythons_on_either_kind_of_actor(acto
     assert s.result is not None
     assert not s.result.reports, s.result.reports
     assert {"child", "writer"} <= set(s.result.op_counts), s.result.op_counts
+
+
+def _draws_in_a_thread() -> None:
+    drawn = []
+
+    def draw() -> None:
+        torch.manual_seed(0)
+        drawn.append(torch.randn(2))
+
+    t = threading.Thread(target=draw)
+    t.start()
+    t.join()
+    after = torch.randn(2)  # the process's generator, where the thread left it
+    torch.manual_seed(0)
+    assert torch.equal(torch.cat([drawn[0], after]), torch.randn(4)), "the thread drew from a generator of its own"
+
+
+def test_a_thread_draws_from_its_processs_cpu_generator() -> None:
+    run = _run(_draws_in_a_thread)
+    assert not run.reports, run.reports
