@@ -127,6 +127,8 @@ def _patch_thread(p: Patches) -> None:
         started = getattr(self, "_simdevice", None)
         if started is None:
             return join(self, timeout)
+        if not _in_run():
+            return None  # (its run is over, and the thread with it)
         rt = _session().runtime
         if rt.current().name == started.actor.name:
             raise RuntimeError("cannot join current thread")
