@@ -14,9 +14,11 @@ another would wait for good: ``threading.Event``, ``Lock``, ``RLock`` and ``Barr
 ``SimpleQueue`` made by the program in a run are the simulator's (each set, wait, acquire, release, put and get a
 host step that orders the waiter after the one it waited for; a wait that can never end is a deadlock, not a hang);
 ``Condition``, ``Semaphore``, ``BoundedSemaphore``, ``LifoQueue`` and ``PriorityQueue`` made there raise
-``NotImplementedError``, so the program gets no verdict rather than a hang. What the standard library makes for
-itself stays Python's, and so do the threads it starts (a ``ThreadPoolExecutor``'s workers: their use of the
-device is refused, naming the thread). A primitive made before the run is Python's own too: one thread holding it
+``NotImplementedError``, so the program gets no verdict rather than a hang. A ``concurrent.futures``
+``ThreadPoolExecutor`` the program makes is the simulator's too (:class:`SimThreadPoolExecutor`): its workers are
+threads of the program's (``pool_0``, ``pool_1``, ... or named by ``thread_name_prefix``), its futures wait as the
+primitives do. What the standard library or torch makes for itself stays Python's, and so do the threads it starts
+(the workers of a pool a library makes: their use of the device is refused, naming the thread). A primitive made before the run is Python's own too: one thread holding it
 across a device call while another waits for it would hang the run, so make them in the function.
 
 A replay on a GPU is not offered for a run with threads (their steps are not counted there).
@@ -24,6 +26,8 @@ A replay on a GPU is not offered for a run with threads (their steps are not cou
 
 from __future__ import annotations
 
+import concurrent.futures
+import concurrent.futures.thread
 import os
 import queue
 import re
@@ -215,6 +219,124 @@ class SimThreadQueue(processes.SimQueue):
                                      "every item put on a queue to be done")
 
 
+class SimFuture:
+    """A simulated pool's ``Future``: ``result()`` and ``exception()`` wait for the task (a host step that orders the
+    waiter after it; a timeout in virtual time raises ``TimeoutError``), ``done()`` polls; what the task raised is
+    raised by ``result()``, as Python's does. It cannot be cancelled once submitted (the pool's worker may have it)."""
+
+    def __init__(self) -> None:
+        self._done = SharedCell(False)
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Any], Any]] = []
+
+    def finish(self, result: Any, error: BaseException | None) -> None:
+        """The worker's end of the task: its result or its error, then the callbacks, in the worker."""
+        self._result, self._error = result, error
+        _session().runtime.value_set(self._done, True, "Future.set_result")
+        for fn in self._callbacks:
+            fn(self)
+
+    def done(self) -> bool:
+        return bool(_session().runtime.value_get(self._done, "Future.done"))
+
+    def running(self) -> bool:
+        return not self.done()
+
+    def cancelled(self) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        return False
+
+    def _wait(self, timeout: float | None) -> None:
+        if timeout is not None:
+            if not processes.timed(self.done, timeout):
+                raise TimeoutError
+            return
+        _session().runtime.value_wait(self._done, bool, "Future.result", "a pool's task to finish")
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._wait(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        return self._error
+
+    def add_done_callback(self, fn: Callable[[Any], Any]) -> None:
+        if self._done.value:
+            fn(self)
+        else:
+            self._callbacks.append(fn)
+
+
+class SimThreadPoolExecutor:
+    """``concurrent.futures.ThreadPoolExecutor`` made by the program in a run: its workers are threads of the
+    program's (host actors of its process, named ``THREAD_NAME_PREFIX_0``, ``_1``, ..., ``pool_0`` without a prefix),
+    one started at each ``submit`` up to ``max_workers``, taking the tasks in order from a simulated queue; a task's
+    future is a :class:`SimFuture`. ``shutdown(wait=True)`` (and the ``with`` block's end) joins them."""
+
+    def __init__(self, max_workers: int | None = None, thread_name_prefix: str = "",
+                 initializer: Callable[..., Any] | None = None, initargs: tuple[Any, ...] = ()) -> None:
+        if max_workers is not None and max_workers <= 0:
+            raise ValueError("max_workers must be greater than 0")
+        self._max = max_workers if max_workers is not None else min(32, (os.cpu_count() or 1) + 4)
+        self._prefix = thread_name_prefix if is_actor_name(thread_name_prefix) else "pool"
+        self._initializer, self._initargs = initializer, initargs
+        self._tasks = SimThreadQueue()
+        self._workers: list[threading.Thread] = []
+        self._shut = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> SimFuture:
+        if self._shut:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        future = SimFuture()
+        self._tasks.put((future, fn, args, kwargs))
+        if len(self._workers) < self._max:
+            worker = threading.Thread(target=self._work, name=f"{self._prefix}_{len(self._workers)}")
+            self._workers.append(worker)
+            worker.start()
+        return future
+
+    def _work(self) -> None:
+        if self._initializer is not None:
+            self._initializer(*self._initargs)
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                self._tasks.put(None)  # (for the next worker, as Python's pool wakes them)
+                return
+            future, fn, args, kwargs = task
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as e:  # (the task's error is its future's, raised by result())
+                future.finish(None, e)
+            else:
+                future.finish(result, None)
+
+    def map(self, fn: Callable[..., Any], *iterables: Any, timeout: float | None = None,
+            chunksize: int = 1) -> Any:
+        futures = [self.submit(fn, *args) for args in zip(*iterables, strict=False)]
+        return (f.result(timeout) for f in futures)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if not self._shut:
+            self._shut = True
+            self._tasks.put(None)
+        if wait:
+            for worker in self._workers:
+                worker.join()
+
+    def __enter__(self) -> SimThreadPoolExecutor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown(wait=True)
+
+
 #: what a run makes in place of each primitive, when the program makes it (the standard library's own stay Python's)
 _MADE: dict[tuple[Any, str], Callable[..., Any]] = {
     (threading, "Event"): processes.SimEvent,
@@ -223,6 +345,7 @@ _MADE: dict[tuple[Any, str], Callable[..., Any]] = {
     (threading, "Barrier"): processes.SimBarrier,
     (queue, "Queue"): SimThreadQueue,
     (queue, "SimpleQueue"): SimThreadQueue,
+    (concurrent.futures.thread, "ThreadPoolExecutor"): SimThreadPoolExecutor,
 }
 _REFUSED = ((threading, "Condition"), (threading, "Semaphore"), (threading, "BoundedSemaphore"),
             (queue, "LifoQueue"), (queue, "PriorityQueue"))
@@ -266,7 +389,9 @@ def install(p: Patches) -> None:
     _patch_thread(p)
     for module, name in (*_MADE, *_REFUSED):
         p.set(module, name, _in_run_instead(module, name, getattr(module, name)))
+    # (``concurrent.futures`` gives its executors through a module ``__getattr__``: its own name, set for a while)
+    p.set(concurrent.futures, "ThreadPoolExecutor", concurrent.futures.thread.ThreadPoolExecutor)
 
 
 def patched_owners() -> list[Any]:
-    return [threading, threading.Thread, queue, execution]
+    return [threading, threading.Thread, queue, execution, concurrent.futures, concurrent.futures.thread]

@@ -315,16 +315,97 @@ def test_the_standard_librarys_own_primitives_stay_pythons() -> None:
 # -- what stays refused, and errors ---------------------------------------------------------------------------------
 
 
-def _pool_uses_the_device() -> None:
+def _pool_snapshot(wait: bool) -> None:
+    """The snapshot of ``_snapshot``, saved by a task of a ``ThreadPoolExecutor`` (an asynchronous save)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    x = torch.ones(4, device="cuda")
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(lambda: x * 2).result()
+    w = torch.ones(N, device="cuda")
+    pinned = torch.empty(N, pin_memory=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        pinned.copy_(w, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+    torch.cuda.current_stream().wait_event(copied)
+
+    def save() -> torch.Tensor:
+        if wait:
+            copied.synchronize()
+        return pinned.clone()
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="saver") as pool:
+        saved = pool.submit(save)
+        w.add_(1)
+        assert torch.equal(saved.result(), torch.ones(N)), "the snapshot is not the weights it was taken of"
 
 
-def test_a_thread_pools_workers_stay_unsimulated_and_their_device_use_is_refused() -> None:
-    run = _run(_pool_uses_the_device)
+def _pool_waits() -> None:
+    _pool_snapshot(True)
+
+
+def _pool_races() -> None:
+    _pool_snapshot(False)
+
+
+def test_a_thread_pools_tasks_run_on_its_workers_threads() -> None:
+    """A ``ThreadPoolExecutor`` the program makes runs its tasks on workers that are threads of the program's:
+    the save that reads the snapshot before the copy is found on ``saver_0``, the one that waits is clean."""
+    assert simdevice.explore(_pool_waits, max_examples=30).failure is None
+    found = simdevice.explore(_pool_races, max_examples=30)
+    assert found.failure is not None
+    assert any(isinstance(r, Race) and "clone on thread saver_0" in str(r) for r in found.failure.run.reports), (
+        found.failure.run.reports)
+
+
+def _pool_results_and_errors() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    x = torch.arange(4.0, device="cuda")
+
+    def double(k: int) -> float:
+        return float((x * k).sum().item())
+
+    def fail() -> None:
+        raise KeyError("the task failed")
+
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(double, [1, 2, 3])) == [6.0, 12.0, 18.0]
+        bad = pool.submit(fail)
+        assert isinstance(bad.exception(), KeyError)
+        with pytest.raises(KeyError, match="the task failed"):
+            bad.result()
+        done = []
+        bad.add_done_callback(done.append)
+        assert done == [bad]
+    with pytest.raises(RuntimeError, match="cannot schedule new futures after shutdown"):
+        pool.submit(fail)
+
+
+def test_a_thread_pools_futures_give_results_and_errors_as_pythons_do() -> None:
+    run = _run(_pool_results_and_errors)
+    assert not run.reports, run.reports
+    assert {"pool_0", "pool_1"} <= set(run.op_counts), run.op_counts
+
+
+def test_a_pool_the_standard_library_makes_stays_pythons_and_its_device_use_is_refused() -> None:
+    """A pool made by library code (here, code of a file in the standard library's folder) is Python's own: its
+    workers are no actors of the run, and an op of theirs on a device tensor is refused, naming the thread."""
+    import os
+    import sysconfig
+
+    library: dict[str, Any] = {}
+    here = os.path.join(sysconfig.get_paths()["stdlib"], "concurrent", "futures", "_made_here.py")
+    exec(compile("import concurrent.futures\n"
+                 "def run_in_pool(fn):\n"
+                 "    with concurrent.futures.ThreadPoolExecutor(1) as pool:\n"
+                 "        return pool.submit(fn).result()\n", here, "exec"), library)
+
+    def program() -> None:
+        x = torch.ones(4, device="cuda")
+        library["run_in_pool"](lambda: x * 2)
+
+    run = _run(program)
     errors = [r for r in run.reports if isinstance(r, HostError)]
     assert errors, run.reports
     assert "used from a thread the program started" in errors[0].error, run.reports
