@@ -10,16 +10,17 @@ process other than the host (``rank1.writer``). ``join`` (with a timeout, in vir
 for it; what it raises is a host error of the run (Python would print it and go on).
 
 The run's actors take turns on one machine thread, so a thread waiting on one of Python's own primitives for
-another would wait for good: ``threading.Event``, ``Lock``, ``RLock`` and ``Barrier`` and ``queue.Queue`` and
-``SimpleQueue`` made by the program in a run are the simulator's (each set, wait, acquire, release, put and get a
-host step that orders the waiter after the one it waited for; a wait that can never end is a deadlock, not a hang);
-``Condition``, ``Semaphore``, ``BoundedSemaphore``, ``LifoQueue`` and ``PriorityQueue`` made there raise
+another would wait for good: ``threading.Event``, ``Lock``, ``RLock``, ``Semaphore``, ``BoundedSemaphore`` and
+``Barrier`` and ``queue.Queue`` and ``SimpleQueue`` made by the program in a run are the simulator's (each set,
+wait, acquire, release, put and get a host step that orders the waiter after the one it waited for; a wait that can
+never end is a deadlock, not a hang); ``Condition``, ``LifoQueue`` and ``PriorityQueue`` made there raise
 ``NotImplementedError``, so the program gets no verdict rather than a hang. A ``concurrent.futures``
 ``ThreadPoolExecutor`` the program makes is the simulator's too (:class:`SimThreadPoolExecutor`): its workers are
 threads of the program's (``pool_0``, ``pool_1``, ... or named by ``thread_name_prefix``), its futures wait as the
 primitives do. What the standard library or torch makes for itself stays Python's, and so do the threads it starts
-(the workers of a pool a library makes: their use of the device is refused, naming the thread). A primitive made before the run is Python's own too: one thread holding it
-across a device call while another waits for it would hang the run, so make them in the function.
+(the workers of a pool a library makes: their use of the device is refused, naming the thread). A primitive made
+before the run is Python's own too: one thread holding it across a device call while another waits for it would
+hang the run, so make them in the function.
 
 A replay on a GPU is not offered for a run with threads (their steps are not counted there).
 """
@@ -196,6 +197,42 @@ class SimThreadLock(processes.SimLock):
         return self.held("Lock.locked")
 
 
+class SimSemaphore:
+    """``threading.Semaphore`` (``BoundedSemaphore`` with ``bounded``) in a run: a count each ``acquire`` takes one
+    of, waiting while it is 0 (a timeout in virtual time), and each ``release`` gives back, ordering the next taker
+    after it; a bounded one's release past its first count raises, as Python's does."""
+
+    def __init__(self, value: int = 1, *, bounded: bool = False) -> None:
+        if value < 0:
+            raise ValueError("semaphore initial value must be >= 0")
+        self._count = SharedCell(value)
+        self._bound = value if bounded else None
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        rt = _session().runtime
+        if blocking and timeout is None:
+            rt.semaphore_acquire(self._count)
+            return True
+        wait = timeout if timeout is not None and blocking else 0.0
+        if not processes.timed(lambda: rt.value_get(self._count, "Semaphore.acquire") > 0, wait):
+            return False
+        rt.semaphore_acquire(self._count)
+        return True
+
+    def release(self, n: int = 1) -> None:
+        if n < 1:
+            raise ValueError("n must be one or more")
+        if self._bound is not None and self._count.value + n > self._bound:
+            raise ValueError("Semaphore released too many times")
+        _session().runtime.value_set(self._count, self._count.value + n, "Semaphore.release")
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
 class SimThreadQueue(processes.SimQueue):
     """``queue.Queue`` (and ``SimpleQueue``) in a run: items go as they are, and ``task_done``/``join`` count the
     items put and not yet done."""
@@ -343,12 +380,13 @@ _MADE: dict[tuple[Any, str], Callable[..., Any]] = {
     (threading, "Lock"): SimThreadLock,
     (threading, "RLock"): SimRLock,
     (threading, "Barrier"): processes.SimBarrier,
+    (threading, "Semaphore"): SimSemaphore,
+    (threading, "BoundedSemaphore"): lambda value=1: SimSemaphore(value, bounded=True),
     (queue, "Queue"): SimThreadQueue,
     (queue, "SimpleQueue"): SimThreadQueue,
     (concurrent.futures.thread, "ThreadPoolExecutor"): SimThreadPoolExecutor,
 }
-_REFUSED = ((threading, "Condition"), (threading, "Semaphore"), (threading, "BoundedSemaphore"),
-            (queue, "LifoQueue"), (queue, "PriorityQueue"))
+_REFUSED = ((threading, "Condition"), (queue, "LifoQueue"), (queue, "PriorityQueue"))
 
 
 def _in_run_instead(module: Any, name: str, original: Any) -> Any:
@@ -360,7 +398,7 @@ def _in_run_instead(module: Any, name: str, original: Any) -> Any:
         if made is None:
             raise NotImplementedError(
                 f"{module.__name__}.{name} made in a run is not simulated (the run's threads share threading's "
-                "Event, Lock, RLock and Barrier and queue's Queue and SimpleQueue)")
+                "Event, Lock, RLock, Semaphore, BoundedSemaphore and Barrier and queue's Queue and SimpleQueue)")
         return made
 
     if isinstance(original, type):

@@ -1064,6 +1064,16 @@ class Runtime:
         sync.observe(a, cell)
         cell.value = True
 
+    def semaphore_acquire(self, cell: SharedCell) -> None:
+        """``threading.Semaphore.acquire``: wait until the count is above 0 and take one, ordered after the releases
+        so far (:meth:`value_set` of a greater count releases). Of the actors waiting when one is released, one
+        takes it; the others wait again."""
+        a = self.host_step("Semaphore.acquire")
+        while cell.value <= 0:
+            self.execution.block(a, "a semaphore's count to rise above 0", lambda: cell.value > 0)
+        sync.observe(a, cell)
+        cell.value -= 1
+
     def barrier_arrive(self, arrivals: SharedCell) -> HostActor:
         """``multiprocessing.Barrier.wait``'s host step: the arriving actor's past joins the round's (``arrivals``),
         which every party is ordered after as it leaves (:meth:`barrier_leave`)."""

@@ -283,15 +283,54 @@ def test_a_wait_that_can_never_end_is_a_deadlock_not_a_hang() -> None:
     assert [type(r) for r in run.reports] == [Deadlock], run.reports
 
 
-@pytest.mark.parametrize("name", ["Condition", "Semaphore"])
-def test_a_primitive_not_simulated_is_refused_by_name(name: str) -> None:
+@pytest.mark.parametrize(("module", "name"), [(threading, "Condition"), (queue, "LifoQueue")])
+def test_a_primitive_not_simulated_is_refused_by_name(module: Any, name: str) -> None:
     def program() -> None:
-        getattr(threading, name)()
+        getattr(module, name)()
 
     run = _run(program)
     (err,) = run.reports
     assert isinstance(err, HostError)
-    assert f"threading.{name} made in a run is not simulated" in err.error
+    assert f"{module.__name__}.{name} made in a run is not simulated" in err.error
+
+
+def _two_buffers(release: bool) -> None:
+    """A producer fills one of two pinned buffers at a time, each taken from a semaphore of 2 and given back by the
+    consumer thread once it has read it (``release``); without the give-back the third take waits for good."""
+    slots = threading.BoundedSemaphore(2)
+    bufs = [torch.empty(N, pin_memory=True) for _ in range(2)]
+    q: queue.Queue[Any] = queue.Queue()
+    sums = []
+
+    def consumer() -> None:
+        for _ in range(4):
+            k, ev = q.get()
+            ev.synchronize()
+            sums.append(bufs[k].sum().item())
+            if release:
+                slots.release()
+
+    t = threading.Thread(target=consumer)
+    t.start()
+    for step in range(4):
+        slots.acquire()
+        k = step % 2
+        bufs[k].copy_(torch.full((N,), float(step), device="cuda"), non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        q.put((k, ev))
+    t.join()
+    assert sums == [float(step * N) for step in range(4)], sums
+    with pytest.raises(ValueError, match="released too many times"):
+        slots.release()
+
+
+def test_a_semaphore_bounds_the_buffers_in_flight() -> None:
+    for schedule in (None, "consumer#1+20", "default#1+5"):
+        run = _run(lambda: _two_buffers(True), schedule)
+        assert not run.reports, (schedule, run.reports)
+    run = _run(lambda: _two_buffers(False))
+    assert [type(r) for r in run.reports] == [Deadlock], run.reports
 
 
 def test_the_standard_librarys_own_primitives_stay_pythons() -> None:
