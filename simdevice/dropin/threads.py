@@ -10,10 +10,11 @@ process other than the host (``rank1.writer``). ``join`` (with a timeout, in vir
 for it; what it raises is a host error of the run (Python would print it and go on).
 
 The run's actors take turns on one machine thread, so a thread waiting on one of Python's own primitives for
-another would wait for good: ``threading.Event``, ``Lock``, ``RLock``, ``Semaphore``, ``BoundedSemaphore`` and
-``Barrier`` and ``queue.Queue`` and ``SimpleQueue`` made by the program in a run are the simulator's (each set,
-wait, acquire, release, put and get a host step that orders the waiter after the one it waited for; a wait that can
-never end is a deadlock, not a hang); ``Condition``, ``LifoQueue`` and ``PriorityQueue`` made there raise
+another would wait for good: ``threading.Event``, ``Lock``, ``RLock``, ``Condition``, ``Semaphore``,
+``BoundedSemaphore`` and ``Barrier`` and ``queue.Queue`` and ``SimpleQueue`` made by the program in a run are the
+simulator's (each set, wait, notify, acquire, release, put and get a host step that orders the waiter after the one
+it waited for; a wait that can never end is a deadlock, not a hang); ``LifoQueue`` and ``PriorityQueue`` made there
+raise
 ``NotImplementedError``, so the program gets no verdict rather than a hang. A ``concurrent.futures``
 ``ThreadPoolExecutor`` the program makes is the simulator's too (:class:`SimThreadPoolExecutor`): its workers are
 threads of the program's (``pool_0``, ``pool_1``, ... or named by ``thread_name_prefix``), its futures wait as the
@@ -180,6 +181,21 @@ class SimRLock:
             self._owner = None
             self._lock.release()
 
+    def owned(self) -> bool:
+        """Whether the running actor holds it (a ``Condition``'s check)."""
+        return bool(self._owner == _session().runtime.current().name)
+
+    def release_all(self) -> int:
+        """Let go of every take (a ``Condition``'s wait); how many there were."""
+        depth, self._count, self._owner = self._count, 0, None
+        self._lock.release()
+        return depth
+
+    def acquire_again(self, depth: int) -> None:
+        """Take it again as many times as :meth:`release_all` let go of."""
+        self.acquire()
+        self._count = depth
+
     def __enter__(self) -> bool:
         return self.acquire()
 
@@ -231,6 +247,77 @@ class SimSemaphore:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+class SimCondition:
+    """``threading.Condition`` in a run, over a simulated lock (an ``RLock`` of its own by default): ``wait``
+    releases the lock, waits to be notified (a timeout in virtual time) and takes the lock again, ordered after the
+    notifier; ``notify(n)`` wakes the ``n`` longest waiting, ``notify_all`` every one; ``wait_for`` waits until its
+    predicate holds. A waiter that nothing notifies waits for good: the run's deadlock."""
+
+    def __init__(self, lock: Any = None) -> None:
+        self._lock: Any = lock if lock is not None else SimRLock()
+        self._waiters: list[SharedCell] = []
+
+    def acquire(self, *args: Any) -> bool:
+        return bool(self._lock.acquire(*args))
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None and not self._held():
+            return  # (a wait cut short as the run ended let the lock go)
+        self.release()
+
+    def _held(self) -> bool:
+        owned = getattr(self._lock, "owned", None)
+        return bool(owned()) if owned is not None else bool(self._lock.held("Condition.wait"))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._held():
+            raise RuntimeError("cannot wait on un-acquired lock")
+        rt = _session().runtime
+        woken = SharedCell(False)
+        self._waiters.append(woken)
+        depth = self._lock.release_all() if isinstance(self._lock, SimRLock) else self._lock.release()
+        try:
+            if timeout is None:
+                rt.value_wait(woken, bool, "Condition.wait", "a notify of a condition")
+                got = True
+            else:
+                got = processes.timed(lambda: bool(rt.value_get(woken, "Condition.wait")), timeout)
+        finally:
+            if woken in self._waiters:
+                self._waiters.remove(woken)
+        # (not where the wait was cut short, the run ending: the lock stays let go, and __exit__ knows it)
+        if isinstance(self._lock, SimRLock):
+            self._lock.acquire_again(depth)
+        else:
+            self._lock.acquire()
+        return got
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float | None = None) -> Any:
+        result = predicate()
+        while not result:
+            if not self.wait(timeout) and timeout is not None:
+                return predicate()
+            result = predicate()
+        return result
+
+    def notify(self, n: int = 1) -> None:
+        if not self._held():
+            raise RuntimeError("cannot notify on un-acquired lock")
+        rt = _session().runtime
+        for woken in self._waiters[:n]:
+            self._waiters.remove(woken)
+            rt.value_set(woken, True, "Condition.notify")
+
+    def notify_all(self) -> None:
+        self.notify(len(self._waiters))
 
 
 class SimThreadQueue(processes.SimQueue):
@@ -380,13 +467,14 @@ _MADE: dict[tuple[Any, str], Callable[..., Any]] = {
     (threading, "Lock"): SimThreadLock,
     (threading, "RLock"): SimRLock,
     (threading, "Barrier"): processes.SimBarrier,
+    (threading, "Condition"): SimCondition,
     (threading, "Semaphore"): SimSemaphore,
     (threading, "BoundedSemaphore"): lambda value=1: SimSemaphore(value, bounded=True),
     (queue, "Queue"): SimThreadQueue,
     (queue, "SimpleQueue"): SimThreadQueue,
     (concurrent.futures.thread, "ThreadPoolExecutor"): SimThreadPoolExecutor,
 }
-_REFUSED = ((threading, "Condition"), (queue, "LifoQueue"), (queue, "PriorityQueue"))
+_REFUSED = ((queue, "LifoQueue"), (queue, "PriorityQueue"))
 
 
 def _in_run_instead(module: Any, name: str, original: Any) -> Any:
@@ -398,7 +486,8 @@ def _in_run_instead(module: Any, name: str, original: Any) -> Any:
         if made is None:
             raise NotImplementedError(
                 f"{module.__name__}.{name} made in a run is not simulated (the run's threads share threading's "
-                "Event, Lock, RLock, Semaphore, BoundedSemaphore and Barrier and queue's Queue and SimpleQueue)")
+                "Event, Lock, RLock, Condition, Semaphore, BoundedSemaphore and Barrier and queue's Queue and "
+                "SimpleQueue)")
         return made
 
     if isinstance(original, type):
