@@ -898,6 +898,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if interrupted:
         return _interrupted()
     if bad and all(o.clean or _no_verdict(target.name, o) is not None for o in outcomes):
+        refused = next((v for o in outcomes if o.backend == "cuda" and (v := _no_verdict(target.name, o))), None)
+        if refused is not None:  # (the GPU's reason, said as a refusal: its "wrong values" above are no verdict)
+            return _fail(refused[1])
         return 2  # no verdict (a step limit, or what the simulator does not run): neither clean nor failing
     return 1 if bad else 0
 
@@ -925,6 +928,14 @@ def _no_verdict(name: str, out: Any) -> tuple[str, str] | None:
     from simdevice.runtime.reports import HostError, StepLimit
 
     reports = out.run.reports
+    if out.backend == "cuda":
+        # a GPU run stopped at what it does not replay (processes or threads the program starts: their steps are
+        # not counted there), not at the program's own error
+        refused = next((p for p in out.problems if p.startswith("host raised NotImplementedError")), None)
+        if refused is not None:
+            return ("unsupported", f"{name}: the GPU run does not replay it: {refused[len('host raised '):]}, "
+                    f"under schedule \"{out.schedule}\"")
+        return None
     stopped, why = not_run(out), "the program uses what the simulator does not run"
     if stopped is None and reports and all(isinstance(r, HostError) for r in reports) and (
             AUTOCAST_NOTE in out.run.notes):

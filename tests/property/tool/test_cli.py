@@ -242,3 +242,23 @@ def test_each_command_s_help_says_its_exit_code_for_bad_input(command: str, run_
     p = run_cli([command, "--help"], tmp_path)
     assert p.returncode == 0
     assert "exit 2" in " ".join(p.stdout.split()).lower(), p.stdout
+
+
+def test_a_gpu_run_stopped_at_what_it_does_not_replay_gives_no_verdict() -> None:
+    """``replay --gpu`` of a program that starts threads or processes: the GPU run stops at the refusal
+    (``reference.cuda_plain``), which said "wrong values" and exit 1, as if the program had failed; it is no
+    verdict (exit 2, one line naming it), where the program's own error on a GPU stays one."""
+    from reference.contract import Run
+    from reference.schedule import Schedule
+    from simdevice.cli import _no_verdict
+    from simdevice.search.execute import Outcome
+
+    s = Schedule.parse("t.py::fn")
+    refused = Outcome(s, Run(result=None, op_counts={}), (
+        "host raised NotImplementedError: threads a program starts are not replayed on a GPU yet: their steps are "
+        "not counted there (the simulator runs them) (reference/cuda_plain.py:426)",), "cuda")
+    key, why = _no_verdict("t.py::fn", refused)
+    assert key == "unsupported"
+    assert why.startswith("t.py::fn: the GPU run does not replay it: NotImplementedError: threads a program starts")
+    own = Outcome(s, Run(result=None, op_counts={}), ("host raised AssertionError: wrong (t.py:3)",), "cuda")
+    assert _no_verdict("t.py::fn", own) is None
