@@ -362,7 +362,9 @@ class Execution:
         self._starts = dict(config.host_starts)
         #: the actor whose CPU generator state torch's generator holds, and that state as the run found it
         self._rng_owner: HostActor | None = None
-        self._rng_start: torch.Tensor | None = None
+        #: the CPU generator's state as the run began (the runtime's, where it keeps the generator; else taken at the
+        #: first actor's start)
+        self.rng_start: torch.Tensor | None = None
 
     def on_threads(self) -> None:
         """The run's actors are threads (before any is made): a program run as a ``with`` block
@@ -518,10 +520,11 @@ class Execution:
             return
         gen = torch.default_generator
         if owner is None:  # the run's first actor: the generator is as the run found it
-            self._rng_start = gen.get_state()
+            if self.rng_start is None:
+                self.rng_start = gen.get_state()
         else:
             owner.rng_state = gen.get_state()
-            state = a.rng_state if a.rng_state is not None else self._rng_start
+            state = a.rng_state if a.rng_state is not None else self.rng_start
             assert state is not None
             gen.set_state(state)
         self._rng_owner = a

@@ -106,13 +106,14 @@ class cpu_generator_kept:  # noqa: N801
     so a schedule's verdict could depend on the runs before it. (A ``with simdevice.cuda():`` block, the caller's
     own code run once where it stands, draws from the generator as that code would.)"""
 
-    __slots__ = ("_state",)
+    __slots__ = ("state",)
 
     def __enter__(self) -> None:
-        self._state = torch.default_generator.get_state()
+        #: the generator's state as the run began (each actor's own generator starts from it: ``Execution.rng_start``)
+        self.state = torch.default_generator.get_state()
 
     def __exit__(self, *exc: object) -> None:
-        torch.default_generator.set_state(self._state)
+        torch.default_generator.set_state(self.state)
 
 
 def _no_more_actors() -> contextlib.AbstractContextManager[Any]:
@@ -301,8 +302,10 @@ class Runtime:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
+            kept = cpu_generator_kept()
             with ex.unraisable_reported(), ex.program_threads_checked(self.memory.lookup), collector_paused(), \
-                    assert_explanations_plain(), cpu_generator_kept():
+                    assert_explanations_plain(), kept:
+                ex.rng_start = kept.state
                 try:
                     ex.begin()
                     ex.finished.wait()
