@@ -237,6 +237,12 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = dist.ReduceOp
     return _finish(gather, async_op, tensor)
 
 
+def _root_or_zero(root: int | None, group_root: int | None) -> int:
+    """:func:`_root`, where neither is given rank 0: torch's default for ``gather``, ``scatter`` and their object
+    forms."""
+    return _root(0 if root is None and group_root is None else root, group_root)
+
+
 def _root_in_world(name: str, root: int) -> None:
     """ProcessGroupNCCL's check of a rooted collective's root (``assertRootRank``): a rank of the world."""
     if not 0 <= root < get_world_size():
@@ -276,9 +282,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
         gather_list = []
     _same_dtype(tensor, gather_list)
     _check_group(group)
-    if dst is None and group_dst is None:  # (torch's default: rank 0)
-        dst = 0
-    dst = _root(dst, group_dst)
+    dst = _root_or_zero(dst, group_dst)
     dist.distributed_c10d._validate_output_list_for_rank(get_rank(), dst, gather_list)
     _root_in_world("gather", dst)
     if get_rank() == dst:
@@ -308,9 +312,7 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
         scatter_list = []
     _same_dtype(tensor, scatter_list)
     _check_group(group)
-    if src is None and group_src is None:
-        src = 0
-    src = _root(src, group_src)
+    src = _root_or_zero(src, group_src)
     rank, w = get_rank(), get_world_size()
     if rank == src and not scatter_list:
         raise ValueError("Argument ``scatter_list`` must be specified on source rank.")
@@ -609,9 +611,7 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
     """As torch's: every rank's object pickled at the call, ``dst`` unpickling each into ``object_gather_list[r]``
     (given on ``dst`` alone, torch's check); the host blocks until every rank has given its object."""
     _check_group(group)
-    if dst is None and group_dst is None:  # (torch's default: rank 0)
-        dst = 0
-    dst = _root(dst, group_dst)
+    dst = _root_or_zero(dst, group_dst)
     dist.distributed_c10d._validate_output_list_for_rank(get_rank(), dst, object_gather_list)
     _root_in_world("gather", dst)
     sent = session_device().runtime.exchange_objects(_Pickled(obj), "gather_object")
@@ -625,9 +625,7 @@ def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_in
     """As torch's: ``src`` pickles each object of ``scatter_object_input_list`` (one per rank) at the call, and each
     rank unpickles its own into ``scatter_object_output_list[0]``; the host blocks until ``src`` has given them."""
     _check_group(group)
-    if src is None and group_src is None:
-        src = 0
-    src = _root(src, group_src)
+    src = _root_or_zero(src, group_src)
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
         raise ValueError("Expected argument scatter_object_output_list to be a list of size at least 1.")
     root = get_rank() == src

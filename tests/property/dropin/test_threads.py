@@ -32,9 +32,9 @@ def _run(fn: Any, schedule: str | None = None) -> Any:
 # -- an asynchronous checkpoint writer ------------------------------------------------------------------------------
 
 
-def _snapshot(wait: bool) -> None:
-    """The trainer copies its weights to pinned memory on a side stream and hands the buffer to a writer thread,
-    which saves it while the trainer goes on; ``wait``: the writer synchronizes on the copy's event first."""
+def _offloaded() -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """The trainer's weights, copied to pinned memory on a side stream, and the copy's event, which the current
+    stream waits for (the next step waits for the copy's read of the weights)."""
     w = torch.ones(N, device="cuda")
     pinned = torch.empty(N, pin_memory=True)
     side = torch.cuda.Stream()
@@ -43,7 +43,14 @@ def _snapshot(wait: bool) -> None:
         pinned.copy_(w, non_blocking=True)
         copied = torch.cuda.Event()
         copied.record()
-    torch.cuda.current_stream().wait_event(copied)  # the next step waits for the copy's read of w
+    torch.cuda.current_stream().wait_event(copied)
+    return w, pinned, copied
+
+
+def _snapshot(wait: bool) -> None:
+    """The trainer copies its weights to pinned memory on a side stream and hands the buffer to a writer thread,
+    which saves it while the trainer goes on; ``wait``: the writer synchronizes on the copy's event first."""
+    w, pinned, copied = _offloaded()
     saved = []
 
     def writer() -> None:
@@ -358,15 +365,7 @@ def _pool_snapshot(wait: bool) -> None:
     """The snapshot of ``_snapshot``, saved by a task of a ``ThreadPoolExecutor`` (an asynchronous save)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    w = torch.ones(N, device="cuda")
-    pinned = torch.empty(N, pin_memory=True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        pinned.copy_(w, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record()
-    torch.cuda.current_stream().wait_event(copied)
+    w, pinned, copied = _offloaded()
 
     def save() -> torch.Tensor:
         if wait:
