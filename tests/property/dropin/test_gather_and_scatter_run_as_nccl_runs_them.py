@@ -216,6 +216,16 @@ def _scatter_of_a_strided_output() -> None:
     dist.scatter(m[:, 0], [torch.ones(4, device="cuda")] * 2 if dist.get_rank() == 0 else None, src=0)
 
 
+def _raises_at_the_call(program: Callable[[], None], error: str) -> None:
+    """``program`` on two ranks raises ``error`` on a rank, at its own line."""
+    s = simdevice.cuda()
+    s.run(program, world_size=2)
+    errors = [str(r) for r in s.reports]
+    assert errors, f"{program.__name__} ran clean"
+    assert all(f"rank0 raised {error}" in e or f"rank1 raised {error}" in e for e in errors), errors
+    assert all(HERE in e for e in errors), errors
+
+
 @pytest.mark.parametrize(("program", "error"), [
     (_gather_list_on_a_non_destination,
      "ValueError: Argument ``gather_list`` must NOT be specified on non-destination ranks."),
@@ -241,12 +251,7 @@ def _scatter_of_a_strided_output() -> None:
     (_scatter_of_a_strided_output, "ValueError: Tensors must be contiguous"),
 ])
 def test_wrong_arguments_raise_at_the_call_as_torch_raises(program: Callable[[], None], error: str) -> None:
-    s = simdevice.cuda()
-    s.run(program, world_size=2)
-    errors = [str(r) for r in s.reports]
-    assert errors, f"{program.__name__} ran clean"
-    assert all(f"rank0 raised {error}" in e or f"rank1 raised {error}" in e for e in errors), errors
-    assert all(HERE in e for e in errors), errors
+    _raises_at_the_call(program, error)
 
 
 def _scatter_to_an_output_of_another_size() -> None:
@@ -353,9 +358,4 @@ def _objects_for_three() -> None:
                          "be 2, same as size of the process group."),
 ])
 def test_wrong_object_arguments_raise_at_the_call_as_torch_raises(program: Callable[[], None], error: str) -> None:
-    s = simdevice.cuda()
-    s.run(program, world_size=2)
-    errors = [str(r) for r in s.reports]
-    assert errors, f"{program.__name__} ran clean"
-    assert all(f"rank0 raised {error}" in e or f"rank1 raised {error}" in e for e in errors), errors
-    assert all(HERE in e for e in errors), errors
+    _raises_at_the_call(program, error)
