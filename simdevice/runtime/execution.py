@@ -360,7 +360,7 @@ class Execution:
         self._interrupt: BaseException | None = None
         self._traces = dict(config.host_trace)
         self._starts = dict(config.host_starts)
-        #: the actor whose CPU generator state torch's generator holds, and that state as the run found it
+        #: the actor (a process's: a thread draws from its process's) whose state torch's CPU generator holds
         self._rng_owner: HostActor | None = None
         #: the CPU generator's state as the run began (the runtime's, where it keeps the generator; else taken at the
         #: first actor's start)
