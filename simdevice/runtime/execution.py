@@ -157,7 +157,7 @@ class HostActor:
         #: unnamed streams made so far (they are called s1, s2, ...)
         self.unnamed = 0
         self.result: Any = None
-        #: a daemonic process (``multiprocessing``'s ``daemon=True``): it ends with the run's other actors
+        #: a daemonic process or thread (``daemon=True``): it ends with the run's other actors
         self.daemon = False
         #: sleeps it took since the run's host step count was ``sleeps[0]`` (:meth:`Runtime.host_sleeps`)
         self.sleeps = (-1, 0)
@@ -834,6 +834,11 @@ class Execution:
         (where the config sets one)."""
         a = self.current()
         if self.aborting:
+            raise SimAbort
+        if a.daemon and all(b.daemon for b in self.actors.values() if b.state != "done"):
+            # a daemon still running when every other actor is done ends with them, as its parent's exit
+            # terminates a daemonic process and the interpreter's end a daemon thread: the run ends here
+            self._abort()
             raise SimAbort
         k = a.count(poll)
         self.host_steps += 1

@@ -608,3 +608,24 @@ def _condition_misuse() -> None:
 def test_a_conditions_wait_needs_its_lock_and_times_out() -> None:
     run = _run(_condition_misuse)
     assert not run.reports, run.reports
+
+
+def _a_daemon_left_running() -> None:
+    x = torch.ones(4, device="cuda")
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            x.add_(0)
+
+    threading.Thread(target=spin, daemon=True).start()
+    for _ in range(5):
+        x.mul_(1)
+
+
+def test_a_daemon_thread_still_running_ends_with_the_run() -> None:
+    """A daemon thread that never stops (it ran into the step bound: a step-limit report) ends as the program's
+    last other actor does, as the interpreter's end ends it."""
+    run = _run(_a_daemon_left_running)
+    assert not run.reports, run.reports
+    assert run.op_counts["spin"] >= 1
