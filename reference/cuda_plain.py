@@ -27,7 +27,6 @@ import importlib.util
 import multiprocessing.process
 import os
 import sys
-import sysconfig
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -35,7 +34,7 @@ from typing import Any, Protocol
 import torch
 
 from reference.contract import torchrun_variables
-from reference.naming import LIBRARIES, StreamNames, creation_site, inside
+from reference.naming import LIBRARIES, StreamNames, creation_site, in_standard_library, inside
 
 
 class CudaDevice(Protocol):
@@ -408,10 +407,6 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
 _MISSING = object()
 
 
-#: the standard library's own folder: a thread it starts (a pool's worker) is not the program's
-_STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
-
-
 def _no_program_threads(start: Callable[[Any], None]) -> Callable[[Any], None]:
     """``Thread.start`` in a counted run: a thread the program starts is a host actor of its own on the simulator,
     whose steps are not counted on the GPU, so its schedule would not mean the same operations here. A thread the
@@ -421,8 +416,8 @@ def _no_program_threads(start: Callable[[Any], None]) -> Callable[[Any], None]:
         f: Any = sys._getframe(1)
         while f is not None and f.f_code.co_filename.endswith(f"{os.sep}threading.py"):
             f = f.f_back  # (a subclass's start that calls its base's)
-        path = os.path.realpath(f.f_code.co_filename) if f is not None else _STDLIB
-        if not (path.startswith(_STDLIB) and "-packages" not in path) and not any(s in path for s in LIBRARIES):
+        path = os.path.realpath(f.f_code.co_filename) if f is not None else ""
+        if f is not None and not in_standard_library(path) and not any(s in path for s in LIBRARIES):
             raise NotImplementedError("threads a program starts are not replayed on a GPU yet: their steps are not "
                                       "counted there (the simulator runs them)")
         start(self)

@@ -17,11 +17,23 @@ import linecache
 import os
 import re
 import sys
+import sysconfig
 from collections.abc import Callable
 
 _ASSIGN = re.compile(r"^\s*(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*)\s*(?::[^=]*)?=[^=]")
 #: files of libraries, never the program's (torch's among them)
 LIBRARIES = ("/torch/", "<frozen", "/contextlib.py", "/threading.py", "/weakref.py", "/functools.py")
+
+#: the standard library's folder (its ``site-packages`` below it are no part of it)
+_STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+
+def in_standard_library(filename: str) -> bool:
+    """Whether a frame of ``filename`` is the standard library's (``concurrent.futures``, a thread pool it starts
+    for itself), not the program's nor an installed package's."""
+    path = os.path.realpath(filename) if not filename.startswith("<") else filename
+    return path.startswith(_STDLIB) and "-packages" not in path
+
 
 #: ops named as the program wrote them, where ATen's name is not what it wrote: ``t.item()``, ``float(t)`` and
 #: ``if t:`` read one value through ``_local_scalar_dense``

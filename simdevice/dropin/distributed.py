@@ -243,6 +243,21 @@ def _root_or_zero(root: int | None, group_root: int | None) -> int:
     return _root(0 if root is None and group_root is None else root, group_root)
 
 
+def _rooted_arguments(tensor: torch.Tensor, tensors: list[torch.Tensor] | None, name: str, group: Any,
+                      root: int | None, group_root: int | None) -> tuple[list[torch.Tensor], int]:
+    """torch's first checks of ``gather``'s and ``scatter``'s arguments, in its order: the tensor, the root's list
+    (a list only where one is given: None and [] alike elsewhere), their dtypes, the group; the list (or []) and the
+    root rank (rank 0 where none is given)."""
+    dist.distributed_c10d._check_single_tensor(tensor, "tensor")
+    if tensors:
+        _torch_checks_list(tensors, name)
+    else:
+        tensors = []
+    _same_dtype(tensor, tensors)
+    _check_group(group)
+    return tensors, _root_or_zero(root, group_root)
+
+
 def _root_in_world(name: str, root: int) -> None:
     """ProcessGroupNCCL's check of a rooted collective's root (``assertRootRank``): a rank of the world."""
     if not 0 <= root < get_world_size():
@@ -275,14 +290,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
     ProcessGroupNCCL check, with their messages. (``dst``'s own piece is a copy ProcessGroupNCCL issues on the
     calling stream; here it lands with the others on ``nccl``, so a read of that piece alone before the work's
     ``wait()`` is reported where a GPU orders it: a possible false race, never a missed one.)"""
-    dist.distributed_c10d._check_single_tensor(tensor, "tensor")
-    if gather_list:  # (as torch: a list only where one is given; None and [] alike elsewhere)
-        _torch_checks_list(gather_list, "gather_list")
-    else:
-        gather_list = []
-    _same_dtype(tensor, gather_list)
-    _check_group(group)
-    dst = _root_or_zero(dst, group_dst)
+    gather_list, dst = _rooted_arguments(tensor, gather_list, "gather_list", group, dst, group_dst)
     dist.distributed_c10d._validate_output_list_for_rank(get_rank(), dst, gather_list)
     _root_in_world("gather", dst)
     if get_rank() == dst:
@@ -305,14 +313,7 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
     size of its piece is told so at the exchange, naming both sides (on a GPU: the wrong bytes, or a hang).
     (``src``'s own piece is a copy ProcessGroupNCCL issues on the calling stream; here it runs on ``nccl`` with the
     others: a possible false race on that piece, never a missed one.)"""
-    dist.distributed_c10d._check_single_tensor(tensor, "tensor")
-    if scatter_list:
-        _torch_checks_list(scatter_list, "scatter_list")
-    else:
-        scatter_list = []
-    _same_dtype(tensor, scatter_list)
-    _check_group(group)
-    src = _root_or_zero(src, group_src)
+    scatter_list, src = _rooted_arguments(tensor, scatter_list, "scatter_list", group, src, group_src)
     rank, w = get_rank(), get_world_size()
     if rank == src and not scatter_list:
         raise ValueError("Argument ``scatter_list`` must be specified on source rank.")

@@ -34,12 +34,12 @@ import os
 import queue
 import re
 import sys
-import sysconfig
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reference.naming import in_standard_library
 from reference.schedule import is_actor_name
 from simdevice.dropin import processes
 from simdevice.dropin.patches import Patches
@@ -48,7 +48,6 @@ from simdevice.runtime.reports import internal_file
 from simdevice.runtime.runtime import SharedCell
 
 _OWN = str(Path(__file__).resolve().parents[1]) + os.sep
-_STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
 #: Python's name for a thread it named itself (``Thread-3``, ``Thread-3 (writer)``): counted over the interpreter's
 #: life, so not one a schedule can name
 _DEFAULT_NAME = re.compile(r"Thread-\d+( \(.*\))?")
@@ -78,9 +77,7 @@ def _by_program(skip: int, through_start: bool = False) -> bool:
     if f is None:
         return False
     filename = f.f_code.co_filename
-    path = os.path.realpath(filename) if not filename.startswith("<") else filename
-    return not filename.startswith(_OWN) and not internal_file(filename) and not (
-        path.startswith(_STDLIB) and "-packages" not in path)
+    return not filename.startswith(_OWN) and not internal_file(filename) and not in_standard_library(filename)
 
 
 def _name(rt: Any, thread: threading.Thread) -> str:
