@@ -9,7 +9,8 @@ that raised.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterable
 from typing import Any
 
 _ABSENT = object()
@@ -54,6 +55,35 @@ class Patches:
 
     def __len__(self) -> int:
         return len(self._saved)
+
+    def rebind(self, modules: Iterable[types.ModuleType]) -> int:
+        """Each global of ``modules`` that holds a module attribute replaced so far (``from torch.cuda import
+        Stream``, ``from threading import Event``, ``from time import sleep`` run before the patches) holds its
+        replacement until :meth:`restore`, which puts the original back where the global still holds the
+        replacement (a module that rebound it meanwhile keeps its own). Replaced functions and classes alone: a
+        patched flag or constant (None, a number) is no name to follow. How many globals it rebound."""
+        instead: dict[int, tuple[Any, Any]] = {}
+        for owner, name, old in self._saved:
+            if isinstance(owner, types.ModuleType) and old is not _ABSENT and callable(old):
+                new = vars(owner).get(name, _ABSENT)
+                if new is not old and new is not _ABSENT:
+                    instead.setdefault(id(old), (old, new))
+        rebound: list[tuple[dict[str, Any], str, Any, Any]] = []
+        for module in modules:
+            space = vars(module)
+            for name, value in list(space.items()):
+                got = instead.get(id(value))
+                if got is not None and got[0] is value:
+                    space[name] = got[1]
+                    rebound.append((space, name, value, got[1]))
+
+        def back() -> None:
+            for space, name, old, new in reversed(rebound):
+                if space.get(name, _ABSENT) is new:
+                    space[name] = old
+
+        self.on_restore(back)
+        return len(rebound)
 
 
 def namespaces(owners: list[Any]) -> list[dict[str, Any]]:

@@ -9,18 +9,23 @@ the calling thread as host actor ``host`` (what it raises is reported, as a host
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import reference
 from reference.contract import Run
+from reference.naming import in_standard_library
 from reference.schedule import Schedule
 from simdevice.api import as_schedule
 from simdevice.dropin import distributed, facade, memsaver, processes, threads
 from simdevice.dropin.facade import DropInDevice
 from simdevice.dropin.patches import Patches
 from simdevice.runtime import Options, SimConfig
-from simdevice.runtime.reports import summarize
+from simdevice.runtime.reports import internal_file, summarize
 
 
 class DropIn:
@@ -119,12 +124,44 @@ class DropIn:
 
 def install(p: Patches) -> None:
     """What a session patches: torch.cuda and the device, torch.distributed, multiprocessing, threading,
-    torch_memory_saver."""
+    torch_memory_saver; then the names the program's modules bound to them before (``from torch.cuda import
+    Stream`` at import time) follow them, for the session."""
     facade.install(p)
     distributed.install(p)
     processes.install(p)
     threads.install(p)
     memsaver.install(p)
+    p.rebind(program_modules())
+
+
+_REFERENCE = os.path.dirname(os.path.abspath(reference.__file__)) + os.sep
+#: each module seen, by id: (the module, whether it is the program's)
+_PROGRAM: dict[int, tuple[types.ModuleType, bool]] = {}
+
+
+def _of_program(module: types.ModuleType) -> bool:
+    """Whether ``module`` is the program's own source: not the standard library, an installed package, torch, the
+    simulator or the device contract's package."""
+    filename = getattr(module, "__file__", None)
+    if not isinstance(filename, str) or not filename.endswith(".py") or not os.path.isabs(filename):
+        return False  # (torch.ops and torch.classes give a bare file name)
+    path = os.path.normpath(filename)
+    return not (internal_file(path) or in_standard_library(path) or "-packages" in path
+                or path.startswith(_REFERENCE))
+
+
+def program_modules() -> list[types.ModuleType]:
+    """The program's modules imported so far (whose names bound at import time a session rebinds)."""
+    out = []
+    for module in list(sys.modules.values()):
+        if not isinstance(module, types.ModuleType):
+            continue
+        seen = _PROGRAM.get(id(module))
+        if seen is None or seen[0] is not module:
+            seen = _PROGRAM[id(module)] = (module, _of_program(module))
+        if seen[1]:
+            out.append(module)
+    return out
 
 
 #: the patches a ``held()`` block keeps in place (at most one)

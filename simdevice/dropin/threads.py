@@ -7,7 +7,8 @@ stream starts as the device's default stream, as a new thread's does in torch, w
 is inside. It is named in a schedule by the name the program gave it, else by its target's name (``writer``), else
 ``thread``; ``-2``, ``-3``, ... for a second and third of one name, and prefixed as a process's streams are by a
 process other than the host (``rank1.writer``). ``join`` (with a timeout, in virtual time) and ``is_alive`` answer
-for it; what it raises is a host error of the run (Python would print it and go on).
+for it; what it raises is a host error of the run (Python would print it and go on). Its ``threading.local`` values
+are its own (``Execution.own_locals``), as a thread's of its own are.
 
 The run's actors take turns on one machine thread, so a thread waiting on one of Python's own primitives for
 another would wait for good: ``threading.Event``, ``Lock``, ``RLock``, ``Condition``, ``Semaphore``,

@@ -129,6 +129,9 @@ class HostActor:
         self.stopped = 0
         #: its CPU generator's state while another actor holds the generator (``Execution.own_generator``)
         self.rng_state: torch.Tensor | None = None
+        #: its ``threading.local`` values while another actor of a greenlet run holds the thread
+        #: (``Execution.own_locals``)
+        self.locals: dict[str, Any] = {}
         self.time = 0
         #: counted host steps so far (a schedule's index of the next one)
         self.steps = 0
@@ -362,6 +365,9 @@ class Execution:
         self._starts = dict(config.host_starts)
         #: the actor (a process's: a thread draws from its process's) whose state torch's CPU generator holds
         self._rng_owner: HostActor | None = None
+        #: the actor whose ``threading.local`` values the run's thread holds (a greenlet run; None before its first)
+        self._locals_owner: HostActor | None = None
+        self._first: HostActor | None = None
         #: the CPU generator's state as the run began (the runtime's, where it keeps the generator; else taken at the
         #: first actor's start)
         self.rng_start: torch.Tensor | None = None
@@ -489,6 +495,8 @@ class Execution:
             if self.aborting:
                 raise SimAbort
             self.own_generator(a)
+            if self.greenlets:
+                self.own_locals(a)
             with enter():
                 a.state = "running"
                 a.result = body()
@@ -528,6 +536,28 @@ class Execution:
             assert state is not None
             gen.set_state(state)
         self._rng_owner = a
+
+    def own_locals(self, a: HostActor) -> None:
+        """Actor ``a`` of a greenlet run goes on: the thread holds its ``threading.local`` values (the program's, a
+        library's), as a thread of its own would: a thread the program started sees its own, not its starter's. The
+        run's first actor has the values of the thread that started the run; every other starts with none. The
+        actor that held them keeps them until its next turn (:func:`tls.take_locals`)."""
+        owner = self._locals_owner
+        if owner is a:
+            return
+        if owner is None:  # the run's first actor: the thread's values are its own
+            self._locals_owner = self._first = a
+            return
+        owner.locals = tls.take_locals()
+        tls.put_locals(a.locals)
+        a.locals = {}
+        self._locals_owner = a
+
+    def locals_back(self) -> None:
+        """The run's greenlets are done: the thread holds its own ``threading.local`` values again (its first
+        actor's)."""
+        if self._first is not None:
+            self.own_locals(self._first)
 
     def generator_back(self) -> None:
         """The run is over: torch's CPU generator holds the run's first actor's state again (the caller's code, for
@@ -710,6 +740,8 @@ class Execution:
                     raise SimAbort
                 if self._rng_owner is not a:  # (own_generator's test, inline: it comes with every host step)
                     self.own_generator(a)
+                if self._locals_owner is not a and self.greenlets:
+                    self.own_locals(a)
                 return
             if not self._process_stream_events(prio, obj):
                 raise SimAbort
@@ -763,6 +795,7 @@ class Execution:
             self._greenlet_run = False
             if self.aborting:
                 self._unwind()
+            self.locals_back()
             if self._counting:
                 self._counting = False
                 tls.uncount_op_calls()
@@ -783,6 +816,7 @@ class Execution:
                 self._live -= 1
                 continue
             self._cur = a
+            self.own_locals(a)
             a.glet.switch(_RESUMED)  # it raises SimAbort where it stopped, unwinds, and ends
         self._cur = None
         self.finished.set()

@@ -6,6 +6,10 @@ theirs; greenlets share one thread, so at a switch the actor that stops :func:`t
 (leaving a fresh thread's) and the one that goes on :func:`put` s its own back. A fresh actor starts with a fresh
 thread's state, as a new thread does.
 
+Python's own per-thread values, each ``threading.local``'s (the program's, a library's), are moved the same way
+(:func:`take_locals`, :func:`put_locals`): each actor of a greenlet run but its first, which has the starting
+thread's, sees its own, as a thread of its own does.
+
 What cannot be moved from Python is refused with :class:`NeedsThreads` before anything is changed: inference mode
 (its flag is set only by a guard object), autocast, the infra dispatch modes (fake, proxy, functional), disabled
 saved-tensor hooks, and autograd's engine, whose state (the graph task, the ready queue) is the thread's own: an
@@ -15,6 +19,7 @@ actor that starts a backward while another actor's backward is suspended would s
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import threading
 from typing import Any
@@ -29,6 +34,49 @@ except ImportError:  # pragma: no cover - greenlet is a dependency; without it e
 _C = torch._C
 _AG = torch._C._autograd
 _INFRA = tuple(_C._TorchDispatchModeKey.__members__.values())
+
+
+#: CPython keeps each ``threading.local``'s values for a thread in that thread's state dict, under this prefix and
+#: the local object's address
+_LOCAL_KEY = "thread.local."
+_STATE_DICT = ctypes.pythonapi.PyThreadState_GetDict
+_STATE_DICT.restype = ctypes.c_void_p  # (a borrowed reference: made an object below, which counts its own)
+_STATE_DICT.argtypes = []
+
+
+def _state_dict() -> dict[str, Any]:
+    """The running thread's state dict."""
+    return ctypes.cast(_STATE_DICT(), ctypes.py_object).value  # type: ignore[no-any-return]
+
+
+def _locals_in_state_dict() -> bool:
+    """Whether this interpreter keeps ``threading.local`` values where :func:`take_locals` finds them."""
+    probe = threading.local()
+    probe.seen = True
+    try:
+        return _LOCAL_KEY + hex(id(probe)) in _state_dict()
+    except Exception:  # pragma: no cover - another interpreter: the actors share the thread's values, as before
+        return False
+
+
+#: whether :func:`take_locals` can move them (else every actor of a greenlet run sees the thread's)
+LOCALS_MOVABLE = _locals_in_state_dict()
+
+
+def take_locals() -> dict[str, Any]:
+    """The running thread's values of every ``threading.local``, taken off it: each local, asked next on this
+    thread, starts afresh (a subclass's ``__init__`` runs again), as on a new thread."""
+    if not LOCALS_MOVABLE:
+        return {}
+    state = _state_dict()
+    keys = [k for k in state if type(k) is str and k.startswith(_LOCAL_KEY)]
+    return {k: state.pop(k) for k in keys}
+
+
+def put_locals(held: dict[str, Any]) -> None:
+    """Put values :func:`take_locals` took back on the running thread (which holds none of its own)."""
+    if held:
+        _state_dict().update(held)
 
 
 class NeedsThreads(BaseException):
