@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import re
@@ -169,17 +170,20 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     c = sub.add_parser(
         "check",
-        help="fuzz a function of yours (FILE.py::FN, MODULE::FN), or every known program",
+        help="fuzz a function of yours (FILE.py::FN, MODULE::FN), each of a file's (FILE.py), or every known "
+        "program",
         description="With a TARGET (FILE.py::FUNCTION or MODULE::FUNCTION: plain torch.cuda code taking no "
         "argument without a default, or contract code FUNCTION(dev); or a known PROGRAM/VARIANT), search its "
         "schedules for a failure, shrink it and print the line that replays it: exit 0 clean, 1 found; "
-        "':KEY=VALUE,...' after it holds its parameters fixed. Without one, fuzz every known program variant: "
+        "':KEY=VALUE,...' after it holds its parameters fixed. FILE.py alone: each function of the file that "
+        "'simdevice list FILE.py' names, in turn (exit 1 if one failed). Without a TARGET, fuzz every known "
+        "program variant: "
         "exit 0 when every clean variant is clean and every known bug is found. Bad input: exit 2. Nothing is "
         "written to disk unless --db is given.",
     )
     c.add_argument("target", nargs="?", metavar="TARGET",
-                   help="FILE.py::FUNCTION[:KEY=VALUE,...], MODULE::FUNCTION[:...] or PROGRAM/VARIANT[:...] "
-                        "(default: every known program)")
+                   help="FILE.py::FUNCTION[:KEY=VALUE,...], MODULE::FUNCTION[:...], FILE.py (each of its "
+                        "functions) or PROGRAM/VARIANT[:...] (default: every known program)")
     c.add_argument("--db", metavar="DIR", default=None,
                    help="keep Hypothesis's example database in DIR: failures found are replayed first next time "
                         "(default: no database)")
@@ -330,6 +334,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         if not os.access(args.db, os.W_OK | os.X_OK):
             return _fail(f"--db {args.db!r}: the directory cannot be written")
     db = database(args.db)
+    if args.target and "::" not in args.target and args.target.strip().endswith(".py"):
+        return _check_file(args, db)
     if args.target:
         return _check_target(args, db)
     progs = programs(None)
@@ -636,6 +642,56 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
             _print_fix(fix, str(out.schedule), out.replay_options())
     _say_held(args, str(out.schedule) if out is not None else name)
     return 1 if out is not None else 0
+
+
+def _check_file(args: argparse.Namespace, db: Any) -> int:
+    """``check FILE.py``: each function of the file that ``list FILE.py`` names, checked in turn as
+    ``check FILE.py::FUNCTION`` checks it; exit 1 if one failed, else 2 if one got no verdict, else 0."""
+    from simdevice.search.targets import TargetError, functions_in
+
+    path = args.target.strip()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # (what the file prints as it is imported)
+            found = functions_in(path, _world_size(args))
+    except (ScheduleError, TargetError) as e:
+        return _fail(str(e))
+    if not found:
+        return _fail(f"{path}: no function a schedule can target (public, defined there, every parameter but dev "
+                     "with a default); name one as FILE.py::FUNCTION")
+    codes: dict[str, int] = {}
+    documents: list[Any] = []
+    for target in found:
+        one = argparse.Namespace(**{**vars(args), "target": target.name})
+        if args.json:
+            held, _JSON_OUT[0] = _JSON_OUT[0], io.StringIO()
+            try:
+                code = _check_target(one, db)
+                text = _JSON_OUT[0].getvalue()
+            finally:
+                _JSON_OUT[0] = held
+            if text.strip():
+                documents.append(json.loads(text))
+        else:
+            if codes:
+                print()
+            code = _check_target(one, db)
+        codes[target.name] = code
+        if code not in (0, 1, 2):  # stopped (Ctrl-C, SIGTERM): what was checked so far is printed
+            break
+    failed = [name for name, code in codes.items() if code == 1]
+    unjudged = [name for name, code in codes.items() if code == 2]
+    stopped = next((code for code in codes.values() if code not in (0, 1, 2)), None)
+    if args.json:
+        _print_json(json.dumps({"file": path, "ok": not failed and not unjudged and stopped is None,
+                                "results": documents, **({"interrupted": True} if stopped is not None else {})},
+                               indent=2))
+    else:
+        tail = f", {len(unjudged)} with no verdict" if unjudged else ""
+        print(f"{path}: {len(codes)} of {len(found)} functions checked: {len(failed)} failed, "
+              f"{len(codes) - len(failed) - len(unjudged)} clean{tail}")
+    if stopped is not None:
+        return stopped
+    return 1 if failed else 2 if unjudged else 0
 
 
 def _suggest(target: Any, out: Any, quiet: bool) -> Any:

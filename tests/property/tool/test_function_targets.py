@@ -908,3 +908,63 @@ def test_a_test_taking_the_simdevice_fixture_is_named_as_one(tmp_path: Path,
     assert "is a test that takes the simdevice fixture" in err, err
     assert "run it with pytest" in err, err
     assert err.count("\n") == 1
+
+
+_TWO = textwrap.dedent('''
+    import torch
+
+
+    def _reload(wait: bool, n: int) -> None:
+        act = torch.arange(n, dtype=torch.float32, device="cuda")
+        pinned = torch.empty(n, pin_memory=True)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            pinned.copy_(act, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        if wait:
+            torch.cuda.current_stream().wait_event(done)
+        back = torch.empty_like(act).copy_(pinned, non_blocking=True)
+        assert torch.equal(back.cpu(), torch.arange(n, dtype=torch.float32))
+
+
+    def reload_correct(n: int = 256) -> None:
+        _reload(True, n)
+
+
+    def reload_racy(n: int = 256) -> None:
+        _reload(False, n)
+''')
+
+
+def test_check_of_a_file_checks_each_of_its_functions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "two.py").write_text(_TWO)
+    assert main(["check", "two.py", "--examples", "30", "--no-fix", "-q"]) == 1
+    out = capsys.readouterr().out
+    assert "two.py::reload_correct: clean over" in out
+    assert "two.py::reload_racy: found after" in out
+    assert 'replay: simdevice replay "two.py::reload_racy' in out
+    assert out.rstrip().splitlines()[-1] == "two.py: 2 of 2 functions checked: 1 failed, 1 clean"
+    assert main(["check", "two.py", "--examples", "30", "--no-fix", "-q", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["file"] == "two.py"
+    assert doc["ok"] is False
+    assert [(r["target"], r["found"]) for r in doc["results"]] == [("two.py::reload_correct", False),
+                                                                  ("two.py::reload_racy", True)]
+    (tmp_path / "clean.py").write_text(_TWO.split("def reload_racy")[0])
+    assert main(["check", "clean.py", "--examples", "30", "-q"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("clean.py: 1 of 1 functions checked: 0 failed, 1 clean")
+
+
+def test_check_of_a_file_without_a_function_to_check_is_one_line_and_exit_2(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "none.py").write_text("def _private() -> None:\n    pass\n\n\ndef needs(n: int) -> None:\n    pass\n")
+    for target, said in (("none.py", "none.py: no function a schedule can target"), ("gone.py", "no file 'gone.py'")):
+        assert main(["check", target]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"simdevice: error: {said}"), err
+        assert err.count("\n") == 1
