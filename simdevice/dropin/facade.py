@@ -1082,6 +1082,44 @@ def _tensor_tolist(original: Callable[..., Any]) -> Callable[..., Any]:
     return tolist
 
 
+def _host_reads_storage(storage: Any) -> None:
+    """The host writes ``storage``'s bytes out in C++, below the dispatcher (``torch.save``; ``pickle`` of a tensor
+    runs it too): where it is pinned memory of this run, the read is checked now as the host's read of every byte of
+    it (torch writes the whole storage, also where a view of it is saved), within the actor's last step (a GPU run
+    counts none there either). So an asynchronous checkpoint saved before the non-blocking D2H into its pinned
+    snapshot is done is a race (before, no op read the snapshot and the run was clean, or, the values read back,
+    wrong with no race to name)."""
+    if not _ACTIVE or not isinstance(storage, torch.UntypedStorage) or storage.device.type != "cpu":
+        return
+    with torch._C._DisableTorchDispatch():  # (made here, not an operation of the program's)
+        whole = torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage)
+    _ACTIVE[-1].runtime.unseen_host_read(whole, "torch.save", user_source())
+
+
+def _file_writer_record(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.save``'s zip writer writing a record: a storage's bytes, read by the host
+    (:func:`_host_reads_storage`)."""
+
+    @functools.wraps(original)
+    def write_record(self: Any, name: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
+        _host_reads_storage(data)
+        return original(self, name, data, *args, **kwargs)
+
+    return write_record
+
+
+def _storage_write_file(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``storage._write_file``: the legacy format's write of a storage's bytes (``pickle`` of a tensor), read by the
+    host (:func:`_host_reads_storage`)."""
+
+    @functools.wraps(original)
+    def _write_file(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _host_reads_storage(self)
+        return original(self, *args, **kwargs)
+
+    return _write_file
+
+
 def _tensor_cuda(to: Callable[..., Any]) -> Callable[..., Any]:
     def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
         _check(device)  # (an index past the device count raises, as CUDA's invalid device ordinal)
@@ -1200,6 +1238,9 @@ def install(p: Patches) -> None:
     p.set(torch.Tensor, "to", to)
     p.set(torch.Tensor, "cuda", _tensor_cuda(to))
     p.set(torch.Tensor, "tolist", _wrapped(torch.Tensor, "tolist", _tensor_tolist))
+    p.set(torch._C.PyTorchFileWriter, "write_record",
+          _wrapped(torch._C.PyTorchFileWriter, "write_record", _file_writer_record))
+    p.set(torch.UntypedStorage, "_write_file", _wrapped(torch.UntypedStorage, "_write_file", _storage_write_file))
     for name in _NEW:
         p.set(torch.Tensor, name, _wrapped(torch.Tensor, name, _tensor_new))
     p.set(torch.Tensor, "new_tensor", _wrapped(torch.Tensor, "new_tensor", _tensor_new_tensor))
@@ -1309,4 +1350,5 @@ def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
 #: what a session patches, for the test that checks they come back as they were
 def patched_owners() -> list[Any]:
     return [torch, torch.cuda, torch.cuda.memory, torch.cuda.graphs, torch.cuda.nvtx, torch.cuda.profiler, torch.Tensor,
-            torch.multiprocessing, time, torch.amp, torch.cuda.amp, torch.autograd]
+            torch.multiprocessing, time, torch.amp, torch.cuda.amp, torch.autograd, torch._C.PyTorchFileWriter,
+            torch.UntypedStorage]
