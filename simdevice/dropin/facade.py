@@ -262,20 +262,29 @@ class Event(EventHandle):
 
 
 class StreamContext:
-    """``torch.cuda.StreamContext(s)`` (what ``torch.cuda.stream(s)`` gives): ``s`` current within each ``with``
-    of it, the stream before restored after; the same object may be entered again (``None``: nothing changes)."""
+    """``torch.cuda.StreamContext(s)`` (what ``torch.cuda.stream(s)`` gives), as torch's (``torch/cuda/__init__.py``):
+    entering it keeps the current stream in the object (``src_prev_stream``) and makes ``s`` current
+    (``set_stream``); leaving it makes the kept stream current again (``None``: nothing changes). It keeps one: the
+    object entered again inside its own block leaves ``s`` current after the outer block too (the inner entry kept
+    ``s``), and contexts left in another order than entered (a module's pre-hook entering one, its hook leaving
+    it) each make current what was current as it was entered, as on a GPU. (It kept a stack of its blocks, each
+    leaving popped the actor's innermost stream: the stream after such a block was another than torch's, and ops
+    ran there.)"""
 
     def __init__(self, stream: contract.Stream | None) -> None:
         self.stream = stream
-        self._entered: list[contextlib.AbstractContextManager[Any]] = []
+        self.src_prev_stream: contract.Stream | None = None
 
     def __enter__(self) -> None:
-        context = _forward_on(session_device(), self.stream)
-        context.__enter__()
-        self._entered.append(context)
+        if self.stream is None:
+            return
+        self.src_prev_stream = current_stream()
+        set_stream(self.stream)
 
     def __exit__(self, *exc: Any) -> None:
-        self._entered.pop().__exit__(*exc)
+        if self.stream is None:
+            return
+        set_stream(self.src_prev_stream)
 
 
 def stream(s: contract.Stream | None) -> StreamContext:
