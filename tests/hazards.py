@@ -16,9 +16,15 @@ programs make their streams and tensors and log them: a D2H stream kept in a mod
 ``python_data_on_device`` and ``list_index_backward``: plain torch.cuda code that puts Python data on the device
 (``torch.tensor([...], device="cuda")``, a list as an index), which torch copies below the dispatch modes: no
 operation on either machine, but a blocking copy that waits for the current stream.
+
+``pinned_snapshot_saved``: ``torch.save`` of a pinned snapshot, which reads its bytes in C++ (no operation on either
+machine), while the D2H into it may still run. ``reentered_stream_context``: one ``torch.cuda.stream(s)`` object
+entered again inside its own block, which torch's class leaves ``s`` current after.
 """
 
 from __future__ import annotations
+
+import io
 
 import numpy as np
 import torch
@@ -181,3 +187,39 @@ def list_index_backward(wait: int = 0, n: int = 1 << 20) -> None:
     want = torch.zeros(16, 4)
     want[[1, 2, 3, 5]] = 1.0
     assert torch.equal(table.grad.cpu(), want), "the gradient differs from the host's"
+
+
+def pinned_snapshot_saved(wait: int = 0, n: int = 1 << 20) -> None:
+    """An asynchronous checkpoint: the weights copied D2H into a pinned snapshot on the current stream,
+    ``default#1``, then saved with ``torch.save``, which reads the snapshot's bytes in C++; with ``wait`` the host
+    synchronizes the stream first. The file read back must hold the weights."""
+    w = torch.arange(n, dtype=torch.float32, device="cuda")
+    snapshot = torch.empty(n, pin_memory=True)
+    snapshot.copy_(w, non_blocking=True)
+    if wait:
+        torch.cuda.current_stream().synchronize()
+    buf = io.BytesIO()
+    torch.save({"w": snapshot}, buf)
+    buf.seek(0)
+    saved = torch.load(buf)["w"]
+    assert torch.equal(saved, torch.arange(n, dtype=torch.float32)), "the checkpoint saved the snapshot early"
+
+
+def reentered_stream_context(n: int = 1 << 20) -> None:
+    """``ctx = torch.cuda.stream(s)`` entered, and again inside its own block: torch's ``StreamContext`` keeps one
+    stream to go back to, so ``s`` is still current after the outer block, and the fill runs there; the D2H on
+    ``s`` after it is then ordered after it. (A stack of blocks would leave the default stream current: the fill
+    there, unordered with the D2H.)"""
+    s = torch.cuda.Stream()
+    ctx = torch.cuda.stream(s)
+    t = torch.zeros(n, device="cuda")
+    s.wait_stream(torch.cuda.current_stream())
+    with ctx, ctx:  # (entered, then again inside its own block)
+        pass
+    assert torch.cuda.current_stream() == s, "the context's stream is not current after its block"
+    t.fill_(1.0)
+    pinned = torch.empty(n, pin_memory=True)
+    with torch.cuda.stream(s):
+        pinned.copy_(t, non_blocking=True)
+    s.synchronize()
+    assert torch.equal(pinned, torch.ones(n)), "the D2H read the tensor before its fill"

@@ -129,6 +129,23 @@ def test_backward_through_a_list_index_waits_for_nothing() -> None:
     assert rate(f"{line}:wait=1:default#7+20") == 0
 
 
+def test_a_pinned_snapshot_saved_before_its_copy_landed_is_corrupt_and_after_a_sync_is_not() -> None:
+    """``torch.save`` of a pinned snapshot (``tests/hazards.py::pinned_snapshot_saved``) reads its bytes below the
+    dispatcher: no operation on either machine; under a stalled D2H it saves what the snapshot held before, unless
+    the host synchronizes the stream first."""
+    line = "tests/hazards.py::pinned_snapshot_saved"
+    _counts_match(f"{line}:wait=1:default#1+20")
+    assert rate(f"{line}::default#1+20") >= TRIALS - 1
+    assert rate(f"{line}:wait=1:default#1+20") == 0
+
+
+def test_a_stream_context_entered_again_leaves_its_stream_current() -> None:
+    """``tests/hazards.py::reentered_stream_context``: after ``with ctx: with ctx:``, torch leaves the context's
+    stream current, as the simulator does (its assertion holds on both machines), and the counts are equal."""
+    _counts_match("tests/hazards.py::reentered_stream_context")
+    assert rate("tests/hazards.py::reentered_stream_context::s#0+20") == 0
+
+
 @pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core is not installed (the extra 'upstream')")
 @pytest.mark.parametrize("line", MEGATRON)
 def test_megatron_operation_counts_are_the_simulators(line: str) -> None:

@@ -76,3 +76,16 @@ def test_contexts_left_out_of_order_each_restore_what_they_kept() -> None:
         assert seen == [b, torch.cuda.default_stream(), a]
         torch.cuda.set_stream(torch.cuda.default_stream())
     sim.assert_clean()
+
+
+def test_the_gpu_confirmation_s_program_is_clean() -> None:
+    """``tests/hazards.py::reentered_stream_context`` (what tests/gpu runs): the context's stream is current after
+    the re-entered block, so the fill and the D2H are on one stream, clean under a stall of either."""
+    from reference.schedule import Schedule
+    from simdevice.search.targets import resolve
+
+    for line in ("tests/hazards.py::reentered_stream_context", "tests/hazards.py::reentered_stream_context::s#0+20",
+                 "tests/hazards.py::reentered_stream_context::default#0+20"):
+        s = Schedule.parse(line)
+        out = resolve(s.program).run(s)
+        assert out.clean, (line, out.verdict())

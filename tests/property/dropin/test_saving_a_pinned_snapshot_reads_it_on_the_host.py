@@ -100,3 +100,17 @@ def test_a_saved_slice_writes_its_whole_storage() -> None:
     synced = simdevice.cuda()
     synced.run(arena, True)
     synced.assert_clean()
+
+
+def test_the_gpu_confirmation_s_program_gets_the_same_verdicts() -> None:
+    """``tests/hazards.py::pinned_snapshot_saved`` (what tests/gpu runs stalled): a race without the sync, whatever
+    the stall; clean with it."""
+    from reference.schedule import Schedule
+    from simdevice.search.targets import resolve
+
+    line = "tests/hazards.py::pinned_snapshot_saved"
+    for suffix, clean in (("", False), ("::default#1+20", False), (":wait=1:default#1+20", True)):
+        s = Schedule.parse(line + suffix)
+        out = resolve(s.program).run(s)
+        assert out.clean is clean, (suffix, out.verdict())
+        assert clean or out.races, out.verdict()
