@@ -100,6 +100,10 @@ def _shaped_like(*names: str) -> frozenset[Any]:
 _HOST_WHEN_ASKED = _shaped_like("empty_like", "new_empty", "new_empty_strided", "zeros_like", "ones_like",
                                 "full_like", "new_zeros", "new_ones", "new_full", "rand_like", "randn_like",
                                 "randint_like")
+#: CUDA's fused optimizer steps, by name, which store their ``grads`` back only where they unscale them: given
+#: ``grad_scale`` (a ``GradScaler``'s step); their schemas mark ``grads`` written whatever the call (:func:`_written`)
+_GRADS_WRITTEN_IF_SCALED = frozenset({"_fused_adam", "_fused_adam_", "_fused_adamw", "_fused_adamw_", "_fused_sgd",
+                                      "_fused_sgd_"})
 _COPIES = frozenset({aten.copy_.default, aten._to_copy.default,
                      # (given a host tensor, CUDA's kernel takes its slow route: ``copy_`` of each pair in turn)
                      aten._foreach_copy_.default})
@@ -121,6 +125,9 @@ class OpFacts:
     out_variant: bool
     #: which tensor arguments are not read: "all", "self" or "" (see the sets above)
     not_read: str
+    #: a fused optimizer step: it writes its ``grads`` argument only where ``grad_scale`` is given
+    #: (:data:`_GRADS_WRITTEN_IF_SCALED`)
+    grads_if_scaled: bool
     copy: bool
     seeded: bool
     #: torch tags its output's shape as one its input's values may decide (``nonzero``, ``masked_select``; ``index``
@@ -179,6 +186,7 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
         # (ATen's out= tensors are the keyword-only arguments it writes, whatever their names: ``out``, ``max``)
         out_variant=bool(written) and all(kwarg_only for _, _, kwarg_only in written),
         not_read="all" if func in _INPUT_NOT_READ else "self" if func in _WRITE_ONLY_SELF else "",
+        grads_if_scaled=func.__name__.split(".")[0] in _GRADS_WRITTEN_IF_SCALED,
         copy=func in _COPIES,
         seeded=torch.Tag.nondeterministic_seeded in func.tags,
         dynamic=torch.Tag.dynamic_output_shape in func.tags,
@@ -1125,8 +1133,13 @@ def _with_indices(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any],
 
 
 def _written(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors the call writes: its schema's written arguments, but a fused optimizer step's ``grads`` where it
+    is given no ``grad_scale`` (CUDA's kernels store the gradients back only to unscale them; else they only read
+    them, and a side stream's copy of the gradients beside the step is no race)."""
     out: list[torch.Tensor] = []
     for i, name, kwarg_only in facts.written:
+        if facts.grads_if_scaled and name == "grads" and kwargs.get("grad_scale") is None:
+            continue
         v = args[i] if i < len(args) and not kwarg_only else kwargs.get(name)
         if isinstance(v, torch.Tensor):
             out.append(v)
