@@ -151,7 +151,7 @@ def _communication(op: str, actor: str) -> tuple[str, str]:
     the batch as one group: its works, there are no blocking forms), a point-to-point call's (``send``,
     ``recv (receive)`` on the pair's stream: ``isend``, ``irecv``) or a collective's."""
     if op.startswith(("send", "recv")):
-        if actor.rsplit(".", 1)[-1] == "nccl":
+        if re.fullmatch(r"(pg\d+-)?nccl", actor.rsplit(".", 1)[-1]):  # (a process group's collectives' stream)
             return "`batch_isend_irecv`", "the `wait()` of each work the `batch_isend_irecv` returned,"
         return "point-to-point call", "`work.wait()` of an `isend` or `irecv`"
     return "collective", "`work.wait()` of an `async_op=True` call"

@@ -30,12 +30,19 @@ from simdevice.dispatch import SimTensor, ref_of
 from simdevice.dropin.facade import in_actor, session_device
 from simdevice.dropin.patches import Patches
 from simdevice.dropin.pickling import pickled, unpickled
-from simdevice.runtime.collectives import Splits
+from simdevice.runtime.collectives import Splits, in_memory_order
 from simdevice.runtime.reports import user_source
 
 
-class _World:
-    """The default process group as ``torch.distributed`` hands it out (the simulator knows one per actor)."""
+class _Group:
+    """A process group of every rank as ``torch.distributed`` hands it out: the default one (:data:`WORLD`, id 0),
+    or one ``new_group`` made (ids 1, 2, ... in the order each rank made them, as torch requires every rank to call
+    ``new_group`` in one order). Each is a ProcessGroupNCCL of its own: a communicator whose collectives match only
+    each other's, and a stream of its own on each rank (``pg1-nccl``), which waits for the calling stream and for
+    nothing of another group's."""
+
+    def __init__(self, gid: int) -> None:
+        self.gid = gid
 
     def size(self) -> int:
         return get_world_size()
@@ -44,10 +51,12 @@ class _World:
         return get_rank()
 
     def __repr__(self) -> str:
-        return "<simulated process group: the whole world>"
+        if self.gid == 0:
+            return "<simulated process group: the whole world>"
+        return f"<simulated process group {self.gid}: every rank of the world (new_group)>"
 
 
-WORLD = _World()
+WORLD = _Group(0)
 
 #: the collectives and point-to-point calls that run on the simulated process group
 SIMULATED = (
@@ -104,10 +113,18 @@ def _check_pair(output: torch.Tensor, input: torch.Tensor, output_per_input: int
         raise ValueError(size_error)
 
 
-def _check_group(group: Any) -> None:
+def _check_group(group: Any) -> int:
+    """The id of the process group a call names (0: the default one, also for None and ``dist.group.WORLD``; a
+    ``new_group``'s own otherwise)."""
     _initialized()
-    if group is not None and group is not WORLD and group is not dist.group.WORLD:
-        raise NotImplementedError("only the default process group (the whole world) is simulated")
+    if group is None or group is dist.group.WORLD:
+        return 0
+    if not isinstance(group, _Group):
+        raise NotImplementedError("only process groups of the whole world are simulated (the default one, and "
+                                  "those new_group makes of every rank)")
+    if (session_device().runtime.current().process, group.gid) in session_device().subgroups_destroyed:
+        raise RuntimeError(f"{group!r} was destroyed (destroy_process_group): it runs no collective")
+    return group.gid
 
 
 def _initialized() -> None:
@@ -130,9 +147,18 @@ def init_process_group(*args: Any, **kwargs: Any) -> None:
 
 
 def destroy_process_group(group: Any = None) -> None:
-    _check_group(group)
+    """The default group (None, or the group ``dist.group.WORLD`` names) and with it every group ``new_group`` made,
+    as torch destroys them all; or the one group given, alone (again: torch's ``Invalid process group specified``)."""
     dev = session_device()
-    dev.groups_destroyed.add(dev.runtime.current().process)
+    process = dev.runtime.current().process
+    if isinstance(group, _Group) and group.gid != 0:
+        if not is_initialized() or (process, group.gid) in dev.subgroups_destroyed:
+            raise ValueError("Invalid process group specified")
+        dev.subgroups_destroyed.add((process, group.gid))
+        return
+    _check_group(group)
+    dev.groups_destroyed.add(process)
+    dev.subgroups_destroyed.update((process, gid) for gid in range(1, dev.groups_made.get(process, 0) + 1))
 
 
 def get_rank(group: Any = None) -> int:
@@ -145,47 +171,54 @@ def get_world_size(group: Any = None) -> int:
     return session_device().world_size
 
 
-def new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> _World:
+def new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> _Group:
+    """A new process group of every rank (the only kind simulated): the rank's next group (:class:`_Group`)."""
     if ranks is not None and sorted(ranks) != list(range(get_world_size())):
-        raise NotImplementedError("only the default process group (the whole world) is simulated")
-    return WORLD
+        raise NotImplementedError("only process groups of the whole world are simulated (the default one, and "
+                                  "those new_group makes of every rank)")
+    dev = session_device()
+    process = dev.runtime.current().process
+    dev.groups_made[process] = dev.groups_made.get(process, 0) + 1
+    return _Group(dev.groups_made[process])
 
 
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
                            async_op: bool = False) -> SimWork | None:
-    _check_group(group)
+    gid = _check_group(group)
     _check_pair(output_tensor, input_tensor, get_world_size(), 1, "output tensor must have the same type as input "
                 "tensor", "output tensor size must be equal to world_size times input tensor size")
-    dev = session_device()
-    return dev.all_gather_into_tensor(output_tensor, input_tensor, async_op=async_op)  # type: ignore[no-any-return]
+    # (as the device's ``all_gather_into_tensor``, in the group named)
+    out, inp = output_tensor.view(-1), in_memory_order(input_tensor)
+    gather = session_device().runtime.all_gather(ref_of(out), ref_of(inp), user_source(), gid)
+    return _finish(gather, async_op, output_tensor, input_tensor)
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
                async_op: bool = False) -> SimWork | None:
-    _check_group(group)
+    gid = _check_group(group)
     _check_tensor(tensor)
     if len(tensor_list) != get_world_size():
         raise ValueError(f"all_gather: tensor_list holds {len(tensor_list)} tensors, one per rank "
                          f"({get_world_size()}) expected (NCCL would write past the ones given)")
     rt = session_device().runtime
     gather = rt.collective("all_gather", [ref_of(t) for t in tensor_list], [ref_of(tensor)],
-                           lambda rank, sent: sent, user_source())
+                           lambda rank, sent: sent, user_source(), group=gid)
     return _finish(gather, async_op, *tensor_list, tensor)
 
 
 def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None,
                async_op: bool = False) -> SimWork | None:
-    _check_group(group)
+    gid = _check_group(group)
     _check_tensor(tensor)
     rt = session_device().runtime
     ref = ref_of(tensor)
-    gather = rt.collective("all_reduce", [ref], [ref], lambda rank, sent: [_reduce(op, sent)], user_source())
+    gather = rt.collective("all_reduce", [ref], [ref], lambda rank, sent: [_reduce(op, sent)], user_source(), group=gid)
     return _finish(gather, async_op, tensor)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                           group: Any = None, async_op: bool = False) -> SimWork | None:
-    _check_group(group)
+    gid = _check_group(group)
     _check_pair(output, input, 1, get_world_size(), "input tensor must be the same type as the output tensor.",
                 "input tensor must be the same size as output size times world size")
     rt = session_device().runtime
@@ -194,7 +227,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = d
     def shard(rank: int, sent: list[torch.Tensor]) -> list[torch.Tensor]:
         return [_reduce(op, sent)[rank * n:(rank + 1) * n]]
 
-    gather = rt.collective("reduce_scatter", [ref_of(output)], [ref_of(input)], shard, user_source())
+    gather = rt.collective("reduce_scatter", [ref_of(output)], [ref_of(input)], shard, user_source(), group=gid)
     return _finish(gather, async_op, output, input)
 
 
@@ -210,22 +243,22 @@ def _root(src: int | None, group_src: int | None) -> int:
 
 def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, async_op: bool = False,
               group_src: int | None = None) -> SimWork | None:
-    _check_group(group)
+    gid = _check_group(group)
     src = _root(src, group_src)
     _check_tensor(tensor)
     rt = session_device().runtime
     ref = ref_of(tensor)
     # NCCL's in-place broadcast: the root only sends from its buffer, the others only receive into theirs
     if get_rank() == src:
-        gather = rt.collective("broadcast", [], [ref], lambda rank, sent: [], user_source())
+        gather = rt.collective("broadcast", [], [ref], lambda rank, sent: [], user_source(), group=gid)
     else:
-        gather = rt.collective("broadcast", [ref], [], lambda rank, sent: [sent[src]], user_source())
+        gather = rt.collective("broadcast", [ref], [], lambda rank, sent: [sent[src]], user_source(), group=gid)
     return _finish(gather, async_op, tensor)
 
 
 def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = dist.ReduceOp.SUM, group: Any = None,
            async_op: bool = False, group_dst: int | None = None) -> SimWork | None:
-    _check_group(group)
+    gid = _check_group(group)
     dst = _root(dst, group_dst)
     _check_tensor(tensor)
     rt = session_device().runtime
@@ -233,7 +266,7 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = dist.ReduceOp
     # every rank sends its tensor; only ``dst``'s is written (NCCL's in-place reduce)
     outs = [ref] if get_rank() == dst else []
     gather = rt.collective("reduce", outs, [ref], lambda rank, sent: [_reduce(op, sent)] if rank == dst else [],
-                           user_source())
+                           user_source(), group=gid)
     return _finish(gather, async_op, tensor)
 
 
@@ -244,18 +277,18 @@ def _root_or_zero(root: int | None, group_root: int | None) -> int:
 
 
 def _rooted_arguments(tensor: torch.Tensor, tensors: list[torch.Tensor] | None, name: str, group: Any,
-                      root: int | None, group_root: int | None) -> tuple[list[torch.Tensor], int]:
+                      root: int | None, group_root: int | None) -> tuple[list[torch.Tensor], int, int]:
     """torch's first checks of ``gather``'s and ``scatter``'s arguments, in its order: the tensor, the root's list
-    (a list only where one is given: None and [] alike elsewhere), their dtypes, the group; the list (or []) and the
-    root rank (rank 0 where none is given)."""
+    (a list only where one is given: None and [] alike elsewhere), their dtypes, the group; the list (or []), the
+    root rank (rank 0 where none is given) and the group's id (:func:`_check_group`)."""
     dist.distributed_c10d._check_single_tensor(tensor, "tensor")
     if tensors:
         _torch_checks_list(tensors, name)
     else:
         tensors = []
     _same_dtype(tensor, tensors)
-    _check_group(group)
-    return tensors, _root_or_zero(root, group_root)
+    gid = _check_group(group)
+    return tensors, _root_or_zero(root, group_root), gid
 
 
 def _root_in_world(name: str, root: int) -> None:
@@ -290,7 +323,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
     ProcessGroupNCCL check, with their messages. (``dst``'s own piece is a copy ProcessGroupNCCL issues on the
     calling stream; here it lands with the others on ``nccl``, so a read of that piece alone before the work's
     ``wait()`` is reported where a GPU orders it: a possible false race, never a missed one.)"""
-    gather_list, dst = _rooted_arguments(tensor, gather_list, "gather_list", group, dst, group_dst)
+    gather_list, dst, gid = _rooted_arguments(tensor, gather_list, "gather_list", group, dst, group_dst)
     dist.distributed_c10d._validate_output_list_for_rank(get_rank(), dst, gather_list)
     _root_in_world("gather", dst)
     if get_rank() == dst:
@@ -300,7 +333,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
     rt = session_device().runtime
     outs = [ref_of(t) for t in gather_list]
     issued = rt.collective("gather", outs, [ref_of(tensor)], lambda rank, sent: sent if rank == dst else [],
-                           user_source())
+                           user_source(), group=gid)
     return _finish(issued, async_op, *gather_list, tensor)
 
 
@@ -313,7 +346,7 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
     size of its piece is told so at the exchange, naming both sides (on a GPU: the wrong bytes, or a hang).
     (``src``'s own piece is a copy ProcessGroupNCCL issues on the calling stream; here it runs on ``nccl`` with the
     others: a possible false race on that piece, never a missed one.)"""
-    scatter_list, src = _rooted_arguments(tensor, scatter_list, "scatter_list", group, src, group_src)
+    scatter_list, src, gid = _rooted_arguments(tensor, scatter_list, "scatter_list", group, src, group_src)
     rank, w = get_rank(), get_world_size()
     if rank == src and not scatter_list:
         raise ValueError("Argument ``scatter_list`` must be specified on source rank.")
@@ -329,7 +362,7 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
     sends = tuple(t.numel() for t in scatter_list) if rank == src else (0,) * w
     rt = session_device().runtime
     issued = rt.collective("scatter", [ref_of(tensor)], [ref_of(t) for t in scatter_list],
-                           lambda rank, sent: [sent[src]], user_source(), Splits(sends, receives))
+                           lambda rank, sent: [sent[src]], user_source(), Splits(sends, receives), gid)
     return _finish(issued, async_op, tensor, *scatter_list)
 
 
@@ -372,7 +405,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
     the output come from it, one list given and the other not meaning equal shares on that side. Rank j's
     ``input_split_sizes[r]`` must be rank r's ``output_split_sizes[j]``: where they differ the run raises, naming
     both (NCCL would take the wrong bytes, or wait for bytes that never come)."""
-    _check_group(group)
+    gid = _check_group(group)
     _check_tensor(output)
     _check_tensor(input)
     _same_dtype(output, input)
@@ -390,7 +423,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
     else:
         splits = Splits(_split_lengths(in_splits, input, w), _split_lengths(out_splits, output, w))
     rt = session_device().runtime
-    gather = rt.collective("all_to_all", [ref_of(output)], [ref_of(input)], _joined, user_source(), splits)
+    gather = rt.collective("all_to_all", [ref_of(output)], [ref_of(input)], _joined, user_source(), splits, gid)
     return _finish(gather, async_op, output, input)
 
 
@@ -400,7 +433,7 @@ def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[t
     ``input_tensor_list[r]`` to rank r and a receive from it into ``output_tensor_list[r]``, for every rank (none of
     0 elements); the tensors may differ in size, rank j's ``input_tensor_list[r]`` being the size of rank r's
     ``output_tensor_list[j]`` (where not, the run raises, naming both)."""
-    _check_group(group)
+    gid = _check_group(group)
     _torch_checks_list(output_tensor_list, "output_tensor_list")
     _torch_checks_list(input_tensor_list, "input_tensor_list")
     _same_dtype(output_tensor_list, input_tensor_list)
@@ -414,7 +447,7 @@ def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[t
     splits = Splits(tuple(t.numel() for t in input_tensor_list), tuple(t.numel() for t in output_tensor_list))
     rt = session_device().runtime
     gather = rt.collective("all_to_all", [ref_of(t) for t in output_tensor_list],
-                           [ref_of(t) for t in input_tensor_list], lambda rank, sent: sent, user_source(), splits)
+                           [ref_of(t) for t in input_tensor_list], lambda rank, sent: sent, user_source(), splits, gid)
     return _finish(gather, async_op, *output_tensor_list, *input_tensor_list)
 
 
@@ -424,7 +457,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
     (tensors of one shape are copied there into one buffer for ``ncclReduceScatter``; of different shapes, each is
     reduced to its rank in one NCCL group), and ``output`` written with the reduction of every rank's
     ``input_list[rank]``."""
-    _check_group(group)
+    gid = _check_group(group)
     _torch_checks_list(input_list, "input_list")
     _same_dtype(output, input_list)
     _check_tensor(output)
@@ -446,7 +479,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
     splits = Splits(tuple(t.numel() for t in input_list), (output.numel(),) * w)
     rt = session_device().runtime
     gather = rt.collective("reduce_scatter", [ref_of(output)], [ref_of(t) for t in input_list],
-                           lambda rank, sent: [_reduce(op, sent)], user_source(), splits)
+                           lambda rank, sent: [_reduce(op, sent)], user_source(), splits, gid)
     return _finish(gather, async_op, output, *input_list)
 
 
@@ -458,29 +491,30 @@ def _peer(peer: int | None, group_peer: int | None, what: str) -> int:
     return _root(peer, group_peer)
 
 
-def _point_to_point(ops: list[tuple[int, torch.Tensor, bool]], batch: bool = False) -> SimWork:
-    """Sends and receives as NCCL runs them (:meth:`Runtime.point_to_point`): one call on the stream of its pair of
-    ranks, a batch on the collectives' stream; the work's ``wait()`` makes the current stream wait for all of them."""
+def _point_to_point(ops: list[tuple[int, torch.Tensor, bool]], gid: int, batch: bool = False) -> SimWork:
+    """Sends and receives as NCCL runs them (:meth:`Runtime.point_to_point`), in process group ``gid``: one call on
+    the stream of its pair of ranks, a batch on the group's collectives' stream; the work's ``wait()`` makes the
+    current stream wait for all of them."""
     for peer, tensor, is_send in ops:
         _check_tensor(tensor)
         if peer == get_rank() and not batch:  # (NCCL matches a send to itself with a receive of its group)
             raise NotImplementedError(f"torch.distributed: a {'send to' if is_send else 'receive from'} the rank "
                                       "itself outside a batch_isend_irecv is not simulated")
     rt = session_device().runtime
-    gather = rt.point_to_point([(peer, ref_of(t), is_send) for peer, t, is_send in ops], batch, user_source())
+    gather = rt.point_to_point([(peer, ref_of(t), is_send) for peer, t, is_send in ops], batch, user_source(), gid)
     return SimWork(session_device(), gather, tuple(t for _, t, _ in ops))
 
 
 def isend(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0,
           group_dst: int | None = None) -> SimWork:
-    _check_group(group)
-    return _point_to_point([(_peer(dst, group_dst, "destination"), tensor, True)])
+    gid = _check_group(group)
+    return _point_to_point([(_peer(dst, group_dst, "destination"), tensor, True)], gid)
 
 
 def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0,
           group_src: int | None = None) -> SimWork:
-    _check_group(group)
-    return _point_to_point([(_peer(src, group_src, "source"), tensor, False)])
+    gid = _check_group(group)
+    return _point_to_point([(_peer(src, group_src, "source"), tensor, False)], gid)
 
 
 def send(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0,
@@ -491,7 +525,7 @@ def send(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: i
     peer = _peer(dst, group_dst, "destination")
     if peer == get_rank():
         raise ValueError("Invalid destination rank: should not be the same as the rank of the current process.")
-    isend(tensor, peer).wait()
+    isend(tensor, peer, group).wait()
 
 
 def recv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0,
@@ -501,25 +535,28 @@ def recv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: i
     peer = _peer(src, group_src, "source")
     if peer == get_rank():
         raise ValueError("Invalid source rank: should not be the same as the rank of the current process.")
-    irecv(tensor, peer).wait()
+    irecv(tensor, peer, group).wait()
     return peer
 
 
 def batch_isend_irecv(p2p_op_list: list[Any]) -> list[SimWork]:
-    """The ops as one NCCL group on the collectives' stream (torch's coalescing manager): every send and receive of
-    it posted before any waits for its peer; one work for the group, as torch returns."""
+    """The ops as one NCCL group on their process group's collectives' stream (torch's coalescing manager): every send
+    and receive of it posted before any waits for its peer; one work for the group, as torch returns."""
     if not isinstance(p2p_op_list, list) or not all(isinstance(p, dist.P2POp) for p in p2p_op_list):
         raise ValueError("Invalid ``p2p_op_list``. Each op is expected to to be of type ``torch.distributed.P2POp``.")
     if not p2p_op_list:
         return []
+    if not all(p.group == p2p_op_list[0].group for p in p2p_op_list):  # (torch's ``_check_p2p_op_list``)
+        raise ValueError("All ops need to use the same group.")
     ops = []
+    gid = 0
     for p in p2p_op_list:
-        _check_group(p.group)
+        gid = _check_group(p.group)
         if p.op not in (isend, irecv, dist.isend, dist.irecv):
             raise ValueError("Invalid ``op``. Expected ``op`` to be of type ``torch.distributed.isend`` or "
                              "``torch.distributed.irecv``.")
         ops.append((p.peer, p.tensor, getattr(p.op, "__name__", "") == "isend"))
-    return [_point_to_point(ops, batch=True)]
+    return [_point_to_point(ops, gid, batch=True)]
 
 
 def _not_simulated(name: str) -> Any:
@@ -546,9 +583,9 @@ NOT_SIMULATED = (
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None) -> SimWork | None:
-    _check_group(group)
+    gid = _check_group(group)
     rt = session_device().runtime
-    gather = rt.collective("barrier", [], [], lambda rank, sent: [], user_source())
+    gather = rt.collective("barrier", [], [], lambda rank, sent: [], user_source(), group=gid)
     if async_op:
         return SimWork(session_device(), gather, barrier=True)  # its wait() blocks the host, as the call does
     rt.work_wait_host(gather)  # NCCL's barrier blocks the host until every rank reached it
@@ -584,8 +621,8 @@ class _Pickled:
 
 
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
-    _check_group(group)
-    sent = session_device().runtime.exchange_objects(_Pickled(obj))
+    gid = _check_group(group)
+    sent = session_device().runtime.exchange_objects(_Pickled(obj), group=gid)
     object_list[:] = [p.received() for p in sent]
 
 
@@ -596,13 +633,13 @@ _OBJECT_LIST_SRC: int | None = inspect.signature(
 
 def broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None, device: Any = None,
                           group_src: int | None = None) -> None:
-    _check_group(group)
+    gid = _check_group(group)
     if src is None and group_src is None:  # torch before 2.6 took rank 0 for it; later ones refuse (_root)
         src = _OBJECT_LIST_SRC
     src = _root(src, group_src)
     root = get_rank() == src  # as torch's: the root pickles its objects and keeps its list as it is,
     sent = session_device().runtime.exchange_objects([_Pickled(o) for o in object_list] if root else None,
-                                                     "broadcast_object_list")
+                                                     "broadcast_object_list", gid)
     if not root:  # the others get copies of the root's objects
         object_list[:] = [p.received() for p in sent[src]]
 
@@ -611,11 +648,11 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
                   group_dst: int | None = None) -> None:
     """As torch's: every rank's object pickled at the call, ``dst`` unpickling each into ``object_gather_list[r]``
     (given on ``dst`` alone, torch's check); the host blocks until every rank has given its object."""
-    _check_group(group)
+    gid = _check_group(group)
     dst = _root_or_zero(dst, group_dst)
     dist.distributed_c10d._validate_output_list_for_rank(get_rank(), dst, object_gather_list)
     _root_in_world("gather", dst)
-    sent = session_device().runtime.exchange_objects(_Pickled(obj), "gather_object")
+    sent = session_device().runtime.exchange_objects(_Pickled(obj), "gather_object", gid)
     if object_gather_list is not None and get_rank() == dst:
         for i, p in enumerate(sent):  # (as torch fills it: by index, a list too short raises IndexError)
             object_gather_list[i] = p.received()
@@ -625,7 +662,7 @@ def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_in
                         src: int | None = None, group: Any = None, group_src: int | None = None) -> None:
     """As torch's: ``src`` pickles each object of ``scatter_object_input_list`` (one per rank) at the call, and each
     rank unpickles its own into ``scatter_object_output_list[0]``; the host blocks until ``src`` has given them."""
-    _check_group(group)
+    gid = _check_group(group)
     src = _root_or_zero(src, group_src)
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
         raise ValueError("Expected argument scatter_object_output_list to be a list of size at least 1.")
@@ -639,7 +676,7 @@ def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_in
     _root_in_world("scatter", src)
     sent = session_device().runtime.exchange_objects(
         [_Pickled(o) for o in scatter_object_input_list] if root and scatter_object_input_list is not None else None,
-        "scatter_object_list")
+        "scatter_object_list", gid)
     scatter_object_output_list[0] = sent[src][get_rank()].received()
 
 
@@ -700,7 +737,7 @@ def _no_fsdp(self: Any, *args: Any, **kwargs: Any) -> None:
     )
 
 
-def _get_default_group() -> _World:
+def _get_default_group() -> _Group:
     """``distributed_c10d._get_default_group()`` (FSDP's and DeviceMesh's way to the default group): the world."""
     _initialized()
     return WORLD

@@ -76,6 +76,10 @@ class DropInDevice(SimDevice):
         self.sim_children: dict[str, list[Any]] = {}
         #: the actors whose default process group ``destroy_process_group`` destroyed (``distributed``)
         self.groups_destroyed: set[str] = set()
+        #: how many process groups each actor made with ``new_group``, and those it destroyed since, by (actor, the
+        #: group's id) (``distributed``)
+        self.groups_made: dict[str, int] = {}
+        self.subgroups_destroyed: set[tuple[str, int]] = set()
         #: the interprocess events' CUDA events by their IPC handle (``Event.ipc_handle``)
         self.ipc_events: dict[bytes, Any] = {}
 

@@ -65,6 +65,21 @@ class World:
         #: host-side exchanges of Python objects, and how many each rank took part in
         self.object_rounds: list[ObjectRound] = []
         self.objects_issued: dict[int, int] = {}
+        #: the other process groups of these ranks (``new_group`` of every rank), by their id (1, 2, ...)
+        self._groups: dict[int, World] = {}
+
+    def group(self, gid: int) -> World:
+        """Process group ``gid`` of these ranks: the world itself for 0, else a group of every rank that
+        ``new_group`` made (the ``gid``-th one each rank made: torch requires every rank to make its groups in one
+        order). Each is a communicator of its own, as each ProcessGroupNCCL has its own: its collectives and
+        point-to-point messages match only its own, in its own order."""
+        if gid == 0:
+            return self
+        g = self._groups.get(gid)
+        if g is None:
+            g = self._groups[gid] = World(self.size)
+            g.ranks = self.ranks
+        return g
 
     def instance_for(self, rank: int, actor: str, kind: str) -> Collective:
         """``rank``'s next collective (``kind``): the k-th of every rank is one instance; ranks that disagree on its
@@ -196,15 +211,16 @@ class Collectives:
         #: the streams collectives were called under (each NCCL's stream waited for)
         self.called_under: set[str] = set()
 
-    def world_of(self, actor: str) -> tuple[World, int]:
+    def world_of(self, actor: str, group: int = 0) -> tuple[World, int]:
+        """``actor``'s process group ``group`` (0: its world; :meth:`World.group`) and its rank there."""
         w = self._worlds.get(actor)
         if w is not None:
-            return w, w.ranks[actor]
+            return w.group(group), w.ranks[actor]
         solo = self._solo.get(actor)
         if solo is None:
             solo = self._solo[actor] = World(1)
             solo.ranks[actor] = 0
-        return solo, 0
+        return solo.group(group), 0
 
     def rank_of(self, actor: str) -> tuple[World, int] | None:
         """``actor``'s world and rank where it is a rank of a world :meth:`new_world` made (None: it is no rank)."""
@@ -220,11 +236,16 @@ class Collectives:
             self._worlds[a.name] = world
         return world
 
-    def comm_stream(self, a: HostActor) -> SimStream:
-        """``a``'s communication stream (``nccl``, ``rank1.nccl``), made at its first collective."""
-        full = "nccl" if a.process == "host" else f"{a.process}.nccl"
+    def comm_stream(self, a: HostActor, group: int = 0) -> SimStream:
+        """``a``'s communication stream of process group ``group`` (``nccl``, ``rank1.nccl`` for the world;
+        ``rank1.pg1-nccl`` for the first group ``new_group`` made), made at its first collective: as each
+        ProcessGroupNCCL takes a stream of its own, unordered with another group's."""
+        return self._own_stream(a, "nccl" if group == 0 else f"pg{group}-nccl")
+
+    def _own_stream(self, a: HostActor, name: str) -> SimStream:
+        full = name if a.process == "host" else f"{a.process}.{name}"
         s = self._exec.streams.get(full)
-        return s if s is not None else self._exec.new_stream(a, "nccl")
+        return s if s is not None else self._exec.new_stream(a, name)
 
     def _enqueue(
         self, s: SimStream, desc: str, counted: bool, duration: int, reads: list[Ref], writes: list[Ref], src: str
@@ -248,17 +269,19 @@ class Collectives:
         combine: Callable[[int, list[torch.Tensor]], list[torch.Tensor]],
         src: str,
         splits: Splits | None = None,
+        group: int = 0,
     ) -> Gather:
         """Issue ``a``'s part of a collective: a send reading ``ins`` (nothing for a barrier; several tensors are
         sent as one run, one after the other), the rendezvous, and a receive writing ``outs`` with
         ``combine(rank, what every rank sent it)``: every rank's whole send, or with ``splits`` (this rank's
         :class:`Splits`) the piece of each rank's send addressed to this one. The k-th collective of every rank
-        of a world is one instance; ranks that disagree on its kind are the program's error, as NCCL's would be."""
-        world, rank = self.world_of(a.process)
+        of a process group (``group``: :meth:`World.group`) is one instance, on the group's stream; ranks that
+        disagree on its kind are the program's error, as NCCL's would be."""
+        world, rank = self.world_of(a.process, group)
         if splits is not None and not len(splits.sends) == len(splits.receives) == world.size:
             raise ValueError(f"{kind}: split sizes for {len(splits.sends)} and {len(splits.receives)} ranks in a "
                              f"world of {world.size}")
-        comm = self.comm_stream(a)
+        comm = self.comm_stream(a, group)
         self._after_caller(a, comm)
         coll = world.instance_for(rank, a.process, kind)
         if splits is not None:
@@ -268,16 +291,15 @@ class Collectives:
         self._land(comm, coll, rank, f"{kind} (receive)", ins, outs, combine, src)
         return Gather(sync.record(comm), coll)
 
-    def p2p_stream(self, a: HostActor, peer: int) -> SimStream:
-        """``a``'s stream for point-to-point calls with ``peer`` (``rank0.p2p1-nccl``), made at its first one: as
-        ProcessGroupNCCL gives each pair of ranks a communicator and a stream of its own, apart from the
-        collectives' (a ``batch_isend_irecv`` runs on the collectives' stream, :meth:`comm_stream`)."""
-        full = f"p2p{peer}-nccl" if a.process == "host" else f"{a.process}.p2p{peer}-nccl"
-        s = self._exec.streams.get(full)
-        return s if s is not None else self._exec.new_stream(a, f"p2p{peer}-nccl")
+    def p2p_stream(self, a: HostActor, peer: int, group: int = 0) -> SimStream:
+        """``a``'s stream for point-to-point calls with ``peer`` in process group ``group`` (``rank0.p2p1-nccl``;
+        ``rank0.pg1-p2p1-nccl`` in the first group ``new_group`` made), made at its first one: as ProcessGroupNCCL
+        gives each pair of ranks a communicator and a stream of its own, apart from the collectives' (a
+        ``batch_isend_irecv`` runs on the collectives' stream, :meth:`comm_stream`)."""
+        return self._own_stream(a, f"p2p{peer}-nccl" if group == 0 else f"pg{group}-p2p{peer}-nccl")
 
     def point_to_point(self, a: HostActor, comm: SimStream, ops: list[tuple[int, Ref, bool]], src: str,
-                       batch: bool = False) -> Gather:
+                       batch: bool = False, group: int = 0) -> Gather:
         """Issue ``a``'s sends and receives (``(peer, tensor, is_send)``) on ``comm``, as one NCCL group: every one
         is posted before any waits for its peer, so that a send and a receive of one group never hold each other up
         (a single call is a group of one). The k-th send from rank i to rank j is the k-th receive on j from i, as
@@ -285,8 +307,9 @@ class Collectives:
         receive lands them then. A send and a receive of the same pair each posted first on both ranks, in calls of
         their own, wait for each other forever, as on a GPU (NCCL's send blocks its stream until the receive).
         A ``batch`` (``batch_isend_irecv``) may send to the rank itself: NCCL matches it with the group's receive
-        from itself (an all-to-all written as sends and receives has one such pair)."""
-        world, rank = self.world_of(a.process)
+        from itself (an all-to-all written as sends and receives has one such pair). Messages of process group
+        ``group`` match only each other (:meth:`World.group`)."""
+        world, rank = self.world_of(a.process, group)
         self._after_caller(a, comm)
         posted = []
         for peer, ref, is_send in ops:
@@ -395,23 +418,24 @@ class Collectives:
             # the last rank in: peers' comm streams may be parked at their rendezvous
             ex.kick_all()
 
-    def all_gather(self, a: HostActor, out: Ref, inp: Ref, src: str) -> Gather:
-        """Issue ``a``'s part of an all-gather of ``inp`` (this rank's shard) into ``out`` (every rank's)."""
-        world, _ = self.world_of(a.process)
+    def all_gather(self, a: HostActor, out: Ref, inp: Ref, src: str, group: int = 0) -> Gather:
+        """Issue ``a``'s part of an all-gather of ``inp`` (this rank's shard) into ``out`` (every rank's), in process
+        group ``group``."""
+        world, _ = self.world_of(a.process, group)
         (_, data_out), (_, data_in) = out, inp
         if data_out.numel() != data_in.numel() * world.size:
             raise ValueError(
                 f"all_gather_into_tensor: output has {data_out.numel()} elements, "
                 f"expected {data_in.numel() * world.size}"
             )
-        return self.collective(a, "all_gather", [out], [inp], _concatenated, src)
+        return self.collective(a, "all_gather", [out], [inp], _concatenated, src, group=group)
 
-    def exchange_objects(self, a: HostActor, obj: Any, kind: str = "all_gather_object") -> list[Any]:
+    def exchange_objects(self, a: HostActor, obj: Any, kind: str = "all_gather_object", group: int = 0) -> list[Any]:
         """A host-side collective of Python objects (``all_gather_object``): ``a`` blocks until every rank of
         its world has contributed, and is then ordered after all of them. It takes its place among the world's
         collectives (torch runs it as NCCL collectives, in order with the others), so ranks that issue it where a
-        peer issued another collective are told so."""
-        world, rank = self.world_of(a.process)
+        peer issued another collective are told so (in process group ``group``)."""
+        world, rank = self.world_of(a.process, group)
         world.instance_for(rank, a.process, kind)
         ex = self._exec
         k = world.objects_issued.get(rank, 0)

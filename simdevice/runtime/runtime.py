@@ -893,12 +893,13 @@ class Runtime:
         if self.now > before:
             self.trace.append((self.now, a.name, f"waited for {what}"))
 
-    def _collective_waits(self, a: HostActor, source: str, comm: SimStream | None = None) -> _Key | None:
+    def _collective_waits(self, a: HostActor, source: str, comm: SimStream | None = None,
+                          group: int = 0) -> _Key | None:
         """The inserted edges into a collective about to be issued at ``source`` (on ``comm``, by default the
-        actor's collectives' stream); its site and occurrence."""
+        stream of the actor's process group ``group``); its site and occurrence."""
         if not (self._waits_at or self._tracked or self._counted is not None):
             return None
-        comm = comm if comm is not None else self.collectives.comm_stream(a)
+        comm = comm if comm is not None else self.collectives.comm_stream(a, group)
         at = self._occurrence(comm.name, source)
         if self._waits_at:
             self._inserted_waits(a, comm, source, at, collective=True)
@@ -1221,12 +1222,13 @@ class Runtime:
             sync.observe(parent, a)
         return [a.result for a in ranks]
 
-    def all_gather(self, out: Ref, inp: Ref, source: str) -> Gather:
+    def all_gather(self, out: Ref, inp: Ref, source: str, group: int = 0) -> Gather:
+        """An all-gather of ``inp`` into ``out`` in the current actor's process group ``group`` (0: its world)."""
         a = self.host_step("all_gather_into_tensor")
-        at = self._collective_waits(a, source)
+        at = self._collective_waits(a, source, group=group)
         mark = self.memory.issues
-        g = self.collectives.all_gather(a, out, inp, source)
-        self._kept_for(a, [out, inp])
+        g = self.collectives.all_gather(a, out, inp, source, group)
+        self._kept_for([out, inp], g.rec.stream)
         self._issued_at(g.rec.stream.name, source, g.record)
         self._issued_now(at, g.record, mark)
         self._collective_site(g, source, [out, inp])
@@ -1239,10 +1241,10 @@ class Runtime:
         comm = g.rec.stream
         self.op_sites[f"{comm.name}#{comm.ops - 1}"] = (source, span_bytes(refs))
 
-    def _kept_for(self, a: HostActor, refs: list[Ref], comm: SimStream | None = None) -> None:
-        """As ProcessGroupNCCL does (it records a collective's tensors on its stream, or stashes them in the work):
-        their blocks are not handed out again before the collective is done, even if the program drops them."""
-        comm = comm if comm is not None else self.collectives.comm_stream(a)
+    def _kept_for(self, refs: list[Ref], comm: SimStream) -> None:
+        """As ProcessGroupNCCL does (it records a collective's tensors on its stream ``comm``, or stashes them in the
+        work): their blocks are not handed out again before the collective is done, even if the program drops
+        them."""
         for st, _ in refs:
             self.record_stream(st, comm)
 
@@ -1254,15 +1256,17 @@ class Runtime:
         combine: Callable[[int, list[torch.Tensor]], list[torch.Tensor]],
         source: str,
         splits: Splits | None = None,
+        group: int = 0,
     ) -> Gather:
-        """Any collective of the current actor's world (``all_reduce``, ``broadcast``, ``barrier``, ...): its send
-        reads ``ins``, its receive writes ``outs`` with ``combine`` (:meth:`Collectives.collective`; ``splits``:
-        what this rank sends to and receives from each peer, where the ranks exchange different amounts)."""
+        """Any collective of the current actor's world (``all_reduce``, ``broadcast``, ``barrier``, ...), in its
+        process group ``group`` (0: the world itself): its send reads ``ins``, its receive writes ``outs`` with
+        ``combine`` (:meth:`Collectives.collective`; ``splits``: what this rank sends to and receives from each peer,
+        where the ranks exchange different amounts)."""
         a = self.host_step(kind)
-        at = self._collective_waits(a, source)
+        at = self._collective_waits(a, source, group=group)
         mark = self.memory.issues
-        g = self.collectives.collective(a, kind, outs, ins, combine, source, splits)
-        self._kept_for(a, [*outs, *ins])
+        g = self.collectives.collective(a, kind, outs, ins, combine, source, splits, group)
+        self._kept_for([*outs, *ins], g.rec.stream)
         self._issued_at(g.rec.stream.name, source, g.record)
         self._issued_now(at, g.record, mark)
         self._collective_site(g, source, [*outs, *ins])
@@ -1270,17 +1274,19 @@ class Runtime:
             a.time += self.config.collective_host_ns
         return g
 
-    def point_to_point(self, ops: list[tuple[int, Ref, bool]], batch: bool, source: str) -> Gather:
-        """Sends and receives (``(peer, tensor, is_send)``) of the current actor: one call (``send``, ``isend``,
-        ``recv``, ``irecv``: one op) on the stream of its pair of ranks, or a ``batch_isend_irecv`` (``batch``) on
-        the collectives' stream, as one NCCL group (:meth:`Collectives.point_to_point`)."""
+    def point_to_point(self, ops: list[tuple[int, Ref, bool]], batch: bool, source: str, group: int = 0) -> Gather:
+        """Sends and receives (``(peer, tensor, is_send)``) of the current actor in its process group ``group``: one
+        call (``send``, ``isend``, ``recv``, ``irecv``: one op) on the stream of its pair of ranks, or a
+        ``batch_isend_irecv`` (``batch``) on the group's collectives' stream, as one NCCL group
+        (:meth:`Collectives.point_to_point`)."""
         a = self.host_step("batch_isend_irecv" if batch else ("send" if ops[0][2] else "recv"))
-        comm = self.collectives.comm_stream(a) if batch else self.collectives.p2p_stream(a, ops[0][0])
+        c = self.collectives
+        comm = c.comm_stream(a, group) if batch else c.p2p_stream(a, ops[0][0], group)
         at = self._collective_waits(a, source, comm)
         mark = self.memory.issues
-        g = self.collectives.point_to_point(a, comm, ops, source, batch)
+        g = self.collectives.point_to_point(a, comm, ops, source, batch, group)
         refs = [ref for _, ref, _ in ops]
-        self._kept_for(a, refs, comm)
+        self._kept_for(refs, comm)
         self._issued_at(comm.name, source, g.record)
         self._issued_now(at, g.record, mark)
         self._collective_site(g, source, refs)
@@ -1288,11 +1294,11 @@ class Runtime:
             a.time += self.config.collective_host_ns
         return g
 
-    def exchange_objects(self, obj: Any, kind: str = "all_gather_object") -> list[Any]:
-        """``all_gather_object`` (or another object collective, ``kind``): the host blocks until every rank gave its
-        object."""
+    def exchange_objects(self, obj: Any, kind: str = "all_gather_object", group: int = 0) -> list[Any]:
+        """``all_gather_object`` (or another object collective, ``kind``) in process group ``group``: the host blocks
+        until every rank gave its object."""
         a = self.host_step(kind)
-        return self.collectives.exchange_objects(a, obj, kind)
+        return self.collectives.exchange_objects(a, obj, kind, group)
 
     def work_wait_host(self, work: Gather) -> None:
         """The host waits for a collective it issued to complete (``barrier``): part of that call's host step."""
