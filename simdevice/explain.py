@@ -169,7 +169,17 @@ def _advice(race: Race, edge: Edge) -> str:
     first, second = _ordered(race)
     done = f"`{first.op}` on `{first.actor}` ({first.source})"
     then = f"before `{second.op}` on {_where(second)} ({second.source})"
-    if is_collective(first.actor, first.op):  # (it writes device memory: a stream reads it next, never the host)
+    if is_collective(first.actor, first.op) and is_collective(second.actor, second.op):
+        # two communication streams (two process groups', a pair's and the collectives'): the program cannot make
+        # NCCL's stream current; that stream waits for the stream the later call is made on, so that one waits
+        work, call = _communication(first.op, first.actor)
+        later, _ = _communication(second.op, second.actor)
+        blocking = ("" if work.startswith("`batch") else
+                    "; after a blocking call, a wait of that stream on the stream it was called on")
+        how = (f"wait for the {work}'s work on the stream the {later} is called on ({call} with that stream "
+               f"current{blocking}) after {done}")
+        then = f"before the call that issues `{second.op}` on `{second.actor}` ({second.source})"
+    elif is_collective(first.actor, first.op):  # (it writes device memory: a stream reads it next, never the host)
         # (``wait()`` makes the stream current at the call wait: called with another stream current, as in a program
         # that waits on the default stream and reads on a side one, it orders the wrong stream)
         work, call = _communication(first.op, first.actor)
