@@ -141,7 +141,18 @@ def is_initialized() -> bool:
     return dev.runtime.current().process not in dev.groups_destroyed
 
 
-def init_process_group(*args: Any, **kwargs: Any) -> None:
+def _nccl_only(backend: Any) -> None:
+    """Refuse a process group of a backend other than NCCL (``gloo``, ``mpi``, ``cpu:gloo,cuda:nccl``): its
+    collectives take host tensors and its barrier orders the hosts alone, neither of which the simulated group runs,
+    so the run gives no verdict rather than NCCL's (a gloo barrier taken for NCCL's waits for the current stream, and
+    hid the race of a host read after it)."""
+    if backend is not None and str(backend).lower() not in ("nccl", "cuda:nccl"):
+        raise NotImplementedError(f"torch.distributed: a process group of backend {str(backend)!r} is not simulated "
+                                  "(NCCL's is: its collectives on device tensors, its barrier)")
+
+
+def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> None:
+    _nccl_only(backend)
     dev = session_device()
     dev.groups_destroyed.discard(dev.runtime.current().process)
 
@@ -171,8 +182,10 @@ def get_world_size(group: Any = None) -> int:
     return session_device().world_size
 
 
-def new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> _Group:
-    """A new process group of every rank (the only kind simulated): the rank's next group (:class:`_Group`)."""
+def new_group(ranks: Any = None, timeout: Any = None, backend: Any = None, *args: Any, **kwargs: Any) -> _Group:
+    """A new process group of every rank (the only kind simulated), NCCL's: the rank's next group
+    (:class:`_Group`)."""
+    _nccl_only(backend)
     if ranks is not None and sorted(ranks) != list(range(get_world_size())):
         raise NotImplementedError("only process groups of the whole world are simulated (the default one, and "
                                   "those new_group makes of every rank)")
