@@ -10,6 +10,11 @@ The semantics of ``torch_memory_saver`` over the caching allocator of
   addresses.
 - ``disable()``: allocations inside it come from the ordinary pool (plain
   device memory), even inside a region.
+- Both are the calling thread's (a host actor's): the library's region
+  configuration is ``thread_local`` and torch's ``use_mem_pool`` routes only
+  the current thread's allocations, so another thread of the process
+  allocates from whatever pool its own contexts name (outside any: ordinary
+  memory), even while this one is inside a region.
 - ``pause(tag)``: for every segment of the tag, unmap and release its handle;
   the addresses stay reserved, the contents are lost (poisoned with 0xFF
   bytes, which read as NaN in floats) unless the region that made the segment
@@ -84,7 +89,8 @@ class SimMemorySaver:
             real_sizes=execution.config.real_sizes,
         )
         self.fixes = fixes
-        #: per actor: stack of active pools (a tag inside region(), None inside disable())
+        #: per host actor (a thread: the library's configuration and torch's ``use_mem_pool`` are thread-local):
+        #: stack of active pools (a tag inside region(), None inside disable())
         self._tags: dict[str, list[PoolTag]] = {}
         #: per actor, beside it: whether each backs its allocations up (``enable_cpu_backup``)
         self._backups: dict[str, list[bool]] = {}
@@ -101,10 +107,11 @@ class SimMemorySaver:
 
     # -- the current pool ----------------------------------------------------------------
     def _stack(self) -> list[PoolTag]:
-        return self._tags.setdefault(self._exec.current().process, [])
+        return self._tags.setdefault(self._exec.current().name, [])
 
     def pool_of(self, actor: str | None) -> PoolTag:
-        """The pool an allocation by ``actor`` comes from (None: ordinary memory)."""
+        """The pool an allocation by ``actor`` (a host actor's name: the thread allocating) comes from (None:
+        ordinary memory)."""
         stack = self._tags.get(actor, []) if actor else []
         return stack[-1] if stack else None
 
@@ -164,7 +171,7 @@ class SimMemorySaver:
             raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
         assert not (enable_cpu_backup and enable_disk_backup), (
             "enable_cpu_backup and enable_disk_backup are mutually exclusive")
-        backups = self._backups.setdefault(self._exec.current().process, [])
+        backups = self._backups.setdefault(self._exec.current().name, [])
         self._stack().append(tag)
         backups.append(bool(enable_cpu_backup or enable_disk_backup))
         try:
@@ -176,7 +183,7 @@ class SimMemorySaver:
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
         self.disable_entries += 1
-        backups = self._backups.setdefault(self._exec.current().process, [])
+        backups = self._backups.setdefault(self._exec.current().name, [])
         self._stack().append(None)
         backups.append(False)
         try:

@@ -653,8 +653,9 @@ class Runtime:
         pick = picks.get(k)
         if pick is not None:
             self._picked.add((name, k))
-        got = ms.allocator.malloc(like, ms.pool_of(actor.process), actor.current_stream, actor, pick,
-                                  ms.backup_of(actor.process))
+        # (the region the allocating thread is in: another thread's region() routes none of this one's allocations)
+        got = ms.allocator.malloc(like, ms.pool_of(actor.name), actor.current_stream, actor, pick,
+                                  ms.backup_of(actor.name))
         block = got.block
         assert block is not None
         seg = block.segment
