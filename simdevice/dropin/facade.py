@@ -345,20 +345,25 @@ def _made_on(a: Any, n: Any) -> Any:
 def _engine_entry(original: Callable[..., Any]) -> Callable[..., Any]:
     """``torch.autograd``'s call into the engine (``_engine_run_backward``, what ``backward`` and ``grad`` call once
     the initial gradients are made): where any node of the graph runs on a stream other than the calling one, the
-    engine's streams and syncs are modelled (:class:`_Engine`); else the whole backward is the calling stream's."""
+    engine's streams and syncs are modelled (:class:`_Engine`); else the whole backward is the calling stream's.
+    Either way it runs as CUDA runs it, on autograd's device thread: what it allocates is outside the caller's
+    ``torch_memory_saver`` region (``Runtime.backward_pass``)."""
 
     @functools.wraps(original)
     def call(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
         if not in_actor():
             return original(t_outputs, *args, **kwargs)
+        rt = session_device().runtime
         inputs = args[3] if len(args) > 3 else kwargs.get("inputs", ())
         accumulate = kwargs.get("accumulate_grad", True)
-        engine = _Engine.plan(session_device().runtime, t_outputs, inputs or (), accumulate)
+        engine = _Engine.plan(rt, t_outputs, inputs or (), accumulate)
         if engine is None:
-            return original(t_outputs, *args, **kwargs)
+            with rt.backward_pass():
+                return original(t_outputs, *args, **kwargs)
         handles = engine.start()
         try:
-            return original(t_outputs, *args, **kwargs)
+            with rt.backward_pass():
+                return original(t_outputs, *args, **kwargs)
         finally:
             for h in handles:
                 h.remove()

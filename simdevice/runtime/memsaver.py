@@ -14,7 +14,10 @@ The semantics of ``torch_memory_saver`` over the caching allocator of
   configuration is ``thread_local`` and torch's ``use_mem_pool`` routes only
   the current thread's allocations, so another thread of the process
   allocates from whatever pool its own contexts name (outside any: ordinary
-  memory), even while this one is inside a region.
+  memory), even while this one is inside a region. A backward pass's
+  operations run on autograd's device thread (one per process), so what they
+  allocate is outside the region its caller is in, unless a hook of the
+  backward enters one itself (:meth:`SimMemorySaver.backward`).
 - ``pause(tag)``: for every segment of the tag, unmap and release its handle;
   the addresses stay reserved, the contents are lost (poisoned with 0xFF
   bytes, which read as NaN in floats) unless the region that made the segment
@@ -101,17 +104,33 @@ class SimMemorySaver:
         #: handle -> what released it (each handle is released once)
         self.released: dict[int, str] = {}
         self.disable_entries = 0
+        #: per host actor: how many backward passes it is inside (autograd's device thread allocates for them)
+        self._backward: dict[str, int] = {}
         #: a note for each pause that discarded what a live tensor held (a segment with no backup): the run's notes
         #: carry them, and a program whose own check then fails is told why no wait helps
         self.discarded: list[str] = []
 
     # -- the current pool ----------------------------------------------------------------
+    def thread_of(self, actor: HostActor) -> str:
+        """The thread whose region contexts route ``actor``'s allocations now: its own, or during a backward pass it
+        called, its process's autograd device thread (CUDA's engine runs a device's nodes there, with their hooks)."""
+        return f"{actor.process} (autograd)" if self._backward.get(actor.name) else actor.name
+
+    @contextlib.contextmanager
+    def backward(self, actor: HostActor) -> Iterator[None]:
+        """``actor`` runs a backward pass (``torch.autograd``'s call into the engine) until the context ends."""
+        self._backward[actor.name] = self._backward.get(actor.name, 0) + 1
+        try:
+            yield
+        finally:
+            self._backward[actor.name] -= 1
+
     def _stack(self) -> list[PoolTag]:
-        return self._tags.setdefault(self._exec.current().name, [])
+        return self._tags.setdefault(self.thread_of(self._exec.current()), [])
 
     def pool_of(self, actor: str | None) -> PoolTag:
-        """The pool an allocation by ``actor`` (a host actor's name: the thread allocating) comes from (None:
-        ordinary memory)."""
+        """The pool an allocation by ``actor`` (the thread allocating: :meth:`thread_of` a host actor) comes from
+        (None: ordinary memory)."""
         stack = self._tags.get(actor, []) if actor else []
         return stack[-1] if stack else None
 
@@ -171,7 +190,7 @@ class SimMemorySaver:
             raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
         assert not (enable_cpu_backup and enable_disk_backup), (
             "enable_cpu_backup and enable_disk_backup are mutually exclusive")
-        backups = self._backups.setdefault(self._exec.current().name, [])
+        backups = self._backups.setdefault(self.thread_of(self._exec.current()), [])
         self._stack().append(tag)
         backups.append(bool(enable_cpu_backup or enable_disk_backup))
         try:
@@ -183,7 +202,7 @@ class SimMemorySaver:
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
         self.disable_entries += 1
-        backups = self._backups.setdefault(self._exec.current().name, [])
+        backups = self._backups.setdefault(self.thread_of(self._exec.current()), [])
         self._stack().append(None)
         backups.append(False)
         try:

@@ -505,6 +505,13 @@ class Runtime:
     def current_stream(self) -> SimStream:
         return self.current().current_stream
 
+    @contextlib.contextmanager
+    def backward_pass(self) -> Iterator[None]:
+        """The current actor runs a backward pass until the context ends (``torch.autograd``'s call into the engine):
+        on CUDA its nodes run on autograd's device thread, whose allocations no region of the caller's routes."""
+        with self.memsaver.backward(self.current()):
+            yield
+
     def engine_enter(self, s: SimStream) -> None:
         """Autograd's engine makes ``s`` current while it runs a node (its stream guard), until
         :meth:`engine_leave`: the node's hooks, its backward ops, and the accumulation of gradients into a buffer."""
@@ -654,8 +661,8 @@ class Runtime:
         if pick is not None:
             self._picked.add((name, k))
         # (the region the allocating thread is in: another thread's region() routes none of this one's allocations)
-        got = ms.allocator.malloc(like, ms.pool_of(actor.name), actor.current_stream, actor, pick,
-                                  ms.backup_of(actor.name))
+        thread = ms.thread_of(actor)
+        got = ms.allocator.malloc(like, ms.pool_of(thread), actor.current_stream, actor, pick, ms.backup_of(thread))
         block = got.block
         assert block is not None
         seg = block.segment
