@@ -74,6 +74,9 @@ class DropInDevice(SimDevice):
         #: the simulated processes by their actor's name, and each actor's children (``processes``)
         self.sim_processes: dict[str, Any] = {}
         self.sim_children: dict[str, list[Any]] = {}
+        #: each process's default context, where it set one in the run or was started with one (``processes``:
+        #: ``set_start_method`` in a run never reaches the real one)
+        self.start_methods: dict[str, Any] = {}
         #: the actors whose default process group ``destroy_process_group`` destroyed (``distributed``)
         self.groups_destroyed: set[str] = set()
         #: how many process groups each actor made with ``new_group``, and those it destroyed since, by (actor, the

@@ -363,7 +363,12 @@ def _patch_process(p: Patches) -> None:
 
         parent = child.parent = rt.current().process
         name = _name(dev, self)
-        if rt.memory.issues and _start_method(self) == "fork":
+        method = _start_method(self)
+        if getattr(self, "_start_method", None) is None:  # (the default context's: its start fixes its method)
+            _fix_start_method(dev)
+        # a child starts with its parent's method set (spawn's preparation sets it, forced; a fork inherits it)
+        dev.start_methods[name] = multiprocessing.get_context(method)
+        if rt.memory.issues and method == "fork":
             rt.note(f"a process started with the fork method after CUDA was in use ({name}, {user_source()}): on a "
                     "GPU its first CUDA call fails (\"Cannot re-initialize CUDA in forked subprocess\", or a CUDA "
                     "\"initialization error\" for a kernel on a tensor it inherited); start it "
@@ -425,6 +430,71 @@ def _patch_process(p: Patches) -> None:
     p.set(base, "ident", property(sim_pid))
     for name in ("terminate", "kill", "close"):
         p.set(base, name, refused(name, getattr(base, name)))
+
+
+def _run_context(dev: Any) -> Any:
+    """The context the running actor's process has set as its default (None where it set none yet): the real
+    default context's as the run found it for the main process and the ranks (each a process of its own), its
+    parent's for a child."""
+    process = dev.runtime.current().process
+    if process not in dev.start_methods:
+        dev.start_methods[process] = vars(multiprocessing.context._default_context)["_actual_context"]
+    return dev.start_methods[process]
+
+
+def _fix_start_method(dev: Any) -> Any:
+    """The running process's default context, fixed now where it was not set (as ``DefaultContext.get_context``
+    fixes it: ``set_start_method`` without ``force`` raises from then on)."""
+    ctx = _run_context(dev)
+    if ctx is None:
+        ctx = vars(multiprocessing.context._default_context)["_default_context"]  # (the platform's default)
+        dev.start_methods[dev.runtime.current().process] = ctx
+    return ctx
+
+
+def _patch_start_method(p: Patches) -> None:
+    """``set_start_method``, ``get_start_method`` and ``get_context()`` of the default context (``multiprocessing``'s
+    and ``torch.multiprocessing``'s) answer in a run for the running process's own setting, which starts as a new
+    process's does and never reaches the real one: a program that calls ``set_start_method("spawn")`` once, as a
+    script's main does, runs again in the next run of a search as in a new process (before, the second run raised
+    "context has already been set")."""
+    default = multiprocessing.context.DefaultContext
+    get_context, set_start_method, get_start_method = (default.get_context, default.set_start_method,
+                                                       default.get_start_method)
+
+    def sim_get_context(self: Any, method: str | None = None) -> Any:
+        if not _in_run() or method is not None:
+            return get_context(self, method)
+        return _fix_start_method(_session())
+
+    def sim_set_start_method(self: Any, method: str | None, force: bool = False) -> None:
+        if not _in_run():
+            return set_start_method(self, method, force)
+        dev = _session()
+        if _run_context(dev) is not None and not force:
+            raise RuntimeError("context has already been set")
+        dev.start_methods[dev.runtime.current().process] = (
+            None if method is None and force else get_context(self, method))
+        return None
+
+    def sim_get_start_method(self: Any, allow_none: bool = False) -> str | None:
+        if not _in_run():
+            return get_start_method(self, allow_none)  # type: ignore[no-any-return]
+        dev = _session()
+        ctx = _run_context(dev)
+        if ctx is None:
+            if allow_none:
+                return None
+            ctx = _fix_start_method(dev)
+        return str(ctx._name)
+
+    bound = multiprocessing.context._default_context
+    for name, value in (("get_context", sim_get_context), ("set_start_method", sim_set_start_method),
+                        ("get_start_method", sim_get_start_method)):
+        p.set(default, name, value)
+        for m in _modules():
+            if name in vars(m):
+                p.set(m, name, types.MethodType(value, bound))
 
 
 def _own_process() -> Any:
@@ -803,6 +873,7 @@ def install(p: Patches) -> None:
     """Put the simulated processes and primitives in place (each falls back to the original outside a run)."""
     _patch_process(p)
     _patch_identity(p)
+    _patch_start_method(p)
     for name in (*_MADE, *_REFUSED):
         _set_everywhere(p, name, lambda original, method, name=name: _in_run_instead(name, original, method))
     p.set(os, "_exit", _os_exit(os._exit))
@@ -810,4 +881,5 @@ def install(p: Patches) -> None:
 
 def patched_owners() -> list[Any]:
     process = multiprocessing.process
-    return [process, process.BaseProcess, multiprocessing.context.BaseContext, *_modules(), os]
+    return [process, process.BaseProcess, multiprocessing.context.BaseContext, multiprocessing.context.DefaultContext,
+            *_modules(), os]
