@@ -136,6 +136,7 @@ def _sent(dev: Any, obj: Any, stream: Any) -> _Sent:
         _reached(obj, found, set())
     else:
         found = [x for x in refs if isinstance(x, SimTensor)]
+    _shared(refs)
     sender = dev.runtime.current().process
     events: dict[int, Any] = {}
     for t in found:
@@ -148,6 +149,24 @@ def _sent(dev: Any, obj: Any, stream: Any) -> _Sent:
         if id(st) not in events:
             events[id(st)] = dev.runtime.ipc_sent(stream)
     return _Sent(obj, payload, refs, events)
+
+
+def _shared(refs: list[Any]) -> None:
+    """The host tensors and storages among what crosses by reference (``refs``), moved into shared memory as torch
+    sends them (``reduce_storage``: ``_share_fd_cpu_``, or ``_share_filename_cpu_``, copies a storage not shared yet
+    into a new shared-memory block and points the storage at it, in the sender's process): a pinned one is no
+    longer pinned, for the sender and the receiver (``is_pinned()`` False; a non-blocking copy into or from it is a
+    pageable one), and torch's copy into shared memory is the sender's host reading all of it (an aten ``copy_``,
+    which the run sees), checked against a copy into it still in flight. (What does not pickle is not sent so: a
+    spawned child could not take it.)"""
+    for x in refs:
+        if not isinstance(x, (torch.Tensor, torch.UntypedStorage)) or isinstance(x, SimTensor):
+            continue
+        if x.device.type != "cpu":
+            continue
+        storage = x if isinstance(x, torch.UntypedStorage) else x.untyped_storage()
+        if not storage.is_shared():
+            storage.share_memory_()
 
 
 class _Mapping:

@@ -528,7 +528,15 @@ class Memory:
             return None
         st = self.storages.get(ptr)
         if st is not None:
-            return st if st.kind == "pinned" else None
+            if st.kind != "pinned":
+                return None
+            if st.data.untyped_storage().data_ptr() != ptr:
+                # moved since: ``share_memory_`` (also as torch sends a host tensor to another process) copies the
+                # bytes into shared memory, pageable, and frees the pinned block, whose address may be another
+                # buffer's now
+                del self.storages[ptr]
+                return None
+            return st
         before = _PINNED_BEFORE.get(ptr)
         if before is None:
             return None
