@@ -257,15 +257,19 @@ def _acked_saver(buf: torch.Tensor, mirror: torch.Tensor, req: Any, ack: Any) ->
 
 
 def _last_save_not_awaited(n: int = 256) -> None:
-    """A daemon saver snapshots ``buf`` into a pinned mirror per request; the trainer waits for every ack but the
-    last, then reads the mirror: the read races with the last copy, issued after it in the failing schedule."""
-    import torch.multiprocessing as mp
+    """A daemon saver thread snapshots ``buf`` into a pinned mirror per request; the trainer waits for every ack but
+    the last, then reads the mirror: the read races with the last copy, issued after it in the failing schedule. (A
+    thread, not a process: a pinned mirror sent to another process is moved into shared memory, pageable, where a
+    non-blocking copy is done as it returns.)"""
+    import queue
+    import threading
 
     buf = torch.zeros(n, device="cuda")
     mirror = torch.zeros(n, pin_memory=True)
-    req, ack = mp.Queue(), mp.Queue()
-    p = mp.Process(target=_acked_saver, args=(buf, mirror, req, ack), daemon=True, name="saver")
-    p.start()
+    req: queue.Queue[int] = queue.Queue()
+    ack: queue.Queue[int] = queue.Queue()
+    t = threading.Thread(target=_acked_saver, args=(buf, mirror, req, ack), daemon=True, name="saver")
+    t.start()
     for step in range(1, 4):
         buf.fill_(float(step))
         torch.cuda.synchronize()
@@ -286,7 +290,7 @@ def test_a_race_that_begins_at_a_host_step_is_fixed_by_a_handshake() -> None:
     assert any("host" in (r.current.actor, r.previous.actor) for r in out.races), out.run.reports
     fix = suggest(target, out)
     assert fix.checked, fix.lines()
-    assert any(e.forward and e.after.actor == "saver.s" and e.before.actor == "host" for e in fix.edges), fix.edges
+    assert any(e.forward and e.after.actor == "s" and e.before.actor == "host" for e in fix.edges), fix.edges
 
 
 def _snapshotter(buf: torch.Tensor, tasks: Any, done: Any) -> None:
