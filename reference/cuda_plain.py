@@ -359,6 +359,12 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
 
     for name in ("current_stream", "default_stream", "synchronize", "empty_cache"):
         _ORIGINAL[name] = getattr(torch.cuda, name)
+    # each run starts with the default stream current, as a new process does (and as each run does on the
+    # simulator), whatever stream the last run left current (``torch.cuda.set_stream``, a ``torch.cuda.stream(s)``
+    # entered again inside its own block leaves ``s`` current after it); put back after
+    before = torch.cuda.current_stream() if torch.cuda.is_available() else None
+    if before is not None:
+        torch.cuda.set_stream(torch.cuda.default_stream())
     _DEV.append(dev)
     try:
         put(torch.cuda, "Stream", CountingStream)
@@ -402,6 +408,8 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
                 setattr(owner, name, old)
         _DEV.pop()
         _NAMES.pop(id(dev), None)
+        if before is not None:
+            torch.cuda.set_stream(before)
 
 
 _MISSING = object()
