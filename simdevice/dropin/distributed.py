@@ -7,10 +7,12 @@ its ``nccl`` stream; a blocking call makes the current stream wait for the recei
 block the host. The rooted calls write only where NCCL writes: ``broadcast`` the others' buffers, ``reduce`` and
 ``gather`` the destination's, ``scatter`` each rank's from the source's list. Point-to-point calls (``send``,
 ``recv``, ``isend``, ``irecv``, ``batch_isend_irecv``) run on the stream of their pair of ranks, a batch on the
-collectives' stream (``Runtime.point_to_point``). Only the whole world is a group (``new_group`` of every rank, or
-of none given). The calls it does not run (``NOT_SIMULATED``: ``send_object_list``, ``recv_object_list``, ...)
-raise NotImplementedError naming themselves, so a run that reaches one gives no verdict instead of the real process
-group's error.
+collectives' stream (``Runtime.point_to_point``). ``new_group`` makes a group of every rank or of some
+(:class:`_Group`): a communicator of its own, whose calls take their roots and peers as global ranks (or group ranks:
+``group_src``, ``group_dst``, ``group_peer``) and run among its members, in group ranks; a rank outside it is handed
+``GroupMember.NON_GROUP_MEMBER``, and its calls on that value do as torch's do (most warn and return None). The
+calls it does not run (``NOT_SIMULATED``: ``send_object_list``, ``recv_object_list``, ...) raise NotImplementedError
+naming themselves, so a run that reaches one gives no verdict instead of the real process group's error.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+import warnings
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
@@ -35,25 +38,48 @@ from simdevice.runtime.reports import user_source
 
 
 class _Group:
-    """A process group of every rank as ``torch.distributed`` hands it out: the default one (:data:`WORLD`, id 0),
-    or one ``new_group`` made (ids 1, 2, ... in the order each rank made them, as torch requires every rank to call
-    ``new_group`` in one order). Each is a ProcessGroupNCCL of its own: a communicator whose collectives match only
-    each other's, and a stream of its own on each rank (``pg1-nccl``), which waits for the calling stream and for
-    nothing of another group's."""
+    """A process group as ``torch.distributed`` hands it out: the default one (:data:`WORLD`, id 0), or one
+    ``new_group`` made (ids 1, 2, ... in the order each rank made them, as torch requires every rank to call
+    ``new_group`` for every group, member or not, in one order), of every rank (``members`` None) or of the global
+    ranks ``members``, in the order of their ranks in the group (sorted, unless ``sort_ranks=False``). Each is a
+    ProcessGroupNCCL of its own: a communicator whose collectives match only each other's, and a stream of its own on
+    each member rank (``pg1-nccl``), which waits for the calling stream and for nothing of another group's."""
 
-    def __init__(self, gid: int) -> None:
+    def __init__(self, gid: int, members: tuple[int, ...] | None = None) -> None:
         self.gid = gid
+        self.members = members
 
     def size(self) -> int:
-        return get_world_size()
+        return get_world_size() if self.members is None else len(self.members)
 
     def rank(self) -> int:
-        return get_rank()
+        return get_rank() if self.members is None else self.members.index(get_rank())
 
     def __repr__(self) -> str:
         if self.gid == 0:
             return "<simulated process group: the whole world>"
-        return f"<simulated process group {self.gid}: every rank of the world (new_group)>"
+        if self.members is None:
+            return f"<simulated process group {self.gid}: every rank of the world (new_group)>"
+        return f"<simulated process group {self.gid}: ranks {list(self.members)} (new_group)>"
+
+
+#: what ``new_group`` hands a rank that is not one of the group's (torch's value, -100)
+NON_GROUP_MEMBER: Any = dist.GroupMember.NON_GROUP_MEMBER
+
+
+def _non_member(group: Any) -> bool:
+    """torch's ``_rank_not_in_group``: ``group`` is what ``new_group`` handed a rank outside the group."""
+    return not isinstance(group, _Group) and group is not None and group == NON_GROUP_MEMBER
+
+
+def _outside(group: Any, name: str, stacklevel: int = 3) -> bool:
+    """A call on ``GroupMember.NON_GROUP_MEMBER``: torch's warning (``_warn_not_in_group``; at the program's call),
+    and True, where torch's call then returns None (having run nothing)."""
+    if not _non_member(group):
+        return False
+    warnings.warn(f"Running {name} on global rank {get_rank()} which does not belong to the given group.",
+                  stacklevel=stacklevel)
+    return True
 
 
 WORLD = _Group(0)
@@ -120,8 +146,8 @@ def _check_group(group: Any) -> int:
     if group is None or group is dist.group.WORLD:
         return 0
     if not isinstance(group, _Group):
-        raise NotImplementedError("only process groups of the whole world are simulated (the default one, and "
-                                  "those new_group makes of every rank)")
+        raise NotImplementedError("only the process groups torch.distributed made in the run are simulated (the "
+                                  "default one, and those new_group made)")
     if (session_device().runtime.current().process, group.gid) in session_device().subgroups_destroyed:
         raise RuntimeError(f"{group!r} was destroyed (destroy_process_group): it runs no collective")
     return group.gid
@@ -160,6 +186,8 @@ def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> None:
 def destroy_process_group(group: Any = None) -> None:
     """The default group (None, or the group ``dist.group.WORLD`` names) and with it every group ``new_group`` made,
     as torch destroys them all; or the one group given, alone (again: torch's ``Invalid process group specified``)."""
+    if _non_member(group):  # (as torch's: nothing to destroy on a rank outside the group)
+        return
     dev = session_device()
     process = dev.runtime.current().process
     if isinstance(group, _Group) and group.gid != 0:
@@ -173,32 +201,119 @@ def destroy_process_group(group: Any = None) -> None:
 
 
 def get_rank(group: Any = None) -> int:
+    """The rank's rank in ``group`` (its index among the members; the world's by default), -1 outside it (torch's
+    answer for ``GroupMember.NON_GROUP_MEMBER``)."""
+    if _non_member(group):
+        return -1
     _initialized()
+    if isinstance(group, _Group) and group.members is not None:
+        return group.members.index(session_device().rank)
     return session_device().rank
 
 
 def get_world_size(group: Any = None) -> int:
+    """``group``'s size (its members'; the world's by default), -1 outside it (torch's answer for
+    ``GroupMember.NON_GROUP_MEMBER``)."""
+    if _non_member(group):
+        return -1
     _initialized()
+    if isinstance(group, _Group) and group.members is not None:
+        return len(group.members)
     return session_device().world_size
 
 
-def new_group(ranks: Any = None, timeout: Any = None, backend: Any = None, *args: Any, **kwargs: Any) -> _Group:
-    """A new process group of every rank (the only kind simulated), NCCL's: the rank's next group
-    (:class:`_Group`)."""
+def _not_registered(group: Any) -> ValueError:
+    """torch's error where a group it does not know is asked about (``GroupMember.NON_GROUP_MEMBER`` among them)."""
+    return ValueError(f"Group {group} is not registered, please create group with torch.distributed.new_group API")
+
+
+def get_group_rank(group: Any, global_rank: int) -> int:
+    """``global_rank``'s rank in ``group`` (the same in a group of every rank), as torch's: ValueError where it is
+    not a member."""
+    if _non_member(group):
+        raise _not_registered(group)
+    if not isinstance(group, _Group) or group.members is None:
+        return global_rank
+    if global_rank not in group.members:
+        raise ValueError(f"Global rank {global_rank} is not part of group {group}")
+    return group.members.index(global_rank)
+
+
+def get_global_rank(group: Any, group_rank: int) -> int:
+    """The global rank of ``group``'s rank ``group_rank`` (the same in a group of every rank), as torch's:
+    ValueError where the group has no such rank."""
+    if _non_member(group):
+        raise _not_registered(group)
+    if not isinstance(group, _Group) or group.members is None:
+        return group_rank
+    if not 0 <= group_rank < len(group.members):
+        raise ValueError(f"Group rank {group_rank} is not part of group {group}")
+    return group.members[group_rank]
+
+
+def get_process_group_ranks(group: Any = None) -> list[int]:
+    """``group``'s members, global ranks in group-rank order (torch's KeyError for
+    ``GroupMember.NON_GROUP_MEMBER``, which its registry does not hold)."""
+    if _non_member(group):
+        raise KeyError(group)
+    if isinstance(group, _Group) and group.members is not None:
+        return list(group.members)
+    return list(range(get_world_size()))
+
+
+def get_backend(group: Any = None) -> str:
+    if _non_member(group):
+        raise ValueError("Invalid process group specified")
+    return "nccl"
+
+
+def new_group(ranks: Any = None, timeout: Any = None, backend: Any = None, pg_options: Any = None,
+              use_local_synchronization: bool = False, group_desc: Any = None, device_id: Any = None,
+              sort_ranks: bool = True) -> Any:
+    """A new process group, NCCL's: the rank's next group (:class:`_Group`), of every rank or of ``ranks`` (sorted,
+    unless ``sort_ranks=False``: a member's rank in it is its index there), with torch's checks of ``ranks``. Every
+    rank must call it for every group, member or not, with the same ranks, in one order (torch requires it; a rank
+    that names other ranks is told so, :meth:`World.new_group`); a rank outside ``ranks`` gets
+    ``GroupMember.NON_GROUP_MEMBER``, as from torch. ``use_local_synchronization=True`` for a group of some ranks
+    (called by its members alone) is not simulated: the simulator matches groups by the order every rank makes
+    them."""
     _nccl_only(backend)
-    if ranks is not None and sorted(ranks) != list(range(get_world_size())):
-        raise NotImplementedError("only process groups of the whole world are simulated (the default one, and "
-                                  "those new_group makes of every rank)")
     dev = session_device()
+    w, me = dev.world_size, dev.rank
+    if ranks is None:
+        members = tuple(range(w))
+    else:
+        listed = sorted(ranks) if sort_ranks else list(ranks)
+        if len(set(listed)) != len(listed):
+            raise ValueError(f"ranks list must not contain duplicate entries, got {listed}")
+        if len(listed) > w:
+            raise ValueError("the new group's world size should be less or equal to the world size set by "
+                             "init_process_group")
+        for r in listed:
+            if r < 0 or r >= w:
+                raise ValueError(f"Rank {r} is out of range. Valid ranks are 0 to {w - 1} (world_size={w})")
+        members = tuple(listed)
+    whole = members == tuple(range(w))
+    if use_local_synchronization and not whole:
+        raise NotImplementedError("torch.distributed.new_group(use_local_synchronization=True) of some ranks is not "
+                                  "simulated (every rank calling new_group for every group, in one order, is)")
     process = dev.runtime.current().process
     dev.groups_made[process] = dev.groups_made.get(process, 0) + 1
-    return _Group(dev.groups_made[process])
+    gid = dev.groups_made[process]
+    dev.runtime.new_group(gid, members)
+    if me not in members:
+        return NON_GROUP_MEMBER
+    return _Group(gid, None if whole else members)
 
 
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
                            async_op: bool = False) -> SimWork | None:
+    _torch_checks_tensor(input_tensor, "input_tensor")
+    _torch_checks_tensor(output_tensor, "output_tensor")
+    if _outside(group, "all_gather_into_tensor"):
+        return None
     gid = _check_group(group)
-    _check_pair(output_tensor, input_tensor, get_world_size(), 1, "output tensor must have the same type as input "
+    _check_pair(output_tensor, input_tensor, get_world_size(group), 1, "output tensor must have the same type as input "
                 "tensor", "output tensor size must be equal to world_size times input tensor size")
     # (as the device's ``all_gather_into_tensor``, in the group named)
     out, inp = output_tensor.view(-1), in_memory_order(input_tensor)
@@ -208,11 +323,17 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
                async_op: bool = False) -> SimWork | None:
+    if _non_member(group):  # (torch's checks before its own)
+        _torch_checks_list(tensor_list, "tensor_list")
+        _torch_checks_tensor(tensor, "tensor")
+        _same_dtype(tensor_list, tensor)
+    if _outside(group, "all_gather"):
+        return None
     gid = _check_group(group)
     _check_tensor(tensor)
-    if len(tensor_list) != get_world_size():
+    if len(tensor_list) != get_world_size(group):
         raise ValueError(f"all_gather: tensor_list holds {len(tensor_list)} tensors, one per rank "
-                         f"({get_world_size()}) expected (NCCL would write past the ones given)")
+                         f"({get_world_size(group)}) expected (NCCL would write past the ones given)")
     rt = session_device().runtime
     gather = rt.collective("all_gather", [ref_of(t) for t in tensor_list], [ref_of(tensor)],
                            lambda rank, sent: sent, user_source(), group=gid)
@@ -221,6 +342,9 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
 
 def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None,
                async_op: bool = False) -> SimWork | None:
+    _torch_checks_tensor(tensor, "tensor")
+    if _outside(group, "all_reduce"):
+        return None
     gid = _check_group(group)
     _check_tensor(tensor)
     rt = session_device().runtime
@@ -231,8 +355,12 @@ def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = N
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                           group: Any = None, async_op: bool = False) -> SimWork | None:
+    _torch_checks_tensor(output, "output")
+    _torch_checks_tensor(input, "input")
+    if _outside(group, "reduce_scatter_tensor"):
+        return None
     gid = _check_group(group)
-    _check_pair(output, input, 1, get_world_size(), "input tensor must be the same type as the output tensor.",
+    _check_pair(output, input, 1, get_world_size(group), "input tensor must be the same type as the output tensor.",
                 "input tensor must be the same size as output size times world size")
     rt = session_device().runtime
     n = output.numel()
@@ -244,25 +372,36 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = d
     return _finish(gather, async_op, output, input)
 
 
-def _root(src: int | None, group_src: int | None) -> int:
-    """The root rank given as a global rank or as a rank of the group (the same, in the world), as torch takes it
-    (``_canonicalize_group_rank``): one of the two, not both."""
+def _root(src: int | None, group_src: int | None, group: Any = None) -> int:
+    """The root rank in ``group``, given as a global rank or as a rank of the group (the same in a group of every
+    rank), as torch takes it (``_canonicalize_group_rank``): one of the two, not both; a global rank outside the
+    group raises as torch's ``get_group_rank`` does (and any, on ``GroupMember.NON_GROUP_MEMBER``)."""
     if src is not None and group_src is not None:
         raise ValueError("Can't specify both group_rank and global_rank")
     if src is None and group_src is None:
         raise ValueError("Must specify global_rank or group_rank")
-    return src if src is not None else group_src  # type: ignore[return-value]
+    return get_group_rank(group, src) if src is not None else group_src  # type: ignore[return-value]
+
+
+def _torch_checks_tensor(t: Any, name: str) -> None:
+    """torch's own check of a tensor argument (``_check_single_tensor``): a tensor, else TypeError."""
+    dist.distributed_c10d._check_single_tensor(t, name)
 
 
 def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, async_op: bool = False,
               group_src: int | None = None) -> SimWork | None:
+    if _non_member(group):  # (torch's order: the root first, then the tensor)
+        _root(src, group_src, group)
+        _torch_checks_tensor(tensor, "tensor")
+    if _outside(group, "broadcast"):
+        return None
     gid = _check_group(group)
-    src = _root(src, group_src)
+    src = _root(src, group_src, group)
     _check_tensor(tensor)
     rt = session_device().runtime
     ref = ref_of(tensor)
     # NCCL's in-place broadcast: the root only sends from its buffer, the others only receive into theirs
-    if get_rank() == src:
+    if get_rank(group) == src:
         gather = rt.collective("broadcast", [], [ref], lambda rank, sent: [], user_source(), group=gid)
     else:
         gather = rt.collective("broadcast", [ref], [], lambda rank, sent: [sent[src]], user_source(), group=gid)
@@ -271,42 +410,54 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, a
 
 def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = dist.ReduceOp.SUM, group: Any = None,
            async_op: bool = False, group_dst: int | None = None) -> SimWork | None:
+    if _non_member(group):  # (torch's order: the root first, then the tensor)
+        _root(dst, group_dst, group)
+        _torch_checks_tensor(tensor, "tensor")
+    if _outside(group, "reduce"):
+        return None
     gid = _check_group(group)
-    dst = _root(dst, group_dst)
+    dst = _root(dst, group_dst, group)
     _check_tensor(tensor)
     rt = session_device().runtime
     ref = ref_of(tensor)
     # every rank sends its tensor; only ``dst``'s is written (NCCL's in-place reduce)
-    outs = [ref] if get_rank() == dst else []
+    outs = [ref] if get_rank(group) == dst else []
     gather = rt.collective("reduce", outs, [ref], lambda rank, sent: [_reduce(op, sent)] if rank == dst else [],
                            user_source(), group=gid)
     return _finish(gather, async_op, tensor)
 
 
-def _root_or_zero(root: int | None, group_root: int | None) -> int:
-    """:func:`_root`, where neither is given rank 0: torch's default for ``gather``, ``scatter`` and their object
-    forms."""
-    return _root(0 if root is None and group_root is None else root, group_root)
+def _root_or_zero(root: int | None, group_root: int | None, group: Any = None) -> int:
+    """:func:`_root`, where neither is given global rank 0: torch's default for ``gather``, ``scatter`` and their
+    object forms."""
+    return _root(0 if root is None and group_root is None else root, group_root, group)
 
 
 def _rooted_arguments(tensor: torch.Tensor, tensors: list[torch.Tensor] | None, name: str, group: Any,
-                      root: int | None, group_root: int | None) -> tuple[list[torch.Tensor], int, int]:
+                      root: int | None, group_root: int | None) -> tuple[list[torch.Tensor], int, int] | None:
     """torch's first checks of ``gather``'s and ``scatter``'s arguments, in its order: the tensor, the root's list
     (a list only where one is given: None and [] alike elsewhere), their dtypes, the group; the list (or []), the
-    root rank (rank 0 where none is given) and the group's id (:func:`_check_group`)."""
+    root rank in the group (rank 0 where none is given) and the group's id (:func:`_check_group`). None on
+    ``GroupMember.NON_GROUP_MEMBER``, where torch warns and runs nothing (``scatter`` after it took the root, which
+    raises there if given as a global rank, ``gather`` before)."""
     dist.distributed_c10d._check_single_tensor(tensor, "tensor")
     if tensors:
         _torch_checks_list(tensors, name)
     else:
         tensors = []
     _same_dtype(tensor, tensors)
+    op = name.removesuffix("_list")
+    if op == "scatter" and _non_member(group):
+        _root_or_zero(root, group_root, group)
+    if _outside(group, op, stacklevel=4):
+        return None
     gid = _check_group(group)
-    return tensors, _root_or_zero(root, group_root), gid
+    return tensors, _root_or_zero(root, group_root, group), gid
 
 
-def _root_in_world(name: str, root: int) -> None:
-    """ProcessGroupNCCL's check of a rooted collective's root (``assertRootRank``): a rank of the world."""
-    if not 0 <= root < get_world_size():
+def _root_in_world(name: str, root: int, group: Any = None) -> None:
+    """ProcessGroupNCCL's check of a rooted collective's root (``assertRootRank``): a rank of the group."""
+    if not 0 <= root < get_world_size(group):
         raise ValueError(f"ProcessGroupNCCL::{name}: invalid root rank: {root}")
 
 
@@ -315,10 +466,11 @@ def _shape(sizes: Any) -> str:
     return f"({', '.join(str(n) for n in sizes)})"
 
 
-def _rooted_list(name: str, tensors: list[torch.Tensor], like: torch.Tensor, which: str) -> None:
+def _rooted_list(name: str, tensors: list[torch.Tensor], like: torch.Tensor, which: str, group: Any) -> None:
     """ProcessGroupNCCL's checks of the root's list in ``gather`` (``which``: output) and ``scatter`` (input): one
-    tensor per rank, each of ``like``'s sizes (``assertTypeAndSizesMatch``; torch checked the dtypes already)."""
-    w = get_world_size()
+    tensor per rank of the group, each of ``like``'s sizes (``assertTypeAndSizesMatch``; torch checked the dtypes
+    already)."""
+    w = get_world_size(group)
     if len(tensors) != w:
         raise ValueError(f"ProcessGroupNCCL::{name}: Incorrect {which} list size {len(tensors)}. {which.capitalize()} "
                          f"list size should be {w}, same as size of the process group.")
@@ -336,11 +488,14 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
     ProcessGroupNCCL check, with their messages. (``dst``'s own piece is a copy ProcessGroupNCCL issues on the
     calling stream; here it lands with the others on ``nccl``, so a read of that piece alone before the work's
     ``wait()`` is reported where a GPU orders it: a possible false race, never a missed one.)"""
-    gather_list, dst, gid = _rooted_arguments(tensor, gather_list, "gather_list", group, dst, group_dst)
-    dist.distributed_c10d._validate_output_list_for_rank(get_rank(), dst, gather_list)
-    _root_in_world("gather", dst)
-    if get_rank() == dst:
-        _rooted_list("gather", gather_list, tensor, "output")
+    checked = _rooted_arguments(tensor, gather_list, "gather_list", group, dst, group_dst)
+    if checked is None:
+        return None
+    gather_list, dst, gid = checked
+    dist.distributed_c10d._validate_output_list_for_rank(get_rank(group), dst, gather_list)
+    _root_in_world("gather", dst, group)
+    if get_rank(group) == dst:
+        _rooted_list("gather", gather_list, tensor, "output", group)
     for t in [tensor, *gather_list]:
         _check_tensor(t)
     rt = session_device().runtime
@@ -359,15 +514,18 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
     size of its piece is told so at the exchange, naming both sides (on a GPU: the wrong bytes, or a hang).
     (``src``'s own piece is a copy ProcessGroupNCCL issues on the calling stream; here it runs on ``nccl`` with the
     others: a possible false race on that piece, never a missed one.)"""
-    scatter_list, src, gid = _rooted_arguments(tensor, scatter_list, "scatter_list", group, src, group_src)
-    rank, w = get_rank(), get_world_size()
+    checked = _rooted_arguments(tensor, scatter_list, "scatter_list", group, src, group_src)
+    if checked is None:
+        return None
+    scatter_list, src, gid = checked
+    rank, w = get_rank(group), get_world_size(group)
     if rank == src and not scatter_list:
         raise ValueError("Argument ``scatter_list`` must be specified on source rank.")
     if rank != src and scatter_list:
         raise ValueError("Argument ``scatter_list`` must NOT be specified on non-source ranks.")
-    _root_in_world("scatter", src)
+    _root_in_world("scatter", src, group)
     if rank == src:
-        _rooted_list("scatter", scatter_list, tensor, "input")
+        _rooted_list("scatter", scatter_list, tensor, "input", group)
     for t in [tensor, *scatter_list]:
         _check_tensor(t)
     # what each rank exchanges: ``src`` sends each rank its piece, each rank receives its own from ``src`` alone
@@ -418,11 +576,13 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
     the output come from it, one list given and the other not meaning equal shares on that side. Rank j's
     ``input_split_sizes[r]`` must be rank r's ``output_split_sizes[j]``: where they differ the run raises, naming
     both (NCCL would take the wrong bytes, or wait for bytes that never come)."""
+    if _outside(group, "all_to_all_single"):
+        return None
     gid = _check_group(group)
     _check_tensor(output)
     _check_tensor(input)
     _same_dtype(output, input)
-    w = get_world_size()
+    w = get_world_size(group)
     out_splits = [] if output_split_sizes is None else list(output_split_sizes)
     in_splits = [] if input_split_sizes is None else list(input_split_sizes)
     if not out_splits and not in_splits:
@@ -446,13 +606,15 @@ def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[t
     ``input_tensor_list[r]`` to rank r and a receive from it into ``output_tensor_list[r]``, for every rank (none of
     0 elements); the tensors may differ in size, rank j's ``input_tensor_list[r]`` being the size of rank r's
     ``output_tensor_list[j]`` (where not, the run raises, naming both)."""
+    if _outside(group, "all_to_all"):
+        return None
     gid = _check_group(group)
     _torch_checks_list(output_tensor_list, "output_tensor_list")
     _torch_checks_list(input_tensor_list, "input_tensor_list")
     _same_dtype(output_tensor_list, input_tensor_list)
     for t in [*output_tensor_list, *input_tensor_list]:
         _check_tensor(t)
-    w = get_world_size()
+    w = get_world_size(group)
     for tensors, name in ((output_tensor_list, "output_tensor_list"), (input_tensor_list, "input_tensor_list")):
         if len(tensors) != w:
             raise ValueError(f"all_to_all: {name} holds {len(tensors)} tensors, one per rank ({w}) expected (NCCL "
@@ -470,13 +632,19 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
     (tensors of one shape are copied there into one buffer for ``ncclReduceScatter``; of different shapes, each is
     reduced to its rank in one NCCL group), and ``output`` written with the reduction of every rank's
     ``input_list[rank]``."""
+    if _non_member(group):  # (torch's checks before its own)
+        _torch_checks_tensor(output, "output")
+        _torch_checks_list(input_list, "input_list")
+        _same_dtype(output, input_list)
+    if _outside(group, "reduce_scatter"):
+        return None
     gid = _check_group(group)
     _torch_checks_list(input_list, "input_list")
     _same_dtype(output, input_list)
     _check_tensor(output)
     for t in input_list:
         _check_tensor(t)
-    w = get_world_size()
+    w = get_world_size(group)
     if all(t.shape == input_list[0].shape for t in input_list):  # ProcessGroupNCCL's ``check_same_size``
         if len(input_list) != w:  # (its ``flatten_for_scatter_gather``)
             raise ValueError("Tensor list input to scatter/gather must match number of collective participants but "
@@ -487,7 +655,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
         if len(input_list) != w:
             raise ValueError(f"reduce_scatter: input_list holds {len(input_list)} tensors, one per rank ({w}) "
                              "expected")
-        if input_list[get_rank()].numel() != output.numel():
+        if input_list[get_rank(group)].numel() != output.numel():
             raise ValueError("Tensor input and output of _reduce_oop must have the same number of elements ")
     splits = Splits(tuple(t.numel() for t in input_list), (output.numel(),) * w)
     rt = session_device().runtime
@@ -496,21 +664,23 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
     return _finish(gather, async_op, output, *input_list)
 
 
-def _peer(peer: int | None, group_peer: int | None, what: str) -> int:
-    """The peer rank of a point-to-point call, given as a global rank or a rank of the group (the same, in the
-    world), as torch takes it. A receive from any source (neither given) is what ProcessGroupNCCL refuses."""
+def _peer(peer: int | None, group_peer: int | None, what: str, group: Any = None) -> int:
+    """The peer's rank in ``group`` of a point-to-point call, given as a global rank or a rank of the group (the same
+    in a group of every rank), as torch takes it (:func:`_root`). A receive from any source (neither given) is what
+    ProcessGroupNCCL refuses."""
     if peer is None and group_peer is None and what == "source":
         raise RuntimeError("ProcessGroupNCCL does not support recvAnysource")
-    return _root(peer, group_peer)
+    return _root(peer, group_peer, group)
 
 
-def _point_to_point(ops: list[tuple[int, torch.Tensor, bool]], gid: int, batch: bool = False) -> SimWork:
-    """Sends and receives as NCCL runs them (:meth:`Runtime.point_to_point`), in process group ``gid``: one call on
-    the stream of its pair of ranks, a batch on the group's collectives' stream; the work's ``wait()`` makes the
-    current stream wait for all of them."""
+def _point_to_point(ops: list[tuple[int, torch.Tensor, bool]], group: Any, gid: int, batch: bool = False) -> SimWork:
+    """Sends and receives (peers as ranks of ``group``) as NCCL runs them (:meth:`Runtime.point_to_point`), in
+    process group ``gid``: one call on the stream of its pair of ranks, a batch on the group's collectives' stream;
+    the work's ``wait()`` makes the current stream wait for all of them."""
+    me = get_rank(group)
     for peer, tensor, is_send in ops:
         _check_tensor(tensor)
-        if peer == get_rank() and not batch:  # (NCCL matches a send to itself with a receive of its group)
+        if peer == me and not batch:  # (NCCL matches a send to itself with a receive of its group)
             raise NotImplementedError(f"torch.distributed: a {'send to' if is_send else 'receive from'} the rank "
                                       "itself outside a batch_isend_irecv is not simulated")
     rt = session_device().runtime
@@ -519,42 +689,65 @@ def _point_to_point(ops: list[tuple[int, torch.Tensor, bool]], gid: int, batch: 
 
 
 def isend(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0,
-          group_dst: int | None = None) -> SimWork:
+          group_dst: int | None = None) -> SimWork | None:
+    if _non_member(group):  # (torch's order: the peer, which raises if given as a global rank, then the tensor)
+        _peer(dst, group_dst, "destination", group)
+        _torch_checks_tensor(tensor, "tensor")
+    if _outside(group, "isend"):
+        return None
     gid = _check_group(group)
-    return _point_to_point([(_peer(dst, group_dst, "destination"), tensor, True)], gid)
+    return _point_to_point([(_peer(dst, group_dst, "destination", group), tensor, True)], group, gid)
 
 
 def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0,
-          group_src: int | None = None) -> SimWork:
+          group_src: int | None = None) -> SimWork | None:
+    if _non_member(group):
+        _torch_checks_tensor(tensor, "tensor")
+    if _outside(group, "irecv"):
+        return None
     gid = _check_group(group)
-    return _point_to_point([(_peer(src, group_src, "source"), tensor, False)], gid)
+    return _point_to_point([(_peer(src, group_src, "source", group), tensor, False)], group, gid)
 
 
 def send(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0,
          group_dst: int | None = None) -> None:
     """As torch's: ``isend`` and ``wait()``: the current stream waits for the send; the host goes on (NCCL's send
-    does not block the host; its stream waits for the peer's receive)."""
+    does not block the host; its stream waits for the peer's receive). ``dst`` is a global rank, ``group_dst`` a
+    rank of ``group``."""
+    if _non_member(group):  # (torch's: a global ``dst`` raises ValueError, a ``group_dst`` its self-rank check)
+        dist.distributed_c10d._check_not_self_rank(group, _peer(dst, group_dst, "destination", group), "destination")
     _check_group(group)
-    peer = _peer(dst, group_dst, "destination")
-    if peer == get_rank():
+    peer = _peer(dst, group_dst, "destination", group)
+    if peer == get_rank(group):
         raise ValueError("Invalid destination rank: should not be the same as the rank of the current process.")
-    isend(tensor, peer, group).wait()
+    work = isend(tensor, group=group, group_dst=peer)
+    assert work is not None
+    work.wait()
 
 
 def recv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0,
          group_src: int | None = None) -> int:
-    """As torch's: ``irecv`` and ``wait()``; the source rank."""
+    """As torch's: ``irecv`` and ``wait()``; the source's global rank (``src`` a global rank, ``group_src`` a rank of
+    ``group``); -1 on ``GroupMember.NON_GROUP_MEMBER``, where ``irecv`` warned and ran nothing."""
+    if _non_member(group):
+        _torch_checks_tensor(tensor, "tensor")
+        _outside(group, "irecv")
+        return -1
     _check_group(group)
-    peer = _peer(src, group_src, "source")
-    if peer == get_rank():
+    peer = _peer(src, group_src, "source", group)
+    if peer == get_rank(group):
         raise ValueError("Invalid source rank: should not be the same as the rank of the current process.")
-    irecv(tensor, peer, group).wait()
-    return peer
+    work = irecv(tensor, group=group, group_src=peer)
+    assert work is not None
+    work.wait()
+    return get_global_rank(group, peer)
 
 
 def batch_isend_irecv(p2p_op_list: list[Any]) -> list[SimWork]:
     """The ops as one NCCL group on their process group's collectives' stream (torch's coalescing manager): every send
-    and receive of it posted before any waits for its peer; one work for the group, as torch returns."""
+    and receive of it posted before any waits for its peer; one work for the group, as torch returns. Each op's peer
+    is its rank in the group (``P2POp.group_peer``, which ``P2POp`` takes from ``peer``, a global rank, or
+    ``group_peer``)."""
     if not isinstance(p2p_op_list, list) or not all(isinstance(p, dist.P2POp) for p in p2p_op_list):
         raise ValueError("Invalid ``p2p_op_list``. Each op is expected to to be of type ``torch.distributed.P2POp``.")
     if not p2p_op_list:
@@ -563,13 +756,16 @@ def batch_isend_irecv(p2p_op_list: list[Any]) -> list[SimWork]:
         raise ValueError("All ops need to use the same group.")
     ops = []
     gid = 0
+    group = p2p_op_list[0].group
     for p in p2p_op_list:
         gid = _check_group(p.group)
         if p.op not in (isend, irecv, dist.isend, dist.irecv):
             raise ValueError("Invalid ``op``. Expected ``op`` to be of type ``torch.distributed.isend`` or "
                              "``torch.distributed.irecv``.")
-        ops.append((p.peer, p.tensor, getattr(p.op, "__name__", "") == "isend"))
-    return [_point_to_point(ops, gid, batch=True)]
+        peer = getattr(p, "group_peer", None)
+        ops.append((get_group_rank(p.group, p.peer) if peer is None else peer, p.tensor,
+                    getattr(p.op, "__name__", "") == "isend"))
+    return [_point_to_point(ops, group, gid, batch=True)]
 
 
 def _not_simulated(name: str) -> Any:
@@ -596,6 +792,8 @@ NOT_SIMULATED = (
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None) -> SimWork | None:
+    if _outside(group, "barrier"):
+        return None
     gid = _check_group(group)
     rt = session_device().runtime
     gather = rt.collective("barrier", [], [], lambda rank, sent: [], user_source(), group=gid)
@@ -634,6 +832,8 @@ class _Pickled:
 
 
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+    if _outside(group, "all_gather_object"):
+        return
     gid = _check_group(group)
     sent = session_device().runtime.exchange_objects(_Pickled(obj), group=gid)
     object_list[:] = [p.received() for p in sent]
@@ -646,11 +846,15 @@ _OBJECT_LIST_SRC: int | None = inspect.signature(
 
 def broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None, device: Any = None,
                           group_src: int | None = None) -> None:
-    gid = _check_group(group)
     if src is None and group_src is None:  # torch before 2.6 took rank 0 for it; later ones refuse (_root)
         src = _OBJECT_LIST_SRC
-    src = _root(src, group_src)
-    root = get_rank() == src  # as torch's: the root pickles its objects and keeps its list as it is,
+    if _non_member(group):  # (torch's order: the root, which raises if given as a global rank, then the group)
+        _root(src, group_src, group)
+    if _outside(group, "broadcast_object_list"):
+        return
+    gid = _check_group(group)
+    src = _root(src, group_src, group)
+    root = get_rank(group) == src  # as torch's: the root pickles its objects and keeps its list as it is,
     sent = session_device().runtime.exchange_objects([_Pickled(o) for o in object_list] if root else None,
                                                      "broadcast_object_list", gid)
     if not root:  # the others get copies of the root's objects
@@ -661,12 +865,16 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
                   group_dst: int | None = None) -> None:
     """As torch's: every rank's object pickled at the call, ``dst`` unpickling each into ``object_gather_list[r]``
     (given on ``dst`` alone, torch's check); the host blocks until every rank has given its object."""
+    if _non_member(group):  # (torch's order: the root, which raises if given as a global rank, then the group)
+        _root_or_zero(dst, group_dst, group)
+    if _outside(group, "gather_object"):
+        return
     gid = _check_group(group)
-    dst = _root_or_zero(dst, group_dst)
-    dist.distributed_c10d._validate_output_list_for_rank(get_rank(), dst, object_gather_list)
-    _root_in_world("gather", dst)
+    dst = _root_or_zero(dst, group_dst, group)
+    dist.distributed_c10d._validate_output_list_for_rank(get_rank(group), dst, object_gather_list)
+    _root_in_world("gather", dst, group)
     sent = session_device().runtime.exchange_objects(_Pickled(obj), "gather_object", gid)
-    if object_gather_list is not None and get_rank() == dst:
+    if object_gather_list is not None and get_rank(group) == dst:
         for i, p in enumerate(sent):  # (as torch fills it: by index, a list too short raises IndexError)
             object_gather_list[i] = p.received()
 
@@ -675,22 +883,26 @@ def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_in
                         src: int | None = None, group: Any = None, group_src: int | None = None) -> None:
     """As torch's: ``src`` pickles each object of ``scatter_object_input_list`` (one per rank) at the call, and each
     rank unpickles its own into ``scatter_object_output_list[0]``; the host blocks until ``src`` has given them."""
+    if _non_member(group):  # (torch's order: the root, which raises if given as a global rank, then the group)
+        _root_or_zero(src, group_src, group)
+    if _outside(group, "scatter_object_list"):
+        return
     gid = _check_group(group)
-    src = _root_or_zero(src, group_src)
+    src = _root_or_zero(src, group_src, group)
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
         raise ValueError("Expected argument scatter_object_output_list to be a list of size at least 1.")
-    root = get_rank() == src
+    root = get_rank(group) == src
     if root:
         if scatter_object_input_list is None:
             raise ValueError("source rank must provide non-None scatter_object_input_list")
-        if len(scatter_object_input_list) != get_world_size():  # (the check of torch's ``scatter`` inside it)
+        if len(scatter_object_input_list) != get_world_size(group):  # (the check of torch's ``scatter`` inside it)
             raise ValueError(f"ProcessGroupNCCL::scatter: Incorrect input list size {len(scatter_object_input_list)}"
-                             f". Input list size should be {get_world_size()}, same as size of the process group.")
-    _root_in_world("scatter", src)
+                             f". Input list size should be {get_world_size(group)}, same as size of the process group.")
+    _root_in_world("scatter", src, group)
     sent = session_device().runtime.exchange_objects(
         [_Pickled(o) for o in scatter_object_input_list] if root and scatter_object_input_list is not None else None,
         "scatter_object_list", gid)
-    scatter_object_output_list[0] = sent[src][get_rank()].received()
+    scatter_object_output_list[0] = sent[src][get_rank(group)].received()
 
 
 def _device_mesh() -> Any:
@@ -709,7 +921,8 @@ def _no_device_mesh(self: Any, *args: Any, **kwargs: Any) -> None:
     which the simulator's dispatch does not take: it would fail somewhere inside torch, or run on the real group."""
     raise NotImplementedError(
         "torch.distributed.device_mesh.DeviceMesh is not simulated (init_device_mesh; DTensor, FSDP2's fully_shard "
-        "and tensor parallelism build on it; the simulated process group is the default one alone)"
+        "and tensor parallelism build on it; the simulated process groups are the default one and those "
+        "new_group makes)"
     )
 
 
@@ -836,9 +1049,9 @@ def install(p: Patches) -> None:
         "destroy_process_group": destroy_process_group,
         "get_rank": get_rank,
         "get_world_size": get_world_size,
-        "get_backend": lambda group=None: "nccl",
+        "get_backend": get_backend,
         "new_group": new_group,
-        "get_process_group_ranks": lambda group=None: list(range(get_world_size())),
+        "get_process_group_ranks": get_process_group_ranks,
         "all_gather_into_tensor": all_gather_into_tensor,
         "_all_gather_base": all_gather_into_tensor,
         "all_gather": all_gather,
@@ -862,8 +1075,8 @@ def install(p: Patches) -> None:
         "broadcast_object_list": broadcast_object_list,
         "gather_object": gather_object,
         "scatter_object_list": scatter_object_list,
-        "get_global_rank": lambda group, group_rank: group_rank,
-        "get_group_rank": lambda group, global_rank: global_rank,
+        "get_global_rank": get_global_rank,
+        "get_group_rank": get_group_rank,
     }
     c10d = dist.distributed_c10d
     for name, value in table.items():

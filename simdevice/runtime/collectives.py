@@ -65,14 +65,18 @@ class World:
         #: host-side exchanges of Python objects, and how many each rank took part in
         self.object_rounds: list[ObjectRound] = []
         self.objects_issued: dict[int, int] = {}
-        #: the other process groups of these ranks (``new_group`` of every rank), by their id (1, 2, ...)
+        #: the other process groups of these ranks (``new_group``), by their id (1, 2, ...)
         self._groups: dict[int, World] = {}
+        #: each group's members as ``new_group`` named them (global ranks in group-rank order), and the rank that
+        #: named them first: every rank must name the same ones for the group of one id
+        self._members: dict[int, tuple[tuple[int, ...], str]] = {}
 
     def group(self, gid: int) -> World:
-        """Process group ``gid`` of these ranks: the world itself for 0, else a group of every rank that
-        ``new_group`` made (the ``gid``-th one each rank made: torch requires every rank to make its groups in one
-        order). Each is a communicator of its own, as each ProcessGroupNCCL has its own: its collectives and
-        point-to-point messages match only its own, in its own order."""
+        """Process group ``gid`` of these ranks: the world itself for 0, else a group that ``new_group`` made (the
+        ``gid``-th one each rank made: torch requires every rank to make its groups in one order), of every rank, or
+        of some (:meth:`new_group`: a world of its members). Each is a communicator of its own, as each
+        ProcessGroupNCCL has its own: its collectives and point-to-point messages match only its own, in its own
+        order."""
         if gid == 0:
             return self
         g = self._groups.get(gid)
@@ -80,6 +84,27 @@ class World:
             g = self._groups[gid] = World(self.size)
             g.ranks = self.ranks
         return g
+
+    def new_group(self, gid: int, members: tuple[int, ...], actor: str) -> None:
+        """``actor`` made process group ``gid`` of ``members`` (global ranks, in the order of their ranks in the
+        group), as every rank must, member or not (torch requires every rank to call ``new_group`` for every group,
+        with the same ranks, in one order: a rank that names other ranks for it is the program's error, as on a GPU,
+        where the ranks' groups would not match). A group of every rank in order is the world's ranks again
+        (:meth:`group`); another is a world of its members alone, rank ``i`` of it the ``i``-th member, its
+        collectives and point-to-point messages in group ranks, matched among its members only."""
+        known = self._members.get(gid)
+        if known is None:
+            self._members[gid] = (members, actor)
+        elif known[0] != members:
+            raise RuntimeError(
+                f"new_group #{gid}: {actor} made it of ranks {list(members)} where {known[1]} made it of ranks "
+                f"{list(known[0])} (every rank must call new_group with the same ranks, in the same order)"
+            )
+        if gid in self._groups or members == tuple(range(self.size)):
+            return
+        by_rank = {r: a for a, r in self.ranks.items()}
+        g = self._groups[gid] = World(len(members))
+        g.ranks = {by_rank[m]: i for i, m in enumerate(members)}
 
     def instance_for(self, rank: int, actor: str, kind: str) -> Collective:
         """``rank``'s next collective (``kind``): the k-th of every rank is one instance; ranks that disagree on its
@@ -215,12 +240,17 @@ class Collectives:
         """``actor``'s process group ``group`` (0: its world; :meth:`World.group`) and its rank there."""
         w = self._worlds.get(actor)
         if w is not None:
-            return w.group(group), w.ranks[actor]
+            g = w.group(group)
+            return g, g.ranks[actor]
         solo = self._solo.get(actor)
         if solo is None:
             solo = self._solo[actor] = World(1)
             solo.ranks[actor] = 0
         return solo.group(group), 0
+
+    def new_group(self, a: HostActor, gid: int, members: tuple[int, ...]) -> None:
+        """``a`` made process group ``gid`` of ``members`` (global ranks: :meth:`World.new_group`)."""
+        self.world_of(a.process)[0].new_group(gid, members, a.process)
 
     def rank_of(self, actor: str) -> tuple[World, int] | None:
         """``actor``'s world and rank where it is a rank of a world :meth:`new_world` made (None: it is no rank)."""

@@ -1212,6 +1212,11 @@ class Runtime:
         got = None if a is None else self.collectives.rank_of(a.process)
         return None if got is None else (got[1], got[0].size)
 
+    def new_group(self, gid: int, members: tuple[int, ...]) -> None:
+        """The current actor made process group ``gid`` of ``members`` (global ranks in group-rank order;
+        :meth:`Collectives.new_group`): no host step, as ``new_group`` queues nothing on a stream."""
+        self.collectives.new_group(self.current(), gid, members)
+
     def spawn_ranks(self, world_size: int, body: Callable[[], Any]) -> list[Any]:
         """Run ``body`` on actors ``rank0..`` of a new world; wait for all of them; return their results."""
         if world_size < 1:

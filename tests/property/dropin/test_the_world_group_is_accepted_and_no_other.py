@@ -1,8 +1,8 @@
 """Rule (dropin.distributed._check_group): a collective takes the whole world as its group however the program
 names it (no group, ``dist.group.WORLD``, or what ``dist.new_group()`` of every rank returned, as DDP/FSDP code
 passes it: a group of its own, of every rank, ``test_a_new_group_is_a_communicator_and_a_stream_of_its_own.py``), and
-refuses any other group with NotImplementedError (docs/dropin.md: process groups other than the whole world are not
-simulated) rather than running it as if it were the world."""
+refuses a group object the run did not make with NotImplementedError rather than running it as if it were the world
+(groups ``new_group`` makes of some ranks: ``test_subset_process_groups_run_as_nccl_runs_them.py``)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_a_group_other_than_the_world_is_refused() -> None:
     s.run(program, world_size=2)
     errors = [str(r) for r in s.reports]
     assert errors, "a collective over a group other than the world ran as if it were the world"
-    assert all("NotImplementedError: only process groups of the whole world are simulated" in e
+    assert all("NotImplementedError: only the process groups torch.distributed made in the run are simulated" in e
                for e in errors), errors
 
 
