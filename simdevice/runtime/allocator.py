@@ -29,6 +29,9 @@ allocator closely enough for its hazards to appear as they do on a GPU:
   ``record_stream`` defer that: the block comes back only once each of them
   has reached the point where it was freed, and the allocation that sees it
   back is ordered after them (it queried their events, as PyTorch does).
+  The host that takes a freed block again is ordered after its free: after
+  the freeing host's past and those events, whichever thread of the process
+  freed it or saw it back (CUDA's allocator hands blocks on under its lock).
 - The allocator knows nothing of pausing: free blocks of a paused segment
   stay on the free list and can be handed out. Such a block is unmapped from
   birth (``Storage.unmapped``), so its first use is an illegal access.
@@ -110,7 +113,8 @@ def segment_size(nbytes: int, scale: int = 1) -> int:
 
 
 class Block:
-    __slots__ = ("_segment", "free", "fresh", "gen", "held", "key", "nbytes", "offset", "sid", "storage", "uses")
+    __slots__ = ("_segment", "after", "free", "fresh", "gen", "held", "key", "nbytes", "offset", "sid", "storage",
+                 "uses")
 
     def __init__(self, segment: Segment, offset: int, nbytes: int, fresh: bool = True) -> None:
         # its segment holds it (Segment.blocks); a weak reference back, so that a run's allocator dies by reference
@@ -133,6 +137,10 @@ class Block:
         self.held: list[EventRecord] = []
         #: how many times it was handed out: a finalizer of an earlier owner must not free a later one
         self.gen = 0
+        #: while free, what a host that takes it is ordered after (None: nothing yet): the past of the host that
+        #: freed it, and the events of its recorded streams that let it back, which another thread of the process
+        #: taking it is ordered after as well (CUDA's allocator hands a block on under its lock)
+        self.after: VectorClock | None = None
 
     @property
     def segment(self) -> Segment:
@@ -142,6 +150,11 @@ class Block:
 
     def __repr__(self) -> str:
         return f"block {self.segment.label}+{self.offset}"
+
+
+def _order_after(block: Block, clock: VectorClock) -> None:
+    """Whoever takes the free ``block`` next is ordered after ``clock`` too."""
+    block.after = sync.also_after(block.after, clock)
 
 
 class Segment:
@@ -245,14 +258,17 @@ class _Freed:
     """A block whose last tensor died: where the streams recorded with it were then, and (None for a block of no
     stream) its stream's name, its epoch and what the free is ordered after then (``sync.free_point``)."""
 
-    __slots__ = ("block", "clock", "epoch", "source", "stream", "uses")
+    __slots__ = ("block", "clock", "epoch", "host", "source", "stream", "uses")
 
     def __init__(
         self, block: Block, stream: str | None, epoch: int, clock: VectorClock | None, uses: list[EventRecord],
-        source: str,
+        source: str, host: VectorClock | None = None,
     ) -> None:
         self.block, self.stream, self.epoch, self.clock, self.uses, self.source = (
             block, stream, epoch, clock, uses, source)
+        #: the freeing host's past as it dropped the block (None: no host), which the block's next taker is
+        #: ordered after (:attr:`Block.after`)
+        self.host = host
 
 
 #: the dtypes NumPy has too, as NumPy's
@@ -467,8 +483,10 @@ class CachingAllocator:
             return
         name = stream.name
         epoch = stream.clock.get(name)
-        clock = sync.free_point(stream, uses, self._current())
-        self._pending.append(_Freed(block, name, epoch, clock, uses, user_source()))
+        by = self._current()
+        clock = sync.free_point(stream, uses, by)
+        host = by.clock.copy() if by is not None else None
+        self._pending.append(_Freed(block, name, epoch, clock, uses, user_source(), host))
 
     @property
     def has_pending(self) -> bool:
@@ -541,6 +559,10 @@ class CachingAllocator:
         if tail is not None:
             self._free.add(tail)
         block.free = False
+        if block.after is not None:
+            if actor is not None:
+                sync.handed_on(actor, block.after)
+            block.after = None
         return block
 
     def _reserve(self, nbytes: int, actor: HostActor | None = None, stream: SimStream | None = None) -> None:
@@ -599,6 +621,8 @@ class CachingAllocator:
         if rest >= least:
             seg = block.segment
             tail = Block(seg, block.offset + size, rest, block.fresh)
+            if block.after is not None:
+                tail.after = block.after.copy()
             seg.blocks.insert(seg.blocks.index(block) + 1, tail)
             block.nbytes = size
             return tail
@@ -615,6 +639,8 @@ class CachingAllocator:
             self._deferred.remove(freed)
             for r in freed.uses:
                 sync.host_observes(actor, r)  # the allocator queried the event: the host saw it done
+                # (and so does whichever thread of the process takes the block next)
+                _order_after(freed.block, r.clock)
             self._release(freed.block)
 
     def collect_frees(self) -> None:
@@ -633,6 +659,7 @@ class CachingAllocator:
             block.storage = None
             block.uses = []
             block.held = []
+            block.after = freed.host  # (a copy of its own)
             self._allocated -= block.nbytes  # (held back for recorded streams or not: no longer allocated)
             self._counts(block.key[2]).allocated -= block.nbytes
             if freed.uses:
@@ -651,12 +678,16 @@ class CachingAllocator:
                 self._free.remove(nxt)
             block.nbytes += nxt.nbytes
             block.fresh = block.fresh and nxt.fresh
+            if nxt.after is not None:
+                _order_after(block, nxt.after)
         if i > 0 and seg.blocks[i - 1].free:
             prev = seg.blocks[i - 1]
             if live:
                 self._free.remove(prev)
             prev.nbytes += block.nbytes
             prev.fresh = prev.fresh and block.fresh
+            if block.after is not None:
+                _order_after(prev, block.after)
             seg.blocks.pop(i)
             block = prev
         if live:

@@ -94,6 +94,22 @@ def host_observes(actor: Clocked, rec: EventRecord) -> None:
     actor.clock.join(rec.clock)
 
 
+def handed_on(actor: Clocked, after: VectorClock) -> None:
+    """A host took a freed block again: CUDA's caching allocator hands blocks on under its lock, so the taker is
+    ordered after the block's free, ``after`` (the freeing host's past, and the events of its recorded streams that
+    some host's allocation queried done), whichever thread of the process freed it or saw it back."""
+    actor.clock.join(after)
+
+
+def also_after(after: VectorClock | None, clock: VectorClock) -> VectorClock:
+    """What a free block's next taker is ordered after (``handed_on``), ``after``, once ordered after ``clock`` too
+    (``after`` itself is updated where there is one)."""
+    if after is None:
+        return clock.copy()
+    after.join(clock)
+    return after
+
+
 def free_point(stream: SimStream, uses: list[EventRecord], by: Clocked | None) -> VectorClock:
     """What a block's free is ordered after, as of now (the free): the work of its stream, ``stream``, so far; the
     freeing host's past (``by``: a host that synchronized with a stream before dropping the tensor made its use
