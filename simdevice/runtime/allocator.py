@@ -485,7 +485,8 @@ class CachingAllocator:
         epoch = stream.clock.get(name)
         by = self._current()
         clock = sync.free_point(stream, uses, by)
-        host = by.clock.copy() if by is not None else None
+        # (a process of one host thread takes its blocks on that thread, ordered after its own past already)
+        host = by.clock.copy() if by is not None and by.threaded else None
         self._pending.append(_Freed(block, name, epoch, clock, uses, user_source(), host))
 
     @property
@@ -639,8 +640,8 @@ class CachingAllocator:
             self._deferred.remove(freed)
             for r in freed.uses:
                 sync.host_observes(actor, r)  # the allocator queried the event: the host saw it done
-                # (and so does whichever thread of the process takes the block next)
-                _order_after(freed.block, r.clock)
+                if actor.threaded:  # (and so does whichever thread of the process takes the block next)
+                    _order_after(freed.block, r.clock)
             self._release(freed.block)
 
     def collect_frees(self) -> None:

@@ -129,6 +129,9 @@ class HostActor:
         self.stopped = 0
         #: its CPU generator's state while another actor holds the generator (``Execution.own_generator``)
         self.rng_state: torch.Tensor | None = None
+        #: whether its process has more than one host thread (it is a thread the program started, or started one):
+        #: what one thread frees another may take (``CachingAllocator.dropped``)
+        self.threaded = False
         #: its ``threading.local`` values while another actor of a greenlet run holds the thread
         #: (``Execution.own_locals``)
         self.locals: dict[str, Any] = {}
@@ -437,6 +440,7 @@ class Execution:
         a.step_ns = (process and self.config.spawned_host_step_ns) or self.config.host_step_ns
         if thread and parent is not None:
             owner = self.actors[parent.process]
+            owner.threaded = a.threaded = True
             a.process, a.step_ns = owner.name, parent.step_ns
             a.default_stream, a.streams = owner.default_stream, owner.streams  # (one list: the process's streams)
         else:
