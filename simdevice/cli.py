@@ -56,6 +56,21 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _bad_target(text: str, error: ScheduleError) -> str:
+    """A TARGET's one-line error: where the text is no schedule's target at all but names a folder, or a file that
+    is not a FILE.py, on disk (a path the user meant), that; else the error's own."""
+    text = text.strip()
+    if not text or "::" in text:
+        return str(error)
+    try:
+        Schedule.parse(text)
+    except ScheduleError:
+        from simdevice.search.targets import path_problem
+
+        return path_problem(text) or str(error)
+    return str(error)
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -568,7 +583,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
     try:
         target, fixed = _target_and_config(args.target, "check", _world_size(args))
     except ScheduleError as e:
-        return _fail(str(e))
+        return _fail(_bad_target(args.target, e))
     config = st.just(fixed) if fixed else None
     if config is None and isinstance(target, ProgramTarget):
         config = configs(target.program)
@@ -829,7 +844,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             program, _ = resolve(schedule)
             target = ProgramTarget(program, schedule.variant)
     except ScheduleError as e:
-        return _fail(str(e))
+        return _fail(_bad_target(_unquoted(args.schedule), e))
     if edges and args.gpu:
         return _fail("--edge inserts a synchronization on the simulator; apply it to the code to run it on a GPU")
     if (args.perfetto or args.png) and args.gpu:
@@ -1072,7 +1087,7 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     try:
         target, fixed = _target_and_config(args.target, "exhaust", _world_size(args))
     except ScheduleError as e:
-        return _fail(str(e))
+        return _fail(_bad_target(args.target, e))
     builtin = isinstance(target, ProgramTarget)
     # a built-in program: the configuration given (PROGRAM/VARIANT: for the defaults), or its whole space
     config = fixed if (fixed or not builtin or args.target.rstrip().endswith(":")) else None

@@ -402,7 +402,25 @@ def _module_of(where: str) -> Any:
         os._exit = real_exit
 
 
+def path_problem(where: str) -> str | None:
+    """Why ``where`` (a target's file or module, before its ``::``) names no Python file or module, where it names
+    something else on disk: a folder (a package with its ``__init__.py``, named by its dotted name, is a module) or a
+    file that is not a ``.py``; None otherwise (a FILE.py, or a module's name, found or not)."""
+    shown = where[:200]
+    if os.path.isdir(where):
+        dotted = all(part.isidentifier() for part in where.split("."))
+        if dotted and not where.endswith(".py") and os.path.isfile(os.path.join(where, "__init__.py")):
+            return None  # a package: imported as MODULE
+        return f"{shown!r} is a folder, not a file: name a FILE.py in it"
+    if os.path.exists(where) and not where.endswith(".py"):
+        return f"{shown!r} is not a Python file: name a FILE.py (or a module by its dotted name, pkg.mod)"
+    return None
+
+
 def _imported(where: str) -> Any:
+    why = path_problem(where)
+    if why is not None:
+        raise TargetError(why)
     try:
         if where.endswith(".py"):
             path = os.path.abspath(where)

@@ -3,7 +3,8 @@ traceback; valid but extreme input gets its documented behaviour (a step-limit r
 refusal naming the limit, a note for a delay that never applied, a clean run for the longest stall).
 
 The commands run in-process (the ``run_cli`` fixture), in a folder holding a few files of a user's: ``ok.py`` (a
-function target), ``notprog.py`` (no function), ``broken.py`` (a syntax error) and the folder ``somedir``.
+function target), ``notprog.py`` (no function), ``broken.py`` (a syntax error), ``notes.txt`` (no FILE.py) and the
+folders ``somedir`` and ``pydir.py``.
 """
 
 from __future__ import annotations
@@ -63,7 +64,22 @@ MALFORMED = [
     (['replay', 'ok.py::fn:zz=1'], "ok.py::fn has no parameter 'zz' (parameters: n)"),
     (['replay', 'ok.py::fn::nosuch#0+1'], "delay nosuch#0+1 names actor 'nosuch', which"),
     (['replay', 'ok.py'], "bad schedule target 'ok.py': expected"),
-    (['replay', 'somedir::fn'], "somedir has no function 'fn'"),
+    (['replay', 'somedir::fn'], "'somedir' is a folder, not a file: name a FILE.py in it"),
+    # a folder, or a file that is no FILE.py, where a target's file goes: said so (before, 'check somedir' was a "bad
+    # schedule target", 'list somedir' listed "no function" and exit 0, 'list .' failed with Python's TypeError of a
+    # relative import, 'check pydir.py' said "no file" of a folder there, 'list notes.txt' "No module named 'notes'")
+    (['check', 'somedir'], "'somedir' is a folder, not a file: name a FILE.py in it"),
+    (['check', '.'], "'.' is a folder, not a file: name a FILE.py in it"),
+    (['check', 'pydir.py'], "'pydir.py' is a folder, not a file: name a FILE.py in it"),
+    (['check', 'pydir.py::fn'], "'pydir.py' is a folder, not a file: name a FILE.py in it"),
+    (['check', 'notes.txt'], "'notes.txt' is not a Python file: name a FILE.py"),
+    (['replay', 'somedir'], "'somedir' is a folder, not a file: name a FILE.py in it"),
+    (['replay', 'notes.txt::fn'], "'notes.txt' is not a Python file: name a FILE.py"),
+    (['exhaust', 'somedir'], "'somedir' is a folder, not a file: name a FILE.py in it"),
+    (['list', 'somedir'], "'somedir' is a folder, not a file: name a FILE.py in it"),
+    (['list', '.'], "'.' is a folder, not a file: name a FILE.py in it"),
+    (['list', 'pydir.py'], "'pydir.py' is a folder, not a file: name a FILE.py in it"),
+    (['list', 'notes.txt'], "'notes.txt' is not a Python file: name a FILE.py"),
     (['check', '--examples', '0'], '--examples must be >= 1, got 0'),
     (['check', '--examples', '-1'], '--examples must be >= 1, got -1'),
     (['check', '--examples', 'many'], "argument --examples: invalid int value: 'many'"),
@@ -121,6 +137,8 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "notprog.py").write_text("x = 1\n")
     (tmp_path / "broken.py").write_text("def f(:\n")
     (tmp_path / "somedir").mkdir()
+    (tmp_path / "pydir.py").mkdir()
+    (tmp_path / "notes.txt").write_text("def fn():\n    pass\n")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -138,7 +156,8 @@ def test_malformed_input_is_one_line_and_exit_2(argv: list[str], message: str, u
     assert err.count("\n") == 1, err
     assert len(err) < 400, err  # a long input is not echoed in full
     assert "Traceback" not in out + err
-    assert sorted(p.name for p in user_dir.iterdir()) == ["broken.py", "notprog.py", "ok.py", "somedir"]
+    assert sorted(p.name for p in user_dir.iterdir()) == ["broken.py", "notes.txt", "notprog.py", "ok.py", "pydir.py",
+                                                           "somedir"]
 
 
 EXTREME = [
