@@ -389,6 +389,30 @@ def write_png(out: Any, path: str | os.PathLike[str], fix: Any = None) -> Path:
         plt.close(fig)
 
 
+_TITLE_WIDTH = 110  # characters of a title line that fit the picture's width at its font size
+_TITLE_LINES = 6
+
+
+def _title_lines(text: str) -> list[str]:
+    """A schedule line as the picture's title: whole, broken where a field or a delay ends (after a ``:``, ``,`` or
+    ``/``) into lines that fit the width, at most ``_TITLE_LINES`` of them (a longer one ends with ``...``: the text
+    output has it whole)."""
+    pieces = re.findall(r"[^:,/]*(?:[:,/]+|$)", text)
+    lines = [""]
+    for piece in filter(None, pieces):
+        while len(piece) > _TITLE_WIDTH:  # (one field longer than a line: cut where the line ends)
+            room = _TITLE_WIDTH - len(lines[-1])
+            lines[-1] += piece[:room]
+            piece = piece[room:]
+            lines.append("")
+        if lines[-1] and len(lines[-1]) + len(piece) > _TITLE_WIDTH:
+            lines.append("")
+        lines[-1] += piece
+    if len(lines) > _TITLE_LINES:
+        lines = [*lines[:_TITLE_LINES - 1], lines[_TITLE_LINES - 1][:_TITLE_WIDTH - 3] + "..."]
+    return lines
+
+
 def _bend(ax: Any, start: tuple[float, float], end: tuple[float, float], most: float = 0.25) -> float:
     """The ``rad`` of an ``arc3`` arrow from ``start`` to ``end`` (data coordinates) that bends to the side of the
     straight line with more room in the axes (toward the plot's middle), no further than stays inside them: matplotlib
@@ -453,7 +477,8 @@ def figure(out: Any, fix: Any = None) -> Any:
         if (f1 - f0 + 2 * pad) < 0.5 * end:
             lo, hi, zoomed = max(0.0, f0 - pad), min(end, f1 + pad), True
     span = hi - lo
-    fig_h = 1.9 + 0.5 * len(actors)
+    title = _title_lines(str(out.schedule))
+    fig_h = 1.9 + 0.5 * len(actors) + 0.17 * (len(title) - 1)
     fig, ax = plt.subplots(figsize=(12, fig_h), dpi=110)
     # the bars of a lane that look alike are drawn together: one collection each, not one per slice (a long run's
     # hundred thousand slices took minutes one by one)
@@ -522,8 +547,7 @@ def figure(out: Any, fix: Any = None) -> Any:
     ax.set_xlabel("virtual time (ms of GPU time)" + (f"; zoomed on the flagged operations (the run: 0 to {end:.2f})"
                                                      if zoomed else ""))
     ax.grid(axis="x", color="#eeeeee", zorder=0)
-    title = str(out.schedule)
-    ax.set_title(f"{title if len(title) < 110 else title[:107] + '...'}\n{out.verdict()}", fontsize=10)
+    ax.set_title("\n".join([*title, out.verdict()]), fontsize=10)
     legend = [Patch(facecolor=_COLOURS[k], label=k) for k in ("compute", "D2H", "H2D", "collective", "host")]
     legend.append(Patch(facecolor="none", edgecolor="#555555", hatch="///", label="stall"))
     legend.append(Patch(facecolor="white", edgecolor="red", linewidth=2, label="racing operation"))

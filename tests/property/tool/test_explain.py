@@ -1003,3 +1003,32 @@ def test_a_suggested_edge_is_drawn_to_the_operations_it_makes_wait_in_issue_orde
     assert all(a.start > b.start for a, b in pairs)  # (what start times alone would have got wrong)
     events = perfetto(out, fix)["traceEvents"]
     assert len([e for e in events if e["ph"] == "s" and e["name"] == "suggested edge"]) == len(pairs)
+
+
+def test_a_long_schedule_line_is_the_picture_s_title_whole() -> None:
+    """The picture's title is the schedule line, broken across lines where a field or a delay ends, with nothing
+    cut off. Before, a line of more than 110 characters was cut at 107 with '...': a file in a folder or two, a
+    configuration and a few delays lost the delays, the part that says what was stalled."""
+    import matplotlib.pyplot as plt
+
+    from simdevice.timeline import figure
+
+    line = ("offload_reload/racy:kib=16,scratch=64,work=2:d2h#0+1,d2h#1+5,default#1+5,default#2+20,host#2+20,host#3+5,"
+            "host#4+1")
+    assert len(line) > 110
+    target, schedule = _target(line)
+    out = target.run(schedule)
+    fig = figure(out)
+    try:
+        (ax,) = fig.axes
+        *lines, verdict = ax.get_title().split("\n")
+        assert verdict == out.verdict()
+        assert "".join(lines) == str(out.schedule), lines
+        assert all(len(x) <= 110 for x in lines), lines
+        fig.canvas.draw()
+        title = ax.title.get_window_extent(fig.canvas.get_renderer())  # type: ignore[attr-defined]
+        assert title.x0 >= 0, title  # (inside the picture)
+        assert title.x1 <= fig.bbox.x1, (title, fig.bbox)
+        assert title.y1 <= fig.bbox.y1, (title, fig.bbox)
+    finally:
+        plt.close(fig)
