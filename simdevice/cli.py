@@ -860,6 +860,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
             return _fail(f"{option} {path!r}: cannot write it ({why})")
     if args.png is not None and not args.png.lower().endswith(".png"):
         return _fail(f"--png {args.png!r}: not a .png file name (the picture is a PNG, written where named)")
+    if args.perfetto is not None and args.perfetto.lower().endswith(".png"):
+        return _fail(f"--perfetto {args.perfetto!r}: a trace is JSON, not a picture: name a .json file (--png "
+                     "FILE.png draws the picture)")
     if args.png:
         try:
             import matplotlib  # noqa: F401

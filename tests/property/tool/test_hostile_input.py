@@ -110,6 +110,9 @@ MALFORMED = [
     (['replay', L, '--perfetto', 'somedir'], "--perfetto 'somedir': a folder; name the file to write in it "
                                              "(--perfetto 'somedir/run.json')"),
     (['replay', L, '--png', '/proc/x.png', '--no-fix'], "--png '/proc/x.png': cannot write it ("),
+    # a trace named as a picture (the picture's own name too): refused; before, the JSON trace was written there
+    (['replay', L, '--perfetto', 'run.png'], "--perfetto 'run.png': a trace is JSON, not a picture: name a .json"),
+    (['replay', L, '--png', 'run.PNG', '--perfetto', './run.PNG'], "--perfetto './run.PNG': a trace is JSON, not a"),
     (['replay', L, '--perfetto', '/proc/x.json', '--no-fix'], "--perfetto '/proc/x.json': cannot write it ("),
     (['check', L, '--world-size', '2'], "--world-size is for a function target (FILE.py::FUNCTION)"),
     (['check', '--world-size', '2'], "--world-size is for a function target (check FILE.py::FUNCTION"),
