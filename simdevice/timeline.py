@@ -550,7 +550,8 @@ def figure(out: Any, fix: Any = None) -> Any:
     ax.set_title("\n".join([*title, out.verdict()]), fontsize=10)
     legend = [Patch(facecolor=_COLOURS[k], label=k) for k in ("compute", "D2H", "H2D", "collective", "host")]
     legend.append(Patch(facecolor="none", edgecolor="#555555", hatch="///", label="stall"))
-    legend.append(Patch(facecolor="white", edgecolor="red", linewidth=2, label="racing operation"))
+    if racing or racing_steps:  # (a clean run's picture has none to show)
+        legend.append(Patch(facecolor="white", edgecolor="red", linewidth=2, label="racing operation"))
     if illegal:
         legend.append(Patch(facecolor="white", edgecolor="#7f00ff", linewidth=2, label="illegal access"))
     if fix is not None and fix.edges:

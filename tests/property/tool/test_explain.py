@@ -1032,3 +1032,25 @@ def test_a_long_schedule_line_is_the_picture_s_title_whole() -> None:
         assert title.y1 <= fig.bbox.y1, (title, fig.bbox)
     finally:
         plt.close(fig)
+
+
+@pytest.mark.parametrize(("line", "racing"), [("offload_reload/correct::d2h#0+1", False),
+                                              ("offload_reload/racy::d2h#0+1", True)])
+def test_the_picture_s_legend_names_racing_operations_only_where_it_draws_some(line: str, racing: bool) -> None:
+    """A clean run's picture has no racing operation, and its legend names none. Before, every picture's legend had
+    "racing operation", a red outline, a clean run's too: a reader looked for a race that was not there."""
+    import matplotlib.pyplot as plt
+
+    from simdevice.timeline import figure
+
+    target, schedule = _target(line)
+    out = target.run(schedule)
+    assert bool(out.run.reports) == racing, out.run.reports
+    fig = figure(out)
+    try:
+        (legend,) = fig.legends
+        labels = [t.get_text() for t in legend.get_texts()]
+        assert ("racing operation" in labels) == racing, labels
+        assert "stall" in labels, labels
+    finally:
+        plt.close(fig)
