@@ -142,7 +142,7 @@ _PROGRAM: dict[int, tuple[types.ModuleType, bool]] = {}
 def _of_program(module: types.ModuleType) -> bool:
     """Whether ``module`` is the program's own source: not the standard library, an installed package, torch, the
     simulator or the device contract's package."""
-    filename = getattr(module, "__file__", None)
+    filename = vars(module).get("__file__")  # (not getattr: a module's own __getattr__ may import or raise)
     if not isinstance(filename, str) or not filename.endswith(".py") or not os.path.isabs(filename):
         return False  # (torch.ops and torch.classes give a bare file name)
     path = os.path.normpath(filename)
