@@ -252,8 +252,8 @@ def _why_none(out: Outcome) -> str:
                 "them back; give the region enable_cpu_backup=True, or write its tensors again after the resume")
     if errors or out.problems:
         return ("the program's own check failed with no two accesses racing: its logic under this interleaving (a "
-                "bookkeeping or ordering decision), or a host read or write the simulator does not see (numpy() "
-                "and the buffer protocol reach host memory without an op: see \"Not intercepted\" in "
+                "bookkeeping or ordering decision), or a host read or write the simulator does not see (the buffer "
+                "protocol and np.asarray(t) reach host memory without an op: see \"Not intercepted\" in "
                 "docs/dropin.md); no wait to suggest")
     return "the run has no race to order"
 

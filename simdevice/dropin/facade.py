@@ -29,6 +29,7 @@ from reference import contract
 from reference.naming import StreamNames, creation_site, inside
 from simdevice.api import EventHandle, SimDevice, StreamHandle
 from simdevice.dispatch import SimTensor, storage_of
+from simdevice.dropin import arrays
 from simdevice.dropin.patches import Patches
 from simdevice.runtime.config import SimConfig
 from simdevice.runtime.execution import outside_actor
@@ -1103,6 +1104,31 @@ def _tensor_tolist(original: Callable[..., Any]) -> Callable[..., Any]:
     return tolist
 
 
+def _tensor_numpy(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``t.numpy()`` of pinned memory of the run: a NumPy view whose element reads and writes are checked as the
+    host's (:mod:`simdevice.dropin.arrays`), where NumPy reaches the bytes without the dispatcher. Other tensors'
+    arrays are NumPy's own."""
+
+    @functools.wraps(original)
+    def numpy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        array = original(self, *args, **kwargs)
+        if _ACTIVE and not isinstance(self, SimTensor) and isinstance(array, np.ndarray):
+            rt = _ACTIVE[-1].runtime
+            if rt.lookup_pinned(self) is not None:
+                return arrays.checked(array, self, functools.partial(_array_access, rt))
+        return array
+
+    return numpy
+
+
+def _array_access(rt: Any, pinned: torch.Tensor, reads: list[torch.Tensor], writes: list[torch.Tensor],
+                  op: str) -> None:
+    """A NumPy view's access of pinned memory of ``rt``'s run: checked while that run is the session's (a view
+    kept past its run is a plain array then)."""
+    if _ACTIVE and _ACTIVE[-1].runtime is rt:
+        rt.unseen_host_access(pinned, reads, writes, f"numpy {op}", user_source())
+
+
 def _host_reads_storage(storage: Any) -> None:
     """The host writes ``storage``'s bytes out in C++, below the dispatcher (``torch.save``; ``pickle`` of a tensor
     runs it too): where it is pinned memory of this run, the read is checked now as the host's read of every byte of
@@ -1259,6 +1285,7 @@ def install(p: Patches) -> None:
     p.set(torch.Tensor, "to", to)
     p.set(torch.Tensor, "cuda", _tensor_cuda(to))
     p.set(torch.Tensor, "tolist", _wrapped(torch.Tensor, "tolist", _tensor_tolist))
+    p.set(torch.Tensor, "numpy", _wrapped(torch.Tensor, "numpy", _tensor_numpy))
     p.set(torch._C.PyTorchFileWriter, "write_record",
           _wrapped(torch._C.PyTorchFileWriter, "write_record", _file_writer_record))
     p.set(torch.UntypedStorage, "_write_file", _wrapped(torch.UntypedStorage, "_write_file", _storage_write_file))

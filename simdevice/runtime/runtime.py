@@ -990,12 +990,18 @@ class Runtime:
         """The current actor's host reads host tensor ``t``'s bytes where no aten op does (``tolist()`` reads them
         in C++, below the dispatcher): where ``t`` is pinned memory of this run, the read is checked as a host
         access now, within the actor's last step (no step of its own: a GPU run counts none there either)."""
+        self.unseen_host_access(t, [t], [], op, source)
+
+    def unseen_host_access(self, t: torch.Tensor, reads: list[torch.Tensor], writes: list[torch.Tensor], op: str,
+                           source: str) -> None:
+        """As :meth:`unseen_host_read`, for reads and writes of some of the bytes of ``t``'s storage: ``reads``
+        and ``writes`` are tensors over them (a NumPy view's element accesses)."""
         a = self.current_or_none()
         if a is None or self.execution.in_engine:
             return
         st = self.lookup_pinned(t)
         if st is not None:
-            self.host_access(a, op, [(st, t)], [], source)
+            self.host_access(a, op, [(st, x) for x in reads], [(st, x) for x in writes], source)
 
     def host_unmap(self, a: HostActor, op: str, segments: list[Segment], source: str) -> None:
         """A host step of ``a`` (a memory-saver pause) unmaps ``segments`` now: an access of them a stream issued
