@@ -19,7 +19,9 @@ operation on either machine, but a blocking copy that waits for the current stre
 
 ``pinned_snapshot_saved``: ``torch.save`` of a pinned snapshot, which reads its bytes in C++ (no operation on either
 machine), while the D2H into it may still run. ``reentered_stream_context``: one ``torch.cuda.stream(s)`` object
-entered again inside its own block, which torch's class leaves ``s`` current after.
+entered again inside its own block, which torch's class leaves ``s`` current after. ``numpy_staging_filled``: a
+pinned staging buffer filled through a NumPy view (no operation on either machine) while the H2D from it may still
+read it.
 """
 
 from __future__ import annotations
@@ -223,3 +225,18 @@ def reentered_stream_context(n: int = 1 << 20) -> None:
         pinned.copy_(t, non_blocking=True)
     s.synchronize()
     assert torch.equal(pinned, torch.ones(n)), "the D2H read the tensor before its fill"
+
+
+def numpy_staging_filled(wait: int = 0, n: int = 1 << 20) -> None:
+    """An inference loop's input staging, as vLLM's model runner keeps it: a pinned buffer and a NumPy view of it
+    made once; the host fills the view, copies the buffer to the device without blocking (``default#0``), then
+    fills the view for the next step; with ``wait`` it synchronizes the stream first. The device must hold the
+    first step's values."""
+    buf = torch.zeros(n, pin_memory=True)
+    view = buf.numpy()
+    view[:] = 1.0
+    first = buf.to("cuda", non_blocking=True)
+    if wait:
+        torch.cuda.current_stream().synchronize()
+    view[:] = 2.0
+    assert bool((first == 1.0).all()), "the copy read the next step's values"

@@ -139,6 +139,16 @@ def test_a_pinned_snapshot_saved_before_its_copy_landed_is_corrupt_and_after_a_s
     assert rate(f"{line}:wait=1:default#1+20") == 0
 
 
+def test_a_staging_buffer_filled_through_numpy_during_its_copy_is_corrupt_and_after_a_sync_is_not() -> None:
+    """``tests/hazards.py::numpy_staging_filled``: the host fills a pinned buffer through a NumPy view (no operation
+    on either machine) while the stalled H2D from it has not read it yet: the device gets the next step's values,
+    unless the host synchronizes the stream first."""
+    line = "tests/hazards.py::numpy_staging_filled"
+    _counts_match(f"{line}:wait=1:default#0+20")
+    assert rate(f"{line}::default#0+20") >= TRIALS - 1
+    assert rate(f"{line}:wait=1:default#0+20") == 0
+
+
 def test_a_stream_context_entered_again_leaves_its_stream_current() -> None:
     """``tests/hazards.py::reentered_stream_context``: after ``with ctx: with ctx:``, torch leaves the context's
     stream current, as the simulator does (its assertion holds on both machines), and the counts are equal."""
