@@ -371,7 +371,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     fixes = _fixes(findings, args.quiet or args.json) if args.fix and not interrupted else {}
     ok = all(f.ok for f in findings) and not errors and not interrupted
     if args.json:
-        results = [dict(f.as_dict(), **({"fix": fixes[i].as_dict()} if i in fixes else {}))
+        results = [dict(f.as_dict(), **({"fix": _fix_json(fixes[i], str(f.schedule))} if i in fixes else {}))
                    for i, f in enumerate(findings)]
         _print_json(json.dumps({"ok": ok, "seconds": round(time.monotonic() - started, 2), "profile": _profile(),
                           "values": _values(), "results": results,
@@ -642,7 +642,8 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
             "seconds": result.seconds, "schedule": result.schedule,
             "summary": out.verdict() if out is not None else "clean",
             "reports": [str(r) for r in out.run.reports] if out is not None else [],
-            "fix": fix.as_dict() if fix is not None else None, "notes": list(result.notes),
+            "fix": _fix_json(fix, str(out.schedule), out.replay_options()) if fix is not None and out is not None
+            else None, "notes": list(result.notes),
             "world_size": args.world_size or 1, "replay": result.replay,
         }, indent=2))
     elif out is None:
@@ -729,6 +730,12 @@ def _print_fix(fix: Any, schedule: str, options: str = "") -> None:
         print(f"  {line}")
     if fix.edges:
         print(f"  replay with {'it' if len(fix.edges) == 1 else 'them'}: {_replay_with(schedule, fix.edges, options)}")
+
+
+def _fix_json(fix: Any, schedule: str, options: str = "") -> dict[str, Any]:
+    """The fix as ``--json`` gives it: its fields, and where it has edges the command that replays the failing
+    schedule with them (the text's 'replay with it' line)."""
+    return dict(fix.as_dict(), **({"replay": _replay_with(schedule, fix.edges, options)} if fix.edges else {}))
 
 
 def _replay_with(schedule: Any, edges: Any, options: str) -> str:
@@ -927,7 +934,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             "verdicts": [o.verdict() for o in outcomes],
             **({"judged": [o.verdict() for o in judged], "judged_same": _same(outcomes, judged)} if judged else {}),
             "reports": [str(r) for r in first.run.reports], "problems": list(first.problems),
-            "fix": fix.as_dict() if fix is not None else None,
+            "fix": _fix_json(fix, str(schedule), first.replay_options()) if fix is not None else None,
             **({"interrupted": True} if interrupted else {}),
             # (--trace: the first run's trace, each line as the text prints it)
             **({"trace": first.trace_text().splitlines()} if args.trace else {}),

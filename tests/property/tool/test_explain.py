@@ -11,6 +11,7 @@ import json
 import linecache
 import os
 import re
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -933,6 +934,10 @@ def test_check_json_carries_the_fix(run_cli: Any) -> None:
     assert fix["kind"] == "edges"
     assert fix["checked"] is True
     assert fix["edges"][0]["after"]["actor"] == "d2h_stream"
+    # the text's 'replay with it' line: the failing schedule with the edge, a command that runs clean
+    assert fix["replay"] == f'simdevice replay "{json.loads(p.stdout)["schedule"]}" --edge "{fix["edges"][0]["text"]}"'
+    fixed = run_cli([*shlex.split(fix["replay"])[1:], "--json"], ROOT)
+    assert fixed.returncode == 0, fixed.stdout
     assert run_cli(["check", "examples/offload_plain.py::reload_racy", "--json", "--examples", "30", "--no-fix"],
                    ROOT).stdout.count('"fix": null') == 1
 
