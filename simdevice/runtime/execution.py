@@ -46,7 +46,7 @@ from simdevice.runtime import sync, tls
 from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.config import UNIT_NS, SimConfig
 from simdevice.runtime.memory import Memory
-from simdevice.runtime.reports import Deadlock, HostError, ReportSink, StepLimit, describe, error_source
+from simdevice.runtime.reports import Deadlock, HostError, ReportSink, StepLimit, describe, error_source, exit_succeeded
 from simdevice.runtime.streams import SimStream, StreamOp
 from simdevice.runtime.tls import NeedsThreads
 from simdevice.signals import HOLDING, is_stop, raise_held
@@ -509,6 +509,12 @@ class Execution:
         except NeedsThreads as e:  # a greenlet run's: it starts again on threads
             self.needs_threads = self.needs_threads or str(e)
             self._abort()
+        except SystemExit as e:
+            # ``sys.exit()``, ``sys.exit(0)``: a script's main that ends so has succeeded, as ``python SCRIPT`` does;
+            # a thread the program started ends quietly at any ``SystemExit``, as Python's threads do
+            if a.process == a.name and not exit_succeeded(e):
+                self.reports.add(HostError(a.name, describe(e), error_source(e)))
+                self._abort()
         except BaseException as e:
             if self.greenlets and isinstance(e, KeyboardInterrupt) and is_stop(e):
                 # Ctrl-C or SIGTERM (signals.py) lands in whichever greenlet runs: the run's, as on threads, where

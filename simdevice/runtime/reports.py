@@ -333,6 +333,12 @@ def user_source(skip: int = 0) -> str:
 _NO_CUDA_C_API = "module 'torch._C' has no attribute '"
 
 
+def exit_succeeded(e: SystemExit) -> bool:
+    """Whether ``SystemExit`` ``e`` ends a process with status 0, as Python's own exit takes its code: ``None``,
+    ``0`` and ``False``; any other number, or a message (printed, status 1), is a failure."""
+    return e.code is None or (isinstance(e.code, int) and e.code == 0)
+
+
 def describe(e: BaseException) -> str:
     """``Type: message``; for a bare ``assert`` (no message), the line that failed: ``AssertionError at `...```; for
     a ``torch.cuda`` function that calls CUDA's own C API, which torch's CPU build lacks (``host_memory_stats``,

@@ -21,7 +21,7 @@ import inspect
 import itertools
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, Protocol
 
 import attrs
@@ -34,7 +34,7 @@ from simdevice.dropin.session import held
 from simdevice.programs import Program
 from simdevice.runtime import inserted_edges
 from simdevice.runtime.config import SimConfig, active_profile, active_values, overrides_active
-from simdevice.runtime.reports import describe, error_source
+from simdevice.runtime.reports import describe, error_source, exit_succeeded
 from simdevice.search.execute import NESTED, Outcome, counts_as_failure, execute
 
 #: the GPU's calibrated sleep cycles per ms, measured once per process
@@ -151,11 +151,13 @@ class FunctionTarget:
                     run = dev.run_plain(fn, world_size=self.world_size, **kwargs)
                 else:
                     run = dev.run(self._contract_body(kwargs))
-        except Exception as e:
+        except (Exception, SystemExit) as e:
             torch.cuda.synchronize()
             run = Run(result=None, op_counts=dict(dev.counter.counts), unfired=dev.counter.unfired())
-            return Outcome(schedule, run, (f"host raised {describe(e)} ({error_source(e)})",), "cuda",
-                           world_size=self.world_size)
+            # (``sys.exit(0)``: the script succeeded, as on the simulator: ``reports.exit_succeeded``)
+            failed = not (isinstance(e, SystemExit) and exit_succeeded(e))
+            return Outcome(schedule, run, (f"host raised {describe(e)} ({error_source(e)})",) if failed else (),
+                           "cuda", world_size=self.world_size)
         return Outcome(schedule, run, (), "cuda", world_size=self.world_size)
 
     def _contract_body(self, kwargs: dict[str, Any]) -> Callable[[Any], Any]:
@@ -194,11 +196,30 @@ def module_state_kept(fn: Callable[..., Any]) -> Any:
     rebound, and the contents of the plain lists, dicts and sets among them. Each run of a target is a process of
     its own on a GPU: a stream, a buffer or a count the program keeps in its module (``_STREAM = None``, made at
     the first call) starts afresh at every run, not from what an earlier run (a probe, a simulated run before a GPU
-    one) left there."""
+    one) left there. The program's ``sys.argv`` is its file's alone meanwhile (:func:`_no_arguments`)."""
     names = getattr(fn, "__globals__", None)
     if not isinstance(names, dict):
-        yield
+        with _no_arguments(getattr(fn, "__module__", None) or "<program>"):
+            yield
         return
+    with _no_arguments(names.get("__file__") or names.get("__name__") or "<program>"):
+        yield from _globals_kept(names)
+
+
+@contextlib.contextmanager
+def _no_arguments(script: str) -> Iterator[None]:
+    """The block runs as ``python SCRIPT`` would, with no arguments: ``sys.argv`` is ``[SCRIPT]``, not the command
+    line of the tool (or of pytest) that runs it, so a ``main()`` that parses its arguments (``argparse``) takes its
+    defaults, as on a GPU."""
+    argv = sys.argv
+    sys.argv = [script]
+    try:
+        yield
+    finally:
+        sys.argv = argv
+
+
+def _globals_kept(names: dict[str, Any]) -> Iterator[None]:
     before = dict(names)
     contents: list[tuple[Any, Any]] = []
     for value in before.values():
@@ -375,7 +396,8 @@ def _load_file(path: str) -> Any:
         sys.path.insert(0, folder)  # the file's own imports of its neighbours, as python FILE would find them
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        with _no_arguments(path):  # (a module that parses its arguments as it is imported)
+            spec.loader.exec_module(module)
     except BaseException:
         del sys.modules[name]
         raise
@@ -430,7 +452,8 @@ def _imported(where: str) -> Any:
         here = os.getcwd()
         if "" not in sys.path and here not in sys.path:
             sys.path.insert(0, here)  # a module of the folder the command runs in, as python -m would find it
-        return importlib.import_module(where)
+        with _no_arguments(where):
+            return importlib.import_module(where)
     except TargetError:
         raise
     except ModuleNotFoundError as e:

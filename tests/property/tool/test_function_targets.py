@@ -968,3 +968,84 @@ def test_check_of_a_file_without_a_function_to_check_is_one_line_and_exit_2(
         err = capsys.readouterr().err
         assert err.startswith(f"simdevice: error: {said}"), err
         assert err.count("\n") == 1
+
+
+_SCRIPT = '''
+import argparse
+import sys
+
+import torch
+
+def train(steps, racy):
+    side = torch.cuda.Stream()
+    w = torch.ones(1024, device="cuda")
+    host = torch.empty(1024, pin_memory=True)
+    for _ in range(steps):
+        w.mul_(2.0)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            host.copy_(w, non_blocking=True)
+        if not racy:
+            side.synchronize()
+        assert host[0].item() == w[0].item()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--racy", action="store_true")
+    args = p.parse_args()
+    train(args.steps, args.racy)
+    return list(sys.argv)
+
+
+def main_exits():
+    train(2, False)
+    sys.exit()
+
+
+def main_exits_zero():
+    train(2, False)
+    raise SystemExit(0)
+
+
+def main_exits_failing():
+    train(2, False)
+    sys.exit(3)
+
+
+def racy_then_exits():
+    train(2, True)
+    sys.exit(0)
+'''
+
+
+def test_a_script_s_main_sees_its_own_file_as_its_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``main()`` that parses its arguments with argparse got the tool's own command line (``check
+    script.py::main``): argparse exited 2 ("unrecognized arguments"), and that was reported as a failure found. It
+    runs as ``python script.py`` would now, with no arguments (on the GPU too: ``module_state_kept``)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "script.py").write_text(_SCRIPT)
+    assert main(["check", "script.py::main", "--examples", "20", "--no-fix", "-q"]) == 0, capsys.readouterr()
+    assert "script.py::main: clean over" in capsys.readouterr().out
+    target = resolve("script.py::main")
+    assert target.run(target.schedule({}, ())).run.result == [str(tmp_path / "script.py")]
+
+
+def test_sys_exit_with_status_0_ends_a_script_s_main_as_its_success(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``sys.exit()`` and ``sys.exit(0)`` at the end of a main were a host error ("host raised SystemExit: 0"), a
+    failure found in a correct program; another status is still a failure, and a race before the exit is found."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "script.py").write_text(_SCRIPT)
+    for fn in ("main_exits", "main_exits_zero"):
+        assert main(["check", f"script.py::{fn}", "--examples", "20", "--no-fix", "-q"]) == 0, capsys.readouterr()
+    capsys.readouterr()
+    assert main(["check", "script.py::main_exits_failing", "--examples", "20", "--no-fix", "-q", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    line = _SCRIPT.splitlines().index("    sys.exit(3)") + 1
+    assert doc["reports"] == [f"host error: host raised SystemExit: 3 (script.py:{line})"], doc
+    assert main(["check", "script.py::racy_then_exits", "--examples", "20", "--no-fix", "-q", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert any(r.startswith("race: ") for r in doc["reports"]), doc
