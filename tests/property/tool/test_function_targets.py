@@ -1017,6 +1017,19 @@ def main_exits_failing():
 def racy_then_exits():
     train(2, True)
     sys.exit(0)
+
+
+def a_thread_exits():
+    import threading
+
+    def work():
+        train(1, False)
+        sys.exit(1)  # (Python's threads end quietly at any SystemExit)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    train(1, False)
 '''
 
 
@@ -1039,7 +1052,7 @@ def test_sys_exit_with_status_0_ends_a_script_s_main_as_its_success(tmp_path: Pa
     failure found in a correct program; another status is still a failure, and a race before the exit is found."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "script.py").write_text(_SCRIPT)
-    for fn in ("main_exits", "main_exits_zero"):
+    for fn in ("main_exits", "main_exits_zero", "a_thread_exits"):
         assert main(["check", f"script.py::{fn}", "--examples", "20", "--no-fix", "-q"]) == 0, capsys.readouterr()
     capsys.readouterr()
     assert main(["check", "script.py::main_exits_failing", "--examples", "20", "--no-fix", "-q", "--json"]) == 1
