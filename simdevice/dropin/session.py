@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sys
 import types
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
+
+import numpy as np
 
 import reference
 from reference.contract import Run
@@ -86,15 +89,19 @@ class DropIn:
         """Run ``fn(*args, **kwargs)`` as host actor ``host`` (or on ranks ``rank0..`` of ``world_size``)."""
 
         def body(dev: Any) -> Any:
+            seed_host_generators()
             if world_size is None:
                 return fn(*args, **kwargs)
             return dev.spawn_ranks(lambda _: fn(*args, **kwargs), world_size)
 
+        back = None if _HELD else host_generators_kept()  # (a search's: kept once, by held())
         self._install()
         try:
             self.result = self.device.run(body)
         finally:
             self._uninstall()
+            if back is not None:
+                back()
         return self.result
 
     # -- what it found -------------------------------------------------------------------------------------
@@ -177,12 +184,34 @@ def held() -> Iterator[None]:
         return
     p = Patches()
     try:
+        p.on_restore(host_generators_kept())
         install(p)
         _HELD.append(p)
         yield
     finally:
         _HELD.clear()
         p.restore()
+
+
+def seed_host_generators() -> None:
+    """A run of a program starts Python's ``random`` and NumPy's global generator from seed 0, as Hypothesis starts
+    them for each example: a program that draws from them unseeded (a random step count, random test data) draws
+    the same numbers in every run of a schedule, in a search and in its replay in a new process, so the same
+    schedule gives the same run. (Generators the program makes unseeded, ``random.Random()`` and
+    ``np.random.default_rng()``, take the OS's entropy: seed them.)"""
+    random.seed(0)
+    np.random.seed(0)
+
+
+def host_generators_kept() -> Callable[[], None]:
+    """Python's and NumPy's global generators as they are: the function that puts them back (after the runs)."""
+    state, np_state = random.getstate(), np.random.get_state()
+
+    def back() -> None:
+        random.setstate(state)
+        np.random.set_state(np_state)
+
+    return back
 
 
 def cuda(

@@ -30,7 +30,7 @@ from reference.contract import Run
 from reference.schedule import Schedule, ScheduleError, is_function_target, parse_int
 from simdevice.api import SimDevice
 from simdevice.dropin import DropIn
-from simdevice.dropin.session import held
+from simdevice.dropin.session import held, host_generators_kept, seed_host_generators
 from simdevice.programs import Program
 from simdevice.runtime import inserted_edges
 from simdevice.runtime.config import SimConfig, active_profile, active_values, overrides_active
@@ -143,7 +143,9 @@ class FunctionTarget:
 
         dev = CudaDevice(schedule, cycles_per_ms=_CYCLES[0] if _CYCLES else None)
         _CYCLES[:] = [dev.cycles_per_ms]
+        back = host_generators_kept()
         try:
+            seed_host_generators()  # (the numbers the simulator's run drew: the same run)
             with module_state_kept(self.fn):
                 if self.style == "plain":
                     # on ranks, each a process of its own: the function by where it is, found again there
@@ -158,6 +160,8 @@ class FunctionTarget:
             failed = not (isinstance(e, SystemExit) and exit_succeeded(e))
             return Outcome(schedule, run, (f"host raised {describe(e)} ({error_source(e)})",) if failed else (),
                            "cuda", world_size=self.world_size)
+        finally:
+            back()
         return Outcome(schedule, run, (), "cuda", world_size=self.world_size)
 
     def _contract_body(self, kwargs: dict[str, Any]) -> Callable[[Any], Any]:

@@ -349,3 +349,36 @@ def test_ranks_passing_tensors_of_different_sizes_are_told_so_at_their_call() ->
     text = s.text()
     assert "the ranks passed tensors of different sizes (4, 5 elements, by rank)" in text
     assert "test_rng_and_distributed.py:" in text.split("every rank must pass tensors of the same size")[1]
+
+
+def _host_draws() -> tuple[int, float, list[float]]:
+    """Unseeded draws from Python's and NumPy's global generators, as a program's random step count or test data."""
+    import random
+
+    import numpy as np
+
+    steps = random.randint(1, 1000)
+    scale = float(np.random.rand())
+    x = torch.full((4,), scale, device="cuda") * steps
+    return steps, scale, x.cpu().tolist()
+
+
+def test_a_run_draws_the_same_host_random_numbers_whatever_came_before() -> None:
+    """Each run starts Python's ``random`` and NumPy's global generator from seed 0, as Hypothesis does for each
+    example, and puts the caller's back after: the same schedule gives the same run, in a search and in a replay in a
+    new process (where the generators start from the OS's entropy). Before, each run drew on from wherever the
+    generators stood, and a replay could take another path than the run it replays."""
+    import random
+
+    import numpy as np
+
+    random.seed(123)
+    np.random.seed(123)
+    first = simdevice.cuda().run(_host_draws).result
+    after = (random.random(), float(np.random.rand()))
+    random.seed(7)
+    np.random.seed(7)
+    assert simdevice.cuda().run(_host_draws).result == first
+    random.seed(123)
+    np.random.seed(123)
+    assert (random.random(), float(np.random.rand())) == after  # the caller's generators as they were
