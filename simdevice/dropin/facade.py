@@ -66,6 +66,8 @@ class DropInDevice(SimDevice):
         self.config = _real_sized(self.config)  # (plain torch.cuda code: its sizes are the GPU run's)
         super()._build()
         self._names = {}
+        #: each clock's reading as the run began (``_virtual_clock``: the run's clocks go on from there in host time)
+        self.clock_bases = {name: clock() for name, clock in _REAL_CLOCKS.items()}
         #: (receiving actor, storage id) -> the tensor a device tensor from another process was mapped as there
         #: (``processes``: CUDA IPC maps a storage once while the receiver holds it)
         self.ipc_maps: dict[tuple[str, int], Any] = {}
@@ -684,6 +686,39 @@ def _host_sleep(seconds: float) -> None:
         _REAL_SLEEP(seconds)
 
 
+#: the clocks a run reads in host time, and Python's own
+_REAL_CLOCKS: dict[str, Callable[[], float | int]] = {
+    name: getattr(time, name)
+    for name in ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns")
+}
+
+
+def _virtual_clock(name: str) -> Callable[[], float | int]:
+    """``time.time``, ``monotonic``, ``perf_counter`` (and their ``_ns``) during a session: in the run's actors, the
+    clock's reading as the run began plus the actor's host time, which ``time.sleep`` moves as it moves the device's
+    (so a loop that sleeps until a deadline, a heartbeat or a save every N seconds sees as much time pass as on a GPU,
+    and the same in every run of a schedule); elsewhere, the real clock."""
+    real = _REAL_CLOCKS[name]
+    ns = name.endswith("_ns")
+
+    def clock() -> float | int:
+        if not _ACTIVE:
+            return real()
+        dev = _ACTIVE[-1]
+        a = dev.runtime.current_or_none()
+        if a is None:
+            return real()
+        base: float | int = dev.clock_bases[name]
+        return base + a.time if ns else base + a.time / 1e9
+
+    clock.__name__ = clock.__qualname__ = name
+    clock.__doc__ = real.__doc__
+    return clock
+
+
+_VIRTUAL_CLOCKS = {name: _virtual_clock(name) for name in _REAL_CLOCKS}
+
+
 def _sleep(cycles: int) -> None:
     """``torch.cuda._sleep``: the current stream idles for ``cycles`` GPU cycles (1.46 ns each, an H200's)."""
     session_device().runtime.stream_sleep(int(cycles * 1.46))
@@ -1294,6 +1329,8 @@ def install(p: Patches) -> None:
     p.set(torch.Tensor, "new_tensor", _wrapped(torch.Tensor, "new_tensor", _tensor_new_tensor))
     p.set(torch.Tensor, "new", _wrapped(torch.Tensor, "new", _tensor_legacy_new))
     p.set(time, "sleep", _host_sleep)
+    for name, clock in _VIRTUAL_CLOCKS.items():
+        p.set(time, name, clock)
     p.set(torch.autograd, "_engine_run_backward", _wrapped(torch.autograd, "_engine_run_backward", _engine_entry))
     amp = _wrapped(torch.amp, "autocast", _autocast)
     p.set(torch, "autocast", amp)

@@ -11,16 +11,18 @@ from simdevice.dropin.session import held
 
 def test_a_sleep_between_runs_sleeps_for_real() -> None:
     real = time.sleep
+    clock = time.monotonic  # (Python's: in the actors the session's clocks read host time)
     with held():
         assert time.sleep is not real  # the patched sleep is in place
         t0 = time.monotonic()
         time.sleep(0.05)
         slept = time.monotonic() - t0
         with simdevice.cuda() as sim:
-            t1 = time.monotonic()
+            t1, v1 = clock(), time.monotonic()
             time.sleep(5.0)  # an actor's sleep: virtual host time, no real wait
-            virtual = time.monotonic() - t1
+            virtual, seen = clock() - t1, time.monotonic() - v1
         sim.assert_clean()
     assert time.sleep is real
     assert slept >= 0.05
     assert virtual < 5.0
+    assert abs(seen - 5.0) < 1e-6  # what the program's clock read

@@ -4,6 +4,7 @@ torch's own record_stream, and ordered only by the synchronization the program w
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import pytest
@@ -308,6 +309,43 @@ def test_time_sleep_in_a_run_is_virtual_host_time() -> None:
     s.assert_clean()
     assert s.result is not None
     assert 140 <= s.result.result <= 160
+
+
+def _deadline_wait() -> tuple[float, float, int]:
+    """A wait for a side stream's work with a deadline, as a watchdog or a timed poll writes it: ``time.monotonic()``
+    against the deadline, sleeping between queries; ``perf_counter`` around it."""
+    from time import perf_counter  # (imported in the run: the session's clock)
+
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # about 146 ms of GPU time
+        done = torch.cuda.Event()
+        done.record()
+    start, wall = perf_counter(), time.time()
+    deadline = time.monotonic() + 10.0
+    polls = 0
+    while not done.query():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the side stream did not finish in 10 s")
+        time.sleep(0.01)
+        polls += 1
+    return perf_counter() - start, time.time() - wall, polls
+
+
+def test_the_clocks_a_run_reads_are_its_host_time() -> None:
+    """``time.time``, ``monotonic`` and ``perf_counter`` in a run read the actor's host time, which ``time.sleep``
+    moves: a wait with a deadline sees as much time pass as on a GPU, in every run alike. Before, sleeps were
+    virtual and the clocks real, so a sleep of 10 ms read as none, and a loop sleeping until a deadline ran until
+    that much real time had passed (a watchdog's 30 s: thousands of virtual sleeps)."""
+    runs = [simdevice.cuda().run(_deadline_wait) for _ in range(2)]
+    for run in runs:
+        assert not run.reports, run.reports
+    elapsed, wall, polls = runs[0].result
+    assert 0.146 <= elapsed <= 0.16, elapsed
+    assert wall == pytest.approx(elapsed, abs=1e-6)
+    assert 14 <= polls <= 16, polls
+    assert runs[1].result == runs[0].result  # the same run: no wall clock in it
+    assert time.perf_counter() > 0  # outside a run: the real clocks
 
 
 def _host_updates_pinned(sync: bool) -> list[float]:
