@@ -21,6 +21,7 @@ from simdevice.signals import install, pending, stopped
 
 def entry() -> None:
     """The ``simdevice`` command."""
+    fixed_string_hashes()
     install()
     whole_writes()
     gc.disable()  # until torch is imported: _imported
@@ -43,6 +44,31 @@ def entry() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     leave(code)
+
+
+def fixed_string_hashes() -> None:
+    """Python hashes strings with a seed drawn per process unless ``PYTHONHASHSEED`` fixes it, so a program that
+    iterates a set of names (which buckets, layers or ranks to go through first) takes another order in each process:
+    a replay (a new process) could take another path than the search that printed its line, and ``replay --gpu``
+    another than the simulator's. The command runs with ``PYTHONHASHSEED=0`` where the environment has not fixed
+    one: it starts itself again so, at once (before any import of its own; the interpreter's start, about 20 ms)."""
+    if os.environ.get("PYTHONHASHSEED", "random") != "random" or not _started_as_the_command():
+        return
+    os.environ["PYTHONHASHSEED"] = "0"
+    try:
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    except (OSError, TypeError, ValueError):  # (no interpreter to start again: the command goes on as it is)
+        return
+
+
+def _started_as_the_command() -> bool:
+    """Whether this interpreter was started to run the command (``python -m simdevice``, the ``simdevice`` script),
+    not another program that calls :func:`entry` (a test's): only the command's own may be started again."""
+    orig = sys.orig_argv
+    if "-m" in orig[1:]:
+        i = orig.index("-m", 1)
+        return orig[i + 1:i + 2] == ["simdevice"]
+    return len(orig) > 1 and orig[1] not in ("-c", "-") and os.path.basename(orig[1]) == "simdevice"
 
 
 def whole_writes() -> None:

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,30 @@ def test_the_installed_command_prints_no_traceback() -> None:
                        cwd=ROOT, check=False)
     assert p.returncode == 2
     assert "Traceback" not in p.stderr
+
+
+def test_the_command_runs_programs_with_string_hashes_fixed(tmp_path: Path) -> None:
+    """A program that iterates a set of names took another order in each process (Python seeds its string hashes per
+    process): a replay, a new process, could take another path than the search that printed its line. The command
+    runs with ``PYTHONHASHSEED=0`` unless the environment fixed one (``command.fixed_string_hashes``)."""
+    (tmp_path / "hashes.py").write_text(textwrap.dedent("""\
+        import os
+        import sys
+
+
+        def seed_fixed(want="0"):
+            assert os.environ.get("PYTHONHASHSEED") == want, os.environ.get("PYTHONHASHSEED")
+            assert sys.flags.hash_randomization == (want != "0")
+    """))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    env["PYTHONPATH"] = str(ROOT)
+    for seed, line in ((None, "hashes.py::seed_fixed"), ("random", "hashes.py::seed_fixed"),
+                       ("5", "hashes.py::seed_fixed:want=5")):
+        p = subprocess.run([sys.executable, "-m", "simdevice", "replay", line, "--no-fix"], capture_output=True,
+                           text=True, env=env if seed is None else {**env, "PYTHONHASHSEED": seed}, cwd=tmp_path,
+                           check=False)
+        assert p.returncode == 0, (seed, p.stdout, p.stderr)
+        assert p.stdout.startswith(f'schedule "{line}" on sim: clean'), p.stdout
 
 
 def test_exhaust_reports_clean_and_found(capsys: pytest.CaptureFixture[str]) -> None:
