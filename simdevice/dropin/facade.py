@@ -1148,20 +1148,18 @@ def _tensor_numpy(original: Callable[..., Any]) -> Callable[..., Any]:
     def numpy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         array = original(self, *args, **kwargs)
         if _ACTIVE and not isinstance(self, SimTensor) and isinstance(array, np.ndarray):
-            rt = _ACTIVE[-1].runtime
-            if rt.lookup_pinned(self) is not None:
-                return arrays.checked(array, self, functools.partial(_array_access, rt))
+            if _ACTIVE[-1].runtime.lookup_pinned(self) is not None:
+                return arrays.checked(array, self, _array_access)
         return array
 
     return numpy
 
 
-def _array_access(rt: Any, pinned: torch.Tensor, reads: list[torch.Tensor], writes: list[torch.Tensor],
-                  op: str) -> None:
-    """A NumPy view's access of pinned memory of ``rt``'s run: checked while that run is the session's (a view
-    kept past its run is a plain array then)."""
-    if _ACTIVE and _ACTIVE[-1].runtime is rt:
-        rt.unseen_host_access(pinned, reads, writes, f"numpy {op}", user_source())
+def _array_access(pinned: torch.Tensor, reads: list[torch.Tensor], writes: list[torch.Tensor], op: str) -> None:
+    """A NumPy view's access of pinned memory: checked in the session's run, where its bytes are pinned memory of
+    the run (also a view an earlier run made of pinned memory the program kept); outside a run, NumPy's own."""
+    if _ACTIVE:
+        _ACTIVE[-1].runtime.unseen_host_access(pinned, reads, writes, f"numpy {op}", user_source())
 
 
 def _host_reads_storage(storage: Any) -> None:

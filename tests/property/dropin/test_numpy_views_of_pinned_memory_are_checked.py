@@ -137,7 +137,7 @@ def test_reads_through_the_view_before_the_copy_is_done_race() -> None:
         synced.assert_clean()
 
 
-def test_a_copy_of_the_view_and_a_view_kept_past_the_run_are_plain_arrays() -> None:
+def test_a_copy_of_the_view_and_the_view_outside_a_run_are_plain_arrays() -> None:
     def program() -> np.ndarray:
         host = torch.empty(N, pin_memory=True)
         host.copy_(torch.ones(N, device="cuda"), non_blocking=True)
@@ -156,3 +156,33 @@ def test_a_copy_of_the_view_and_a_view_kept_past_the_run_are_plain_arrays() -> N
     assert float(kept.sum()) == 0.0  # after the run: NumPy's own reads
     kept[:] = 3.0
     assert float(kept[1]) == 3.0
+
+
+class _Runner:
+    """A model runner kept from one run to the next (a test's fixture, a server's object), with its staging buffer
+    and the buffer's NumPy view made once, in the first run."""
+
+    def __init__(self) -> None:
+        self.buf: torch.Tensor | None = None
+        self.view: np.ndarray | None = None
+
+    def step(self, wait: bool) -> float:
+        if self.buf is None:
+            self.buf = torch.zeros(N, pin_memory=True)
+            self.view = self.buf.numpy()
+        assert self.view is not None
+        self.view[:] = 1.0
+        first = self.buf.to("cuda", non_blocking=True)
+        if wait:
+            torch.cuda.current_stream().synchronize()
+        self.view[:] = 2.0  # the next step's
+        return float(first.sum().item())
+
+
+def test_a_view_kept_from_an_earlier_run_is_checked_in_the_next() -> None:
+    runner = _Runner()
+    first = simdevice.cuda()
+    first.run(runner.step, True)
+    first.assert_clean()
+    again = simdevice.cuda().run(runner.step, False)
+    assert any(isinstance(r, simdevice.Race) for r in again.reports), again.reports
