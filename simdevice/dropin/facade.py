@@ -1147,9 +1147,9 @@ def _tensor_numpy(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def numpy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         array = original(self, *args, **kwargs)
-        if _ACTIVE and not isinstance(self, SimTensor) and isinstance(array, np.ndarray):
-            if _ACTIVE[-1].runtime.lookup_pinned(self) is not None:
-                return arrays.checked(array, self, _array_access)
+        if (_ACTIVE and not isinstance(self, SimTensor) and isinstance(array, np.ndarray)
+                and _ACTIVE[-1].runtime.lookup_pinned(self) is not None):
+            return arrays.checked(array, self, _array_access)
         return array
 
     return numpy
