@@ -532,7 +532,9 @@ def figure(out: Any, fix: Any = None) -> Any:
                     arrowprops={"arrowstyle": "->", "color": "red", "lw": 1.6}, zorder=4)
         mid = ((first.start + second.start) / 2 / UNIT_NS, (lane[first.actor] + lane[second.actor]) / 2)
         if all(abs(mid[0] - x) > span / 25 or abs(mid[1] - y) > 0.3 for x, y in labelled):  # no pile of labels
-            ax.text(mid[0], mid[1] + 0.15, "race", color="red", fontsize=9, ha="center", zorder=5)
+            # (on the arrow's middle, where it crosses the gap between two lanes; on a white ground where a bar lies)
+            ax.text(mid[0], mid[1], "race", color="red", fontsize=9, ha="center", va="center", zorder=5,
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.0, "alpha": 0.85})
             labelled.append(mid)
     arcs: list[tuple[tuple[float, float], tuple[float, float]]] = []
     if fix is not None:
@@ -550,6 +552,11 @@ def figure(out: Any, fix: Any = None) -> Any:
     ax.set_title("\n".join([*title, out.verdict()]), fontsize=10)
     legend = [Patch(facecolor=_COLOURS[k], label=k) for k in ("compute", "D2H", "H2D", "collective", "host")]
     legend.append(Patch(facecolor="none", edgecolor="#555555", hatch="///", label="stall"))
+    if markers:  # (a run whose streams waited for nothing has none)
+        from matplotlib.lines import Line2D
+
+        legend.append(Line2D([0], [0], color=_COLOURS["wait"], marker="|", linestyle="none",  # type: ignore[arg-type]
+                             markersize=11, markeredgewidth=1.2, label="wait passed"))
     if racing or racing_steps:  # (a clean run's picture has none to show)
         legend.append(Patch(facecolor="white", edgecolor="red", linewidth=2, label="racing operation"))
     if illegal:

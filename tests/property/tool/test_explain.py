@@ -1059,3 +1059,31 @@ def test_the_picture_s_legend_names_racing_operations_only_where_it_draws_some(l
         assert "stall" in labels, labels
     finally:
         plt.close(fig)
+
+
+def _no_waits() -> None:
+    x = torch.ones(1024, device="cuda")
+    x.mul_(2.0)
+    torch.cuda.synchronize()
+
+
+def test_the_picture_s_legend_names_the_wait_marker_where_it_draws_one() -> None:
+    """The red tick of a passed wait (a stream's ``wait_event``, a host's synchronize) was drawn with no word in the
+    legend; it is named where the picture has one, and the race label sits on a white ground on its arrow."""
+    import matplotlib.pyplot as plt
+
+    from simdevice.timeline import figure
+
+    target, schedule = _target("offload_reload/racy::d2h#0+1")
+    clean = FunctionTarget("tests/property/tool/test_explain.py::_no_waits", _no_waits, "plain")
+    for out, waits in ((target.run(schedule), True), (clean.run(clean.schedule()), False)):
+        fig = figure(out)
+        try:
+            (legend,) = fig.legends
+            labels = [t.get_text() for t in legend.get_texts()]
+            assert ("wait passed" in labels) == waits, labels
+            texts = [t for t in fig.axes[0].texts if t.get_text() == "race"]
+            assert bool(texts) == waits
+            assert all(t.get_bbox_patch() is not None for t in texts)
+        finally:
+            plt.close(fig)
