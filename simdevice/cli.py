@@ -1179,8 +1179,9 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
         }, indent=2))
     elif failed is None:
         delays = "1 delay" if args.delays == 1 else f"{args.delays} delays"
-        print(f"{where}: clean over {'all ' if n > 1 else ''}{_count(n, 'schedule')} of at most {delays} of {stalls} "
-              f"unit{'' if stalls == '1' else 's'}")
+        of = (f"of at most {delays} of {stalls} unit{'' if stalls == '1' else 's'}" if args.delays
+              else "without delays (the default order)")
+        print(f"{where}: clean over {'all ' if n > 1 else ''}{_count(n, 'schedule')} {of}")
     elif whatever:
         print(f"{where}: no schedule of the {n} shows wrong values, but the default one races (a race is there "
               "whatever the timing):")

@@ -131,6 +131,9 @@ def test_exhaust_reports_clean_and_found(capsys: pytest.CaptureFixture[str]) -> 
     assert captured.err.startswith("running 31 schedules\n")
     assert captured.out.startswith(
         "offload_reload/correct:work=0 (the configuration given): clean over all 31 schedules")
+    assert main(["exhaust", "offload_reload/correct", "--delays", "0", "-q"]) == 0
+    assert capsys.readouterr().out == (  # (not "of at most 0 delays of 1,5,20 units")
+        "offload_reload/correct (every configuration): clean over 1 schedule without delays (the default order)\n")
     assert main(["exhaust", "offload_reload/correct::d2h#0+1"]) == 2
     assert "exhaust draws the delays itself" in capsys.readouterr().err
     assert main(["exhaust", "offload_reload/racy", "--units", "1", "-q"]) == 0
