@@ -68,6 +68,8 @@ class DropInDevice(SimDevice):
         self._names = {}
         #: each clock's reading as the run began (``_virtual_clock``: the run's clocks go on from there in host time)
         self.clock_bases = {name: clock() for name, clock in _REAL_CLOCKS.items()}
+        #: NumPy generators the run made unseeded so far (``_default_rng``: the k-th is seeded k)
+        self.unseeded_rngs = 0
         #: (receiving actor, storage id) -> the tensor a device tensor from another process was mapped as there
         #: (``processes``: CUDA IPC maps a storage once while the receiver holds it)
         self.ipc_maps: dict[tuple[str, int], Any] = {}
@@ -1094,6 +1096,23 @@ def _tensor_new_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     return new_tensor
 
 
+def _default_rng(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``np.random.default_rng()`` with no seed, in a run's actors: the k-th the run makes is seeded k, where NumPy
+    seeds it from the OS's entropy, so that the same schedule gives the same run (random data, a random order) in a
+    search and in its replay (``session.seed_host_generators`` does so for the global generators). A seed given is
+    NumPy's to take."""
+
+    @functools.wraps(original)
+    def default_rng(seed: Any = None) -> Any:
+        if seed is None and in_actor():
+            dev = _ACTIVE[-1]
+            seed = dev.unseeded_rngs
+            dev.unseeded_rngs += 1
+        return original(seed)
+
+    return default_rng
+
+
 def _tensor_legacy_new(original: Callable[..., Any]) -> Callable[..., Any]:
     """``t.new(data)``, torch's legacy constructor given data (a list, a tuple, a NumPy array; not a ``torch.Size``,
     nor sizes, which it takes as a shape): ``t.new_tensor(data)`` (torch's own builds it below the dispatcher: a meta
@@ -1327,6 +1346,7 @@ def install(p: Patches) -> None:
     p.set(torch.Tensor, "new_tensor", _wrapped(torch.Tensor, "new_tensor", _tensor_new_tensor))
     p.set(torch.Tensor, "new", _wrapped(torch.Tensor, "new", _tensor_legacy_new))
     p.set(time, "sleep", _host_sleep)
+    p.set(np.random, "default_rng", _wrapped(np.random, "default_rng", _default_rng))
     for name, clock in _VIRTUAL_CLOCKS.items():
         p.set(time, name, clock)
     p.set(torch.autograd, "_engine_run_backward", _wrapped(torch.autograd, "_engine_run_backward", _engine_entry))
@@ -1434,4 +1454,4 @@ def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
 def patched_owners() -> list[Any]:
     return [torch, torch.cuda, torch.cuda.memory, torch.cuda.graphs, torch.cuda.nvtx, torch.cuda.profiler, torch.Tensor,
             torch.multiprocessing, time, torch.amp, torch.cuda.amp, torch.autograd, torch._C.PyTorchFileWriter,
-            torch.UntypedStorage]
+            torch.UntypedStorage, np.random]

@@ -197,8 +197,8 @@ def seed_host_generators() -> None:
     """A run of a program starts Python's ``random`` and NumPy's global generator from seed 0, as Hypothesis starts
     them for each example: a program that draws from them unseeded (a random step count, random test data) draws
     the same numbers in every run of a schedule, in a search and in its replay in a new process, so the same
-    schedule gives the same run. (Generators the program makes unseeded, ``random.Random()`` and
-    ``np.random.default_rng()``, take the OS's entropy: seed them.)"""
+    schedule gives the same run. (A NumPy generator made unseeded is seeded by its order in the run:
+    ``facade._default_rng``; a ``random.Random()`` made unseeded takes the OS's entropy.)"""
     random.seed(0)
     np.random.seed(0)
 

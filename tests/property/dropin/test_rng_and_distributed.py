@@ -352,13 +352,14 @@ def test_ranks_passing_tensors_of_different_sizes_are_told_so_at_their_call() ->
 
 
 def _host_draws() -> tuple[int, float, list[float]]:
-    """Unseeded draws from Python's and NumPy's global generators, as a program's random step count or test data."""
+    """Unseeded draws from Python's and NumPy's global generators, as a program's random step count or test data, and
+    from two NumPy generators made unseeded (NumPy seeds them from the OS's entropy; a run, the k-th with k)."""
     import random
 
     import numpy as np
 
     steps = random.randint(1, 1000)
-    scale = float(np.random.rand())
+    scale = float(np.random.rand()) + float(np.random.default_rng().random()) + float(np.random.default_rng().random())
     x = torch.full((4,), scale, device="cuda") * steps
     return steps, scale, x.cpu().tolist()
 
