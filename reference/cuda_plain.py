@@ -382,6 +382,8 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
             for name in ("pause", "resume"):
                 put(saver, name, _counted_step(getattr(saver, name)))
         if dist.is_available():
+            for name in STORES:
+                put(dist, name, _no_stores)
             if dist.is_initialized():  # the run's own group (a world of one, or the ranks'): the program's is that
                 # one, as the simulator's is the world it runs in (a script written for torchrun makes and ends it)
                 for owner in (dist, dist.distributed_c10d):
@@ -431,6 +433,17 @@ def _no_program_threads(start: Callable[[Any], None]) -> Callable[[Any], None]:
         start(self)
 
     return checked
+
+
+#: the stores of ``torch.distributed`` a program may make (the simulator's are host actors' steps)
+STORES = ("TCPStore", "FileStore", "HashStore")
+
+
+def _no_stores(*args: Any, **kwargs: Any) -> None:
+    """A store the program makes in a counted run: each of its calls is a host step on the simulator, not counted
+    on the GPU, so its schedule would not mean the same operations here."""
+    raise NotImplementedError("stores a program makes (TCPStore, FileStore, HashStore) are not replayed on a GPU yet: "
+                              "their steps are not counted there (the simulator counts them)")
 
 
 def _no_processes(self: Any) -> None:

@@ -90,6 +90,12 @@ class DropInDevice(SimDevice):
         self.subgroups_destroyed: set[tuple[str, int]] = set()
         #: the interprocess events' CUDA events by their IPC handle (``Event.ipc_handle``)
         self.ipc_events: dict[bytes, Any] = {}
+        #: the keys of the stores made in the run, by address (``stores``: each ``TCPStore`` of one host and port,
+        #: each ``FileStore`` of one file, shares them)
+        self.stores: dict[tuple[Any, ...], Any] = {}
+        #: every store made in the run, alive until its end (a ``PrefixStore`` over a store the program does not keep
+        #: holds only its C++ half, which calls back into the Python one)
+        self.stores_made: list[Any] = []
 
     def site_named_stream(self) -> Any:
         """A new stream of the current actor, named after the line of the program that made it."""

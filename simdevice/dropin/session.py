@@ -24,7 +24,7 @@ from reference.contract import Run
 from reference.naming import in_standard_library
 from reference.schedule import Schedule
 from simdevice.api import as_schedule
-from simdevice.dropin import distributed, facade, memsaver, processes, threads
+from simdevice.dropin import distributed, facade, memsaver, processes, stores, threads
 from simdevice.dropin.facade import DropInDevice
 from simdevice.dropin.patches import Patches
 from simdevice.runtime import Options, SimConfig
@@ -130,11 +130,12 @@ class DropIn:
 
 
 def install(p: Patches) -> None:
-    """What a session patches: torch.cuda and the device, torch.distributed, multiprocessing, threading,
+    """What a session patches: torch.cuda and the device, torch.distributed and its stores, multiprocessing, threading,
     torch_memory_saver; then the names the program's modules bound to them before (``from torch.cuda import
     Stream`` at import time) follow them, for the session."""
     facade.install(p)
     distributed.install(p)
+    stores.install(p)
     processes.install(p)
     threads.install(p)
     memsaver.install(p)

@@ -1065,6 +1065,18 @@ class Runtime:
             cell.value = value
             self.execution.changed()
 
+    def value_update(self, cell: SharedCell, update: Callable[[Any], Any], step: str) -> Any:
+        """A read-modify-write of the value in one host step (a store's ``add``, ``compare_set``): ordered after its
+        writers and before its later readers; the new value."""
+        a = self.host_step(step)
+        sync.observe(a, cell)
+        sync.publish(cell, a)
+        value = update(cell.value)
+        if value != cell.value:
+            cell.value = value
+            self.execution.changed()
+        return value
+
     def value_wait(self, cell: SharedCell, until: Callable[[Any], bool], step: str, desc: str) -> None:
         """Block until ``until(cell.value)`` (``multiprocessing.Event.wait``): a host step ``step``, then a wait
         for ``desc``, after which the actor is ordered after the value's writers."""
