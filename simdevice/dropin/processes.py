@@ -122,7 +122,7 @@ def _by_reference(x: Any) -> bool:
         x.ipc_handle()
         return True
     return isinstance(x, (torch.Tensor, torch.UntypedStorage, SimQueue, SimEvent, SimLock, SimBarrier,
-                          SharedValueHandle, facade.Stream))
+                          SharedValueHandle, facade.Stream, _Sent))
 
 
 def _sent(dev: Any, obj: Any, stream: Any) -> _Sent:
@@ -282,6 +282,28 @@ def _received(dev: Any, sent: _Sent) -> Any:
         return rebuild(sent.obj)
     finally:
         done.clear()  # (``rebuild`` refers to itself: the cycle must not keep the received tensors alive)
+
+
+def _rebuild_reduced(sent: _Sent) -> Any:
+    """``func(*args)`` of what ``reduce_tensor`` gave, called in the receiving process (torch's
+    ``rebuild_cuda_tensor``): the tensor, received there as one sent through a queue is (mapped, its current stream
+    waiting for the event ``reduce_tensor`` recorded, where the process holds no tensor of its storage yet)."""
+    return _received(_session(), sent)
+
+
+def _reduce_tensor(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``torch.multiprocessing.reductions.reduce_tensor`` in a run: of a simulated tensor, a rebuild function and
+    its arguments, as torch's (vLLM and SGLang send them to another process to share weights without a queue's
+    pickling); the IPC event recorded now, on the current stream, as torch's ``_share_cuda_`` records it. The
+    arguments hold what was sent (``_Sent``), which crosses to another process by reference."""
+
+    def reduce_tensor(tensor: Any) -> Any:
+        if not (_in_run() and isinstance(tensor, SimTensor)):
+            return original(tensor)
+        dev = _session()
+        return (_rebuild_reduced, (_sent(dev, tensor, dev.runtime.current().current_stream),))
+
+    return reduce_tensor
 
 
 # -- processes ------------------------------------------------------------------------------------------------------
@@ -896,9 +918,11 @@ def install(p: Patches) -> None:
     for name in (*_MADE, *_REFUSED):
         _set_everywhere(p, name, lambda original, method, name=name: _in_run_instead(name, original, method))
     p.set(os, "_exit", _os_exit(os._exit))
+    reductions = torch.multiprocessing.reductions
+    p.set(reductions, "reduce_tensor", _reduce_tensor(reductions.reduce_tensor))
 
 
 def patched_owners() -> list[Any]:
     process = multiprocessing.process
     return [process, process.BaseProcess, multiprocessing.context.BaseContext, multiprocessing.context.DefaultContext,
-            *_modules(), os]
+            *_modules(), os, torch.multiprocessing.reductions]
