@@ -90,6 +90,8 @@ class DropInDevice(SimDevice):
         self.subgroups_destroyed: set[tuple[str, int]] = set()
         #: the interprocess events' CUDA events by their IPC handle (``Event.ipc_handle``)
         self.ipc_events: dict[bytes, Any] = {}
+        #: what ``reduce_tensor`` sent and the program pickled itself, by place (``processes``: its bytes name it)
+        self.reduced: list[Any] = []
         #: the keys of the stores made in the run, by address (``stores``: each ``TCPStore`` of one host and port,
         #: each ``FileStore`` of one file, shares them)
         self.stores: dict[tuple[Any, ...], Any] = {}

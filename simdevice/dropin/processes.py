@@ -35,6 +35,7 @@ import threading
 import types
 import weakref
 from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -107,6 +108,19 @@ class _Sent:
         self.payload = payload
         self.refs = refs
         self.events = events
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        """Pickled by the program itself (``ForkingPickler`` bytes of ``reduce_tensor``'s pair, which it sends as it
+        likes): by its place among the run's sent objects, which hold it until the run ends, as torch's CUDA IPC
+        keeps a sent storage until its receivers release it (here, until the run ends: it is never reused)."""
+        made = _session().reduced
+        made.append(self)
+        return (_sent_at, (len(made) - 1,))
+
+
+def _sent_at(i: int) -> _Sent:
+    """The run's ``i``-th sent object pickled by the program (:meth:`_Sent.__reduce__`)."""
+    return _session().reduced[i]  # type: ignore[no-any-return]
 
 
 def _by_reference(x: Any) -> bool:
@@ -920,9 +934,15 @@ def install(p: Patches) -> None:
     p.set(os, "_exit", _os_exit(os._exit))
     reductions = torch.multiprocessing.reductions
     p.set(reductions, "reduce_tensor", _reduce_tensor(reductions.reduce_tensor))
+    # ``ForkingPickler`` (SGLang's serializer, torch's queues) reduces a tensor by its exact type, which torch
+    # registered with its own ``reduce_tensor``: a simulated tensor is reduced by the simulated one (the table is
+    # a copy for the session: a type registered meanwhile is forgotten with it)
+    reducers = dict(vars(ForkingPickler)["_extra_reducers"])  # (typeshed does not declare it)
+    reducers[SimTensor] = lambda t: reductions.reduce_tensor(t)
+    p.set(ForkingPickler, "_extra_reducers", reducers)
 
 
 def patched_owners() -> list[Any]:
     process = multiprocessing.process
     return [process, process.BaseProcess, multiprocessing.context.BaseContext, multiprocessing.context.DefaultContext,
-            *_modules(), os, torch.multiprocessing.reductions]
+            *_modules(), os, torch.multiprocessing.reductions, ForkingPickler]
