@@ -751,6 +751,16 @@ def _properties(device: Any = None) -> Any:
     )
 
 
+#: the version ``torch.cuda.nccl.version()`` answers: the NCCL of the GPU runs in docs/confirmations.md
+NCCL_VERSION = (2, 28, 9)
+
+
+def _nccl_version() -> tuple[int, int, int]:
+    """``torch.cuda.nccl.version()`` (the CPU build has no NCCL to ask; torch.distributed's logging of its
+    checkpoint calls, ``torch.distributed.checkpoint.save`` among them, asks it where the backend is NCCL)."""
+    return NCCL_VERSION
+
+
 def _capability(device: Any = None) -> tuple[int, int]:
     p = _properties(device)
     return p.major, p.minor
@@ -1335,6 +1345,7 @@ def install(p: Patches) -> None:
         p.set(cuda.nvtx, name, getattr(_nvtx, name))
     for name in ("start", "stop", "init"):
         p.set(cuda.profiler, name, getattr(_profiler, name))
+    p.set(cuda.nccl, "version", _nccl_version)
     for name in _FACTORIES:
         if hasattr(torch, name):
             p.set(torch, name, _wrapped(torch, name, _factory))
@@ -1460,6 +1471,7 @@ def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
 
 #: what a session patches, for the test that checks they come back as they were
 def patched_owners() -> list[Any]:
-    return [torch, torch.cuda, torch.cuda.memory, torch.cuda.graphs, torch.cuda.nvtx, torch.cuda.profiler, torch.Tensor,
+    return [torch, torch.cuda, torch.cuda.memory, torch.cuda.graphs, torch.cuda.nvtx, torch.cuda.profiler,
+            torch.cuda.nccl, torch.Tensor,
             torch.multiprocessing, time, torch.amp, torch.cuda.amp, torch.autograd, torch._C.PyTorchFileWriter,
             torch.UntypedStorage, np.random]

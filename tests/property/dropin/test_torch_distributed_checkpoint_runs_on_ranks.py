@@ -1,0 +1,66 @@
+"""Rule (facade._nccl_version): ``torch.cuda.nccl.version()`` answers in a session (NCCL_VERSION), as it does on a
+GPU. ``torch.distributed.checkpoint``'s ``save`` and ``load`` log each call with the process group's details, and
+ask NCCL's version where the backend is NCCL; before, the CPU build's missing ``torch._C._nccl_version`` made every
+``dcp.save`` on ranks an ``AttributeError``: no verdict. Each rank's state written and read back is clean; a shard
+updated on a side stream that the current one does not wait for before ``dcp.save`` reads it races."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+import simdevice
+from simdevice.dropin.facade import NCCL_VERSION
+
+N = 64
+
+
+def _run(fn: Any, *args: Any, schedule: str | None = None) -> Any:
+    s = simdevice.cuda(schedule)
+    s.run(fn, *args, world_size=2)
+    assert s.result is not None
+    return s.result
+
+
+def save_and_load(path: str, wait: bool) -> None:
+    """Each rank's shard (``wait=False``: last written on a side stream the current one does not wait for)."""
+    rank = dist.get_rank()
+    w = torch.zeros(N, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        w.add_(float(rank + 1))
+    if wait:
+        torch.cuda.current_stream().wait_stream(side)
+    state = {f"w{rank}": w}
+    dcp.save(state, checkpoint_id=path)
+    w.zero_()
+    dcp.load(state, checkpoint_id=path)
+    assert float(w.sum()) == float((rank + 1) * N)
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("schedule", [None, "rank1.side#0+5"])
+def test_a_checkpoint_saved_and_loaded_on_ranks_is_clean(schedule: str | None, tmp_path: Any) -> None:
+    run = _run(save_and_load, os.path.join(tmp_path, "ckpt"), True, schedule=schedule)
+    assert run.reports == (), [str(r) for r in run.reports]
+
+
+def test_a_shard_written_on_an_unwaited_side_stream_races_with_the_save(tmp_path: Any) -> None:
+    run = _run(save_and_load, os.path.join(tmp_path, "ckpt"), False, schedule="rank0.side#0+5")
+    assert "race" in [r.kind for r in run.reports], [str(r) for r in run.reports]
+
+
+def test_nccl_version_answers_in_a_session() -> None:
+    with simdevice.cuda() as sim:
+        got = torch.cuda.nccl.version()
+    sim.assert_clean()
+    assert got == NCCL_VERSION
