@@ -55,6 +55,13 @@ class _Group:
     def rank(self) -> int:
         return get_rank() if self.members is None else self.members.index(get_rank())
 
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The devices of its backends, as ProcessGroup's property names them (torch's own code reads it: an NCCL
+        group's is CUDA alone, so ``torch.distributed.checkpoint.async_save`` raises as on a GPU, for want of a CPU
+        backend)."""
+        return [torch.device("cuda")]
+
     def __repr__(self) -> str:
         if self.gid == 0:
             return "<simulated process group: the whole world>"
@@ -1083,6 +1090,10 @@ def install(p: Patches) -> None:
         p.set(dist, name, value)
         if hasattr(c10d, name):
             p.set(c10d, name, value)
+    for module in _bound_default_group():
+        # (torch's modules that imported it by name, ``torch.distributed.checkpoint``'s saver among them: each
+        # would hand on the real one, which knows no simulated group)
+        p.set(module, "_get_default_group", _get_default_group)
     p.set(c10d, "_get_default_group", _get_default_group)
     mesh = _device_mesh()
     if mesh is not None:
@@ -1098,6 +1109,16 @@ def install(p: Patches) -> None:
             p.set(c10d, name, _not_simulated(name))
 
 
+def _bound_default_group() -> list[Any]:
+    """The modules of ``torch.distributed`` loaded so far that bound ``distributed_c10d._get_default_group`` by
+    name (``from torch.distributed.distributed_c10d import _get_default_group``)."""
+    real = vars(dist.distributed_c10d)["_get_default_group"]
+    return [m for name, m in list(sys.modules.items())
+            if name.startswith("torch.distributed.") and m is not dist.distributed_c10d
+            and vars(m).get("_get_default_group") is real]
+
+
 def patched_owners() -> list[Any]:
     mesh, fsdp = _device_mesh(), _fsdp_class()
-    return [dist, dist.distributed_c10d, _ddp_class(), os, *(c for c in (mesh, fsdp) if c is not None)]
+    return [dist, dist.distributed_c10d, _ddp_class(), os, *(c for c in (mesh, fsdp) if c is not None),
+            *_bound_default_group()]

@@ -1,8 +1,9 @@
 """Rule (facade._nccl_version): ``torch.cuda.nccl.version()`` answers in a session (NCCL_VERSION), as it does on a
-GPU. ``torch.distributed.checkpoint``'s ``save`` and ``load`` log each call with the process group's details, and
-ask NCCL's version where the backend is NCCL; before, the CPU build's missing ``torch._C._nccl_version`` made every
-``dcp.save`` on ranks an ``AttributeError``: no verdict. Each rank's state written and read back is clean; a shard
-updated on a side stream that the current one does not wait for before ``dcp.save`` reads it races."""
+GPU; a process group's ``_device_types`` is CUDA. ``torch.distributed.checkpoint``'s ``save`` and ``load`` log
+each call with the process group's details, and ask NCCL's version where the backend is NCCL; before, the CPU
+build's missing ``torch._C._nccl_version`` made every ``dcp.save`` on ranks an ``AttributeError``: no verdict.
+Each rank's state written and read back is clean; a shard updated on a side stream that the current one does not
+wait for before ``dcp.save`` reads it races."""
 
 from __future__ import annotations
 
@@ -64,3 +65,16 @@ def test_nccl_version_answers_in_a_session() -> None:
         got = torch.cuda.nccl.version()
     sim.assert_clean()
     assert got == NCCL_VERSION
+
+
+def async_save(path: str) -> None:
+    dcp.async_save({"w": torch.ones(N, device="cuda")}, checkpoint_id=path).result()
+
+
+def test_async_save_on_an_nccl_group_raises_torch_s_error(tmp_path: Any) -> None:
+    """``async_save`` needs a CPU backend (``cpu:gloo,cuda:nccl``), which an NCCL group lacks: it raises torch's
+    own error, as on a GPU (the group's ``_device_types`` names CUDA alone). Before, the simulated group had no
+    ``_device_types``: an ``AttributeError`` of the simulator's, reported as the program's host error."""
+    run = _run(async_save, os.path.join(tmp_path, "ckpt"))
+    assert [r.kind for r in run.reports] == ["host-error"], [str(r) for r in run.reports]
+    assert "A CPU backend must be enabled for async save" in str(run.reports[0])
