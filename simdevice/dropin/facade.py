@@ -22,8 +22,10 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
+from torch.optim import optimizer as torch_optimizer
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils import _device as torch_device
+from torch.utils import _foreach_utils as torch_foreach_utils
 
 from reference import contract
 from reference.naming import StreamNames, creation_site, inside
@@ -1225,6 +1227,38 @@ def _file_writer_record(original: Callable[..., Any]) -> Callable[..., Any]:
     return write_record
 
 
+def _group_by_shown_device(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch._C._group_tensors_by_device_and_dtype``, which the foreach and fused paths of the optimizers and of
+    ``clip_grad_norm_`` / ``clip_grad_value_`` group their tensors with: C++ keys a simulated tensor by its ``meta``
+    shell, so each group is keyed here by the device its tensors show (``cuda:0``), as on a GPU. Keyed ``meta``,
+    ``clip_grad_norm_(foreach=True)`` raised "can't use the foreach API on meta tensors", and without ``foreach``
+    it took the per-tensor path, other ops than a GPU's (a replay's counts differed)."""
+
+    @functools.wraps(original)
+    def group(tensorlistlist: Any, with_indices: bool = False) -> Any:
+        grouped = original(tensorlistlist, with_indices)
+        if not any(device == META for device, _ in grouped):
+            return grouped
+        keyed = {}
+        for (device, dtype), value in grouped.items():
+            first = value[0][0][0]  # (the first list's tensors are never None, as torch requires)
+            keyed[first.device if device == META and isinstance(first, SimTensor) else device, dtype] = value
+        return keyed
+
+    return group
+
+
+def _foreach_takes_simulated_tensors(p: Patches) -> None:
+    """A simulated tensor is of a type torch's foreach paths take, as ``torch.Tensor`` and ``Parameter`` are (and
+    DTensor, which adds itself to the same lists): the optimizers' default (``foreach=None``) and
+    ``clip_grad_norm_``'s ask ``type(t) in _foreach_supported_types``, and took the per-tensor path for a simulated
+    tensor where a GPU runs the ``_foreach_`` kernels (other ops, other counts for a replay)."""
+    for supported in (torch_optimizer._foreach_supported_types, torch_foreach_utils._foreach_supported_types):
+        if SimTensor not in supported:
+            supported.append(SimTensor)
+            p.on_restore(functools.partial(supported.remove, SimTensor))
+
+
 def _storage_write_file(original: Callable[..., Any]) -> Callable[..., Any]:
     """``storage._write_file``: the legacy format's write of a storage's bytes (``pickle`` of a tensor), read by the
     host (:func:`_host_reads_storage`)."""
@@ -1360,6 +1394,9 @@ def install(p: Patches) -> None:
     p.set(torch._C.PyTorchFileWriter, "write_record",
           _wrapped(torch._C.PyTorchFileWriter, "write_record", _file_writer_record))
     p.set(torch.UntypedStorage, "_write_file", _wrapped(torch.UntypedStorage, "_write_file", _storage_write_file))
+    p.set(torch._C, "_group_tensors_by_device_and_dtype",
+          _wrapped(torch._C, "_group_tensors_by_device_and_dtype", _group_by_shown_device))
+    _foreach_takes_simulated_tensors(p)
     for name in _NEW:
         p.set(torch.Tensor, name, _wrapped(torch.Tensor, name, _tensor_new))
     p.set(torch.Tensor, "new_tensor", _wrapped(torch.Tensor, "new_tensor", _tensor_new_tensor))
@@ -1474,4 +1511,4 @@ def patched_owners() -> list[Any]:
     return [torch, torch.cuda, torch.cuda.memory, torch.cuda.graphs, torch.cuda.nvtx, torch.cuda.profiler,
             torch.cuda.nccl, torch.Tensor,
             torch.multiprocessing, time, torch.amp, torch.cuda.amp, torch.autograd, torch._C.PyTorchFileWriter,
-            torch.UntypedStorage, np.random]
+            torch.UntypedStorage, np.random, torch._C]
