@@ -632,11 +632,16 @@ class CachingAllocator:
     # -- freeing ----------------------------------------------------------------------
     def collect(self, actor: HostActor | None = None) -> None:
         """Process the blocks whose tensors died (:meth:`collect_frees`); then give back the deferred ones whose
-        recorded streams are past their free, as the allocation ``actor`` is making sees them."""
+        recorded streams are past their free, as the allocation ``actor`` is making sees them: its own process's
+        alone (and those of no stream), as another rank's or process's blocks are its own allocator's on a GPU, which
+        that process's next allocation queries (given back here, the block went to its process with no edge from the
+        recorded stream to the host that saw it done: a race no GPU has)."""
         self.collect_frees()
         if actor is None or not self._deferred:
             return
-        for freed in [f for f in self._deferred if all(r.done() for r in f.uses)]:
+        owners = (None, actor.process)
+        for freed in [f for f in self._deferred
+                      if _process(f.block.key[2]) in owners and all(r.done() for r in f.uses)]:
             self._deferred.remove(freed)
             for r in freed.uses:
                 sync.host_observes(actor, r)  # the allocator queried the event: the host saw it done
