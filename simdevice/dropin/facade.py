@@ -1368,10 +1368,11 @@ def install(p: Patches) -> None:
     }
     for name, value in table.items():
         p.set(cuda, name, value)
-    # where torch.cuda's memory and graph functions are defined: code that calls them there
-    # (``torch.cuda.memory.memory_stats``, ``torch.cuda.graphs.is_current_stream_capturing``), and torch's own
-    # aliases that call them by their module's names, get the simulated device's too
-    for module in (torch.cuda.memory, torch.cuda.graphs):
+    # where torch.cuda's memory, graph and stream names are defined: code that calls them there
+    # (``torch.cuda.memory.memory_stats``, ``torch.cuda.graphs.is_current_stream_capturing``,
+    # ``torch.cuda.streams.Stream()``, ``isinstance(s, torch.cuda.streams.Stream)``), and torch's own aliases that
+    # call them by their module's names, get the simulated device's too
+    for module in (torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams):
         for name, value in table.items():
             if callable(getattr(module, name, None)):
                 p.set(module, name, value)
@@ -1508,7 +1509,6 @@ def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
 
 #: what a session patches, for the test that checks they come back as they were
 def patched_owners() -> list[Any]:
-    return [torch, torch.cuda, torch.cuda.memory, torch.cuda.graphs, torch.cuda.nvtx, torch.cuda.profiler,
-            torch.cuda.nccl, torch.Tensor,
-            torch.multiprocessing, time, torch.amp, torch.cuda.amp, torch.autograd, torch._C.PyTorchFileWriter,
-            torch.UntypedStorage, np.random, torch._C]
+    return [torch, torch.cuda, torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams, torch.cuda.nvtx,
+            torch.cuda.profiler, torch.cuda.nccl, torch.Tensor, torch.multiprocessing, time, torch.amp, torch.cuda.amp,
+            torch.autograd, torch._C.PyTorchFileWriter, torch.UntypedStorage, np.random, torch._C]
