@@ -44,7 +44,25 @@ def _work_result() -> None:
     assert torch.equal(work.result()[0].cpu(), torch.ones(4))
 
 
+class _Prefetcher:
+    stream_class = torch.cuda.Stream  # bound as the module is imported: torch's own class, not the session's
+
+    def __init__(self) -> None:
+        self.stream = self.stream_class()
+
+
+def _stream_class_held_before_the_session() -> None:
+    """torch's own ``Stream`` refuses on the CPU build ("torch.cuda.Stream requires CUDA support"): before, that
+    was a host error of the program, and its correct code was reported as failing (exit 1)."""
+    x = torch.ones(4, device="cuda")
+    with torch.cuda.stream(_Prefetcher().stream):
+        y = x * 2
+    torch.cuda.synchronize()
+    assert y.sum().item() == 8
+
+
 @pytest.mark.parametrize(("program", "error"), [
+    (_stream_class_held_before_the_session, "RuntimeError: torch.cuda.Stream requires CUDA support"),
     (_mem_pool, "NotImplementedError: torch.cuda.MemPool / use_mem_pool are not simulated"),
     (_host_register, "NotImplementedError: torch.cuda.cudart() is not simulated"),
     (_comm_broadcast, "AttributeError: module 'torch._C' has no attribute '_broadcast'"),
