@@ -468,7 +468,31 @@ def _imported(where: str) -> Any:
         raise TargetError(f"importing {where[:200]!r} failed: it called {e}") from None
     except BaseException as e:  # its own import failed: say so in one line
         first = str(e).splitlines()[0] if str(e) else ""
-        raise TargetError(f"importing {where[:200]!r} failed: {type(e).__name__}: {first[:200]}") from None
+        raise TargetError(f"importing {where[:200]!r} failed: {type(e).__name__}: {first[:200]}"
+                          f"{_import_site(e)}{_cuda_at_import(first)}") from None
+
+
+def _import_site(e: BaseException) -> str:
+    """`` (FILE:LINE)`` of the innermost frame outside torch where an import raised ``e``, or nothing."""
+    torch_dir = os.path.dirname(importlib.util.find_spec("torch").origin or "")  # type: ignore[union-attr]
+    site = ""
+    tb = e.__traceback__
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename
+        if os.path.isfile(path) and not path.startswith(torch_dir) and not path.startswith(os.path.dirname(__file__)):
+            shown = os.path.relpath(path)
+            site = f" ({path if shown.startswith('..') else shown}:{tb.tb_lineno})"
+        tb = tb.tb_next
+    return site
+
+
+def _cuda_at_import(message: str) -> str:
+    """A hint where an import failed at CUDA (a stream, an event or a device tensor made at the module's top
+    level): the module is imported outside any run, on a torch without CUDA."""
+    if "CUDA" not in message and "dummy base class" not in message:
+        return ""
+    return ("; a module's top level runs as it is imported, outside the simulated device: make its CUDA streams, "
+            "events and tensors inside the function (or on its first call)")
 
 
 def resolve(text: str, world_size: int | None = None) -> FunctionTarget:

@@ -1062,3 +1062,20 @@ def test_sys_exit_with_status_0_ends_a_script_s_main_as_its_success(tmp_path: Pa
     assert main(["check", "script.py::racy_then_exits", "--examples", "20", "--no-fix", "-q", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert any(r.startswith("race: ") for r in doc["reports"]), doc
+
+
+def test_a_file_that_makes_a_stream_as_it_is_imported_is_told_where_and_why(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stream made at a module's top level (``COPY_STREAM = torch.cuda.Stream()``) fails as the file is imported,
+    outside any run, on the CPU build: the line says where, and to make it inside the function. Before, it gave
+    torch's message alone ("torch.cuda.Stream requires CUDA support"), with no line and no way out."""
+    f = tmp_path / "streams_at_import.py"
+    f.write_text("import torch\n\nCOPY_STREAM = torch.cuda.Stream()\n\n\ndef f():\n    pass\n")
+    for args in (["check", f"{f}::f"], ["list", str(f)]):
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        assert err[0].startswith(f"simdevice: error: importing '{f}' failed: RuntimeError: torch.cuda.Stream "
+                                 "requires CUDA support ("), err[0]
+        assert "streams_at_import.py:3); a module's top level runs as it is imported, outside the simulated " \
+               "device: make its CUDA streams, events and tensors inside the function" in err[0], err[0]
