@@ -918,8 +918,20 @@ def _no_snapshot(*args: Any, **kwargs: Any) -> Any:
                               "per-segment record of CUDA's form): memory_stats() has the statistics it keeps")
 
 
-def _no_graphs(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError("CUDA graphs are not simulated (capture and replay run no operation here)")
+def _refused(name: str, message: str) -> type:
+    """A class of torch's that a run may not make: making one raises ``NotImplementedError(message)`` (no verdict),
+    and ``isinstance`` of anything against it answers False (no object of it exists in a run) where a function in
+    its place raised ``TypeError``, a host error of a correct program."""
+
+    def refuse(cls: type, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(message)
+
+    return type(name, (), {"__new__": refuse, "__doc__": message})
+
+
+_GRAPHS_REFUSED = "CUDA graphs are not simulated (capture and replay run no operation here)"
+_NO_GRAPH = _refused("graph", _GRAPHS_REFUSED)
+_NO_CUDA_GRAPH = _refused("CUDAGraph", _GRAPHS_REFUSED)
 
 
 def _no_raw_allocations(*args: Any, **kwargs: Any) -> Any:
@@ -927,9 +939,13 @@ def _no_raw_allocations(*args: Any, **kwargs: Any) -> Any:
                               "raw pointer is no tensor the simulator can follow): allocate tensors instead")
 
 
+_MEM_POOLS_REFUSED = ("torch.cuda.MemPool / use_mem_pool are not simulated (the simulated caching allocator has no "
+                      "private pools): allocate from the ordinary pool")
+_NO_MEM_POOL = _refused("MemPool", _MEM_POOLS_REFUSED)
+
+
 def _no_mem_pools(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError("torch.cuda.MemPool / use_mem_pool are not simulated (the simulated caching allocator "
-                              "has no private pools): allocate from the ordinary pool")
+    raise NotImplementedError(_MEM_POOLS_REFUSED)
 
 
 def _no_cudart(*args: Any, **kwargs: Any) -> Any:
@@ -937,9 +953,8 @@ def _no_cudart(*args: Any, **kwargs: Any) -> Any:
                               "cudaHostRegister among them, reach no simulated memory): pin with pin_memory()")
 
 
-def _no_external_streams(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError("torch.cuda.ExternalStream is not simulated (a stream made outside torch): make the "
-                              "stream with torch.cuda.Stream()")
+_NO_EXTERNAL_STREAM = _refused("ExternalStream", "torch.cuda.ExternalStream is not simulated (a stream made outside "
+                               "torch): make the stream with torch.cuda.Stream()")
 
 
 @contextlib.contextmanager
@@ -1356,12 +1371,12 @@ def install(p: Patches) -> None:
         "device": _DeviceContext,
         "device_of": _DeviceOf,
         "is_current_stream_capturing": lambda: False,
-        "graph": _no_graphs,
-        "CUDAGraph": _no_graphs,
+        "graph": _NO_GRAPH,
+        "CUDAGraph": _NO_CUDA_GRAPH,
         "caching_allocator_alloc": _no_raw_allocations,
         "caching_allocator_delete": _no_raw_allocations,
-        "ExternalStream": _no_external_streams,
-        "MemPool": _no_mem_pools,
+        "ExternalStream": _NO_EXTERNAL_STREAM,
+        "MemPool": _NO_MEM_POOL,
         "use_mem_pool": _no_mem_pools,
         "cudart": _no_cudart,
         "_sleep": _sleep,

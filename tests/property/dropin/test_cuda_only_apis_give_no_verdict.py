@@ -146,3 +146,19 @@ def test_the_allocator_backend_is_the_native_one() -> None:
     """The simulated allocator is CUDA's native caching allocator (its block sizes, its reuse across streams), so
     ``get_allocator_backend()`` answers ``"native"``. Before, it reached ``torch._C``: no verdict."""
     assert explore(_allocator_backend, max_examples=1).failure is None
+
+
+def _asks_isinstance_of_refused_classes() -> None:
+    """A runner that asks whether its model is a captured graph, a stream wrapper that asks whether a stream is
+    external: nothing of those classes is made, so nothing is refused."""
+    model = torch.nn.Linear(4, 4).cuda()
+    assert not isinstance(model, torch.cuda.CUDAGraph)
+    assert not isinstance(model, (torch.cuda.graph, torch.cuda.graphs.CUDAGraph, torch.cuda.MemPool))
+    assert not isinstance(torch.cuda.current_stream(), torch.cuda.ExternalStream)
+    assert model(torch.ones(2, 4, device="cuda")).shape == (2, 4)
+
+
+def test_isinstance_against_a_refused_class_answers_false() -> None:
+    """Before, the refused names were functions: ``isinstance`` raised ``TypeError`` ("isinstance() arg 2 must be a
+    type"), a host error that reported the correct program as failing."""
+    assert explore(_asks_isinstance_of_refused_classes, max_examples=5).failure is None
