@@ -153,7 +153,7 @@ class Stream(StreamHandle):
     _entered: list[Any]
 
     def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
-        _check(device)
+        _check_or_current(device)
         dev = session_device()
         s = StreamHandle.__new__(cls, dev, dev.site_named_stream())
         # (kept, as CUDA keeps it, within the device's range; the simulator runs every stream's work as soon as it
@@ -654,14 +654,22 @@ def _check(device: Any) -> None:
     on_device(device)
 
 
+def _check_or_current(device: Any) -> None:
+    """:func:`_check`, but -1 is the current device, as in torch's stream calls (``Stream(device=-1)``,
+    ``current_stream(-1)``, ``synchronize(-1)``, ``set_device(-1)``: CUDA's "no device given"), where a factory
+    refuses it."""
+    if not (isinstance(device, int) and not isinstance(device, bool) and device == -1):
+        _check(device)
+
+
 def current_stream(device: Any = None) -> Stream:
-    _check(device)
+    _check_or_current(device)
     dev = session_device()
     return Stream.of(dev, dev.runtime.current_stream())  # type: ignore[return-value]
 
 
 def default_stream(device: Any = None) -> Stream:
-    _check(device)
+    _check_or_current(device)
     dev = session_device()
     return Stream.of(dev, dev.runtime.default_stream())  # type: ignore[return-value]
 
@@ -675,7 +683,7 @@ def set_stream(s: contract.Stream | None) -> None:
 
 
 def synchronize(device: Any = None) -> None:
-    _check(device)
+    _check_or_current(device)
     session_device().synchronize()
 
 
@@ -1326,7 +1334,7 @@ def install(p: Patches) -> None:
         "is_initialized": lambda: True,
         "device_count": device_count,
         "current_device": lambda: 0,
-        "set_device": _check,
+        "set_device": _check_or_current,
         "get_device_name": lambda d=None: _properties(d).name,
         "get_device_properties": _properties,
         "get_device_capability": _capability,

@@ -279,6 +279,31 @@ def test_a_device_per_rank_and_an_index_past_them_fails_as_cuda_does() -> None:
         assert "CUDA error: invalid device ordinal (device " in str(one.reports[0])
 
 
+def _streams_on_the_current_device_by_minus_one() -> None:
+    """A copy stream made where a tensor's ``get_device()`` or a config's ``-1`` names the device: torch's stream
+    calls take -1 for the current device (CUDA's "none given"), as ``torch.cuda.device(-1)`` does."""
+    torch.cuda.set_device(-1)
+    copy = torch.cuda.Stream(device=-1)
+    x = torch.ones(4, device="cuda")
+    copy.wait_stream(torch.cuda.current_stream(-1))
+    with torch.cuda.stream(copy):
+        y = x * 2
+    torch.cuda.default_stream(-1).wait_stream(copy)
+    torch.cuda.synchronize(-1)
+    assert y.sum().item() == 8
+
+
+def test_minus_one_is_the_current_device_in_the_stream_calls() -> None:
+    """Before, each raised "invalid device ordinal (device -1 ...)": a host error that reported the correct program
+    as failing. A factory still refuses -1, as torch does."""
+    run = simdevice.cuda()
+    run.run(_streams_on_the_current_device_by_minus_one)
+    run.assert_clean()
+    one = simdevice.cuda()
+    one.run(lambda: torch.ones(2, device=-1))
+    assert [r.kind for r in one.reports] == ["host-error"], one.reports
+
+
 def test_the_torch_cuda_namespace_is_the_simulated_device() -> None:
     with simdevice.cuda() as sim:
         assert torch.cuda.is_available()
