@@ -369,6 +369,9 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
     try:
         put(torch.cuda, "Stream", CountingStream)
         put(torch.cuda, "Event", CountingEvent)
+        # (where torch defines them: ``torch.cuda.streams.Stream()`` is named and counted as the simulator's is)
+        put(torch.cuda.streams, "Stream", CountingStream)
+        put(torch.cuda.streams, "Event", CountingEvent)
         put(torch.cuda, "current_stream", current_stream)
         put(torch.cuda, "default_stream", default_stream)
         put(torch.cuda, "synchronize", synchronize)

@@ -17,6 +17,9 @@ programs make their streams and tensors and log them: a D2H stream kept in a mod
 (``torch.tensor([...], device="cuda")``, a list as an index), which torch copies below the dispatch modes: no
 operation on either machine, but a blocking copy that waits for the current stream.
 
+``streams_module_reload``: a stream made through ``torch.cuda.streams.Stream()``, where torch defines the class,
+named and counted on both machines as ``torch.cuda.Stream()``'s.
+
 ``pinned_snapshot_saved``: ``torch.save`` of a pinned snapshot, which reads its bytes in C++ (no operation on either
 machine), while the D2H into it may still run. ``reentered_stream_context``: one ``torch.cuda.stream(s)`` object
 entered again inside its own block, which torch's class leaves ``s`` current after. ``numpy_staging_filled``: a
@@ -108,6 +111,13 @@ def device_block_reload(wait: int = 1, n: int = 1 << 20) -> None:
         act = torch.arange(n, dtype=torch.float32)
     side = torch.cuda.Stream()
     _offload_on(side, act, wait)
+
+
+def streams_module_reload(wait: int = 1, n: int = 1 << 20) -> None:
+    """The D2H on a stream made through ``torch.cuda.streams``, where torch defines the class (a prefetcher's
+    ``torch.cuda.streams.Stream() if torch.cuda.is_available() else None``), ``prefetch``."""
+    prefetch = torch.cuda.streams.Stream()
+    _offload_on(prefetch, torch.arange(n, dtype=torch.float32, device="cuda"), wait)
 
 
 def printed_reload(wait: int = 1, n: int = 1 << 20) -> None:

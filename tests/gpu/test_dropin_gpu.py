@@ -79,7 +79,8 @@ def test_backward_runs_on_the_forward_ops_streams_as_the_simulator_runs_it() -> 
 
 @pytest.mark.parametrize(("program", "stall"), [("singleton_stream_reload", "D2H#0+20"),
                                                 ("device_block_reload", "side#0+20"),
-                                                ("printed_reload", "default#1+20")])
+                                                ("printed_reload", "default#1+20"),
+                                                ("streams_module_reload", "prefetch#0+20")])
 def test_streams_kept_in_a_module_tensors_made_in_a_device_block_and_prints_run_as_simulated(program: str,
                                                                                            stall: str) -> None:
     """A stream kept in a module global (the simulated runs before the GPU's leave none behind), a tensor made in

@@ -75,3 +75,18 @@ def test_simulated_streams_and_events_are_instances_of_its_classes() -> None:
         assert isinstance(torch.cuda.streams.Event(), torch.cuda.Event)
     sim.assert_clean()
     assert torch.cuda.streams.Stream is torch.cuda.Stream  # put back as it was
+
+
+def test_the_hazard_tests_gpu_runs_is_named_and_counted_on_its_stream() -> None:
+    """``tests/hazards.py::streams_module_reload`` (what tests/gpu counts on a GPU, where ``reference/cuda_plain.py``
+    puts its counting classes under ``torch.cuda.streams`` too): the D2H is ``prefetch``'s one operation, and the
+    host's read without the sync is stale under the stall."""
+    from reference.schedule import Schedule
+    from simdevice.search.targets import resolve
+
+    line = "tests/hazards.py::streams_module_reload"
+    target = resolve(line)
+    out = target.run(Schedule.parse(f"{line}::prefetch#0+20"))
+    assert not out.corrupted, out.text()
+    assert out.run.op_counts["prefetch"] == 1, out.run.op_counts
+    assert target.run(Schedule.parse(f"{line}:wait=0:prefetch#0+20")).corrupted
