@@ -155,6 +155,12 @@ class Stream(StreamHandle):
     def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
         _check_or_current(device)
         dev = session_device()
+        # torch's way back to a stream it made (``Stream(stream_id=s.stream_id, device_index=..., device_type=...)``,
+        # as its own ``current_stream`` builds one): that stream, not a new one
+        if "stream_id" in kwargs:
+            known = dev.runtime.stream_by_id(int(kwargs["stream_id"]))
+            if known is not None:
+                return Stream.of(dev, known)  # type: ignore[return-value]
         s = StreamHandle.__new__(cls, dev, dev.site_named_stream())
         # (kept, as CUDA keeps it, within the device's range; the simulator runs every stream's work as soon as it
         # may, so no priority changes what runs when)

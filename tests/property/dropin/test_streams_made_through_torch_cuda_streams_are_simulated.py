@@ -90,3 +90,32 @@ def test_the_hazard_tests_gpu_runs_is_named_and_counted_on_its_stream() -> None:
     assert not out.corrupted, out.text()
     assert out.run.op_counts["prefetch"] == 1, out.run.op_counts
     assert target.run(Schedule.parse(f"{line}:wait=0:prefetch#0+20")).corrupted
+
+
+def rebuilt_from_its_id() -> None:
+    """A stream rebuilt from its ids, as torch's own ``current_stream`` builds one and as code that kept a stream's
+    ids does: ``Stream(stream_id=, device_index=, device_type=)`` is that stream, whose work is in its order."""
+    side = torch.cuda.Stream()
+    same = torch.cuda.Stream(stream_id=side.stream_id, device_index=side.device_index, device_type=side.device_type)
+    assert same == side
+    x = torch.ones(256, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = x * 2
+    with torch.cuda.stream(same):
+        y.add_(1)  # after the mul: one stream
+    default = torch.cuda.default_stream()
+    again = torch.cuda.streams.Stream(stream_id=default.stream_id, device_index=default.device_index,
+                                      device_type=default.device_type)
+    again.wait_stream(side)
+    assert y.sum().item() == 3 * 256
+
+
+def test_a_stream_rebuilt_from_its_ids_is_that_stream() -> None:
+    """Before, each was a new stream (``s1``): the add raced with the mul it follows, and the default stream's
+    wait ordered nothing."""
+    run = simdevice.cuda()
+    run.run(rebuilt_from_its_id)
+    run.assert_clean()
+    assert run.result is not None
+    assert run.result.op_counts["side"] == 2, run.result.op_counts
