@@ -315,8 +315,8 @@ class StreamContext:
         set_stream(self.src_prev_stream)
 
 
-def stream(s: contract.Stream | None) -> StreamContext:
-    return StreamContext(s)
+def stream(stream: contract.Stream | None) -> StreamContext:  # (torch's parameter name: stream=s is called)
+    return StreamContext(stream)
 
 
 @contextlib.contextmanager
@@ -680,11 +680,11 @@ def default_stream(device: Any = None) -> Stream:
     return Stream.of(dev, dev.runtime.default_stream())  # type: ignore[return-value]
 
 
-def set_stream(s: contract.Stream | None) -> None:
-    if s is None:  # (torch: a no-op)
+def set_stream(stream: contract.Stream | None) -> None:
+    if stream is None:  # (torch: a no-op)
         return
     dev = session_device()
-    dev.runtime.set_stream(dev.stream_of(s))
+    dev.runtime.set_stream(dev.stream_of(stream))
     _mark(dev.runtime)
 
 
@@ -1341,7 +1341,7 @@ def install(p: Patches) -> None:
         "device_count": device_count,
         "current_device": lambda: 0,
         "set_device": _check_or_current,
-        "get_device_name": lambda d=None: _properties(d).name,
+        "get_device_name": lambda device=None: _properties(device).name,
         "get_device_properties": _properties,
         "get_device_capability": _capability,
         "Stream": Stream,
