@@ -1145,6 +1145,28 @@ def _tensor_new_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     return new_tensor
 
 
+def _fused_dropout(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.nn.functional.dropout`` (``nn.Dropout``'s) and ``torch.dropout`` on a device tensor, training: one
+    ``native_dropout``, as ATen's ``dropout`` runs on a CUDA tensor (``is_fused_kernel_acceptable``: CUDA, ``0 < p <
+    1``, not empty), where for the simulated tensor, whose shell C++ sees on the meta device, it took the unfused
+    path (``bernoulli_``, ``div_``, ``mul``): two operations more per call, forward and backward, than a GPU counts, so
+    a schedule's delay after a dropout fell on another operation in a GPU replay. In place (``inplace=True``,
+    ``dropout_``) ATen takes the unfused path on CUDA too: left as it is."""
+
+    @functools.wraps(original)
+    def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if not inplace and training and isinstance(input, SimTensor) and 0.0 < p < 1.0 and input.numel() > 0:
+            return torch.native_dropout(input, p, True)[0]
+        if original is _TORCH_DROPOUT:  # (torch.dropout(input, p, train): no inplace argument)
+            return original(input, p, training)
+        return original(input, p, training, inplace)
+
+    return dropout
+
+
+_TORCH_DROPOUT = torch.dropout
+
+
 def _default_rng(original: Callable[..., Any]) -> Callable[..., Any]:
     """``np.random.default_rng()`` with no seed, in a run's actors: the k-th the run makes is seeded k, where NumPy
     seeds it from the OS's entropy, so that the same schedule gives the same run (random data, a random order) in a
@@ -1433,6 +1455,8 @@ def install(p: Patches) -> None:
     p.set(torch.Tensor, "new", _wrapped(torch.Tensor, "new", _tensor_legacy_new))
     p.set(time, "sleep", _host_sleep)
     p.set(np.random, "default_rng", _wrapped(np.random, "default_rng", _default_rng))
+    p.set(torch.nn.functional, "dropout", _wrapped(torch.nn.functional, "dropout", _fused_dropout))
+    p.set(torch, "dropout", _wrapped(torch, "dropout", _fused_dropout))
     for name, clock in _VIRTUAL_CLOCKS.items():
         p.set(time, name, clock)
     p.set(torch.autograd, "_engine_run_backward", _wrapped(torch.autograd, "_engine_run_backward", _engine_entry))
@@ -1540,4 +1564,4 @@ def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
 def patched_owners() -> list[Any]:
     return [torch, torch.cuda, torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams, torch.cuda.nvtx,
             torch.cuda.profiler, torch.cuda.nccl, torch.Tensor, torch.multiprocessing, time, torch.amp, torch.cuda.amp,
-            torch.autograd, torch._C.PyTorchFileWriter, torch.UntypedStorage, np.random, torch._C]
+            torch.autograd, torch._C.PyTorchFileWriter, torch.UntypedStorage, np.random, torch._C, torch.nn.functional]
