@@ -136,6 +136,9 @@ class OpFacts:
     #: the position of an advanced-indexing op's ``Tensor?[] indices`` (``index``, ``index_put_``): ATen moves an
     #: index on the host to the device first (:meth:`Dispatcher._move_indices`); else None
     indices: int | None
+    #: the op has a CompositeImplicitAutograd kernel: autograd decomposes it before it reaches a dispatch mode,
+    #: except where autograd is skipped (inference mode)
+    composite: bool
     #: the op itself, without OpOverload.__call__'s Python frame around it
     call: Any = attrs.field(eq=False, repr=False)
     #: for an op that returns one new tensor, its overload that writes it into a given tensor instead, and that
@@ -190,6 +193,7 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
         copy=func in _COPIES,
         seeded=torch.Tag.nondeterministic_seeded in func.tags,
         dynamic=torch.Tag.dynamic_output_shape in func.tags,
+        composite=torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"),
         indices=next((i for i, a in enumerate(schema.arguments) if a.name == "indices" and str(a.type) ==
                       "List[Optional[Tensor]]"), None),
         call=getattr(func, "_op", func),
@@ -1177,7 +1181,14 @@ class Dispatcher:
 
     # -- storages ---------------------------------------------------------------------
     def new_device(self, like: torch.Tensor, actor: HostActor) -> SimTensor:
-        data, st, fresh, alias = self.rt.allocate(like, actor)
+        if torch.is_inference_mode_enabled():
+            # the bytes are the device's, no inference tensor: a stream writes them later, outside the program's
+            # inference mode, as a kernel writes memory whatever mode made the tensor (the tensor the program
+            # gets is made in its mode, an inference tensor)
+            with torch.inference_mode(False):
+                data, st, fresh, alias = self.rt.allocate(like, actor)
+        else:
+            data, st, fresh, alias = self.rt.allocate(like, actor)
         if fresh and self.config.values:  # memory nobody wrote yet; a reused block keeps its last owner's bytes
             poison(data)
         t = SimTensor(data, st, self)
@@ -1245,6 +1256,11 @@ class Dispatcher:
         kind = facts.kind
         if kind == "view":
             assert base is not None
+            if torch.is_inference_mode_enabled() and not base.is_inference():
+                # a view of a normal tensor is a normal tensor in inference mode too (torch sets its version
+                # counter to its base's, which an inference tensor has none of)
+                with torch.inference_mode(False):
+                    return self.dispatch(func, args, kwargs)
             out = facts.call(*_unwrapped(args), **(_tree_map(data_of, kwargs) if kwargs else {}))
             st = base._st
             if base._ipc is not None:
@@ -1919,6 +1935,12 @@ class SimMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         # (the device's own work on its bytes never comes here: Execution turns Python dispatch off for it)
+        if classify(func).composite:
+            # an op autograd decomposes on its way here, which comes whole where autograd is skipped (under
+            # inference mode, ``to``): decomposed as autograd would, its parts come here one by one (``to`` as the
+            # ``_to_copy`` a copy is, or the tensor itself, never a view of it)
+            with self:
+                return func.decompose(*args, **(kwargs or {}))
         return self.ops.dispatch(func, args if type(args) is tuple else tuple(args), kwargs if kwargs else {})
 
 
