@@ -711,12 +711,15 @@ class SimStorage:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def resize_(self, nbytes: int) -> SimStorage:
+        st = self._t._st
         if nbytes == 0:
             self._t._ops.release(self._t)
+        elif st.released is not None and nbytes == st.size and self._t._ipc is None:
+            self._t._ops.regrow(self._t)
         elif nbytes != self.nbytes():
             raise NotImplementedError(
                 "untyped_storage().resize_() of a simulated storage to another nonzero size is not supported "
-                "(resize_(0), a release, is)"
+                "(resize_(0), a release, and back to its size after one, are)"
             )
         return self
 
@@ -1178,6 +1181,25 @@ class Dispatcher:
     def release(self, t: SimTensor) -> None:
         """``t.untyped_storage().resize_(0)``."""
         self.rt.release(t._st, user_source())
+
+    def regrow(self, t: SimTensor) -> None:
+        """``t.untyped_storage().resize_(n)`` of a storage ``resize_(0)`` released, back to its size (FSDP's and
+        torchtitan's parameters, freed after their forward and allocated again before their backward): a new
+        allocation on the current stream, which every tensor of the storage now is, as they share the one storage
+        in torch (the parameter, its views, what autograd saved of it); its bytes are uninitialized."""
+        import gc  # (only here: a storage's tensors are found at its regrowth, not tracked for every tensor)
+
+        old = t._st
+        new = self.new_device(torch.empty(old.size, dtype=torch.uint8, device=META), self.rt.current())
+        base = new._data.untyped_storage()
+        # each tensor of the storage holds it in its instance dict: one scan finds those dicts, and each is
+        # pointed at the new bytes as _point_at points a tensor (its own offset, shape and strides)
+        for d in gc.get_referrers(old):
+            if type(d) is dict and d.get("_st") is old and d.get("_ops") is self:
+                was = d["_data"]
+                with no_dispatch():
+                    data = torch.empty(0, dtype=was.dtype).set_(base, was.storage_offset(), was.shape, was.stride())
+                d.update(_data=data, _st=new._st, _alias=None, _sig=None)
 
     # -- storages ---------------------------------------------------------------------
     def new_device(self, like: torch.Tensor, actor: HostActor) -> SimTensor:
