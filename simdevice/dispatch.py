@@ -222,6 +222,10 @@ def _masked(mask: torch.Tensor, args: list[Any]) -> Any:
     return mask.copy_(args[1].expand_as(mask))  # (self, mask, ...)
 
 
+#: where each of the functions below finds its index or mask among the op's arguments: the one argument it reads
+#: the values of (a source or a value to write, later in the arguments, it does not)
+_INDEX_AT: dict[Callable[[torch.Tensor, list[Any]], Any], int] = {_rows: 2, _scattered: 2, _put: 1, _masked: 1}
+
 #: the in-place ops that write their destination only where an index or a mask says, by name: what they write
 #: (:attr:`OpFacts.indexed`)
 _INDEXED: dict[str, Callable[[torch.Tensor, list[Any]], Any]] = {
@@ -1516,7 +1520,7 @@ class Dispatcher:
                 return self._data_dependent(a, s, func, facts, args, kwargs, flat, src)
         result, outputs = self._outputs(a, func, facts, args, kwargs, written, meta)
         inputs, staged = self._inputs(facts, args, kwargs, flat, written)
-        narrowed = facts.indexed is not None and self._narrow(facts, args, written, src)
+        mask = self._narrow(facts, args, written, src) if facts.indexed is not None else None
         into_pageable = facts.copy and self._copies_through_host(a, func, args, kwargs, outputs, staged, src)
 
         # one pass over what it reads and one over what it writes: the storages and bytes each touches, what it
@@ -1575,6 +1579,7 @@ class Dispatcher:
         eff = _Effect(self, func, _aliased(args), _aliased_kwargs(kwargs) if kwargs else {},
                       aliased_written, staged, self.rt.next_seed() if facts.seeded else None, aliased_outputs, reads,
                       into)
+        eff.mask = mask
         blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)
         host_value = facts.has_returns and not outputs
         # The host waits for results it reads itself (.item(), equal, .cpu(), a pageable destination) and for a
@@ -1587,7 +1592,7 @@ class Dispatcher:
             # a copy moves its bytes in order; one that reads its source at its completion can trail another
             sweeps=facts.copy and eff.deferred and not staged, record=waits, nbytes=n,
         )
-        if narrowed:
+        if mask is not None:
             self.rt.memory.narrowed.clear()
         if waits:
             assert rec is not None
@@ -1686,34 +1691,37 @@ class Dispatcher:
             into_pageable = into_pageable or into_temporary
         return into_pageable
 
-    def _narrow(self, facts: OpFacts, args: tuple[Any, ...], written: list[torch.Tensor], src: str) -> bool:
+    def _narrow(self, facts: OpFacts, args: tuple[Any, ...], written: list[torch.Tensor],
+                src: str) -> torch.Tensor | None:
         """An indexed write (:attr:`OpFacts.indexed`) reads and writes its destination only where its index says:
         those bytes are what its accesses cover (``Memory.narrowed``), where the index is known now. That is where
         the run has values and every write issued to the index (or mask) has landed: its bytes are what the op
         will read (a write issued later and unordered with the op is a race on the index, reported as such).
-        Else the whole destination, as before. Whether it narrowed."""
+        Else the whole destination, as before. The elements it writes (a mask shaped as the destination) where it
+        narrowed, else None."""
         dest = written[0] if len(written) == 1 else None
         if not isinstance(dest, SimTensor) or not self.config.values or dest.dim() == 0:
-            return False
+            return None
         memory = self.rt.memory
-        for x in _leaves_of(args[1:])[0]:
+        assert facts.indexed is not None
+        # (the index alone: a source still being copied, as a swapped-in block is, decides no element written)
+        for x in _leaves_of(args[_INDEX_AT[facts.indexed]])[0]:
             if isinstance(x, SimTensor) and not memory.landed(x._st, x._data):
                 self.rt.note(f"{facts.name} ({src}) was counted as reading and writing its whole destination: its "
                              "index was still being computed when it was issued (where it has landed, the rows it "
                              "names are counted); a race reported on bytes it does not write is that")
-                return False
-        assert facts.indexed is not None
+                return None
         data = dest._data
         try:
             mask = torch.zeros(data.shape, dtype=torch.bool, device="cpu")
             facts.indexed(mask, _unwrapped(args))
         except (RuntimeError, IndexError, TypeError, ValueError):
-            return False  # (the op raises on these arguments itself: its run says it)
+            return None  # (the op raises on these arguments itself: its run says it)
         got = footprint(dest._st, data, mask)
         if got is None:
-            return False
+            return None
         memory.narrowed[id(data)] = got
-        return True
+        return mask
 
     def _data_dependent(
         self,
@@ -1793,8 +1801,8 @@ class _Effect:
     placeholder (:func:`_placeholder`). ``args`` and ``kwargs`` are the op's, with aliases for device tensors and the
     CPU for devices (:func:`_aliased`)."""
 
-    __slots__ = ("args", "compute", "copies", "deferred", "func", "in_flight", "into", "kwargs", "land", "outputs",
-                 "reading", "reads", "seed", "staged", "value", "written")
+    __slots__ = ("args", "compute", "copies", "deferred", "func", "in_flight", "into", "kwargs", "land", "mask",
+                 "outputs", "reading", "reads", "seed", "staged", "value", "written")
 
     def __init__(self, ops: Dispatcher, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                  written: list[torch.Tensor], staged: dict[int, torch.Tensor], seed: int | None,
@@ -1813,6 +1821,10 @@ class _Effect:
         self.value: Any = None
         self.copies: dict[int, torch.Tensor] = {}
         self.reading: Any = None
+        #: for an indexed write whose index was known at issue (``Dispatcher._narrow``), the elements of its one
+        #: destination it writes: it lands those alone, as its kernel writes no other (another stream's write to
+        #: another row, landed meanwhile, stays)
+        self.mask: torch.Tensor | None = None
         #: whether it reads its inputs at its completion (see the class)
         self.deferred = into is not None or (bool(written) and not _overlap(reads, written))
 
@@ -1859,6 +1871,9 @@ class _Effect:
         in_flight.before_write(written or self.outputs)
         if written:
             copies = self.copies
+            if self.mask is not None and copies:
+                written[0].copy_(torch.where(self.mask, copies[id(written[0])], written[0]))
+                return
             for w in written:
                 w.copy_(copies[id(w)])
             return
