@@ -953,7 +953,10 @@ class Runtime:
         data put on the device: ``torch.tensor(data, device="cuda")``, a list used as an index), so a GPU run's mode
         sees none: no step and no operation of ``a`` or ``s`` is counted, as none is there. As CUDA makes it
         (``memcpy_and_sync``): the host waits for everything ``s`` was given so far, ``s`` writes ``writes``
-        (ordered after the host's past), and the host sees it done."""
+        (ordered after the host's past), and the host sees it done. An inserted edge into its line (a fix that
+        orders the copy after another stream's operation) makes ``s`` wait first, as a counted operation's does."""
+        if self._waits_at:
+            self._inserted_waits(a, s, source, None)
         self._host_waits(a, [self._record(s)], f"stream {s.name} to take {desc} (a blocking copy)")
         epoch = sync.issue(a, s)
         issued = self.memory.issue(Accessor(s.name, epoch, s.clock, desc, -1, source), [], writes)

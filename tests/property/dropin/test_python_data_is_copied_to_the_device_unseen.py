@@ -124,3 +124,33 @@ def test_a_number_assigned_is_a_host_value_as_torch_makes_it_for_a_cuda_tensor(k
     assert out.clean == waits, out.problems
     if waits:
         assert f"start {op} #4" in _steps(out.run.trace, "default")
+
+
+def block_table_into_a_block_still_read() -> None:
+    """A swap-in on a side stream reads its destination rows from a device tensor the host then drops without
+    ``record_stream``; the block table made next with ``torch.tensor(list, device="cuda")`` takes its block, and the
+    current stream waits for the swap-in only after that."""
+    cache = torch.zeros(8, 64, device="cuda")
+    swap = torch.cuda.Stream()
+    dst = torch.tensor([3, 4], device="cuda")
+    swap.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(swap):
+        cache.index_copy_(0, dst, torch.ones(2, 64, device="cuda"))
+    del dst
+    table = torch.tensor([5, 6], device="cuda")  # the uncounted copy: into dst's block
+    torch.cuda.current_stream().wait_stream(swap)
+    assert cache[table].sum().item() == 0.0
+
+
+def test_a_fix_before_an_uncounted_copy_is_inserted_there_and_checked() -> None:
+    """The race is the uncounted copy's write into a block the swap stream may still read; the fix makes the current
+    stream wait before that copy. The edge matched no operation there (the copy is not counted), so the fix was
+    found "not enough" though it is the fix."""
+    from simdevice.explain import suggest
+    from simdevice.search.explore import as_target
+
+    found = simdevice.explore(block_table_into_a_block_still_read, max_examples=30).failure
+    assert found is not None
+    assert any(isinstance(r, Race) and r.current.op == "H2D" for r in found.run.reports), found.text()
+    fix = suggest(as_target(block_table_into_a_block_still_read), found, schedules=20)
+    assert fix.checked, fix.lines()
