@@ -261,6 +261,8 @@ def _why_none(out: Outcome) -> str:
 #: what a host error says where the program used what the simulator does not run (docs/dropin.md, "Not
 #: intercepted"), not where it failed on its own
 _NOT_RUN = ("NotImplementedError", "RuntimeError: simdevice: ", "RuntimeError: Cannot access accelerator",
+            # an assert of the simulator's own code failed (``describe``): its bug, no verdict on the program
+            "AssertionError: simdevice: ",
             "AssertionError: Torch not compiled with CUDA",
             # CUDA's own C API (torch._C._cuda_*: memory history, BLAS handles; torch.cuda.comm's _broadcast,
             # _scatter, ...), absent from the CPU build

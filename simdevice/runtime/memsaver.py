@@ -188,8 +188,8 @@ class SimMemorySaver:
         # the library's own checks; a backup to host memory (pinned or mmap) or to disk keeps the contents alike
         if cpu_backup_backend is not None and not enable_cpu_backup:
             raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
-        assert not (enable_cpu_backup and enable_disk_backup), (
-            "enable_cpu_backup and enable_disk_backup are mutually exclusive")
+        if enable_cpu_backup and enable_disk_backup:  # (the library's assert: the program's error, as there)
+            raise AssertionError("enable_cpu_backup and enable_disk_backup are mutually exclusive")
         backups = self._backups.setdefault(self.thread_of(self._exec.current()), [])
         self._stack().append(tag)
         backups.append(bool(enable_cpu_backup or enable_disk_backup))

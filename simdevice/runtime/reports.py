@@ -345,6 +345,11 @@ def describe(e: BaseException) -> str:
     ``memory_stats_as_nested_dict``, ``torch.cuda.comm``'s: ``torch._C._cuda_*``, ``_broadcast``), the function the
     program called, by name."""
     text = str(e)
+    if isinstance(e, AssertionError):
+        at = _simulator_assert(e)
+        if at is not None:
+            return (f"AssertionError: simdevice: the simulator's own check failed at {at}: a bug of the simulator's, "
+                    "not the program's")
     if isinstance(e, AttributeError) and text.startswith(_NO_CUDA_C_API):
         called = _torch_entry(e)
         if called is not None:
@@ -354,6 +359,25 @@ def describe(e: BaseException) -> str:
     frame = _innermost_own(e)
     line = linecache.getline(frame.tb_frame.f_code.co_filename, frame.tb_lineno).strip() if frame else ""
     return f"{type(e).__name__} at `{line}`" if line else type(e).__name__
+
+
+def _simulator_assert(e: AssertionError) -> str | None:
+    """Where an ``assert`` statement of the simulator's own code raised ``e`` (its innermost frame is the simulator's,
+    not the program's nor the harness's under simdevice/programs/), as ``file:line (`the assert`)``; else None. The
+    program's call led there, but what failed is the simulator's invariant: no verdict on the program. (Where the
+    simulator raises a library's own ``AssertionError`` for the program, it raises it, with no ``assert``.)"""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    if not path.startswith(_OWN) or path.startswith(_PROGRAM_CODE):
+        return None
+    line = linecache.getline(path, tb.tb_lineno).strip()
+    if not line.startswith("assert "):
+        return None
+    return f"{short_path(path)}:{tb.tb_lineno} (`{line}`)"
 
 
 def _torch_entry(e: BaseException) -> str | None:

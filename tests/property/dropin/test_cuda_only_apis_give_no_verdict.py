@@ -162,3 +162,43 @@ def test_isinstance_against_a_refused_class_answers_false() -> None:
     """Before, the refused names were functions: ``isinstance`` raised ``TypeError`` ("isinstance() arg 2 must be a
     type"), a host error that reported the correct program as failing."""
     assert explore(_asks_isinstance_of_refused_classes, max_examples=5).failure is None
+
+
+def _python_data_on_the_device() -> None:
+    assert torch.tensor([1.0, 2.0], device="cuda").sum().item() == 3.0
+
+
+def test_a_failed_assert_of_the_simulator_s_own_is_no_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ``assert`` statement of the simulator's own code that fails under a program's call (one did under
+    ``torch.inference_mode()``: ``.to("cuda")`` of a host tensor) is the simulator's bug: no verdict. It was reported
+    as the program's host error, ``AssertionError at `<the program's line>```, and ``check`` said found (exit 1).
+    A library's own ``AssertionError`` the simulator raises for the program (torch_memory_saver's) stays a finding."""
+    import simdevice.dispatch
+    from simdevice.runtime.runtime import Runtime
+
+    path = simdevice.dispatch.__file__
+    with open(path, encoding="utf-8") as f:
+        at = next(i for i, line in enumerate(f, 1) if i > 2 and line.strip().startswith("assert "))
+    # a function whose failing assert is that line of the simulator's (its code compiled as that file's)
+    scope: dict[str, object] = {}
+    exec(compile("\n" * (at - 2) + "def broken(*args, **kwargs):\n    assert False\n", path, "exec"), scope)
+    monkeypatch.setattr(Runtime, "unseen_copy", scope["broken"])
+    found = explore(_python_data_on_the_device, max_examples=1)
+    assert found.failure is not None
+    unrun = not_run(found.failure)
+    assert unrun is not None, found.failure.text()
+    assert unrun.error.startswith("AssertionError: simdevice: the simulator's own check failed at "), unrun.error
+
+
+def _both_backups() -> None:
+    from torch_memory_saver import torch_memory_saver
+
+    with torch_memory_saver.region(enable_cpu_backup=True, enable_disk_backup=True):
+        torch.ones(4, device="cuda")
+
+
+def test_a_library_s_own_assertion_stays_the_program_s_error() -> None:
+    found = explore(_both_backups, max_examples=1)
+    assert found.failure is not None
+    assert not_run(found.failure) is None, found.failure.text()
+    assert "mutually exclusive" in found.failure.text()
