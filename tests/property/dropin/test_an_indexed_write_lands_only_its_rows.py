@@ -1,6 +1,6 @@
-"""A swap-in writes some blocks of a paged KV cache with ``index_copy_`` or ``cache[idx] = staged`` on a swap
-stream, while the compute stream writes another block: on a GPU the two kernels touch different rows, and neither
-races. The simulator computed the indexed write on a copy of the whole destination and landed all of it, so the
+"""A swap-in writes some blocks of a paged KV cache with ``index_copy_``, ``cache[idx] = staged`` or ``scatter_`` on
+a swap stream, while the compute stream writes another block: on a GPU the two kernels touch different rows, and
+neither races. The simulator computed the indexed write on a copy of the whole destination and landed all of it, so the
 other stream's row, landed meanwhile, was put back as it was (a wrong value no GPU shows); and it took the source
 still being copied (the staged blocks' H2D) for an index not known yet, so it counted the write as covering the whole
 cache and reported a race on the other row too."""
@@ -30,6 +30,8 @@ def _swap_in_beside_a_decode_write(how: str = "index_copy_", staged_first: bool 
             swap.synchronize()
         if how == "index_copy_":
             cache.index_copy_(0, dst, staged)
+        elif how == "scatter_":
+            cache.view(NB, -1).scatter_(0, dst.view(3, 1).expand(3, BS * D), staged.view(3, -1))
         else:
             cache[dst] = staged
         done = swap.record_event()
@@ -39,7 +41,7 @@ def _swap_in_beside_a_decode_write(how: str = "index_copy_", staged_first: bool 
     assert cache.sum().item() == BS * D * (1.0 + 3 * 7.0)
 
 
-@pytest.mark.parametrize("how", ["index_copy_", "index_put_"])
+@pytest.mark.parametrize("how", ["index_copy_", "index_put_", "scatter_"])
 @pytest.mark.parametrize("staged_first", [False, True])
 def test_another_stream_s_row_stays(how: str, staged_first: bool) -> None:
     for schedule in ("", "swap#1+1", "default#0+1"):
