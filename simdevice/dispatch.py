@@ -637,6 +637,9 @@ class SimTensor(torch.Tensor):
 
         host = self.detach().cpu()  # the values, as printing reads them: the host waits for the stream
         text = str(_str(self, tensor_contents=_tensor_str(host, len("tensor("))))
+        if isinstance(self, torch.nn.Parameter) and text.startswith("Parameter("):
+            # torch's text of a subclass's parameter, ``Parameter(SimTensor(...))``: a CUDA one's is nn.Parameter's
+            return "Parameter containing:\ntensor(" + text[len("Parameter("):-1].partition("(")[2]
         return "tensor(" + text.partition("(")[2]  # torch's text, which names a subclass by its class
 
 

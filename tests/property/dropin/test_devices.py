@@ -573,6 +573,24 @@ def test_printing_a_device_tensor_in_the_program_reads_its_values_and_waits_for_
     assert repr(kept[0]).startswith("SimTensor((2,), torch.float32")
 
 
+def _prints_a_parameter() -> tuple[str, str]:
+    p = torch.nn.Parameter(torch.ones(2, device="cuda"))
+    return repr(p), f"{torch.nn.Linear(1, 1, bias=False).cuda().weight.data}"
+
+
+def test_a_device_parameter_prints_as_torch_prints_one() -> None:
+    """A parameter on the device prints as nn.Parameter's text of a CUDA one; it printed as torch prints a tensor
+    subclass's parameter, ``tensor(SimTensor([1., 1.], ...))``."""
+    s = simdevice.cuda()
+    s.run(_prints_a_parameter)
+    s.assert_clean()
+    assert s.result is not None
+    shown, data = s.result.result
+    assert shown == "Parameter containing:\ntensor([1., 1.], device='cuda:0', requires_grad=True)", shown
+    assert data.startswith("tensor([["), data
+    assert data.endswith("]], device='cuda:0')"), data
+
+
 def test_torch_tensor_made_pinned_is_pinned_memory() -> None:
     """``torch.tensor(data, pin_memory=True)``: the CPU build has no pinned allocator, and raised."""
     with simdevice.cuda() as sim:
