@@ -745,6 +745,78 @@ def peek(t: torch.Tensor) -> torch.Tensor:
     return t._data.clone() if isinstance(t, SimTensor) else t.clone()
 
 
+#: what makes a tensor object simulated or not, kept with its kind when :func:`move_in_place` moves it: the attributes
+#: :class:`SimTensor` gives every device tensor, and torch's mark of a parameter of a tensor subclass
+#: (``Parameter(t)`` of a simulated ``t``; a host parameter is of class ``Parameter`` itself)
+_OWN = frozenset({"_data", "_st", "_ops", "_alias", "_sig", "_ipc", "_is_param"})
+
+
+def crosses_devices(old: torch.Tensor, new: torch.Tensor) -> bool:
+    """Whether ``new`` is ``old`` moved between the host and the simulated device (either way), each of the kind
+    a GPU's ``set_data`` takes in place: a dense host tensor (pinned or not) of torch's own class (or a
+    ``Parameter``) and a simulated one (CPU and CUDA dense tensors are of compatible shallow-copy types there;
+    a host tensor and a simulated one are not here)."""
+    if type(old) is SimTensor:
+        old, new = new, old
+    elif type(new) is not SimTensor:
+        return False
+    return (type(old) in (torch.Tensor, torch.nn.Parameter) and old.device.type == "cpu"
+            and old.layout is torch.strided and not old.is_quantized and not old.is_mkldnn)
+
+
+NOT_MOVED_IN_PLACE = ("moving a tensor between the host and the simulated device in place (module.to, .cuda(), "
+                      ".cpu() of a parameter, which keeps its object as torch's set_data does on a GPU) is not "
+                      "simulated where another tensor's autograd record holds it (a move between a forward and "
+                      "its backward): move the module before its forward or after its backward")
+
+
+def _held(t: torch.Tensor) -> Any:
+    """The ``AccumulateGrad`` node that holds ``t``'s tensor where one does, as ``torch.utils.swap_tensors`` asks
+    (None where nothing does); ``NotImplementedError`` where anything else in C++ holds it."""
+    n = t._use_count()
+    if n == 1:
+        return None
+    if n == 2 and t.is_leaf and t.requires_grad:
+        node = torch.autograd.graph.get_gradient_edge(t).node
+        if t._use_count() == 2:  # (the node was there: not made by the lookup)
+            return node
+    raise NotImplementedError(NOT_MOVED_IN_PLACE)
+
+
+def _stale_accumulator(grad_outputs: Any) -> Any:
+    raise NotImplementedError(
+        "a backward through a graph made before module.to (or .cuda(), .cpu()) moved its parameter between the "
+        "host and the simulated device is not simulated (the graph's gradient would go to the tensor the "
+        "parameter had): run the backward before the move")
+
+
+def move_in_place(old: torch.Tensor, new: torch.Tensor) -> None:
+    """``old`` becomes ``new`` (a tensor :func:`crosses_devices` moved it to), keeping its Python object, as torch's
+    ``set_data`` moves a parameter between CPU and CUDA on a GPU: its identity (an optimizer's and a hook's
+    references to it), the attributes the program gave it, its tensor hooks and ``requires_grad``; its class
+    becomes ``new``'s (:class:`SimTensor` on the device). ``new`` is left holding what ``old`` held (drop it).
+    An ``AccumulateGrad`` node that held ``old``'s tensor (the graph of a forward before the move) keeps what it
+    held, as ``set_data`` gives the parameter a new one where the device changes; a backward through it raises
+    ``NotImplementedError``. The caller moves ``grad`` (clear both tensors' first)."""
+    node = _held(old)
+    _held(new)
+    hooks, after = old._backward_hooks, old._post_accumulate_grad_hooks
+    kept = {k: v for k, v in new.__dict__.items() if k in _OWN}
+    kept.update((k, v) for k, v in old.__dict__.items() if k not in _OWN)
+    left = {k: v for k, v in old.__dict__.items() if k in _OWN}
+    old.__class__, new.__class__ = new.__class__, old.__class__
+    old.__dict__, new.__dict__ = kept, left
+    torch._C._swap_tensor_impl(old, new)
+    if node is not None:
+        node.register_prehook(_stale_accumulator)
+    # torch keeps a tensor's hooks in its C++ record, which went with the tensor it had: put them on its new one
+    # (each setter registers the object's table with the record)
+    if hooks is not None:
+        old._backward_hooks = hooks
+    if after is not None:
+        old._post_accumulate_grad_hooks = after
+
+
 def data_of(x: Any) -> Any:
     """The CPU bytes behind a simulated tensor (anything else as it is)."""
     return x._data if isinstance(x, SimTensor) else x

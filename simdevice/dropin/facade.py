@@ -26,11 +26,12 @@ from torch.optim import optimizer as torch_optimizer
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils import _device as torch_device
 from torch.utils import _foreach_utils as torch_foreach_utils
+from torch.utils._mode_utils import no_dispatch
 
 from reference import contract
 from reference.naming import StreamNames, creation_site, inside
 from simdevice.api import EventHandle, SimDevice, StreamHandle
-from simdevice.dispatch import SimTensor, storage_of
+from simdevice.dispatch import SimTensor, crosses_devices, move_in_place, storage_of
 from simdevice.dropin import arrays
 from simdevice.dropin.patches import Patches
 from simdevice.runtime.config import SimConfig
@@ -1330,6 +1331,79 @@ def _tensor_cuda(to: Callable[..., Any]) -> Callable[..., Any]:
     return cuda
 
 
+def _given_aliases(fn: Callable[..., Any], hosts: dict[int, torch.Tensor]) -> Callable[..., Any]:
+    """``fn`` called with an alias of each host tensor of ``hosts`` (a tensor object of its own on the same bytes,
+    of its class, with its ``requires_grad``) in its place: an asynchronous copy ``fn`` issues (``non_blocking``
+    from pinned memory) holds what it reads until it runs, and the parameter object itself will have become a
+    device tensor by then (:func:`~simdevice.dispatch.move_in_place`). Where ``fn`` gives the alias back (nothing
+    to convert) it gives the tensor itself, as torch's would. A tensor given again (a parameter under two names of
+    one module) gets what it got the first time, as on a GPU, where it is the converted tensor by then."""
+    made: dict[int, Any] = {}
+
+    def given(t: Any) -> Any:
+        host = hosts.get(id(t))
+        if host is None or host is not t:
+            return fn(t)
+        if id(host) in made:
+            return made[id(host)]
+        with no_dispatch():  # (a view of no simulated tensor: no operation of the program's)
+            alias = host.detach()
+            alias = torch.nn.Parameter(alias, host.requires_grad) if type(host) is torch.nn.Parameter else (
+                alias.requires_grad_(host.requires_grad))
+        out = fn(alias)
+        made[id(host)] = out = host if out is alias else out
+        return out
+
+    return given
+
+
+def _module_apply(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Module._apply`` (what ``module.to``, ``.cuda()``, ``.cpu()``, ``.half()`` and ``to_empty`` call) that keeps
+    each parameter object, and its ``grad``'s, where the conversion moved it between the host and the device, as
+    torch keeps them on a GPU: there a CPU and a CUDA tensor are of compatible shallow-copy types, so ``_apply``
+    sets ``param.data`` (and ``param.grad.data``); here a host tensor and a simulated one are not, and torch would
+    make new ``Parameter`` objects, which an optimizer made before the move (or kept across an offload's round
+    trip) no longer holds. Torch's own ``_apply`` converts (its copies are the program's operations); this puts
+    the old objects back, moved in place (:func:`~simdevice.dispatch.move_in_place`). Buffers are torch's: it
+    makes new buffer tensors on a GPU too. With ``torch.__future__``'s overwrite flag set, torch's new objects
+    stand, as on a GPU."""
+
+    @functools.wraps(original)
+    def _apply(self: torch.nn.Module, fn: Callable[..., Any], recurse: bool = True) -> Any:
+        before = [(key, p, p.grad) for key, p in self._parameters.items() if p is not None]
+        hosts = {id(t): t for _, p, g in before for t in (p, g)
+                 if type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu"}
+        out = original(self, _given_aliases(fn, hosts) if hosts else fn, recurse)
+        if torch.__future__.get_overwrite_module_params_on_conversion():
+            return out
+        moved: set[int] = set()
+        for key, old, old_grad in before:
+            new = self._parameters.get(key)
+            if new is None or new is old:
+                continue
+            if id(old) in moved:  # (under a second name: moved under the first)
+                self._parameters[key] = old
+                continue
+            if not crosses_devices(old, new):
+                continue
+            moved.add(id(old))
+            new_grad = new.grad
+            if old_grad is not None:
+                old.grad = None
+            if new_grad is not None:
+                new.grad = None
+            move_in_place(old, new)
+            if old_grad is not None and new_grad is not None and crosses_devices(old_grad, new_grad):
+                move_in_place(old_grad, new_grad)  # (``param.grad.data = ...`` on a GPU: the grad object stays)
+                old.grad = old_grad
+            else:
+                old.grad = new_grad
+            self._parameters[key] = old
+        return out
+
+    return _apply
+
+
 def _tensor_new(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def new(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -1441,6 +1515,7 @@ def install(p: Patches) -> None:
     to = _wrapped(torch.Tensor, "to", _tensor_to)
     p.set(torch.Tensor, "to", to)
     p.set(torch.Tensor, "cuda", _tensor_cuda(to))
+    p.set(torch.nn.Module, "_apply", _wrapped(torch.nn.Module, "_apply", _module_apply))
     p.set(torch.Tensor, "tolist", _wrapped(torch.Tensor, "tolist", _tensor_tolist))
     p.set(torch.Tensor, "numpy", _wrapped(torch.Tensor, "numpy", _tensor_numpy))
     p.set(torch._C.PyTorchFileWriter, "write_record",
@@ -1564,4 +1639,5 @@ def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
 def patched_owners() -> list[Any]:
     return [torch, torch.cuda, torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams, torch.cuda.nvtx,
             torch.cuda.profiler, torch.cuda.nccl, torch.Tensor, torch.multiprocessing, time, torch.amp, torch.cuda.amp,
-            torch.autograd, torch._C.PyTorchFileWriter, torch.UntypedStorage, np.random, torch._C, torch.nn.functional]
+            torch.autograd, torch._C.PyTorchFileWriter, torch.UntypedStorage, np.random, torch._C, torch.nn.functional,
+            torch.nn.Module]

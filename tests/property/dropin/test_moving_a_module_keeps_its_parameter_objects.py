@@ -1,0 +1,208 @@
+"""``module.to("cuda")``, ``.cuda()`` and ``.to("cpu")`` keep each ``Parameter`` object, and its ``grad``'s, as torch
+keeps them on a GPU (``Module._apply`` sets ``param.data``: a CPU and a CUDA tensor are of compatible shallow-copy
+types there). Before, a host tensor and a simulated one were not, so torch made new ``Parameter`` objects: an
+optimizer made before ``model.cuda()``, or kept across an actor offload's ``model.to("cpu")`` /
+``model.to("cuda")`` round trip (verl's), updated orphaned tensors, and a correct program was reported failing.
+The moves are still the program's copies: one not waited for by a side stream that reads the weights races."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import simdevice
+from simdevice import Race
+from simdevice.explain import not_run
+from simdevice.search.explore import explore
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer, device: str = "cuda") -> None:
+    opt.zero_grad()
+    model(torch.ones(2, 8, device=device)).square().sum().backward()
+    opt.step()
+
+
+def _optimizer_before_cuda() -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    ids = [id(p) for p in model.parameters()]
+    before = [p.detach().clone() for p in model.parameters()]
+    model.cuda()
+    assert [id(p) for p in model.parameters()] == ids, "module.cuda() made new Parameter objects"
+    assert all(p.is_cuda and isinstance(p, nn.Parameter) and p.requires_grad for p in model.parameters())
+    _step(model, opt)
+    after = [p.detach().cpu() for p in model.parameters()]
+    assert all(not torch.equal(a, b) for a, b in zip(after, before, strict=True)), "the step left the weights"
+
+
+def _round_trips() -> None:
+    """cpu -> cuda -> cpu -> cuda with an Adam made on the host (its state made on the device), a step on each
+    device, and what the program put on a parameter (an attribute, hooks) kept."""
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    w = model[0].weight
+    w.tag = "embedding"
+    seen: list[str] = []
+    w.register_hook(lambda g: seen.append(str(g.device)))
+    w.register_post_accumulate_grad_hook(lambda p: seen.append("accumulated"))
+    ids = [id(p) for p in model.parameters()]
+    model.to("cuda")
+    _step(model, opt)
+    on_device = [p.detach().cpu() for p in model.parameters()]
+    model.to("cpu")  # the actor's offload between phases
+    assert [id(p) for p in model.parameters()] == ids, "module.to('cpu') made new Parameter objects"
+    assert all(p.device.type == "cpu" and type(p) is nn.Parameter for p in model.parameters())
+    assert all(torch.equal(p.detach(), q) for p, q in zip(model.parameters(), on_device, strict=True))
+    torch.cuda.empty_cache()
+    model.to("cuda")
+    assert [id(p) for p in model.parameters()] == ids, "module.to('cuda') made new Parameter objects"
+    assert model[0].weight is w
+    assert w.tag == "embedding"
+    assert set(opt.state) == set(model.parameters()), "the optimizer's state is not the model's parameters'"
+    _step(model, opt)
+    after = [p.detach().cpu() for p in model.parameters()]
+    assert all(not torch.equal(a, b) for a, b in zip(after, on_device, strict=True)), "the step left the weights"
+    assert seen == ["cuda:0", "accumulated"] * 2, seen
+
+
+def _grads_move_with_their_parameters() -> None:
+    """A parameter's grad moves with it, its object kept, as ``param.grad.data = ...`` keeps it on a GPU; the next
+    backward accumulates into it."""
+    model = nn.Linear(4, 2)
+    first = model(torch.ones(1, 4)).sum()
+    first.backward()  # (its graph kept alive across the move: ``first`` holds the AccumulateGrad nodes)
+    grads = [p.grad for p in model.parameters()]
+    model.cuda()
+    assert all(p.grad is g and g.is_cuda for p, g in zip(model.parameters(), grads, strict=True))
+    loss = model(torch.ones(1, 4, device="cuda")).sum()
+    loss.backward()
+    assert torch.equal(model.weight.grad.cpu(), torch.full((2, 4), 2.0))
+    model.cpu()  # after the backward, with ``loss`` (its graph) alive
+    assert all(p.grad is g and g.device.type == "cpu" for p, g in zip(model.parameters(), grads, strict=True))
+    assert torch.equal(model.bias.grad, torch.full((2,), 2.0))
+    del first, loss
+
+
+def _tied_and_converted() -> None:
+    """Weights tied between two modules (or under two names of one) stay tied; a dtype change on the device keeps
+    the objects, as set_data does on a GPU (no move between host and device)."""
+    emb = nn.Embedding(10, 4)
+    head = nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = nn.ModuleList([emb, head])
+    model.cuda()
+    assert head.weight is emb.weight
+    assert emb.weight.is_cuda
+    twice = nn.Module()  # one parameter under two names of one module
+    twice.a = twice.b = shared = nn.Parameter(torch.ones(3))
+    twice.cuda()
+    assert twice.a is shared
+    assert twice.b is shared
+    assert shared.is_cuda
+    w = emb.weight
+    model.half()
+    assert emb.weight is w
+    assert head.weight is w
+    assert w.dtype == torch.float16
+    assert w.is_cuda
+
+
+@pytest.mark.parametrize(
+    "program", [_optimizer_before_cuda, _round_trips, _grads_move_with_their_parameters, _tied_and_converted],
+    ids=["optimizer made before .cuda()", "round trips", "grads move", "tied and converted"],
+)
+def test_a_moved_module_keeps_its_parameter_objects(program: Callable[[], None]) -> None:
+    s = simdevice.cuda()
+    s.run(program)
+    s.assert_clean()
+
+
+def test_a_parameter_under_two_names_is_copied_once() -> None:
+    """As on a GPU, where the second name finds it on the device already: one H2D, as for one name."""
+
+    def module(names: tuple[str, ...]) -> None:
+        m = nn.Module()
+        shared = nn.Parameter(torch.ones(3))
+        for name in names:
+            setattr(m, name, shared)
+        m.cuda()
+
+    counts = []
+    for names in (("a",), ("a", "b")):
+        s = simdevice.cuda()
+        s.run(lambda names=names: module(names))
+        s.assert_clean()
+        assert s.result is not None
+        counts.append(s.result.op_counts)
+    assert counts[0] == counts[1] == {"host": 1, "default": 1}, counts
+
+
+def test_the_overwrite_flag_makes_new_objects_as_on_a_gpu() -> None:
+    def program() -> None:
+        model = nn.Linear(4, 4)
+        w = model.weight
+        model.cuda()
+        assert model.weight is not w
+        assert model.weight.is_cuda
+
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        s = simdevice.cuda()
+        s.run(program)
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(False)
+    s.assert_clean()
+
+
+def _side_stream_forward(wait: bool, pinned: bool) -> None:
+    """The weights moved with ``non_blocking=True`` (from pinned memory the copy reads them when it runs, after the
+    parameters became device tensors), a side stream's training step reading them."""
+    model = _model()
+    reference = _model()
+    if pinned:
+        for p in model.parameters():
+            p.data = p.data.pin_memory()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.to("cuda", non_blocking=True)  # the weights' H2D copies, on the default stream
+    side = torch.cuda.Stream()
+    if wait:
+        side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _step(model, opt)  # reads the weights
+    torch.cuda.current_stream().wait_stream(side)
+    _step(reference, torch.optim.SGD(reference.parameters(), lr=0.1), "cpu")
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(p.detach().cpu(), q.detach()), "the step's weights differ from the host's"
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["pageable", "pinned"])
+@pytest.mark.parametrize("wait", [True, False], ids=["waited", "not waited"])
+def test_the_moves_are_the_program_s_copies(wait: bool, pinned: bool) -> None:
+    s = simdevice.cuda()
+    s.run(lambda: _side_stream_forward(wait, pinned))
+    if wait:
+        s.assert_clean()
+    else:
+        assert any(isinstance(r, Race) for r in s.reports), s.text()
+
+
+def test_a_move_between_a_forward_and_its_backward_gives_no_verdict() -> None:
+    def program() -> None:
+        model = nn.Linear(4, 4).cuda()
+        loss = model(torch.ones(1, 4, device="cuda")).sum()  # its graph saved the weight
+        model.cpu()
+        loss.backward()
+
+    found = explore(program, max_examples=1)
+    assert found.failure is not None
+    unrun = not_run(found.failure)
+    assert unrun is not None, found.failure.text()
+    assert unrun.error.startswith("NotImplementedError"), unrun.error
