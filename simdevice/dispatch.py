@@ -1651,9 +1651,12 @@ class Dispatcher:
         aliased_written = _all_aliased(written) if written else []
         # (an op that writes its arguments makes those its outputs: one list, aliased once)
         aliased_outputs = aliased_written if outputs is written else _all_aliased(outputs)
-        eff = _Effect(self, func, _aliased(args), _aliased_kwargs(kwargs) if kwargs else {},
-                      aliased_written, staged, self.rt.next_seed() if facts.seeded else None, aliased_outputs, reads,
-                      into)
+        eff_args, eff_kwargs = _aliased(args), _aliased_kwargs(kwargs) if kwargs else {}
+        if host_touch:
+            eff_args, eff_kwargs, aliased_written, aliased_outputs, reads, staged = _host_aliased(
+                flat, outputs, eff_args, eff_kwargs, aliased_written, aliased_outputs, reads, staged)
+        eff = _Effect(self, func, eff_args, eff_kwargs, aliased_written, staged,
+                      self.rt.next_seed() if facts.seeded else None, aliased_outputs, reads, into)
         eff.mask = mask
         blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)
         host_value = facts.has_returns and not outputs
@@ -2031,6 +2034,33 @@ def _aliased_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
         out["device"] = CPU
     out.pop("pin_memory", None)
     return out
+
+
+def _host_aliased(flat: list[torch.Tensor], outputs: list[torch.Tensor], args: tuple[Any, ...],
+                  kwargs: dict[str, Any], written: list[torch.Tensor], outputs_held: list[torch.Tensor],
+                  reads: list[torch.Tensor], staged: dict[int, torch.Tensor]) -> tuple[
+                      tuple[Any, ...], dict[str, Any], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor],
+                      dict[int, torch.Tensor]]:
+    """What an effect holds of an operation touching host memory (the arguments, the written tensors, the outputs,
+    the reads, the staged copies, each as :func:`_aliased` made it): each host tensor of the program's (``flat``,
+    ``outputs``) as an alias of its bytes, a tensor object of the simulator's, as a device tensor's is: a copy in
+    flight moves the bytes it was given, whatever becomes of the program's object meanwhile (``p.data = t``, or
+    ``module.to`` moving a parameter between the host and the device in place, :func:`move_in_place`)."""
+    memo: dict[int, torch.Tensor] = {}
+    with no_dispatch():
+        for x in (*flat, *outputs):
+            if not isinstance(x, SimTensor) and id(x) not in memo:
+                memo[id(x)] = x.detach()
+    if not memo:
+        return args, kwargs, written, outputs_held, reads, staged
+
+    def one(x: Any) -> Any:
+        return memo.get(id(x), x) if isinstance(x, torch.Tensor) else x
+
+    held_written = [one(w) for w in written]
+    return (_tree_map(one, args), _tree_map(one, kwargs), held_written,
+            held_written if outputs_held is written else [one(o) for o in outputs_held], [one(r) for r in reads],
+            {id(memo[k]) if k in memo else k: v for k, v in staged.items()} if staged else staged)
 
 
 def _all_aliased(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

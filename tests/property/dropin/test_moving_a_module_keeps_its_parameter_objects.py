@@ -115,9 +115,25 @@ def _tied_and_converted() -> None:
     assert w.is_cuda
 
 
+def _a_copy_in_flight_into_the_parameter() -> None:
+    """A D2H into the pinned parameter itself still in flight when the module moves (on the same stream, ordered
+    before the move's H2D): it lands in the bytes it was given, which the move then reads, as on a GPU; the
+    parameter object, a device tensor by then, is not where it lands."""
+    model = nn.Linear(64, 64)
+    for p in model.parameters():
+        p.data = p.data.pin_memory()
+    src = torch.full((64, 64), 3.0, device="cuda")
+    torch.cuda._sleep(10**6)  # the D2H waits behind it
+    with torch.no_grad():
+        model.weight.copy_(src, non_blocking=True)
+    model.to("cuda", non_blocking=True)
+    assert torch.equal(model.weight.cpu(), src.cpu()), "the moved weight is not what the D2H wrote"
+
+
 @pytest.mark.parametrize(
-    "program", [_optimizer_before_cuda, _round_trips, _grads_move_with_their_parameters, _tied_and_converted],
-    ids=["optimizer made before .cuda()", "round trips", "grads move", "tied and converted"],
+    "program", [_optimizer_before_cuda, _round_trips, _grads_move_with_their_parameters, _tied_and_converted,
+                _a_copy_in_flight_into_the_parameter],
+    ids=["optimizer made before .cuda()", "round trips", "grads move", "tied and converted", "a copy in flight"],
 )
 def test_a_moved_module_keeps_its_parameter_objects(program: Callable[[], None]) -> None:
     s = simdevice.cuda()
