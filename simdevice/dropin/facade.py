@@ -1146,26 +1146,38 @@ def _tensor_new_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
     return new_tensor
 
 
-def _fused_dropout(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.nn.functional.dropout`` (``nn.Dropout``'s) and ``torch.dropout`` on a device tensor, training: one
-    ``native_dropout``, as ATen's ``dropout`` runs on a CUDA tensor (``is_fused_kernel_acceptable``: CUDA, ``0 < p <
-    1``, not empty), where for the simulated tensor, whose shell C++ sees on the meta device, it took the unfused
-    path (``bernoulli_``, ``div_``, ``mul``): two operations more per call, forward and backward, than a GPU counts, so
-    a schedule's delay after a dropout fell on another operation in a GPU replay. In place (``inplace=True``,
-    ``dropout_``) ATen takes the unfused path on CUDA too: left as it is."""
+def _native_dropout(input: Any, p: float, training: bool) -> Any:
+    """A dropout of a device tensor, training: one ``native_dropout``, as ATen's ``dropout`` runs on a CUDA tensor
+    (``is_fused_kernel_acceptable``: CUDA, ``0 < p < 1``, not empty), where for the simulated tensor, whose shell C++
+    sees on the meta device, it took the unfused path (``bernoulli_``, ``div_``, ``mul``): two operations more per
+    call, forward and backward, than a GPU counts, so a schedule's delay after a dropout fell on another operation
+    in a GPU replay. None where ATen takes the unfused path (or none) on CUDA too."""
+    if training and isinstance(input, SimTensor) and 0.0 < p < 1.0 and input.numel() > 0:
+        return torch.native_dropout(input, p, True)[0]
+    return None
+
+
+def _functional_dropout(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.nn.functional.dropout`` (``nn.Dropout``'s): :func:`_native_dropout` out of place; in place
+    (``inplace=True``, ATen's ``dropout_``, unfused on CUDA too) torch's."""
 
     @functools.wraps(original)
     def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
-        if not inplace and training and isinstance(input, SimTensor) and 0.0 < p < 1.0 and input.numel() > 0:
-            return torch.native_dropout(input, p, True)[0]
-        if original is _TORCH_DROPOUT:  # (torch.dropout(input, p, train): no inplace argument)
-            return original(input, p, training)
-        return original(input, p, training, inplace)
+        out = None if inplace else _native_dropout(input, p, training)
+        return original(input, p, training, inplace) if out is None else out
 
     return dropout
 
 
-_TORCH_DROPOUT = torch.dropout
+def _torch_dropout(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.dropout(input, p, train)``: :func:`_native_dropout`."""
+
+    @functools.wraps(original)
+    def dropout(input: Any, p: float, train: bool) -> Any:
+        out = _native_dropout(input, p, train)
+        return original(input, p, train) if out is None else out
+
+    return dropout
 
 
 def _default_rng(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -1530,8 +1542,8 @@ def install(p: Patches) -> None:
     p.set(torch.Tensor, "new", _wrapped(torch.Tensor, "new", _tensor_legacy_new))
     p.set(time, "sleep", _host_sleep)
     p.set(np.random, "default_rng", _wrapped(np.random, "default_rng", _default_rng))
-    p.set(torch.nn.functional, "dropout", _wrapped(torch.nn.functional, "dropout", _fused_dropout))
-    p.set(torch, "dropout", _wrapped(torch, "dropout", _fused_dropout))
+    p.set(torch.nn.functional, "dropout", _wrapped(torch.nn.functional, "dropout", _functional_dropout))
+    p.set(torch, "dropout", _wrapped(torch, "dropout", _torch_dropout))
     for name, clock in _VIRTUAL_CLOCKS.items():
         p.set(time, name, clock)
     p.set(torch.autograd, "_engine_run_backward", _wrapped(torch.autograd, "_engine_run_backward", _engine_entry))

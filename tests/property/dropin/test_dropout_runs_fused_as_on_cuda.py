@@ -1,5 +1,5 @@
 """``F.dropout`` (``nn.Dropout``) and ``torch.dropout`` of a device tensor in training run one ``native_dropout``, as
-ATen runs them on a CUDA tensor (``facade._fused_dropout``). Before, C++ saw the simulated tensor's meta shell and
+ATen runs them on a CUDA tensor (``facade._native_dropout``). Before, C++ saw the simulated tensor's meta shell and
 took the unfused path (``bernoulli_``, ``div_``, ``mul``): two operations more per call than a GPU counts, so a
 checkpointed block with dropout counted 174 operations on the default stream where an H100 counted 162, and a
 schedule's delay after a dropout fell on another operation in a GPU replay."""
