@@ -14,6 +14,7 @@ CUDA IPC and talking NCCL.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import pickle
@@ -357,6 +358,11 @@ class _CountingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if _composite(func):
+            # an op autograd decomposes before a mode sees it, here whole where autograd is skipped (``to`` under
+            # inference mode): decomposed, its parts are counted one by one, as the simulator counts them
+            with self:
+                return func.decompose(*args, **kwargs)
         kind = op_kind(func)
         if kind == "op":
             where = _touches(args, kwargs)
@@ -376,6 +382,12 @@ class _CountingMode(TorchDispatchMode):
             # still hold a previous run's right answer (the tool's own fill: no operation of the program)
             poison(out)
         return out
+
+
+@functools.cache
+def _composite(func: Any) -> bool:
+    """Whether the op has a CompositeImplicitAutograd kernel (``to``, ``linear``)."""
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"))
 
 
 def _touches(args: Any, kwargs: Any) -> str:

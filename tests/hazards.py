@@ -24,7 +24,8 @@ named and counted on both machines as ``torch.cuda.Stream()``'s.
 machine), while the D2H into it may still run. ``reentered_stream_context``: one ``torch.cuda.stream(s)`` object
 entered again inside its own block, which torch's class leaves ``s`` current after. ``numpy_staging_filled``: a
 pinned staging buffer filled through a NumPy view (no operation on either machine) while the H2D from it may still
-read it.
+read it. ``inference_prefetch``: weights prefetched on a side stream under ``torch.inference_mode()``, where
+``to`` runs whole (counted as the copy it makes on both machines).
 """
 
 from __future__ import annotations
@@ -250,3 +251,23 @@ def numpy_staging_filled(wait: int = 0, n: int = 1 << 20) -> None:
         torch.cuda.current_stream().synchronize()
     view[:] = 2.0
     assert bool((first == 1.0).all()), "the copy read the next step's values"
+
+
+def inference_prefetch(wait: int = 1, n: int = 1 << 16) -> None:
+    """A serving loop's weight prefetch, as inference engines run it: everything under ``torch.inference_mode()``
+    (where ``to`` runs whole, autograd skipped), the pinned host weights put on the device with
+    ``to("cuda", non_blocking=True)`` on a side stream, ``prefetch``, then used on the current stream; with
+    ``wait`` the current stream waits for ``prefetch`` first. The output must be the host's."""
+    host = torch.arange(n, dtype=torch.float32).pin_memory()
+    prefetch = torch.cuda.Stream()
+    with torch.inference_mode():
+        x = torch.ones(n, device="cuda")
+        prefetch.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(prefetch):
+            w = host.to("cuda", non_blocking=True)
+        if wait:
+            torch.cuda.current_stream().wait_stream(prefetch)
+        w.record_stream(torch.cuda.current_stream())
+        y = (x * w).cpu()
+        w.fill_(-1.0)  # (a block the next call's allocation may be given holds no weights from this one)
+    assert torch.equal(y, torch.arange(n, dtype=torch.float32)), "the weights were read before their copy landed"

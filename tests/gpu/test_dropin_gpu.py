@@ -95,6 +95,17 @@ def test_streams_kept_in_a_module_tensors_made_in_a_device_block_and_prints_run_
     assert rate(f"{line}::{stall}") == 0
 
 
+def test_weights_prefetched_under_inference_mode_count_as_simulated_and_unwaited_corrupt() -> None:
+    """``tests/hazards.py::inference_prefetch``: under ``inference_mode`` torch runs ``to`` whole, below autograd's
+    decomposition; the counting mode decomposes it as the simulator does, so both count ``prefetch``'s one copy, and
+    the stalled prefetch the current stream does not wait for corrupts where the waited one does not."""
+    line = "tests/hazards.py::inference_prefetch"
+    _counts_match(line)
+    _counts_match(f"{line}::prefetch#0+20")
+    assert rate(f"{line}:wait=0:prefetch#0+20") >= TRIALS - 1
+    assert rate(f"{line}::prefetch#0+20") == 0
+
+
 def test_python_data_put_on_the_device_is_no_operation_and_its_copy_waits_for_the_stream() -> None:
     """``torch.tensor([...], device="cuda")`` and its kin (``tests/hazards.py::python_data_on_device``): torch copies
     Python data below the dispatch modes, so neither machine counts an operation for it, where a NumPy array's or a

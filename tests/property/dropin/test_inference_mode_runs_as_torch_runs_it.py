@@ -94,3 +94,18 @@ def test_an_inference_tensor_updated_outside_the_mode_raises_torch_s_error() -> 
     r.run(_inplace_outside)
     assert "Inplace update to inference tensor outside InferenceMode" in r.text(), r.text()
     assert "host raised RuntimeError" in r.text(), r.text()  # the host's, not a stream's
+
+
+def test_the_hazard_tests_gpu_runs_counts_to_as_one_copy_on_its_stream() -> None:
+    """``tests/hazards.py::inference_prefetch`` (what tests/gpu counts on a GPU, where ``reference/cuda.py``'s
+    counting mode decomposes a composite op as autograd would have): ``to`` under inference mode is ``prefetch``'s
+    one operation, and the unwaited read is found under the stall."""
+    from reference.schedule import Schedule
+    from simdevice.search.targets import resolve
+
+    line = "tests/hazards.py::inference_prefetch"
+    target = resolve(line)
+    out = target.run(Schedule.parse(f"{line}::prefetch#0+20"))
+    assert not out.corrupted, out.text()
+    assert out.run.op_counts["prefetch"] == 1, out.run.op_counts
+    assert target.run(Schedule.parse(f"{line}:wait=0:prefetch#0+20")).corrupted
