@@ -25,12 +25,15 @@ machine), while the D2H into it may still run. ``reentered_stream_context``: one
 entered again inside its own block, which torch's class leaves ``s`` current after. ``numpy_staging_filled``: a
 pinned staging buffer filled through a NumPy view (no operation on either machine) while the H2D from it may still
 read it. ``inference_prefetch``: weights prefetched on a side stream under ``torch.inference_mode()``, where
-``to`` runs whole (counted as the copy it makes on both machines).
+``to`` runs whole (counted as the copy it makes on both machines). ``backward_sets_its_stream``: a custom
+Function's backward that leaves a side stream current, which autograd's engine puts back after the node.
+``emptied_cache_read``: ``torch.cuda.empty_cache()`` that gives a segment back to CUDA waits for the whole device.
 """
 
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 import torch
@@ -271,3 +274,58 @@ def inference_prefetch(wait: int = 1, n: int = 1 << 16) -> None:
         y = (x * w).cpu()
         w.fill_(-1.0)  # (a block the next call's allocation may be given holds no weights from this one)
     assert torch.equal(y, torch.arange(n, dtype=torch.float32)), "the weights were read before their copy landed"
+
+
+class _SideBackward(torch.autograd.Function):
+    """The identity; its backward moves to ``ctx.side`` with ``torch.cuda.set_stream`` (no context, nothing puts
+    it back), computes the gradient there and synchronizes that stream."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, side: torch.cuda.Stream) -> torch.Tensor:
+        ctx.side = side
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.side.wait_stream(torch.cuda.current_stream())
+        torch.cuda.set_stream(ctx.side)
+        out = g * 2
+        torch.cuda.current_stream().synchronize()
+        return out, None
+
+
+def backward_sets_its_stream(n: int = 1 << 20) -> None:
+    """A custom Function's backward that leaves a side stream current (``set_stream``) in a graph whose nodes were
+    all made on the default stream: autograd's engine puts each node's stream back after it (a stream guard), so
+    the next node (the ``mul``'s) and the caller after ``backward()`` run on the default stream, and the caller's
+    ``add_`` of the gradient is ordered after the node that wrote it; the D2H then waits for it."""
+    side = torch.cuda.Stream()
+    x = torch.ones(n, device="cuda", requires_grad=True)
+    _SideBackward.apply(x * 3, side).sum().backward()
+    assert torch.cuda.current_stream() == torch.cuda.default_stream(), "the backward's stream is still current"
+    total = torch.zeros(n, device="cuda")
+    total.add_(x.grad)
+    host = torch.empty(n, pin_memory=True)
+    host.copy_(total, non_blocking=True)
+    torch.cuda.current_stream().synchronize()
+    assert torch.equal(host, torch.full((n,), 6.0)), "the gradient was read before it was written"
+
+
+def emptied_cache_read(release: int = 1, n: int = 1 << 20) -> None:
+    """A D2H into pinned memory on ``side``, then ``torch.cuda.empty_cache()`` and the host's read of the copy, no
+    synchronize. With ``release`` the default stream's scratch block was dropped just before, so ``empty_cache``
+    gives its segment back to CUDA (``cudaFree``, which waits for the whole device: the copy is done when the host
+    reads it); without, it has no segment to give back and waits for nothing (a race). The cache is emptied at the
+    start, so that no segment a caller left behind is given back."""
+    torch.cuda.empty_cache()
+    act = torch.arange(n, dtype=torch.float32, device="cuda")
+    scratch = torch.zeros(1 << 18, device="cuda")  # (1 MiB: a small segment of its own)
+    pinned = torch.empty(n, pin_memory=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        pinned.copy_(act, non_blocking=True)
+    if release:
+        del scratch
+    torch.cuda.empty_cache()
+    assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"

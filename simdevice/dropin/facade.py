@@ -383,8 +383,15 @@ def _engine_entry(original: Callable[..., Any]) -> Callable[..., Any]:
         accumulate = kwargs.get("accumulate_grad", True)
         engine = _Engine.plan(rt, t_outputs, inputs or (), accumulate)
         if engine is None:
-            with rt.backward_pass():
-                return original(t_outputs, *args, **kwargs)
+            # every node on the calling stream, none of the program's Python: the engine's guards keep that stream
+            # current throughout (a hook's ``set_stream`` there is the device thread's, never the caller's)
+            rt.engine_enter(rt.current_stream())
+            try:
+                with rt.backward_pass():
+                    return original(t_outputs, *args, **kwargs)
+            finally:
+                rt.engine_leave()
+                _mark(rt)
         handles = engine.start()
         try:
             with rt.backward_pass():
@@ -477,8 +484,9 @@ class _Engine:
             e._mark_needed(wanted, accumulate)
         else:
             e.runs = [True] * len(e.nodes)
-        if all(s is e.calling for s in e.streams):
-            return None
+        if all(s is e.calling for s in e.streams) and not any(
+                isinstance(n, torch.autograd.function.BackwardCFunction) for n in e.nodes):
+            return None  # (a custom Function's backward may change the current stream: the engine's guard puts it back)
         return e
 
     def _add(self, n: Any) -> int:

@@ -328,10 +328,10 @@ class SimMemorySaver:
                     if b.storage is not None:
                         b.storage.unmapped = None
 
-    def empty_cache(self, actor: HostActor | None = None) -> None:
+    def empty_cache(self, actor: HostActor | None = None) -> bool:
         """Release the allocator's entirely free segments (``torch.cuda.empty_cache``; ``actor``, the host that
-        calls it, waits for the streams recorded with freed blocks first)."""
-        self.allocator.empty_cache(actor)
+        calls it, waits for the streams recorded with freed blocks first); whether any was released."""
+        return bool(self.allocator.empty_cache(actor))
 
     def is_paused(self, tag: str, process: str = "host") -> bool:
         return (process, tag) in self._paused

@@ -1027,8 +1027,16 @@ class Runtime:
         return self.execution.device_side()
 
     def empty_cache(self) -> None:
+        """``torch.cuda.empty_cache()``: the allocator's entirely free segments of the host's process given back.
+        Giving one back is ``cudaFree``, which waits for the whole device first (an implicit synchronization: on an
+        H100 a stalled D2H had always landed when the host read it after such an ``empty_cache``, and never where
+        none was given back, docs/confirmations.md, thirty-sixth run): the host waits for every stream of its
+        process then."""
         a = self.host_step("empty_cache")
-        self.memsaver.empty_cache(a)
+        if self.memsaver.empty_cache(a):
+            names = ", ".join(s.name for s in a.streams)
+            self._host_waits(a, [self._record(s) for s in a.streams],
+                             f"stream(s) {names} to finish (empty_cache gave a segment back: cudaFree)")
 
     # -- host actors, shared values, queues ----------------------------------------------------------------
     def spawn(self, name: str, body: Callable[[], Any], thread: bool = False) -> HostActor:

@@ -106,6 +106,28 @@ def test_weights_prefetched_under_inference_mode_count_as_simulated_and_unwaited
     assert rate(f"{line}::prefetch#0+20") == 0
 
 
+def test_a_stream_a_custom_backward_sets_is_put_back_after_its_node() -> None:
+    """``tests/hazards.py::backward_sets_its_stream``: a custom Function's backward leaves ``side`` current
+    (``set_stream``); the engine's guard puts the default stream back for the next node and the caller. The same
+    counts on both machines, and clean under a stall of either stream (the gradient's writer is ordered before the
+    caller's read on both)."""
+    line = "tests/hazards.py::backward_sets_its_stream"
+    _counts_match(line)
+    assert rate(f"{line}::side#0+20") == 0
+    assert rate(f"{line}::default#2+20") == 0
+
+
+@pytest.mark.parametrize(("release", "corrupts"), [(1, False), (0, True)])
+def test_empty_cache_that_gives_a_segment_back_waits_for_the_device(release: int, corrupts: bool) -> None:
+    """``tests/hazards.py::emptied_cache_read``: ``empty_cache`` that calls ``cudaFree`` (a segment entirely free)
+    waits for the whole device, so the stalled D2H on ``side`` has landed when the host reads it; one with nothing
+    to give back waits for nothing. The same counts on both machines."""
+    line = f"tests/hazards.py::emptied_cache_read:release={release}"
+    _counts_match(f"{line}:side#0+20")
+    bad = rate(f"{line}:side#0+20")
+    assert bad >= TRIALS - 1 if corrupts else bad == 0
+
+
 def test_python_data_put_on_the_device_is_no_operation_and_its_copy_waits_for_the_stream() -> None:
     """``torch.tensor([...], device="cuda")`` and its kin (``tests/hazards.py::python_data_on_device``): torch copies
     Python data below the dispatch modes, so neither machine counts an operation for it, where a NumPy array's or a

@@ -97,3 +97,21 @@ def test_a_captured_gradient_added_up_by_the_last_node_is_waited_for_at_the_end(
         sim = simdevice.cuda()
         sim.run(_grad_of_a_leaf_used_twice_on_a_side_stream, create_graph)
         sim.assert_clean()
+
+
+def test_a_stream_a_custom_backward_sets_is_put_back_after_its_node() -> None:
+    """``tests/hazards.py::backward_sets_its_stream`` (also run on a GPU, tests/gpu): every node made on the default
+    stream, one custom Function's backward calling ``set_stream(side)`` with nothing to put it back. The engine's
+    stream guard ends with the node: the next node and the caller run on the default stream. Before, where every
+    node was the calling stream's the simulator ran the backward unguarded: the next node ran on ``side`` and the
+    caller's ``add_`` of the gradient raced with it (a false race), and ``side`` stayed current after
+    ``backward()`` (the program's own check failed). A GPU ran it clean, the default stream current after it."""
+    from reference.schedule import Schedule
+    from simdevice.search.targets import resolve
+
+    line = "tests/hazards.py::backward_sets_its_stream"
+    target = resolve(line)
+    for tail in ("", "::side#1+20", "::default#2+20", "::side#0+5"):
+        out = target.run(Schedule.parse(line + tail))
+        assert out.clean, (tail, out.text())
+    assert target.run(Schedule.parse(line)).run.op_counts["side"] == 1
