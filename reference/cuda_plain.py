@@ -139,6 +139,66 @@ _RawEvent = torch.cuda.Event
 _RawStream = torch.cuda.Stream
 
 
+class _Generic(type):
+    """The device-generic classes' metaclass: any stream (event) is a ``torch.Stream`` (``torch.Event``) still."""
+
+    _of: tuple[type, ...]
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, cls._of)
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        return isinstance(sub, type) and issubclass(sub, cls._of)
+
+
+def _on_cuda(device: Any) -> bool:
+    """Whether a generic class's ``device`` is CUDA's (None: the current accelerator, CUDA here)."""
+    return device is None or (isinstance(device, int) and not isinstance(device, bool)) or \
+        torch.device(device).type == "cuda"
+
+
+class GenericStream(metaclass=_Generic):
+    """``torch.Stream(device=None, *, priority=0)`` on CUDA: a :class:`CountingStream`, as the simulator makes a
+    ``torch.cuda.Stream`` of it (another device's is torch's own)."""
+
+    _of = (torch.Stream,)
+
+    def __new__(cls, device: Any = None, *, priority: int = 0, **kwargs: Any) -> Any:
+        if not _on_cuda(device):
+            return _RawGenericStream(device, priority=priority, **kwargs)
+        return CountingStream(device, priority, **kwargs)
+
+
+class GenericEvent(metaclass=_Generic):
+    """``torch.Event(device=None, *, enable_timing=False, ...)`` on CUDA: a :class:`CountingEvent`."""
+
+    _of = (torch.Event, torch.cuda.Event)
+
+    def __new__(cls, device: Any = None, *, enable_timing: bool = False, blocking: bool = False,
+                interprocess: bool = False) -> Any:
+        if not _on_cuda(device):
+            return _RawGenericEvent(device, enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+        return CountingEvent(enable_timing, blocking, interprocess)
+
+
+_RawGenericStream = torch.Stream
+_RawGenericEvent = torch.Event
+
+
+def accelerator_current_stream(device: Any = None, /) -> CountingStream:
+    return CountingStream.view(_ORIGINAL["accelerator_current_stream"](device))
+
+
+def accelerator_synchronize(device: Any = None, /) -> None:
+    _dev().host_step()
+    _ORIGINAL["accelerator_synchronize"](device)
+
+
+def accelerator_empty_cache() -> None:
+    _dev().host_step()
+    _ORIGINAL["accelerator_empty_cache"]()
+
+
 class CountingWork:
     """An async collective's handle: ``wait()`` and ``is_completed()`` are host steps, as on the simulator."""
 
@@ -359,6 +419,8 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
 
     for name in ("current_stream", "default_stream", "synchronize", "empty_cache"):
         _ORIGINAL[name] = getattr(torch.cuda, name)
+    for name in ("current_stream", "synchronize", "empty_cache"):
+        _ORIGINAL[f"accelerator_{name}"] = getattr(torch.accelerator, name)
     # each run starts with the default stream current, as a new process does (and as each run does on the
     # simulator), whatever stream the last run left current (``torch.cuda.set_stream``, a ``torch.cuda.stream(s)``
     # entered again inside its own block leaves ``s`` current after it); put back after
@@ -376,6 +438,14 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
         put(torch.cuda, "default_stream", default_stream)
         put(torch.cuda, "synchronize", synchronize)
         put(torch.cuda, "empty_cache", empty_cache)
+        # device-agnostic code's spellings of the same (``torch.Stream()``, ``torch.accelerator.synchronize()``)
+        put(torch, "Stream", GenericStream)
+        put(torch, "Event", GenericEvent)
+        for module in (torch.accelerator, getattr(torch.accelerator, "memory", None)):
+            for name, counted in (("current_stream", accelerator_current_stream),
+                                  ("synchronize", accelerator_synchronize), ("empty_cache", accelerator_empty_cache)):
+                if module is not None and hasattr(module, name):
+                    put(module, name, counted)
         put(multiprocessing.process.BaseProcess, "start", _no_processes)
         put(threading.Thread, "start", _no_program_threads(threading.Thread.start))
         saver = _memory_saver_class()

@@ -28,6 +28,9 @@ read it. ``inference_prefetch``: weights prefetched on a side stream under ``tor
 ``to`` runs whole (counted as the copy it makes on both machines). ``backward_sets_its_stream``: a custom
 Function's backward that leaves a side stream current, which autograd's engine puts back after the node.
 ``emptied_cache_read``: ``torch.cuda.empty_cache()`` that gives a segment back to CUDA waits for the whole device.
+``accelerator_reload`` and ``loader_batch_reused``: device-agnostic code (``torch.accelerator``, the generic
+``torch.Stream`` and ``torch.Event``) and a ``DataLoader``'s pinned batch, reused by the host while its copy may
+still read it.
 """
 
 from __future__ import annotations
@@ -329,3 +332,36 @@ def emptied_cache_read(release: int = 1, n: int = 1 << 20) -> None:
         del scratch
     torch.cuda.empty_cache()
     assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
+
+
+def accelerator_reload(wait: int = 1, n: int = 1 << 20) -> None:
+    """Device-agnostic code: the device from ``torch.accelerator``, a generic ``torch.Stream`` entered as a context
+    (``side``) for a D2H into pinned memory, a generic ``torch.Event`` recorded there; the host waits on the event
+    (``wait``), then reads the copy."""
+    dev = torch.accelerator.current_accelerator()
+    side = torch.Stream(device=dev)
+    act = torch.arange(n, dtype=torch.float32, device=dev)
+    pinned = torch.empty(n, pin_memory=True)
+    side.wait_stream(torch.accelerator.current_stream())
+    with side:
+        pinned.copy_(act, non_blocking=True)
+        done = torch.Event()
+        done.record()
+    if wait:
+        done.synchronize()
+    assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
+
+
+def loader_batch_reused(wait: int = 1, n: int = 1 << 18) -> None:
+    """A batch of ``DataLoader(pin_memory=True)`` (pinned, as the loader pins it where there is an accelerator) put on
+    the device without blocking (``default#0``), then the host zeroes the batch for its own reuse; with ``wait`` it
+    synchronizes the stream first. The device must hold the batch as loaded."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = torch.arange(4 * n, dtype=torch.float32).reshape(4, n)
+    (batch,) = next(iter(DataLoader(TensorDataset(data), batch_size=4, pin_memory=True)))
+    on_device = batch.to("cuda", non_blocking=True)
+    if wait:
+        torch.cuda.current_stream().synchronize()
+    batch.zero_()
+    assert torch.equal(on_device.cpu(), data), "the copy read the batch after the host reused it"

@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
+import torch.utils.data.dataloader
 from torch.optim import optimizer as torch_optimizer
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils import _device as torch_device
@@ -288,6 +289,56 @@ class Event(EventHandle):
         opened._cuda = cuda
         opened._opened = True
         return opened
+
+
+_ORIGINAL_STREAM = torch.Stream
+_ORIGINAL_EVENT = torch.Event
+
+
+class _Generic(type):
+    """The metaclass of the device-generic classes: any stream (event) is an instance of ``torch.Stream``
+    (``torch.Event``) in a session, the simulated device's too, as a CUDA one is on a GPU."""
+
+    _of: tuple[type, ...]
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, cls._of)
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        return isinstance(sub, type) and issubclass(sub, cls._of)
+
+
+def _accelerator_device(device: Any) -> bool:
+    """Whether a generic class's ``device`` argument is the accelerator's (None: the current accelerator)."""
+    return device is None or on_device(device) or (isinstance(device, int) and not isinstance(device, bool)
+                                                   and device == -1)
+
+
+class _GenericStream(metaclass=_Generic):
+    """``torch.Stream(device=None, *, priority=0)``, the device-generic stream (device-agnostic code makes its streams
+    so): on the accelerator, a ``torch.cuda.Stream`` of the simulated device; another device's (``"cpu"``) is
+    torch's own."""
+
+    _of = (_ORIGINAL_STREAM,)
+
+    def __new__(cls, device: Any = None, *, priority: int = 0, **kwargs: Any) -> Any:
+        if not _accelerator_device(device):
+            return _ORIGINAL_STREAM(device, priority=priority, **kwargs)
+        return Stream(device, priority, **kwargs)
+
+
+class _GenericEvent(metaclass=_Generic):
+    """``torch.Event(device=None, *, enable_timing=False, blocking=False, interprocess=False)``, the device-generic
+    event: on the accelerator, a ``torch.cuda.Event`` of the simulated device (recorded on the current stream where no
+    stream is given, as both record); another device's is torch's own."""
+
+    _of = (_ORIGINAL_EVENT, EventHandle)
+
+    def __new__(cls, device: Any = None, *, enable_timing: bool = False, blocking: bool = False,
+                interprocess: bool = False) -> Any:
+        if not _accelerator_device(device):
+            return _ORIGINAL_EVENT(device, enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+        return Event(enable_timing, blocking, interprocess)
 
 
 class StreamContext:
@@ -1526,6 +1577,7 @@ def install(p: Patches) -> None:
     for name in ("start", "stop", "init"):
         p.set(cuda.profiler, name, getattr(_profiler, name))
     p.set(cuda.nccl, "version", _nccl_version)
+    _install_accelerator(p)
     for name in _FACTORIES:
         if hasattr(torch, name):
             p.set(torch, name, _wrapped(torch, name, _factory))
@@ -1569,6 +1621,92 @@ def install(p: Patches) -> None:
             p.set(torch.multiprocessing, name, _no_processes(name))
     _refuse_compiled(p)
     p.set(torch, "compile", _compile(torch.compile, p))  # (made for this session's patches, not kept)
+
+
+class _DeviceIndex:
+    """``torch.accelerator.device_index(i)``: the one simulated device current in the block (an index past
+    ``device_count()`` raises CUDA's invalid device ordinal; None: no change)."""
+
+    def __init__(self, device: int | None, /) -> None:
+        self.idx = device
+
+    def __enter__(self) -> None:
+        if self.idx is not None:
+            _check_or_current(self.idx)
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _install_accelerator(p: Patches) -> None:
+    """``torch.accelerator`` and the device-generic ``torch.Stream`` and ``torch.Event``: the simulated CUDA device is
+    the accelerator (device-agnostic code, and torch's own ``DataLoader(pin_memory=True)``, which pins its batches
+    only where it finds one), and each call is ``torch.cuda``'s simulated one."""
+    acc = torch.accelerator
+    table: dict[str, Any] = {
+        "is_available": lambda: True,
+        "current_accelerator": lambda check_available=False: torch.device("cuda"),
+        "device_count": device_count,
+        "current_device_index": lambda: 0,
+        "current_device_idx": lambda: 0,
+        "set_device_index": _check_or_current,
+        "set_device_idx": _check_or_current,
+        "device_index": _DeviceIndex,
+        "current_stream": lambda device=None, /: current_stream(device),
+        "set_stream": set_stream,
+        "synchronize": lambda device=None, /: synchronize(device),
+        "empty_cache": empty_cache,
+        "empty_host_cache": lambda: None,  # (pinned memory is not pooled here)
+        "memory_allocated": lambda device=None, /: memory_allocated(device),
+        "max_memory_allocated": lambda device=None, /: max_memory_allocated(device),
+        "memory_reserved": lambda device=None, /: memory_reserved(device),
+        "max_memory_reserved": lambda device=None, /: max_memory_reserved(device),
+        "reset_peak_memory_stats": lambda device=None, /: reset_peak_memory_stats(device),
+        "memory_stats": lambda device=None, /: memory_stats(device),
+        "get_memory_info": lambda device=None, /: mem_get_info(device),
+        "Graph": _refused("Graph", _GRAPHS_REFUSED),
+    }
+    for name, value in table.items():
+        if hasattr(acc, name):
+            p.set(acc, name, value)
+    for module in (getattr(acc, "memory", None), getattr(acc, "graphs", None)):
+        for name, value in table.items():
+            if module is not None and callable(getattr(module, name, None)):
+                p.set(module, name, value)
+    p.set(torch, "Stream", _GenericStream)
+    p.set(torch, "Event", _GenericEvent)
+    _pin_on_the_iterating_thread(p)
+
+
+def _pin_on_the_iterating_thread(p: Patches) -> None:
+    """A ``DataLoader`` with worker processes and ``pin_memory=True`` pins each batch on a thread torch starts for
+    itself (``pt_data_pin``), which the simulator does not run (its queue and event are Python's own): here the
+    iterating thread pins each batch as it takes it from the workers, as the loader without workers pins it. Each
+    batch is new pinned memory either way, handed over once pinned, so no copy of the program's sees it earlier."""
+    it = torch.utils.data.dataloader._MultiProcessingDataLoaderIter
+    init, process = it.__init__, it._process_data
+
+    @functools.wraps(init)
+    def init_pinning_here(self: Any, loader: Any) -> None:
+        if not (loader.pin_memory and in_actor()):
+            init(self, loader)
+            return
+        loader.pin_memory = False  # (no pinning thread started: its queue is the workers' own)
+        try:
+            init(self, loader)
+        finally:
+            loader.pin_memory = True
+        self._simdevice_pin = True
+
+    @functools.wraps(process)
+    def _process_data(self: Any, data: Any, worker_idx: int) -> Any:
+        data = process(self, data, worker_idx)
+        if getattr(self, "_simdevice_pin", False):
+            data = torch.utils.data._utils.pin_memory.pin_memory(data, "cuda")
+        return data
+
+    p.set(it, "__init__", init_pinning_here)
+    p.set(it, "_process_data", _process_data)
 
 
 COMPILE_REFUSED = ("torch.compile is not simulated (a compiled function's kernels would run outside the simulated "
@@ -1657,7 +1795,8 @@ def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
 
 #: what a session patches, for the test that checks they come back as they were
 def patched_owners() -> list[Any]:
-    return [torch, torch.cuda, torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams, torch.cuda.nvtx,
+    return [torch, torch.accelerator, torch.accelerator.memory, torch.accelerator.graphs, torch.cuda,
+            torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams, torch.cuda.nvtx,
             torch.cuda.profiler, torch.cuda.nccl, torch.Tensor, torch.multiprocessing, time, torch.amp, torch.cuda.amp,
             torch.autograd, torch._C.PyTorchFileWriter, torch.UntypedStorage, np.random, torch._C, torch.nn.functional,
-            torch.nn.Module]
+            torch.nn.Module, torch.utils.data.dataloader._MultiProcessingDataLoaderIter]

@@ -323,6 +323,13 @@ def _reduce_tensor(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
 # -- processes ------------------------------------------------------------------------------------------------------
 
 
+def _used_cuda(rt: Any, actor: Any) -> bool:
+    """Whether a process's actor used the device: an operation on one of its streams, a stream of its own besides
+    its default one, or device memory its allocator handed out."""
+    return (len(actor.streams) > 1 or any(s.enqueued for s in actor.streams)
+            or rt.memory_stats(actor.process)["peak"] > 0)
+
+
 def _exit_code(code: Any) -> int:
     """``sys.exit(code)``'s exit status, as the operating system reports it to the parent: an integer's low byte
     (``sys.exit(-1)`` is 255, ``sys.exit(256)`` 0, ``sys.exit(True)`` 1), 0 for None, 1 for anything else."""
@@ -412,6 +419,9 @@ def _patch_process(p: Patches) -> None:
                 child.exitcode = 0
             except SystemExit as e:
                 child.exitcode = _exit_code(e.code)
+            finally:
+                if forked_after_cuda and _used_cuda(rt, child.actor):
+                    rt.note(forked_after_cuda)
             # the child's own copy of this object dies as its interpreter ends (with its received tensors: torch's
             # deleter runs for each), where here the parent's object would keep them: let go of them as it ends
             self._args, self._kwargs = (), {}
@@ -423,11 +433,12 @@ def _patch_process(p: Patches) -> None:
             _fix_start_method(dev)
         # a child starts with its parent's method set (spawn's preparation sets it, forced; a fork inherits it)
         dev.start_methods[name] = multiprocessing.get_context(method)
-        if rt.memory.issues and method == "fork":
-            rt.note(f"a process started with the fork method after CUDA was in use ({name}, {user_source()}): on a "
-                    "GPU its first CUDA call fails (\"Cannot re-initialize CUDA in forked subprocess\", or a CUDA "
-                    "\"initialization error\" for a kernel on a tensor it inherited); start it "
-                    "with get_context(\"spawn\") (the simulator runs it as spawned)")
+        # (noted once the child used CUDA itself: a forked worker that never does, a DataLoader's, runs on a GPU)
+        forked_after_cuda = (
+            f"a process started with the fork method after CUDA was in use ({name}, {user_source()}) used CUDA: on "
+            "a GPU its first CUDA call fails (\"Cannot re-initialize CUDA in forked subprocess\", or a CUDA "
+            "\"initialization error\" for a kernel on a tensor it inherited); start it with get_context(\"spawn\") "
+            "(the simulator runs it as spawned)") if rt.memory.issues and method == "fork" else ""
         child.actor = rt.spawn(name, body)
         dev.sim_processes[child.actor.name] = self
         dev.sim_children.setdefault(parent, []).append(self)

@@ -128,6 +128,20 @@ def test_empty_cache_that_gives_a_segment_back_waits_for_the_device(release: int
     assert bad >= TRIALS - 1 if corrupts else bad == 0
 
 
+@pytest.mark.parametrize(("program", "stall"), [("accelerator_reload", "side#0+20"),
+                                                ("loader_batch_reused", "default#0+20")])
+def test_device_agnostic_code_and_a_loader_s_pinned_batch_run_as_simulated(program: str, stall: str) -> None:
+    """``tests/hazards.py::accelerator_reload`` (``torch.accelerator``, generic ``torch.Stream`` and ``torch.Event``)
+    and ``loader_batch_reused`` (a ``DataLoader(pin_memory=True)`` batch, pinned on both machines, zeroed by the host
+    while its H2D may read it): the same counts on both, the unwaited line corrupted under the stall, the waited one
+    not."""
+    line = f"tests/hazards.py::{program}"
+    _counts_match(line)
+    _counts_match(f"{line}::{stall}")
+    assert rate(f"{line}:wait=0:{stall}") >= TRIALS - 1
+    assert rate(f"{line}::{stall}") == 0
+
+
 def test_python_data_put_on_the_device_is_no_operation_and_its_copy_waits_for_the_stream() -> None:
     """``torch.tensor([...], device="cuda")`` and its kin (``tests/hazards.py::python_data_on_device``): torch copies
     Python data below the dispatch modes, so neither machine counts an operation for it, where a NumPy array's or a

@@ -992,3 +992,25 @@ def test_a_process_forked_after_cuda_was_in_use_is_noted(method: str) -> None:
     assert r.reports == ()
     noted = [n for n in r.notes if "Cannot re-initialize CUDA in forked subprocess" in n]
     assert len(noted) == (method == "fork"), r.notes
+
+
+def _host_sums(x: torch.Tensor, out: Any) -> None:
+    out.put(float(x.sum()))
+
+
+def test_a_forked_process_that_never_uses_cuda_is_not_noted() -> None:
+    """A worker forked after the parent used CUDA that works on host tensors alone (a ``DataLoader``'s) runs on a
+    GPU: no note (one was given for every fork, whatever the child did)."""
+
+    def program() -> None:
+        ctx = mp.get_context("fork")
+        torch.ones(N, device="cuda")
+        out = ctx.Queue()
+        p = ctx.Process(target=_host_sums, args=(torch.ones(N), out))
+        p.start()
+        assert out.get() == N
+        p.join()
+
+    r = _run(program)
+    assert r.reports == ()
+    assert not [n for n in r.notes if "fork method" in n], r.notes
