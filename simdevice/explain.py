@@ -272,7 +272,8 @@ _NOT_RUN = ("NotImplementedError", "RuntimeError: simdevice: ", "RuntimeError: C
             # torch's own torch.cuda.Stream, held under a name bound before the session (a class attribute, a
             # default argument), which refuses on the CPU build
             "RuntimeError: torch.cuda.Stream requires CUDA support",
-            # the device-generic torch.Stream("cuda") / torch.Event("cuda"), and a CUDA torch.Generator
+            # the device-generic torch.Stream("cuda") / torch.Event("cuda") held under a name bound before the
+            # session outside the program's modules, and a CUDA torch.Generator
             "RuntimeError: PyTorch is not linked with support for cuda devices",
             "RuntimeError: Cannot get CUDA generator without ATen_cuda library",
             # a host tensor's .data set to a device tensor: torch's check, as the simulated tensors are no CUDA ones
