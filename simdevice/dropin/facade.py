@@ -102,6 +102,8 @@ class DropInDevice(SimDevice):
         #: every store made in the run, alive until its end (a ``PrefixStore`` over a store the program does not keep
         #: holds only its C++ half, which calls back into the Python one)
         self.stores_made: list[Any] = []
+        #: ``torch.cuda.set_sync_debug_mode``'s mode in the run (kept, not applied)
+        self.sync_debug_mode = 0
 
     def site_named_stream(self) -> Any:
         """A new stream of the current actor, named after the line of the program that made it."""
@@ -958,6 +960,60 @@ def set_rng_state_all(new_states: Any) -> None:
         set_rng_state(state)
 
 
+class _DeviceGenerator:
+    """``torch.cuda.default_generators[0]``: the simulated device's generator object, as code that keeps CUDA's
+    generator calls it (Megatron's RNG tracker sets and reads its state so, where torch has no
+    ``_cuda_setRNGState``): its state is ``torch.cuda.get_rng_state()``'s, its seed ``manual_seed``'s. It is no
+    ``torch.Generator``: an op given it (``generator=``) is not simulated, and its graph-safe state (CUDA graphs) is
+    refused."""
+
+    device = torch.device("cuda", 0)
+
+    def get_state(self) -> torch.Tensor:
+        return get_rng_state()
+
+    def set_state(self, new_state: torch.Tensor) -> _DeviceGenerator:
+        set_rng_state(new_state)
+        return self
+
+    def manual_seed(self, seed: int) -> _DeviceGenerator:
+        manual_seed(int(seed))
+        return self
+
+    def initial_seed(self) -> int:
+        return int(session_device().runtime.initial_seed)
+
+    def seed(self) -> int:  # (torch.cuda.seed(): no new seed here, the run stays deterministic)
+        return self.initial_seed()
+
+    def graphsafe_get_state(self, *args: Any) -> Any:
+        raise NotImplementedError(_GRAPHS_REFUSED + ": a generator's graph-safe state")
+
+    graphsafe_set_state = clone_state = graphsafe_get_state
+
+
+SYNC_DEBUG_NOTE = ("torch.cuda.set_sync_debug_mode is not applied on the simulated device: no synchronizing call is "
+                   "flagged here (the synchronization itself is simulated, as on a GPU)")
+
+
+def set_sync_debug_mode(debug_mode: int | str) -> None:
+    """``torch.cuda.set_sync_debug_mode``: the mode kept (``get_sync_debug_mode`` answers it), its names taken as
+    torch takes them; a mode that warns or raises is not applied here (a note of the run)."""
+    if isinstance(debug_mode, str):
+        modes = {"default": 0, "warn": 1, "error": 2}
+        if debug_mode not in modes:
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
+        debug_mode = modes[debug_mode]
+    dev = session_device()
+    dev.sync_debug_mode = int(debug_mode)
+    if dev.sync_debug_mode and in_actor():
+        dev.runtime.note(SYNC_DEBUG_NOTE)
+
+
+def get_sync_debug_mode() -> int:
+    return session_device().sync_debug_mode
+
+
 class _DeviceContext:
     """``torch.cuda.device(i)``: there is one simulated device; an index past ``device_count()`` raises as it is
     entered, as CUDA's does (-1 or None: nothing)."""
@@ -1561,6 +1617,9 @@ def install(p: Patches) -> None:
         "use_mem_pool": _no_mem_pools,
         "cudart": _no_cudart,
         "_sleep": _sleep,
+        "default_generators": (_DeviceGenerator(),),
+        "set_sync_debug_mode": set_sync_debug_mode,
+        "get_sync_debug_mode": get_sync_debug_mode,
     }
     for name, value in table.items():
         p.set(cuda, name, value)
@@ -1568,7 +1627,7 @@ def install(p: Patches) -> None:
     # (``torch.cuda.memory.memory_stats``, ``torch.cuda.graphs.is_current_stream_capturing``,
     # ``torch.cuda.streams.Stream()``, ``isinstance(s, torch.cuda.streams.Stream)``), and torch's own aliases that
     # call them by their module's names, get the simulated device's too
-    for module in (torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams):
+    for module in (torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams, torch.cuda.random):
         for name, value in table.items():
             if callable(getattr(module, name, None)):
                 p.set(module, name, value)
@@ -1796,7 +1855,7 @@ def _wrapped(owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
 #: what a session patches, for the test that checks they come back as they were
 def patched_owners() -> list[Any]:
     return [torch, torch.accelerator, torch.accelerator.memory, torch.accelerator.graphs, torch.cuda,
-            torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams, torch.cuda.nvtx,
+            torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams, torch.cuda.random, torch.cuda.nvtx,
             torch.cuda.profiler, torch.cuda.nccl, torch.Tensor, torch.multiprocessing, time, torch.amp, torch.cuda.amp,
             torch.autograd, torch._C.PyTorchFileWriter, torch.UntypedStorage, np.random, torch._C, torch.nn.functional,
             torch.nn.Module, torch.utils.data.dataloader._MultiProcessingDataLoaderIter]
