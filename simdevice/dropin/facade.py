@@ -1734,7 +1734,19 @@ def _install_accelerator(p: Patches) -> None:
                 p.set(module, name, value)
     p.set(torch, "Stream", _GenericStream)
     p.set(torch, "Event", _GenericEvent)
+    p.set(torch, "get_device_module", _device_module(torch.get_device_module))
     _pin_on_the_iterating_thread(p)
+
+
+def _device_module(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.get_device_module()``: with no device, the current accelerator's module, ``torch.cuda`` (torch asks
+    its C++ side, which on the CPU build answers ``torch.cpu``, whose ``synchronize`` and streams do nothing)."""
+
+    @functools.wraps(original)
+    def get_device_module(device: Any = None) -> Any:
+        return torch.cuda if device is None else original(device)
+
+    return get_device_module
 
 
 def _pin_on_the_iterating_thread(p: Patches) -> None:

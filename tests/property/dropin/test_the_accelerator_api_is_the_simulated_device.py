@@ -34,7 +34,9 @@ def test_the_accelerator_is_the_simulated_cuda_device() -> None:
         assert torch.accelerator.memory.memory_reserved() == torch.cuda.memory_reserved()
         with pytest.raises(RuntimeError, match="invalid device ordinal"):
             torch.accelerator.set_device_index(1)
+        assert torch.get_device_module() is torch.get_device_module("cuda") is torch.cuda  # (was torch.cpu)
     sim.assert_clean()
+    assert torch.get_device_module() is torch.cpu  # (the CPU build's answer again)
 
 
 def test_generic_streams_and_events_are_the_simulated_device_s() -> None:
