@@ -1320,16 +1320,17 @@ class Dispatcher:
     def _storage_of(self, t: torch.Tensor) -> Storage | None:
         if isinstance(t, SimTensor):
             return t._st
-        return self.rt.lookup_pinned(t)
+        return self.rt.lookup_host(t)
 
     def _refs(self, tensors: list[torch.Tensor]) -> list[Ref]:
-        """The storage and bytes of each tensor that has a storage of the simulator's (device or pinned)."""
+        """The storage and bytes of each tensor that has a storage of the simulator's (device, pinned, or host memory
+        shared between processes)."""
         refs = []
         for t in tensors:
             if isinstance(t, SimTensor):
                 refs.append((t._st, t._data))
             else:
-                st = self.rt.lookup_pinned(t)
+                st = self.rt.lookup_host(t)
                 if st is not None:
                     refs.append((st, t))
         return refs
@@ -1405,8 +1406,15 @@ class Dispatcher:
         if func is aten._pin_memory.default and actor is not None:
             return self.new_pinned(args[0].clone(), actor.process, made=True)
         pinned = [t for t in flat if rt.lookup_pinned(t) is not None]
-        if not pinned or actor is None or facts.kind in ("view", "alloc", "meta"):
+        if actor is None or facts.kind in ("view", "alloc", "meta"):
             return func(*args, **kwargs)
+        if not pinned:
+            shared = [t for t in flat if rt.lookup_host(t) is not None] if rt.memory.shared else None
+            if not shared or rt.execution.in_engine:
+                return func(*args, **kwargs)
+            # Host memory shared between processes, pageable: its accesses are checked as the host's, within the
+            # actor's last step (a GPU run counts no step for an op on pageable memory either)
+            return self._on_the_host(actor, func, facts, args, kwargs, flat, shared, user_source())
         # A host step touching pinned memory: check it as a host access, then run it now.
         a = rt.host_step(facts.name, engine=self._from_engine())
         return self._on_the_host(a, func, facts, args, kwargs, flat, pinned, user_source())
@@ -1619,6 +1627,10 @@ class Dispatcher:
                     if st is not None:
                         in_refs.append((st, x))
                     reads.append(x)
+                elif self.rt.memory.shared:
+                    shared_read = self.rt.lookup_host(x)
+                    if shared_read is not None:  # (staged: the host reads it now, as the op is issued)
+                        self.rt.host_access(a, facts.name, [(shared_read, x)], [], src)
         for x in outputs:
             if isinstance(x, SimTensor):
                 data = x._data
@@ -1626,7 +1638,7 @@ class Dispatcher:
                 n += data.nbytes
             else:
                 host_touch = True
-                st = self.rt.lookup_pinned(x)
+                st = self.rt.lookup_host(x)  # (pageable memory shared between processes too: the copy writes it)
                 if st is not None:
                     out_refs.append((st, x))
         desc = facts.name
@@ -1738,7 +1750,7 @@ class Dispatcher:
         flat = _flat(args, kwargs)
         if any(isinstance(x, SimTensor) for x in flat):
             raise RuntimeError(f"{facts.name}: expected all tensors on the host, got a device tensor")
-        pinned = [t for t in flat if self.rt.lookup_pinned(t) is not None]
+        pinned = [t for t in flat if self.rt.lookup_host(t) is not None]
         return self._on_the_host(a, func, facts, args, kwargs, flat, pinned, src)
 
     def _copies_through_host(self, a: HostActor, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],

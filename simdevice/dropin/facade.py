@@ -1366,7 +1366,7 @@ def _tensor_numpy(original: Callable[..., Any]) -> Callable[..., Any]:
     def numpy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         array = original(self, *args, **kwargs)
         if (_ACTIVE and not isinstance(self, SimTensor) and isinstance(array, np.ndarray)
-                and _ACTIVE[-1].runtime.lookup_pinned(self) is not None):
+                and _ACTIVE[-1].runtime.lookup_host(self) is not None):
             return arrays.checked(array, self, _array_access)
         return array
 
@@ -1392,6 +1392,23 @@ def _host_reads_storage(storage: Any) -> None:
     with torch._C._DisableTorchDispatch():  # (made here, not an operation of the program's)
         whole = torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage)
     _ACTIVE[-1].runtime.unseen_host_read(whole, "torch.save", user_source())
+
+
+def _storage_shared(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``share_memory_`` of host memory in a run (``t.share_memory_()``, and torch's own as it sends a host tensor to
+    another process): the storage, now in shared memory, is tracked from then on (``Runtime.register_shared``), so
+    that one process's host reading it while another's writes it, with nothing ordering them (a queue's message, an
+    event), is a race, as an access of pinned memory is."""
+
+    @functools.wraps(original)
+    def share_memory_(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        if in_actor() and isinstance(self, torch.UntypedStorage) and self.device.type == "cpu" and self.nbytes():
+            rt = session_device().runtime
+            rt.register_shared(self, rt.current().process)
+        return out
+
+    return share_memory_
 
 
 def _file_writer_record(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -1652,6 +1669,7 @@ def install(p: Patches) -> None:
     p.set(torch._C.PyTorchFileWriter, "write_record",
           _wrapped(torch._C.PyTorchFileWriter, "write_record", _file_writer_record))
     p.set(torch.UntypedStorage, "_write_file", _wrapped(torch.UntypedStorage, "_write_file", _storage_write_file))
+    p.set(torch.UntypedStorage, "share_memory_", _wrapped(torch.UntypedStorage, "share_memory_", _storage_shared))
     p.set(torch._C, "_group_tensors_by_device_and_dtype",
           _wrapped(torch._C, "_group_tensors_by_device_and_dtype", _group_by_shown_device))
     _foreach_takes_simulated_tensors(p)

@@ -467,6 +467,9 @@ class Memory:
 
     def __init__(self, reports: ReportSink) -> None:
         self.storages: dict[int, Storage] = {}
+        #: pageable host memory shared between processes (``share_memory_``) by address, which the simulator tracks
+        #: as it tracks pinned memory (:meth:`lookup_host`): two processes' hosts reach it with no device between
+        self.shared: dict[int, Storage] = {}
         self._next_id = 0
         self.reports = reports
         self._seen_races: set[tuple[str, int, str, int, str]] = set()
@@ -550,6 +553,27 @@ class Memory:
         st = self.register(data, "pinned", process)
         st.made = True
         return st
+
+    def register_shared(self, data: torch.Tensor, process: str) -> Storage:
+        """Pageable host memory shared between processes (``data`` over all of its storage's bytes), tracked from now
+        on: what it holds is the values it was made with."""
+        st = self.register(data, "shared", process)
+        st.made = True
+        self.shared[st.base] = st
+        return st
+
+    def lookup_host(self, t: torch.Tensor) -> Storage | None:
+        """The storage of a plain CPU tensor the simulator tracks: pinned memory (:meth:`lookup`), or pageable memory
+        shared between processes (:meth:`register_shared`)."""
+        if self.shared and t.is_cpu:
+            try:
+                ptr = t.untyped_storage().data_ptr()
+            except NotImplementedError:  # (a tensor without a storage of its own: sparse)
+                return None
+            st = self.shared.get(ptr)
+            if st is not None:
+                return st
+        return self.lookup(t)
 
     @staticmethod
     def landed(st: Storage, data: torch.Tensor) -> bool:

@@ -737,6 +737,19 @@ class Runtime:
     def lookup_pinned(self, t: torch.Tensor) -> Storage | None:
         return self.memory.lookup(t)
 
+    def lookup_host(self, t: torch.Tensor) -> Storage | None:
+        """Host memory the simulator tracks accesses of: pinned memory, or pageable memory shared between processes
+        (its copies are pageable ones: :meth:`lookup_pinned` says which)."""
+        return self.memory.lookup_host(t)
+
+    def register_shared(self, storage: torch.UntypedStorage, actor: str) -> None:
+        """``storage`` (host memory) was moved into shared memory (``share_memory_``, or torch sending it to another
+        process): tracked from now on, as two processes' hosts may reach it with nothing of the device between."""
+        with torch._C._DisableTorchDispatch():  # (made here, not an operation of the program's)
+            whole = torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage)
+        if self.memory.lookup_host(whole) is None:
+            self.memory.register_shared(whole, actor)
+
     def enqueue(
         self,
         a: HostActor,
@@ -1002,7 +1015,7 @@ class Runtime:
         a = self.current_or_none()
         if a is None or self.execution.in_engine:
             return
-        st = self.lookup_pinned(t)
+        st = self.lookup_host(t)
         if st is not None:
             self.host_access(a, op, [(st, x) for x in reads], [(st, x) for x in writes], source)
 
