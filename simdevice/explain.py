@@ -138,7 +138,8 @@ def _ordered(race: Race) -> tuple[Access, Access]:
 
 def edge_for(race: Race) -> Edge | None:
     """The edge that orders a race's accesses as the program issued them, or None when the earlier one is a host
-    step (an event cannot be recorded after it; the host must hand over differently)."""
+    step (an event cannot be recorded after it: the later side waits for that host's matching access instead, a
+    handshake, :func:`handshake_for`)."""
     first, second = _ordered(race)
     if first.on != "stream" or first.actor == second.actor:
         return None
@@ -162,6 +163,14 @@ def _where(access: Any) -> str:
     if access.on == "host":
         return "the host"
     return f"the host's thread `{access.actor}`" if access.on == "thread" else f"`{access.actor}`"
+
+
+def _host_named(access: Any) -> str:
+    """A host access's actor in a fix's words: ``the host``, ``the host's thread `filler```, ``the host of
+    `SpawnProcess-1```."""
+    if access.on == "thread":
+        return f"the host's thread `{access.actor}`"
+    return "the host" if access.actor == "host" else f"the host of `{access.actor}`"
 
 
 def _advice(race: Race, edge: Edge) -> str:
@@ -315,15 +324,42 @@ def forward_for(race: Race, occ: Occurrences) -> Edge | None:
     return Edge(awaited, waiter, forward=True, offset=j - k)
 
 
+def handshake_for(race: Race, occ: Occurrences) -> Edge | None:
+    """For a race whose earlier access is a host's (a thread's or another process's host reading or writing host
+    memory): the edge by which the later access waits for that host's matching access, in issue order (the k-th at
+    the later one's site waits for the (k + offset)-th at the host's, the offset this pair's), blocking its host
+    until that access is made; a handshake (a queue message, an event, ``join()``) in the program. None otherwise,
+    or where ``occ`` does not know them."""
+    first, second = _ordered(race)
+    if first.on == "stream" or first.actor == second.actor:
+        return None
+    a, b = occ.of(first.seq), occ.of(second.seq)
+    if a is None or b is None:
+        return None
+    (awaited, j), (waiter, k) = a, b
+    if (awaited.actor, waiter.actor) != (first.actor, second.actor):
+        return None
+    return Edge(awaited, waiter, forward=True, offset=j - k)
+
+
 def _forward_advice(race: Race, edge: Edge) -> str:
     """A forward edge in the program's words: issue the awaited operation first and wait on it, or across
-    processes a handshake."""
+    processes, or where the awaited access is a host's, a handshake."""
     first, second = _ordered(race)
+    if edge.after.actor == first.actor and edge.after.source == first.source:  # (a handshake, in issue order)
+        first, second = second, first
     x = f"`{second.op}` on `{second.actor}` ({second.source})"
     y = f"`{first.op}` on {_where(first)} ({first.source})"
     match = ""
     if edge.offset:
         match = f" (the k-th `{first.op}` there waits for the (k{edge.offset:+d})-th `{second.op}`)"
+    if second.on != "stream":  # the awaited access is a host's: the waiter's host waits for word from it
+        handshake = (f"wait for a handshake from {_host_named(second)} after `{second.op}` ({second.source}) (a "
+                     "queue message or an event it sets after it, `future.result()` or `join()` of it)")
+        if first.on == "stream":
+            return (f"have the host that issues `{first.op}` on `{first.actor}` ({first.source}) {handshake} before "
+                    f"it issues it{match}")
+        return f"have {_host_named(first)} {handshake} before `{first.op}` ({first.source}){match}"
     proc = process_of(first.actor, first.on)
     if proc != process_of(second.actor, second.on):
         host = "the main process's host" if proc == "host" else f"`{proc}`'s host"
@@ -431,9 +467,17 @@ def suggest(
             plain = target.run(failed.schedule)
         candidates: dict[Edge, Race] = {}
         for r in _races(plain):
-            f = forward_for(r, occ)
-            if f is not None and f not in candidates and f not in edges:
-                candidates[f] = r
+            # (a handshake in issue order first: the later access waits for the host's; then against it)
+            for f in (handshake_for(r, occ), forward_for(r, occ)):
+                if f is None:
+                    continue
+                # the pair reported need not be the nearest of its two sites' racing occurrences (one host ran
+                # ahead of the other by more than one): the offsets between it and 0 too, nearest to it first
+                step = -1 if f.offset > 0 else 1
+                for offset in [f.offset, *range(f.offset + step, step, step)] if f.offset else [0]:
+                    g = attrs.evolve(f, offset=offset)
+                    if g not in candidates and g not in edges:
+                        candidates[g] = r
         if not candidates:
             return "no racing pair's earlier operation can wait for the later one (both one actor's)"
         subsets = [list(c) for n in range(1, len(candidates) + 1)

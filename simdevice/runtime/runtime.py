@@ -833,6 +833,9 @@ class Runtime:
             self._issued[at] = record
             self._release()
             self.execution.changed()  # a host blocked on it may go on
+            # and a stream held at a marker for it: an awaited host access is done at once, with no completion on
+            # any stream to move the held one on
+            self.execution.kick_all()
 
     def _record(self, s: SimStream) -> EventRecord:
         """``sync.record(s)``; on a stream held by a forward edge, the record is released with it."""
@@ -998,8 +1001,10 @@ class Runtime:
         self.memory.start(issued, self.now)
         self.memory.finish(issued)
         self.execution.progress()
-        if at is not None:
-            rec = sync.host_record(a, a.current_stream)
+        if at is not None or self._waited_for:
+            rec = sync.host_record(a, a.current_stream)  # (a handshake's start: the host past this access)
+            if self._waited_for:
+                self._issued_at(a.name, source, lambda: rec)
             self._issued_now(at, lambda: rec, mark)
 
     def unseen_host_read(self, t: torch.Tensor, op: str, source: str) -> None:
