@@ -28,7 +28,8 @@ read it. ``inference_prefetch``: weights prefetched on a side stream under ``tor
 ``to`` runs whole (counted as the copy it makes on both machines). ``backward_sets_its_stream``: a custom
 Function's backward that leaves a side stream current, which autograd's engine puts back after the node.
 ``emptied_cache_read``: ``torch.cuda.empty_cache()`` that gives a segment back to CUDA waits for the whole device.
-``accelerator_reload`` and ``loader_batch_reused``: device-agnostic code (``torch.accelerator``, the generic
+``lazy_model_reload``: a lazy model moved to the device before its first forward. ``accelerator_reload`` and
+``loader_batch_reused``: device-agnostic code (``torch.accelerator``, the generic
 ``torch.Stream`` and ``torch.Event``) and a ``DataLoader``'s pinned batch, reused by the host while its copy may
 still read it.
 """
@@ -365,3 +366,19 @@ def loader_batch_reused(wait: int = 1, n: int = 1 << 18) -> None:
         torch.cuda.current_stream().synchronize()
     batch.zero_()
     assert torch.equal(on_device.cpu(), data), "the copy read the batch after the host reused it"
+
+
+def lazy_model_reload(wait: int = 1, n: int = 1 << 14) -> None:
+    """A lazy model moved to the device before its first forward (``LazyLinear(...).cuda()``: its parameters made
+    there as the forward infers their shapes), its output copied D2H into pinned memory on ``side``; the host reads
+    the copy after ``side.synchronize()`` (``wait``) or at once."""
+    model = torch.nn.Sequential(torch.nn.LazyLinear(64), torch.nn.ReLU(), torch.nn.LazyLinear(n // 4)).cuda()
+    y = model(torch.ones(4, 32, device="cuda")).flatten()
+    pinned = torch.empty(n, pin_memory=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        pinned.copy_(y, non_blocking=True)
+    if wait:
+        side.synchronize()
+    assert torch.equal(pinned, y.cpu()), "the host read the copy before it landed"

@@ -1333,6 +1333,8 @@ def _tensor_to(original: Callable[..., Any]) -> Callable[..., Any]:
         args = tuple(_meta() if on_device(a) and not isinstance(a, torch.dtype) else a for a in args)
         if on_device(kwargs.get("device")):
             kwargs["device"] = _meta()
+        if isinstance(self, _LAZY) and (kwargs.get("device") is META or any(a is META for a in args)):
+            return _lazy_to_device(original, self, args, kwargs)
         if self.layout is not torch.strided and (kwargs.get("device") is META or any(a is META for a in args)):
             raise NotImplementedError(f"a {self.layout} tensor on the simulated device is not simulated (its "
                                       "tensors are dense): move it there dense (to_dense())")
@@ -1465,6 +1467,48 @@ def _storage_write_file(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(self, *args, **kwargs)
 
     return _write_file
+
+
+_LAZY = torch.nn.parameter.UninitializedTensorMixin
+
+
+def _lazy_to_device(original: Callable[..., Any], t: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """An uninitialized parameter or buffer of a lazy module moved to the simulated device (``LazyLinear(4).cuda()``
+    before its first forward): its empty placeholder is copied to the device (an operation, as torch's ``to`` of it
+    is on a GPU), and it stays uninitialized, the same object, marked to be made on the device when its module first
+    infers its shape (:func:`_lazy_materialize`), as on a GPU, where torch makes the parameter on its placeholder's
+    device."""
+    dtype = kwargs.get("dtype", next((a for a in args if isinstance(a, torch.dtype)), None))
+    if dtype is not None and dtype != t.dtype:
+        raise NotImplementedError("a lazy module's uninitialized parameter converted to another dtype as it moves to "
+                                  "the simulated device is not simulated: move it, then convert it after its first "
+                                  "forward")
+    with torch._C.DisableTorchFunctionSubclass():
+        placeholder = t.data  # (a plain tensor over its bytes: none)
+    original(placeholder, *args, **kwargs)
+    t._simdevice_on_device = True
+    return t
+
+
+def _lazy_materialize(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``UninitializedParameter.materialize`` (a lazy module's first forward) of one moved to the simulated device:
+    made there, a device tensor (a ``Parameter`` where the placeholder was one), the same object, as torch's own
+    makes it on the placeholder's device; the module's initialization then runs on it."""
+
+    @functools.wraps(original)
+    def materialize(self: Any, shape: Any, device: Any = None, dtype: Any = None) -> None:
+        if device is not None or not getattr(self, "_simdevice_on_device", False) or not in_actor():
+            return original(self, shape, device, dtype)
+        dtype = dtype if dtype is not None else self.dtype
+        made = torch.empty(shape, device=_meta(), dtype=dtype)
+        if self.cls_to_become is torch.nn.Parameter:
+            made = torch.nn.Parameter(made, requires_grad=self.requires_grad)
+        del self._simdevice_on_device
+        self.__class__ = self.cls_to_become
+        move_in_place(self, made)
+        return None
+
+    return materialize
 
 
 def _tensor_cuda(to: Callable[..., Any]) -> Callable[..., Any]:
@@ -1663,6 +1707,7 @@ def install(p: Patches) -> None:
     to = _wrapped(torch.Tensor, "to", _tensor_to)
     p.set(torch.Tensor, "to", to)
     p.set(torch.Tensor, "cuda", _tensor_cuda(to))
+    p.set(_LAZY, "materialize", _wrapped(_LAZY, "materialize", _lazy_materialize))
     p.set(torch.nn.Module, "_apply", _wrapped(torch.nn.Module, "_apply", _module_apply))
     p.set(torch.Tensor, "tolist", _wrapped(torch.Tensor, "tolist", _tensor_tolist))
     p.set(torch.Tensor, "numpy", _wrapped(torch.Tensor, "numpy", _tensor_numpy))
@@ -1888,4 +1933,4 @@ def patched_owners() -> list[Any]:
             torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams, torch.cuda.random, torch.cuda.nvtx,
             torch.cuda.profiler, torch.cuda.nccl, torch.Tensor, torch.multiprocessing, time, torch.amp, torch.cuda.amp,
             torch.autograd, torch._C.PyTorchFileWriter, torch.UntypedStorage, np.random, torch._C, torch.nn.functional,
-            torch.nn.Module, torch.utils.data.dataloader._MultiProcessingDataLoaderIter]
+            torch.nn.Module, torch.utils.data.dataloader._MultiProcessingDataLoaderIter, _LAZY]
