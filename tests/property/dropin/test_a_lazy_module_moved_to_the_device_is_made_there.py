@@ -20,14 +20,19 @@ def _lazy_train() -> None:
     first = model[0].weight
     x = torch.ones(6, 16, device="cuda")
     y = model(x)
-    assert y.shape == (6, 4) and y.is_cuda
+    assert y.shape == (6, 4)
+    assert y.is_cuda
     assert model[0].weight is first  # (the same object, now made)
-    assert isinstance(first, nn.Parameter) and first.is_cuda and first.shape == (8, 16)
-    assert model[2].running_mean.is_cuda and model[2].running_mean.shape == (8,)
+    assert isinstance(first, nn.Parameter)
+    assert first.is_cuda
+    assert first.shape == (8, 16)
+    assert model[2].running_mean.is_cuda
+    assert model[2].running_mean.shape == (8,)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     y.sum().backward()
     opt.step()
-    assert first.grad is not None and first.grad.is_cuda
+    assert first.grad is not None
+    assert first.grad.is_cuda
 
 
 def test_a_lazy_module_moved_before_its_first_forward_is_made_on_the_device() -> None:
