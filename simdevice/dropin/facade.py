@@ -1498,7 +1498,8 @@ def _lazy_materialize(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def materialize(self: Any, shape: Any, device: Any = None, dtype: Any = None) -> None:
         if device is not None or not getattr(self, "_simdevice_on_device", False) or not in_actor():
-            return original(self, shape, device, dtype)
+            original(self, shape, device, dtype)
+            return
         dtype = dtype if dtype is not None else self.dtype
         made = torch.empty(shape, device=_meta(), dtype=dtype)
         if self.cls_to_become is torch.nn.Parameter:
@@ -1506,7 +1507,6 @@ def _lazy_materialize(original: Callable[..., Any]) -> Callable[..., Any]:
         del self._simdevice_on_device
         self.__class__ = self.cls_to_become
         move_in_place(self, made)
-        return None
 
     return materialize
 
