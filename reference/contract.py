@@ -121,6 +121,20 @@ def torchrun_variables(rank: int, world_size: int) -> dict[str, str]:
             "ROLE_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 
 
+class GenericClass(type):
+    """The metaclass of a stand-in for torch's device-generic ``torch.Stream`` or ``torch.Event`` (a factory of the
+    device's own class): any instance of the classes in ``_of`` is an instance of it, and any subclass of them a
+    subclass, as of torch's own class (a CUDA stream is a ``torch.Stream`` on a GPU)."""
+
+    _of: tuple[type, ...]
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, cls._of)
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        return isinstance(sub, type) and issubclass(sub, cls._of)
+
+
 def op_kind(func: torch._ops.OpOverload) -> OpKind:
     """How an aten op counts: a view, a bare allocation, bookkeeping, or a stream op."""
     if func in _ALLOC_OPS:

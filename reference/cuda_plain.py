@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import torch
 
-from reference.contract import torchrun_variables
+from reference.contract import GenericClass, torchrun_variables
 from reference.naming import LIBRARIES, StreamNames, creation_site, in_standard_library, inside
 
 
@@ -139,25 +139,13 @@ _RawEvent = torch.cuda.Event
 _RawStream = torch.cuda.Stream
 
 
-class _Generic(type):
-    """The device-generic classes' metaclass: any stream (event) is a ``torch.Stream`` (``torch.Event``) still."""
-
-    _of: tuple[type, ...]
-
-    def __instancecheck__(cls, obj: Any) -> bool:
-        return isinstance(obj, cls._of)
-
-    def __subclasscheck__(cls, sub: Any) -> bool:
-        return isinstance(sub, type) and issubclass(sub, cls._of)
-
-
 def _on_cuda(device: Any) -> bool:
     """Whether a generic class's ``device`` is CUDA's (None: the current accelerator, CUDA here)."""
     return device is None or (isinstance(device, int) and not isinstance(device, bool)) or \
         torch.device(device).type == "cuda"
 
 
-class GenericStream(metaclass=_Generic):
+class GenericStream(metaclass=GenericClass):
     """``torch.Stream(device=None, *, priority=0)`` on CUDA: a :class:`CountingStream`, as the simulator makes a
     ``torch.cuda.Stream`` of it (another device's is torch's own)."""
 
@@ -169,7 +157,7 @@ class GenericStream(metaclass=_Generic):
         return CountingStream(device, priority, **kwargs)
 
 
-class GenericEvent(metaclass=_Generic):
+class GenericEvent(metaclass=GenericClass):
     """``torch.Event(device=None, *, enable_timing=False, ...)`` on CUDA: a :class:`CountingEvent`."""
 
     _of = (torch.Event, torch.cuda.Event)

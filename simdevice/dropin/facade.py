@@ -297,26 +297,13 @@ _ORIGINAL_STREAM = torch.Stream
 _ORIGINAL_EVENT = torch.Event
 
 
-class _Generic(type):
-    """The metaclass of the device-generic classes: any stream (event) is an instance of ``torch.Stream``
-    (``torch.Event``) in a session, the simulated device's too, as a CUDA one is on a GPU."""
-
-    _of: tuple[type, ...]
-
-    def __instancecheck__(cls, obj: Any) -> bool:
-        return isinstance(obj, cls._of)
-
-    def __subclasscheck__(cls, sub: Any) -> bool:
-        return isinstance(sub, type) and issubclass(sub, cls._of)
-
-
 def _accelerator_device(device: Any) -> bool:
     """Whether a generic class's ``device`` argument is the accelerator's (None: the current accelerator)."""
     return device is None or on_device(device) or (isinstance(device, int) and not isinstance(device, bool)
                                                    and device == -1)
 
 
-class _GenericStream(metaclass=_Generic):
+class _GenericStream(metaclass=contract.GenericClass):
     """``torch.Stream(device=None, *, priority=0)``, the device-generic stream (device-agnostic code makes its streams
     so): on the accelerator, a ``torch.cuda.Stream`` of the simulated device; another device's (``"cpu"``) is
     torch's own."""
@@ -329,7 +316,7 @@ class _GenericStream(metaclass=_Generic):
         return Stream(device, priority, **kwargs)
 
 
-class _GenericEvent(metaclass=_Generic):
+class _GenericEvent(metaclass=contract.GenericClass):
     """``torch.Event(device=None, *, enable_timing=False, blocking=False, interprocess=False)``, the device-generic
     event: on the accelerator, a ``torch.cuda.Event`` of the simulated device (recorded on the current stream where no
     stream is given, as both record); another device's is torch's own."""

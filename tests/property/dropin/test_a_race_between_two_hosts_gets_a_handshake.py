@@ -26,21 +26,31 @@ def _saver(staging: torch.Tensor, q: object, acks: object) -> None:
         acks.put(float(staging.sum()))  # type: ignore[attr-defined]
 
 
-def snapshot_overwritten() -> None:
-    """The trainer overwrites the shared snapshot (a host ``copy_``) at each step without the saver's acknowledgement
-    of the last one; the saver must have saved each step's."""
+def _snapshots(through_the_device: bool) -> None:
+    """The trainer writes each step's weights into the shared snapshot, a host ``copy_`` (or, ``through_the_device``,
+    a blocking D2H from its device weights), tells the saver, and goes on to the next step without the saver's
+    acknowledgement of the last one; the saver must have saved each step's."""
     ctx = mp.get_context("spawn")
     staging = torch.zeros(N).share_memory_()
     q, acks = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=_saver, args=(staging, q, acks), name="saver", daemon=True)
     p.start()
+    w = torch.zeros(N, device="cuda")
     for step in range(3):
-        staging.copy_(torch.full((N,), float(step + 1)))
+        if through_the_device:
+            w.add_(1.0)
+            staging.copy_(w)
+        else:
+            staging.copy_(torch.full((N,), float(step + 1)))
         q.put(step)
     saved = [acks.get() for _ in range(3)]
     q.put(None)
     p.join()
     assert saved == [float(N * (k + 1)) for k in range(3)], saved
+
+
+def snapshot_overwritten() -> None:
+    _snapshots(through_the_device=False)
 
 
 def filled_by_a_thread() -> None:
@@ -73,22 +83,8 @@ def test_a_buffer_a_thread_fills_gets_a_checked_handshake() -> None:
 
 
 def snapshot_copied_over() -> None:
-    """As :func:`snapshot_overwritten`, the trainer's weights copied into the snapshot by a blocking D2H: the copy,
-    on the default stream, is what must wait for the saver."""
-    ctx = mp.get_context("spawn")
-    staging = torch.zeros(N).share_memory_()
-    q, acks = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=_saver, args=(staging, q, acks), name="saver", daemon=True)
-    p.start()
-    w = torch.zeros(N, device="cuda")
-    for step in range(3):
-        w.add_(1.0)
-        staging.copy_(w)
-        q.put(step)
-    saved = [acks.get() for _ in range(3)]
-    q.put(None)
-    p.join()
-    assert saved == [float(N * (k + 1)) for k in range(3)], saved
+    """The snapshot written by a blocking D2H: the copy, on the default stream, is what must wait for the saver."""
+    _snapshots(through_the_device=True)
 
 
 def copied_before_a_thread_filled_it() -> None:

@@ -57,24 +57,9 @@ def test_generic_streams_and_events_are_the_simulated_device_s() -> None:
     assert torch.Stream is torch._C.Stream  # (torch's own again)
 
 
-def _generic(wait: int = 1) -> None:
-    """A D2H on a generic stream (``with side:``), an event recorded there; the host waits on it (``wait``)."""
-    dev = torch.accelerator.current_accelerator()
-    side = torch.Stream(device=dev)
-    x = torch.arange(N, dtype=torch.float32, device=dev)
-    host = torch.empty(N, pin_memory=True)
-    side.wait_stream(torch.accelerator.current_stream())
-    with side:
-        host.copy_(x, non_blocking=True)
-        done = torch.Event()
-        done.record()
-    if wait:
-        done.synchronize()
-    assert torch.equal(host, torch.arange(N, dtype=torch.float32)), "the host read the copy before it landed"
-
-
 def _generic_set_stream(wait: int = 1) -> None:
-    """The same with ``torch.accelerator.set_stream`` and ``torch.accelerator.synchronize()``."""
+    """A D2H on a generic stream made current with ``torch.accelerator.set_stream``; the host waits with
+    ``torch.accelerator.synchronize()`` (``wait``), then reads the copy."""
     side = torch.Stream()
     x = torch.arange(N, dtype=torch.float32, device="cuda")
     host = torch.empty(N, pin_memory=True)
@@ -88,8 +73,11 @@ def _generic_set_stream(wait: int = 1) -> None:
     assert torch.equal(host, torch.arange(N, dtype=torch.float32)), "the host read the copy before it landed"
 
 
-@pytest.mark.parametrize("program", [_generic, _generic_set_stream])
+@pytest.mark.parametrize("program", ["tests/hazards.py::accelerator_reload", _generic_set_stream])
 def test_device_agnostic_code_races_without_its_wait_and_is_clean_with_it(program: Any) -> None:
+    """A D2H on a generic stream (``tests/hazards.py``'s: entered with ``with side:``, a generic event recorded there
+    and synchronized on), or after ``torch.accelerator.set_stream`` and waited for by
+    ``torch.accelerator.synchronize()``."""
     found = explore(program, max_examples=20, default_config={"wait": 0}, config=st.just({"wait": 0}))
     assert found.failure is not None
     assert "race" in {r.kind for r in found.failure.run.reports}, found.failure.text()
