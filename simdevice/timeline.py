@@ -101,8 +101,14 @@ def slices(out: Any) -> list[Slice]:
             units = int(m.group("units")) if m else 0
             result.append(Slice(actor, "stall", what, t, t + units * UNIT_NS, int(m.group("index")) if m else -1))
         else:
-            source, order = host_access.get((actor, t), ("", -1))
+            source, order = host_access.pop((actor, t), ("", -1))
             result.append(Slice(actor, "host", what, t, t + host_ns, source=source, issued=order))
+    # a host access made later than its step began (an access of shared or pinned memory checked within the actor's
+    # last step, after that step waited: a queue's get): the step it was made in, the actor's last one begun by then
+    for (actor, t), (source, order) in host_access.items():
+        i = _step_at(result, actor, t)
+        if i is not None and not result[i].source:
+            result[i] = attrs.evolve(result[i], source=source, issued=order)
     for actor, (t0, desc) in started.items():  # running when the run stopped (a deadlock, an error)
         m = _INDEX.match(desc)
         index = int(m.group("index")) if m else -1
@@ -123,6 +129,15 @@ def slices(out: Any) -> list[Slice]:
     return result
 
 
+def _step_at(ss: list[Slice], actor: str, t: int) -> int | None:
+    """The index in ``ss`` of ``actor``'s host step that was under way at ``t``: the last one begun by then."""
+    best = None
+    for i, s in enumerate(ss):
+        if s.kind == "host" and s.actor == actor and s.start <= t and (best is None or s.start >= ss[best].start):
+            best = i
+    return best
+
+
 def _racing(out: Any) -> list[Race]:
     return [r for r in out.run.reports if isinstance(r, Race)]
 
@@ -138,7 +153,8 @@ def _accessor(ss: list[Slice], out: Any, access: Any) -> Slice | None:
     at = getattr(out.run, "host_accesses", {}).get(access.seq)
     if at is None:
         return None
-    return next((s for s in ss if s.kind == "host" and s.actor == access.actor and s.start == at[1]), None)
+    i = _step_at(ss, access.actor, at[1])
+    return None if i is None else ss[i]
 
 
 def _edge_ends(ss: list[Slice], edge: Any) -> list[tuple[Slice, Slice]]:
@@ -149,13 +165,14 @@ def _edge_ends(ss: list[Slice], edge: Any) -> list[tuple[Slice, Slice]]:
     what it was issued long before (where a slice's issue order is not known, its start stands for it)."""
     ends = []
     ops = [s for s in ss if s.kind in ("op", "pending")]
-    afters = [s for s in ops if s.actor == edge.after.actor and s.source == edge.after.source]
-    # a host step waits too (a synchronize before it), where it accessed memory the device reaches
+    # a host step waits too (a synchronize before it), where it accessed memory the device reaches; and one is waited
+    # for, by a handshake, where its host's access came first
     ops += [s for s in ss if s.kind == "host" and s.source]
+    afters = [s for s in ops if s.actor == edge.after.actor and s.source == edge.after.source]
     if getattr(edge, "forward", False):
         befores = sorted((s for s in ops if s.actor == edge.before.actor and s.source == edge.before.source),
                          key=lambda s: (s.index, s.issued, s.start))
-        afters.sort(key=lambda s: s.index)
+        afters.sort(key=lambda s: (s.index, s.issued, s.start))
         return [(afters[k + edge.offset], b) for k, b in enumerate(befores) if 0 <= k + edge.offset < len(afters)]
     def earlier(a: Slice, b: Slice) -> bool:
         return a.issued < b.issued if a.issued >= 0 and b.issued >= 0 else a.start <= b.start

@@ -109,3 +109,21 @@ def test_a_copy_issued_before_another_host_s_access_waits_for_its_handshake() ->
         fix = suggest(as_target(program), found, schedules=20)
         assert fix.checked, fix.lines()
         assert any("have the host that issues `" in a and after in a for a in fix.advice), fix.advice
+
+
+def test_the_picture_flags_both_hosts_steps_and_draws_the_handshake() -> None:
+    """The timeline finds the step each host's access was made in (an access checked within a step that began
+    earlier, before its queue's get waited: it found none, and flagged one side of the race alone) and draws the
+    handshake's edge from the host step it waits for (it looked among stream operations only)."""
+    from simdevice import timeline
+
+    found = simdevice.explore(snapshot_overwritten, max_examples=40).failure
+    assert found is not None
+    ss = timeline.slices(found)
+    (race,) = [r for r in found.run.reports if r.kind == "race"]
+    sides = [timeline._accessor(ss, found, x) for x in (race.previous, race.current)]
+    assert all(s is not None and s.kind == "host" for s in sides), sides
+    assert {s.actor for s in sides if s is not None} == {"host", "saver"}
+    fix = suggest(as_target(snapshot_overwritten), found, schedules=5)
+    (edge,) = fix.edges
+    assert timeline._edge_ends(ss, edge), edge
