@@ -10,6 +10,7 @@ defaults).
 from __future__ import annotations
 
 import functools
+import random
 from typing import Any
 
 from hypothesis import assume
@@ -51,7 +52,15 @@ def schedules_of(
     @st.composite
     def draw(data: st.DrawFn) -> Schedule:
         cfg = data(config) if config is not None else {}
-        counts = target.probe(cfg)
+        # the probe runs the program inside Hypothesis's draw: what the program does with Python's global ``random``
+        # (its own ``random.seed``, a DataLoader worker's), and the run's own seeding of it, is put back, as
+        # Hypothesis asks of a strategy (else it warns, "Do not use the `random` module inside strategies", in the
+        # middle of the program's output)
+        state = random.getstate()
+        try:
+            counts = target.probe(cfg)
+        finally:
+            random.setstate(state)
         return target.schedule(cfg, data(delays_at(counts, max_delays)))
 
     return draw()

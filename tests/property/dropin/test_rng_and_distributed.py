@@ -383,3 +383,29 @@ def test_a_run_draws_the_same_host_random_numbers_whatever_came_before() -> None
     random.seed(123)
     np.random.seed(123)
     assert (random.random(), float(np.random.rand())) == after  # the caller's generators as they were
+
+
+def seeds_python_s_random() -> None:
+    """A program that seeds and draws from Python's ``random`` itself (as a ``DataLoader``'s workers do)."""
+    import random
+
+    random.seed(3)
+    x = torch.ones(4, device="cuda") * random.random()
+    assert x.sum().item() > 0
+
+
+def test_a_program_that_uses_python_s_random_brings_no_warning_from_the_search() -> None:
+    """The search's probe runs the program inside Hypothesis's draw of a schedule, and Hypothesis warns where the
+    global ``random`` changed there ("Do not use the `random` module inside strategies", printed amid the
+    program's output, and to become an error): the probe puts it back."""
+    import warnings
+
+    from hypothesis.errors import HypothesisDeprecationWarning
+
+    from simdevice.search.explore import explore
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert explore(seeds_python_s_random, max_examples=20).failure is None
+    assert not [w for w in caught if issubclass(w.category, HypothesisDeprecationWarning)], [
+        str(w.message) for w in caught]
