@@ -116,3 +116,69 @@ def test_a_child_forked_once_cuda_is_in_use_fails_at_its_first_cuda_call(inherit
           f"{what[:120]!r}", flush=True)
     assert kind == "error"
     assert expected in what
+
+
+def _host_only(x: Any, out: Any) -> None:
+    out.put(("ok", float(x.sum())))
+
+
+def test_a_child_forked_once_cuda_is_in_use_runs_where_it_never_uses_cuda() -> None:
+    """A forked worker that works on host tensors alone (a ``DataLoader``'s) runs: the simulator notes a fork only
+    where the child then uses CUDA itself."""
+    import multiprocessing
+
+    torch.ones(N, device="cuda")
+    torch.cuda.synchronize()
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    p = ctx.Process(target=_host_only, args=(torch.ones(N), out))
+    p.start()
+    kind, what = out.get(timeout=60)
+    p.join()
+    print(f"FORK child on host tensors alone: {kind}: {what!r}", flush=True)
+    assert (kind, what) == ("ok", float(N))
+
+
+def _slow_saver(staging: Any, q: Any, acks: Any) -> None:
+    import time
+
+    while True:
+        step = q.get()
+        if step is None:
+            break
+        time.sleep(0.05)  # (a saver that writes to disk: slower than a training step)
+        acks.put(float(staging.sum()))
+
+
+def _snapshot_trial(ack: bool, steps: int = 3) -> bool:
+    """The trainer copies its weights (a blocking D2H) into a pageable shared snapshot at each step and tells the
+    saver; with ``ack`` it waits for the saver's acknowledgement of the last one first. Whether each step's was
+    saved."""
+    ctx = mp.get_context("spawn")
+    staging = torch.zeros(N).share_memory_()
+    q, acks = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_slow_saver, args=(staging, q, acks))
+    p.start()
+    w = torch.zeros(N, device="cuda")
+    got = []
+    for step in range(steps):
+        w.add_(1.0)
+        if ack and step:
+            got.append(acks.get(timeout=60))
+        staging.copy_(w)
+        q.put(step)
+    got += [acks.get(timeout=60) for _ in range(steps - len(got))]
+    q.put(None)
+    p.join()
+    return got == [float(N * (k + 1)) for k in range(steps)]
+
+
+@pytest.mark.parametrize("ack", [False, True], ids=["no ack", "ack"])
+def test_a_shared_snapshot_overwritten_before_the_saver_read_it_is_saved_wrong(ack: bool) -> None:
+    """What the simulator reports for pageable memory shared between processes
+    (``tests/property/dropin/test_a_race_between_two_hosts_gets_a_handshake.py``): overwritten without the saver's
+    acknowledgement, the saved values are wrong; with it, right (the handshake the fix names)."""
+    wrong = sum(not _snapshot_trial(ack) for _ in range(TRIALS))
+    print(f"RATE shared snapshot ({'ack' if ack else 'no ack'}): saved wrong {wrong}/{TRIALS} "
+          f"(torch {torch.__version__}, {torch.cuda.get_device_name()})", flush=True)
+    assert wrong == (0 if ack else TRIALS)
