@@ -168,9 +168,9 @@ def _where(access: Any) -> str:
 def _host_named(access: Any) -> str:
     """A host access's actor in a fix's words: ``the host``, ``the host's thread `filler```, ``the host of
     `SpawnProcess-1```."""
-    if access.on == "thread":
-        return f"the host's thread `{access.actor}`"
-    return "the host" if access.actor == "host" else f"the host of `{access.actor}`"
+    if access.on == "host" and access.actor != "host":
+        return f"the host of `{access.actor}`"
+    return _where(access)
 
 
 def _advice(race: Race, edge: Edge) -> str:

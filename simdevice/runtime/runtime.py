@@ -601,9 +601,12 @@ class Runtime:
         return False
 
     def synchronize(self) -> None:
-        a = self.host_step("synchronize")
+        self._device_waits(self.host_step("synchronize"))
+
+    def _device_waits(self, a: HostActor, why: str = "") -> None:
+        """Host ``a`` waits for every stream of its process (the whole device, as its process sees it)."""
         names = ", ".join(s.name for s in a.streams)
-        self._host_waits(a, [self._record(s) for s in a.streams], f"stream(s) {names} to finish")
+        self._host_waits(a, [self._record(s) for s in a.streams], f"stream(s) {names} to finish{why}")
 
     def event_record(self, s: SimStream | None, timing: bool = False) -> EventRecord:
         a = self.host_step("event.record")
@@ -1052,9 +1055,7 @@ class Runtime:
         process then."""
         a = self.host_step("empty_cache")
         if self.memsaver.empty_cache(a):
-            names = ", ".join(s.name for s in a.streams)
-            self._host_waits(a, [self._record(s) for s in a.streams],
-                             f"stream(s) {names} to finish (empty_cache gave a segment back: cudaFree)")
+            self._device_waits(a, " (empty_cache gave a segment back: cudaFree)")
 
     # -- host actors, shared values, queues ----------------------------------------------------------------
     def spawn(self, name: str, body: Callable[[], Any], thread: bool = False) -> HostActor:
