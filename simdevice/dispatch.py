@@ -938,14 +938,16 @@ def _sig(x: Any) -> Any:
 #: OpOverload.__hash__, a Python method)
 _META_CACHE: dict[Any, tuple[Any, Any]] = {}
 _META_CACHE_MAX = 8192
+_default_dtype = torch.get_default_dtype
 
 
 def _on_meta(make: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any], func: Any, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> Any:
     """``make(func, args, kwargs)``, what an op makes on the meta device, cached by the op and the signature of its
     arguments in :data:`_META_CACHE` (the same programs issue the same ops run after run)."""
-    # (_sig(args) and _sig(kwargs), inline: the arguments are a tuple, the keywords mostly none)
-    key = (id(func), tuple([_sig(x) for x in args]), _sig(kwargs) if kwargs else ())
+    # (_sig(args) and _sig(kwargs), inline: the arguments are a tuple, the keywords mostly none; torch's default
+    # dtype too, which a factory given no dtype, or an integer tensor times a float, gives its output)
+    key = (id(func), tuple([_sig(x) for x in args]), _sig(kwargs) if kwargs else (), _default_dtype())
     got = _META_CACHE.get(key)
     if got is not None and got[0] is func:
         return got[1]

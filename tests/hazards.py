@@ -31,7 +31,8 @@ Function's backward that leaves a side stream current, which autograd's engine p
 ``lazy_model_reload``: a lazy model moved to the device before its first forward. ``accelerator_reload`` and
 ``loader_batch_reused``: device-agnostic code (``torch.accelerator``, the generic
 ``torch.Stream`` and ``torch.Event``) and a ``DataLoader``'s pinned batch, reused by the host while its copy may
-still read it.
+still read it. ``legacy_type_reload``: ``torch.cuda.FloatTensor``, older code's legacy tensor type, made and moved
+to, while the H2D from a pinned buffer may still read it.
 """
 
 from __future__ import annotations
@@ -382,3 +383,18 @@ def lazy_model_reload(wait: int = 1, n: int = 1 << 14) -> None:
     if wait:
         side.synchronize()
     assert torch.equal(pinned, y.cpu()), "the host read the copy before it landed"
+
+
+def legacy_type_reload(wait: int = 1, n: int = 1 << 20) -> None:
+    """Older code's legacy tensor types: a pinned staging buffer moved with ``.type(torch.cuda.FloatTensor, True)``
+    (an H2D on ``default``, non-blocking), copied into a buffer made with ``torch.cuda.FloatTensor(n)``; then the
+    host refills the staging buffer, after ``torch.cuda.current_stream().synchronize()`` (``wait``) or at once."""
+    staging = torch.arange(n, dtype=torch.float32).pin_memory()
+    moved = staging.type(torch.cuda.FloatTensor, True)
+    assert isinstance(moved, torch.cuda.FloatTensor)
+    out = torch.cuda.FloatTensor(n)
+    out.copy_(moved)
+    if wait:
+        torch.cuda.current_stream().synchronize()
+    staging.fill_(-1.0)
+    assert torch.equal(out.cpu(), torch.arange(n, dtype=torch.float32)), "the H2D read the staging buffer refilled"

@@ -1595,6 +1595,110 @@ _FACTORIES = (
     "randn_like", "randperm", "range", "scalar_tensor", "tril_indices", "triu_indices", "zeros", "zeros_like",
     "bartlett_window", "blackman_window", "hamming_window", "hann_window", "kaiser_window",
 )
+class _CudaTensorType:
+    """``torch.cuda.FloatTensor`` and its kin, torch's legacy tensor types of the device, which the CPU build cannot
+    make (``TypeError: type torch.cuda.FloatTensor not available``: a host error blamed on the program) nor
+    recognize (``isinstance(t, torch.cuda.FloatTensor)`` of a device tensor was False). Called, as torch's
+    legacy constructor (``legacy_tensor_generic_ctor_new``, torch/csrc/utils/tensor_new.cpp): sizes (ints, a
+    ``torch.Size``) make an uninitialized tensor of them, a tensor of this type an alias of it, anything else is
+    data, copied to the device as ``torch.tensor`` copies it there; ``isinstance`` asks for a dense device tensor
+    of this dtype."""
+
+    is_cuda = True
+    is_sparse = False
+
+    def __init__(self, name: str, dtype: torch.dtype) -> None:
+        self.__name__ = self.__qualname__ = name
+        self.__module__ = "torch.cuda"
+        self.dtype = dtype
+
+    def __repr__(self) -> str:
+        return f"<class 'torch.cuda.{self.__name__}'>"
+
+    def __instancecheck__(self, obj: Any) -> bool:
+        return (isinstance(obj, torch.Tensor) and obj.is_cuda and obj.dtype == self.dtype
+                and obj.layout == torch.strided)
+
+    def __call__(self, *args: Any, device: Any = None) -> Any:
+        if device is not None and not on_device(device):
+            raise RuntimeError(f"legacy constructor expects device type: cuda but device type: "
+                               f"{torch.device(device).type} was passed")
+        if not args:
+            return torch.empty(0, dtype=self.dtype, device="cuda")
+        if len(args) == 1 and isinstance(args[0], torch.Tensor):
+            if not self.__instancecheck__(args[0]):
+                raise TypeError(f"expected {self.__module__}.{self.__name__} (got {args[0].type()})")
+            return torch.ops.aten.alias.default(args[0])
+        if isinstance(args[0], (torch.UntypedStorage, torch.TypedStorage)):
+            raise NotImplementedError(f"torch.cuda.{self.__name__}(storage) is not simulated: make the tensor from "
+                                      "sizes or data")
+        if len(args) == 1 and isinstance(args[0], torch.Size):
+            return torch.empty(args[0], dtype=self.dtype, device="cuda")
+        if all(isinstance(a, int) and not isinstance(a, bool) for a in args):
+            return torch.empty(args, dtype=self.dtype, device="cuda")
+        if len(args) > 1:
+            raise TypeError(f"{self.__name__}() takes sizes (ints), a torch.Size, a tensor or data, not "
+                            f"{', '.join(type(a).__name__ for a in args)}")
+        return torch.tensor(args[0], dtype=self.dtype, device="cuda")
+
+
+#: ``torch.cuda``'s legacy tensor types, by name (``FloatTensor``), as the session puts them in place
+_CUDA_TENSOR_TYPES = {name: _CudaTensorType(name, value.dtype) for name, value in vars(torch.cuda).items()
+                      if type(value) is type(torch.FloatTensor)}
+
+
+def _cuda_tensor_type(t: Any) -> torch.dtype | None:
+    """The dtype a legacy device tensor type names (``torch.cuda.HalfTensor``, as the class or its name), else
+    None."""
+    if isinstance(t, _CudaTensorType):
+        return t.dtype
+    if isinstance(t, str) and t.startswith("torch.cuda."):
+        name = t.removeprefix("torch.cuda.")
+        if name.startswith("sparse."):
+            raise NotImplementedError(f"{t}: a sparse tensor on the simulated device is not simulated (its tensors "
+                                      "are dense)")
+        if name not in _CUDA_TENSOR_TYPES:
+            raise ValueError(f"invalid type: {t!r}")
+        return _CUDA_TENSOR_TYPES[name].dtype
+    return None
+
+
+def _tensor_type(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``t.type(torch.cuda.FloatTensor)`` (or its name): ``t`` moved to the device in that dtype, as torch's
+    ``dispatch_to`` (``t`` itself where it is one already); other types, and ``t.type()``, torch's own."""
+
+    @functools.wraps(original)
+    def type_(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        target = _cuda_tensor_type(dtype)
+        if target is None:
+            return original(self, dtype, non_blocking, **kwargs)
+        if isinstance(self, SimTensor) and self.dtype == target and self.layout == torch.strided:
+            return self
+        return self.to(device="cuda", dtype=target, non_blocking=non_blocking, **kwargs)
+
+    return type_
+
+
+def _set_default_tensor_type(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.set_default_tensor_type(torch.cuda.FloatTensor)`` (deprecated by torch, still found in older code):
+    factories that name no device make their tensors on the simulated one, in that dtype, as
+    ``torch.set_default_device("cuda")`` with ``set_default_dtype`` does; a host type afterwards puts the host
+    back."""
+
+    @functools.wraps(original)
+    def set_type(t: Any) -> None:
+        target = _cuda_tensor_type(t)
+        if target is None:
+            if _context_on_device():
+                torch.set_default_device(None)
+            original(t)
+            return
+        torch.set_default_dtype(target)
+        torch.set_default_device("cuda")
+
+    return set_type
+
+
 _FROM_DATA = ("tensor", "as_tensor", "asarray")
 _NEW = ("new_empty", "new_empty_strided", "new_full", "new_ones", "new_zeros")
 
@@ -1709,6 +1813,10 @@ def install(p: Patches) -> None:
         p.set(torch.Tensor, name, _wrapped(torch.Tensor, name, _tensor_new))
     p.set(torch.Tensor, "new_tensor", _wrapped(torch.Tensor, "new_tensor", _tensor_new_tensor))
     p.set(torch.Tensor, "new", _wrapped(torch.Tensor, "new", _tensor_legacy_new))
+    for name, kind in _CUDA_TENSOR_TYPES.items():
+        p.set(cuda, name, kind)
+    p.set(torch.Tensor, "type", _wrapped(torch.Tensor, "type", _tensor_type))
+    p.set(torch, "set_default_tensor_type", _wrapped(torch, "set_default_tensor_type", _set_default_tensor_type))
     p.set(time, "sleep", _host_sleep)
     p.set(np.random, "default_rng", _wrapped(np.random, "default_rng", _default_rng))
     p.set(torch.nn.functional, "dropout", _wrapped(torch.nn.functional, "dropout", _functional_dropout))

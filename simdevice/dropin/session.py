@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+import torch
 
 import reference
 from reference.contract import Run
@@ -41,11 +42,13 @@ class DropIn:
         self.device = DropInDevice(self.schedule, config, options)
         self._patches = Patches()
         self._here: Any = None
+        self._defaults_back: Callable[[], None] = lambda: None
         #: what the run produced, once it is over
         self.result: Run | None = None
 
     # -- the patches ---------------------------------------------------------------------------------
     def _install(self) -> None:
+        self._defaults_back = torch_defaults_kept()
         facade.activate(self.device)
         if _HELD:
             return  # a search holds them in place across its runs: only the device changes
@@ -58,6 +61,7 @@ class DropIn:
     def _uninstall(self) -> None:
         self._patches.restore()
         facade.deactivate(self.device)
+        self._defaults_back()
 
     # -- as a with block -------------------------------------------------------------------------------
     def __enter__(self) -> DropIn:
@@ -211,6 +215,24 @@ def host_generators_kept() -> Callable[[], None]:
     def back() -> None:
         random.setstate(state)
         np.random.set_state(np_state)
+
+    return back
+
+
+def torch_defaults_kept() -> Callable[[], None]:
+    """torch's default device and dtype as they are: the function that puts them back where a run changed them. A
+    program's ``torch.set_default_device("cuda")`` (or ``set_default_dtype``) is its run's, as each run on a GPU is
+    a process of its own: the next run, or the next function of the file, starts from torch's defaults as they were,
+    and the caller of a ``with`` block gets host tensors from ``torch.ones(3)`` again once the session is over
+    (the simulated device is gone; CUDA would not initialize on this build)."""
+    dtype = torch.get_default_dtype()
+    context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+
+    def back() -> None:
+        if getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None) is not context:
+            torch.set_default_device(None if context is None else context.device)
+        if torch.get_default_dtype() != dtype:
+            torch.set_default_dtype(dtype)
 
     return back
 
