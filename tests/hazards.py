@@ -32,7 +32,8 @@ Function's backward that leaves a side stream current, which autograd's engine p
 ``loader_batch_reused``: device-agnostic code (``torch.accelerator``, the generic
 ``torch.Stream`` and ``torch.Event``) and a ``DataLoader``'s pinned batch, reused by the host while its copy may
 still read it. ``legacy_type_reload``: ``torch.cuda.FloatTensor``, older code's legacy tensor type, made and moved
-to, while the H2D from a pinned buffer may still read it.
+to, while the H2D from a pinned buffer may still read it. ``meta_model_reload``: a model built on the meta device and
+given memory with ``to_empty``.
 """
 
 from __future__ import annotations
@@ -398,3 +399,25 @@ def legacy_type_reload(wait: int = 1, n: int = 1 << 20) -> None:
         torch.cuda.current_stream().synchronize()
     staging.fill_(-1.0)
     assert torch.equal(out.cpu(), torch.arange(n, dtype=torch.float32)), "the H2D read the staging buffer refilled"
+
+
+def meta_model_reload(wait: int = 1, n: int = 1 << 14) -> None:
+    """A model built on the meta device (``with torch.device("meta")``), given memory on the device with
+    ``to_empty(device="cuda")`` and initialized there, as large-model code builds one; its output copied D2H into
+    pinned memory on ``side``; the host reads the copy after ``side.synchronize()`` (``wait``) or at once."""
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, n // 4))
+    assert all(p.is_meta for p in model.parameters())
+    model.to_empty(device="cuda")
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.reset_parameters()
+    y = model(torch.ones(4, 32, device="cuda")).flatten()
+    pinned = torch.empty(n, pin_memory=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        pinned.copy_(y, non_blocking=True)
+    if wait:
+        side.synchronize()
+    assert torch.equal(pinned, y.cpu()), "the host read the copy before it landed"

@@ -32,14 +32,13 @@ from torch.utils._mode_utils import no_dispatch
 from reference import contract
 from reference.naming import StreamNames, creation_site, inside
 from simdevice.api import EventHandle, SimDevice, StreamHandle
-from simdevice.dispatch import SimTensor, crosses_devices, move_in_place, storage_of
+from simdevice.dispatch import META, SimTensor, crosses_devices, move_in_place, storage_of
 from simdevice.dropin import arrays
 from simdevice.dropin.patches import Patches
 from simdevice.runtime.config import SimConfig
 from simdevice.runtime.execution import outside_actor
 from simdevice.runtime.reports import internal_file, user_source
 
-META = torch.device("meta")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SIMDEVICE = os.path.dirname(_HERE)
 _REFERENCE = os.path.join(os.path.dirname(_SIMDEVICE), "reference")
@@ -1151,17 +1150,35 @@ _CONTEXT_FACTORIES = frozenset(
     if getattr(torch, name := getattr(f, "__name__", ""), None) is f)
 
 
-def _context_on_device() -> bool:
-    """Whether the device a factory gets where the call names none is CUDA: that of the innermost ``with
-    torch.device("cuda")`` block (torch's ``DeviceContext``, a function mode), else of
-    ``torch.set_default_device("cuda")``. torch's mode would pass it on to the factory itself, but only to the
-    factories it knew before the session patched them, and as a device the simulator takes from here."""
+def _context_device() -> torch.device | None:
+    """The device a factory gets where the call names none: that of the innermost ``with torch.device(...)`` block
+    (torch's ``DeviceContext``, a function mode), else of ``torch.set_default_device(...)``; None where neither
+    is. torch's mode would pass it on to the factory itself, but only to the factories it knew before the session
+    patched them (so a ``with torch.device("meta")`` block made host tensors), and CUDA as a device the simulator
+    takes from here."""
     if torch._C._len_torch_function_stack():
         for mode in reversed(_get_current_function_mode_stack()):
             if isinstance(mode, torch_device.DeviceContext):
-                return on_device(mode.device)
+                return mode.device  # type: ignore[no-any-return]
     default = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
-    return default is not None and on_device(default.device)
+    return None if default is None else default.device  # type: ignore[no-any-return]
+
+
+def _program_meta(device: Any) -> bool:
+    """Whether a factory's ``device`` is the meta device the program asked for (``device="meta"``, ``with
+    torch.device("meta")``: model code made without memory, then ``to_empty(device="cuda")``), which is made a
+    meta tensor of torch's, below the dispatch mode: the simulated device's own tensors are meta shells, and the
+    mode took such a factory for one of them, made in device memory (``META``, the simulator's own object, still
+    is one)."""
+    if device is None or device is META or isinstance(device, int):
+        return False
+    return (device.type if isinstance(device, torch.device) else str(device).split(":")[0]) == "meta"
+
+
+def _context_on_device() -> bool:
+    """Whether the device a factory gets where the call names none is CUDA (:func:`_context_device`)."""
+    device = _context_device()
+    return device is not None and on_device(device)
 
 
 def _forget_context_factories() -> None:
@@ -1176,8 +1193,15 @@ def _factory(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def make(*args: Any, **kwargs: Any) -> Any:
         device = kwargs.get("device")
-        if on_device(device) or (device is None and contextual and _context_on_device()):
+        if device is None and contextual:
+            device = _context_device()
+            if device is not None and not on_device(device):
+                kwargs["device"] = device
+        if on_device(device):
             kwargs["device"] = _meta()
+        elif _program_meta(device):
+            with torch._C._DisableTorchDispatch():
+                return fn(*args, **kwargs)
         return fn(*args, **kwargs)
 
     return make
@@ -1210,7 +1234,14 @@ def _from_data(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def make(*args: Any, **kwargs: Any) -> Any:
         device = kwargs.get("device")
-        if not on_device(device) and not (device is None and _context_on_device()):
+        if device is None:
+            device = _context_device()
+            if device is not None and not on_device(device):
+                kwargs["device"] = device
+        if _program_meta(device):
+            with torch._C._DisableTorchDispatch():
+                return fn(*args, **kwargs)
+        if not on_device(device):
             if kwargs.get("pin_memory") and in_actor():  # (the CPU build has no pinned allocator: made, then pinned)
                 kwargs = {k: v for k, v in kwargs.items() if k != "pin_memory"}
                 grad = bool(kwargs.pop("requires_grad", False))
@@ -1595,6 +1626,8 @@ _FACTORIES = (
     "randn_like", "randperm", "range", "scalar_tensor", "tril_indices", "triu_indices", "zeros", "zeros_like",
     "bartlett_window", "blackman_window", "hamming_window", "hann_window", "kaiser_window",
 )
+
+
 class _CudaTensorType:
     """``torch.cuda.FloatTensor`` and its kin, torch's legacy tensor types of the device, which the CPU build cannot
     make (``TypeError: type torch.cuda.FloatTensor not available``: a host error blamed on the program) nor
