@@ -1024,9 +1024,37 @@ class _DeviceOf(_DeviceContext):
         super().__init__(obj.get_device() if obj.is_cuda else -1)
 
 
-def _no_summary(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError("torch.cuda.memory_summary is not simulated (it reads allocator statistics the "
-                              "simulated allocator does not keep): memory_stats() has those it keeps")
+def _size(n: int) -> str:
+    """Bytes as torch's summary writes them (its ``_format_size``)."""
+    unit, scaled = "B  ", float(n)
+    for bigger in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if scaled < 768 * 1024:
+            break
+        unit, n, scaled = bigger, n // 1024, scaled / 1024
+    return f"{n:6d} {unit}"
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """``torch.cuda.memory_summary``: the statistics the simulated allocator keeps (``memory_stats()``'s), in the
+    layout of torch's table, a row per statistic (torch's rows per pool, of the counts it keeps that this does not,
+    are left out and said so). A program that logs it runs (before: ``NotImplementedError``, no verdict)."""
+    _check(device)
+    stats = _own_stats()
+    line = "|" + "=" * 75 + "|"
+    rule = "|" + "-" * 75 + "|"
+    rows = [("Allocated memory", _size(stats["allocated"]), _size(stats["peak"])),
+            ("Active memory", _size(stats["active"]), _size(stats["active_peak"])),
+            ("GPU reserved memory", _size(stats["reserved"]), _size(stats["reserved_peak"])),
+            ("Allocations", f"{stats['blocks']:10d}", ""),
+            ("GPU reserved segments", f"{stats['segments']:10d}", "")]
+    counts = f"            CUDA OOMs: {stats['ooms']:<13d}|        cudaMalloc retries: {stats['alloc_retries']:<10d}"
+    out = [line, "|" + " PyTorch CUDA memory summary, device ID 0 (the simulated device) ".center(75) + "|", rule,
+           "|" + counts.ljust(75) + "|", line,
+           "|" + "        Metric         | Cur Usage  | Peak Usage |".ljust(75) + "|", rule]
+    out += ["|" + f" {name:<22}| {cur:>10} | {peak:>10} |".ljust(75) + "|" for name, cur, peak in rows]
+    out += [rule, "|" + " (no per-pool rows, nor totals allocated and freed: not kept here)"
+            .ljust(75) + "|", line]
+    return "\n".join(out) + "\n"
 
 
 def _no_snapshot(*args: Any, **kwargs: Any) -> Any:
@@ -1772,7 +1800,7 @@ def install(p: Patches) -> None:
         "set_per_process_memory_fraction": set_per_process_memory_fraction,
         "get_per_process_memory_fraction": get_per_process_memory_fraction,
         "memory_stats": memory_stats,
-        "memory_summary": _no_summary,
+        "memory_summary": memory_summary,
         "memory_snapshot": _no_snapshot,
         "get_allocator_backend": lambda: "native",  # the simulated allocator is CUDA's caching one
         "memory_cached": memory_reserved,  # (torch's deprecated names for these two)
