@@ -424,12 +424,13 @@ class SimTensor(torch.Tensor):
     _ipc: Any = None
 
     @staticmethod
-    def __new__(cls, data: Any, st: Storage | None = None, ops: Dispatcher | None = None, **kwargs: Any) -> Any:
+    def __new__(cls, data: Any, st: Storage | None = None, ops: Dispatcher | None = None,
+                **kwargs: Any) -> SimTensor:
         if st is None:
             # the program calls a parameter's class, as it would torch's ``Parameter`` on a GPU (``type(p)(data,
             # requires_grad=...)``: Hugging Face's loaders remake a parameter so): a simulated parameter is of this
             # class, a ``Parameter`` by torch's ``_is_param`` mark
-            return torch.nn.Parameter(data, **kwargs)
+            return torch.nn.Parameter(data, **kwargs)  # type: ignore[no-any-return]
         # (requires_grad is False, and the storage offset 0, unless given: each argument given costs the call more)
         offset = data.storage_offset()
         if offset:
