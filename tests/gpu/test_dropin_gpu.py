@@ -27,6 +27,8 @@ if not torch.cuda.is_available():
 ROOT = Path(__file__).resolve().parents[2]
 TRIALS = int(os.environ.get("DROPIN_GPU_TRIALS", "20"))
 HAS_MEGATRON = importlib.util.find_spec("megatron") is not None
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+DECODE = "tests/upstream/transformers_offload.py::decode"
 TRAIN = "tests/upstream/megatron_offload.py::train"
 #: the stalls that make each racy example corrupt on a GPU (the simulator needs none: it reports the race itself)
 STALLED = {
@@ -291,3 +293,20 @@ def test_collectives_on_a_world_of_one_count_and_corrupt_as_simulated(line: str)
     bad = sum(t.run(s, "cuda").corrupted for _ in range(trials))
     print(f"RATE {line} corrupted {bad}/{trials}")
     assert bad >= 1 if "wait=0" in line else bad == 0
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (the extra 'upstream')")
+def test_transformers_offloaded_cache_runs_as_simulated() -> None:
+    """``tests/upstream/transformers_offload.py``: transformers' real offloaded KV cache. With two offloaded layers and
+    the offload's first D2H stalled (``default#5+20``): the counts are equal, the cache is right, and the mutant
+    without the prefetch stream's wait for the compute stream reads the pinned buffer before the D2H fills it. With
+    one offloaded layer and its first prefetch stalled, upstream's own race: the concatenation reads the keys before
+    their H2D lands."""
+    stalled = f"{DECODE}:sliding=0:default#5+20"
+    mutant = f"{DECODE}_without_prefetch_wait:sliding=0:default#5+20"
+    single = f"{DECODE}:full=1,sliding=0:prefetch_stream#0+20"
+    for line in (stalled, mutant, single):
+        _counts_match(line)
+    assert rate(stalled) == 0
+    assert rate(mutant) >= TRIALS - 1
+    assert rate(single) >= TRIALS - 1

@@ -1,0 +1,99 @@
+"""Hugging Face transformers' real offloaded KV cache (``DynamicCache(offloading=True)``, transformers 5.25.0 from
+PyPI, unmodified) on the simulator.
+
+The cache runs byte for byte through the torch.cuda drop-in (``transformers_offload.py``, a decode loop). With two
+or more offloaded layers every schedule is clean. The mutant (``decode_without_prefetch_wait``: the prefetch
+stream's wait for the compute stream made a no-op) is found, and the fix suggested and checked is that wait's
+reason as the cache's own comment gives it: the prefetch's H2D must wait for the offload's D2H on the compute
+stream, which is still filling the pinned buffer the prefetch reads.
+
+Found in upstream: with a single offloaded layer (a one-layer stack; or one full-attention layer whose neighbours
+never call ``update``, as linear-attention and KV-sharing layers do not), ``update`` prefetches the very layer it
+is updating: ``prefetch`` circles back to it after the compute stream's wait on the prefetch stream, so the
+concatenation on the compute stream reads the keys and values while their H2D on the prefetch stream may still
+write them. The fix suggested and checked: the compute stream waits for that H2D before the concatenation.
+Needs the extra ``upstream`` (``pip install -e '.[upstream]'``); skipped without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import strategies as st
+
+import simdevice
+from reference.naming import short_path
+from simdevice.explain import suggest
+from simdevice.search.targets import resolve
+
+_spec = importlib.util.find_spec("transformers")
+if _spec is None or not _spec.submodule_search_locations:
+    pytest.skip("transformers is not installed (the extra 'upstream')", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = "tests/upstream/transformers_offload.py"
+_upstream = Path(next(iter(_spec.submodule_search_locations))) / "cache_utils.py"
+UPSTREAM = short_path(str(_upstream))
+
+
+def _line(text: str, within: str | None = None) -> int:
+    """The line of the cache's module that holds ``text`` (the sites the reports name, whatever the version's), the
+    first after the line that holds ``within`` where given."""
+    lines = _upstream.read_text().splitlines()
+    start = 0 if within is None else next(i for i, line in enumerate(lines) if within in line)
+    return next(i for i, line in enumerate(lines[start:], start + 1) if text in line)
+
+
+#: the offload's D2H and the prefetch's H2D of the keys (``CacheLayerMixin``), the update's concatenation of them
+#: (``DynamicLayer``)
+_OFFLOAD = 'self.keys = self.keys.to("cpu", non_blocking=True)'
+D2H = f"{UPSTREAM}:{_line(_OFFLOAD)}"
+H2D = f"{UPSTREAM}:{_line('self.keys = self.keys.to(self.device, non_blocking=True)')}"
+CAT = f"{UPSTREAM}:{_line('self.keys = torch.cat([self.keys, key_states], dim=-2)', 'class DynamicLayer(')}"
+CONFIG = st.fixed_dictionaries({"steps": st.integers(2, 4), "full": st.integers(2, 3),
+                                "sliding": st.integers(0, 1)})
+
+
+@pytest.fixture(autouse=True)
+def _in_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # schedule lines name the driver relative to the repository
+
+
+def test_the_real_cache_is_clean_with_two_or_more_offloaded_layers() -> None:
+    found = simdevice.explore(f"{DRIVER}::decode", config=CONFIG, max_examples=40)
+    assert found.failure is None, found.text()
+
+
+def test_a_single_offloaded_layer_is_prefetched_by_its_own_update_and_read_unwaited() -> None:
+    target = f"{DRIVER}::decode"
+    found = simdevice.explore(target, default_config={"full": 1, "sliding": 0}, config=st.just(
+        {"steps": 3, "full": 1, "sliding": 0}), max_examples=20)
+    assert found.failure is not None
+    reports = [str(r) for r in found.failure.run.reports]
+    assert any(r.startswith("race: cat on stream default ") and "_to_copy (H2D) on stream prefetch_stream" in r
+               and f"({H2D})" in r for r in reports), reports
+    fix = suggest(resolve(target), found.failure, schedules=20)
+    assert fix.checked, fix.lines()
+    assert f"prefetch_stream@{H2D}->default@{CAT}" in [str(e) for e in fix.edges], fix.lines()
+
+
+def test_the_mutant_without_the_prefetch_s_wait_races_and_its_reason_is_the_fix() -> None:
+    target = f"{DRIVER}::decode_without_prefetch_wait"
+    found = simdevice.explore(target, config=CONFIG, max_examples=40)
+    assert found.failure is not None
+    reports = [str(r) for r in found.failure.run.reports]
+    assert any(r.startswith("race: ") and "_to_copy (H2D) on stream prefetch_stream" in r for r in reports), reports
+    fix = suggest(resolve(target), found.failure, schedules=20)
+    assert fix.checked, fix.lines()
+    assert f"default@{D2H}->prefetch_stream@{H2D}" in [str(e) for e in fix.edges], fix.lines()
+
+
+def test_the_upstream_race_replays_from_the_command_line() -> None:
+    p = subprocess.run([sys.executable, "-m", "simdevice", "replay", f"{DRIVER}::decode:full=1,sliding=0",
+                        "--no-fix"], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "the attention read a layer's cache wrong" in p.stdout

@@ -1,0 +1,82 @@
+"""Hugging Face transformers' real offloaded KV cache (``DynamicCache(offloading=True)``, transformers from PyPI,
+unmodified) in a decode loop.
+
+``decode(steps, full, sliding)`` is plain torch.cuda code: a stack of ``full`` full-attention layers and ``sliding``
+sliding-window ones (a Gemma 3 text config's layer types, the sliding ones first), each step's keys and values
+added through ``cache.update`` and attended to on the device; it asserts each step's output equals the same loop
+on the host with an unoffloaded cache. The cache offloads each full-attention layer to pinned memory after its
+update (a non-blocking D2H on the compute stream) and prefetches the next offloaded one back on a stream of its own
+(``prefetch_stream``) at the start of each update, after the compute stream waits for that stream.
+
+``decode_without_prefetch_wait`` runs the same loop with one of the cache's synchronizations made a no-op on the
+cache's own stream object (nothing of transformers is copied or edited): the prefetch stream's wait for the compute
+stream before it prefetches.
+
+    simdevice check tests/upstream/transformers_offload.py::decode                 # clean: two offloaded layers
+    simdevice check "tests/upstream/transformers_offload.py::decode:full=1"        # found: one offloaded layer
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import Gemma3TextConfig
+from transformers.cache_utils import DynamicCache
+
+HEADS, DIM, WINDOW = 2, 16, 8
+
+
+def _cache(full: int, sliding: int, offloading: bool) -> DynamicCache:
+    config = Gemma3TextConfig(num_hidden_layers=full + sliding, sliding_window=WINDOW,
+                              layer_types=["sliding_attention"] * sliding + ["full_attention"] * full,
+                              num_attention_heads=HEADS, num_key_value_heads=HEADS, head_dim=DIM, hidden_size=32,
+                              intermediate_size=64, vocab_size=128)
+    return DynamicCache(config=config, offloading=offloading)
+
+
+def _loop(cache: DynamicCache, steps: int, layers: int, device: str) -> list[torch.Tensor]:
+    """Each step: a query through every layer, its keys and values added to the cache and attended to. The inputs
+    are made on the host and moved once, and the outputs read once at the end, as a model computes its keys and
+    values on the device: nothing in the loop makes the host wait for the device."""
+    g = torch.Generator().manual_seed(0)
+    prompt = 4  # (a prompt of 4 tokens, then one token a step)
+    tokens = prompt + steps - 1
+    qs = torch.randn(tokens, HEADS, DIM, generator=g).to(device)
+    ks = torch.randn(layers, tokens, HEADS, DIM, generator=g).to(device)
+    vs = torch.randn(layers, tokens, HEADS, DIM, generator=g).to(device)
+    outs = []
+    for step in range(steps):
+        span = slice(0, prompt) if step == 0 else slice(prompt + step - 1, prompt + step)
+        q = qs[span].transpose(0, 1).unsqueeze(0)  # (1, heads, tokens of the step, dim)
+        for layer in range(layers):
+            k, v = cache.update(ks[layer, span].transpose(0, 1).unsqueeze(0),
+                                vs[layer, span].transpose(0, 1).unsqueeze(0), layer)
+            q = (q @ k.transpose(-1, -2) / DIM**0.5).softmax(-1) @ v
+        outs.append(q)
+    return [out.cpu() for out in outs]
+
+
+def _check(cache: DynamicCache, steps: int, full: int, sliding: int) -> None:
+    expected = _loop(_cache(full, sliding, offloading=False), steps, full + sliding, "cpu")
+    got = _loop(cache, steps, full + sliding, "cuda")
+    for step, (a, b) in enumerate(zip(got, expected, strict=True)):
+        assert torch.allclose(a, b, atol=1e-5), f"step {step}: the attention read a layer's cache wrong"
+
+
+def decode(steps: int = 3, full: int = 2, sliding: int = 1) -> None:
+    _check(_cache(full, sliding, offloading=True), steps, full, sliding)
+
+
+def decode_without_prefetch_wait(steps: int = 3, full: int = 2, sliding: int = 1) -> None:
+    """The prefetch stream's ``wait_stream`` on the compute stream made a no-op (its wait on other streams kept)."""
+    cache = _cache(full, sliding, offloading=True)
+    stream: Any = cache.prefetch_stream
+    real, compute = stream.wait_stream, torch.cuda.default_stream()
+
+    def wait_stream(other: Any) -> None:
+        if other != compute:
+            real(other)
+
+    stream.wait_stream = wait_stream
+    _check(cache, steps, full, sliding)
