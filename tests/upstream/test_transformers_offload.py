@@ -49,13 +49,14 @@ def _line(text: str, within: str | None = None) -> int:
 
 
 #: the offload's D2H and the prefetch's H2D of the keys (``CacheLayerMixin``), the update's concatenation of them
-#: (``DynamicLayer``)
+#: (``DynamicLayer``) and its in-place write of the new ones (``StaticLayer``)
 _OFFLOAD = 'self.keys = self.keys.to("cpu", non_blocking=True)'
 D2H = f"{UPSTREAM}:{_line(_OFFLOAD)}"
 H2D = f"{UPSTREAM}:{_line('self.keys = self.keys.to(self.device, non_blocking=True)')}"
 CAT = f"{UPSTREAM}:{_line('self.keys = torch.cat([self.keys, key_states], dim=-2)', 'class DynamicLayer(')}"
+INDEX_COPY = f"{UPSTREAM}:{_line('self.keys.index_copy_(2, cache_position, key_states)', 'class StaticLayer(')}"
 CONFIG = st.fixed_dictionaries({"steps": st.integers(2, 4), "full": st.integers(2, 3),
-                                "sliding": st.integers(0, 1)})
+                                "sliding": st.integers(0, 1), "static": st.booleans()})
 
 
 @pytest.fixture(autouse=True)
@@ -68,17 +69,21 @@ def test_the_real_cache_is_clean_with_two_or_more_offloaded_layers() -> None:
     assert found.failure is None, found.text()
 
 
-def test_a_single_offloaded_layer_is_prefetched_by_its_own_update_and_read_unwaited() -> None:
+@pytest.mark.parametrize("static", [False, True])
+def test_a_single_offloaded_layer_is_prefetched_by_its_own_update_and_read_unwaited(static: bool) -> None:
+    """The update's write of the keys that reads the prefetched ones: ``DynamicLayer``'s ``cat``, ``StaticLayer``'s
+    in-place ``index_copy_`` (which the H2D may overwrite after it)."""
     target = f"{DRIVER}::decode"
-    found = simdevice.explore(target, default_config={"full": 1, "sliding": 0}, config=st.just(
-        {"steps": 3, "full": 1, "sliding": 0}), max_examples=20)
+    config = {"steps": 3, "full": 1, "sliding": 0, "static": static}
+    found = simdevice.explore(target, default_config=config, config=st.just(config), max_examples=20)
     assert found.failure is not None
+    op, site = ("index_copy_", INDEX_COPY) if static else ("cat", CAT)
     reports = [str(r) for r in found.failure.run.reports]
-    assert any(r.startswith("race: cat on stream default ") and "_to_copy (H2D) on stream prefetch_stream" in r
+    assert any(r.startswith(f"race: {op} on stream default ") and "_to_copy (H2D) on stream prefetch_stream" in r
                and f"({H2D})" in r for r in reports), reports
     fix = suggest(resolve(target), found.failure, schedules=20)
     assert fix.checked, fix.lines()
-    assert f"prefetch_stream@{H2D}->default@{CAT}" in [str(e) for e in fix.edges], fix.lines()
+    assert f"prefetch_stream@{H2D}->default@{site}" in [str(e) for e in fix.edges], fix.lines()
 
 
 def test_the_mutant_without_the_prefetch_s_wait_races_and_its_reason_is_the_fix() -> None:

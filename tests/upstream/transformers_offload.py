@@ -1,9 +1,10 @@
 """Hugging Face transformers' real offloaded KV cache (``DynamicCache(offloading=True)``, transformers from PyPI,
 unmodified) in a decode loop.
 
-``decode(steps, full, sliding)`` is plain torch.cuda code: a stack of ``full`` full-attention layers and ``sliding``
-sliding-window ones (a Gemma 3 text config's layer types, the sliding ones first), each step's keys and values
-added through ``cache.update`` and attended to on the device; it asserts each step's output equals the same loop
+``decode(steps, full, sliding, static)`` is plain torch.cuda code: a stack of ``full`` full-attention layers and
+``sliding`` sliding-window ones (a Gemma 3 text config's layer types, the sliding ones first), each step's keys and
+values added through ``cache.update`` and attended to on the device (with ``static``, a ``StaticCache`` of as many
+positions as the loop writes, the same protocol); it asserts each step's output equals the same loop
 on the host with an unoffloaded cache. The cache offloads each full-attention layer to pinned memory after its
 update (a non-blocking D2H on the compute stream) and prefetches the next offloaded one back on a stream of its own
 (``prefetch_stream``) at the start of each update, after the compute stream waits for that stream.
@@ -22,25 +23,29 @@ from typing import Any
 
 import torch
 from transformers import Gemma3TextConfig
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
-HEADS, DIM, WINDOW = 2, 16, 8
+HEADS, DIM, WINDOW, PROMPT = 2, 16, 8, 4
 
 
-def _cache(full: int, sliding: int, offloading: bool) -> DynamicCache:
+def _cache(full: int, sliding: int, offloading: bool, static: int = 0) -> Cache:
+    """A ``DynamicCache``, or with ``static`` a ``StaticCache`` of that many positions (preallocated, written in
+    place with ``index_copy_``)."""
     config = Gemma3TextConfig(num_hidden_layers=full + sliding, sliding_window=WINDOW,
                               layer_types=["sliding_attention"] * sliding + ["full_attention"] * full,
                               num_attention_heads=HEADS, num_key_value_heads=HEADS, head_dim=DIM, hidden_size=32,
                               intermediate_size=64, vocab_size=128)
+    if static:
+        return StaticCache(config=config, max_cache_len=static, offloading=offloading)
     return DynamicCache(config=config, offloading=offloading)
 
 
-def _loop(cache: DynamicCache, steps: int, layers: int, device: str) -> list[torch.Tensor]:
+def _loop(cache: Cache, steps: int, layers: int, device: str) -> list[torch.Tensor]:
     """Each step: a query through every layer, its keys and values added to the cache and attended to. The inputs
     are made on the host and moved once, and the outputs read once at the end, as a model computes its keys and
     values on the device: nothing in the loop makes the host wait for the device."""
     g = torch.Generator().manual_seed(0)
-    prompt = 4  # (a prompt of 4 tokens, then one token a step)
+    prompt = PROMPT  # (a prompt of 4 tokens, then one token a step)
     tokens = prompt + steps - 1
     qs = torch.randn(tokens, HEADS, DIM, generator=g).to(device)
     ks = torch.randn(layers, tokens, HEADS, DIM, generator=g).to(device)
@@ -52,25 +57,30 @@ def _loop(cache: DynamicCache, steps: int, layers: int, device: str) -> list[tor
         for layer in range(layers):
             k, v = cache.update(ks[layer, span].transpose(0, 1).unsqueeze(0),
                                 vs[layer, span].transpose(0, 1).unsqueeze(0), layer)
+            k, v = k[:, :, : span.stop], v[:, :, : span.stop]  # (a static cache's positions not yet written: left out)
             q = (q @ k.transpose(-1, -2) / DIM**0.5).softmax(-1) @ v
         outs.append(q)
     return [out.cpu() for out in outs]
 
 
-def _check(cache: DynamicCache, steps: int, full: int, sliding: int) -> None:
-    expected = _loop(_cache(full, sliding, offloading=False), steps, full + sliding, "cpu")
+def _check(cache: Cache, steps: int, full: int, sliding: int, static: bool) -> None:
+    expected = _loop(_cache(full, sliding, False, _positions(steps, static)), steps, full + sliding, "cpu")
     got = _loop(cache, steps, full + sliding, "cuda")
     for step, (a, b) in enumerate(zip(got, expected, strict=True)):
         assert torch.allclose(a, b, atol=1e-5), f"step {step}: the attention read a layer's cache wrong"
 
 
-def decode(steps: int = 3, full: int = 2, sliding: int = 1) -> None:
-    _check(_cache(full, sliding, offloading=True), steps, full, sliding)
+def _positions(steps: int, static: bool) -> int:
+    return PROMPT + steps - 1 if static else 0
 
 
-def decode_without_prefetch_wait(steps: int = 3, full: int = 2, sliding: int = 1) -> None:
+def decode(steps: int = 3, full: int = 2, sliding: int = 1, static: bool = False) -> None:
+    _check(_cache(full, sliding, True, _positions(steps, static)), steps, full, sliding, static)
+
+
+def decode_without_prefetch_wait(steps: int = 3, full: int = 2, sliding: int = 1, static: bool = False) -> None:
     """The prefetch stream's ``wait_stream`` on the compute stream made a no-op (its wait on other streams kept)."""
-    cache = _cache(full, sliding, offloading=True)
+    cache = _cache(full, sliding, True, _positions(steps, static))
     stream: Any = cache.prefetch_stream
     real, compute = stream.wait_stream, torch.cuda.default_stream()
 
@@ -79,4 +89,4 @@ def decode_without_prefetch_wait(steps: int = 3, full: int = 2, sliding: int = 1
             real(other)
 
     stream.wait_stream = wait_stream
-    _check(cache, steps, full, sliding)
+    _check(cache, steps, full, sliding, static)
