@@ -500,10 +500,8 @@ class SimTensor(torch.Tensor):
         """``p.data = t`` (how sharded optimizers point a parameter into a flat buffer): ``p`` shows ``t``'s shape and
         reads and writes ``t``'s bytes from now on, as torch's ``set_data`` does, not the bytes it had."""
         if not isinstance(value, SimTensor):
-            # (torch lets a CUDA tensor's .data become a CPU tensor: a simulated one cannot change its kind in place)
-            raise NotImplementedError(
-                f"setting a device tensor's .data to {type(value).__name__} on {getattr(value, 'device', '?')} (a "
-                "host tensor) is not simulated: swap the tensors themselves, or copy_ the values")
+            set_data_across(self, value)  # (a host tensor's: this one becomes a host tensor, as on a GPU)
+            return
         _TENSOR_DATA.__set__(self, value)  # the shape, strides and dtype
         self._point_at(value._data, value._st)
 
@@ -821,6 +819,28 @@ def move_in_place(old: torch.Tensor, new: torch.Tensor) -> None:
         old._backward_hooks = hooks
     if after is not None:
         old._post_accumulate_grad_hooks = after
+
+
+def set_data_across(p: torch.Tensor, value: torch.Tensor) -> None:
+    """``p.data = value`` where one of them is a simulated tensor and the other a host one (a weight swapped into
+    pinned memory and back, as diffusers' group offloading does): ``p`` keeps its Python object and reads and writes
+    ``value``'s bytes from now on, as torch's ``set_data`` makes it on a GPU, where a CPU and a CUDA tensor are of
+    compatible types. Its class becomes the other side's (a parameter stays one); its ``requires_grad`` stays. A
+    ``grad`` it has would stay on the side it was (torch keeps it so), which the simulated tensors cannot hold:
+    ``NotImplementedError``."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"Variable data has to be a tensor, but got {type(value).__name__}")
+    if p.grad is not None:
+        raise NotImplementedError(f"setting .data of a tensor that has a grad, between the host and the simulated "
+                                  f"device, is not simulated (torch keeps the grad on {p.grad.device}): clear the "
+                                  "grad first, or swap the tensors themselves")
+    requires_grad = p.requires_grad
+    alias = value.detach()
+    if isinstance(p, torch.nn.Parameter):
+        alias = torch.nn.Parameter(alias, requires_grad=requires_grad)
+    move_in_place(p, alias)
+    if p.requires_grad != requires_grad:
+        p.requires_grad_(requires_grad)
 
 
 def data_of(x: Any) -> Any:

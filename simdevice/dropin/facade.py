@@ -32,7 +32,7 @@ from torch.utils._mode_utils import no_dispatch
 from reference import contract
 from reference.naming import StreamNames, creation_site, inside
 from simdevice.api import EventHandle, SimDevice, StreamHandle
-from simdevice.dispatch import META, SimTensor, crosses_devices, move_in_place, storage_of
+from simdevice.dispatch import META, SimTensor, crosses_devices, move_in_place, set_data_across, storage_of
 from simdevice.dropin import arrays
 from simdevice.dropin.patches import Patches
 from simdevice.runtime.config import SimConfig
@@ -1373,6 +1373,28 @@ def _tensor_legacy_new(original: Callable[..., Any]) -> Callable[..., Any]:
     return new
 
 
+_BASE_DATA = torch._C.TensorBase.data
+
+
+def _host_data_get(self: torch.Tensor) -> torch.Tensor:
+    return _BASE_DATA.__get__(self, type(self))  # type: ignore[no-any-return]
+
+
+def _host_data_set(self: torch.Tensor, value: torch.Tensor) -> None:
+    """``p.data = t`` of a host tensor: to a simulated tensor, ``p`` becomes a device tensor on ``t``'s bytes, as
+    torch's ``set_data`` moves it on a GPU (:func:`~simdevice.dispatch.set_data_across`; torch refused the
+    simulated tensor's type); any other, torch's own."""
+    if isinstance(value, SimTensor):
+        set_data_across(self, value)
+        return
+    _BASE_DATA.__set__(self, value)
+
+
+#: ``Tensor.data`` of the session: a host tensor's ``.data`` set to a simulated one moves it (a simulated tensor's
+#: own ``data`` property takes a host tensor likewise)
+_HOST_DATA = property(_host_data_get, _host_data_set, doc=_BASE_DATA.__doc__)
+
+
 def _tensor_to(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -1877,6 +1899,7 @@ def install(p: Patches) -> None:
     for name, kind in _CUDA_TENSOR_TYPES.items():
         p.set(cuda, name, kind)
     p.set(torch.Tensor, "type", _wrapped(torch.Tensor, "type", _tensor_type))
+    p.set(torch.Tensor, "data", _HOST_DATA)
     p.set(torch, "set_default_tensor_type", _wrapped(torch, "set_default_tensor_type", _set_default_tensor_type))
     p.set(time, "sleep", _host_sleep)
     p.set(np.random, "default_rng", _wrapped(np.random, "default_rng", _default_rng))

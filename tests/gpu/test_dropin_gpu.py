@@ -29,6 +29,8 @@ TRIALS = int(os.environ.get("DROPIN_GPU_TRIALS", "20"))
 HAS_MEGATRON = importlib.util.find_spec("megatron") is not None
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 DECODE = "tests/upstream/transformers_offload.py::decode"
+HAS_DIFFUSERS = importlib.util.find_spec("diffusers") is not None and importlib.util.find_spec("accelerate") is not None
+GROUPS = "tests/upstream/diffusers_offload.py::offload"
 TRAIN = "tests/upstream/megatron_offload.py::train"
 #: the stalls that make each racy example corrupt on a GPU (the simulator needs none: it reports the race itself)
 STALLED = {
@@ -310,3 +312,18 @@ def test_transformers_offloaded_cache_runs_as_simulated() -> None:
     assert rate(stalled) == 0
     assert rate(mutant) >= TRIALS - 1
     assert rate(single) >= TRIALS - 1
+
+
+@pytest.mark.skipif(not HAS_DIFFUSERS, reason="diffusers and accelerate are not installed (the extra 'upstream')")
+@pytest.mark.parametrize(("mutant", "stall"), [("without_side_sync", "stream#16+20"),
+                                               ("without_compute_sync", "default#5+20")])
+def test_diffusers_group_offloading_runs_as_simulated(mutant: str, stall: str) -> None:
+    """``tests/upstream/diffusers_offload.py``: diffusers' real group offloading on a stream (weights swapped in and
+    out with ``param.data = ...``). Under the stall that shows the mutant's race (the second forward's first onload
+    H2D late: the first forward onloads with blocking copies, as diffusers' lazy prefetch hook sets them; a compute
+    op late while the next onload takes the block it reads): the counts are equal, upstream's code is right, the
+    mutant reads wrong weights."""
+    for line in (f"{GROUPS}::{stall}", f"{GROUPS}_{mutant}::{stall}"):
+        _counts_match(line)
+    assert rate(f"{GROUPS}::{stall}") == 0
+    assert rate(f"{GROUPS}_{mutant}::{stall}") >= TRIALS - 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -169,8 +168,10 @@ def test_setting_data_points_a_parameter_into_a_flat_buffer() -> None:
         assert params[0].requires_grad
         assert flat.cpu().tolist() == [1.0] * 4 + [2.0] * 8
         assert params[0].data_ptr() == flat.data_ptr()
-        with pytest.raises(NotImplementedError, match=r"to Tensor on cpu \(a host tensor\) is not simulated"):
-            params[0].data = torch.zeros(4)
+        host = torch.zeros(4)
+        params[0].data = host  # (a host tensor's bytes: test_setting_data_moves_a_tensor_between_host_and_device.py)
+        assert not params[0].is_cuda
+        assert params[0].data_ptr() == host.data_ptr()
     sim.assert_clean()
 
 
