@@ -21,7 +21,7 @@ import torch
 from reference import contract
 from reference.contract import MemorySaver, Run
 from reference.schedule import Delay, Schedule, ScheduleError
-from simdevice.dispatch import Dispatcher, SimMode, ref_of
+from simdevice.dispatch import META, Dispatcher, SimMode, ref_of
 from simdevice.runtime import Options, Runtime, SimConfig
 from simdevice.runtime.collectives import Gather, in_memory_order
 from simdevice.runtime.config import UNIT_NS, with_overrides
@@ -310,7 +310,7 @@ def _refuse(dev: SimDevice, handle: Any, kind: type, what: str) -> NoReturn:
 class SimDevice:
     """The device contract on a deterministic simulated device."""
 
-    device = torch.device("meta")
+    device = META  # (the simulator's one meta device object: a session's factories tell it from a program's)
 
     def __init__(
         self,
@@ -327,7 +327,7 @@ class SimDevice:
             self.config = self.config.for_program(self.schedule.program)
         self._options = options or Options()
         #: the device simulated tensors show to Python code (``meta``; ``cuda:0`` under the torch.cuda drop-in)
-        self.shown = shown or torch.device("meta")
+        self.shown = shown or META
         self._build()
 
     def _build(self) -> None:

@@ -63,7 +63,7 @@ from simdevice.runtime.streams import SimStream
 aten = torch.ops.aten
 #: the device type simulated streams report to torch (``torch.Stream`` numbers device types)
 _META_TYPE = torch.Stream(device="meta").device_type
-META = torch.device("meta")
+META = elementwise.META
 CPU = torch.device("cpu")
 
 #: ops whose tensor inputs only give a shape or are fully overwritten, never read

@@ -22,6 +22,10 @@ from typing import Any
 
 import torch
 
+#: the meta device, one object: the simulator's own meta tensors are made with it (a session's factories tell them
+#: by it from a program's meta tensors: ``facade._program_meta``)
+META = torch.device("meta")
+
 aten = torch.ops.aten
 
 #: binary ops whose dtype is the promoted one (``torch.result_type``)
@@ -80,7 +84,7 @@ def output(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Te
         dtype = x.dtype
         if func in _FLOAT_UNARY and not dtype.is_floating_point:
             dtype = torch.get_default_dtype()
-        return torch.empty(x.shape, dtype=dtype, device="meta")
+        return torch.empty(x.shape, dtype=dtype, device=META)
     if len(args) != 2 or any(k != "alpha" for k in kwargs):
         return None
     a, b = args
@@ -102,7 +106,7 @@ def output(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Te
         return None  # a float alpha with an integral result: the meta kernel refuses
     if func in _TRUE_DIVIDE and not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
-    return torch.empty(shape, dtype=dtype, device="meta")
+    return torch.empty(shape, dtype=dtype, device=META)
 
 
 def _arange(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
@@ -118,7 +122,7 @@ def _arange(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | Non
         dtype = torch.int64 if isinstance(end, int) else torch.get_default_dtype()
     if dtype not in _REAL or (isinstance(end, float) and not dtype.is_floating_point):
         return None  # an integral arange of a float end counts to the end cast first: the meta kernel's
-    return torch.empty(math.ceil(end), dtype=dtype, device="meta")
+    return torch.empty(math.ceil(end), dtype=dtype, device=META)
 
 
 def _like(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
@@ -140,4 +144,4 @@ def _like(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Ten
         dtype = x.dtype
     if dtype not in _REAL:
         return None
-    return torch.empty(x.shape, dtype=dtype, device="meta")
+    return torch.empty(x.shape, dtype=dtype, device=META)
