@@ -65,6 +65,8 @@ aten = torch.ops.aten
 _META_TYPE = torch.Stream(device="meta").device_type
 META = elementwise.META
 CPU = torch.device("cpu")
+#: torch's device class, as imported (a session's ``torch.device`` makes its objects, at the cost of a Python call)
+_DEVICE = torch.device
 
 #: ops whose tensor inputs only give a shape or are fully overwritten, never read
 _INPUT_NOT_READ = frozenset(
@@ -1283,7 +1285,7 @@ class Dispatcher:
 
     def on_device(self, d: Any) -> bool:
         """Whether a ``device=`` argument names the simulated device."""
-        return d is not None and torch.device(d).type in self._device_types
+        return d is not None and _DEVICE(d).type in self._device_types
 
     def release(self, t: SimTensor) -> None:
         """``t.untyped_storage().resize_(0)``."""

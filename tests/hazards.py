@@ -33,7 +33,8 @@ Function's backward that leaves a side stream current, which autograd's engine p
 ``torch.Stream`` and ``torch.Event``) and a ``DataLoader``'s pinned batch, reused by the host while its copy may
 still read it. ``legacy_type_reload``: ``torch.cuda.FloatTensor``, older code's legacy tensor type, made and moved
 to, while the H2D from a pinned buffer may still read it. ``meta_model_reload``: a model built on the meta device and
-given memory with ``to_empty``.
+given memory with ``to_empty``. ``device_index_reload``: the device named by its index (``torch.device(0)``,
+``model.to(0)``).
 """
 
 from __future__ import annotations
@@ -416,6 +417,23 @@ def meta_model_reload(wait: int = 1, n: int = 1 << 14) -> None:
     pinned = torch.empty(n, pin_memory=True)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        pinned.copy_(y, non_blocking=True)
+    if wait:
+        side.synchronize()
+    assert torch.equal(pinned, y.cpu()), "the host read the copy before it landed"
+
+
+def device_index_reload(wait: int = 1, n: int = 1 << 14) -> None:
+    """Code that names the device by its index (``torch.device(local_rank)``, ``model.to(local_rank)``): a model moved
+    with ``.to(0)``, its input made on ``torch.device(0)``, its output copied D2H into pinned memory on ``side``; the
+    host reads the copy after ``side.synchronize()`` (``wait``) or at once."""
+    device = torch.device(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, n // 4)).to(0)
+    y = model(torch.ones(4, 32, device=device)).flatten()
+    pinned = torch.empty(n, pin_memory=True)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         pinned.copy_(y, non_blocking=True)
     if wait:

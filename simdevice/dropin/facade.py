@@ -11,6 +11,7 @@ make simulated tensors. :func:`install` puts them in place for a session.
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import functools
 import os
 import sys
@@ -1178,6 +1179,80 @@ _CONTEXT_FACTORIES = frozenset(
     if getattr(torch, name := getattr(f, "__name__", ""), None) is f)
 
 
+#: torch's own device class (a session puts :class:`_Device` in its place as ``torch.device``)
+_REAL_DEVICE = torch.device
+
+
+class _DeviceClass(type):
+    """The class of :class:`_Device`: ``isinstance(d, torch.device)`` of a device is True, and ``torch.device(0)``
+    (an index alone) names the simulated CUDA device, where the CPU build's C++ asks for an accelerator and fails
+    (``Cannot access accelerator device when none is available``: no verdict for ``torch.device(local_rank)``,
+    a device map of indices)."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, _REAL_DEVICE)
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        return issubclass(sub, _REAL_DEVICE)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and isinstance(args[0], int) and not isinstance(args[0], bool):
+            _ordinal(args[0])
+            return _REAL_DEVICE("cuda", args[0])
+        return _REAL_DEVICE(*args, **kwargs)
+
+
+class _Device(metaclass=_DeviceClass):
+    """``torch.device`` in a session: makes torch's own devices (``type(torch.device("cuda"))`` is torch's class),
+    an index alone being the simulated CUDA device's, as on a GPU."""
+
+
+_Device.__name__ = _Device.__qualname__ = "device"
+_Device.__module__ = "torch"
+_Device.__doc__ = _REAL_DEVICE.__doc__
+
+
+def _device_from_state(kind: str, index: int | None) -> torch.device:
+    return _REAL_DEVICE(kind) if index is None else _REAL_DEVICE(kind, index)
+
+
+def _reduce_device(d: torch.device) -> tuple[Any, tuple[Any, ...]]:
+    """How a device pickles in a session: torch's own reduction names its class, ``torch.device``, which pickle finds
+    to be :class:`_Device` there, not the class itself, and refuses."""
+    return _device_from_state, (d.type, d.index)
+
+
+def _pickled_devices(p: Patches) -> None:
+    had = copyreg.dispatch_table.get(_REAL_DEVICE)
+    copyreg.pickle(_REAL_DEVICE, _reduce_device)
+
+    def back() -> None:
+        if had is None:
+            copyreg.dispatch_table.pop(_REAL_DEVICE, None)
+        else:
+            copyreg.dispatch_table[_REAL_DEVICE] = had
+
+    p.on_restore(back)
+
+
+def _parse_to(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch._C._nn._parse_to``, what ``module.to(...)`` parses its arguments with: a device index (``model.to(
+    local_rank)``) names the simulated CUDA device, where the CPU build's C++ asks for an accelerator and fails."""
+
+    @functools.wraps(original)
+    def parse(*args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], int) and not isinstance(args[0], bool):
+            _ordinal(args[0])
+            args = (_REAL_DEVICE("cuda", args[0]), *args[1:])
+        device = kwargs.get("device")
+        if isinstance(device, int) and not isinstance(device, bool):
+            _ordinal(device)
+            kwargs["device"] = _REAL_DEVICE("cuda", device)
+        return original(*args, **kwargs)
+
+    return parse
+
+
 def _context_device() -> torch.device | None:
     """The device a factory gets where the call names none: that of the innermost ``with torch.device(...)`` block
     (torch's ``DeviceContext``, a function mode), else of ``torch.set_default_device(...)``; None where neither
@@ -1900,6 +1975,9 @@ def install(p: Patches) -> None:
         p.set(cuda, name, kind)
     p.set(torch.Tensor, "type", _wrapped(torch.Tensor, "type", _tensor_type))
     p.set(torch.Tensor, "data", _HOST_DATA)
+    p.set(torch, "device", _Device)
+    _pickled_devices(p)
+    p.set(torch._C._nn, "_parse_to", _wrapped(torch._C._nn, "_parse_to", _parse_to))
     p.set(torch, "set_default_tensor_type", _wrapped(torch, "set_default_tensor_type", _set_default_tensor_type))
     p.set(time, "sleep", _host_sleep)
     p.set(np.random, "default_rng", _wrapped(np.random, "default_rng", _default_rng))
@@ -2112,4 +2190,4 @@ def patched_owners() -> list[Any]:
             torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams, torch.cuda.random, torch.cuda.nvtx,
             torch.cuda.profiler, torch.cuda.nccl, torch.Tensor, torch.multiprocessing, time, torch.amp, torch.cuda.amp,
             torch.autograd, torch._C.PyTorchFileWriter, torch.UntypedStorage, np.random, torch._C, torch.nn.functional,
-            torch.nn.Module, torch.utils.data.dataloader._MultiProcessingDataLoaderIter, _LAZY]
+            torch.nn.Module, torch.utils.data.dataloader._MultiProcessingDataLoaderIter, _LAZY, torch._C._nn]

@@ -136,15 +136,16 @@ def test_empty_cache_that_gives_a_segment_back_waits_for_the_device(release: int
                                                 ("loader_batch_reused", "default#0+20"),
                                                 ("lazy_model_reload", "side#0+20"),
                                                 ("legacy_type_reload", "default#0+20"),
-                                                ("meta_model_reload", "side#0+20")])
+                                                ("meta_model_reload", "side#0+20"),
+                                                ("device_index_reload", "side#0+20")])
 def test_device_agnostic_code_and_a_loader_s_pinned_batch_run_as_simulated(program: str, stall: str) -> None:
     """``tests/hazards.py::accelerator_reload`` (``torch.accelerator``, generic ``torch.Stream`` and ``torch.Event``)
     and ``loader_batch_reused`` (a ``DataLoader(pin_memory=True)`` batch, pinned on both machines, zeroed by the host
     while its H2D may read it), and ``lazy_model_reload`` (a lazy model moved to the device before its first
     forward, its parameters made there), and ``legacy_type_reload`` (``torch.cuda.FloatTensor``, older code's legacy
     type, made and moved to), and ``meta_model_reload`` (a model built on the meta device, given memory by
-    ``to_empty``): the same counts on both, the unwaited line corrupted under the stall, the waited one
-    not."""
+    ``to_empty``), and ``device_index_reload`` (the device named by its index): the same counts on both, the
+    unwaited line corrupted under the stall, the waited one not."""
     line = f"tests/hazards.py::{program}"
     _counts_match(line)
     _counts_match(f"{line}::{stall}")
@@ -307,11 +308,16 @@ def test_transformers_offloaded_cache_runs_as_simulated() -> None:
     stalled = f"{DECODE}:sliding=0:default#5+20"
     mutant = f"{DECODE}_without_prefetch_wait:sliding=0:default#5+20"
     single = f"{DECODE}:full=1,sliding=0:prefetch_stream#0+20"
-    for line in (stalled, mutant, single):
+    single_static = f"{DECODE}:full=1,sliding=0,static=1:prefetch_stream#0+20"  # (a StaticCache: the same race)
+    for line in (stalled, mutant, single, single_static):
         _counts_match(line)
     assert rate(stalled) == 0
     assert rate(mutant) >= TRIALS - 1
     assert rate(single) >= TRIALS - 1
+    # (15/20 on an H100: the prefetch's fresh block is often the one the keys had before their offload, still
+    # holding them, so the attention before the late H2D reads right; the H2D then writes the offloaded copy, without
+    # the step's new key, over the cache)
+    assert rate(single_static) >= TRIALS // 2
 
 
 @pytest.mark.skipif(not HAS_DIFFUSERS, reason="diffusers and accelerate are not installed (the extra 'upstream')")
