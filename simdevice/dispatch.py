@@ -1444,22 +1444,22 @@ class Dispatcher:
                 return func(*args, **kwargs)
             # Host memory shared between processes, pageable: its accesses are checked as the host's, within the
             # actor's last step (a GPU run counts no step for an op on pageable memory either)
-            return self._on_the_host(actor, func, facts, args, kwargs, flat, shared, user_source())
+            return self._on_the_host(actor, func, facts, args, kwargs, flat, shared, user_source(), step=False)
         # A host step touching pinned memory: check it as a host access, then run it now.
         a = rt.host_step(facts.name, engine=self._from_engine())
         return self._on_the_host(a, func, facts, args, kwargs, flat, pinned, user_source())
 
     def _on_the_host(self, a: HostActor, func: Any, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     flat: list[torch.Tensor], pinned: list[torch.Tensor], source: str) -> Any:
-        """Host actor ``a`` runs an op on host tensors now (its host step taken), its accesses of pinned memory
-        (``pinned``, those of ``flat``) checked as the host's."""
+                     flat: list[torch.Tensor], pinned: list[torch.Tensor], source: str, step: bool = True) -> Any:
+        """Host actor ``a`` runs an op on host tensors now (its host step taken; ``step`` False: within its last
+        one), its accesses of pinned memory (``pinned``, those of ``flat``) checked as the host's."""
         rt = self.rt
         written = _written(facts, args, kwargs)
         # an in-place op reads what it updates (``add_``), unless it only overwrites it (``copy_``, ``fill_``)
         skip = _not_read(facts, args, kwargs, flat, written)
         reads = pinned if skip is None else [t for t in pinned if id(t) not in skip]
         if pinned:
-            rt.host_access(a, facts.name, self._refs(reads), self._refs(written), source)
+            rt.host_access(a, facts.name, self._refs(reads), self._refs(written), source, step)
             rt.memory.in_flight.before_write(written)
         return func(*args, **kwargs)
 

@@ -992,8 +992,14 @@ class Runtime:
         far: a blocking copy ATen makes inside an op (``memcpy_and_sync``), as a host index is moved to the device."""
         self._host_waits(a, [self._record(s)], desc)
 
-    def host_access(self, a: HostActor, op: str, reads: list[Ref], writes: list[Ref], source: str) -> None:
-        """A host step of ``a`` reads and writes host memory the device also reaches (pinned buffers), now."""
+    def host_access(self, a: HostActor, op: str, reads: list[Ref], writes: list[Ref], source: str,
+                    step: bool = True) -> None:
+        """A host step of ``a`` reads and writes host memory the device also reaches (pinned buffers), now.
+        ``step`` False: an access within the actor's last step, with no step of its own (pageable memory shared
+        between processes, a read below the dispatcher): it takes an epoch of its own first, newer than any the
+        actor published (a ``Queue.put`` of that step releases the clock before it: the access comes after)."""
+        if not step:
+            a.clock.tick(a.name)
         at = self._occurrence(a.name, source)
         if self._waits_at:
             self._inserted_waits(a, None, source, at)
@@ -1025,7 +1031,7 @@ class Runtime:
             return
         st = self.lookup_host(t)
         if st is not None:
-            self.host_access(a, op, [(st, x) for x in reads], [(st, x) for x in writes], source)
+            self.host_access(a, op, [(st, x) for x in reads], [(st, x) for x in writes], source, step=False)
 
     def host_unmap(self, a: HostActor, op: str, segments: list[Segment], source: str) -> None:
         """A host step of ``a`` (a memory-saver pause) unmaps ``segments`` now: an access of them a stream issued
