@@ -333,3 +333,17 @@ def test_diffusers_group_offloading_runs_as_simulated(mutant: str, stall: str) -
         _counts_match(line)
     assert rate(f"{GROUPS}::{stall}") == 0
     assert rate(f"{GROUPS}_{mutant}::{stall}") >= TRIALS - 1
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (the extra 'upstream')")
+def test_a_one_layer_llama_generates_wrong_tokens_with_the_offloaded_cache() -> None:
+    """``tests/upstream/transformers_offload.py::generate``: a tiny Llama's ``generate(cache_implementation=
+    "offloaded")``, end to end. With one layer and its first prefetch stalled, other tokens than the host's; with two,
+    the host's; the counts equal. (With eager attention: with transformers' default, SDPA, a GPU runs one fused
+    kernel where the simulator runs the math path's ops, 25 more on the default stream here; docs/dropin.md.)"""
+    one = "tests/upstream/transformers_offload.py::generate:attention=eager,layers=1:prefetch_stream#0+20"
+    two = "tests/upstream/transformers_offload.py::generate:attention=eager:prefetch_stream#0+20"
+    for line in (one, two):
+        _counts_match(line)
+    assert rate(one) >= TRIALS - 1
+    assert rate(two) == 0

@@ -102,3 +102,21 @@ def test_the_upstream_race_replays_from_the_command_line() -> None:
                         "--no-fix"], cwd=ROOT, capture_output=True, text=True, check=False)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "the attention read a layer's cache wrong" in p.stdout
+
+
+def test_a_one_layer_model_generates_wrong_tokens_with_the_offloaded_cache() -> None:
+    """End to end: ``model.generate(..., cache_implementation="offloaded")`` of a tiny Llama, through the model's
+    own attention. Two layers: clean; one layer: the same race (the update's ``cat`` before the prefetch's H2D),
+    other tokens than the host's, and the same fix, checked."""
+    target = f"{DRIVER}::generate"
+    clean = simdevice.explore(target, max_examples=5)
+    assert clean.failure is None, clean.text()
+    one = {"new": 3, "layers": 1}
+    found = simdevice.explore(target, default_config=one, config=st.just(one), max_examples=5)
+    assert found.failure is not None
+    reports = [str(r) for r in found.failure.run.reports]
+    assert any(r.startswith("race: cat on stream default ") and f"({H2D})" in r for r in reports), reports
+    assert any("the model generated other tokens" in r for r in reports), reports
+    fix = suggest(resolve(target), found.failure, schedules=5)
+    assert fix.checked, fix.lines()
+    assert f"prefetch_stream@{H2D}->default@{CAT}" in [str(e) for e in fix.edges], fix.lines()

@@ -15,6 +15,9 @@ stream before it prefetches.
 
     simdevice check tests/upstream/transformers_offload.py::decode                 # clean: two offloaded layers
     simdevice check "tests/upstream/transformers_offload.py::decode:full=1"        # found: one offloaded layer
+
+``generate(new, layers)``: a tiny Llama generating with ``cache_implementation="offloaded"``, the same cache through
+the model's own attention, compared with the host's tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import Gemma3TextConfig
+from transformers import Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
 HEADS, DIM, WINDOW, PROMPT = 2, 16, 8, 4
@@ -90,3 +93,23 @@ def decode_without_prefetch_wait(steps: int = 3, full: int = 2, sliding: int = 1
 
     stream.wait_stream = wait_stream
     _check(cache, steps, full, sliding, static)
+
+
+def _llama(device: str, layers: int, attention: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                         attn_implementation=attention)
+    return LlamaForCausalLM(config).to(device).eval()
+
+
+def generate(new: int = 3, layers: int = 2, attention: str = "sdpa") -> None:
+    """A tiny Llama (random weights) generating greedily with the offloaded cache
+    (``cache_implementation="offloaded"``: a ``DynamicCache(offloading=True)``), as a user asks for it; the tokens
+    must be the host's, generated with the default cache. ``attention``: the model's attention implementation
+    (``"sdpa"``, transformers' default, or ``"eager"``)."""
+    ids = torch.tensor([[1, 5, 9, 3]])
+    expected = _llama("cpu", layers, attention).generate(ids, max_new_tokens=new, do_sample=False)
+    got = _llama("cuda", layers, attention).generate(ids.to("cuda"), max_new_tokens=new, do_sample=False,
+                                                     cache_implementation="offloaded")
+    assert torch.equal(got.cpu(), expected), "the model generated other tokens with the offloaded cache"
