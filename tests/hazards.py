@@ -371,20 +371,27 @@ def loader_batch_reused(wait: int = 1, n: int = 1 << 18) -> None:
     assert torch.equal(on_device.cpu(), data), "the copy read the batch after the host reused it"
 
 
+def _offloaded_then_read(y: torch.Tensor, n: int, wait: int, device: torch.device | None = None) -> None:
+    """``y`` (``n`` elements) copied D2H into pinned memory on a side stream (``side``, after the current stream; on
+    ``device`` where given, as the program names it); the host reads the copy after ``side.synchronize()``
+    (``wait``) or at once."""
+    pinned = torch.empty(n, pin_memory=True)
+    side = torch.cuda.Stream() if device is None else torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream() if device is None else torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        pinned.copy_(y, non_blocking=True)
+    if wait:
+        side.synchronize()
+    assert torch.equal(pinned, y.cpu()), "the host read the copy before it landed"
+
+
 def lazy_model_reload(wait: int = 1, n: int = 1 << 14) -> None:
     """A lazy model moved to the device before its first forward (``LazyLinear(...).cuda()``: its parameters made
     there as the forward infers their shapes), its output copied D2H into pinned memory on ``side``; the host reads
     the copy after ``side.synchronize()`` (``wait``) or at once."""
     model = torch.nn.Sequential(torch.nn.LazyLinear(64), torch.nn.ReLU(), torch.nn.LazyLinear(n // 4)).cuda()
     y = model(torch.ones(4, 32, device="cuda")).flatten()
-    pinned = torch.empty(n, pin_memory=True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        pinned.copy_(y, non_blocking=True)
-    if wait:
-        side.synchronize()
-    assert torch.equal(pinned, y.cpu()), "the host read the copy before it landed"
+    _offloaded_then_read(y, n, wait)
 
 
 def legacy_type_reload(wait: int = 1, n: int = 1 << 20) -> None:
@@ -414,14 +421,7 @@ def meta_model_reload(wait: int = 1, n: int = 1 << 14) -> None:
         if isinstance(m, torch.nn.Linear):
             m.reset_parameters()
     y = model(torch.ones(4, 32, device="cuda")).flatten()
-    pinned = torch.empty(n, pin_memory=True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        pinned.copy_(y, non_blocking=True)
-    if wait:
-        side.synchronize()
-    assert torch.equal(pinned, y.cpu()), "the host read the copy before it landed"
+    _offloaded_then_read(y, n, wait)
 
 
 def device_index_reload(wait: int = 1, n: int = 1 << 14) -> None:
@@ -431,11 +431,4 @@ def device_index_reload(wait: int = 1, n: int = 1 << 14) -> None:
     device = torch.device(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, n // 4)).to(0)
     y = model(torch.ones(4, 32, device=device)).flatten()
-    pinned = torch.empty(n, pin_memory=True)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        pinned.copy_(y, non_blocking=True)
-    if wait:
-        side.synchronize()
-    assert torch.equal(pinned, y.cpu()), "the host read the copy before it landed"
+    _offloaded_then_read(y, n, wait, device)
