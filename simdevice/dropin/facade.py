@@ -1212,14 +1212,12 @@ _Device.__module__ = "torch"
 _Device.__doc__ = _REAL_DEVICE.__doc__
 
 
-def _device_from_state(kind: str, index: int | None) -> torch.device:
-    return _REAL_DEVICE(kind) if index is None else _REAL_DEVICE(kind, index)
-
-
 def _reduce_device(d: torch.device) -> tuple[Any, tuple[Any, ...]]:
-    """How a device pickles in a session: torch's own reduction names its class, ``torch.device``, which pickle finds
-    to be :class:`_Device` there, not the class itself, and refuses."""
-    return _device_from_state, (d.type, d.index)
+    """How a device pickles in a session: as torch's own reduction, ``torch.device`` called with its type and index,
+    but naming :class:`_Device`, which pickle finds at ``torch.device`` there (it refuses torch's class, which it does
+    not find there). The bytes are torch's: a run's ``torch.load`` (``weights_only``, which allows ``torch.device``)
+    and one outside the session read them."""
+    return _Device, d.__reduce__()[1]
 
 
 def _pickled_devices(p: Patches) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import io
 import pickle
 
 import pytest
@@ -24,12 +25,19 @@ def test_an_index_is_the_cuda_device_and_devices_stay_torch_s() -> None:
         got = (d, type(d) is type(torch.device("cpu")), isinstance(d, torch.device), next(model.parameters()).device,
                next(twice.parameters()).dtype, torch.device("cuda", 0) == d, torch.device(type="cpu").type)
         kept = pickle.loads(pickle.dumps({"d": d, "host": torch.device("cpu")})), copy.deepcopy(d)
+        raw = pickle.dumps(d)
+        saved = io.BytesIO()
+        torch.save({"device": d}, saved)
+        saved.seek(0)
+        loaded = torch.load(saved)  # (weights_only, which allows torch.device by its name)
         with pytest.raises(RuntimeError, match="invalid device ordinal"):
             torch.device(1)
     sim.assert_clean()
     cuda0 = torch.device("cuda", 0)
     assert got == (cuda0, True, True, cuda0, torch.float64, True, "cpu")
     assert kept == ({"d": cuda0, "host": torch.device("cpu")}, cuda0)
+    assert raw == pickle.dumps(cuda0)  # (torch's own bytes: read outside a session too)
+    assert loaded == {"device": cuda0}
     assert type(torch.device) is type  # (torch's own class again)
     with pytest.raises(RuntimeError, match="accelerator"):
         torch.device(0)  # (and the CPU build's answer)
