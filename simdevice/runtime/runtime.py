@@ -999,7 +999,7 @@ class Runtime:
         between processes, a read below the dispatcher): it takes an epoch of its own first, newer than any the
         actor published (a ``Queue.put`` of that step releases the clock before it: the access comes after)."""
         if not step:
-            a.clock.tick(a.name)
+            sync.access_within_step(a, a.name)
         at = self._occurrence(a.name, source)
         if self._waits_at:
             self._inserted_waits(a, None, source, at)

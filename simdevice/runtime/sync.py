@@ -60,6 +60,12 @@ def host_step(actor: Clocked, name: str) -> int:
     return actor.clock.tick(name)
 
 
+def access_within_step(actor: Clocked, name: str) -> int:
+    """A host access with no step of its own (made within the actor's last step): an epoch of its own, newer than
+    any the actor has published (a release earlier in that step, a ``Queue.put``, comes before it)."""
+    return actor.clock.tick(name)
+
+
 def issue(actor: Clocked, stream: SimStream) -> int:
     """An operation enqueued on ``stream`` by ``actor``: after the stream's earlier work and the actor's past."""
     stream.clock.join(actor.clock)
