@@ -50,8 +50,8 @@ from simdevice.runtime.reports import user_source
 from simdevice.runtime.runtime import Mailbox, SharedCell
 
 #: the primitives a run refuses (those it simulates: ``_MADE``)
-_REFUSED = ("Pipe", "Pool", "Manager", "JoinableQueue", "Condition", "Semaphore", "BoundedSemaphore", "RLock",
-            "Array", "RawArray", "RawValue")
+_REFUSED = ("Pipe", "Pool", "Manager", "JoinableQueue", "Condition", "Semaphore", "BoundedSemaphore", "Array",
+            "RawArray", "RawValue")
 #: what pickling does not look into for tensors (by reference: classes, modules, functions)
 _OPAQUE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 #: virtual time a timed wait (``join(timeout)``, ``get(timeout=)``, ``wait(timeout)``) sleeps between its polls, in
@@ -758,7 +758,15 @@ class SimLock:
         self._dev = _session()
         self._cell = SharedCell(False)
 
+    def _here(self) -> None:
+        """A lock an earlier run made, kept where a process keeps it for its lifetime (a library's class attribute:
+        tqdm's output lock): in this run it is a new one, free, as a new process would make it."""
+        dev = _session()
+        if self._dev is not dev:
+            self._dev, self._cell = dev, SharedCell(False)
+
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        self._here()
         rt = self._dev.runtime
         if block and timeout is None:
             rt.lock_acquire(self._cell)
@@ -771,9 +779,11 @@ class SimLock:
 
     def held(self, step: str) -> bool:
         """Whether some actor holds it (a polling host step ``step``)."""
+        self._here()
         return bool(self._dev.runtime.value_get(self._cell, step))
 
     def release(self) -> None:
+        self._here()
         if not self._cell.value:
             raise ValueError("semaphore or lock released too many times")
         self._dev.runtime.value_set(self._cell, False, "Lock.release")
@@ -783,6 +793,42 @@ class SimLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+class SimRLock(SimLock):
+    """``multiprocessing.RLock`` in a run: a lock its holder may take again, each ``acquire`` matched by a
+    ``release`` (tqdm makes one for its bars' output: every program with a progress bar). Taken again by its holder
+    it is no step (Python's does not block there); its first ``acquire`` and last ``release`` are a ``Lock``'s."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._owner: Any = None
+        self._count = 0
+
+    def _here(self) -> None:
+        if self._dev is not _session():
+            self._owner, self._count = None, 0
+        super()._here()
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        self._here()
+        me = self._dev.runtime.current()
+        if self._owner is me:
+            self._count += 1
+            return True
+        if not super().acquire(block, timeout):
+            return False
+        self._owner, self._count = me, 1
+        return True
+
+    def release(self) -> None:
+        self._here()
+        if self._owner is not self._dev.runtime.current():
+            raise AssertionError("attempt to release recursive lock not owned by thread")
+        self._count -= 1
+        if self._count == 0:
+            self._owner = None
+            super().release()
 
 
 class SimValue(SharedValueHandle):
@@ -904,14 +950,14 @@ class SimBarrier:
 #: what each simulated primitive's factory makes in a run
 _MADE: dict[str, Callable[..., Any]] = {
     "Queue": SimQueue, "SimpleQueue": lambda: SimQueue(simple=True), "Event": SimEvent, "Value": SimValue,
-    "Lock": SimLock, "Barrier": SimBarrier,
+    "Lock": SimLock, "RLock": SimRLock, "Barrier": SimBarrier,
 }
 
 
 def _refusal(name: str) -> NotImplementedError:
     return NotImplementedError(
         f"multiprocessing.{name} is not simulated (the run's processes share Queue, SimpleQueue, Event, Value, "
-        "Lock and Barrier)"
+        "Lock, RLock and Barrier)"
     )
 
 

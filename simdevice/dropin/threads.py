@@ -509,9 +509,25 @@ def _in_run_instead(module: Any, name: str, original: Any) -> Any:
     return call
 
 
+#: Python's own ``Event.wait``, as imported
+_EVENT_WAIT = threading.Event.wait
+
+
+def _event_wait(self: threading.Event, timeout: float | None = None) -> bool:
+    """A timed ``wait`` of Python's own ``threading.Event`` (made before the run, or by a library through a name it
+    bound before the session: tqdm's progress monitor waits on one between its refreshes) by an actor of a run: a
+    poll in virtual time, as ``timed`` polls. The run's actors take turns on one thread, so Python's wait would stop
+    them all for its timeout, in real time. Untimed (a real thread's start, which that thread answers), and outside
+    an actor, Python's own."""
+    if timeout is None or self.is_set() or not _in_run():
+        return _EVENT_WAIT(self, timeout)
+    return processes.timed(self.is_set, timeout)
+
+
 def install(p: Patches) -> None:
     """Put the simulated threads and primitives in place (each falls back to the original outside a run)."""
     _patch_thread(p)
+    p.set(threading.Event, "wait", _event_wait)
     for module, name in (*_MADE, *_REFUSED):
         p.set(module, name, _in_run_instead(module, name, getattr(module, name)))
     # (``concurrent.futures`` gives its executors through a module ``__getattr__``: its own name, set for a while)
@@ -519,4 +535,5 @@ def install(p: Patches) -> None:
 
 
 def patched_owners() -> list[Any]:
-    return [threading, threading.Thread, queue, execution, concurrent.futures, concurrent.futures.thread]
+    return [threading, threading.Thread, threading.Event, queue, execution, concurrent.futures,
+            concurrent.futures.thread]
