@@ -1347,11 +1347,6 @@ class Dispatcher:
         st.made = made
         return data
 
-    def _storage_of(self, t: torch.Tensor) -> Storage | None:
-        if isinstance(t, SimTensor):
-            return t._st
-        return self.rt.lookup_host(t)
-
     def _refs(self, tensors: list[torch.Tensor]) -> list[Ref]:
         """The storage and bytes of each tensor that has a storage of the simulator's (device, pinned, or host memory
         shared between processes)."""

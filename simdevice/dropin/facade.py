@@ -298,9 +298,9 @@ _ORIGINAL_EVENT = torch.Event
 
 
 def _accelerator_device(device: Any) -> bool:
-    """Whether a generic class's ``device`` argument is the accelerator's (None: the current accelerator)."""
-    return device is None or on_device(device) or (isinstance(device, int) and not isinstance(device, bool)
-                                                   and device == -1)
+    """Whether a generic class's ``device`` argument is the accelerator's (None: the current accelerator; a negative
+    index raises, as an index past the devices does)."""
+    return device is None or on_device(device)
 
 
 class _GenericStream(metaclass=contract.GenericClass):
