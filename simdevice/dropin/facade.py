@@ -818,6 +818,11 @@ def _properties(device: Any = None) -> Any:
 
 #: the version ``torch.cuda.nccl.version()`` answers: the NCCL of the GPU runs in docs/confirmations.md
 NCCL_VERSION = (2, 28, 9)
+#: what ``torch.version.cuda`` and ``torch.cuda.get_arch_list()`` answer in a session: those of the torch 2.11 CUDA
+#: 13.0 build of the GPU runs in docs/confirmations.md (the CPU build answers None and []: a program that checks
+#: the CUDA version, ``torch.version.cuda >= "12.1"``, failed on its own comparison, "found")
+CUDA_VERSION = "13.0"
+CUDA_ARCHES = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
 
 
 def _nccl_version() -> tuple[int, int, int]:
@@ -1944,6 +1949,8 @@ def install(p: Patches) -> None:
     for name in ("start", "stop", "init"):
         p.set(cuda.profiler, name, getattr(_profiler, name))
     p.set(cuda.nccl, "version", _nccl_version)
+    p.set(torch.version, "cuda", CUDA_VERSION)
+    p.set(cuda, "get_arch_list", lambda: list(CUDA_ARCHES))
     _install_accelerator(p)
     for name in _FACTORIES:
         if hasattr(torch, name):
@@ -2188,4 +2195,5 @@ def patched_owners() -> list[Any]:
             torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams, torch.cuda.random, torch.cuda.nvtx,
             torch.cuda.profiler, torch.cuda.nccl, torch.Tensor, torch.multiprocessing, time, torch.amp, torch.cuda.amp,
             torch.autograd, torch._C.PyTorchFileWriter, torch.UntypedStorage, np.random, torch._C, torch.nn.functional,
-            torch.nn.Module, torch.utils.data.dataloader._MultiProcessingDataLoaderIter, _LAZY, torch._C._nn]
+            torch.nn.Module, torch.utils.data.dataloader._MultiProcessingDataLoaderIter, _LAZY, torch._C._nn,
+            torch.version]
