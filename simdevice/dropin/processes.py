@@ -50,8 +50,7 @@ from simdevice.runtime.reports import user_source
 from simdevice.runtime.runtime import Mailbox, SharedCell
 
 #: the primitives a run refuses (those it simulates: ``_MADE``)
-_REFUSED = ("Pipe", "Pool", "Manager", "JoinableQueue", "Condition", "Semaphore", "BoundedSemaphore", "Array",
-            "RawArray", "RawValue")
+_REFUSED = ("Pipe", "Pool", "Manager", "JoinableQueue", "Condition", "Array", "RawArray", "RawValue")
 #: what pickling does not look into for tensors (by reference: classes, modules, functions)
 _OPAQUE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 #: virtual time a timed wait (``join(timeout)``, ``get(timeout=)``, ``wait(timeout)``) sleeps between its polls, in
@@ -135,7 +134,7 @@ def _by_reference(x: Any) -> bool:
         # raises CUDA's error, as it does on a GPU)
         x.ipc_handle()
         return True
-    return isinstance(x, (torch.Tensor, torch.UntypedStorage, SimQueue, SimEvent, SimLock, SimBarrier,
+    return isinstance(x, (torch.Tensor, torch.UntypedStorage, SimQueue, SimEvent, SimLock, SimSemaphore, SimBarrier,
                           SharedValueHandle, facade.Stream, _Sent))
 
 
@@ -831,6 +830,55 @@ class SimRLock(SimLock):
             super().release()
 
 
+class SimSemaphore:
+    """``multiprocessing.Semaphore`` (``BoundedSemaphore`` with ``bounded``) in a run: a count each ``acquire`` takes
+    one of, waiting while it is 0 (a timeout in virtual time), and each ``release`` gives back, ordering the next
+    taker after it (a process that throttles its workers with one); a bounded one's release past its first count
+    raises, as Python's does. One an earlier run made and a library kept is a new one in this run, at its first
+    count."""
+
+    def __init__(self, value: int = 1, *, bounded: bool = False) -> None:
+        if value < 0:
+            raise ValueError("semaphore initial value must be >= 0")
+        self._dev = _session()
+        self._first = value
+        self._count = SharedCell(value)
+        self._bound = value if bounded else None
+
+    def _here(self) -> None:
+        dev = _session()
+        if self._dev is not dev:
+            self._dev, self._count = dev, SharedCell(self._first)
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        self._here()
+        rt = self._dev.runtime
+        if block and timeout is None:
+            rt.semaphore_acquire(self._count)
+            return True
+        wait = timeout if timeout is not None and block else 0.0
+        if not timed(lambda: rt.value_get(self._count, "Semaphore.acquire") > 0, wait):
+            return False
+        rt.semaphore_acquire(self._count)
+        return True
+
+    def release(self) -> None:
+        self._here()
+        if self._bound is not None and self._count.value + 1 > self._bound:
+            raise ValueError("semaphore or lock released too many times")
+        self._dev.runtime.value_set(self._count, self._count.value + 1, "Semaphore.release")
+
+    def get_value(self) -> int:
+        self._here()
+        return int(self._dev.runtime.value_get(self._count, "Semaphore.get_value"))
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
 class SimValue(SharedValueHandle):
     """``multiprocessing.Value`` in a run: its ``value`` a shared value, with a lock of its own (``lock=True``)."""
 
@@ -950,14 +998,15 @@ class SimBarrier:
 #: what each simulated primitive's factory makes in a run
 _MADE: dict[str, Callable[..., Any]] = {
     "Queue": SimQueue, "SimpleQueue": lambda: SimQueue(simple=True), "Event": SimEvent, "Value": SimValue,
-    "Lock": SimLock, "RLock": SimRLock, "Barrier": SimBarrier,
+    "Lock": SimLock, "RLock": SimRLock, "Barrier": SimBarrier, "Semaphore": SimSemaphore,
+    "BoundedSemaphore": lambda value=1: SimSemaphore(value, bounded=True),
 }
 
 
 def _refusal(name: str) -> NotImplementedError:
     return NotImplementedError(
         f"multiprocessing.{name} is not simulated (the run's processes share Queue, SimpleQueue, Event, Value, "
-        "Lock, RLock and Barrier)"
+        "Lock, RLock, Semaphore, BoundedSemaphore and Barrier)"
     )
 
 
