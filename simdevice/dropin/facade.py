@@ -1293,21 +1293,34 @@ def _forget_context_factories() -> None:
     torch_device._device_constructors.cache_clear()
 
 
+def _device_of_call(kwargs: dict[str, Any], contextual: bool) -> Any:
+    """The device a factory call makes its tensor on: its ``device``, else (``contextual``) the context's
+    (:func:`_context_device`), which is written into ``kwargs`` where it is not CUDA (the simulator's own device,
+    which the caller puts there as ``META``)."""
+    device = kwargs.get("device")
+    if device is None and contextual:
+        device = _context_device()
+        if device is not None and not on_device(device):
+            kwargs["device"] = device
+    return device
+
+
+def _as_program_meta(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``fn`` called to make a meta tensor of the program's (:func:`_program_meta`): below the dispatch mode."""
+    with torch._C._DisableTorchDispatch():
+        return fn(*args, **kwargs)
+
+
 def _factory(fn: Callable[..., Any]) -> Callable[..., Any]:
     contextual = fn.__name__ in _CONTEXT_FACTORIES
 
     @functools.wraps(fn)
     def make(*args: Any, **kwargs: Any) -> Any:
-        device = kwargs.get("device")
-        if device is None and contextual:
-            device = _context_device()
-            if device is not None and not on_device(device):
-                kwargs["device"] = device
+        device = _device_of_call(kwargs, contextual)
         if on_device(device):
             kwargs["device"] = _meta()
         elif _program_meta(device):
-            with torch._C._DisableTorchDispatch():
-                return fn(*args, **kwargs)
+            return _as_program_meta(fn, args, kwargs)
         return fn(*args, **kwargs)
 
     return make
@@ -1339,14 +1352,9 @@ def _from_data(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def make(*args: Any, **kwargs: Any) -> Any:
-        device = kwargs.get("device")
-        if device is None:
-            device = _context_device()
-            if device is not None and not on_device(device):
-                kwargs["device"] = device
+        device = _device_of_call(kwargs, contextual=True)
         if _program_meta(device):
-            with torch._C._DisableTorchDispatch():
-                return fn(*args, **kwargs)
+            return _as_program_meta(fn, args, kwargs)
         if not on_device(device):
             if kwargs.get("pin_memory") and in_actor():  # (the CPU build has no pinned allocator: made, then pinned)
                 kwargs = {k: v for k, v in kwargs.items() if k != "pin_memory"}

@@ -835,7 +835,10 @@ class SimSemaphore:
     one of, waiting while it is 0 (a timeout in virtual time), and each ``release`` gives back, ordering the next
     taker after it (a process that throttles its workers with one); a bounded one's release past its first count
     raises, as Python's does. One an earlier run made and a library kept is a new one in this run, at its first
-    count."""
+    count. (``threading``'s semaphores are this one: ``threads.SimSemaphore``.)"""
+
+    #: what a bounded one's release past its first count raises
+    _TOO_MANY = "semaphore or lock released too many times"
 
     def __init__(self, value: int = 1, *, bounded: bool = False) -> None:
         if value < 0:
@@ -863,10 +866,14 @@ class SimSemaphore:
         return True
 
     def release(self) -> None:
+        self.give_back(1)
+
+    def give_back(self, n: int) -> None:
+        """``n`` back to the count, in one release step (``threading``'s ``release(n)``)."""
         self._here()
-        if self._bound is not None and self._count.value + 1 > self._bound:
-            raise ValueError("semaphore or lock released too many times")
-        self._dev.runtime.value_set(self._count, self._count.value + 1, "Semaphore.release")
+        if self._bound is not None and self._count.value + n > self._bound:
+            raise ValueError(self._TOO_MANY)
+        self._dev.runtime.value_set(self._count, self._count.value + n, "Semaphore.release")
 
     def get_value(self) -> int:
         self._here()

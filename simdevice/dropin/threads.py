@@ -211,40 +211,23 @@ class SimThreadLock(processes.SimLock):
         return self.held("Lock.locked")
 
 
-class SimSemaphore:
-    """``threading.Semaphore`` (``BoundedSemaphore`` with ``bounded``) in a run: a count each ``acquire`` takes one
-    of, waiting while it is 0 (a timeout in virtual time), and each ``release`` gives back, ordering the next taker
-    after it; a bounded one's release past its first count raises, as Python's does."""
+class SimSemaphore(processes.SimSemaphore):
+    """``threading.Semaphore`` (``BoundedSemaphore`` with ``bounded``) in a run: ``multiprocessing``'s
+    (:class:`processes.SimSemaphore`) with ``threading``'s spellings (``blocking``, ``release(n)``, its error). One
+    kept across runs keeps its count (only a process's own are made anew)."""
 
-    def __init__(self, value: int = 1, *, bounded: bool = False) -> None:
-        if value < 0:
-            raise ValueError("semaphore initial value must be >= 0")
-        self._count = SharedCell(value)
-        self._bound = value if bounded else None
+    _TOO_MANY = "Semaphore released too many times"
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        rt = _session().runtime
-        if blocking and timeout is None:
-            rt.semaphore_acquire(self._count)
-            return True
-        wait = timeout if timeout is not None and blocking else 0.0
-        if not processes.timed(lambda: rt.value_get(self._count, "Semaphore.acquire") > 0, wait):
-            return False
-        rt.semaphore_acquire(self._count)
-        return True
+    def _here(self) -> None:
+        self._dev = _session()
 
-    def release(self, n: int = 1) -> None:
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:  # type: ignore[override]
+        return super().acquire(blocking, timeout)
+
+    def release(self, n: int = 1) -> None:  # type: ignore[override]
         if n < 1:
             raise ValueError("n must be one or more")
-        if self._bound is not None and self._count.value + n > self._bound:
-            raise ValueError("Semaphore released too many times")
-        _session().runtime.value_set(self._count, self._count.value + n, "Semaphore.release")
-
-    def __enter__(self) -> bool:
-        return self.acquire()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
+        self.give_back(n)
 
 
 class SimCondition:

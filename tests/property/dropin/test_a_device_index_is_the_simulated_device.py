@@ -13,6 +13,7 @@ import pickle
 import pytest
 import torch
 import torch.distributed as dist
+from hazard_checks import races_only_unwaited
 
 import simdevice
 
@@ -81,12 +82,4 @@ def test_accelerate_dispatches_a_model_over_a_device_map_of_indices() -> None:
 
 def test_the_hazards_indexed_device_races_unwaited_and_not_waited() -> None:
     """``tests/hazards.py::device_index_reload`` (what tests/gpu runs on a GPU)."""
-    from reference.schedule import Schedule
-    from simdevice.search.targets import resolve
-
-    line = "tests/hazards.py::device_index_reload"
-    target = resolve(line)
-    assert not target.run(Schedule.parse(f"{line}::side#0+20")).corrupted
-    out = target.run(Schedule.parse(f"{line}:wait=0:side#0+20"))
-    assert out.corrupted, out.text()
-    assert "race" in {r.kind for r in out.run.reports}, out.text()
+    races_only_unwaited("device_index_reload", "side#0+20")

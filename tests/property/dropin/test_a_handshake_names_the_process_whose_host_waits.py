@@ -30,7 +30,7 @@ def read_before_written() -> None:
     p = ctx.Process(target=_saver, args=(staging, go, saved), name="saver", daemon=True)
     p.start()
     go.put(0)
-    torch.cuda.synchronize()  # (a host step between: see test_every_access_of_shared_host_memory_is_tracked.py's xfail)
+    torch.cuda.synchronize()  # (a host step between the put and the write)
     staging.fill_(1.0)
     total = saved.get()
     p.join()

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hazard_checks import races_only_unwaited
 
 import simdevice
-from reference.schedule import Schedule
-from simdevice.search.targets import resolve
 
 
 def test_the_constructors_make_device_tensors_as_torch_s_legacy_constructor() -> None:
@@ -69,9 +68,4 @@ def test_a_default_tensor_type_of_the_device_makes_factories_put_their_tensors_t
 def test_a_move_by_legacy_type_races_without_its_wait_and_not_with_it() -> None:
     """``tests/hazards.py::legacy_type_reload`` (what tests/gpu runs on a GPU): the pinned buffer refilled while the
     H2D that ``.type(torch.cuda.FloatTensor, True)`` made may still read it."""
-    line = "tests/hazards.py::legacy_type_reload"
-    target = resolve(line)
-    assert not target.run(Schedule.parse(f"{line}::default#0+20")).corrupted
-    out = target.run(Schedule.parse(f"{line}:wait=0:default#0+20"))
-    assert out.corrupted, out.text()
-    assert "race" in {r.kind for r in out.run.reports}, out.text()
+    races_only_unwaited("legacy_type_reload", "default#0+20")

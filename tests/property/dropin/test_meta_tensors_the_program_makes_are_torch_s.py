@@ -8,6 +8,7 @@ there took its size in device memory before it was ever moved."""
 from __future__ import annotations
 
 import torch
+from hazard_checks import races_only_unwaited
 
 import simdevice
 
@@ -44,12 +45,4 @@ def test_a_model_built_on_the_meta_device_is_made_on_the_device_by_to_empty() ->
 
 def test_the_hazards_meta_built_model_races_unwaited_and_not_waited() -> None:
     """``tests/hazards.py::meta_model_reload`` (what tests/gpu runs on a GPU)."""
-    from reference.schedule import Schedule
-    from simdevice.search.targets import resolve
-
-    line = "tests/hazards.py::meta_model_reload"
-    target = resolve(line)
-    assert not target.run(Schedule.parse(f"{line}::side#0+20")).corrupted
-    out = target.run(Schedule.parse(f"{line}:wait=0:side#0+20"))
-    assert out.corrupted, out.text()
-    assert "race" in {r.kind for r in out.run.reports}, out.text()
+    races_only_unwaited("meta_model_reload", "side#0+20")
