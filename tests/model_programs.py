@@ -264,6 +264,11 @@ TORCHAO_LINES = {
 }
 
 
+#: torchao's optimizer unmodified under torch's ``GradScaler("cuda")``, its first gradient D2H stalled: the scaler
+#: unscales the pinned gradients on the host before they land (racy), against the same stall without a scaler
+TORCHAO_SCALED_LINES = [(f"{TORCHAO}::train_scaled::stream#0+20", True), (f"{TORCHAO}::train::stream#0+20", False)]
+
+
 def torchao_lines() -> list[tuple[str, bool]]:
     """(line, racy) for each mutant at its stall and the unmodified optimizer at the same stall."""
     out = []

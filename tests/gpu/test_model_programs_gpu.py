@@ -16,7 +16,8 @@
   block (``torch.cuda.ipc_collect()``): read right on the consumer's current stream (torch's deleter synchronizes
   it), wrong on a side stream, with ``record_stream`` or without, while the consumer holds another tensor of the
   producer's segment; right on any stream where it holds none (the deleter unmaps the segment, which waits);
-- torchao's ``CPUOffloadOptimizer`` (0.18.0) unmodified and its four mutants, each at a stall that exposes it.
+- torchao's ``CPUOffloadOptimizer`` (0.18.0) unmodified and its four mutants, each at a stall that exposes it; the
+  unmodified optimizer under torch's ``GradScaler("cuda")``, its first gradient D2H stalled (upstream's race).
 
 Run: ``NCCL_NVLS_ENABLE=0 PYTHONPATH=/tmp/site:. python -m pytest -q -s tests/gpu/test_model_programs_gpu.py`` (the
 wheels installed into /tmp/site as docs/memsaver.md says). Each case prints ``RATE``; ``MODEL_PROGRAMS_GPU_TRIALS`` sets
@@ -260,7 +261,7 @@ def test_a_child_s_write_to_a_received_tensor_is_done_when_it_has_ended(cycles: 
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
-@pytest.mark.parametrize(("line", "racy"), programs.torchao_lines())
+@pytest.mark.parametrize(("line", "racy"), programs.torchao_lines() + programs.TORCHAO_SCALED_LINES)
 def test_torchao_s_optimizer_and_its_mutants(line: str, racy: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
     s = Schedule.parse(line)
@@ -278,7 +279,7 @@ def test_torchao_s_optimizer_and_its_mutants(line: str, racy: bool, monkeypatch:
           + (f" first: {first}" if first else ""), flush=True)
     assert sim.clean != racy
     if racy:
-        assert bad >= 1, "the stalled mutant's weights came out right on the GPU"
+        assert bad >= 1, "the stalled racy run's weights came out right on the GPU"
     else:
         assert bad == 0
 

@@ -52,6 +52,13 @@ UPSTREAM = short_path(str(_upstream))
 D2H = f"{UPSTREAM}:{_line(_upstream, 'p_host.grad.copy_(p_device.grad, non_blocking=True)')}"
 CPU_STEP = f"{UPSTREAM}:{_line(_upstream, 'self.optim_dict[p_device].step()')}"
 H2D = f"{UPSTREAM}:{_line(_upstream, 'p_device.copy_(p_host, non_blocking=True)')}"
+#: ``zero_grad()``'s drop of the device gradient
+ZERO_GRAD = f"{UPSTREAM}:" + str(next(
+    i for i, line in enumerate(_upstream.read_text().splitlines(), 1)
+    if i > _line(_upstream, "def zero_grad(") and "p_device.grad = None" in line))
+#: the driver's lines of ``train_skipping``'s and ``train_scaled``'s forward and backward, and ``scaler.step(opt)``
+SKIPPING_PASS = f"{DRIVER}:{_line(ROOT / DRIVER, 'model(x.cuda()).square().mean().backward()')}"
+SCALER_STEP = f"{DRIVER}:{_line(ROOT / DRIVER, '        scaler.step(opt)')}"
 #: the driver's line of forward and backward (the ops of both, AccumulateGrad's among them, are issued there)
 PASS = f"{DRIVER}:{_line(ROOT / DRIVER, 'model(next(batches).cuda()).square().mean().backward()')}"
 CONFIG = st.fixed_dictionaries({
@@ -97,6 +104,51 @@ def test_gradient_accumulation_races_on_the_device_gradient_but_the_weights_come
     wrong = search_target(resolve(f"{DRIVER}::train"), lambda o: any(r.kind == "host-error" for r in o.run.reports),
                           config=accumulating, max_examples=30)
     assert wrong.failure is None, [str(r) for r in wrong.failure.run.reports]
+
+
+def test_a_skipped_step_drops_the_device_gradient_its_d2h_may_still_read() -> None:
+    # ``zero_grad()`` without ``step()`` sets ``p.grad = None`` with no wait for the side stream's D2H of it and no
+    # ``record_stream``: the next forward's allocation takes the block while the D2H may still read it
+    target = resolve(f"{DRIVER}::train_skipping")
+    out = target.run(Schedule.parse(f"{DRIVER}::train_skipping"))
+    races = [str(r) for r in out.run.reports if r.kind == "race"]
+    assert races
+    for r in races:
+        assert r.startswith("race: mm on stream default "), r
+        assert f"which copy_ (D2H) on stream stream #" in r and f"({D2H}) read as" in r, r
+        assert f"before the free on stream default ({ZERO_GRAD}) handed its block on" in r, r
+    assert not any(r.kind == "host-error" for r in out.run.reports)
+    fix = suggest(target, out, schedules=20)
+    assert fix.checked, fix.lines()
+    assert [str(e) for e in fix.edges] == [f"stream@{D2H}->default@{SKIPPING_PASS}"]
+    assert any("`record_stream` on that stream (`stream`)" in a for a in fix.advice), fix.advice
+    # the weights come out right in every schedule: the next backward's D2H, later on the same stream, overwrites
+    # the pinned gradient before a step reads it
+    skipping = st.fixed_dictionaries({"steps": st.integers(2, 3), "skip": st.integers(0, 2),
+                                      "minimal_size": st.sampled_from([1, 4096])})
+    wrong = search_target(target, lambda o: any(r.kind == "host-error" for r in o.run.reports), config=skipping,
+                          max_examples=30)
+    assert wrong.failure is None, [str(r) for r in wrong.failure.run.reports]
+
+
+def test_under_a_gradient_scaler_the_host_unscales_gradients_before_their_d2h_lands() -> None:
+    # ``scaler.step(opt)`` unscales the optimizer's gradients where they are: the pinned host gradients the hook's
+    # D2H is still writing, with the scale copied ``to("cpu", non_blocking=True)`` (torch's GradScaler) and read by
+    # the host kernel at once; the D2H then lands the scaled gradient, which SGD applies
+    target = f"{DRIVER}::train_scaled"
+    found = simdevice.explore(target, config=st.fixed_dictionaries({"steps": st.integers(1, 2)}), max_examples=20)
+    assert found.failure is not None
+    reports = [str(r) for r in found.failure.run.reports]
+    unscale = f"race: _amp_foreach_non_finite_check_and_unscale_ on host host ({SCALER_STEP}) reads pinned#"
+    assert any(r.startswith(unscale) and f"which copy_ (D2H) on stream stream #" in r and f"({D2H}) wrote" in r
+               for r in reports), reports
+    assert any(r.startswith(unscale) and f"which _to_copy (D2H) on stream default #" in r
+               and f"({SCALER_STEP}) wrote" in r for r in reports), reports
+    assert any(r.startswith("host error: host raised AssertionError: parameter ") for r in reports), reports
+    fix = suggest(resolve(target), found.failure, schedules=20)
+    assert fix.checked, fix.lines()
+    assert sorted(str(e) for e in fix.edges) == sorted([f"stream@{D2H}->host@{SCALER_STEP}",
+                                                        f"default@{SCALER_STEP}->host@{SCALER_STEP}"])
 
 
 MUTANTS = {

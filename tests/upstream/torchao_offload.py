@@ -92,6 +92,52 @@ def train(steps: int = 2, accum: int = 1, minimal_size: int = 4096, offload_grad
     _check(_trained(steps, accum, minimal_size, offload_gradients), steps, accum)
 
 
+# -- the optimizer unmodified, with a step skipped and with a gradient scaler ----------------------------------------
+
+
+def train_skipping(steps: int = 2, skip: int = 0, minimal_size: int = 4096) -> None:
+    """``train``, but step ``skip`` calls ``zero_grad()`` without ``step()`` (what a loop does when it skips an
+    update: a gradient scaler's inf, a loss spike); the reference skips the same update."""
+    model = _model("cuda")
+    opt = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, lr=LR, minimal_size=minimal_size)
+    ref = _model("cpu")
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, fused=True)
+    for i, x in enumerate(_batches(steps, 1)):
+        model(x.cuda()).square().mean().backward()
+        ref(x).square().mean().backward()
+        if i != skip:
+            opt.step()
+            ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    for k, (p, q) in enumerate(zip(model.parameters(), ref.parameters(), strict=True)):
+        assert torch.allclose(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-6), (
+            f"parameter {k} differs from the run without offload")
+
+
+def train_scaled(steps: int = 2, minimal_size: int = 4096) -> None:
+    """Mixed-precision training's loop with torch's ``GradScaler("cuda")`` (``scale(loss).backward()``,
+    ``scaler.step(opt)``, ``scaler.update()``) through the optimizer with SGD on the host (AdamW's update hardly
+    changes with its gradients' scale; SGD's shows a gradient left scaled). The scale is a power of two, so the
+    unscaled gradients, and the weights, equal those of SGD on the CPU without a scaler."""
+    model = _model("cuda")
+    opt = CPUOffloadOptimizer(model.parameters(), torch.optim.SGD, lr=LR, minimal_size=minimal_size)
+    scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)
+    ref = _model("cpu")
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
+    for x in _batches(steps, 1):
+        scaler.scale(model(x.cuda()).square().mean()).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        ref(x).square().mean().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    for k, (p, q) in enumerate(zip(model.parameters(), ref.parameters(), strict=True)):
+        assert torch.allclose(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-6), (
+            f"parameter {k} differs from the run without offload")
+
+
 # -- the mutants: one synchronization of the optimizer made a no-op ------------------------------------------------
 
 
