@@ -8,7 +8,10 @@ edge) is checked. With gradient accumulation (two backwards before a step) upstr
 gradient D2H on the side stream may still read ``.grad`` while the second backward's ``AccumulateGrad`` adds into
 it on the compute stream (nothing orders the compute stream after the side stream); the weights still come out
 right, as the second D2H, later on the same stream, overwrites the pinned gradient before the CPU step reads it.
-Needs the extra ``upstream`` (``pip install -e '.[upstream]'``); skipped without it.
+A step skipped (``zero_grad()`` without ``step()``) drops the device gradient while its D2H may still read it, with
+the weights right as well. Under torch's ``GradScaler("cuda")`` the weights come out wrong: ``scaler.step(opt)``
+unscales the pinned host gradients before their D2H lands, with the scale copied to the host without a wait
+(docs/confirmations.md, forty-fifth run: wrong 20/20 on an H100 under either stall). Needs the extra ``upstream`` (``pip install -e '.[upstream]'``); skipped without it.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ AdamW step on the CPU, the parameters back H2D ``non_blocking`` on the side stre
 the final weights equal a CPU run of ``torch.optim.AdamW`` without offload. ``simdevice check
 tests/upstream/torchao_offload.py::train`` runs it on the simulator; with ``--gpu`` the same line runs it on a GPU.
 
+``train_skipping`` skips one step's update (``zero_grad()`` without ``step()``); ``train_scaled`` trains through
+torch's ``GradScaler("cuda")`` with SGD on the host. Both run the optimizer unmodified.
+
 The mutants (``train_without_*``) run the same module with one of its synchronizations turned into a no-op on the
 optimizer's own objects (nothing of torchao is copied or edited): the side stream's ``wait_stream`` on the
 compute stream in the gradient hook, the D2H event's ``synchronize()`` before the CPU step, the side stream's
