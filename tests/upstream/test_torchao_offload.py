@@ -11,7 +11,8 @@ right, as the second D2H, later on the same stream, overwrites the pinned gradie
 A step skipped (``zero_grad()`` without ``step()``) drops the device gradient while its D2H may still read it, with
 the weights right as well. Under torch's ``GradScaler("cuda")`` the weights come out wrong: ``scaler.step(opt)``
 unscales the pinned host gradients before their D2H lands, with the scale copied to the host without a wait
-(docs/confirmations.md, forty-fifth run: wrong 20/20 on an H100 under either stall). Needs the extra ``upstream`` (``pip install -e '.[upstream]'``); skipped without it.
+(docs/confirmations.md, forty-fifth run: wrong 20/20 on an H100 under either stall). Needs the extra
+``upstream`` (``pip install -e '.[upstream]'``); skipped without it.
 """
 
 from __future__ import annotations
