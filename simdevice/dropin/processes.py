@@ -728,22 +728,44 @@ class SimQueue:
 
 
 class SimEvent:
-    """``multiprocessing.Event`` in a run."""
+    """``multiprocessing.Event`` (and ``threading.Event``) in a run. One an earlier run made, kept where a process
+    keeps it for its lifetime (a library's class attribute: tqdm's progress monitor's), is in this run a new one,
+    clear, as a new process would make it; outside any run (an ``atexit`` handler of that library) it is a plain
+    flag, which nothing of the runs can set any more (an untimed wait answers it at once)."""
 
     def __init__(self) -> None:
         self._dev = _session()
         self._cell = SharedCell(False)
 
+    def _here(self) -> bool:
+        """Whether a run is going on (and the event is this run's: see the class)."""
+        if not _in_run():
+            return False
+        dev = _session()
+        if self._dev is not dev:
+            self._dev, self._cell = dev, SharedCell(False)
+        return True
+
     def set(self) -> None:
+        if not self._here():
+            self._cell.value = True
+            return
         self._dev.runtime.value_set(self._cell, True, "Event.set")
 
     def clear(self) -> None:
+        if not self._here():
+            self._cell.value = False
+            return
         self._dev.runtime.value_set(self._cell, False, "Event.clear")
 
     def is_set(self) -> bool:
+        if not self._here():
+            return bool(self._cell.value)
         return bool(self._dev.runtime.value_get(self._cell, "Event.is_set"))
 
     def wait(self, timeout: float | None = None) -> bool:
+        if not self._here():
+            return bool(self._cell.value)
         if timeout is not None:
             return timed(self.is_set, timeout)
         self._dev.runtime.value_wait(self._cell, bool, "Event.wait", "an event another process sets")

@@ -19,8 +19,10 @@ raise
 ``NotImplementedError``, so the program gets no verdict rather than a hang. A ``concurrent.futures``
 ``ThreadPoolExecutor`` the program makes is the simulator's too (:class:`SimThreadPoolExecutor`): its workers are
 threads of the program's (``pool_0``, ``pool_1``, ... or named by ``thread_name_prefix``), its futures wait as the
-primitives do. What the standard library or torch makes for itself stays Python's, and so do the threads it starts
-(the workers of a pool a library makes: their use of the device is refused, naming the thread). A primitive made
+primitives do. Made by the program, an installed package's code among it, through any name: one bound at import,
+before the session, too (:func:`_made_by_class`). What the standard library or torch makes for itself stays
+Python's, and so do the threads it starts (the workers of a pool torch makes: their use of the device is refused,
+naming the thread). A primitive made
 before the run is Python's own too: one thread holding it across a device call while another waits for it would
 hang the run, so make them in the function.
 
@@ -30,6 +32,7 @@ A replay on a GPU is not offered for a run with threads (their steps are not cou
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures._base
 import concurrent.futures.thread
 import os
 import queue
@@ -324,21 +327,33 @@ class SimThreadQueue(processes.SimQueue):
                                      "every item put on a queue to be done")
 
 
-class SimFuture:
-    """A simulated pool's ``Future``: ``result()`` and ``exception()`` wait for the task (a host step that orders the
+class SimFuture(concurrent.futures.Future):  # type: ignore[type-arg]
+    """A simulated pool's ``Future``, a ``concurrent.futures.Future`` (``isinstance`` holds, through a name a library
+    bound before the session too): ``result()`` and ``exception()`` wait for the task (a host step that orders the
     waiter after it; a timeout in virtual time raises ``TimeoutError``), ``done()`` polls; what the task raised is
-    raised by ``result()``, as Python's does. It cannot be cancelled once submitted (the pool's worker may have it)."""
+    raised by ``result()``, as Python's does. ``concurrent.futures.wait`` and ``as_completed`` take it (their waiter
+    is made of simulated primitives: :func:`_install_waiters`). It cannot be cancelled once submitted (the pool's
+    worker may have it)."""
 
     def __init__(self) -> None:
+        super().__init__()  # (Python's state, which wait and as_completed read under its own lock)
         self._done = SharedCell(False)
         self._result: Any = None
         self._error: BaseException | None = None
         self._callbacks: list[Callable[[Any], Any]] = []
 
     def finish(self, result: Any, error: BaseException | None) -> None:
-        """The worker's end of the task: its result or its error, then the callbacks, in the worker."""
+        """The worker's end of the task: its result or its error, then the waiters of ``wait`` and ``as_completed``
+        and the callbacks, in the worker."""
         self._result, self._error = result, error
+        self._exception = error
         _session().runtime.value_set(self._done, True, "Future.set_result")
+        self._state = _FINISHED
+        for waiter in list(self._waiters):
+            if error is None:
+                waiter.add_result(self)
+            else:
+                waiter.add_exception(self)
         for fn in self._callbacks:
             fn(self)
 
@@ -442,6 +457,24 @@ class SimThreadPoolExecutor:
         self.shutdown(wait=True)
 
 
+_FINISHED = concurrent.futures._base.FINISHED
+#: Python's ``concurrent.futures._base._create_and_install_waiters``, as imported
+_INSTALL_WAITERS = concurrent.futures._base._create_and_install_waiters  # type: ignore[attr-defined]
+
+
+def _install_waiters(fs: Any, return_when: str) -> Any:
+    """``concurrent.futures``' waiter for ``wait`` and ``as_completed`` (which look it up at each call, so a name
+    of theirs a library bound before the session takes it too): over a simulated pool's futures in a run, its event
+    and lock are the simulator's, so that the waiter's wait lets the workers run and is ordered after the one that
+    finished (Python's untimed wait would stop every actor of the run)."""
+    waiter = _INSTALL_WAITERS(fs, return_when)
+    if _in_run() and any(isinstance(f, SimFuture) for f in fs):
+        waiter.event = processes.SimEvent()
+        if hasattr(waiter, "lock"):
+            waiter.lock = SimThreadLock()
+    return waiter
+
+
 #: what a run makes in place of each primitive, when the program makes it (the standard library's own stay Python's)
 _MADE: dict[tuple[Any, str], Callable[..., Any]] = {
     (threading, "Event"): processes.SimEvent,
@@ -456,20 +489,32 @@ _MADE: dict[tuple[Any, str], Callable[..., Any]] = {
     (concurrent.futures.thread, "ThreadPoolExecutor"): SimThreadPoolExecutor,
 }
 _REFUSED = ((queue, "LifoQueue"), (queue, "PriorityQueue"))
+#: CPython's flags of a class made at run time (``Py_TPFLAGS_HEAPTYPE``) and of one whose attributes cannot be set
+#: (``Py_TPFLAGS_IMMUTABLETYPE``: a C extension's, ``_queue.SimpleQueue``): a class statement's has the first alone
+_HEAP_TYPE, _SETTABLE = 1 << 9, (1 << 9) | (1 << 8)
+#: those of them that are Python's classes (not ``Lock``, ``RLock`` and ``SimpleQueue``, made in C): each made by the
+#: program in a run is the simulator's through any name of it (:func:`_made_by_class`)
+_CLASSES = tuple(getattr(m, n) for m, n in (*_MADE, *_REFUSED)
+                 if isinstance(getattr(m, n), type) and getattr(m, n).__flags__ & _SETTABLE == _HEAP_TYPE)
+
+
+def _instead(module: Any, name: str) -> Callable[..., Any]:
+    """What makes the simulator's ``module.name`` in a run (``NotImplementedError`` for one that is refused)."""
+    made = _MADE.get((module, name))
+    if made is None:
+        raise NotImplementedError(
+            f"{module.__name__}.{name} made in a run is not simulated (the run's threads share threading's "
+            "Event, Lock, RLock, Condition, Semaphore, BoundedSemaphore and Barrier and queue's Queue and "
+            "SimpleQueue)")
+    return made
 
 
 def _in_run_instead(module: Any, name: str, original: Any) -> Any:
     """``original`` where a run is not going on or the standard library calls it; in a run, for the program, the
     simulator's primitive or a refusal. A class stays a class (a subclass of it made meanwhile is the original's)."""
-    made = _MADE.get((module, name))
 
     def instead() -> Any:
-        if made is None:
-            raise NotImplementedError(
-                f"{module.__name__}.{name} made in a run is not simulated (the run's threads share threading's "
-                "Event, Lock, RLock, Condition, Semaphore, BoundedSemaphore and Barrier and queue's Queue and "
-                "SimpleQueue)")
-        return made
+        return _instead(module, name)
 
     if isinstance(original, type):
         def new(cls: type, *args: Any, **kwargs: Any) -> Any:
@@ -507,16 +552,42 @@ def _event_wait(self: threading.Event, timeout: float | None = None) -> bool:
     return processes.timed(self.is_set, timeout)
 
 
+def _made_by_class(p: Patches, module: Any, name: str) -> None:
+    """The class ``module.name`` itself (a Python class, not a subclass) made by the program in a run is the
+    simulator's primitive (or a refusal), whatever name it is called by: a library binds ``from concurrent.futures
+    import ThreadPoolExecutor`` or ``from threading import Event`` at import, before the session, and its pool's
+    workers would be threads the simulator does not run (transformers loads weights so in ``from_pretrained(
+    device_map=...)``), an untimed wait on its event would stop every actor. The object made takes the simulated
+    one's class and state in its ``__init__`` (``__new__`` set on a class of the standard library could not be put
+    back: CPython keeps the slot it made). A subclass is made as it is."""
+    cls = getattr(module, name)
+    init = cls.__init__  # (its own, or what it inherits: LifoQueue's is Queue's)
+
+    def init_in_run(self: Any, *args: Any, **kwargs: Any) -> None:
+        if type(self) is cls and _in_run() and _by_program(1):
+            made = _instead(module, name)(*args, **kwargs)
+            self.__class__ = type(made)
+            self.__dict__ = made.__dict__
+            return
+        init(self, *args, **kwargs)
+
+    init_in_run.__name__ = init_in_run.__qualname__ = "__init__"
+    p.set(cls, "__init__", init_in_run)
+
+
 def install(p: Patches) -> None:
     """Put the simulated threads and primitives in place (each falls back to the original outside a run)."""
     _patch_thread(p)
     p.set(threading.Event, "wait", _event_wait)
     for module, name in (*_MADE, *_REFUSED):
+        if getattr(module, name) in _CLASSES:
+            _made_by_class(p, module, name)  # (before the module's name is replaced: the class itself)
         p.set(module, name, _in_run_instead(module, name, getattr(module, name)))
+    p.set(concurrent.futures._base, "_create_and_install_waiters", _install_waiters)
     # (``concurrent.futures`` gives its executors through a module ``__getattr__``: its own name, set for a while)
     p.set(concurrent.futures, "ThreadPoolExecutor", concurrent.futures.thread.ThreadPoolExecutor)
 
 
 def patched_owners() -> list[Any]:
     return [threading, threading.Thread, threading.Event, queue, execution, concurrent.futures,
-            concurrent.futures.thread]
+            concurrent.futures.thread, concurrent.futures._base, *_CLASSES]

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 import simdevice
 from reference.naming import short_path
+from reference.schedule import Schedule
 from simdevice.explain import suggest
 from simdevice.search.targets import resolve
 
@@ -120,3 +121,17 @@ def test_a_one_layer_model_generates_wrong_tokens_with_the_offloaded_cache() -> 
     fix = suggest(resolve(target), found.failure, schedules=5)
     assert fix.checked, fix.lines()
     assert f"prefetch_stream@{H2D}->default@{CAT}" in [str(e) for e in fix.edges], fix.lines()
+
+
+def test_a_model_loaded_with_a_device_map_runs_and_its_race_is_found() -> None:
+    """``from_pretrained(path, device_map="cuda")`` moves the weights in the workers of a pool transformers makes
+    through a name it bound at import (before, no verdict: the workers were Python's threads); the loaded model
+    generates as the one built in place does: two layers clean, one layer the same race and wrong tokens."""
+    target = f"{DRIVER}::generate_loaded"
+    clean = simdevice.explore(target, max_examples=3)
+    assert clean.failure is None, clean.text()
+    run = resolve(target).run(Schedule.parse(f"{target}:layers=1")).run
+    reports = [str(r) for r in run.reports]
+    assert any(r.startswith("race: cat on stream default ") and f"({H2D})" in r for r in reports), reports
+    assert any("the model generated other tokens" in r for r in reports), reports
+    assert any(actor.startswith("pool_") and n > 0 for actor, n in run.op_counts.items()), run.op_counts

@@ -17,11 +17,13 @@ stream before it prefetches.
     simdevice check "tests/upstream/transformers_offload.py::decode:full=1"        # found: one offloaded layer
 
 ``generate(new, layers)``: a tiny Llama generating with ``cache_implementation="offloaded"``, the same cache through
-the model's own attention, compared with the host's tokens.
+the model's own attention, compared with the host's tokens; ``generate_loaded``: the same model saved and loaded
+with ``from_pretrained(path, device_map="cuda")``.
 """
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 import torch
@@ -112,4 +114,21 @@ def generate(new: int = 3, layers: int = 2, attention: str = "sdpa") -> None:
     expected = _llama("cpu", layers, attention).generate(ids, max_new_tokens=new, do_sample=False)
     got = _llama("cuda", layers, attention).generate(ids.to("cuda"), max_new_tokens=new, do_sample=False,
                                                      cache_implementation="offloaded")
+    assert torch.equal(got.cpu(), expected), "the model generated other tokens with the offloaded cache"
+
+
+def generate_loaded(new: int = 3, layers: int = 2) -> None:
+    """``generate`` of the tiny Llama saved, then loaded as users load one, ``from_pretrained(path,
+    device_map="cuda")``: transformers moves each weight to the device in a worker of a ``ThreadPoolExecutor`` it
+    made through a name bound at import. (``use_kernels=False``: with the ``kernels`` package installed,
+    transformers would fetch CUDA kernels from the Hub for a model on "cuda".)"""
+    ids = torch.tensor([[1, 5, 9, 3]])
+    host = _llama("cpu", layers, "eager")
+    expected = host.generate(ids, max_new_tokens=new, do_sample=False)
+    with tempfile.TemporaryDirectory() as path:
+        host.save_pretrained(path)
+        model = LlamaForCausalLM.from_pretrained(path, device_map="cuda", use_kernels=False,
+                                                 attn_implementation="eager")
+    assert all(p.is_cuda for p in model.parameters())
+    got = model.generate(ids.to("cuda"), max_new_tokens=new, do_sample=False, cache_implementation="offloaded")
     assert torch.equal(got.cpu(), expected), "the model generated other tokens with the offloaded cache"
