@@ -1380,6 +1380,8 @@ class Dispatcher:
                 kwargs["device"]):
             shaped = tuple([_meta_of(x) if isinstance(x, torch.Tensor) else x for x in args])  # their shape, not bytes
             return self._host_op(func, facts, shaped, kwargs, _flat(shaped, {}))
+        if kwargs and kwargs.get("pin_memory"):  # (a factory's output on the device: ATen's empty_cuda refuses)
+            raise RuntimeError("Only dense CPU tensors can be pinned")
         kind = facts.kind
         if kind == "view":
             assert base is not None

@@ -432,3 +432,30 @@ def device_index_reload(wait: int = 1, n: int = 1 << 14) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, n // 4)).to(0)
     y = model(torch.ones(4, 32, device=device)).flatten()
     _offloaded_then_read(y, n, wait, device)
+
+
+#: factories asked to pin (``pin_memory``), each made from a device tensor ``a`` where it takes one, and what a GPU
+#: gives: ATen's error for a device tensor (``empty_cuda`` refuses to pin), else the made tensor's device type and
+#: whether it is pinned
+PIN_FACTORIES: dict[str, tuple[Any, Any]] = {
+    "empty": (lambda a: torch.empty(4, device="cuda", pin_memory=True), "Only dense CPU tensors can be pinned"),
+    "zeros": (lambda a: torch.zeros(4, device="cuda", pin_memory=True), "Only dense CPU tensors can be pinned"),
+    "full": (lambda a: torch.full((4,), 1.0, device="cuda", pin_memory=True), "Only dense CPU tensors can be pinned"),
+    "empty_like": (lambda a: torch.empty_like(a, pin_memory=True), "Only dense CPU tensors can be pinned"),
+    "ones_like": (lambda a: torch.ones_like(a, pin_memory=True), "Only dense CPU tensors can be pinned"),
+    "empty, not pinned": (lambda a: torch.empty(4, device="cuda", pin_memory=False), ("cuda", False)),
+    "host empty": (lambda a: torch.empty(4, pin_memory=True), ("cpu", True)),
+    "host zeros_like": (lambda a: torch.zeros_like(a, device="cpu", pin_memory=True), ("cpu", True)),
+}
+
+
+def pin_factory_outcome(name: str) -> Any:
+    """What ``PIN_FACTORIES[name]``'s call gives, run in the current process: the error's text, or the tensor's
+    device type and whether it is pinned."""
+    make = PIN_FACTORIES[name][0]
+    a = torch.ones(4, device="cuda")
+    try:
+        t = make(a)
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    return (t.device.type, t.is_pinned())

@@ -24,6 +24,8 @@ from simdevice.search.targets import resolve
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
+import hazards  # (tests/, on the path through its conftest)
+
 ROOT = Path(__file__).resolve().parents[2]
 TRIALS = int(os.environ.get("DROPIN_GPU_TRIALS", "20"))
 HAS_MEGATRON = importlib.util.find_spec("megatron") is not None
@@ -347,3 +349,13 @@ def test_a_one_layer_llama_generates_wrong_tokens_with_the_offloaded_cache() -> 
         _counts_match(line)
     assert rate(one) >= TRIALS - 1
     assert rate(two) == 0
+
+
+@pytest.mark.parametrize("name", sorted(hazards.PIN_FACTORIES))
+def test_a_factory_asked_to_pin_gives_what_the_simulator_gives(name: str) -> None:
+    """``tests/hazards.py``'s ``PIN_FACTORIES`` on real CUDA: a device factory asked to pin raises ATen's error, a
+    host one pins (the simulator's answers, checked on the CPU by
+    ``tests/property/dropin/test_a_device_factory_asked_to_pin_raises_as_on_a_gpu.py``)."""
+    got = hazards.pin_factory_outcome(name)
+    print(f"PIN {name}: {got!r}", flush=True)
+    assert got == hazards.PIN_FACTORIES[name][1]
