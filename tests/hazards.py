@@ -34,12 +34,15 @@ Function's backward that leaves a side stream current, which autograd's engine p
 still read it. ``legacy_type_reload``: ``torch.cuda.FloatTensor``, older code's legacy tensor type, made and moved
 to, while the H2D from a pinned buffer may still read it. ``meta_model_reload``: a model built on the meta device and
 given memory with ``to_empty``. ``device_index_reload``: the device named by its index (``torch.device(0)``,
-``model.to(0)``).
+``model.to(0)``). ``loaded_checkpoint_reload``: a checkpoint loaded onto the device
+(``torch.load(path, map_location="cuda")``).
 """
 
 from __future__ import annotations
 
 import io
+import os
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -432,6 +435,23 @@ def device_index_reload(wait: int = 1, n: int = 1 << 14) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, n // 4)).to(0)
     y = model(torch.ones(4, 32, device=device)).flatten()
     _offloaded_then_read(y, n, wait, device)
+
+
+def loaded_checkpoint_reload(wait: int = 1, n: int = 1 << 14) -> None:
+    """A checkpoint saved from the host and loaded onto the device (``torch.load(path, map_location="cuda")``, each
+    storage copied there as torch copies it), its state dict loaded into a model on the device; the model's output
+    copied D2H into pinned memory on ``side``; the host reads the copy after ``side.synchronize()`` (``wait``) or at
+    once."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, n // 4))
+    with tempfile.TemporaryDirectory() as folder:
+        torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
+        state = torch.load(os.path.join(folder, "model.pt"), map_location="cuda")
+    assert all(t.is_cuda for t in state.values())
+    on_device = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, n // 4)).cuda()
+    on_device.load_state_dict(state)
+    y = on_device(torch.ones(4, 32, device="cuda")).flatten()
+    _offloaded_then_read(y, n, wait)
 
 
 #: factories asked to pin (``pin_memory``), each made from a device tensor ``a`` where it takes one, and what a GPU

@@ -1623,6 +1623,95 @@ def _storage_write_file(original: Callable[..., Any]) -> Callable[..., Any]:
     return _write_file
 
 
+#: the attribute ``torch.load`` leaves on a host storage it was asked to put on the device (its device), and the one
+#: holding that storage's bytes on the simulated device once a tensor of it is rebuilt
+_LOAD_TO, _LOADED = "_simdevice_load_to", "_simdevice_loaded"
+
+
+def _restore_location(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.serialization.default_restore_location``: a storage ``torch.load`` puts on the device (a checkpoint
+    saved from a GPU, or ``map_location="cuda"``, a device or a dict naming one) stays the host storage torch read,
+    marked for the device (validated as torch validates it: the simulated device count); the tensors rebuilt on it
+    are the simulated device's (:func:`_rebuild_tensor`). torch's own would copy the storage with
+    ``UntypedStorage.cuda()``, which the CPU build refuses: a correct program's load failed in the run."""
+
+    @functools.wraps(original)
+    def default_restore_location(storage: Any, location: str) -> Any:
+        if in_actor() and isinstance(storage, torch.UntypedStorage) and str(location).startswith("cuda"):
+            device = torch.serialization._validate_device(str(location), "cuda")
+            setattr(storage, _LOAD_TO, device)
+            return storage
+        return original(storage, location)
+
+    return default_restore_location
+
+
+#: whether ``torch.load`` is calling the program's own ``map_location`` (a function of the storage and its location)
+_IN_MAP_LOCATION: list[bool] = []
+
+
+def _get_restore_location(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.serialization._get_restore_location``: a ``map_location`` function of the program's is called with
+    :data:`_IN_MAP_LOCATION` set, so that its ``storage.cuda()`` marks the host storage for the device
+    (:func:`_storage_cuda`), as :func:`_restore_location` does for a named device."""
+
+    @functools.wraps(original)
+    def get(map_location: Any) -> Any:
+        restore = original(map_location)
+        if not callable(map_location) or isinstance(map_location, (dict, str, bytes)):
+            return restore
+
+        def restore_location(storage: Any, location: str) -> Any:
+            _IN_MAP_LOCATION.append(True)
+            try:
+                return restore(storage, location)
+            finally:
+                _IN_MAP_LOCATION.pop()
+
+        return restore_location
+
+    return get
+
+
+def _storage_cuda(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``UntypedStorage.cuda()`` of a host storage in a ``map_location`` function that ``torch.load`` calls in a run
+    (``map_location=lambda storage, loc: storage.cuda()``, an older idiom): the storage marked for the device, as
+    :func:`_restore_location` marks it (the CPU build's copy raised "Storage device not recognized: cuda")."""
+
+    @functools.wraps(original)
+    def cuda(self: Any, device: Any = None, non_blocking: bool = False) -> Any:
+        if _IN_MAP_LOCATION and in_actor() and isinstance(self, torch.UntypedStorage) and self.device.type == "cpu":
+            location = "cuda" if device is None else str(torch.device("cuda", device) if isinstance(device, int)
+                                                         else device)
+            setattr(self, _LOAD_TO, torch.serialization._validate_device(location, "cuda"))
+            return self
+        return original(self, device, non_blocking)
+
+    return cuda
+
+
+def _rebuild_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch._utils._rebuild_tensor`` (what ``torch.load`` rebuilds each dense tensor with): on a storage marked
+    for the device (:func:`_restore_location`), a view of the storage's bytes copied once to the simulated device
+    (synchronously, from pageable memory, as ``UntypedStorage.cuda()`` copies it), so the tensors that shared a
+    storage in the checkpoint share one on the device too."""
+
+    @functools.wraps(original)
+    def rebuild(storage: Any, storage_offset: int, size: Any, stride: Any) -> Any:
+        untyped = getattr(storage, "_untyped_storage", None)
+        device = getattr(untyped, _LOAD_TO, None) if untyped is not None else None
+        if device is None or not in_actor():
+            return original(storage, storage_offset, size, stride)
+        loaded = getattr(untyped, _LOADED, None)
+        if loaded is None:
+            host = torch.empty(0, dtype=torch.uint8).set_(untyped)
+            loaded = host.to(device)
+            setattr(untyped, _LOADED, loaded)
+        return loaded.view(storage.dtype).as_strided(size, stride, storage_offset)
+
+    return rebuild
+
+
 _LAZY = torch.nn.parameter.UninitializedTensorMixin
 
 
@@ -1976,6 +2065,12 @@ def install(p: Patches) -> None:
     p.set(torch._C.PyTorchFileWriter, "write_record",
           _wrapped(torch._C.PyTorchFileWriter, "write_record", _file_writer_record))
     p.set(torch.UntypedStorage, "_write_file", _wrapped(torch.UntypedStorage, "_write_file", _storage_write_file))
+    p.set(torch.serialization, "default_restore_location",
+          _wrapped(torch.serialization, "default_restore_location", _restore_location))
+    p.set(torch._utils, "_rebuild_tensor", _wrapped(torch._utils, "_rebuild_tensor", _rebuild_tensor))
+    p.set(torch.serialization, "_get_restore_location",
+          _wrapped(torch.serialization, "_get_restore_location", _get_restore_location))
+    p.set(torch.UntypedStorage, "cuda", _wrapped(torch.UntypedStorage, "cuda", _storage_cuda))
     p.set(torch.UntypedStorage, "share_memory_", _wrapped(torch.UntypedStorage, "share_memory_", _storage_shared))
     p.set(torch._C, "_group_tensors_by_device_and_dtype",
           _wrapped(torch._C, "_group_tensors_by_device_and_dtype", _group_by_shown_device))
@@ -2204,4 +2299,4 @@ def patched_owners() -> list[Any]:
             torch.cuda.profiler, torch.cuda.nccl, torch.Tensor, torch.multiprocessing, time, torch.amp, torch.cuda.amp,
             torch.autograd, torch._C.PyTorchFileWriter, torch.UntypedStorage, np.random, torch._C, torch.nn.functional,
             torch.nn.Module, torch.utils.data.dataloader._MultiProcessingDataLoaderIter, _LAZY, torch._C._nn,
-            torch.version]
+            torch.version, torch.serialization, torch._utils]
