@@ -87,6 +87,36 @@ def _warm_caches() -> None:
         gc.collect()
 
 
+@contextlib.contextmanager
+def _compiled_eagerly() -> Iterator[None]:
+    """A function ``torch.compile`` made runs eagerly for the duration (Dynamo's ``force_eager`` stance), as the
+    simulator's drop-in runs it: both machines count the same operations (compiled, its fused kernels would be
+    counted as none). Set once Dynamo is loaded: now, where the program compiled a function before the run, else at
+    its first ``torch.compile`` in the run; the default stance again after it."""
+    original = torch.compile
+    set_here: list[bool] = []
+
+    def force_eager() -> None:
+        if not set_here:
+            torch.compiler.set_stance("force_eager")
+            set_here.append(True)
+
+    @functools.wraps(original)
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        force_eager()
+        return original(*args, **kwargs)
+
+    if "torch._dynamo" in sys.modules:
+        force_eager()
+    torch.compile = compile  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.compile = original
+        if set_here:
+            torch.compiler.set_stance("default")
+
+
 class _Counter:
     """Counts operations per actor and stalls the delayed ones (the CUDA side of a schedule).
 
@@ -656,7 +686,7 @@ class CudaDevice:
         _warm_caches()
         _CURRENT.append(self)
         try:
-            with _world_of_one(), counting_torch_cuda(self), _CountingMode(self, poisons=True):
+            with _world_of_one(), counting_torch_cuda(self), _compiled_eagerly(), _CountingMode(self, poisons=True):
                 if self.timeline is not None:  # after the process group's set-up, which synchronizes the device
                     self.timeline.start()
                 result = fn(*args, **kwargs)

@@ -35,7 +35,7 @@ still read it. ``legacy_type_reload``: ``torch.cuda.FloatTensor``, older code's 
 to, while the H2D from a pinned buffer may still read it. ``meta_model_reload``: a model built on the meta device and
 given memory with ``to_empty``. ``device_index_reload``: the device named by its index (``torch.device(0)``,
 ``model.to(0)``). ``loaded_checkpoint_reload``: a checkpoint loaded onto the device
-(``torch.load(path, map_location="cuda")``).
+(``torch.load(path, map_location="cuda")``). ``compiled_reload``: a model compiled with ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -451,6 +451,17 @@ def loaded_checkpoint_reload(wait: int = 1, n: int = 1 << 14) -> None:
     on_device = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, n // 4)).cuda()
     on_device.load_state_dict(state)
     y = on_device(torch.ones(4, 32, device="cuda")).flatten()
+    _offloaded_then_read(y, n, wait)
+
+
+def compiled_reload(wait: int = 1, n: int = 1 << 14) -> None:
+    """A model compiled with ``torch.compile`` (run eagerly on both machines, so both count the same operations), its
+    output copied D2H into pinned memory on ``side``; the host reads the copy after ``side.synchronize()``
+    (``wait``) or at once."""
+    torch.manual_seed(0)
+    model = torch.compile(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                              torch.nn.Linear(64, n // 4)).cuda())
+    y = model(torch.ones(4, 32, device="cuda")).flatten()
     _offloaded_then_read(y, n, wait)
 
 

@@ -2106,7 +2106,7 @@ def install(p: Patches) -> None:
     for name in ("spawn", "start_processes"):
         if hasattr(torch.multiprocessing, name):
             p.set(torch.multiprocessing, name, _no_processes(name))
-    _refuse_compiled(p)
+    _eager_compiled(p)
     p.set(torch, "compile", _compile(torch.compile, p))  # (made for this session's patches, not kept)
 
 
@@ -2208,15 +2208,17 @@ def _pin_on_the_iterating_thread(p: Patches) -> None:
     p.set(it, "_process_data", _process_data)
 
 
-COMPILE_REFUSED = ("torch.compile is not simulated (a compiled function's kernels would run outside the simulated "
-                   "device, and its tracing would trace the simulator): run the function uncompiled here")
+COMPILE_NOTE = ("torch.compile ran its function eagerly on the simulated device (the same operations unfused, on the "
+                "same streams, reading and writing the same tensors; a GPU runs its compiled kernels there), and "
+                "replay --gpu runs it eagerly too, so that both count the same operations")
 
 
-def _refuse_compiled(p: Patches) -> None:
-    """A function ``torch.compile`` made, called in a run, raises ``NotImplementedError`` (no verdict), also one
-    compiled before the session: where Dynamo chooses how to run the call (``_callback_from_stance``, asked by every
-    compiled function's call), once Dynamo is loaded. A call Dynamo runs uncompiled anyway (``torch._dynamo.disable``,
-    the ``force_eager`` stance) goes on."""
+def _eager_compiled(p: Patches) -> None:
+    """A function ``torch.compile`` made, called in a run, runs eagerly (Dynamo's ``force_eager`` stance: the
+    original function, uncompiled), and the run notes it (:data:`COMPILE_NOTE`); also one compiled before the
+    session. Where Dynamo chooses how to run the call (``_callback_from_stance``, asked by every compiled function's
+    call), once Dynamo is loaded. Compiled, Dynamo would trace the simulator's own code and inductor's kernels would
+    run outside the simulated device."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     if eval_frame is None or getattr(eval_frame._callback_from_stance, "_simdevice", False):
         return
@@ -2225,7 +2227,8 @@ def _refuse_compiled(p: Patches) -> None:
     def callback_from_stance(callback: Any) -> Any:
         chosen = original(callback)
         if chosen not in (None, False) and in_actor():
-            raise NotImplementedError(COMPILE_REFUSED)
+            session_device().runtime.note(COMPILE_NOTE)
+            return None  # (no frame callback: the function runs as written)
         return chosen
 
     callback_from_stance._simdevice = True  # type: ignore[attr-defined]
@@ -2233,13 +2236,13 @@ def _refuse_compiled(p: Patches) -> None:
 
 
 def _compile(original: Callable[..., Any], p: Patches) -> Callable[..., Any]:
-    """``torch.compile`` during a session: torch's (which loads Dynamo), with the refusal of
-    :func:`_refuse_compiled` in place."""
+    """``torch.compile`` during a session: torch's (which loads Dynamo), with the eager run of
+    :func:`_eager_compiled` in place."""
 
     @functools.wraps(original)
     def compile(*args: Any, **kwargs: Any) -> Any:
         out = original(*args, **kwargs)
-        _refuse_compiled(p)
+        _eager_compiled(p)
         return out
 
     return compile
