@@ -287,7 +287,10 @@ _NOT_RUN = ("NotImplementedError", "RuntimeError: simdevice: ", "RuntimeError: C
             "RuntimeError: Cannot get CUDA generator without ATen_cuda library",
             # a host tensor's .data set to a device tensor: torch's check, as the simulated tensors are no CUDA ones
             "RuntimeError: Attempted to call `variable.set_data(tensor)`, but `variable` and `tensor` have "
-            "incompatible tensor type")
+            "incompatible tensor type",
+            # a CUDA storage made directly (torch.UntypedStorage(n, device="cuda"), storage.cuda(),
+            # torch.cuda.FloatStorage(n)), which the CPU build has no allocator for
+            "RuntimeError: torch.UntypedStorage(): Storage device not recognized: cuda")
 
 
 #: what torch raises on a GPU too, though it starts as what the simulator does not run: ``record_stream`` of a host

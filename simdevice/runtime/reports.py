@@ -331,6 +331,8 @@ def user_source(skip: int = 0) -> str:
 #: what torch's CPU build says where a ``torch.cuda`` function calls CUDA's own C API, which it lacks (the start
 #: :mod:`simdevice.explain` reads as what the simulator does not run)
 _NO_CUDA_C_API = "module 'torch._C' has no attribute '"
+#: what torch's CPU build says where a CUDA storage is made directly (no allocator for it)
+_NO_CUDA_STORAGE = "torch.UntypedStorage(): Storage device not recognized: cuda"
 
 
 def exit_succeeded(e: SystemExit) -> bool:
@@ -354,6 +356,9 @@ def describe(e: BaseException) -> str:
         called = _torch_entry(e)
         if called is not None:
             text += f" ({called} reaches CUDA's own C API, which the simulator does not run)"
+    if isinstance(e, RuntimeError) and text.startswith(_NO_CUDA_STORAGE):
+        text += (" (a CUDA storage made directly, torch.UntypedStorage(n, device=\"cuda\"), storage.cuda() or a "
+                 "torch.cuda.*Storage, is not simulated: make a device tensor instead)")
     if text:
         return f"{type(e).__name__}: {text}"
     frame = _innermost_own(e)

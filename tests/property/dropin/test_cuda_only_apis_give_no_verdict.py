@@ -61,8 +61,29 @@ def _stream_class_held_before_the_session() -> None:
     assert y.sum().item() == 8
 
 
+def _cuda_storage() -> None:
+    torch.UntypedStorage(16, device="cuda")
+
+
+def _storage_to_cuda() -> None:
+    torch.ones(4).untyped_storage().cuda()
+
+
+def _legacy_cuda_storage() -> None:
+    torch.cuda.FloatStorage(4)
+
+
+_NO_CUDA_STORAGE = ("RuntimeError: torch.UntypedStorage(): Storage device not recognized: cuda (a CUDA storage made "
+                    "directly, torch.UntypedStorage(n, device=\"cuda\"), storage.cuda() or a torch.cuda.*Storage, is "
+                    "not simulated: make a device tensor instead)")
+
+
 @pytest.mark.parametrize(("program", "error"), [
     (_stream_class_held_before_the_session, "RuntimeError: torch.cuda.Stream requires CUDA support"),
+    # (before, the CPU build's error was a host error of the program: a correct program reported as found)
+    (_cuda_storage, _NO_CUDA_STORAGE),
+    (_storage_to_cuda, _NO_CUDA_STORAGE),
+    (_legacy_cuda_storage, _NO_CUDA_STORAGE),
     (_mem_pool, "NotImplementedError: torch.cuda.MemPool / use_mem_pool are not simulated"),
     (_host_register, "NotImplementedError: torch.cuda.cudart() is not simulated"),
     (_comm_broadcast, "AttributeError: module 'torch._C' has no attribute '_broadcast'"),
