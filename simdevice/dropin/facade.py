@@ -868,6 +868,30 @@ def max_memory_reserved(device: Any = None) -> int:
     return _own_stats()["reserved_peak"]
 
 
+#: what NVML's queries answer on the simulated device, which has no sensors: a fixed placeholder (an idle device's
+#: zero), the run noting it once; ``device_memory_used`` is the memory the simulated allocator holds
+SENSORS_NOTE = ("torch.cuda's NVML queries (utilization, memory_usage, temperature, power_draw, clock_rate) answer 0 "
+                "on the simulated device, which has no sensors; device_memory_used answers the memory the simulated "
+                "allocator holds")
+
+
+def _sensor(name: str) -> Callable[..., int]:
+    """``torch.cuda.NAME(device=None)``, a query of NVML (``nvidia-ml-py``): 0, noted (:data:`SENSORS_NOTE`). The CPU
+    build raised ModuleNotFoundError there, a host error of a program that only logs the number."""
+
+    def query(device: Any = None) -> int:
+        _check(device)
+        if in_actor():
+            session_device().runtime.note(SENSORS_NOTE)
+        return memory_reserved() if name == "device_memory_used" else 0
+
+    query.__name__ = name
+    return query
+
+
+_SENSORS = ("utilization", "memory_usage", "temperature", "power_draw", "clock_rate", "device_memory_used")
+
+
 def reset_peak_memory_stats(device: Any = None) -> None:
     _check(device)
     session_device().runtime.reset_peak_memory_stats(_own_process())
@@ -2031,6 +2055,7 @@ def install(p: Patches) -> None:
         "set_sync_debug_mode": set_sync_debug_mode,
         "get_sync_debug_mode": get_sync_debug_mode,
     }
+    table.update({name: _sensor(name) for name in _SENSORS if hasattr(cuda, name)})
     for name, value in table.items():
         p.set(cuda, name, value)
     # where torch.cuda's memory, graph and stream names are defined: code that calls them there
