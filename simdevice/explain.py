@@ -290,7 +290,10 @@ _NOT_RUN = ("NotImplementedError", "RuntimeError: simdevice: ", "RuntimeError: C
             "incompatible tensor type",
             # a CUDA storage made directly (torch.UntypedStorage(n, device="cuda"), storage.cuda(),
             # torch.cuda.FloatStorage(n)), which the CPU build has no allocator for
-            "RuntimeError: torch.UntypedStorage(): Storage device not recognized: cuda")
+            "RuntimeError: torch.UntypedStorage(): Storage device not recognized: cuda",
+            # DLPack of a simulated device tensor (torch.utils.dlpack.to_dlpack, __dlpack__, from_dlpack of one: CuPy,
+            # JAX, Triton's interop), whose bytes are no device memory another library could read
+            "BufferError: Cannot pack tensors on meta")
 
 
 #: what torch raises on a GPU too, though it starts as what the simulator does not run: ``record_stream`` of a host

@@ -331,6 +331,8 @@ def user_source(skip: int = 0) -> str:
 #: what torch's CPU build says where a ``torch.cuda`` function calls CUDA's own C API, which it lacks (the start
 #: :mod:`simdevice.explain` reads as what the simulator does not run)
 _NO_CUDA_C_API = "module 'torch._C' has no attribute '"
+#: what torch says where a simulated tensor (a meta wrapper) is exported through DLPack
+_NO_DLPACK = "Cannot pack tensors on meta"
 #: what torch's CPU build says where a CUDA storage is made directly (no allocator for it)
 _NO_CUDA_STORAGE = "torch.UntypedStorage(): Storage device not recognized: cuda"
 
@@ -356,6 +358,9 @@ def describe(e: BaseException) -> str:
         called = _torch_entry(e)
         if called is not None:
             text += f" ({called} reaches CUDA's own C API, which the simulator does not run)"
+    if isinstance(e, BufferError) and text.startswith(_NO_DLPACK):
+        text += (" (DLPack of a simulated device tensor, to_dlpack, __dlpack__ or from_dlpack of one, is not "
+                 "simulated: its bytes are no device memory another library could read)")
     if isinstance(e, RuntimeError) and text.startswith(_NO_CUDA_STORAGE):
         text += (" (a CUDA storage made directly, torch.UntypedStorage(n, device=\"cuda\"), storage.cuda() or a "
                  "torch.cuda.*Storage, is not simulated: make a device tensor instead)")

@@ -73,6 +73,16 @@ def _legacy_cuda_storage() -> None:
     torch.cuda.FloatStorage(4)
 
 
+def _to_dlpack() -> None:
+    torch.utils.dlpack.to_dlpack(torch.ones(4, device="cuda"))
+
+
+def _from_dlpack() -> None:
+    torch.from_dlpack(torch.ones(4, device="cuda"))
+
+
+_NO_DLPACK = ("BufferError: Cannot pack tensors on meta (DLPack of a simulated device tensor, to_dlpack, __dlpack__ or "
+              "from_dlpack of one, is not simulated: its bytes are no device memory another library could read)")
 _NO_CUDA_STORAGE = ("RuntimeError: torch.UntypedStorage(): Storage device not recognized: cuda (a CUDA storage made "
                     "directly, torch.UntypedStorage(n, device=\"cuda\"), storage.cuda() or a torch.cuda.*Storage, is "
                     "not simulated: make a device tensor instead)")
@@ -84,6 +94,8 @@ _NO_CUDA_STORAGE = ("RuntimeError: torch.UntypedStorage(): Storage device not re
     (_cuda_storage, _NO_CUDA_STORAGE),
     (_storage_to_cuda, _NO_CUDA_STORAGE),
     (_legacy_cuda_storage, _NO_CUDA_STORAGE),
+    (_to_dlpack, _NO_DLPACK),
+    (_from_dlpack, _NO_DLPACK),
     (_mem_pool, "NotImplementedError: torch.cuda.MemPool / use_mem_pool are not simulated"),
     (_host_register, "NotImplementedError: torch.cuda.cudart() is not simulated"),
     (_comm_broadcast, "AttributeError: module 'torch._C' has no attribute '_broadcast'"),

@@ -1,0 +1,48 @@
+"""``scripts/api-sweep`` (docs/confirmations.md, forty-ninth run): its simulator sweep calls each name in a run of
+its own and records what came back, an error of the call, or an error its stream raised; ``diff`` counts two errors
+of one type as alike and reports the rest; an unreadable file is exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from script_modules import ROOT, load_script
+
+SWEEP = load_script("api-sweep")
+
+
+def test_the_simulator_sweep_records_results_call_errors_and_stream_errors() -> None:
+    got = SWEEP.run_sim(SWEEP.names(["abs", "bitwise_not", "clamp", "is_pinned"]))
+    assert got["device.abs"] == "ok Tensor cuda torch.float32 (4, 4)"
+    assert got["pinned.abs"] == "ok Tensor cpu torch.float32 (4, 4)"
+    assert got["device.is_pinned"] == "ok bool"
+    assert got["device.torch.clamp"].startswith("ValueError: ")  # (raised at the call, by the meta kernel)
+    # raised by the CPU kernel as the stream reaches it (a GPU raises it at the call: a known difference)
+    assert got["device.bitwise_not"].startswith("STREAMERR host error: stream default raised NotImplementedError")
+
+
+def test_diff_counts_errors_of_one_type_alike_and_reports_the_rest(tmp_path: Path) -> None:
+    gpu = {"device.a": "ok Tensor cuda", "device.b": "RuntimeError: cuda says", "device.c": "ok bool",
+           "device.d": "RuntimeError: x"}
+    sim = {"device.a": "ok Tensor cuda", "device.b": "RuntimeError: cpu says", "device.c": "TypeError: no",
+           "device.d": "STREAMERR host error: stream default raised RuntimeError: x"}
+    assert SWEEP.differences(gpu, sim) == [("device.c", "ok bool", "TypeError: no"),
+                                           ("device.d", "RuntimeError: x",
+                                            "STREAMERR host error: stream default raised RuntimeError: x")]
+    (tmp_path / "g.json").write_text(json.dumps(gpu))
+    (tmp_path / "s.json").write_text(json.dumps(sim))
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "api-sweep"), "diff", str(tmp_path / "g.json"),
+                        str(tmp_path / "s.json")], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("2 of 4 outcomes differ\n")
+
+
+def test_an_unreadable_file_is_exit_2_with_one_line(tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "api-sweep"), "diff", str(tmp_path / "none.json"),
+                        str(tmp_path / "none.json")], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert p.returncode == 2
+    assert p.stderr.startswith("api-sweep: error: cannot read ")
+    assert len(p.stderr.strip().splitlines()) == 1
