@@ -95,6 +95,21 @@ _META_OPS = frozenset(
         # a new shape within the storage's bytes, or memory for an empty one: no kernel
         aten.resize_.default,
         aten.resize_as_.default,
+        # in-place views: the tensor's own shape and strides changed, no kernel
+        aten.squeeze_.default,
+        aten.squeeze_.dim,
+        aten.squeeze_.dims,
+        aten.unsqueeze_.default,
+        aten.t_.default,
+        aten.transpose_.default,
+        aten.swapdims_.default,
+        aten.swapaxes_.default,
+        aten.as_strided_.default,
+        # what a tensor's metadata answers, read by no kernel (another tensor's, a host one's, compared)
+        aten.is_same_size.default,
+        aten.is_set_to.default,
+        aten.dense_dim.default,
+        aten.sparse_dim.default,
     }
 )
 

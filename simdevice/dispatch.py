@@ -988,6 +988,10 @@ def _on_meta(make: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any], func: 
 
 #: ``resize_`` and ``resize_as_``: a device tensor's new layout, metadata alone (:meth:`Dispatcher._resize`)
 _RESIZES = frozenset({aten.resize_.default, aten.resize_as_.default})
+#: in-place views: the tensor's own metadata changed (:meth:`Dispatcher.dispatch`)
+_INPLACE_VIEWS = frozenset({aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims, aten.unsqueeze_.default,
+                            aten.t_.default, aten.transpose_.default, aten.swapdims_.default,
+                            aten.swapaxes_.default, aten.as_strided_.default})
 
 #: an ``out=`` op's outputs as its meta kernel leaves them, by (the op's id, its arguments' signature), with the op
 _OUT_LAYOUTS: dict[Any, tuple[Any, list[torch.Tensor | None] | None]] = {}
@@ -1408,6 +1412,15 @@ class Dispatcher:
             if func in _RESIZES and isinstance(args[0], SimTensor):
                 meta = func(*_tree_map(_meta_of, args), **kwargs)  # the new shape and strides
                 return self._resize(args[0], meta, self.rt.current())
+            if func in _INPLACE_VIEWS and isinstance(args[0], SimTensor):
+                # (``squeeze_``, ``t_``, ``as_strided_``: the tensor itself takes the view's shape, strides and
+                # offset, as on a GPU, where no kernel runs)
+                t = args[0]
+                shell = torch.empty(0, dtype=t.dtype, device=META).set_(
+                    torch.empty(t.untyped_storage().nbytes(), dtype=torch.uint8, device=META).untyped_storage(),
+                    t.storage_offset(), t.shape, t.stride())
+                meta = func(shell, *args[1:], **kwargs)
+                return t.set_(SimStorage(t), meta.storage_offset(), meta.shape, meta.stride())
             return func(*_tree_map(data_of, args), **kwargs)
         a = self.rt.host_step(facts.name, engine=self._from_engine())
         # (its caller is SimMode.__torch_dispatch__, the simulator's)

@@ -36,6 +36,7 @@ to, while the H2D from a pinned buffer may still read it. ``meta_model_reload``:
 given memory with ``to_empty``. ``device_index_reload``: the device named by its index (``torch.device(0)``,
 ``model.to(0)``). ``loaded_checkpoint_reload``: a checkpoint loaded onto the device
 (``torch.load(path, map_location="cuda")``). ``compiled_reload``: a model compiled with ``torch.compile``.
+``inplace_views_reload``: a tensor reshaped in place (``unsqueeze_``, ``t_``) and compared by ``is_same_size``.
 """
 
 from __future__ import annotations
@@ -462,6 +463,20 @@ def compiled_reload(wait: int = 1, n: int = 1 << 14) -> None:
     model = torch.compile(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
                                               torch.nn.Linear(64, n // 4)).cuda())
     y = model(torch.ones(4, 32, device="cuda")).flatten()
+    _offloaded_then_read(y, n, wait)
+
+
+def inplace_views_reload(wait: int = 1, n: int = 1 << 14) -> None:
+    """A tensor reshaped in place (``unsqueeze_``, ``t_``, ``squeeze_``: its own shape changed, no kernel) and
+    compared by its metadata (``is_same_size``, no kernel, no wait), then copied D2H into pinned memory on ``side``;
+    the host reads the copy after ``side.synchronize()`` (``wait``) or at once."""
+    x = torch.arange(n, dtype=torch.float32, device="cuda").view(2, n // 2)
+    x.t_()
+    x.unsqueeze_(0)
+    assert x.shape == (1, n // 2, 2)
+    assert x.is_same_size(torch.empty(1, n // 2, 2))
+    x.squeeze_(0)
+    y = (x.t().contiguous() * 1.0).flatten()
     _offloaded_then_read(y, n, wait)
 
 
