@@ -109,8 +109,11 @@ class FunctionTarget:
                 if actor not in actors:
                     plain = self.run(self.schedule(schedule.config_dict()))  # (the probe's run, kept)
                     early = [r for r in plain.run.reports if r.kind in ("host-error", "step-limit", "deadlock")]
-                    why = (f" (its run without delays ended early, before it could make one: {early[0]})"
-                           if early else "")
+                    # (the report's first line, cut short: an error's text may run to many, and long ones, as
+                    # torch's dispatcher's does)
+                    first = str(early[0]).splitlines()[0]
+                    first = first if len(first) <= 160 else first[:157] + "..."
+                    why = f" (its run without delays ended early, before it could make one: {first})" if early else ""
                     raise TargetError(
                         f"{what} names actor {actor!r}, which {self.name} does not have{why}; "
                         f"actors: {', '.join(sorted(actors))}"

@@ -16,12 +16,22 @@ SWEEP = load_script("api-sweep")
 
 def test_the_simulator_sweep_records_results_call_errors_and_stream_errors() -> None:
     got = SWEEP.run_sim(SWEEP.names(["abs", "bitwise_not", "clamp", "is_pinned"]))
-    assert got["device.abs"] == "ok Tensor cuda torch.float32 (4, 4)"
-    assert got["pinned.abs"] == "ok Tensor cpu torch.float32 (4, 4)"
+    assert got["device.abs"] == "ok Tensor cuda torch.float32 (4, 4) sum=4.25"  # (1 + ... + 16) / 32
+    assert got["pinned.abs"] == "ok Tensor cpu torch.float32 (4, 4) sum=4.25"
     assert got["device.is_pinned"] == "ok bool"
     assert got["device.torch.clamp"].startswith("ValueError: ")  # (raised at the call, by the meta kernel)
     # raised by the CPU kernel as the stream reaches it (a GPU raises it at the call: a known difference)
     assert got["device.bitwise_not"].startswith("STREAMERR host error: stream default raised NotImplementedError")
+
+
+def test_diff_leaves_a_random_op_s_values_out() -> None:
+    gpu = {"device.torch.rand_like": "ok Tensor cuda torch.float32 (4, 4) sum=8.1",
+           "device.bernoulli_(cpu)": "ok Tensor cuda torch.float32 (4, 4) sum=3",
+           "device.abs": "ok Tensor cuda torch.float32 (4, 4) sum=4.25"}
+    sim = {"device.torch.rand_like": "ok Tensor cuda torch.float32 (4, 4) sum=7.9",
+           "device.bernoulli_(cpu)": "ok Tensor cuda torch.float32 (4, 4) sum=5",
+           "device.abs": "ok Tensor cuda torch.float32 (4, 4) sum=4.5"}
+    assert [key for key, _, _ in SWEEP.differences(gpu, sim)] == ["device.abs"]
 
 
 def test_diff_counts_errors_of_one_type_alike_and_reports_the_rest(tmp_path: Path) -> None:

@@ -17,6 +17,9 @@ import pytest
 L = "offload_reload/correct"
 
 MALFORMED = [
+    # a run that ends early with an error of many long lines (torch's dispatcher's): one line, cut short
+    (['replay', 'manylines.py::fn::nosuch#0+1'], "delay nosuch#0+1 names actor 'nosuch', which manylines.py::fn does "
+                                                 "not have (its run without delays ended early"),
     (['replay'], 'the following arguments are required: schedule'),
     (['replay', ''], 'empty schedule: expected'),
     (['replay', ' '], 'empty schedule: expected'),
@@ -138,6 +141,9 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "ok.py").write_text(
         'import torch\n\n\ndef fn(dev=None, n=4):\n    torch.ones(n, device="cuda").add_(1)\n')
     (tmp_path / "notprog.py").write_text("x = 1\n")
+    (tmp_path / "manylines.py").write_text(
+        'import torch\n\n\ndef fn():\n    torch.ones(4, device="cuda")\n'
+        '    raise RuntimeError("the first line " + "x" * 500 + "\\nthe second\\nthe third")\n')
     (tmp_path / "broken.py").write_text("def f(:\n")
     (tmp_path / "somedir").mkdir()
     (tmp_path / "pydir.py").mkdir()
@@ -159,7 +165,7 @@ def test_malformed_input_is_one_line_and_exit_2(argv: list[str], message: str, u
     assert err.count("\n") == 1, err
     assert len(err) < 400, err  # a long input is not echoed in full
     assert "Traceback" not in out + err
-    assert sorted(p.name for p in user_dir.iterdir()) == ["broken.py", "notes.txt", "notprog.py", "ok.py", "pydir.py",
+    assert sorted(p.name for p in user_dir.iterdir()) == ["broken.py", "manylines.py", "notes.txt", "notprog.py", "ok.py", "pydir.py",
                                                            "somedir"]
 
 
