@@ -165,8 +165,8 @@ def test_malformed_input_is_one_line_and_exit_2(argv: list[str], message: str, u
     assert err.count("\n") == 1, err
     assert len(err) < 400, err  # a long input is not echoed in full
     assert "Traceback" not in out + err
-    assert sorted(p.name for p in user_dir.iterdir()) == ["broken.py", "manylines.py", "notes.txt", "notprog.py", "ok.py", "pydir.py",
-                                                           "somedir"]
+    assert sorted(p.name for p in user_dir.iterdir()) == ["broken.py", "manylines.py", "notes.txt", "notprog.py",
+                                                           "ok.py", "pydir.py", "somedir"]
 
 
 EXTREME = [
