@@ -111,9 +111,11 @@ class FunctionTarget:
                     early = [r for r in plain.run.reports if r.kind in ("host-error", "step-limit", "deadlock")]
                     # (the report's first line, cut short: an error's text may run to many, and long ones, as
                     # torch's dispatcher's does)
-                    first = str(early[0]).splitlines()[0]
-                    first = first if len(first) <= 160 else first[:157] + "..."
-                    why = f" (its run without delays ended early, before it could make one: {first})" if early else ""
+                    why = ""
+                    if early:
+                        first = str(early[0]).splitlines()[0]
+                        first = first if len(first) <= 160 else first[:157] + "..."
+                        why = f" (its run without delays ended early, before it could make one: {first})"
                     raise TargetError(
                         f"{what} names actor {actor!r}, which {self.name} does not have{why}; "
                         f"actors: {', '.join(sorted(actors))}"
