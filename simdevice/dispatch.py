@@ -1044,6 +1044,8 @@ def _meta_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
         error = _argument_error(func, margs, mkwargs)
         if error is not None:
             raise error
+        if out is None and not classify(func).dynamic:
+            out = _shapes_by_trial(func, margs, mkwargs)
     return out
 
 
@@ -1065,15 +1067,7 @@ def _argument_error(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) 
         return None
     if sum(x.numel() * x.element_size() for x in leaves if isinstance(x, torch.Tensor)) > _TRIAL_BYTES:
         return None
-
-    def zeros(x: Any) -> Any:
-        if not isinstance(x, torch.Tensor):
-            return x
-        # (zeros under the meta tensor's strides, an expanded one's too)
-        n = 0 if 0 in x.shape else 1 + sum((k - 1) * s for k, s in zip(x.shape, x.stride(), strict=True))
-        return torch.zeros(n, dtype=x.dtype, device="cpu").as_strided(x.shape, x.stride())
-
-    hargs, hkwargs = _tree_map(zeros, margs), _tree_map(zeros, mkwargs)
+    hargs, hkwargs = _tree_map(_zeros_as, margs), _tree_map(_zeros_as, mkwargs)
     try:
         _on_a_stack_of_its_own(lambda: func(*hargs, **hkwargs))
     except RuntimeError as e:
@@ -1084,6 +1078,71 @@ def _argument_error(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) 
     except Exception:  # another kind of error: not an argument check (the stream's run says it)
         return None
     return None
+
+
+#: ops whose CUDA implementation reads a value of the device's on the host as it runs (an ``item()`` inside ATen),
+#: so the host waits for the stream there, as :func:`_reads_on_the_host` says where it depends on the arguments
+#: (docs/confirmations.md, fifty-first run: each measured on a GPU)
+_READ_ON_THE_HOST = frozenset({
+    aten._linalg_check_errors.default,  # (torch.linalg.inv, cholesky, solve, ...: ``infos.any().item()``)
+    aten._linalg_svd.default,  # (torch.svd, linalg.svd, nuclear_norm: its infos checked inside)
+    aten._linalg_eigh.default,  # (linalg.eigh, eigvalsh: the same)
+    aten.linalg_eig.default,  # (computed on the host on CUDA: the matrix copied there and back)
+    # (pinverse: through an SVD or eigh, whose infos are checked)
+    aten.linalg_pinv.default, aten.linalg_pinv.atol_rtol_tensor, aten.linalg_pinv.atol_rtol_float,
+    aten.linalg_pinv.rcond_tensor,
+    aten.linalg_matrix_exp.default,  # (the norm that picks the degree, copied to the host)
+    aten.histc.default,  # (with no range given, min == max: the input's min and max read)
+    aten.normal.Tensor_Tensor, aten.normal.float_Tensor,  # (``std.min() >= 0`` read)
+    aten.isin.Tensor_Tensor,  # (the sorting path's ``unique``)
+    aten.linalg_ldl_factor_ex.default,  # (measured waiting on an H100)
+})
+
+
+def _reads_on_the_host(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an op of :data:`_READ_ON_THE_HOST` reads on the host with these arguments, as ATen's CUDA kernels
+    decide: ``histc`` where ``min == max`` (its defaults, 0 and 0); ``isin`` where it sorts (as many test elements
+    as ``10 * elements.numel() ** 0.145`` or more, numpy's rule) and the elements are not assumed unique."""
+    if func is aten.histc.default:
+        low = args[2] if len(args) > 2 else kwargs.get("min", 0)
+        high = args[3] if len(args) > 3 else kwargs.get("max", 0)
+        return bool(low == high)
+    if func is aten.isin.Tensor_Tensor:
+        elements, test = args[0], args[1]
+        unique = args[2] if len(args) > 2 else kwargs.get("assume_unique", False)
+        return elements.numel() > 0 and test.numel() >= int(10.0 * elements.numel() ** 0.145) and not unique
+    return True
+
+
+def _zeros_as(x: Any) -> Any:
+    """A host tensor of zeros laid out as meta tensor ``x`` (its strides, an expanded one's too); anything else as
+    it is."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    n = 0 if 0 in x.shape else 1 + sum((k - 1) * s for k, s in zip(x.shape, x.stride(), strict=True))
+    return torch.zeros(n, dtype=x.dtype, device="cpu").as_strided(x.shape, x.stride())
+
+
+def _shapes_by_trial(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) -> Any:
+    """The outputs (as meta tensors) of an op with no meta kernel whose output shape torch does not say the values
+    decide (no ``dynamic_output_shape`` tag: ``geqrf``, ``binomial``, ``dequantize`` of a float tensor), from its
+    host kernel run on zeros laid out as its arguments (the generator's state kept: a random op draws nothing of the
+    program's). None where that raises, names a device, or its tensors are larger than :data:`_TRIAL_BYTES`: then the
+    op is run as one whose values decide its shape (the host waits for it). Before, every op without a meta kernel
+    was: a wait a GPU does not make, which could hide a race."""
+    leaves = _leaves_of((margs, mkwargs))[0]
+    if any(isinstance(x, torch.device) for x in leaves):
+        return None
+    if sum(x.numel() * x.element_size() for x in leaves if isinstance(x, torch.Tensor)) > _TRIAL_BYTES:
+        return None
+    hargs, hkwargs = _tree_map(_zeros_as, margs), _tree_map(_zeros_as, mkwargs)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            out = _on_a_stack_of_its_own(lambda: func(*hargs, **hkwargs))
+    except Exception:  # (the op's own refusal of zeros: its values decide, as before)
+        return None
+    return _tree_map(lambda o: torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=META)
+                     if isinstance(o, torch.Tensor) else o, out)
 
 
 def _may_overlap(flat: list[torch.Tensor], w: torch.Tensor) -> bool:
@@ -1366,6 +1425,10 @@ class Dispatcher:
 
     # -- entry point ----------------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if func is aten.copy_.default and len(args) > 1 and isinstance(args[1], (bool, int, float, complex)):
+            # ``t.copy_(0.25)``: torch wraps the number in a 0-d host tensor, which CUDA copies to the device as
+            # any host tensor, the host waiting (a blocking copy from pageable memory); the mode is given the number
+            args = (args[0], torch.tensor(args[1]), *args[2:])
         facts = classify(func)
         flat = _flat(args, kwargs)
         base = None
@@ -1714,7 +1777,8 @@ class Dispatcher:
         host_value = facts.has_returns and not outputs
         # The host waits for results it reads itself (.item(), equal, .cpu(), a pageable destination) and for a
         # copy to or from host memory without non_blocking=True (CUDA synchronizes its stream then).
-        waits = host_value or blocking_copy or pageable_out
+        waits = host_value or blocking_copy or pageable_out or (func in _READ_ON_THE_HOST
+                                                                 and _reads_on_the_host(func, args, kwargs))
         if moved:  # (the host indices' copies: written, and read, by the op)
             out_refs += [(m._st, m._data) for m in moved]
         index, rec = self.rt.enqueue(

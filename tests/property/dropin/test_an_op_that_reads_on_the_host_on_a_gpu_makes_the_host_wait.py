@@ -1,0 +1,100 @@
+"""Whether an op makes the host wait for the stream is what an H100 measured (``scripts/api-sweep run --waits``, a
+stall of 20 ms on the current stream before each call: docs/confirmations.md, fifty-first run), for the ops whose
+CUDA kernels read a value on the host as they run (``torch.inverse``'s and ``linalg``'s error checks, ``svd``,
+``matrix_exp``, ``histc`` with no range, ``normal`` with a tensor of deviations, ``isin`` where it sorts,
+``t.copy_(number)``), for the ops with no meta kernel whose output shape no value decides (``geqrf``,
+``dequantize`` of a float tensor, ``binomial``: they waited here as if it did, a wait a GPU does not make, which can
+hide a race), and for ops that wait, or not, as before (``nonzero``, ``equal``, ``abs``, ``add``). The simulator's
+answers here are measured in virtual time by the same script."""
+
+from __future__ import annotations
+
+import pytest
+from script_modules import load_script
+
+SWEEP = load_script("api-sweep")
+
+#: what the GPU measured, per call (a second argument: ``dev`` another device tensor, ``float`` a number)
+ON_A_GPU = {
+    "device.inverse": "waits",
+    "device.svd": "waits",
+    "device.matrix_exp": "waits",
+    "device.histc": "waits",
+    "device.torch.linalg.pinv": "waits",
+    "device.torch.linalg.eigh": "waits",
+    "device.torch.linalg.eig": "waits",
+    "device.torch.linalg.ldl_factor_ex": "waits",
+    "device.nonzero": "waits",
+    "device.geqrf": "no wait",
+    "device.dequantize": "no wait",
+    "device.abs": "no wait",
+}
+ON_A_GPU_BINARY = {
+    "device.torch.normal(dev)": "waits",
+    "device.torch.normal(float)": "no wait",
+    "device.torch.isin(dev)": "waits",
+    "device.torch.binomial(dev)": "no wait",
+    "device.copy_(float)": "waits",
+    "device.copy_(cpu0d)": "waits",
+    "device.copy_(dev)": "no wait",
+    "device.add(float)": "no wait",
+    "device.equal(dev)": "waits",
+}
+
+
+def _names(keys: list[str]) -> list[str]:
+    return sorted({k.split(".", 1)[1].split("(")[0] for k in keys})
+
+
+def test_a_call_waits_here_where_it_waits_on_a_gpu() -> None:
+    got = SWEEP.run_sim(_names(list(ON_A_GPU)), False, SWEEP.waits)
+    assert {k: got[k] for k in ON_A_GPU} == ON_A_GPU
+
+
+def test_a_call_with_a_second_argument_waits_here_where_it_waits_on_a_gpu() -> None:
+    got = SWEEP.run_sim(_names(list(ON_A_GPU_BINARY)), True, SWEEP.waits)
+    assert {k: got[k] for k in ON_A_GPU_BINARY} == ON_A_GPU_BINARY
+
+
+@pytest.mark.parametrize(("call", "waits"), [("histc_ranged", "no wait"), ("isin_small", "no wait"),
+                                             ("isin_unique", "no wait")])
+def test_where_the_arguments_decide_whether_cuda_reads_on_the_host(call: str, waits: str) -> None:
+    """``histc`` given a range reads nothing on the host; ``isin`` with few test elements takes its loop, not the
+    sort, and a sort of elements assumed unique needs no ``unique``: neither waits."""
+    import torch
+
+    calls = {"histc_ranged": lambda t: torch.histc(t, bins=4, min=0.0, max=1.0),
+             "isin_small": lambda t: torch.isin(t, t[0, :2]),
+             "isin_unique": lambda t: torch.isin(t, t, assume_unique=True)}
+    SWEEP.SKIP.discard(call)
+    original = SWEEP._function
+    try:
+        SWEEP._function = lambda name: calls[name] if name in calls else original(name)
+        assert SWEEP.run_sim([call], False, SWEEP.waits)[f"device.{call}"] == waits
+    finally:
+        SWEEP._function = original
+
+
+def test_the_ops_without_a_meta_kernel_give_their_values() -> None:
+    """``geqrf``, ``dequantize`` and ``binomial``, shaped by a trial on zeros and computed on the stream: the same
+    values as on the host."""
+    import torch
+
+    import simdevice
+
+    got: dict[str, torch.Tensor] = {}
+
+    def program() -> None:
+        a = torch.tensor([[4.0, 1.0], [2.0, 3.0]], device="cuda")
+        got["geqrf"] = torch.geqrf(a)[0].cpu()
+        got["dequantize"] = a.dequantize().cpu()
+        got["binomial"] = torch.binomial(torch.full((2, 2), 5.0, device="cuda"), torch.ones(2, 2, device="cuda")).cpu()
+
+    s = simdevice.cuda()
+    s.run(program)
+    assert s.result is not None
+    assert not s.result.reports, s.result.reports
+    host = torch.tensor([[4.0, 1.0], [2.0, 3.0]])
+    assert torch.allclose(got["geqrf"], torch.geqrf(host)[0])
+    assert torch.equal(got["dequantize"], host)
+    assert torch.equal(got["binomial"], torch.full((2, 2), 5.0))
