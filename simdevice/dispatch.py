@@ -158,6 +158,9 @@ class OpFacts:
     #: such a destination for overlap on the host (:func:`_overlap_error`); a ``_foreach_`` or fused optimizer op,
     #: which writes lists, takes CUDA's multi-tensor fast route without that check
     overlap_checked: bool = False
+    #: CUDA's kernel of the op reads a value on the host as it runs (:data:`_READ_ON_THE_HOST`, where its
+    #: arguments say so: :func:`_reads_on_the_host`): the host waits for the stream
+    reads_on_host: bool = False
 
 
 #: each op's facts by the op's id, with the op (the id stays its own while the op lives, and torch keeps every
@@ -195,6 +198,7 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
         copy=func in _COPIES,
         seeded=torch.Tag.nondeterministic_seeded in func.tags,
         dynamic=torch.Tag.dynamic_output_shape in func.tags,
+        reads_on_host=func in _READ_ON_THE_HOST,
         composite=torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"),
         indices=next((i for i, a in enumerate(schema.arguments) if a.name == "indices" and str(a.type) ==
                       "List[Optional[Tensor]]"), None),
@@ -1080,6 +1084,8 @@ def _argument_error(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) 
     return None
 
 
+#: ``copy_``, named once: :meth:`Dispatcher.dispatch` asks of every op whether it is it
+_COPY = aten.copy_.default
 #: ops whose CUDA implementation reads a value of the device's on the host as it runs (an ``item()`` inside ATen),
 #: so the host waits for the stream there, as :func:`_reads_on_the_host` says where it depends on the arguments
 #: (docs/confirmations.md, fifty-first run: each measured on a GPU)
@@ -1425,7 +1431,7 @@ class Dispatcher:
 
     # -- entry point ----------------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if func is aten.copy_.default and len(args) > 1 and isinstance(args[1], (bool, int, float, complex)):
+        if func is _COPY and len(args) > 1 and isinstance(args[1], (bool, int, float, complex)):
             # ``t.copy_(0.25)``: torch wraps the number in a 0-d host tensor, which CUDA copies to the device as
             # any host tensor, the host waiting (a blocking copy from pageable memory); the mode is given the number
             args = (args[0], torch.tensor(args[1]), *args[2:])
@@ -1777,7 +1783,7 @@ class Dispatcher:
         host_value = facts.has_returns and not outputs
         # The host waits for results it reads itself (.item(), equal, .cpu(), a pageable destination) and for a
         # copy to or from host memory without non_blocking=True (CUDA synchronizes its stream then).
-        waits = host_value or blocking_copy or pageable_out or (func in _READ_ON_THE_HOST
+        waits = host_value or blocking_copy or pageable_out or (facts.reads_on_host
                                                                  and _reads_on_the_host(func, args, kwargs))
         if moved:  # (the host indices' copies: written, and read, by the op)
             out_refs += [(m._st, m._data) for m in moved]
