@@ -1453,7 +1453,9 @@ class Dispatcher:
                 kwargs["device"]):
             shaped = tuple([_meta_of(x) if isinstance(x, torch.Tensor) else x for x in args])  # their shape, not bytes
             return self._host_op(func, facts, shaped, kwargs, _flat(shaped, {}))
-        if kwargs and kwargs.get("pin_memory"):  # (a factory's output on the device: ATen's empty_cuda refuses)
+        if kwargs and kwargs.get("pin_memory") and (kwargs.get("device") is None or self.on_device(kwargs["device"])):
+            # (an output on the device asked to be pinned: ATen's empty_cuda refuses; a copy to pinned host memory,
+            # ``_to_copy(t, device="cpu", pin_memory=True)``, is a D2H)
             raise RuntimeError("Only dense CPU tensors can be pinned")
         kind = facts.kind
         if kind == "view":
@@ -1637,8 +1639,10 @@ class Dispatcher:
             if self.config.values:
                 poison(host_out)
             # a non-blocking copy from the device to a new host tensor lands in pinned memory, and the host goes
-            # on (ATen's _to_copy pins its output then): ``t.to("cpu", non_blocking=True)`` read at once is a race
-            if kwargs.get("pin_memory") or kwargs.get("non_blocking"):
+            # on (ATen's _to_copy pins its output then): ``t.to("cpu", non_blocking=True)`` read at once is a race.
+            # Its ``pin_memory`` argument ATen overrides with that choice: asked for alone, the output is pageable
+            # and the copy blocking (an H100's answer: docs/confirmations.md, fifty-second run)
+            if kwargs.get("non_blocking"):
                 self.new_pinned(host_out, a.process)
             return host_out, [host_out]
         if type(meta) is torch.Tensor:  # one output (what the rest does, without a call per leaf)

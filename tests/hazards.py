@@ -492,6 +492,10 @@ PIN_FACTORIES: dict[str, tuple[Any, Any]] = {
     "empty, not pinned": (lambda a: torch.empty(4, device="cuda", pin_memory=False), ("cuda", False)),
     "host empty": (lambda a: torch.empty(4, pin_memory=True), ("cpu", True)),
     "host zeros_like": (lambda a: torch.zeros_like(a, device="cpu", pin_memory=True), ("cpu", True)),
+    # a copy of a device tensor to the host: pinned where it is non-blocking (ATen's _to_copy pins its output then,
+    # whatever ``pin_memory`` says), pageable where only ``pin_memory`` asks
+    "_to_copy asked to pin": (lambda a: torch.ops.aten._to_copy(a, device="cpu", pin_memory=True), ("cpu", False)),
+    "_to_copy non-blocking": (lambda a: torch.ops.aten._to_copy(a, device="cpu", non_blocking=True), ("cpu", True)),
 }
 
 
