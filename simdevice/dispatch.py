@@ -42,6 +42,7 @@ import copy
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -1120,6 +1121,48 @@ def _reads_on_the_host(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     return True
 
 
+#: the aten functions whose CUDA wrappers check that their tensors are on one device: torchgen generates the check
+#: for a function native_functions.yaml gives a CUDA kernel of its own (a ``CUDA`` dispatch key, or a structured
+#: delegate) and no ``device_check: NoCheck`` (TensorIterator's ops have one: they take a 0-d host tensor as a
+#: number); read from torchgen's copy of the file at the first 0-d host tensor an op is given (empty: no file)
+_DEVICE_CHECKED: list[frozenset[str]] = []
+
+
+def _checks_devices(func: Any) -> bool:
+    """Whether ``func``'s CUDA wrapper refuses a tensor on another device, a 0-d host one too
+    (:data:`_DEVICE_CHECKED`); False for an op the file does not list, or where the file is not there."""
+    if not _DEVICE_CHECKED:
+        _DEVICE_CHECKED.append(_read_device_checked())
+    schema = func._schema
+    if not schema.name.startswith("aten::"):
+        return False
+    name = schema.name.removeprefix("aten::")
+    return (f"{name}.{schema.overload_name}" if schema.overload_name else name) in _DEVICE_CHECKED[0]
+
+
+def _read_device_checked() -> frozenset[str]:
+    import torchgen  # type: ignore[import-untyped]
+
+    path = Path(torchgen.__file__).parent / "packaged" / "ATen" / "native" / "native_functions.yaml"
+    if not path.is_file():
+        return frozenset()
+    checked: set[str] = set()
+    entries: list[tuple[str, list[str]]] = []
+    for line in path.read_text().splitlines():
+        if line.startswith("- func: "):
+            entries.append((line[len("- func: "):].split("(", 1)[0], []))
+        elif entries:
+            entries[-1][1].append(line.strip())
+    for name, lines in entries:
+        if any(x.startswith("device_check: NoCheck") for x in lines):
+            continue
+        own_cuda = any(x.startswith("structured_delegate:") for x in lines) or any(
+            ":" in x and "CUDA" in [k.strip() for k in x.split(":", 1)[0].split(",")] for x in lines)
+        if own_cuda:
+            checked.add(name)
+    return frozenset(checked)
+
+
 def _zeros_as(x: Any) -> Any:
     """A host tensor of zeros laid out as meta tensor ``x`` (its strides, an expanded one's too); anything else as
     it is."""
@@ -1652,7 +1695,7 @@ class Dispatcher:
         return result, [x for x in _leaves_of(result)[0] if isinstance(x, torch.Tensor)]
 
     def _inputs(
-        self, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[torch.Tensor],
+        self, func: Any, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[torch.Tensor],
         written: list[torch.Tensor],
     ) -> tuple[list[torch.Tensor], dict[int, torch.Tensor]]:
         """Every tensor argument that is read, and the pageable ones staged now (read at issue, as CUDA does)."""
@@ -1671,6 +1714,12 @@ class Dispatcher:
                 raise RuntimeError(
                     f"{facts.name}: expected all tensors on the device, got a host tensor of shape {tuple(x.shape)}"
                 )
+            if not facts.copy and _checks_devices(func):
+                # a 0-d host tensor, which TensorIterator's ops take as a number and an op whose CUDA wrapper checks
+                # its arguments' devices refuses (``clamp``'s bounds, ``equal``, ``logaddexp``: :data:`_DEVICE_CHECKED`)
+                raise RuntimeError(
+                    f"Expected all tensors to be on the same device, but got a 0-d tensor on cpu, different from "
+                    f"other tensors on cuda:0 (when checking an argument of {facts.name})")
             if self.rt.lookup_pinned(x) is None:
                 staged[id(x)] = x.clone() if self.config.values else x
         return inputs, staged
@@ -1715,7 +1764,7 @@ class Dispatcher:
             if meta is None:
                 return self._data_dependent(a, s, func, facts, args, kwargs, flat, src)
         result, outputs = self._outputs(a, func, facts, args, kwargs, written, meta)
-        inputs, staged = self._inputs(facts, args, kwargs, flat, written)
+        inputs, staged = self._inputs(func, facts, args, kwargs, flat, written)
         mask = self._narrow(facts, args, written, src) if facts.indexed is not None else None
         into_pageable = facts.copy and self._copies_through_host(a, func, args, kwargs, outputs, staged, src)
 
@@ -1940,7 +1989,7 @@ class Dispatcher:
     ) -> Any:
         """An op whose output shape depends on its input values: as on CUDA, the host waits for the stream to
         compute it (it needs the size to allocate), then the output is written on the stream."""
-        inputs, staged = self._inputs(facts, args, kwargs, flat, [])
+        inputs, staged = self._inputs(func, facts, args, kwargs, flat, [])
         duration = self.config.kernel_ns(sum(x.numel() * x.element_size() for x in inputs))
         # its output's size comes from values, so it computes them even in a race-only run (what memory holds)
         eff = _Effect(self, func, _aliased(args), _aliased_kwargs(kwargs), [], staged, None, [], [],
