@@ -162,6 +162,9 @@ class OpFacts:
     #: CUDA's kernel of the op reads a value on the host as it runs (:data:`_READ_ON_THE_HOST`, where its
     #: arguments say so: :func:`_reads_on_the_host`): the host waits for the stream
     reads_on_host: bool = False
+    #: the op copies a host tensor argument to the device itself, blocking, as CUDA's implementation does
+    #: (:data:`_HOST_INPUT_COPIED`): a host tensor of any shape is taken, and the host waits
+    copies_host_inputs: bool = False
 
 
 #: each op's facts by the op's id, with the op (the id stays its own while the op lives, and torch keeps every
@@ -200,6 +203,7 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
         seeded=torch.Tag.nondeterministic_seeded in func.tags,
         dynamic=torch.Tag.dynamic_output_shape in func.tags,
         reads_on_host=func in _READ_ON_THE_HOST,
+        copies_host_inputs=func in _HOST_INPUT_COPIED,
         composite=torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"),
         indices=next((i for i, a in enumerate(schema.arguments) if a.name == "indices" and str(a.type) ==
                       "List[Optional[Tensor]]"), None),
@@ -1121,6 +1125,12 @@ def _reads_on_the_host(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     return True
 
 
+#: ops whose implementation copies a host tensor argument to the device itself, with a blocking copy: the scatter
+#: ops (``output = self.clone(); output.slice(...).copy_(src)``) and ``bernoulli_`` with a tensor ``p``
+#: (``p.to(device)``); an H100 took a host ``src`` and ``p`` and waited (docs/confirmations.md, fifty-first run)
+_HOST_INPUT_COPIED = frozenset({aten.slice_scatter.default, aten.select_scatter.default, aten.diagonal_scatter.default,
+                                aten.as_strided_scatter.default, aten.bernoulli_.Tensor})
+
 #: the aten functions whose CUDA wrappers check that their tensors are on one device: torchgen generates the check
 #: for a function native_functions.yaml gives a CUDA kernel of its own (a ``CUDA`` dispatch key, or a structured
 #: delegate) and no ``device_check: NoCheck`` (TensorIterator's ops have one: they take a 0-d host tensor as a
@@ -1710,7 +1720,7 @@ class Dispatcher:
         for x in inputs:
             if isinstance(x, SimTensor):
                 continue
-            if x.dim() > 0 and not facts.copy:  # as on CUDA: only copies cross devices
+            if x.dim() > 0 and not facts.copy and not facts.copies_host_inputs:  # (CUDA: only copies cross devices)
                 raise RuntimeError(
                     f"{facts.name}: expected all tensors on the device, got a host tensor of shape {tuple(x.shape)}"
                 )
@@ -1836,8 +1846,8 @@ class Dispatcher:
         host_value = facts.has_returns and not outputs
         # The host waits for results it reads itself (.item(), equal, .cpu(), a pageable destination) and for a
         # copy to or from host memory without non_blocking=True (CUDA synchronizes its stream then).
-        waits = host_value or blocking_copy or pageable_out or (facts.reads_on_host
-                                                                 and _reads_on_the_host(func, args, kwargs))
+        waits = (host_value or blocking_copy or pageable_out or (facts.reads_on_host and _reads_on_the_host(
+            func, args, kwargs)) or (host_touch and facts.copies_host_inputs))
         if moved:  # (the host indices' copies: written, and read, by the op)
             out_refs += [(m._st, m._data) for m in moved]
         index, rec = self.rt.enqueue(

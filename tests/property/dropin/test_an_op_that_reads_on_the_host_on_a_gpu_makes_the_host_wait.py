@@ -4,8 +4,9 @@ CUDA kernels read a value on the host as they run (``torch.inverse``'s and ``lin
 ``matrix_exp``, ``histc`` with no range, ``normal`` with a tensor of deviations, ``isin`` where it sorts,
 ``t.copy_(number)``), for the ops with no meta kernel whose output shape no value decides (``geqrf``,
 ``dequantize`` of a float tensor, ``binomial``: they waited here as if it did, a wait a GPU does not make, which can
-hide a race), and for ops that wait, or not, as before (``nonzero``, ``equal``, ``abs``, ``add``). The simulator's
-answers here are measured in virtual time by the same script."""
+hide a race), for ops that copy a host argument in themselves (``slice_scatter``'s ``src``, ``bernoulli_``'s ``p``:
+refused here before), and for ops that wait, or not, as before (``nonzero``, ``equal``, ``abs``, ``add``). The
+simulator's answers here are measured in virtual time by the same script."""
 
 from __future__ import annotations
 
@@ -39,6 +40,13 @@ ON_A_GPU_BINARY = {
     "device.copy_(dev)": "no wait",
     "device.add(float)": "no wait",
     "device.equal(dev)": "waits",
+    # a host ``src`` or ``p`` the op copies to the device itself, blocking (taken, where it was refused)
+    "device.slice_scatter(cpu)": "waits",
+    "device.slice_scatter(pinned)": "waits",
+    "device.slice_scatter(dev)": "no wait",
+    "device.bernoulli_(cpu)": "waits",
+    "device.bernoulli_(cpu0d)": "waits",
+    "device.bernoulli_(dev)": "no wait",
 }
 
 
@@ -73,6 +81,30 @@ def test_where_the_arguments_decide_whether_cuda_reads_on_the_host(call: str, wa
         assert SWEEP.run_sim([call], False, SWEEP.waits)[f"device.{call}"] == waits
     finally:
         SWEEP._function = original
+
+
+def test_a_scatter_of_a_host_source_gives_the_host_s_values() -> None:
+    """``slice_scatter`` with a host ``src`` (pinned or not), which CUDA's implementation copies in: the values of the
+    same call on the host (before, the simulator refused the host tensor: a correct program's host error)."""
+    import torch
+
+    import simdevice
+
+    got: list[torch.Tensor] = []
+
+    def program() -> None:
+        base = torch.zeros(4, 4, device="cuda")
+        src = torch.arange(8.0).reshape(2, 4)
+        got.append(base.slice_scatter(src, 0, 1, 3).cpu())
+        got.append(base.slice_scatter(src.pin_memory(), 0, 0, 2).cpu())
+
+    s = simdevice.cuda()
+    s.run(program)
+    assert s.result is not None
+    assert not s.result.reports, s.result.reports
+    src = torch.arange(8.0).reshape(2, 4)
+    assert torch.equal(got[0], torch.zeros(4, 4).slice_scatter(src, 0, 1, 3))
+    assert torch.equal(got[1], torch.zeros(4, 4).slice_scatter(src, 0, 0, 2))
 
 
 def test_the_ops_without_a_meta_kernel_give_their_values() -> None:
