@@ -1035,7 +1035,7 @@ def _out_layouts(func: Any, facts: OpFacts, args: tuple[Any, ...],
 def _meta_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """An op's outputs from its meta kernel; None when they depend on the data (the meta kernel refuses). An error
     torch's checks of the arguments raise is raised here, on the host, as CUDA raises it before the launch
-    (:func:`_argument_error`)."""
+    (:func:`_on_zeros`)."""
     margs, mkwargs = _tree_map(_meta_of, args), _tree_map(_meta_of, kwargs)
     # a plain pointwise op by TensorIterator's rules: its meta kernel is a Python reference that imports dynamo
     out = elementwise.output(func, margs, mkwargs)
@@ -1047,46 +1047,75 @@ def _meta_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
                     isinstance(x, torch.Tensor) for x in _leaves_of((margs, mkwargs))[0]):
                 # a factory (``ones``, ``full``, ``arange`` on the device): no data can decide what it makes, so its
                 # refusal (a negative size, a zero step) is an argument error, raised at the call as CUDA raises it
-                # (:func:`_argument_error` does not try an op that names a device)
+                # (:func:`_on_zeros` does not try an op that names a device)
                 raise
             out = None  # nonzero, boolean indexing, repeat_interleave without a size: the values decide
-        error = _argument_error(func, margs, mkwargs)
+        error, tried = _on_zeros(func, margs, mkwargs)
         if error is not None:
             raise error
-        if out is None and not classify(func).dynamic:
-            out = _shapes_by_trial(func, margs, mkwargs)
+        if out is None:
+            out = tried
     return out
 
 
-#: the bytes of an op's tensor arguments up to which :func:`_argument_error` tries it (once per op and signature)
+#: the bytes of an op's tensor arguments up to which :func:`_on_zeros` tries it (once per op and signature)
 _TRIAL_BYTES = 1 << 22
 
 
-def _argument_error(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) -> RuntimeError | None:
-    """What the op raises on host tensors of zeros shaped as its arguments (their meta tensors ``margs``,
-    ``mkwargs``), where that is an error of its arguments: torch checks dtypes and shapes on the host before CUDA
-    launches anything, where a meta kernel may not check them (``mm`` of float32 and bfloat16) or refuse for another
-    reason, and the op computed on the stream would raise them there, past a ``try`` of the program's. None where it
-    runs, draws random numbers, names a device, its tensors are larger than :data:`_TRIAL_BYTES`, or its output's
-    shape is of a kind values may decide (:attr:`OpFacts.dynamic`), whose host kernel checks values zeros do not
-    stand for (``repeat_interleave`` given ``output_size`` checks the repeats' sum, which CUDA's kernel does not)."""
+def _on_zeros(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) -> tuple[RuntimeError | None, Any]:
+    """The op run once on host tensors of zeros shaped as its arguments (their meta tensors ``margs``, ``mkwargs``):
+    what it raises where that is an error of its arguments, and its outputs as meta tensors where it ran.
+
+    The error: torch checks dtypes and shapes on the host before CUDA launches anything, where a meta kernel may not
+    check them (``mm`` of float32 and bfloat16) or refuse for another reason, and the op computed on the stream would
+    raise them there, past a ``try`` of the program's. None where it runs, draws random numbers (run with the
+    generator's state kept), or the CPU kernel lacks what CUDA's has.
+
+    The outputs shape an op with no meta kernel whose output shape torch does not say the values decide (``geqrf``,
+    ``binomial``, ``dequantize`` of a float tensor), which then runs on the stream as any op; before, every op
+    without a meta kernel waited as one whose values decide (the host waits for it), a wait a GPU does not make,
+    which could hide a race.
+
+    Neither where the op names a device, its tensors are larger than :data:`_TRIAL_BYTES`, or its output's shape is
+    of a kind values may decide (:attr:`OpFacts.dynamic`), whose host kernel checks values zeros do not stand for
+    (``repeat_interleave`` given ``output_size`` checks the repeats' sum, which CUDA's kernel does not)."""
     leaves = _leaves_of((margs, mkwargs))[0]
     facts = classify(func)
-    if any(isinstance(x, torch.device) for x in leaves) or facts.seeded or facts.dynamic:
-        return None
+    if any(isinstance(x, torch.device) for x in leaves) or facts.dynamic:
+        return None, None
     if sum(x.numel() * x.element_size() for x in leaves if isinstance(x, torch.Tensor)) > _TRIAL_BYTES:
-        return None
+        return None, None
     hargs, hkwargs = _tree_map(_zeros_as, margs), _tree_map(_zeros_as, mkwargs)
     try:
-        _on_a_stack_of_its_own(lambda: func(*hargs, **hkwargs))
+        if facts.seeded:  # (the draw is the trial's: the program's generator goes on where it was)
+            with torch.random.fork_rng(devices=[]):
+                out = _on_a_stack_of_its_own(lambda: func(*hargs, **hkwargs))
+        else:
+            out = _on_a_stack_of_its_own(lambda: func(*hargs, **hkwargs))
     except RuntimeError as e:
         text = str(e).lower()
-        if "meta" in text or "not implemented for" in text:  # (the CPU kernel's own gaps: no argument error)
-            return None
-        return e
+        if facts.seeded or "meta" in text or "not implemented for" in text:  # (the CPU kernel's own gaps)
+            return None, None
+        return e, None
     except Exception:  # another kind of error: not an argument check (the stream's run says it)
-        return None
-    return None
+        return None, None
+    return None, _tree_map(lambda o: torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=META)
+                           if isinstance(o, torch.Tensor) else o, out)
+
+
+def _argument_error(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) -> RuntimeError | None:
+    """What the op raises on zeros shaped as its arguments, where that is an error of its arguments
+    (:func:`_on_zeros`)."""
+    return _on_zeros(func, margs, mkwargs)[0]
+
+
+def _zeros_as(x: Any) -> Any:
+    """A host tensor of zeros laid out as meta tensor ``x`` (its strides, an expanded one's too); anything else as
+    it is."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    n = 0 if 0 in x.shape else 1 + sum((k - 1) * s for k, s in zip(x.shape, x.stride(), strict=True))
+    return torch.zeros(n, dtype=x.dtype, device="cpu").as_strided(x.shape, x.stride())
 
 
 #: ``copy_``, named once: :meth:`Dispatcher.dispatch` asks of every op whether it is it
@@ -1171,37 +1200,6 @@ def _read_device_checked() -> frozenset[str]:
         if own_cuda:
             checked.add(name)
     return frozenset(checked)
-
-
-def _zeros_as(x: Any) -> Any:
-    """A host tensor of zeros laid out as meta tensor ``x`` (its strides, an expanded one's too); anything else as
-    it is."""
-    if not isinstance(x, torch.Tensor):
-        return x
-    n = 0 if 0 in x.shape else 1 + sum((k - 1) * s for k, s in zip(x.shape, x.stride(), strict=True))
-    return torch.zeros(n, dtype=x.dtype, device="cpu").as_strided(x.shape, x.stride())
-
-
-def _shapes_by_trial(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) -> Any:
-    """The outputs (as meta tensors) of an op with no meta kernel whose output shape torch does not say the values
-    decide (no ``dynamic_output_shape`` tag: ``geqrf``, ``binomial``, ``dequantize`` of a float tensor), from its
-    host kernel run on zeros laid out as its arguments (the generator's state kept: a random op draws nothing of the
-    program's). None where that raises, names a device, or its tensors are larger than :data:`_TRIAL_BYTES`: then the
-    op is run as one whose values decide its shape (the host waits for it). Before, every op without a meta kernel
-    was: a wait a GPU does not make, which could hide a race."""
-    leaves = _leaves_of((margs, mkwargs))[0]
-    if any(isinstance(x, torch.device) for x in leaves):
-        return None
-    if sum(x.numel() * x.element_size() for x in leaves if isinstance(x, torch.Tensor)) > _TRIAL_BYTES:
-        return None
-    hargs, hkwargs = _tree_map(_zeros_as, margs), _tree_map(_zeros_as, mkwargs)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            out = _on_a_stack_of_its_own(lambda: func(*hargs, **hkwargs))
-    except Exception:  # (the op's own refusal of zeros: its values decide, as before)
-        return None
-    return _tree_map(lambda o: torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=META)
-                     if isinstance(o, torch.Tensor) else o, out)
 
 
 def _may_overlap(flat: list[torch.Tensor], w: torch.Tensor) -> bool:

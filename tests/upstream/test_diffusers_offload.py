@@ -56,11 +56,6 @@ MUTANT_CONFIG = st.fixed_dictionaries({"steps": st.integers(1, 3),
                                        "level": st.sampled_from(["block_level", "leaf_level"])})
 
 
-@pytest.fixture(autouse=True)
-def _in_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(ROOT)  # schedule lines name the driver relative to the repository
-
-
 def test_the_real_group_offloading_is_clean() -> None:
     found = simdevice.explore(f"{DRIVER}::offload", config=CONFIG, max_examples=40)
     assert found.failure is None, found.text()

@@ -34,11 +34,6 @@ CONFIG = st.fixed_dictionaries({"steps": st.integers(1, 3), "fraction": st.sampl
                                 "overlap": st.booleans()})
 
 
-@pytest.fixture(autouse=True)
-def _in_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(ROOT)  # schedule lines name the driver relative to the repository
-
-
 def test_the_real_optimizer_is_clean() -> None:
     found = simdevice.explore(f"{DRIVER}::train", config=CONFIG, max_examples=40)
     assert found.failure is None, found.text()

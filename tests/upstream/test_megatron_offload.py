@@ -32,11 +32,6 @@ TRAIN = "tests/upstream/megatron_offload.py::train"
 CONFIG = st.fixed_dictionaries({"layers": st.integers(1, 3), "mb": st.integers(1, 2), "iters": st.integers(1, 2)})
 
 
-@pytest.fixture(autouse=True)
-def _in_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(ROOT)  # schedule lines name the driver relative to the repository
-
-
 def test_the_inline_reload_race_is_found_shrunk_and_replays() -> None:
     found = simdevice.explore(TRAIN, config=CONFIG, max_examples=60)
     assert found.failure is not None

@@ -73,11 +73,6 @@ CONFIG = st.fixed_dictionaries({
 MUTANT_CONFIG = st.fixed_dictionaries({"steps": st.integers(1, 3), "minimal_size": st.sampled_from([1, 4096])})
 
 
-@pytest.fixture(autouse=True)
-def _in_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(ROOT)  # schedule lines name the driver relative to the repository
-
-
 def test_the_real_optimizer_is_clean_one_step_at_a_time() -> None:
     found = simdevice.explore(f"{DRIVER}::train", config=CONFIG, max_examples=60)
     assert found.failure is None, found.text()

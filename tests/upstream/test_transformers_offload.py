@@ -60,11 +60,6 @@ CONFIG = st.fixed_dictionaries({"steps": st.integers(2, 4), "full": st.integers(
                                 "sliding": st.integers(0, 1), "static": st.booleans()})
 
 
-@pytest.fixture(autouse=True)
-def _in_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(ROOT)  # schedule lines name the driver relative to the repository
-
-
 def test_the_real_cache_is_clean_with_two_or_more_offloaded_layers() -> None:
     found = simdevice.explore(f"{DRIVER}::decode", config=CONFIG, max_examples=40)
     assert found.failure is None, found.text()

@@ -66,7 +66,8 @@ def test_a_call_with_a_second_argument_waits_here_where_it_waits_on_a_gpu() -> N
 
 @pytest.mark.parametrize(("call", "waits"), [("histc_ranged", "no wait"), ("isin_small", "no wait"),
                                              ("isin_unique", "no wait")])
-def test_where_the_arguments_decide_whether_cuda_reads_on_the_host(call: str, waits: str) -> None:
+def test_where_the_arguments_decide_whether_cuda_reads_on_the_host(call: str, waits: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """``histc`` given a range reads nothing on the host; ``isin`` with few test elements takes its loop, not the
     sort, and a sort of elements assumed unique needs no ``unique``: neither waits."""
     import torch
@@ -74,13 +75,8 @@ def test_where_the_arguments_decide_whether_cuda_reads_on_the_host(call: str, wa
     calls = {"histc_ranged": lambda t: torch.histc(t, bins=4, min=0.0, max=1.0),
              "isin_small": lambda t: torch.isin(t, t[0, :2]),
              "isin_unique": lambda t: torch.isin(t, t, assume_unique=True)}
-    SWEEP.SKIP.discard(call)
-    original = SWEEP._function
-    try:
-        SWEEP._function = lambda name: calls[name] if name in calls else original(name)
-        assert SWEEP.run_sim([call], False, SWEEP.waits)[f"device.{call}"] == waits
-    finally:
-        SWEEP._function = original
+    monkeypatch.setattr(SWEEP, "_function", calls.__getitem__)
+    assert SWEEP.run_sim([call], False, SWEEP.waits)[f"device.{call}"] == waits
 
 
 def test_a_scatter_of_a_host_source_gives_the_host_s_values() -> None:
