@@ -39,6 +39,7 @@ seed alone, never on the global random state or on timing.
 from __future__ import annotations
 
 import copy
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -165,6 +166,9 @@ class OpFacts:
     #: the op copies a host tensor argument to the device itself, blocking, as CUDA's implementation does
     #: (:data:`_HOST_INPUT_COPIED`): a host tensor of any shape is taken, and the host waits
     copies_host_inputs: bool = False
+    #: a GPU has no kernel of the op for a dense tensor (``histogram``, ``int_repr``, ``q_scale``): it raises at the
+    #: call (:func:`_lacks_cuda_kernel`)
+    no_cuda_kernel: bool = False
 
 
 #: each op's facts by the op's id, with the op (the id stays its own while the op lives, and torch keeps every
@@ -204,6 +208,7 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
         dynamic=torch.Tag.dynamic_output_shape in func.tags,
         reads_on_host=func in _READ_ON_THE_HOST,
         copies_host_inputs=func in _HOST_INPUT_COPIED,
+        no_cuda_kernel=_lacks_cuda_kernel(func),
         composite=torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"),
         indices=next((i for i, a in enumerate(schema.arguments) if a.name == "indices" and str(a.type) ==
                       "List[Optional[Tensor]]"), None),
@@ -1040,6 +1045,7 @@ def _meta_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     # a plain pointwise op by TensorIterator's rules: its meta kernel is a Python reference that imports dynamo
     out = elementwise.output(func, margs, mkwargs)
     if out is None:
+        odd: Exception | None = None
         try:
             out = _on_a_stack_of_its_own(lambda: func(*margs, **mkwargs))
         except (NotImplementedError, RuntimeError) as e:
@@ -1050,12 +1056,58 @@ def _meta_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
                 # (:func:`_on_zeros` does not try an op that names a device)
                 raise
             out = None  # nonzero, boolean indexing, repeat_interleave without a size: the values decide
+        except Exception as e:  # (a Python meta kernel's own failure: the host kernel says more)
+            # ``conv1d``'s meta kernel indexes a 2-d weight's third size (IndexError), ``nll_loss``'s asserts
+            # (AssertionError): CUDA's kernel raises a RuntimeError of its checks, as the host kernel does on zeros
+            out, odd = None, e
         error, tried = _on_zeros(func, margs, mkwargs)
-        if error is not None:
-            raise error
-        if out is None:
+        if error is not None and _DTYPE_GAP.search(str(error)):
+            error = _host_tensor_error(func, args, kwargs) or error  # (TensorIterator checks devices first)
+        if error is not None or (odd is not None and tried is None):
+            # the wrapper's check of its arguments' devices comes first (a host tensor where the kernel then
+            # refuses shapes: ``nll_loss`` given a 2-d host target)
+            raise _device_error(func, args, kwargs) or error or odd  # type: ignore[misc]
+        if out is None:  # (no meta kernel, or one that failed where the host kernel runs: shaped as the latter)
             out = tried
     return out
+
+
+def _host_tensor_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RuntimeError | None:
+    """TensorIterator's error for a host tensor of one element or more among an op's device tensors, unless the op
+    takes one (a copy, or one that copies its host arguments in itself)."""
+    facts = classify(func)
+    flat = [x for x in _leaves_of((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+    if facts.copy or facts.copies_host_inputs or not any(not isinstance(x, SimTensor) and x.dim() > 0 for x in flat):
+        return None
+    return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                        f"{_first_device(flat)} and cpu!")
+
+
+def _first_device(flat: list[torch.Tensor]) -> str:
+    """The simulated device as the program sees it, named by the first of the op's tensors on it."""
+    return next((str(x.device) for x in flat if isinstance(x, SimTensor)), "cuda:0")
+
+
+def _device_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RuntimeError | None:
+    """What an op whose CUDA wrapper checks its arguments' devices (:func:`_checks_devices`) raises for these
+    arguments, as the wrapper words it: the first tensor argument (in the schema's order) on another device than
+    the first one's; None where they are all on one, or the op does not check."""
+    if not _checks_devices(func):
+        return None
+    common: str | None = None
+    for i, arg in enumerate(func._schema.arguments):
+        value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+        for x in value if isinstance(value, (list, tuple)) else (value,):
+            if not isinstance(x, torch.Tensor):
+                continue
+            where = "sim" if isinstance(x, SimTensor) else "cpu"
+            if common is None:
+                common, named = where, str(x.device)
+            elif where != common:
+                return RuntimeError(
+                    f"Expected all tensors to be on the same device, but got {arg.name} is on {x.device}, different "
+                    f"from other tensors on {named} (when checking argument in method {func._schema.name})")
+    return None
 
 
 #: the bytes of an op's tensor arguments up to which :func:`_on_zeros` tries it (once per op and signature)
@@ -1068,37 +1120,46 @@ def _on_zeros(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) -> tup
 
     The error: torch checks dtypes and shapes on the host before CUDA launches anything, where a meta kernel may not
     check them (``mm`` of float32 and bfloat16) or refuse for another reason, and the op computed on the stream would
-    raise them there, past a ``try`` of the program's. None where it runs, draws random numbers (run with the
-    generator's state kept), or the CPU kernel lacks what CUDA's has.
+    raise them there, past a ``try`` of the program's (a random op runs with the generator's state kept). None where
+    it runs, where ones shaped as the arguments do not raise it word for word (an error of the zeros' values:
+    ``cholesky_inverse`` of a zero diagonal), or where the CPU kernel may lack what CUDA's has (a reduced-precision
+    dtype its dispatch does not cover: :data:`_EVERY_BACKENDS_DTYPES`).
 
     The outputs shape an op with no meta kernel whose output shape torch does not say the values decide (``geqrf``,
     ``binomial``, ``dequantize`` of a float tensor), which then runs on the stream as any op; before, every op
     without a meta kernel waited as one whose values decide (the host waits for it), a wait a GPU does not make,
     which could hide a race.
 
-    Neither where the op names a device, its tensors are larger than :data:`_TRIAL_BYTES`, or its output's shape is
-    of a kind values may decide (:attr:`OpFacts.dynamic`), whose host kernel checks values zeros do not stand for
-    (``repeat_interleave`` given ``output_size`` checks the repeats' sum, which CUDA's kernel does not)."""
+    Neither where the op names a device or its tensors are larger than :data:`_TRIAL_BYTES`. Where its output's shape
+    is of a kind values may decide (:attr:`OpFacts.dynamic`), whose host kernel checks values zeros and ones do not
+    stand for (``repeat_interleave`` given ``output_size`` checks the repeats' sum, which CUDA's kernel does not), the
+    error of a dtype its dispatch does not cover alone (``bincount`` of floats), and no outputs."""
     leaves = _leaves_of((margs, mkwargs))[0]
     facts = classify(func)
-    if any(isinstance(x, torch.device) for x in leaves) or facts.dynamic:
+    if any(isinstance(x, torch.device) for x in leaves):
         return None, None
     if sum(x.numel() * x.element_size() for x in leaves if isinstance(x, torch.Tensor)) > _TRIAL_BYTES:
         return None, None
-    hargs, hkwargs = _tree_map(_zeros_as, margs), _tree_map(_zeros_as, mkwargs)
     try:
-        if facts.seeded:  # (the draw is the trial's: the program's generator goes on where it was)
-            with torch.random.fork_rng(devices=[]):
-                out = _on_a_stack_of_its_own(lambda: func(*hargs, **hkwargs))
-        else:
-            out = _on_a_stack_of_its_own(lambda: func(*hargs, **hkwargs))
+        out = _trial(func, facts, _zeros_as, margs, mkwargs)
     except RuntimeError as e:
-        text = str(e).lower()
-        if facts.seeded or "meta" in text or "not implemented for" in text:  # (the CPU kernel's own gaps)
+        text = str(e)
+        if "meta" in text.lower():
             return None, None
+        gap = _DTYPE_GAP.search(text)
+        if (gap is None and facts.dynamic) or (gap is not None and gap.group(2) not in _EVERY_BACKENDS_DTYPES):
+            return None, None  # (a reduced-precision dtype the CPU kernel may lack where CUDA's has it)
+        if not _raises_on_ones(func, facts, margs, mkwargs, e):
+            # an error of the zeros' values, not of the arguments' shapes or dtypes (``cholesky_inverse`` of a
+            # zero diagonal: singular), which the program's values need not give: its run on the stream says
+            return None, None
+        if gap is not None:  # (CUDA's kernel names itself so: ``"bitwise_and_cuda" not implemented for 'Float'``)
+            return type(e)(text.replace(f'{gap.group(1)}_cpu"', f'{gap.group(1)}_cuda"', 1)), None
         return e, None
     except Exception:  # another kind of error: not an argument check (the stream's run says it)
         return None, None
+    if facts.dynamic:
+        return None, None  # (shaped by the zeros' values: not the program's)
     return None, _tree_map(lambda o: torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=META)
                            if isinstance(o, torch.Tensor) else o, out)
 
@@ -1107,6 +1168,42 @@ def _argument_error(func: Any, margs: tuple[Any, ...], mkwargs: dict[str, Any]) 
     """What the op raises on zeros shaped as its arguments, where that is an error of its arguments
     (:func:`_on_zeros`)."""
     return _on_zeros(func, margs, mkwargs)[0]
+
+
+#: a kernel's dispatch over dtypes refusing one: ``"bitwise_and_cpu" not implemented for 'Float'``
+_DTYPE_GAP = re.compile(r'"(\w+?)(?:_cpu)?" not implemented for \'(\w+)\'')
+#: the dtypes every kernel of an op supports on the CPU where it does on CUDA: an op's dispatch refusing one of these
+#: on the CPU (an integer op given floats) refuses it on CUDA too; the CPU's gaps are in reduced precisions
+_EVERY_BACKENDS_DTYPES = frozenset({"Float", "Double", "Long", "Int", "Short", "Char", "Byte", "Bool", "ComplexFloat",
+                                    "ComplexDouble"})
+
+
+def _trial(func: Any, facts: OpFacts, make: Callable[[Any], Any], margs: tuple[Any, ...],
+           mkwargs: dict[str, Any]) -> Any:
+    """The op run on host tensors ``make`` makes of its arguments' meta tensors (zeros, ones)."""
+    hargs, hkwargs = _tree_map(make, margs), _tree_map(make, mkwargs)
+    if facts.seeded:  # (the draw is the trial's: the program's generator goes on where it was)
+        with torch.random.fork_rng(devices=[]):
+            return _on_a_stack_of_its_own(lambda: func(*hargs, **hkwargs))
+    return _on_a_stack_of_its_own(lambda: func(*hargs, **hkwargs))
+
+
+def _raises_on_ones(func: Any, facts: OpFacts, margs: tuple[Any, ...], mkwargs: dict[str, Any],
+                    error: RuntimeError) -> bool:
+    """Whether the op raises ``error`` again, word for word, on ones shaped as its arguments: an error of the
+    arguments (a shape, a dtype) is raised whatever their values."""
+    try:
+        _trial(func, facts, _ones_as, margs, mkwargs)
+    except RuntimeError as again:
+        return type(again) is type(error) and str(again) == str(error)
+    except Exception:  # (another error: not the same one)
+        return False
+    return False
+
+
+def _ones_as(x: Any) -> Any:
+    """As :func:`_zeros_as`, ones."""
+    return _zeros_as(x).fill_(1) if isinstance(x, torch.Tensor) else x
 
 
 def _zeros_as(x: Any) -> Any:
@@ -1136,6 +1233,7 @@ _READ_ON_THE_HOST = frozenset({
     aten.normal.Tensor_Tensor, aten.normal.float_Tensor,  # (``std.min() >= 0`` read)
     aten.isin.Tensor_Tensor,  # (the sorting path's ``unique``)
     aten.linalg_ldl_factor_ex.default,  # (measured waiting on an H100)
+    aten.cholesky.default,  # (its infos checked inside: an H100 raised a matrix's error at the call)
 })
 
 
@@ -1160,46 +1258,81 @@ def _reads_on_the_host(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
 _HOST_INPUT_COPIED = frozenset({aten.slice_scatter.default, aten.select_scatter.default, aten.diagonal_scatter.default,
                                 aten.as_strided_scatter.default, aten.bernoulli_.Tensor})
 
-#: the aten functions whose CUDA wrappers check that their tensors are on one device: torchgen generates the check
-#: for a function native_functions.yaml gives a CUDA kernel of its own (a ``CUDA`` dispatch key, or a structured
-#: delegate) and no ``device_check: NoCheck`` (TensorIterator's ops have one: they take a 0-d host tensor as a
-#: number); read from torchgen's copy of the file at the first 0-d host tensor an op is given (empty: no file)
-_DEVICE_CHECKED: list[frozenset[str]] = []
+#: what native_functions.yaml (torchgen's copy of it) says of the aten functions' CUDA kernels, read once, at the
+#: first op classified (empty sets: no file): (1) those whose CUDA wrappers check that their tensors are on one
+#: device: torchgen generates the check for a function the file gives a CUDA kernel of its own (a ``CUDA`` dispatch
+#: key, or a structured delegate) and no ``device_check: NoCheck`` (TensorIterator's ops have one: they take a 0-d
+#: host tensor as a number); (2) those with no kernel a dense CUDA tensor reaches: a dispatch section naming
+#: neither ``CUDA`` nor a composite key, and no structured delegate (``histogram``: ``CPU, MPS``; ``q_scale``:
+#: ``QuantizedCPU, QuantizedCUDA``), which a GPU refuses at the call
+_NATIVE: list[tuple[frozenset[str], frozenset[str]]] = []
+#: the dispatch keys whose kernel a dense CUDA tensor reaches
+_REACHES_CUDA = frozenset({"CUDA", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
+                           "CompositeImplicitAutograd"})
+
+
+def _native_name(func: Any) -> str | None:
+    """``func``'s name as native_functions.yaml writes it (``add.Tensor``, ``relu``); None for an op not aten's."""
+    schema = func._schema
+    if not schema.name.startswith("aten::"):
+        return None
+    name = schema.name.removeprefix("aten::")
+    return f"{name}.{schema.overload_name}" if schema.overload_name else name
+
+
+def _native() -> tuple[frozenset[str], frozenset[str]]:
+    if not _NATIVE:
+        _NATIVE.append(_read_native())
+    return _NATIVE[0]
 
 
 def _checks_devices(func: Any) -> bool:
-    """Whether ``func``'s CUDA wrapper refuses a tensor on another device, a 0-d host one too
-    (:data:`_DEVICE_CHECKED`); False for an op the file does not list, or where the file is not there."""
-    if not _DEVICE_CHECKED:
-        _DEVICE_CHECKED.append(_read_device_checked())
-    schema = func._schema
-    if not schema.name.startswith("aten::"):
-        return False
-    name = schema.name.removeprefix("aten::")
-    return (f"{name}.{schema.overload_name}" if schema.overload_name else name) in _DEVICE_CHECKED[0]
+    """Whether ``func``'s CUDA wrapper refuses a tensor on another device, a 0-d host one too (:data:`_NATIVE`);
+    False for an op the file does not list, or where the file is not there."""
+    name = _native_name(func)
+    return name is not None and name in _native()[0]
 
 
-def _read_device_checked() -> frozenset[str]:
+def _lacks_cuda_kernel(func: Any) -> bool:
+    """Whether a GPU has no kernel of ``func`` for a dense tensor (:data:`_NATIVE`): it raises at the call. (Not
+    a factory given a ``layout``, which dispatches on the layout asked for: ``sparse_coo_tensor``'s.)"""
+    name = _native_name(func)
+    return name is not None and name in _native()[1] and not any(
+        a.name == "layout" for a in func._schema.arguments)
+
+
+def _read_native() -> tuple[frozenset[str], frozenset[str]]:
     import torchgen  # type: ignore[import-untyped]
 
     path = Path(torchgen.__file__).parent / "packaged" / "ATen" / "native" / "native_functions.yaml"
     if not path.is_file():
-        return frozenset()
+        return frozenset(), frozenset()
     checked: set[str] = set()
+    no_cuda: set[str] = set()
     entries: list[tuple[str, list[str]]] = []
     for line in path.read_text().splitlines():
         if line.startswith("- func: "):
             entries.append((line[len("- func: "):].split("(", 1)[0], []))
         elif entries:
-            entries[-1][1].append(line.strip())
+            entries[-1][1].append(line)
     for name, lines in entries:
-        if any(x.startswith("device_check: NoCheck") for x in lines):
-            continue
-        own_cuda = any(x.startswith("structured_delegate:") for x in lines) or any(
-            ":" in x and "CUDA" in [k.strip() for k in x.split(":", 1)[0].split(",")] for x in lines)
-        if own_cuda:
+        keys: set[str] = set()
+        in_dispatch = False
+        for raw in lines:
+            if raw.startswith("  ") and not raw.startswith("   "):  # (a field of the entry's)
+                in_dispatch = raw.strip() == "dispatch:"
+            elif in_dispatch and ":" in raw:  # (``    CPU, CUDA: kernel``)
+                keys.update(k.strip() for k in raw.split(":", 1)[0].split(","))
+        fields = [x.strip() for x in lines]
+        delegate = any(x.startswith("structured_delegate:") for x in fields)
+        if (delegate or "CUDA" in keys) and not any(x.startswith("device_check: NoCheck") for x in fields):
             checked.add(name)
-    return frozenset(checked)
+        # (not where its CUDA kernel is generated from a ufunc loop, ``add.out``; nor where the file gives a meta
+        # kernel alone, which torch's Python references may call on any device)
+        if keys - {"Meta"} and not delegate and not keys & _REACHES_CUDA and not any(
+                x.startswith("ufunc_inner_loop:") for x in fields):
+            no_cuda.add(name)
+    return frozenset(checked), frozenset(no_cuda)
 
 
 def _may_overlap(flat: list[torch.Tensor], w: torch.Tensor) -> bool:
@@ -1499,6 +1632,9 @@ class Dispatcher:
                     base = x
         if base is None and not (kwargs and self.on_device(kwargs.get("device"))):
             return self._host_op(func, facts, args, kwargs, flat)
+        if facts.no_cuda_kernel:
+            raise NotImplementedError(f"Could not run 'aten::{_native_name(func)}' with arguments from the 'CUDA' "
+                                      "backend: the operator has no CUDA kernel (native_functions.yaml)")
         # (the keyword first: asking the set hashes the op, a Python method of OpOverload's)
         if kwargs and kwargs.get("device") is not None and func in _HOST_WHEN_ASKED and not self.on_device(
                 kwargs["device"]):
@@ -1718,16 +1854,12 @@ class Dispatcher:
         for x in inputs:
             if isinstance(x, SimTensor):
                 continue
-            if x.dim() > 0 and not facts.copy and not facts.copies_host_inputs:  # (CUDA: only copies cross devices)
-                raise RuntimeError(
-                    f"{facts.name}: expected all tensors on the device, got a host tensor of shape {tuple(x.shape)}"
-                )
-            if not facts.copy and _checks_devices(func):
-                # a 0-d host tensor, which TensorIterator's ops take as a number and an op whose CUDA wrapper checks
-                # its arguments' devices refuses (``clamp``'s bounds, ``equal``, ``logaddexp``: :data:`_DEVICE_CHECKED`)
-                raise RuntimeError(
-                    f"Expected all tensors to be on the same device, but got a 0-d tensor on cpu, different from "
-                    f"other tensors on cuda:0 (when checking an argument of {facts.name})")
+            if not facts.copy and ((x.dim() > 0 and not facts.copies_host_inputs) or _checks_devices(func)):
+                # CUDA: only copies cross devices; a 0-d host tensor TensorIterator's ops take as a number, and an op
+                # whose CUDA wrapper checks its arguments' devices refuses (``clamp``'s bounds, ``equal``,
+                # ``logaddexp``: :data:`_NATIVE`)
+                raise _device_error(func, args, kwargs) or _host_tensor_error(func, args, kwargs) or RuntimeError(
+                    f"{facts.name}: a 0-d host tensor among its device tensors")
             if self.rt.lookup_pinned(x) is None:
                 staged[id(x)] = x.clone() if self.config.values else x
         return inputs, staged
@@ -1844,12 +1976,16 @@ class Dispatcher:
         host_value = facts.has_returns and not outputs
         # The host waits for results it reads itself (.item(), equal, .cpu(), a pageable destination) and for a
         # copy to or from host memory without non_blocking=True (CUDA synchronizes its stream then).
-        waits = (host_value or blocking_copy or pageable_out or (facts.reads_on_host and _reads_on_the_host(
-            func, args, kwargs)) or (host_touch and facts.copies_host_inputs))
+        reads_on_host = facts.reads_on_host and _reads_on_the_host(func, args, kwargs)
+        waits = (host_value or blocking_copy or pageable_out or reads_on_host or (host_touch and
+                                                                                 facts.copies_host_inputs))
+        start, finish = eff.start, eff.finish
+        if reads_on_host:  # (what it reads there, CUDA's implementation raises there: the error is the host's)
+            start, finish = eff.holding(start), eff.holding(finish)
         if moved:  # (the host indices' copies: written, and read, by the op)
             out_refs += [(m._st, m._data) for m in moved]
         index, rec = self.rt.enqueue(
-            a, s, desc, duration, in_refs, out_refs, src, start=eff.start, finish=eff.finish,
+            a, s, desc, duration, in_refs, out_refs, src, start=start, finish=finish,
             # a copy moves its bytes in order; one that reads its source at its completion can trail another
             sweeps=facts.copy and eff.deferred and not staged, record=waits, nbytes=n,
         )
@@ -1858,6 +1994,10 @@ class Dispatcher:
         if waits:
             assert rec is not None
             self.rt.host_waits_for(a, rec, f"stream {s.name} to finish {desc} #{index}")
+            if eff.error is not None:
+                # an op whose CUDA implementation reads a result on the host and raises there (``cholesky`` of a
+                # matrix that is not positive-definite): raised at the call, once the host has waited for it
+                raise eff.error
             if host_value:
                 return eff.value
         return result
@@ -2062,8 +2202,8 @@ class _Effect:
     placeholder (:func:`_placeholder`). ``args`` and ``kwargs`` are the op's, with aliases for device tensors and the
     CPU for devices (:func:`_aliased`)."""
 
-    __slots__ = ("args", "compute", "copies", "deferred", "func", "in_flight", "into", "kwargs", "land", "mask",
-                 "outputs", "reading", "reads", "seed", "staged", "value", "written")
+    __slots__ = ("args", "compute", "copies", "deferred", "error", "func", "in_flight", "into", "kwargs", "land",
+                 "mask", "outputs", "reading", "reads", "seed", "staged", "value", "written")
 
     def __init__(self, ops: Dispatcher, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                  written: list[torch.Tensor], staged: dict[int, torch.Tensor], seed: int | None,
@@ -2088,6 +2228,23 @@ class _Effect:
         self.mask: torch.Tensor | None = None
         #: whether it reads its inputs at its completion (see the class)
         self.deferred = into is not None or (bool(written) and not _overlap(reads, written))
+        #: what its computation raised, held for the host (:meth:`holding`)
+        self.error: Exception | None = None
+
+    def holding(self, step: Callable[[], None]) -> Callable[[], None]:
+        """``step`` (:meth:`start` or :meth:`finish`) with what it raises held in :attr:`error` for the host, which
+        raises it once it has waited for the op, instead of the stream (the first error alone: a computation that
+        failed lands nothing)."""
+
+        def held() -> None:
+            if self.error is not None:
+                return
+            try:
+                step()
+            except Exception as e:  # (the op's own error, whatever its kind: the host raises it)
+                self.error = e
+
+        return held
 
     def start(self) -> None:
         if not self.compute:

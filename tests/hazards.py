@@ -41,9 +41,11 @@ given memory with ``to_empty``. ``device_index_reload``: the device named by its
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tempfile
+import warnings
 from typing import Any
 
 import numpy as np
@@ -509,3 +511,63 @@ def pin_factory_outcome(name: str) -> Any:
     except RuntimeError as e:
         return str(e).splitlines()[0]
     return (t.device.type, t.is_pinned())
+
+
+#: calls on a device tensor (``d``: ones, 4 x 4) that a GPU refuses, and one it takes, each made on a stream behind a
+#: long kernel: (the exception's type, the start of its message, whether that stream had finished when the call
+#: returned or raised). An error of the arguments is raised at the call, before anything is launched (the stream is
+#: still busy); one CUDA's implementation reads on the host (a factorization's ``info``) is raised once the host has
+#: waited for the stream
+ERRORS_AT_THE_CALL: dict[str, tuple[Any, tuple[str, str, bool]]] = {
+    "linalg.cholesky of a matrix not positive-definite": (
+        lambda d: torch.linalg.cholesky(d),
+        ("_LinAlgError", "linalg.cholesky: The factorization could not be completed", True)),
+    "cholesky of a matrix not positive-definite": (
+        lambda d: torch.cholesky(d), ("_LinAlgError", "cholesky: The factorization could not be completed", True)),
+    "bitwise_and of floats": (
+        lambda d: d.bitwise_and(d), ("NotImplementedError", "\"bitwise_and_cuda\" not implemented for 'Float'", False)),
+    "bincount of floats": (
+        lambda d: torch.bincount(d.flatten()),
+        ("NotImplementedError", "\"bincount_cuda\" not implemented for 'Float'", False)),
+    "conv1d of a 2-d weight": (
+        lambda d: torch.nn.functional.conv1d(d, d), ("RuntimeError", "weight should have at least three dimensions",
+                                                    False)),
+    "nll_loss of a 2-d host target": (
+        lambda d: torch.nn.functional.nll_loss(d, torch.ones(4, 4)),
+        ("RuntimeError", "Expected all tensors to be on the same device, but got target is on cpu", False)),
+    "histogram (no CUDA kernel)": (
+        lambda d: torch.histogram(d, bins=4),
+        ("NotImplementedError", "Could not run 'aten::histogram.bin_ct' with arguments from the 'CUDA' backend",
+         False)),
+    "randint_like from 0 to 0": (
+        lambda d: torch.randint_like(d, 0, 0), ("RuntimeError", "random_ expects 'from' to be less than 'to'", False)),
+    "cholesky_inverse of a factor (taken)": (
+        lambda d: torch.cholesky_inverse(torch.eye(4, device=d.device) * 2), ("ok", "", False)),
+}
+
+
+def error_at_the_call_outcome(name: str) -> tuple[str, str, bool]:
+    """What ``ERRORS_AT_THE_CALL[name]``'s call gives, run in the current process on a side stream behind a kernel
+    of about 100 ms (after a first call, the device idle): the exception's type name and its message cut to the
+    expectation's length (``ok``, empty, where it returns), and whether the side stream had finished then."""
+    call, (_, message, _) = ERRORS_AT_THE_CALL[name]
+    d = torch.ones(4, 4, device="cuda")
+    s = torch.cuda.Stream()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch.cholesky's deprecation)
+        # once before, the device idle: a kernel's first launch loads its module, which waits for the device (an
+        # H100 waited for a first ``torch.eye``); the warm-up's outcome is not the one asked for
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s), contextlib.suppress(Exception):
+            call(d)
+        torch.cuda.synchronize()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(200_000_000)
+            try:
+                call(d)
+            except Exception as e:  # (its type is the outcome)
+                return type(e).__name__, str(e)[:len(message)], s.query()
+    done = s.query()
+    s.synchronize()
+    return "ok", "", done

@@ -365,3 +365,13 @@ def test_a_factory_asked_to_pin_gives_what_the_simulator_gives(name: str) -> Non
     got = hazards.pin_factory_outcome(name)
     print(f"PIN {name}: {got!r}", flush=True)
     assert got == hazards.PIN_FACTORIES[name][1]
+
+
+@pytest.mark.parametrize("name", sorted(hazards.ERRORS_AT_THE_CALL))
+def test_a_call_raises_what_the_simulator_raises_when_it_raises_it(name: str) -> None:
+    """``tests/hazards.py``'s ``ERRORS_AT_THE_CALL`` on real CUDA: the exception, its message's start, and whether
+    the stream behind it had finished when it was raised (checked on the CPU by
+    ``tests/property/dropin/test_errors_at_the_call_are_a_gpu_s.py``)."""
+    got = hazards.error_at_the_call_outcome(name)
+    print(f"ERROR {name}: {got!r}", flush=True)
+    assert got == hazards.ERRORS_AT_THE_CALL[name][1]

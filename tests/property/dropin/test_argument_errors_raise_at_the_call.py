@@ -96,3 +96,20 @@ def test_only_arguments_up_to_the_trial_bytes_are_tried_on_the_host(
     a, b = (torch.empty(rows, 1024, device="meta") for _ in range(2))  # 128 KiB, or 32 MiB
     assert dispatch._argument_error(torch.ops.aten.add.Tensor, (a, b), {}) is None
     assert bool(tried) == (rows * 1024 * 4 * 2 <= dispatch._TRIAL_BYTES), (rows, len(tried))
+
+
+def test_an_error_of_the_trial_s_zeros_alone_is_not_raised_at_the_call() -> None:
+    """The trial on zeros that finds argument errors raises only what ones raise as well, word for word: an error
+    of the zeros' values (``cholesky_inverse`` of a zero diagonal, singular) is not the program's. Before, every
+    ``cholesky_inverse`` of a device tensor raised here; an H100 computes it (docs/confirmations.md, fifty-first
+    run's sweep)."""
+    got: list[torch.Tensor] = []
+
+    def program() -> None:
+        factor = torch.eye(3, device="cuda") * 2
+        got.append(torch.cholesky_inverse(factor).cpu())
+
+    with simdevice.cuda() as sim:
+        program()
+    sim.assert_clean()
+    assert torch.allclose(got[0], torch.eye(3) * 0.25)

@@ -15,13 +15,17 @@ SWEEP = load_script("api-sweep")
 
 
 def test_the_simulator_sweep_records_results_call_errors_and_stream_errors() -> None:
-    got = SWEEP.run_sim(SWEEP.names(["abs", "bitwise_not", "clamp", "is_pinned"]))
+    got = SWEEP.run_sim(SWEEP.names(["abs", "bitwise_not", "clamp", "clamp_", "is_pinned"]))
     assert got["device.abs"] == "ok Tensor cuda torch.float32 (4, 4) sum=4.25"  # (1 + ... + 16) / 32
     assert got["pinned.abs"] == "ok Tensor cpu torch.float32 (4, 4) sum=4.25"
     assert got["device.is_pinned"] == "ok bool"
-    assert got["device.torch.clamp"].startswith("ValueError: ")  # (raised at the call, by the meta kernel)
-    # raised by the CPU kernel as the stream reaches it (a GPU raises it at the call: a known difference)
-    assert got["device.bitwise_not"].startswith("STREAMERR host error: stream default raised NotImplementedError")
+    # raised at the call, by the host kernel's check (an H100's words; torch's Python meta kernel raises a ValueError)
+    assert got["device.torch.clamp"] == "RuntimeError: torch.clamp: At least one of 'min' or 'max' must not be None"
+    # a dtype its kernels do not cover: raised at the call, as an H100 raised it
+    assert got["device.bitwise_not"] == "NotImplementedError: \"bitwise_not_cuda\" not implemented for 'Float'"
+    # raised by the CPU kernel as the stream reaches it (an in-place op is not tried at the call: a GPU raises it
+    # there, a known difference)
+    assert got["device.clamp_"].startswith("STREAMERR host error: stream default raised RuntimeError: torch.clamp")
 
 
 def test_diff_leaves_a_random_op_s_values_out() -> None:
@@ -32,6 +36,14 @@ def test_diff_leaves_a_random_op_s_values_out() -> None:
            "device.bernoulli_(cpu)": "ok Tensor cuda torch.float32 (4, 4) sum=5",
            "device.abs": "ok Tensor cuda torch.float32 (4, 4) sum=4.5"}
     assert [key for key, _, _ in SWEEP.differences(gpu, sim)] == ["device.abs"]
+    # a function of a module is known by its own name (``torch.nn.functional.dropout2d``), not the module's
+    gpu = {"device.torch.nn.functional.dropout2d": "ok Tensor cuda torch.float32 (4, 4) sum=4",
+           "pinned.torch.nn.functional.dropout(dev)": "ok Tensor cpu torch.float32 (4, 4) sum=1.6",
+           "device.torch.nn.functional.relu": "ok Tensor cuda torch.float32 (4, 4) sum=4"}
+    sim = {"device.torch.nn.functional.dropout2d": "ok Tensor cuda torch.float32 (4, 4) sum=5.6",
+           "pinned.torch.nn.functional.dropout(dev)": "ok Tensor cpu torch.float32 (4, 4) sum=3",
+           "device.torch.nn.functional.relu": "ok Tensor cuda torch.float32 (4, 4) sum=5"}
+    assert [key for key, _, _ in SWEEP.differences(gpu, sim)] == ["device.torch.nn.functional.relu"]
 
 
 def test_diff_counts_errors_of_one_type_alike_and_reports_the_rest(tmp_path: Path) -> None:
