@@ -582,7 +582,9 @@ class CachingAllocator:
         if self.capacity is not None:
             bounds.append((False, self.capacity))
         for own, bound in bounds:
-            if used(own) + nbytes > bound:
+            # (the device's reserved bytes bound what it holds: past those alone is :meth:`held`'s walk of every
+            # segment asked for)
+            if (mine.reserved if own else self._reserved) + nbytes > bound and used(own) + nbytes > bound:
                 self.empty_cache(actor)
                 self.alloc_retries += 1
                 mine.retries += 1
