@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from script_modules import ROOT, load_script
 
 SWEEP = load_script("api-sweep")
@@ -68,3 +69,35 @@ def test_an_unreadable_file_is_exit_2_with_one_line(tmp_path: Path) -> None:
     assert p.returncode == 2
     assert p.stderr.startswith("api-sweep: error: cannot read ")
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_expressions_are_swept_with_the_names_they_may_use(tmp_path: Path) -> None:
+    """``--exprs FILE``: each line an expression of ``t`` and the tensors made before the call (``m`` a device mask,
+    ``c`` a 0-d device tensor), run as the names are; with ``--waits`` whether the host waits for a stalled stream."""
+    calls = [SWEEP.EXPR + "t.masked_fill(m, c)", SWEEP.EXPR + "t[m]", SWEEP.EXPR + "t.sum()"]
+    got = SWEEP.run_sim(calls)
+    # (t is (1..16) / 32, m its columns 0 and 2: eight 0.5s and the other columns' 72 / 32; those columns' 64 / 32)
+    assert got[calls[0]] == "ok Tensor cuda torch.float32 (4, 4) sum=6.25"
+    assert got[calls[1]] == "ok Tensor cuda torch.float32 (8,) sum=2"
+    waited = SWEEP.run_sim(calls, measure=SWEEP.waits)
+    # masked indexing reads the mask on the host (its output's shape); the others are kernels alone
+    assert [waited[c] for c in calls] == ["no wait", "waits", "no wait"]
+    (tmp_path / "e.txt").write_text("# a comment\n\nt.sum()\n")
+    out = tmp_path / "e.json"
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "api-sweep"), "run", str(out), "--sim", "--exprs",
+                        str(tmp_path / "e.txt")], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert list(json.loads(out.read_text())) == [SWEEP.EXPR + "t.sum()"]
+
+
+@pytest.mark.parametrize(("text", "says"), [("t.sum(\n", "not an expression: 't.sum('"),
+                                            ("# only a comment\n", "holds no expression")])
+def test_a_file_of_no_expressions_is_exit_2_with_one_line(tmp_path: Path, text: str, says: str) -> None:
+    (tmp_path / "e.txt").write_text(text)
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "api-sweep"), "run", str(tmp_path / "e.json"),
+                        "--sim", "--exprs", str(tmp_path / "e.txt")], capture_output=True, text=True, check=False,
+                       cwd=ROOT)
+    assert p.returncode == 2
+    assert says in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "e.json").exists()
