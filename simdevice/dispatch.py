@@ -169,6 +169,9 @@ class OpFacts:
     #: a GPU has no kernel of the op for a dense tensor (``histogram``, ``int_repr``, ``q_scale``): it raises at the
     #: call (:func:`_lacks_cuda_kernel`)
     no_cuda_kernel: bool = False
+    #: the names of the arguments whose host tensors the op's implementation reads on the host (a packed sequence's
+    #: lengths: :data:`_HOST_ARGUMENTS`), and the places of its results that are host tensors; else None
+    host_arguments: tuple[frozenset[str], tuple[int, ...]] | None = None
 
 
 #: each op's facts by the op's id, with the op (the id stays its own while the op lives, and torch keeps every
@@ -209,6 +212,7 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
         reads_on_host=func in _READ_ON_THE_HOST,
         copies_host_inputs=func in _HOST_INPUT_COPIED,
         no_cuda_kernel=_lacks_cuda_kernel(func),
+        host_arguments=_host_arguments(func),
         composite=torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"),
         indices=next((i for i, a in enumerate(schema.arguments) if a.name == "indices" and str(a.type) ==
                       "List[Optional[Tensor]]"), None),
@@ -1215,6 +1219,63 @@ def _zeros_as(x: Any) -> Any:
     return torch.zeros(n, dtype=x.dtype, device="cpu").as_strided(x.shape, x.stride())
 
 
+#: ops whose implementation takes host tensors in these arguments by design and reads them on the host at the call
+#: (a packed sequence's lengths and batch sizes, CTC's lengths: CPU tensors on a GPU too), and the places of their
+#: results that are host tensors (``_pack_padded_sequence``'s batch sizes, ``_pad_packed_sequence``'s lengths), by
+#: the op's name: the outputs are shaped by the op run on the host with those values (:func:`_host_shaped`), and
+#: the host does not wait for the stream (what decides the shapes is on the host)
+_HOST_ARGUMENTS: dict[str, tuple[frozenset[str], tuple[int, ...]]] = {
+    "_pack_padded_sequence": (frozenset({"lengths"}), (1,)),
+    "_pad_packed_sequence": (frozenset({"batch_sizes"}), (1,)),
+    "_pack_padded_sequence_backward": (frozenset({"batch_sizes"}), ()),
+    "lstm": (frozenset({"batch_sizes"}), ()),
+    "gru": (frozenset({"batch_sizes"}), ()),
+    "rnn_tanh": (frozenset({"batch_sizes"}), ()),
+    "rnn_relu": (frozenset({"batch_sizes"}), ()),
+    "_ctc_loss": (frozenset({"input_lengths", "target_lengths"}), ()),
+    "_ctc_loss_backward": (frozenset({"input_lengths", "target_lengths"}), ()),
+}
+
+
+def _host_arguments(func: Any) -> tuple[frozenset[str], tuple[int, ...]] | None:
+    """``func``'s entry of :data:`_HOST_ARGUMENTS` where its schema has those arguments as tensors."""
+    got = _HOST_ARGUMENTS.get(func.__name__.split(".")[0])
+    if got is None:
+        return None
+    names = frozenset(a.name for a in func._schema.arguments if a.name in got[0] and "Tensor" in str(a.type))
+    return (names, got[1]) if names else None
+
+
+def _host_values(facts: OpFacts, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[int]:
+    """The ids of the host tensors given in an op's host-read arguments (:attr:`OpFacts.host_arguments`)."""
+    assert facts.host_arguments is not None
+    names = facts.host_arguments[0]
+    out: set[int] = set()
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name in names:
+            value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+            if isinstance(value, torch.Tensor) and not isinstance(value, SimTensor):
+                out.add(id(value))
+    return out
+
+
+def _host_shaped(func: Any, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The results of an op of :data:`_HOST_ARGUMENTS`: the op run on the host on zeros shaped as its device tensors
+    and the host tensors as they are (their values decide the shapes, as on a GPU, where the host reads them): a meta
+    tensor for each result on the device, the host results themselves (computed from host values alone)."""
+    assert facts.host_arguments is not None
+    host_places = facts.host_arguments[1]
+    trial_args = _tree_map(lambda x: _zeros_as(_meta_of(x)) if isinstance(x, SimTensor) else x, args)
+    trial_kwargs = _tree_map(lambda x: _zeros_as(_meta_of(x)) if isinstance(x, SimTensor) else x, kwargs)
+    with no_dispatch():
+        got = _on_a_stack_of_its_own(lambda: func(*trial_args, **trial_kwargs))
+    if isinstance(got, torch.Tensor):
+        return _meta_of(got)
+    leaves = iter(range(len(_leaves_of(got)[0])))
+    return _tree_map(lambda x: x if next(leaves) in host_places or not isinstance(x, torch.Tensor) else _meta_of(x),
+                     got)
+
+
 #: ``copy_``, named once: :meth:`Dispatcher.dispatch` asks of every op whether it is it
 _COPY = aten.copy_.default
 #: ops whose CUDA implementation reads a value of the device's on the host as it runs (an ``item()`` inside ATen),
@@ -1835,8 +1896,9 @@ class Dispatcher:
         if type(meta) is torch.Tensor:  # one output (what the rest does, without a call per leaf)
             out = self.new_device(meta, a)
             return out, [out]
-        result = _tree_map(lambda m: self.new_device(m, a) if isinstance(m, torch.Tensor) else m, meta)
-        return result, [x for x in _leaves_of(result)[0] if isinstance(x, torch.Tensor)]
+        # (a host tensor among them is a result computed on the host: :func:`_host_shaped`)
+        result = _tree_map(lambda m: self.new_device(m, a) if isinstance(m, torch.Tensor) and m.is_meta else m, meta)
+        return result, [x for x in _leaves_of(result)[0] if isinstance(x, SimTensor)]
 
     def _inputs(
         self, func: Any, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[torch.Tensor],
@@ -1851,10 +1913,12 @@ class Dispatcher:
             if host:
                 inputs = [x for x in inputs if id(x) not in host]
         staged: dict[int, torch.Tensor] = {}
+        read_here = _host_values(facts, func, args, kwargs) if facts.host_arguments is not None else ()
         for x in inputs:
             if isinstance(x, SimTensor):
                 continue
-            if not facts.copy and ((x.dim() > 0 and not facts.copies_host_inputs) or _checks_devices(func)):
+            if not facts.copy and id(x) not in read_here and (
+                    (x.dim() > 0 and not facts.copies_host_inputs) or _checks_devices(func)):
                 # CUDA: only copies cross devices; a 0-d host tensor TensorIterator's ops take as a number, and an op
                 # whose CUDA wrapper checks its arguments' devices refuses (``clamp``'s bounds, ``equal``,
                 # ``logaddexp``: :data:`_NATIVE`)
@@ -1900,7 +1964,8 @@ class Dispatcher:
             # ``dynamic_output_shape``) refuses where it does (``nonzero``, ``masked_select``, ``index`` with a mask),
             # and shapes the output where it does not (``index`` with integer indices, ``repeat_interleave`` given
             # ``output_size``), where CUDA launches it as any other kernel: the host does not wait for it.
-            meta = self._meta_outputs(func, args, kwargs)
+            meta = (self._meta_outputs(func, args, kwargs) if facts.host_arguments is None or not _host_values(
+                facts, func, args, kwargs) else _host_shaped(func, facts, args, kwargs))
             if meta is None:
                 return self._data_dependent(a, s, func, facts, args, kwargs, flat, src)
         result, outputs = self._outputs(a, func, facts, args, kwargs, written, meta)
@@ -1972,6 +2037,9 @@ class Dispatcher:
         eff = _Effect(self, func, eff_args, eff_kwargs, aliased_written, staged,
                       self.rt.next_seed() if facts.seeded else None, aliased_outputs, reads, into)
         eff.mask = mask
+        if meta is not None and type(meta) is not torch.Tensor:  # (several results: which leaves are outputs)
+            eff.places = tuple([k for k, m in enumerate(_leaves_of(meta)[0]) if isinstance(m, torch.Tensor)
+                                and m.is_meta])
         blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)
         host_value = facts.has_returns and not outputs
         # The host waits for results it reads itself (.item(), equal, .cpu(), a pageable destination) and for a
@@ -2203,7 +2271,7 @@ class _Effect:
     CPU for devices (:func:`_aliased`)."""
 
     __slots__ = ("args", "compute", "copies", "deferred", "error", "func", "in_flight", "into", "kwargs", "land",
-                 "mask", "outputs", "reading", "reads", "seed", "staged", "value", "written")
+                 "mask", "outputs", "places", "reading", "reads", "seed", "staged", "value", "written")
 
     def __init__(self, ops: Dispatcher, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                  written: list[torch.Tensor], staged: dict[int, torch.Tensor], seed: int | None,
@@ -2230,6 +2298,9 @@ class _Effect:
         self.deferred = into is not None or (bool(written) and not _overlap(reads, written))
         #: what its computation raised, held for the host (:meth:`holding`)
         self.error: Exception | None = None
+        #: for an op of several results, the places among the results' leaves that are :attr:`outputs` (the meta
+        #: kernel's tensors), else None (:func:`_land`)
+        self.places: tuple[int, ...] | None = None
 
     def holding(self, step: Callable[[], None]) -> Callable[[], None]:
         """``step`` (:meth:`start` or :meth:`finish`) with what it raises held in :attr:`error` for the host, which
@@ -2296,10 +2367,62 @@ class _Effect:
                 w.copy_(copies[id(w)])
             return
         value = self.value
-        vals = [value] if type(value) is torch.Tensor else [
-            v for v in _leaves_of(value)[0] if isinstance(v, torch.Tensor)]
-        for o, v in zip(self.outputs, vals, strict=True):
+        if type(value) is torch.Tensor:
+            self.outputs[0].copy_(value)
+            return
+        _land(self, value)
+
+
+def _land(eff: _Effect, value: Any) -> None:
+    """The results of an op of several computed on the CPU (``value``), landed in its outputs, shaped as CUDA's
+    kernel (its meta kernel) shapes them. Where a CPU kernel leaves a result undefined or empty that CUDA's gives
+    (``native_batch_norm_backward``'s ``grad_input`` where the input needs none; ``native_batch_norm``'s saved
+    statistics in eval mode; ``_embedding_bag``'s ``offset2bag`` on its fast path), that output is not written (its
+    bytes stay as the allocation left them), but what :data:`_FILLED` computes as CUDA does; where CUDA's is empty,
+    nothing lands."""
+    leaves = _leaves_of(value)[0]
+    places = eff.places
+    if places is not None and len(leaves) > max(places, default=-1):
+        vals = [leaves[k] for k in places]
+    else:
+        vals = [v for v in leaves if isinstance(v, torch.Tensor)]
+    for k, (o, v) in enumerate(zip(eff.outputs, vals, strict=True)):
+        if isinstance(v, torch.Tensor) and v.shape == o.shape:
             o.copy_(v)
+        elif o.numel():
+            fill = _FILLED.get(eff.func.__name__.split(".")[0])
+            if fill is not None and fill(eff, k, o, v):
+                continue
+            if isinstance(v, torch.Tensor) and v.numel():  # (not known to be harmless: not guessed at)
+                raise NotImplementedError(
+                    f"{eff.func.__name__}: its CPU kernel's result {k} is shaped {tuple(v.shape)}, CUDA's "
+                    f"{tuple(o.shape)}: not simulated")
+
+
+def _embedding_bag(eff: _Effect, k: int, out: torch.Tensor, got: Any) -> bool:
+    """``_embedding_bag``'s results where CUDA's kernel shapes them otherwise than the CPU's: ``offset2bag`` (its
+    second), the bag of each index, which the CPU kernel's sum and mean fast path leaves empty and the backward
+    reads; ``bag_size`` (its third), one per offset on CUDA, one per bag on the CPU (with ``include_last_offset``:
+    the last offset ends the last bag, and its count is not one), the counts landed in the bags' places and 0 past
+    them (CUDA leaves that one unwritten; the CPU's backward, which the simulator runs, reads it)."""
+    args = eff.args
+    indices, offsets = args[1], args[2]
+    last = args[7] if len(args) > 7 else eff.kwargs.get("include_last_offset", False)
+    if k == 1:
+        starts = (offsets[:-1] if last else offsets).contiguous()
+        out.copy_(torch.searchsorted(starts, torch.arange(indices.numel(), dtype=starts.dtype), right=True) - 1)
+        return True
+    if k == 2 and isinstance(got, torch.Tensor) and got.dim() == 1 and got.numel() <= out.numel():
+        out[:got.numel()].copy_(got)
+        out[got.numel():].zero_()
+        return True
+    return False
+
+
+#: the results a CPU kernel shapes otherwise than CUDA's, or leaves empty where CUDA's computes them, that a
+#: program's later ops read: by the op's name, what lands them as CUDA's kernel writes them (True where it did)
+_FILLED: dict[str, Callable[[_Effect, int, torch.Tensor, Any], bool]] = {
+    "_embedding_bag": _embedding_bag, "_embedding_bag_forward_only": _embedding_bag}
 
 
 #: the ops (by id, as ``_FACTS``) whose ``into`` overload refused what the op took: from then on each is computed as

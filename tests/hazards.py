@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from reference.contract import Device
 
@@ -571,3 +572,78 @@ def error_at_the_call_outcome(name: str) -> tuple[str, str, bool]:
     done = s.query()
     s.synchronize()
     return "ok", "", done
+
+
+# -- common modules whose CPU kernels shape some results otherwise than CUDA's (docs/dropin.md) ----------------------
+# ``MODULE_PROGRAMS[name](dev)`` on "cpu" and on "cuda" (the simulator's or a GPU's) give the same results:
+# tests/property/dropin/test_common_modules_run_as_on_a_gpu.py and tests/gpu/test_dropin_gpu.py
+
+
+def _values(dev: str, *shape: int) -> torch.Tensor:
+    n = 1
+    for k in shape:
+        n *= k
+    return (torch.arange(float(n), device=dev).reshape(shape) ** 1.5).sin()  # (the same values on both devices)
+
+
+def batch_norm(dev: str) -> dict[str, Any]:
+    bn = nn.BatchNorm1d(3).to(dev)
+    x = _values(dev, 4, 3)
+    z = bn(x)
+    (z * z).sum().backward()  # (the input needs no gradient: its backward's first result is not asked for)
+    bn.eval()
+    return {"z": z, "weight grad": bn.weight.grad, "bias grad": bn.bias.grad, "running mean": bn.running_mean,
+            "eval": bn(x)}
+
+
+def embedding_bag(dev: str) -> dict[str, Any]:
+    torch.manual_seed(0)
+    out: dict[str, Any] = {}
+    for mode in ("sum", "mean", "max"):
+        for last in (False, True):
+            bag = nn.EmbeddingBag(10, 3, mode=mode, include_last_offset=last).to(dev)
+            offsets = torch.tensor([0, 2, 2, 5] if last else [0, 2, 2], device=dev)
+            y = bag(torch.tensor([1, 2, 4, 5, 4], device=dev), offsets)
+            (y * torch.arange(3.0, device=dev)).sum().backward()
+            out[f"{mode} {last}"] = (y, bag.weight.grad)
+    bag = nn.EmbeddingBag(10, 3).to(dev)
+    y = bag(torch.tensor([[1, 2], [4, 1]], device=dev))  # (a 2-d input: a bag per row)
+    y.sum().backward()
+    out["rows"] = (y, bag.weight.grad)
+    return out
+
+
+def packed_sequences(dev: str) -> dict[str, Any]:
+    torch.manual_seed(0)
+    lstm = nn.LSTM(3, 4).to(dev)
+    x = _values(dev, 5, 2, 3).requires_grad_()
+    packed = nn.utils.rnn.pack_padded_sequence(x, torch.tensor([5, 3]), enforce_sorted=True)
+    o, (h, _) = lstm(packed)
+    y, lengths = nn.utils.rnn.pad_packed_sequence(o)
+    (y * y).sum().backward()
+    gru = nn.GRU(3, 4, bidirectional=True).to(dev)
+    o2, _ = gru(nn.utils.rnn.pack_sequence([_values(dev, 4, 3), _values(dev, 2, 3) * 2], enforce_sorted=False))
+    y2, lengths2 = nn.utils.rnn.pad_packed_sequence(o2, batch_first=True)
+    return {"y": y, "h": h, "input grad": x.grad, "weight grad": lstm.weight_hh_l0.grad, "bidirectional": y2,
+            # (host tensors on a GPU too: the sizes a packed sequence is cut by)
+            "batch sizes": (packed.batch_sizes.device.type, packed.batch_sizes.tolist()),
+            "lengths": (lengths.device.type, lengths.tolist(), lengths2.device.type, lengths2.tolist())}
+
+
+def module_on_the_host(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, tuple):
+        return tuple(module_on_the_host(v) for v in x)
+    return x
+
+
+def same_module_results(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return a.shape == b.shape and torch.allclose(a, b, rtol=1e-3, atol=1e-4)  # (a GPU rounds otherwise)
+    if isinstance(a, tuple):
+        return all(same_module_results(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+MODULE_PROGRAMS = {"batch_norm": batch_norm, "embedding_bag": embedding_bag, "packed_sequences": packed_sequences}

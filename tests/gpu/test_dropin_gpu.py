@@ -375,3 +375,15 @@ def test_a_call_raises_what_the_simulator_raises_when_it_raises_it(name: str) ->
     got = hazards.error_at_the_call_outcome(name)
     print(f"ERROR {name}: {got!r}", flush=True)
     assert got == hazards.ERRORS_AT_THE_CALL[name][1]
+
+
+@pytest.mark.parametrize("name", sorted(hazards.MODULE_PROGRAMS))
+def test_a_module_computes_on_the_gpu_what_it_computes_on_the_host(name: str) -> None:
+    """``tests/hazards.py``'s ``MODULE_PROGRAMS`` on real CUDA give the host's results, as the simulator's do
+    (``tests/property/dropin/test_common_modules_run_as_on_a_gpu.py``): a packed sequence's batch sizes and lengths
+    host tensors on both."""
+    want = {k: hazards.module_on_the_host(v) for k, v in hazards.MODULE_PROGRAMS[name]("cpu").items()}
+    got = {k: hazards.module_on_the_host(v) for k, v in hazards.MODULE_PROGRAMS[name]("cuda").items()}
+    differ = [key for key in want if not hazards.same_module_results(want[key], got[key])]
+    print(f"MODULE {name}: {len(want) - len(differ)}/{len(want)} results as on the host; differ: {differ}", flush=True)
+    assert not differ
