@@ -179,8 +179,10 @@ class SimWork:
     """The handle of an async collective (``torch.distributed.Work``)."""
 
     def __init__(self, dev: SimDevice, gather: Gather, tensors: tuple[torch.Tensor, ...] = (),
-                 barrier: bool = False) -> None:
+                 barrier: bool = False, outputs: int = 1) -> None:
         self._dev, self._gather = dev, gather
+        #: the collective's output tensors, the first ``outputs`` of ``tensors`` (the value of its future)
+        self._outputs = list(tensors[:outputs]) if not barrier else []
         #: a barrier's work: its ``wait()`` also blocks the host until the current stream is done where the barrier
         #: is not done by then (``Runtime.work_wait``); its ``synchronize()`` is any work's (a stream wait alone)
         self._barrier = barrier
@@ -205,16 +207,72 @@ class SimWork:
         does not block, as it may in ``wait()``)."""
         self._dev.runtime.work_wait(self._gather)
 
-    def get_future(self) -> Any:
-        raise NotImplementedError("Work.get_future() is not simulated (wait() or synchronize() on the work is)")
+    def result(self) -> list[torch.Tensor]:
+        """NCCL's ``Work.result()``: the collective's output tensors, with no wait."""
+        return self._outputs
+
+    def get_future(self) -> SimWorkFuture:
+        """NCCL's ``Work.get_future()``: a future completed as the collective was issued (ProcessGroupNCCL marks it
+        so at once, its CUDA events on the collective's stream), whose value is the collective's output tensors."""
+        return SimWorkFuture(self._dev, self._outputs, lambda: self._dev.runtime.work_wait(self._gather))
 
     def __getattr__(self, name: str) -> Any:
-        """What else ``torch.distributed.Work`` offers (``result()``, ``exception()``, ``is_success()``, ...) is not
+        """What else ``torch.distributed.Work`` offers (``exception()``, ``is_success()``, ...) is not
         simulated: NotImplementedError naming it, so the run gives no verdict rather than an AttributeError blamed on
         the program."""
         if not name.startswith("_") and hasattr(torch.distributed.Work, name):
-            raise NotImplementedError(f"Work.{name} is not simulated (wait(), synchronize() and is_completed() on "
-                                      "the work are)")
+            raise NotImplementedError(f"Work.{name} is not simulated (wait(), synchronize(), is_completed(), result() "
+                                      "and get_future() on the work are)")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+class SimWorkFuture:
+    """A ``torch.futures.Future`` of CUDA tensors as a collective's work gives it (``Work.get_future()``), or as
+    :meth:`then` makes it: done from the start, holding tensors some stream may still be writing. ``wait()`` makes
+    the current stream wait for that stream (the host does not block) and gives the value; ``value()`` gives it with
+    no wait; ``then(fn)`` calls ``fn(future)`` at once on the host, with a new stream current that waits for the
+    writing stream first (torch takes one from its pool), and gives a future of what ``fn`` returned, written on
+    that stream (what ``fn`` raised is raised by its ``wait()`` and ``value()``). Its other methods are not
+    simulated."""
+
+    def __init__(self, dev: SimDevice, value: Any, waits: Callable[[], None],
+                 error: BaseException | None = None) -> None:
+        self._dev, self._value, self._waits, self._error = dev, value, waits, error
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        self._waits()
+        return self._value
+
+    def value(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def then(self, callback: Callable[[SimWorkFuture], Any]) -> SimWorkFuture:
+        dev = self._dev
+        s = dev.Stream()
+        with dev.stream(s):
+            self._waits()  # (the callback's stream after what fills the value)
+            try:
+                result, error = callback(self), None
+            except Exception as e:  # (the child future holds it, as torch's does)
+                result, error = None, e
+            done = dev.Event()
+            done.record()
+        return SimWorkFuture(dev, result, lambda: dev.current_stream().wait_event(done), error)
+
+    def add_done_callback(self, callback: Callable[[SimWorkFuture], None]) -> None:
+        self.then(callback)
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("_") and hasattr(torch.futures.Future, name):
+            raise NotImplementedError(f"Future.{name} of a collective's work is not simulated (done(), wait(), "
+                                      "value(), then() and add_done_callback() are)")
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 

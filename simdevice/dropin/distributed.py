@@ -116,8 +116,10 @@ def _reduce(op: Any, sent: list[torch.Tensor]) -> torch.Tensor:
     raise NotImplementedError(f"reduce op {getattr(op, 'op', op)} is not simulated")
 
 
-def _finish(gather: Any, async_op: bool, *tensors: torch.Tensor) -> SimWork | None:
-    work = SimWork(session_device(), gather, tensors)
+def _finish(gather: Any, async_op: bool, *tensors: torch.Tensor, outputs: int = 1) -> SimWork | None:
+    """The collective's work, or None where not ``async_op`` (its ``wait()`` made): ``tensors`` those it reads and
+    writes, its ``outputs`` first (its future's value, as ProcessGroupNCCL's ``outputs_``)."""
+    work = SimWork(session_device(), gather, tensors, outputs=outputs)
     if async_op:
         return work
     work.wait()  # as NCCL: the current stream waits for the collective; the host goes on
@@ -344,7 +346,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
     rt = session_device().runtime
     gather = rt.collective("all_gather", [ref_of(t) for t in tensor_list], [ref_of(tensor)],
                            lambda rank, sent: sent, user_source(), group=gid)
-    return _finish(gather, async_op, *tensor_list, tensor)
+    return _finish(gather, async_op, *tensor_list, tensor, outputs=len(tensor_list))
 
 
 def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None,
@@ -509,7 +511,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
     outs = [ref_of(t) for t in gather_list]
     issued = rt.collective("gather", outs, [ref_of(tensor)], lambda rank, sent: sent if rank == dst else [],
                            user_source(), group=gid)
-    return _finish(issued, async_op, *gather_list, tensor)
+    return _finish(issued, async_op, *gather_list, tensor, outputs=len(gather_list))
 
 
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int | None = None,
@@ -630,7 +632,7 @@ def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[t
     rt = session_device().runtime
     gather = rt.collective("all_to_all", [ref_of(t) for t in output_tensor_list],
                            [ref_of(t) for t in input_tensor_list], lambda rank, sent: sent, user_source(), splits, gid)
-    return _finish(gather, async_op, *output_tensor_list, *input_tensor_list)
+    return _finish(gather, async_op, *output_tensor_list, *input_tensor_list, outputs=len(output_tensor_list))
 
 
 def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any = dist.ReduceOp.SUM,
