@@ -101,3 +101,13 @@ def test_a_file_of_no_expressions_is_exit_2_with_one_line(tmp_path: Path, text: 
     assert says in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "e.json").exists()
+
+
+def test_the_tree_s_expressions_name_only_what_the_sweep_makes() -> None:
+    """``scripts/api-sweep-exprs.txt`` (the twenty-ninth sitting's sweep): every line is an expression, and none names
+    what the sweep does not make (a NameError would be the file's, not torch's or the simulator's)."""
+    lines = [x.strip() for x in (ROOT / "scripts" / "api-sweep-exprs.txt").read_text().splitlines()]
+    calls = [SWEEP.EXPR + x for x in lines if x and not x.startswith("#")]
+    assert len(calls) > 200
+    got = SWEEP.run_sim(calls)
+    assert not [c for c in calls if got[c].startswith(("NameError", "SyntaxError"))]
