@@ -1295,13 +1295,19 @@ _READ_ON_THE_HOST = frozenset({
     aten.isin.Tensor_Tensor,  # (the sorting path's ``unique``)
     aten.linalg_ldl_factor_ex.default,  # (measured waiting on an H100)
     aten.cholesky.default,  # (its infos checked inside: an H100 raised a matrix's error at the call)
+    # (given a 0-d device tensor for their value: ``value.item()`` in ATen, then the op with that number)
+    aten.masked_fill_.Tensor, aten.masked_fill.Tensor, aten.index_fill_.int_Tensor, aten.index_fill.int_Tensor,
 })
+#: :data:`_READ_ON_THE_HOST`'s ops that read their value argument alone there, with its place among the arguments
+_VALUE_READ_ON_THE_HOST = {aten.masked_fill_.Tensor: 2, aten.masked_fill.Tensor: 2, aten.index_fill_.int_Tensor: 3,
+                           aten.index_fill.int_Tensor: 3}
 
 
 def _reads_on_the_host(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether an op of :data:`_READ_ON_THE_HOST` reads on the host with these arguments, as ATen's CUDA kernels
     decide: ``histc`` where ``min == max`` (its defaults, 0 and 0); ``isin`` where it sorts (as many test elements
-    as ``10 * elements.numel() ** 0.145`` or more, numpy's rule) and the elements are not assumed unique."""
+    as ``10 * elements.numel() ** 0.145`` or more, numpy's rule) and the elements are not assumed unique;
+    ``masked_fill`` and ``index_fill`` where their value is a device tensor."""
     if func is aten.histc.default:
         low = args[2] if len(args) > 2 else kwargs.get("min", 0)
         high = args[3] if len(args) > 3 else kwargs.get("max", 0)
@@ -1310,6 +1316,9 @@ def _reads_on_the_host(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         elements, test = args[0], args[1]
         unique = args[2] if len(args) > 2 else kwargs.get("assume_unique", False)
         return elements.numel() > 0 and test.numel() >= int(10.0 * elements.numel() ** 0.145) and not unique
+    place = _VALUE_READ_ON_THE_HOST.get(func)
+    if place is not None:  # (a value on the host is read there with no wait)
+        return isinstance(args[place] if len(args) > place else kwargs.get("value"), SimTensor)
     return True
 
 

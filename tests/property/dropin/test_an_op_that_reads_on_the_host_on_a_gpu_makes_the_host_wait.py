@@ -126,3 +126,17 @@ def test_the_ops_without_a_meta_kernel_give_their_values() -> None:
     assert torch.allclose(got["geqrf"], torch.geqrf(host)[0])
     assert torch.equal(got["dequantize"], host)
     assert torch.equal(got["binomial"], torch.full((2, 2), 5.0))
+
+
+#: ``masked_fill`` and ``index_fill`` given their value as a 0-d tensor: ATen's CUDA ``masked_fill__cuda`` and the
+#: composite ``index_fill_`` call ``value.item()``, a read on the host that waits for the stream where the value is a
+#: device tensor (``c``), and none where it is a host one (``h``); a number waits for nothing (ATen's source; the
+#: GPU's sweep of these lines waits for a device: docs/confirmations.md, twenty-ninth sitting)
+VALUE_READ = {"t.masked_fill(m, c)": "waits", "t.masked_fill_(m, c)": "waits", "t.index_fill(0, i, c)": "waits",
+              "t.masked_fill(m, h)": "no wait", "t.index_fill(0, i, h)": "no wait", "t.masked_fill(m, 1.0)": "no wait",
+              "t.fill_(c)": "no wait"}
+
+
+def test_a_value_read_on_the_host_waits_where_it_is_on_the_device() -> None:
+    got = SWEEP.run_sim([SWEEP.EXPR + e for e in VALUE_READ], False, SWEEP.waits)
+    assert {e: got[SWEEP.EXPR + e] for e in VALUE_READ} == VALUE_READ
