@@ -80,8 +80,9 @@ def test_expressions_are_swept_with_the_names_they_may_use(tmp_path: Path) -> No
     assert got[calls[0]] == "ok Tensor cuda torch.float32 (4, 4) sum=6.25"
     assert got[calls[1]] == "ok Tensor cuda torch.float32 (8,) sum=2"
     waited = SWEEP.run_sim(calls, measure=SWEEP.waits)
-    # masked indexing reads the mask on the host (its output's shape); the others are kernels alone
-    assert [waited[c] for c in calls] == ["no wait", "waits", "no wait"]
+    # ``masked_fill`` reads its 0-d device value on the host (``item()``), masked indexing its mask (its output's
+    # shape); a sum is a kernel alone
+    assert [waited[c] for c in calls] == ["waits", "waits", "no wait"]
     (tmp_path / "e.txt").write_text("# a comment\n\nt.sum()\n")
     out = tmp_path / "e.json"
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "api-sweep"), "run", str(out), "--sim", "--exprs",
