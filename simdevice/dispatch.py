@@ -169,6 +169,8 @@ class OpFacts:
     #: a GPU has no kernel of the op for a dense tensor (``histogram``, ``int_repr``, ``q_scale``): it raises at the
     #: call (:func:`_lacks_cuda_kernel`)
     no_cuda_kernel: bool = False
+    #: an op of aten's (``torch.ops.aten``), not a library's
+    aten: bool = True
     #: the names of the arguments whose host tensors the op's implementation reads on the host (a packed sequence's
     #: lengths: :data:`_HOST_ARGUMENTS`), and the places of its results that are host tensors; else None
     host_arguments: tuple[frozenset[str], tuple[int, ...]] | None = None
@@ -213,6 +215,7 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
         copies_host_inputs=func in _HOST_INPUT_COPIED,
         no_cuda_kernel=_lacks_cuda_kernel(func),
         host_arguments=_host_arguments(func),
+        aten=func._schema.name.startswith("aten::"),
         composite=torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"),
         indices=next((i for i, a in enumerate(schema.arguments) if a.name == "indices" and str(a.type) ==
                       "List[Optional[Tensor]]"), None),
@@ -442,6 +445,8 @@ class SimTensor(torch.Tensor):
     #: its memory's mapping in the receiver, which lives while one of them does (torch keeps the mapping while a
     #: tensor of the storage lives: a view, ``detach()``, a ``Parameter`` of it)
     _ipc: Any = None
+    #: the in-place op last checked for its argument errors with this tensor its destination (:func:`_check_in_place`)
+    _ok: Any = None
 
     @staticmethod
     def __new__(cls, data: Any, st: Storage | None = None, ops: Dispatcher | None = None,
@@ -1039,6 +1044,33 @@ def _out_layouts(func: Any, facts: OpFacts, args: tuple[Any, ...],
         _OUT_LAYOUTS.clear()
     _OUT_LAYOUTS[key] = (func, layouts)
     return layouts
+
+
+#: the in-place ops' argument errors (:func:`_check_in_place`), by (the op's id, its arguments' signature), with the
+#: op: None where there is none
+_IN_PLACE_ERRORS: dict[Any, tuple[Any, RuntimeError | None]] = {}
+
+
+def _check_in_place(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """An in-place op's argument error (a dtype its kernels do not cover, ``clamp_()`` with no bound, ``fill_`` of a
+    1-d value) raised at the call, as CUDA raises it before the launch: its trial on zeros and ones (:func:`_on_zeros`),
+    once per op and signature. Asked once per destination tensor and op (``SimTensor._ok``): a later call of the op
+    on that tensor with other arguments that it refuses raises as the stream runs it. Aten's ops alone: a library's
+    own op whose host kernel raises says nothing of what its CUDA kernel checks before a launch."""
+    key = (id(func), tuple([_sig(x) for x in args]), _sig(kwargs) if kwargs else ())
+    got = _IN_PLACE_ERRORS.get(key)
+    if got is not None and got[0] is func:
+        error = got[1]
+    else:
+        with torch.inference_mode(False):  # (the trial's zeros are its own, updated in place outside any mode)
+            error = _on_zeros(func, _tree_map(_meta_of, args), _tree_map(_meta_of, kwargs))[0]
+        if error is not None and _DTYPE_GAP.search(str(error)):
+            error = _host_tensor_error(func, args, kwargs) or error  # (TensorIterator checks devices first)
+        if len(_IN_PLACE_ERRORS) >= _META_CACHE_MAX:
+            _IN_PLACE_ERRORS.clear()
+        _IN_PLACE_ERRORS[key] = (func, error)
+    if error is not None:
+        raise error
 
 
 def _meta_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -1965,8 +1997,15 @@ class Dispatcher:
             error = _overlap_error(func, args, kwargs, flat, written[0], None if self.config.values else _TRIAL_BYTES)
             if error is not None:
                 raise error
-        if written and facts.written[0][2]:  # (an out= op: its outputs are keyword-only)
-            self._fit_outputs(a, func, facts, args, kwargs, written)
+        if written:
+            if facts.written[0][2]:  # (an out= op: its outputs are keyword-only)
+                self._fit_outputs(a, func, facts, args, kwargs, written)
+            else:
+                dst = args[0]
+                if isinstance(dst, SimTensor) and dst._ok is not func:  # (once per destination and op)
+                    if facts.aten:
+                        _check_in_place(func, args, kwargs)
+                    dst._ok = func
         meta = None
         if not written and facts.returns_tensor:
             # The meta kernel of an op whose output's shape may depend on its input's values (torch's tag

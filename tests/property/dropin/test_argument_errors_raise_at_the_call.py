@@ -113,3 +113,28 @@ def test_an_error_of_the_trial_s_zeros_alone_is_not_raised_at_the_call() -> None
         program()
     sim.assert_clean()
     assert torch.allclose(got[0], torch.eye(3) * 0.25)
+
+
+def test_an_in_place_op_s_argument_error_is_raised_at_its_first_call_on_a_destination() -> None:
+    """An in-place op given arguments its kernels refuse (``bitwise_and_`` of floats, ``uniform_`` from 1 to 0) raises
+    at the call, as CUDA does before the launch; asked once per destination tensor and op: the same op on that tensor
+    later is not asked again (its error, if any, comes from the stream, as before), another tensor is."""
+    got: list[str] = []
+
+    def program() -> None:
+        a, b = torch.ones(4, device="cuda"), torch.ones(4, device="cuda")
+        for call in (lambda: a.bitwise_and_(a), lambda: a.uniform_(1, 0), lambda: a.uniform_(0, 1),
+                     lambda: b.uniform_(1, 0)):
+            try:
+                call()
+            except (RuntimeError, NotImplementedError) as e:
+                got.append(type(e).__name__)
+            else:
+                got.append("ok")
+        a.uniform_(1, 0)  # (uniform_ was asked of ``a`` once, and passed: this one the stream raises)
+
+    s = simdevice.cuda()
+    s.run(program)
+    assert got == ["NotImplementedError", "RuntimeError", "ok", "RuntimeError"]
+    assert s.result is not None
+    assert [str(r).split(" raised ")[1][:40] for r in s.result.reports] == ["RuntimeError: uniform_ expects to return"]

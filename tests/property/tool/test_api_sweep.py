@@ -16,7 +16,7 @@ SWEEP = load_script("api-sweep")
 
 
 def test_the_simulator_sweep_records_results_call_errors_and_stream_errors() -> None:
-    got = SWEEP.run_sim(SWEEP.names(["abs", "bitwise_not", "clamp", "clamp_", "is_pinned"]))
+    got = SWEEP.run_sim(SWEEP.names(["abs", "bitwise_not", "clamp", "clamp_", "is_coalesced", "is_pinned"]))
     assert got["device.abs"] == "ok Tensor cuda torch.float32 (4, 4) sum=4.25"  # (1 + ... + 16) / 32
     assert got["pinned.abs"] == "ok Tensor cpu torch.float32 (4, 4) sum=4.25"
     assert got["device.is_pinned"] == "ok bool"
@@ -24,9 +24,10 @@ def test_the_simulator_sweep_records_results_call_errors_and_stream_errors() -> 
     assert got["device.torch.clamp"] == "RuntimeError: torch.clamp: At least one of 'min' or 'max' must not be None"
     # a dtype its kernels do not cover: raised at the call, as an H100 raised it
     assert got["device.bitwise_not"] == "NotImplementedError: \"bitwise_not_cuda\" not implemented for 'Float'"
-    # raised by the CPU kernel as the stream reaches it (an in-place op is not tried at the call: a GPU raises it
-    # there, a known difference)
-    assert got["device.clamp_"].startswith("STREAMERR host error: stream default raised RuntimeError: torch.clamp")
+    # an in-place op's argument error too (its first call on a destination is tried at the call)
+    assert got["device.clamp_"] == "RuntimeError: torch.clamp: At least one of 'min' or 'max' must not be None"
+    # raised by the CPU kernel as the stream reaches it (a GPU raises it at the call: a known difference)
+    assert got["device.is_coalesced"].startswith("STREAMERR host error: stream default raised RuntimeError: ")
 
 
 def test_diff_leaves_a_random_op_s_values_out() -> None:
