@@ -1064,13 +1064,14 @@ def _check_in_place(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     else:
         with torch.inference_mode(False):  # (the trial's zeros are its own, updated in place outside any mode)
             error = _on_zeros(func, _tree_map(_meta_of, args), _tree_map(_meta_of, kwargs))[0]
-        if error is not None and _DTYPE_GAP.search(str(error)):
-            error = _host_tensor_error(func, args, kwargs) or error  # (TensorIterator checks devices first)
         if len(_IN_PLACE_ERRORS) >= _META_CACHE_MAX:
             _IN_PLACE_ERRORS.clear()
         _IN_PLACE_ERRORS[key] = (func, error)
     if error is not None:
-        raise error
+        # (the signature says nothing of devices: a wrapper's check of them comes first, and TensorIterator's
+        # before a kernel's dtypes)
+        raise _device_error(func, args, kwargs) or (
+            _host_tensor_error(func, args, kwargs) if _DTYPE_GAP.search(str(error)) else None) or error
 
 
 def _meta_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

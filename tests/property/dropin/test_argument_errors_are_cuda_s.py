@@ -41,10 +41,26 @@ H100: dict[str, tuple[Callable[[torch.Tensor], Any], str, str]] = {
     "gcd of floats": (lambda d: torch.gcd(d, d), "NotImplementedError", "\"gcd_cuda\" not implemented for 'Float'"),
     "bincount of floats": (lambda d: torch.bincount(d.flatten()), "NotImplementedError",  # (its values shape it)
                            "\"bincount_cuda\" not implemented for 'Float'"),
+    # in place, its devices before its dtype (whatever was tried of the same shapes on the device before)
+    "bitwise_and_ of floats, then of a 2-d host tensor": (
+        lambda d: (_raised_in(lambda: d.bitwise_and_(d.clone())), d.bitwise_and_(torch.ones(4, 4))),
+        "RuntimeError",
+        "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"),
+    "gcd_ of a 2-d host tensor": (lambda d: d.gcd_(torch.ones(4, 4)), "RuntimeError",
+                                  "Expected all tensors to be on the same device, but got other is on cpu, different "
+                                  "from other tensors on cuda:0"),
     "poisson_nll_loss a 2-d host target": (lambda d: F.poisson_nll_loss(d, torch.ones(4, 4)), "RuntimeError",
                                            "Expected all tensors to be on the same device, but found at least two "
                                            "devices, cuda:0 and cpu!"),
 }
+
+
+def _raised_in(call: Callable[[], Any]) -> str:
+    try:
+        call()
+    except Exception as e:  # (its type is what is compared)
+        return type(e).__name__
+    return "ok"
 
 
 def _raised(call: Callable[[torch.Tensor], Any]) -> tuple[str, str]:
