@@ -260,8 +260,9 @@ class SimWorkFuture:
             self._waits()  # (the callback's stream after what fills the value)
             try:
                 result, error = callback(self), None
-            except Exception as e:  # (the child future holds it, as torch's does)
-                result, error = None, e
+            except Exception as e:  # (the child future holds it, in torch's words)
+                result = None
+                error = RuntimeError(f"Got the following error when running the callback: {type(e).__name__}: {e}")
             done = dev.Event()
             done.record()
         return SimWorkFuture(dev, result, lambda: dev.current_stream().wait_event(done), error)

@@ -1330,6 +1330,8 @@ _READ_ON_THE_HOST = frozenset({
     aten.cholesky.default,  # (its infos checked inside: an H100 raised a matrix's error at the call)
     # (given a 0-d device tensor for their value: ``value.item()`` in ATen, then the op with that number)
     aten.masked_fill_.Tensor, aten.masked_fill.Tensor, aten.index_fill_.int_Tensor, aten.index_fill.int_Tensor,
+    # (given a 0-d host tensor among device ones: ``where_self_out`` moves it to the device, a blocking copy)
+    aten.where.self, aten.where.self_out,
 })
 #: :data:`_READ_ON_THE_HOST`'s ops that read their value argument alone there, with its place among the arguments
 _VALUE_READ_ON_THE_HOST = {aten.masked_fill_.Tensor: 2, aten.masked_fill.Tensor: 2, aten.index_fill_.int_Tensor: 3,
@@ -1340,7 +1342,9 @@ def _reads_on_the_host(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     """Whether an op of :data:`_READ_ON_THE_HOST` reads on the host with these arguments, as ATen's CUDA kernels
     decide: ``histc`` where ``min == max`` (its defaults, 0 and 0); ``isin`` where it sorts (as many test elements
     as ``10 * elements.numel() ** 0.145`` or more, numpy's rule) and the elements are not assumed unique;
-    ``masked_fill`` and ``index_fill`` where their value is a device tensor."""
+    ``masked_fill`` and ``index_fill`` where their value is a device tensor; ``where`` where a 0-d host tensor is
+    among its device tensors (ATen moves it to the device with a blocking copy: an H100 waited, twenty-ninth
+    sitting)."""
     if func is aten.histc.default:
         low = args[2] if len(args) > 2 else kwargs.get("min", 0)
         high = args[3] if len(args) > 3 else kwargs.get("max", 0)
@@ -1349,6 +1353,8 @@ def _reads_on_the_host(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         elements, test = args[0], args[1]
         unique = args[2] if len(args) > 2 else kwargs.get("assume_unique", False)
         return elements.numel() > 0 and test.numel() >= int(10.0 * elements.numel() ** 0.145) and not unique
+    if func is aten.where.self or func is aten.where.self_out:
+        return any(isinstance(x, torch.Tensor) and not isinstance(x, SimTensor) and x.dim() == 0 for x in args[:3])
     place = _VALUE_READ_ON_THE_HOST.get(func)
     if place is not None:  # (a value on the host is read there with no wait)
         return isinstance(args[place] if len(args) > place else kwargs.get("value"), SimTensor)

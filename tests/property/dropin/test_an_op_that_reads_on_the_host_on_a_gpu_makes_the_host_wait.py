@@ -130,11 +130,22 @@ def test_the_ops_without_a_meta_kernel_give_their_values() -> None:
 
 #: ``masked_fill`` and ``index_fill`` given their value as a 0-d tensor: ATen's CUDA ``masked_fill__cuda`` and the
 #: composite ``index_fill_`` call ``value.item()``, a read on the host that waits for the stream where the value is a
-#: device tensor (``c``), and none where it is a host one (``h``); a number waits for nothing (ATen's source; the
-#: GPU's sweep of these lines waits for a device: docs/confirmations.md, twenty-ninth sitting)
+#: device tensor (``c``), and none where it is a host one (``h``); a number waits for nothing (ATen's source, and an
+#: H100's answer for each: docs/confirmations.md, fifty-fifth run)
 VALUE_READ = {"t.masked_fill(m, c)": "waits", "t.masked_fill_(m, c)": "waits", "t.index_fill(0, i, c)": "waits",
               "t.masked_fill(m, h)": "no wait", "t.index_fill(0, i, h)": "no wait", "t.masked_fill(m, 1.0)": "no wait",
               "t.fill_(c)": "no wait"}
+
+
+#: ``where`` given a 0-d host tensor among device ones: ATen's ``where_self_out`` moves it to the device with a blocking
+#: copy (an H100 waited, and did not for a 0-d device tensor or a number: docs/confirmations.md, fifty-fifth run)
+WHERE = {"torch.where(h > 0, t, t)": "waits", "torch.where(m, t, h)": "waits", "torch.where(c > 0, t, t)": "no wait",
+         "torch.where(m, t, c)": "no wait", "torch.where(m, t, 0.0)": "no wait"}
+
+
+def test_where_waits_for_a_host_scalar_tensor_it_moves() -> None:
+    got = SWEEP.run_sim([SWEEP.EXPR + e for e in WHERE], False, SWEEP.waits)
+    assert {e: got[SWEEP.EXPR + e] for e in WHERE} == WHERE
 
 
 def test_a_value_read_on_the_host_waits_where_it_is_on_the_device() -> None:
