@@ -1063,15 +1063,21 @@ def _check_in_place(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         error = got[1]
     else:
         with torch.inference_mode(False):  # (the trial's zeros are its own, updated in place outside any mode)
-            error = _on_zeros(func, _tree_map(_meta_of, args), _tree_map(_meta_of, kwargs))[0]
+            error = _argument_error(func, _tree_map(_meta_of, args), _tree_map(_meta_of, kwargs))
         if len(_IN_PLACE_ERRORS) >= _META_CACHE_MAX:
             _IN_PLACE_ERRORS.clear()
         _IN_PLACE_ERRORS[key] = (func, error)
-    if error is not None:
-        # (the signature says nothing of devices: a wrapper's check of them comes first, and TensorIterator's
-        # before a kernel's dtypes)
-        raise _device_error(func, args, kwargs) or (
-            _host_tensor_error(func, args, kwargs) if _DTYPE_GAP.search(str(error)) else None) or error
+    if error is not None:  # (the signature says nothing of devices: :func:`_devices_first`)
+        raise _devices_first(func, args, kwargs, error)
+
+
+def _devices_first(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], error: Exception) -> Exception:
+    """What a GPU raises for arguments whose trial raised ``error``: a CUDA wrapper's check of their devices comes
+    first (:func:`_device_error`: ``nll_loss`` given a 2-d host target refuses it before its shape), and
+    TensorIterator's refusal of a host tensor before a kernel's dtypes (:func:`_host_tensor_error`); else
+    ``error``."""
+    return _device_error(func, args, kwargs) or (
+        _host_tensor_error(func, args, kwargs) if _DTYPE_GAP.search(str(error)) else None) or error
 
 
 def _meta_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -1098,12 +1104,10 @@ def _meta_kernel(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
             # (AssertionError): CUDA's kernel raises a RuntimeError of its checks, as the host kernel does on zeros
             out, odd = None, e
         error, tried = _on_zeros(func, margs, mkwargs)
-        if error is not None and _DTYPE_GAP.search(str(error)):
-            error = _host_tensor_error(func, args, kwargs) or error  # (TensorIterator checks devices first)
-        if error is not None or (odd is not None and tried is None):
-            # the wrapper's check of its arguments' devices comes first (a host tensor where the kernel then
-            # refuses shapes: ``nll_loss`` given a 2-d host target)
-            raise _device_error(func, args, kwargs) or error or odd  # type: ignore[misc]
+        if error is not None:
+            raise _devices_first(func, args, kwargs, error)
+        if odd is not None and tried is None:
+            raise _devices_first(func, args, kwargs, odd)
         if out is None:  # (no meta kernel, or one that failed where the host kernel runs: shaped as the latter)
             out = tried
     return out
@@ -1311,6 +1315,10 @@ def _host_shaped(func: Any, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[
 
 #: ``copy_``, named once: :meth:`Dispatcher.dispatch` asks of every op whether it is it
 _COPY = aten.copy_.default
+#: ops that read their value argument on the host where it is a 0-d device tensor (``value.item()`` in ATen, then the
+#: op with that number), with its place among the arguments (:data:`_READ_ON_THE_HOST`)
+_VALUE_READ_ON_THE_HOST = {aten.masked_fill_.Tensor: 2, aten.masked_fill.Tensor: 2, aten.index_fill_.int_Tensor: 3,
+                           aten.index_fill.int_Tensor: 3}
 #: ops whose CUDA implementation reads a value of the device's on the host as it runs (an ``item()`` inside ATen),
 #: so the host waits for the stream there, as :func:`_reads_on_the_host` says where it depends on the arguments
 #: (docs/confirmations.md, fifty-first run: each measured on a GPU)
@@ -1328,14 +1336,10 @@ _READ_ON_THE_HOST = frozenset({
     aten.isin.Tensor_Tensor,  # (the sorting path's ``unique``)
     aten.linalg_ldl_factor_ex.default,  # (measured waiting on an H100)
     aten.cholesky.default,  # (its infos checked inside: an H100 raised a matrix's error at the call)
-    # (given a 0-d device tensor for their value: ``value.item()`` in ATen, then the op with that number)
-    aten.masked_fill_.Tensor, aten.masked_fill.Tensor, aten.index_fill_.int_Tensor, aten.index_fill.int_Tensor,
     # (given a 0-d host tensor among device ones: ``where_self_out`` moves it to the device, a blocking copy)
     aten.where.self, aten.where.self_out,
+    *_VALUE_READ_ON_THE_HOST,
 })
-#: :data:`_READ_ON_THE_HOST`'s ops that read their value argument alone there, with its place among the arguments
-_VALUE_READ_ON_THE_HOST = {aten.masked_fill_.Tensor: 2, aten.masked_fill.Tensor: 2, aten.index_fill_.int_Tensor: 3,
-                           aten.index_fill.int_Tensor: 3}
 
 
 def _reads_on_the_host(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
