@@ -242,9 +242,11 @@ def _launched_from(dev: Any, units: float) -> Any:
 
 
 #: the ``torch.distributed`` calls counted as the simulator counts them (every call its process group runs):
-#: collectives (an operation of ``nccl``), those that block the host, point-to-point calls
+#: collectives (an operation of ``nccl``; ``all_gather_single`` and ``reduce_scatter_single`` where torch has them,
+#: 2.13 on), those that block the host, point-to-point calls
 COLLECTIVES = ("all_gather_into_tensor", "all_gather", "all_reduce", "reduce_scatter_tensor", "reduce_scatter",
-               "broadcast", "reduce", "all_to_all_single", "all_to_all", "gather", "scatter")
+               "broadcast", "reduce", "all_to_all_single", "all_to_all", "gather", "scatter", "all_gather_single",
+               "reduce_scatter_single")
 HOST_COLLECTIVES = ("barrier", "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list")
 POINT_TO_POINT = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 
@@ -451,7 +453,8 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
                     put(owner, "init_process_group", _group_made)
                     put(owner, "destroy_process_group", _group_kept)
             for name in COLLECTIVES:
-                put(dist, name, _collective(getattr(dist, name)))
+                if hasattr(dist, name):
+                    put(dist, name, _collective(getattr(dist, name)))
             for name in HOST_COLLECTIVES:
                 put(dist, name, _host_collective(getattr(dist, name)))
             # (``send`` and ``recv`` call the unwrapped ``isend`` and ``irecv``: one count each)

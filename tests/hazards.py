@@ -37,6 +37,8 @@ given memory with ``to_empty``. ``device_index_reload``: the device named by its
 ``model.to(0)``). ``loaded_checkpoint_reload``: a checkpoint loaded onto the device
 (``torch.load(path, map_location="cuda")``). ``compiled_reload``: a model compiled with ``torch.compile``.
 ``inplace_views_reload``: a tensor reshaped in place (``unsqueeze_``, ``t_``) and compared by ``is_same_size``.
+``subclass_reload`` and ``nested_reload``: a program's wrapper tensor subclass over device tensors (a scaled
+low-precision weight, its backward run) and ``torch.nested``'s jagged tensor, each computed with, then offloaded.
 """
 
 from __future__ import annotations
@@ -481,6 +483,55 @@ def inplace_views_reload(wait: int = 1, n: int = 1 << 14) -> None:
     x.squeeze_(0)
     y = (x.t().contiguous() * 1.0).flatten()
     _offloaded_then_read(y, n, wait)
+
+
+class ScaledWeight(torch.Tensor):
+    """A low-precision weight and its scale, as a float8 training library keeps one: a wrapper tensor subclass over
+    two device tensors, whose every op computes with ``data * scale``."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, scale: torch.Tensor, requires_grad: bool = False) -> ScaledWeight:
+        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined,no-any-return]
+            cls, data.shape, dtype=torch.float32, device=data.device, requires_grad=requires_grad)
+
+    def __init__(self, data: torch.Tensor, scale: torch.Tensor, requires_grad: bool = False) -> None:
+        self.low, self.scale = data, scale
+
+    def __repr__(self) -> str:
+        return f"ScaledWeight({self.low!r}, {self.scale!r})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def wide(t: Any) -> Any:
+            return t.low.float() * t.scale if isinstance(t, ScaledWeight) else t
+
+        return func(*[wide(a) for a in args], **{k: wide(v) for k, v in (kwargs or {}).items()})
+
+
+def subclass_reload(wait: int = 1, n: int = 1 << 12) -> None:
+    """An input's gradient through a :class:`ScaledWeight` (bfloat16 ones scaled by a half; autograd runs the
+    subclass's backward), copied D2H into pinned memory on ``side``; the host reads the copy after
+    ``side.synchronize()`` (``wait``) or at once."""
+    k = 64
+    w = ScaledWeight(torch.ones(k, k, dtype=torch.bfloat16, device="cuda"), torch.tensor(0.5, device="cuda"),
+                     requires_grad=True)
+    assert w.is_cuda
+    assert w.device.type == "cuda"
+    x = torch.ones(n // k, k, device="cuda", requires_grad=True)
+    (x @ w).sum().backward()
+    assert x.grad is not None
+    _offloaded_then_read(x.grad.flatten(), n, wait)
+
+
+def nested_reload(wait: int = 1, n: int = 1 << 12) -> None:
+    """Two sequences of lengths n/4 and 3n/4 in a jagged nested tensor on the device (``torch.nested``, a wrapper
+    subclass over one values tensor), doubled; its values copied D2H into pinned memory on ``side``; the host reads
+    the copy after ``side.synchronize()`` (``wait``) or at once."""
+    seqs = [torch.arange(n // 4, dtype=torch.float32, device="cuda"),
+            torch.arange(3 * n // 4, dtype=torch.float32, device="cuda")]
+    nt = torch.nested.nested_tensor(seqs, layout=torch.jagged)
+    assert nt.is_cuda
+    _offloaded_then_read((nt * 2).values(), n, wait)
 
 
 #: factories asked to pin (``pin_memory``), each made from a device tensor ``a`` where it takes one, and what a GPU

@@ -93,9 +93,10 @@ WORLD = _Group(0)
 
 #: the collectives and point-to-point calls that run on the simulated process group
 SIMULATED = (
-    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single",
-    "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list", "gather", "gather_object", "irecv", "isend",
-    "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send",
+    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_single", "all_reduce", "all_to_all",
+    "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list", "gather",
+    "gather_object", "irecv", "isend", "recv", "reduce", "reduce_scatter", "reduce_scatter_single",
+    "reduce_scatter_tensor", "scatter", "scatter_object_list", "send",
 )
 
 
@@ -315,11 +316,29 @@ def new_group(ranks: Any = None, timeout: Any = None, backend: Any = None, pg_op
     return _Group(gid, None if whole else members)
 
 
+#: torch's names of the one-tensor all-gather and reduce-scatter, as its warnings give them: torch 2.13 calls them
+#: ``all_gather_single`` and ``reduce_scatter_single`` (``all_gather_into_tensor`` and ``reduce_scatter_tensor``,
+#: deprecated there, call those); an older torch has the older names alone
+_ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+_REDUCE_SCATTER = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+
+
+def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
+                      async_op: bool = False) -> SimWork | None:
+    """``all_gather_into_tensor`` by torch 2.13's name for it."""
+    return _all_gather_single(output_tensor, input_tensor, group, async_op)
+
+
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
                            async_op: bool = False) -> SimWork | None:
+    return _all_gather_single(output_tensor, input_tensor, group, async_op)
+
+
+def _all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
+                       async_op: bool) -> SimWork | None:
     _torch_checks_tensor(input_tensor, "input_tensor")
     _torch_checks_tensor(output_tensor, "output_tensor")
-    if _outside(group, "all_gather_into_tensor"):
+    if _outside(group, _ALL_GATHER, stacklevel=4):
         return None
     gid = _check_group(group)
     _check_pair(output_tensor, input_tensor, get_world_size(group), 1, "output tensor must have the same type as input "
@@ -362,11 +381,22 @@ def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = N
     return _finish(gather, async_op, tensor)
 
 
+def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
+                          group: Any = None, async_op: bool = False) -> SimWork | None:
+    """``reduce_scatter_tensor`` by torch 2.13's name for it."""
+    return _reduce_scatter_single(output, input, op, group, async_op)
+
+
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                           group: Any = None, async_op: bool = False) -> SimWork | None:
+    return _reduce_scatter_single(output, input, op, group, async_op)
+
+
+def _reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any, group: Any,
+                           async_op: bool) -> SimWork | None:
     _torch_checks_tensor(output, "output")
     _torch_checks_tensor(input, "input")
-    if _outside(group, "reduce_scatter_tensor"):
+    if _outside(group, _REDUCE_SCATTER, stacklevel=4):
         return None
     gid = _check_group(group)
     _check_pair(output, input, 1, get_world_size(group), "input tensor must be the same type as the output tensor.",
@@ -791,7 +821,7 @@ def _not_simulated(name: str) -> Any:
 #: naming itself (the run then gives no verdict), rather than reaching the real, uninitialized process group
 NOT_SIMULATED = (
     "send_object_list", "recv_object_list",
-    "all_gather_coalesced", "all_reduce_coalesced", "all_gather_single", "reduce_scatter_single", "monitored_barrier",
+    "all_gather_coalesced", "all_reduce_coalesced", "monitored_barrier",
     "new_subgroups", "new_subgroups_by_enumeration", "split_group", "shrink_group", "record_comm",
     "_coalescing_manager",
     # C++ functions that take the process group itself (DDP's construction calls them): handed the simulated group,
@@ -1087,6 +1117,10 @@ def install(p: Patches) -> None:
         "get_global_rank": get_global_rank,
         "get_group_rank": get_group_rank,
     }
+    # (torch 2.13's names; an older torch has none to replace, and a program that calls them fails there as here)
+    table.update({name: value for name, value in (("all_gather_single", all_gather_single),
+                                                  ("reduce_scatter_single", reduce_scatter_single))
+                  if hasattr(dist, name)})
     c10d = dist.distributed_c10d
     for name, value in table.items():
         p.set(dist, name, value)

@@ -2074,6 +2074,7 @@ def install(p: Patches) -> None:
     p.set(torch.version, "cuda", CUDA_VERSION)
     p.set(cuda, "get_arch_list", lambda: list(CUDA_ARCHES))
     _install_accelerator(p)
+    _install_wrapper_subclasses(p)
     for name in _FACTORIES:
         if hasattr(torch, name):
             p.set(torch, name, _wrapped(torch, name, _factory))
@@ -2150,6 +2151,58 @@ class _DeviceIndex:
         pass
 
 
+#: ``torch.Tensor._make_wrapper_subclass`` as torch defines it
+_MAKE_WRAPPER = torch._C.TensorBase._make_wrapper_subclass
+#: the C++ side's answer to ``t.device`` (and to ``is_cuda``, ``is_meta``, ``get_device()``) of any tensor
+_CXX_DEVICE = torch._C.TensorBase.device
+
+
+def _shown_device(t: torch.Tensor) -> torch.device:
+    """``t.device`` of an instance of a program's tensor subclass this session showed (:func:`_wrapper_subclass`):
+    the device it was made for, where it was made for the simulated one; else torch's."""
+    shown = t.__dict__.get("_simdevice_shown") if hasattr(t, "__dict__") else None
+    return shown if shown is not None else _CXX_DEVICE.__get__(t)
+
+
+def _install_wrapper_subclasses(p: Patches) -> None:
+    """A program's or a library's wrapper tensor subclass made for the simulated device
+    (``torch.Tensor._make_wrapper_subclass(cls, ..., device=inner.device)``, as torchao's quantized tensors,
+    ``torch.nested``'s jagged tensors or a float8 training tensor make theirs over the device tensors they hold) is
+    made on the meta device, as a simulated tensor is, and shows the device it was made for: ``t.device``,
+    ``is_cuda``, ``is_meta`` and ``get_device()`` of its class answer so for the session. Made on a CUDA device,
+    torch's C++ side would ask a CPU build for CUDA's device guard where autograd runs the tensor's backward: the
+    process aborts ("PyTorch is not linked with support for cuda devices"). Its ops reach its own
+    ``__torch_dispatch__`` first (the simulator's mode declines them) and those it makes on the tensors it wraps
+    are simulated."""
+    shown: set[type] = set()
+    p.on_restore(shown.clear)
+
+    def show(cls: type) -> None:
+        shown.add(cls)
+        answers = {
+            "device": property(_shown_device),
+            "is_cuda": property(lambda t: _shown_device(t).type == "cuda"),
+            "is_meta": property(lambda t: _shown_device(t).type == "meta"),
+            "get_device": lambda t: -1 if _shown_device(t).type in ("cpu", "meta") else _shown_device(t).index or 0,
+        }
+        for name, answer in answers.items():
+            if name not in vars(cls):  # (a class that answers itself keeps its answer)
+                p.set(cls, name, answer)
+
+    def make_wrapper_subclass(cls: Any, size: Any, *args: Any, **kwargs: Any) -> Any:
+        device = kwargs.get("device")
+        if device is None or cls is SimTensor or torch.device(device).type != "cuda":
+            return _MAKE_WRAPPER(cls, size, *args, **kwargs)
+        kwargs["device"] = META
+        made = _MAKE_WRAPPER(cls, size, *args, **kwargs)
+        made._simdevice_shown = torch.device(device)
+        if cls not in shown:
+            show(cls)
+        return made
+
+    p.set(torch.Tensor, "_make_wrapper_subclass", staticmethod(make_wrapper_subclass))
+
+
 def _install_accelerator(p: Patches) -> None:
     """``torch.accelerator`` and the device-generic ``torch.Stream`` and ``torch.Event``: the simulated CUDA device is
     the accelerator (device-agnostic code, and torch's own ``DataLoader(pin_memory=True)``, which pins its batches
@@ -2185,6 +2238,9 @@ def _install_accelerator(p: Patches) -> None:
         for name, value in table.items():
             if module is not None and callable(getattr(module, name, None)):
                 p.set(module, name, value)
+    # (torch's own code asks the C++ side, which on a CPU build answers the CPU: FSDP2's default mesh,
+    # ``distributed_c10d``'s default device)
+    p.set(torch._C, "_get_accelerator", lambda check=False: torch.device("cuda"))
     p.set(torch, "Stream", _GenericStream)
     p.set(torch, "Event", _GenericEvent)
     p.set(torch, "get_device_module", _device_module(torch.get_device_module))
