@@ -323,22 +323,11 @@ _ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "al
 _REDUCE_SCATTER = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
 
 
-def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
-                      async_op: bool = False) -> SimWork | None:
-    """``all_gather_into_tensor`` by torch 2.13's name for it."""
-    return _all_gather_single(output_tensor, input_tensor, group, async_op)
-
-
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
                            async_op: bool = False) -> SimWork | None:
-    return _all_gather_single(output_tensor, input_tensor, group, async_op)
-
-
-def _all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
-                       async_op: bool) -> SimWork | None:
     _torch_checks_tensor(input_tensor, "input_tensor")
     _torch_checks_tensor(output_tensor, "output_tensor")
-    if _outside(group, _ALL_GATHER, stacklevel=4):
+    if _outside(group, _ALL_GATHER):
         return None
     gid = _check_group(group)
     _check_pair(output_tensor, input_tensor, get_world_size(group), 1, "output tensor must have the same type as input "
@@ -381,22 +370,11 @@ def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = N
     return _finish(gather, async_op, tensor)
 
 
-def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
-                          group: Any = None, async_op: bool = False) -> SimWork | None:
-    """``reduce_scatter_tensor`` by torch 2.13's name for it."""
-    return _reduce_scatter_single(output, input, op, group, async_op)
-
-
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                           group: Any = None, async_op: bool = False) -> SimWork | None:
-    return _reduce_scatter_single(output, input, op, group, async_op)
-
-
-def _reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any, group: Any,
-                           async_op: bool) -> SimWork | None:
     _torch_checks_tensor(output, "output")
     _torch_checks_tensor(input, "input")
-    if _outside(group, _REDUCE_SCATTER, stacklevel=4):
+    if _outside(group, _REDUCE_SCATTER):
         return None
     gid = _check_group(group)
     _check_pair(output, input, 1, get_world_size(group), "input tensor must be the same type as the output tensor.",
@@ -409,6 +387,11 @@ def _reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any, g
 
     gather = rt.collective("reduce_scatter", [ref_of(output)], [ref_of(input)], shard, user_source(), group=gid)
     return _finish(gather, async_op, output, input)
+
+
+#: torch 2.13's names for the two (the same parameters)
+all_gather_single = all_gather_into_tensor
+reduce_scatter_single = reduce_scatter_tensor
 
 
 def _root(src: int | None, group_src: int | None, group: Any = None) -> int:

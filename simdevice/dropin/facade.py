@@ -2158,10 +2158,17 @@ _CXX_DEVICE = torch._C.TensorBase.device
 
 
 def _shown_device(t: torch.Tensor) -> torch.device:
-    """``t.device`` of an instance of a program's tensor subclass this session showed (:func:`_wrapper_subclass`):
-    the device it was made for, where it was made for the simulated one; else torch's."""
+    """``t.device`` of an instance of a program's tensor subclass this session showed
+    (:func:`_install_wrapper_subclasses`): the device it was made for, where it was made for the simulated one;
+    else torch's."""
     shown = t.__dict__.get("_simdevice_shown") if hasattr(t, "__dict__") else None
     return shown if shown is not None else _CXX_DEVICE.__get__(t)
+
+
+def _shown_index(t: torch.Tensor) -> int:
+    """``t.get_device()`` of such an instance: -1 on the host or meta device, else the device's index."""
+    device = _shown_device(t)
+    return -1 if device.type in ("cpu", "meta") else device.index or 0
 
 
 def _install_wrapper_subclasses(p: Patches) -> None:
@@ -2183,7 +2190,7 @@ def _install_wrapper_subclasses(p: Patches) -> None:
             "device": property(_shown_device),
             "is_cuda": property(lambda t: _shown_device(t).type == "cuda"),
             "is_meta": property(lambda t: _shown_device(t).type == "meta"),
-            "get_device": lambda t: -1 if _shown_device(t).type in ("cpu", "meta") else _shown_device(t).index or 0,
+            "get_device": _shown_index,
         }
         for name, answer in answers.items():
             if name not in vars(cls):  # (a class that answers itself keeps its answer)
