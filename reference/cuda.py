@@ -387,6 +387,10 @@ class _CountingMode(TorchDispatchMode):
         self.poisons = poisons
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(_dispatches_itself(t) for t in types):
+            # a wrapper tensor subclass's op (a float8 weight, a nested tensor): the subclass runs it, and the ops it
+            # runs on the tensors it wraps come back here, each a kernel of its own, as the simulator counts them
+            return NotImplemented
         kwargs = kwargs or {}
         if _composite(func):
             # an op autograd decomposes before a mode sees it, here whole where autograd is skipped (``to`` under
@@ -412,6 +416,12 @@ class _CountingMode(TorchDispatchMode):
             # still hold a previous run's right answer (the tool's own fill: no operation of the program)
             poison(out)
         return out
+
+
+@functools.cache
+def _dispatches_itself(cls: type) -> bool:
+    """Whether a tensor class has a ``__torch_dispatch__`` of its own (``Parameter`` has torch's disabled one)."""
+    return getattr(cls, "__torch_dispatch__", None) is not torch._C._disabled_torch_dispatch_impl
 
 
 @functools.cache
