@@ -534,6 +534,28 @@ def nested_reload(wait: int = 1, n: int = 1 << 12) -> None:
     _offloaded_then_read((nt * 2).values(), n, wait)
 
 
+def profiled_reload(wait: int = 1, n: int = 1 << 12, inside: int = 1) -> None:
+    """An offload profiled by ``torch.profiler`` with its CPU and CUDA activities, as a training loop profiles a
+    step (``nvtx`` ranges around it): ``arange`` copied D2H into pinned memory on ``side``; the host reads the copy
+    inside the profiler's block (``inside``), after ``side.synchronize()`` (``wait``) or at once, or once the block
+    is left, which synchronizes the device when CUDA is profiled."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    assert torch.profiler.ProfilerActivity.CUDA in torch.profiler.supported_activities()
+    y = torch.arange(n, dtype=torch.float32, device="cuda")
+    pinned = torch.empty(n, pin_memory=True)
+    side = torch.cuda.Stream()
+    with torch.profiler.profile(activities=activities):
+        with torch.cuda.nvtx.range("offload"):
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                pinned.copy_(y, non_blocking=True)
+        if inside:
+            if wait:
+                side.synchronize()
+            assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
+    assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
+
+
 #: factories asked to pin (``pin_memory``), each made from a device tensor ``a`` where it takes one, and what a GPU
 #: gives: ATen's error for a device tensor (``empty_cuda`` refuses to pin), else the made tensor's device type and
 #: whether it is pinned

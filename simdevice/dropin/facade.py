@@ -2248,10 +2248,83 @@ def _install_accelerator(p: Patches) -> None:
     # (torch's own code asks the C++ side, which on a CPU build answers the CPU: FSDP2's default mesh,
     # ``distributed_c10d``'s default device)
     p.set(torch._C, "_get_accelerator", lambda check=False: torch.device("cuda"))
+    supported = _profiler_activities(torch.autograd._supported_activities)
+    p.set(torch.autograd, "_supported_activities", supported)
+    p.set(torch.autograd.profiler, "_supported_activities", supported)
+    p.set(torch.autograd.profiler.profile, "__init__", _wrapped(torch.autograd.profiler.profile, "__init__",
+                                                                 _profile_without_cuda_events))
+    p.set(torch.autograd.profiler, "emit_nvtx", _EmitNvtx)
     p.set(torch, "Stream", _GenericStream)
     p.set(torch, "Event", _GenericEvent)
     p.set(torch, "get_device_module", _device_module(torch.get_device_module))
     _pin_on_the_iterating_thread(p)
+
+
+PROFILER_NOTE = ("the profiler's CUDA activity (torch.profiler, torch.autograd.profiler) records no device activity on "
+                 "the simulated device (no kernel or copy events, no device times); its CPU activity is recorded, "
+                 "and leaving the profiler synchronizes the device, as on a GPU")
+
+
+def _profiler_activities(original: Callable[[], Any]) -> Callable[[], Any]:
+    """``torch.autograd._supported_activities()`` (``torch.profiler.supported_activities()``, which the profiler asks
+    before it profiles CUDA): CUDA's among them, as on a GPU machine, noted. On the CPU build the profiler fell back
+    to timing each op with CUDA events, which failed with a warning and a C++ stack trace per op, and made a run
+    tens of times slower."""
+
+    @functools.wraps(original)
+    def supported() -> Any:
+        if in_actor():
+            session_device().runtime.note(PROFILER_NOTE)
+        return original() | {torch.profiler.ProfilerActivity.CUDA}
+
+    return supported
+
+
+def _profile_without_cuda_events(original: Callable[..., None]) -> Callable[..., None]:
+    """``torch.autograd.profiler.profile(use_device="cuda")`` without kineto (its default, ``use_kineto=False``), in a
+    run: it profiles the CPU alone, noted. torch's fallback times each op with CUDA events, which on the CPU build
+    failed with a warning and a C++ stack trace per op. Leaving it still synchronizes the device, as
+    ``use_device="cuda"`` asks."""
+
+    @functools.wraps(original)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        state = torch._C._profiler.ProfilerState
+        if getattr(self, "profiler_kind", None) == state.KINETO_GPU_FALLBACK and in_actor():
+            self.profiler_kind = state.KINETO
+            session_device().runtime.note(PROFILER_NOTE)
+
+    return init
+
+
+class _EmitNvtx:
+    """``torch.autograd.profiler.emit_nvtx(enabled=True, record_shapes=False)`` in a run: no NVTX range is emitted
+    (``nvtx`` does nothing on the simulated device), and entering and leaving it synchronize the device, as torch's
+    does. The CPU build refused it ("PyTorch was compiled without CUDA"): a correct program's host error."""
+
+    def __init__(self, enabled: bool = True, record_shapes: bool = False) -> None:
+        self.enabled = enabled
+        self.entered = False
+        self.record_shapes = record_shapes
+
+    def __enter__(self) -> _EmitNvtx | None:
+        if not self.enabled:
+            return None
+        if self.entered:
+            raise RuntimeError("NVTX annotation context manager is not reentrant")
+        self.entered = True
+        synchronize()
+        if in_actor():
+            session_device().runtime.note(EMIT_NVTX_NOTE)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.enabled:
+            synchronize()
+
+
+EMIT_NVTX_NOTE = ("torch.autograd.profiler.emit_nvtx emits no NVTX range on the simulated device; entering and "
+                  "leaving it synchronize the device, as on a GPU")
 
 
 def _device_module(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -2388,6 +2461,7 @@ def patched_owners() -> list[Any]:
     return [torch, torch.accelerator, torch.accelerator.memory, torch.accelerator.graphs, torch.cuda,
             torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams, torch.cuda.random, torch.cuda.nvtx,
             torch.cuda.profiler, torch.cuda.nccl, torch.Tensor, torch.multiprocessing, time, torch.amp, torch.cuda.amp,
-            torch.autograd, torch._C.PyTorchFileWriter, torch.UntypedStorage, np.random, torch._C, torch.nn.functional,
+            torch.autograd, torch.autograd.profiler, torch.autograd.profiler.profile, torch._C.PyTorchFileWriter,
+            torch.UntypedStorage, np.random, torch._C, torch.nn.functional,
             torch.nn.Module, torch.utils.data.dataloader._MultiProcessingDataLoaderIter, _LAZY, torch._C._nn,
             torch.version, torch.serialization, torch._utils]

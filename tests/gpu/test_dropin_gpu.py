@@ -144,7 +144,8 @@ def test_empty_cache_that_gives_a_segment_back_waits_for_the_device(release: int
                                                 ("compiled_reload", "side#0+20"),
                                                 ("inplace_views_reload", "side#0+20"),
                                                 ("subclass_reload", "side#0+20"),
-                                                ("nested_reload", "side#0+20")])
+                                                ("nested_reload", "side#0+20"),
+                                                ("profiled_reload", "side#0+20")])
 def test_device_agnostic_code_and_a_loader_s_pinned_batch_run_as_simulated(program: str, stall: str) -> None:
     """``tests/hazards.py::accelerator_reload`` (``torch.accelerator``, generic ``torch.Stream`` and ``torch.Event``)
     and ``loader_batch_reused`` (a ``DataLoader(pin_memory=True)`` batch, pinned on both machines, zeroed by the host
@@ -154,9 +155,9 @@ def test_device_agnostic_code_and_a_loader_s_pinned_batch_run_as_simulated(progr
     ``to_empty``), and ``device_index_reload`` (the device named by its index), and ``loaded_checkpoint_reload``
     (``torch.load(path, map_location="cuda")``), and ``compiled_reload`` (``torch.compile``, run eagerly on both),
     and ``inplace_views_reload`` (``unsqueeze_``, ``t_``, ``is_same_size``: no operation on either), and
-    ``subclass_reload`` and ``nested_reload`` (a wrapper tensor subclass's ops, its backward, a jagged tensor):
-    the same counts on both, the
-    unwaited line corrupted under the stall, the waited one not."""
+    ``subclass_reload`` and ``nested_reload`` (a wrapper tensor subclass's ops, its backward, a jagged tensor), and
+    ``profiled_reload`` (``torch.profiler`` with its CUDA activity, the copy read inside its block): the same counts
+    on both, the unwaited line corrupted under the stall, the waited one not."""
     line = f"tests/hazards.py::{program}"
     _counts_match(line)
     _counts_match(f"{line}::{stall}")
