@@ -1001,12 +1001,10 @@ def _cannot_create_in(folder: str) -> str | None:
 
 def _no_verdict(name: str, out: Any) -> tuple[str, str] | None:
     """Where a run says nothing of the program: ``("unsupported", why)`` where it used what the simulator does not
-    run, or ran under ``torch.autocast("cuda")``, which the simulator does not apply, and then raised with no race;
-    ``("step_limit", why)`` where it stopped at its step bound with nothing found before; else None. ``why``: the
+    run; ``("step_limit", why)`` where it stopped at its step bound with nothing found before; else None. ``why``: the
     command's one line."""
-    from simdevice.dropin.facade import AUTOCAST_NOTE
     from simdevice.explain import not_run
-    from simdevice.runtime.reports import HostError, StepLimit
+    from simdevice.runtime.reports import StepLimit
 
     reports = out.run.reports
     if out.backend == "cuda":
@@ -1018,11 +1016,6 @@ def _no_verdict(name: str, out: Any) -> tuple[str, str] | None:
                     f"under schedule \"{out.schedule}\"")
         return None
     stopped, why = not_run(out), "the program uses what the simulator does not run"
-    if stopped is None and reports and all(isinstance(r, HostError) for r in reports) and (
-            AUTOCAST_NOTE in out.run.notes):
-        # (its dtypes are float32's where a GPU's are reduced: an error of the program's may come from that)
-        stopped, why = reports[0], ("the program ran under torch.autocast('cuda'), which the simulator does not "
-                                    "apply (its ops ran in the dtypes they were given), and then raised with no race")
     if stopped is not None:
         return ("unsupported", f"{name}: {why}: {_first_sentence(stopped.error)} in {stopped.actor} "
                 f"({stopped.source}), under schedule \"{out.schedule}\"; see \"Not intercepted\" in docs/dropin.md")

@@ -48,6 +48,7 @@ import io
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -554,6 +555,116 @@ def profiled_reload(wait: int = 1, n: int = 1 << 12, inside: int = 1) -> None:
                 side.synchronize()
             assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
     assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
+
+
+def amp_reload(wait: int = 1, n: int = 1 << 12) -> None:
+    """A linear layer applied twice under ``torch.autocast("cuda", dtype=torch.bfloat16)`` (its weight and bias cast
+    once: autocast's cache), its bfloat16 output copied D2H into a bfloat16 pinned buffer on ``side``; the host reads
+    the copy after ``side.synchronize()`` (``wait``) or at once. Then the loss's backward, outside the block: the
+    weight's gradient float32, as the weight."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 64).cuda()
+    x = torch.full((n // 64, 64), 0.01, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = lin(lin(x))
+        loss = y.float().pow(2).mean()
+    assert y.dtype == torch.bfloat16
+    pinned = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        pinned.copy_(y.flatten(), non_blocking=True)
+    if wait:
+        side.synchronize()
+    assert torch.equal(pinned, y.flatten().cpu()), "the host read the copy before it landed"
+    loss.backward()
+    assert lin.weight.grad is not None
+    assert lin.weight.grad.dtype == torch.float32
+
+
+def _amp(fn: Callable[[], Any], dtype: torch.dtype | None = None) -> Callable[[], Any]:
+    """``fn`` run under ``torch.autocast("cuda")`` (its default dtype, float16, unless ``dtype``)."""
+
+    def run() -> Any:
+        with torch.autocast("cuda", dtype=dtype) if dtype is not None else torch.autocast("cuda"):
+            return fn()
+
+    return run
+
+
+def _dev(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.full(shape, 0.5, dtype=dtype, device="cuda")
+
+
+def _linear_grad() -> Any:
+    lin = torch.nn.Linear(4, 4).cuda()
+    with torch.autocast("cuda"):
+        y = lin(_dev(2, 4))
+    y.float().sum().backward()
+    return lin.weight.grad
+
+
+def _disabled_inside() -> Any:
+    with torch.autocast("cuda", enabled=False):
+        return _dev(4, 4) @ _dev(4, 4)
+
+
+#: ops under ``torch.autocast("cuda")`` and the dtype of what each gives on a GPU (ATen's CUDA autocast table: a
+#: matmul's inputs cast to the lower precision, a softmax's output set to float32, an exponential computed in
+#: float32, several inputs promoted to the widest, ``binary_cross_entropy`` refused; nothing cast that is not a
+#: floating tensor on the device, or double), or the error's first words
+AUTOCAST_CASES: dict[str, tuple[Callable[[], Any], str]] = {
+    "mm, float16 by default": (_amp(lambda: _dev(4, 4) @ _dev(4, 4)), "torch.float16"),
+    "linear, bfloat16": (_amp(lambda: torch.nn.functional.linear(_dev(2, 4), _dev(4, 4), _dev(4)), torch.bfloat16),
+                         "torch.bfloat16"),
+    "bmm": (_amp(lambda: torch.bmm(_dev(2, 3, 4), _dev(2, 4, 3)), torch.bfloat16), "torch.bfloat16"),
+    "conv2d": (_amp(lambda: torch.nn.functional.conv2d(_dev(1, 2, 5, 5), _dev(3, 2, 3, 3)), torch.bfloat16),
+               "torch.bfloat16"),
+    "einsum": (_amp(lambda: torch.einsum("ij,jk->ik", _dev(2, 3), _dev(3, 2)), torch.bfloat16), "torch.bfloat16"),
+    "scaled_dot_product_attention": (
+        _amp(lambda: torch.nn.functional.scaled_dot_product_attention(_dev(1, 2, 4, 8), _dev(1, 2, 4, 8),
+                                                                     _dev(1, 2, 4, 8)), torch.bfloat16),
+        "torch.bfloat16"),
+    "softmax of bfloat16": (_amp(lambda: _dev(4, 4, dtype=torch.bfloat16).softmax(-1), torch.bfloat16),
+                            "torch.float32"),
+    "softmax given its dtype": (_amp(lambda: _dev(4, 4, dtype=torch.bfloat16).softmax(-1, dtype=torch.bfloat16),
+                                     torch.bfloat16), "torch.bfloat16"),
+    "sum of float16": (_amp(lambda: _dev(4, 4, dtype=torch.float16).sum()), "torch.float32"),
+    "cumsum of float16": (_amp(lambda: _dev(4, dtype=torch.float16).cumsum(0)), "torch.float32"),
+    "exp of float16": (_amp(lambda: _dev(4, dtype=torch.float16).exp()), "torch.float32"),
+    "pow of bfloat16": (_amp(lambda: _dev(4, dtype=torch.bfloat16).pow(2), torch.bfloat16), "torch.float32"),
+    "layer_norm of bfloat16": (
+        _amp(lambda: torch.nn.functional.layer_norm(_dev(2, 4, dtype=torch.bfloat16), (4,)), torch.bfloat16),
+        "torch.float32"),
+    "mse_loss of bfloat16": (
+        _amp(lambda: torch.nn.functional.mse_loss(_dev(4, dtype=torch.bfloat16), _dev(4, dtype=torch.bfloat16)),
+             torch.bfloat16), "torch.float32"),
+    "norm of float16": (_amp(lambda: _dev(4, dtype=torch.float16).norm()), "torch.float32"),
+    "addcmul promoted": (_amp(lambda: torch.addcmul(_dev(4, dtype=torch.float16), _dev(4),
+                                                    _dev(4, dtype=torch.float16))), "torch.float32"),
+    "addcmul of float16 alone": (_amp(lambda: torch.addcmul(*[_dev(4, dtype=torch.float16)] * 3)), "torch.float16"),
+    "binary_cross_entropy refused": (
+        _amp(lambda: torch.nn.functional.binary_cross_entropy(_dev(4), _dev(4))),
+        "RuntimeError: torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast."),
+    "binary_cross_entropy of host tensors": (
+        _amp(lambda: torch.nn.functional.binary_cross_entropy(torch.full((4,), 0.5), torch.full((4,), 0.5))),
+        "torch.float32"),
+    "mm of host tensors": (_amp(lambda: torch.ones(4, 4) @ torch.ones(4, 4)), "torch.float32"),
+    "mm of double": (_amp(lambda: _dev(4, 4, dtype=torch.float64) @ _dev(4, 4, dtype=torch.float64)),
+                     "torch.float64"),
+    "mul, not in the table": (_amp(lambda: _dev(4, dtype=torch.float16) * _dev(4)), "torch.float32"),
+    "mm with autocast disabled inside": (_amp(_disabled_inside), "torch.float32"),
+    "a float32 weight's gradient": (_linear_grad, "torch.float32"),
+}
+
+
+def autocast_outcome(name: str) -> str:
+    """What ``AUTOCAST_CASES[name]``'s call gives: its result's dtype, or the exception's type and first line."""
+    try:
+        out = AUTOCAST_CASES[name][0]()
+    except Exception as e:  # (its type and words are the outcome)
+        return f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    return str(out.dtype)
 
 
 #: factories asked to pin (``pin_memory``), each made from a device tensor ``a`` where it takes one, and what a GPU

@@ -34,7 +34,7 @@ from reference import contract
 from reference.naming import StreamNames, creation_site, inside
 from simdevice.api import EventHandle, SimDevice, StreamHandle
 from simdevice.dispatch import META, SimTensor, crosses_devices, move_in_place, set_data_across, storage_of
-from simdevice.dropin import arrays
+from simdevice.dropin import arrays, autocast
 from simdevice.dropin.patches import Patches
 from simdevice.runtime.config import SimConfig
 from simdevice.runtime.execution import outside_actor
@@ -2120,15 +2120,10 @@ def install(p: Patches) -> None:
     for name, clock in _VIRTUAL_CLOCKS.items():
         p.set(time, name, clock)
     p.set(torch.autograd, "_engine_run_backward", _wrapped(torch.autograd, "_engine_run_backward", _engine_entry))
-    amp = _wrapped(torch.amp, "autocast", _autocast)
-    p.set(torch, "autocast", amp)
-    p.set(torch.amp, "autocast", amp)
-
-    def cuda_autocast(enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True) -> Any:
-        """``torch.cuda.amp.autocast``: ``torch.autocast("cuda", ...)`` (torch's class warns when subclassed)."""
-        return amp("cuda", enabled=enabled, dtype=dtype, cache_enabled=cache_enabled)
-
-    p.set(torch.cuda.amp, "autocast", cuda_autocast)
+    kernels = autocast.Kernels()
+    p.set(torch, "set_autocast_enabled", autocast.set_enabled(torch.set_autocast_enabled, kernels))
+    p.set(torch, "clear_autocast_cache", autocast.clear(torch.clear_autocast_cache))
+    p.on_restore(kernels.remove)
     for name in ("spawn", "start_processes"):
         if hasattr(torch.multiprocessing, name):
             p.set(torch.multiprocessing, name, _no_processes(name))
@@ -2407,28 +2402,6 @@ def _compile(original: Callable[..., Any], p: Patches) -> Callable[..., Any]:
         return out
 
     return compile
-
-
-AUTOCAST_NOTE = ("autocast('cuda') is not applied on the simulated device: its ops ran in the dtypes they were "
-                  "given (float32 where a GPU computes in reduced precision), so their values and sizes are "
-                  "float32's; the synchronization is judged as on a GPU")
-
-
-def _autocast(original: type) -> type:
-    """``torch.autocast`` that notes, in a run, that CUDA autocast is not applied (the simulated device's tensors
-    carry no CUDA dispatch keys for it to act on)."""
-
-    class autocast(original):  # type: ignore[valid-type,misc]  # noqa: N801 (torch's name)
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            device_type = kwargs.get("device_type", args[0] if args else "cuda")
-            enabled = kwargs.get("enabled", args[2] if len(args) > 2 else True)
-            if device_type == "cuda" and enabled and in_actor():
-                session_device().runtime.note(AUTOCAST_NOTE)
-            super().__init__(*args, **kwargs)
-
-    autocast.__qualname__ = original.__qualname__
-    autocast.__module__ = original.__module__
-    return autocast
 
 
 def _no_processes(name: str) -> Callable[..., Any]:

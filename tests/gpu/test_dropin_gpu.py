@@ -145,7 +145,8 @@ def test_empty_cache_that_gives_a_segment_back_waits_for_the_device(release: int
                                                 ("inplace_views_reload", "side#0+20"),
                                                 ("subclass_reload", "side#0+20"),
                                                 ("nested_reload", "side#0+20"),
-                                                ("profiled_reload", "side#0+20")])
+                                                ("profiled_reload", "side#0+20"),
+                                                ("amp_reload", "side#0+20")])
 def test_device_agnostic_code_and_a_loader_s_pinned_batch_run_as_simulated(program: str, stall: str) -> None:
     """``tests/hazards.py::accelerator_reload`` (``torch.accelerator``, generic ``torch.Stream`` and ``torch.Event``)
     and ``loader_batch_reused`` (a ``DataLoader(pin_memory=True)`` batch, pinned on both machines, zeroed by the host
@@ -156,8 +157,9 @@ def test_device_agnostic_code_and_a_loader_s_pinned_batch_run_as_simulated(progr
     (``torch.load(path, map_location="cuda")``), and ``compiled_reload`` (``torch.compile``, run eagerly on both),
     and ``inplace_views_reload`` (``unsqueeze_``, ``t_``, ``is_same_size``: no operation on either), and
     ``subclass_reload`` and ``nested_reload`` (a wrapper tensor subclass's ops, its backward, a jagged tensor), and
-    ``profiled_reload`` (``torch.profiler`` with its CUDA activity, the copy read inside its block): the same counts
-    on both, the unwaited line corrupted under the stall, the waited one not."""
+    ``profiled_reload`` (``torch.profiler`` with its CUDA activity, the copy read inside its block), and
+    ``amp_reload`` (a bfloat16 activation under ``torch.autocast``, a weight cast once): the same counts on both, the
+    unwaited line corrupted under the stall, the waited one not."""
     line = f"tests/hazards.py::{program}"
     _counts_match(line)
     _counts_match(f"{line}::{stall}")
@@ -379,6 +381,15 @@ def test_a_call_raises_what_the_simulator_raises_when_it_raises_it(name: str) ->
     got = hazards.error_at_the_call_outcome(name)
     print(f"ERROR {name}: {got!r}", flush=True)
     assert got == hazards.ERRORS_AT_THE_CALL[name][1]
+
+
+@pytest.mark.parametrize("name", sorted(hazards.AUTOCAST_CASES))
+def test_autocast_casts_what_the_simulator_casts(name: str) -> None:
+    """``tests/hazards.py``'s ``AUTOCAST_CASES`` under real CUDA autocast: each result's dtype (or the error) as the
+    simulator gives it (``tests/property/dropin/test_autocast.py``)."""
+    got = hazards.autocast_outcome(name)
+    print(f"AUTOCAST {name}: {got}", flush=True)
+    assert got == hazards.AUTOCAST_CASES[name][1]
 
 
 @pytest.mark.parametrize("name", sorted(hazards.MODULE_PROGRAMS))
