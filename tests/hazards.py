@@ -654,6 +654,19 @@ AUTOCAST_CASES: dict[str, tuple[Callable[[], Any], str]] = {
                      "torch.float64"),
     "mul, not in the table": (_amp(lambda: _dev(4, dtype=torch.float16) * _dev(4)), "torch.float32"),
     "mm with autocast disabled inside": (_amp(_disabled_inside), "torch.float32"),
+    "multi-head attention's output": (
+        _amp(lambda: torch.nn.MultiheadAttention(16, 2, batch_first=True).cuda()(*[_dev(2, 3, 16)] * 3)[0],
+             torch.bfloat16), "torch.bfloat16"),
+    "multi-head attention's weights": (
+        _amp(lambda: torch.nn.MultiheadAttention(16, 2, batch_first=True).cuda()(*[_dev(2, 3, 16)] * 3)[1],
+             torch.bfloat16), "torch.float32"),
+    "a transformer layer": (
+        _amp(lambda: torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).cuda()(_dev(2, 3, 16)),
+             torch.bfloat16), "torch.float32"),
+    "cross_entropy of bfloat16 logits": (
+        _amp(lambda: torch.nn.functional.cross_entropy(_dev(3, 10, dtype=torch.bfloat16),
+                                                       torch.zeros(3, dtype=torch.long, device="cuda")),
+             torch.bfloat16), "torch.float32"),
     "a float32 weight's gradient": (_linear_grad, "torch.float32"),
 }
 
