@@ -181,11 +181,23 @@ def _kernel(name: str, policy: str) -> Callable[..., Any]:
     return kernel
 
 
+def _nesting() -> int:
+    """The calling thread's count of autocast blocks entered and not left (torch reads it only as it changes it)."""
+    n = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    return int(n)
+
+
 class Kernels:
-    """This module's kernels, registered for ``AutocastCUDA`` over ATen's (:meth:`install`) until :meth:`remove`."""
+    """This module's kernels, registered for ``AutocastCUDA`` over ATen's (:meth:`install`) until :meth:`remove`,
+    which also puts back the session thread's CUDA autocast state as the session found it: a program whose actors
+    ran on that thread (greenlets) and left a block entered would otherwise leave the next run, of a search say,
+    inside it, with its cache of casts made on another run's device."""
 
     def __init__(self) -> None:
         self._lib: Any = None
+        self._found = (_nesting(), torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
+                       torch.is_autocast_cache_enabled())
 
     def install(self) -> None:
         if self._lib is not None:
@@ -205,6 +217,17 @@ class Kernels:
             self._lib = None
         clear_cache()
         torch._C._dispatch_tls_set_dispatch_key_included(_KEY, False)
+        nesting, enabled, dtype, cache = self._found
+        now = _nesting()
+        if now != nesting:
+            torch.clear_autocast_cache()
+            for _ in range(now - nesting):
+                torch.autocast_decrement_nesting()
+            for _ in range(nesting - now):
+                torch.autocast_increment_nesting()
+        torch.set_autocast_enabled("cuda", enabled)
+        torch.set_autocast_dtype("cuda", dtype)
+        torch.set_autocast_cache_enabled(cache)
 
 
 def set_enabled(original: Callable[..., None], kernels: Kernels) -> Callable[..., None]:

@@ -86,13 +86,40 @@ def test_the_cache_ends_with_the_outermost_block() -> None:
     assert counts[0] - counts[1] == 2  # the weight and the bias cast again
 
 
-def test_the_kernels_and_the_key_are_gone_after_the_session() -> None:
+def test_the_kernels_the_key_and_a_block_left_entered_are_gone_after_the_session() -> None:
+    """A program that leaves a block entered (its actors ran on the session's thread): the session's end removes the
+    kernels and the key, and puts the thread's autocast state back as it found it (its count of blocks, which
+    torch's cache of casts is cleared by, the flag, the dtype). The next session's blocks start afresh: a weight
+    cast to bfloat16 in one is not what a float16 block gets."""
+    found = autocast._nesting()
+
+    def leaves_a_block() -> None:
+        torch.autocast("cuda", dtype=torch.bfloat16).__enter__()
+        torch.nn.Linear(4, 4).cuda()(torch.ones(2, 4, device="cuda"))
+
     s = simdevice.cuda()
-    s.run(lambda: torch.autocast("cuda").__enter__())  # (left entered: the session still ends clean of it)
+    s.run(leaves_a_block)
     assert not torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.AutocastCUDA)
     line = next(x for x in torch._C._dispatch_dump("aten::mm").splitlines() if x.startswith("AutocastCUDA:"))
     assert "autocast_mode.cpp" in line, line
     assert torch.set_autocast_enabled is torch._C.set_autocast_enabled
+    assert autocast._nesting() == found
+    assert not torch.is_autocast_enabled("cuda")
+    assert torch.get_autocast_dtype("cuda") == torch.float16
+
+    def two_blocks() -> tuple[torch.dtype, torch.dtype]:
+        lin = torch.nn.Linear(4, 4).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            a = lin(torch.ones(2, 4, device="cuda"))
+        with torch.autocast("cuda"):
+            b = lin(torch.ones(2, 4, device="cuda"))
+        return a.dtype, b.dtype
+
+    s = simdevice.cuda()
+    s.run(two_blocks)
+    s.assert_clean()
+    assert s.result is not None
+    assert s.result.result == (torch.bfloat16, torch.float16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
