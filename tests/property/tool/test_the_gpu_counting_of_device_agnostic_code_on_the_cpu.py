@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from hazards import ScaledWeight
 
 import reference.cuda
 import reference.cuda_plain as plain
@@ -52,7 +53,8 @@ def test_the_accelerator_s_waits_are_one_host_step_each(monkeypatch: pytest.Monk
     assert steps.n == 1
 
 
-def test_an_op_torch_runs_whole_under_inference_mode_is_counted_by_its_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+def _seen(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ops the counting mode is asked about from now on (``op_kind`` recorded)."""
     seen: list[str] = []
     kind = reference.cuda.op_kind
 
@@ -61,6 +63,11 @@ def test_an_op_torch_runs_whole_under_inference_mode_is_counted_by_its_parts(mon
         return kind(func)
 
     monkeypatch.setattr(reference.cuda, "op_kind", recorded)
+    return seen
+
+
+def test_an_op_torch_runs_whole_under_inference_mode_is_counted_by_its_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _seen(monkeypatch)
     x = torch.ones(8)
     with torch.inference_mode(), reference.cuda._CountingMode(dev=None):  # type: ignore[arg-type]
         y = x.to(torch.float16)
@@ -69,35 +76,12 @@ def test_an_op_torch_runs_whole_under_inference_mode_is_counted_by_its_parts(mon
     assert not [f for f in seen if f.startswith("aten.to.")], seen
 
 
-class _Scaled(torch.Tensor):
-    """A wrapper tensor subclass over one tensor and a scale, whose every op computes with ``data * scale``."""
-
-    @staticmethod
-    def __new__(cls, data: torch.Tensor, scale: torch.Tensor) -> Any:
-        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=torch.float32,  # type: ignore[attr-defined]
-                                                   device=data.device)
-
-    def __init__(self, data: torch.Tensor, scale: torch.Tensor) -> None:
-        self.low, self.scale = data, scale
-
-    @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        return func(*[a.low.float() * a.scale if isinstance(a, _Scaled) else a for a in args], **(kwargs or {}))
-
-
 def test_a_wrapper_subclass_s_op_is_counted_by_the_kernels_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The subclass's op is the subclass's to run: the counting mode declines it, and the ops the subclass runs on
     the tensors it wraps (a widening copy, a multiplication, the op itself), each a kernel on a GPU, are what it
     counts, as the simulator counts them (it had counted the one op and run the kernels unseen)."""
-    seen: list[str] = []
-    kind = reference.cuda.op_kind
-
-    def recorded(func: Any) -> Any:
-        seen.append(str(func))
-        return kind(func)
-
-    monkeypatch.setattr(reference.cuda, "op_kind", recorded)
-    x, w = torch.ones(2, 4), _Scaled(torch.ones(4, 4, dtype=torch.bfloat16), torch.tensor(0.5))
+    seen = _seen(monkeypatch)
+    x, w = torch.ones(2, 4), ScaledWeight(torch.ones(4, 4, dtype=torch.bfloat16), torch.tensor(0.5))
     with reference.cuda._CountingMode(dev=None):  # type: ignore[arg-type]
         y = x @ w
     assert torch.equal(y, torch.full((2, 4), 2.0))
