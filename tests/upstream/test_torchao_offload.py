@@ -9,7 +9,8 @@ gradient D2H on the side stream may still read ``.grad`` while the second backwa
 it on the compute stream (nothing orders the compute stream after the side stream); the weights still come out
 right, as the second D2H, later on the same stream, overwrites the pinned gradient before the CPU step reads it.
 A step skipped (``zero_grad()`` without ``step()``) drops the device gradient while its D2H may still read it, with
-the weights right as well. Under torch's ``GradScaler("cuda")`` the weights come out wrong: ``scaler.step(opt)``
+the weights right as well. Under ``torch.autocast("cuda")`` (bfloat16) it is clean, and a mutant found, as
+without. Under torch's ``GradScaler("cuda")`` the weights come out wrong: ``scaler.step(opt)``
 unscales the pinned host gradients before their D2H lands, with the scale copied to the host without a wait
 (docs/confirmations.md, forty-fifth run: wrong 20/20 on an H100 under either stall). Needs the extra
 ``upstream`` (``pip install -e '.[upstream]'``); skipped without it.
@@ -79,6 +80,23 @@ def test_the_real_optimizer_is_clean_one_step_at_a_time() -> None:
     run = resolve(f"{DRIVER}::train").run(Schedule.parse(f"{DRIVER}::train")).run
     # it offloaded: the side stream made the D2H and H2D copies (two weights, two steps)
     assert run.op_counts["stream"] == 8
+
+
+def test_under_autocast_the_optimizer_is_clean_and_a_missing_event_sync_is_found() -> None:
+    """Mixed precision's usual pairing: the loop under ``torch.autocast("cuda", dtype=torch.bfloat16)``, the
+    gradients float32 as the weights. Every schedule is clean; with the D2H event's ``synchronize()`` made a no-op,
+    the CPU step reads a gradient the D2H has not written and the weights come out wrong."""
+    config = st.fixed_dictionaries({"steps": st.integers(1, 3), "minimal_size": st.sampled_from([1, 4096])})
+    found = simdevice.explore(f"{DRIVER}::train_autocast", config=config, max_examples=30)
+    assert found.failure is None, found.text()
+    out = resolve(f"{DRIVER}::train_autocast").run(Schedule.parse(f"{DRIVER}::train_autocast:event_sync=0"))
+    stale = [r for r in out.run.reports if isinstance(r, StaleRead)]
+    assert stale, out.text()
+    for r in stale:
+        assert r.read.source == CPU_STEP, out.text()
+        assert r.expected is not None
+        assert (r.expected.op, r.expected.source) == ("copy_ (D2H)", D2H), out.text()
+    assert any(r.kind == "host-error" for r in out.run.reports), out.text()
 
 
 def test_gradient_accumulation_races_on_the_device_gradient_but_the_weights_come_out_right() -> None:

@@ -141,6 +141,36 @@ def train_scaled(steps: int = 2, minimal_size: int = 4096) -> None:
             f"parameter {k} differs from the run without offload")
 
 
+def train_autocast(steps: int = 2, minimal_size: int = 4096, event_sync: bool = True) -> None:
+    """The loop under ``torch.autocast("cuda", dtype=torch.bfloat16)``, mixed precision's usual pairing with an
+    offloaded optimizer: the linear layers in bfloat16, the loss in float32, the float32 weights' gradients float32,
+    offloaded as without autocast. The reference is the same loop on the CPU under ``torch.autocast("cpu",
+    dtype=torch.bfloat16)``, which casts the linear layers alike; a GPU's bfloat16 matmuls round otherwise than the
+    CPU's, so the weights are compared to bfloat16's precision. ``event_sync=False``: the D2H event's
+    ``synchronize()`` before the CPU step made a no-op (the CPU step reads gradients the D2H has not written)."""
+    model = _model("cuda")
+    opt = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, lr=LR, minimal_size=minimal_size)
+    ref = _model("cpu")
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, fused=True)
+    with contextlib.nullcontext() if event_sync else _no_event_sync(opt):
+        for x in _batches(steps, 1):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = model(x.cuda())
+            assert out.dtype == torch.bfloat16
+            out.float().square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                want = ref(x)
+            want.float().square().mean().backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+    for k, (p, q) in enumerate(zip(model.parameters(), ref.parameters(), strict=True)):
+        assert p.dtype == torch.float32
+        assert torch.allclose(p.detach().cpu(), q.detach(), rtol=1e-2, atol=1e-3), (
+            f"parameter {k} differs from the run without offload")
+
+
 # -- the mutants: one synchronization of the optimizer made a no-op ------------------------------------------------
 
 
