@@ -188,16 +188,42 @@ def _nesting() -> int:
     return int(n)
 
 
+def thread_state() -> tuple[int, bool, torch.dtype, bool]:
+    """The calling thread's CUDA autocast state: its count of blocks, the flag, the dtype, the cache flag."""
+    return (_nesting(), torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
+            torch.is_autocast_cache_enabled())
+
+
+def put_back(found: tuple[int, bool, torch.dtype, bool]) -> None:
+    """The calling thread's CUDA autocast state as :func:`thread_state` found it, this module's cache emptied and
+    the key out of the thread's dispatch keys: where a run's actors ran on this thread (greenlets) and left a block
+    entered, the next run, of a search say, would start inside it, with a cache of casts made on another run's
+    device that torch clears only as the outermost block is left."""
+    clear_cache()
+    torch._C._dispatch_tls_set_dispatch_key_included(_KEY, False)
+    now = thread_state()
+    if now == found:
+        return
+    nesting, enabled, dtype, cache = found
+    if now[0] != nesting:
+        torch.clear_autocast_cache()
+        for _ in range(now[0] - nesting):
+            torch.autocast_decrement_nesting()
+        for _ in range(nesting - now[0]):
+            torch.autocast_increment_nesting()
+    torch.set_autocast_enabled("cuda", enabled)
+    torch.set_autocast_dtype("cuda", dtype)
+    torch.set_autocast_cache_enabled(cache)
+    torch._C._dispatch_tls_set_dispatch_key_included(_KEY, False)
+
+
 class Kernels:
     """This module's kernels, registered for ``AutocastCUDA`` over ATen's (:meth:`install`) until :meth:`remove`,
-    which also puts back the session thread's CUDA autocast state as the session found it: a program whose actors
-    ran on that thread (greenlets) and left a block entered would otherwise leave the next run, of a search say,
-    inside it, with its cache of casts made on another run's device."""
+    which also puts back the session thread's CUDA autocast state as the session found it (:func:`put_back`)."""
 
     def __init__(self) -> None:
         self._lib: Any = None
-        self._found = (_nesting(), torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
-                       torch.is_autocast_cache_enabled())
+        self._found = thread_state()
 
     def install(self) -> None:
         if self._lib is not None:
@@ -215,19 +241,7 @@ class Kernels:
         if self._lib is not None:
             self._lib._destroy()
             self._lib = None
-        clear_cache()
-        torch._C._dispatch_tls_set_dispatch_key_included(_KEY, False)
-        nesting, enabled, dtype, cache = self._found
-        now = _nesting()
-        if now != nesting:
-            torch.clear_autocast_cache()
-            for _ in range(now - nesting):
-                torch.autocast_decrement_nesting()
-            for _ in range(nesting - now):
-                torch.autocast_increment_nesting()
-        torch.set_autocast_enabled("cuda", enabled)
-        torch.set_autocast_dtype("cuda", dtype)
-        torch.set_autocast_cache_enabled(cache)
+        put_back(self._found)
 
 
 def set_enabled(original: Callable[..., None], kernels: Kernels) -> Callable[..., None]:

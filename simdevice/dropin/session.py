@@ -25,7 +25,7 @@ from reference.contract import Run
 from reference.naming import in_standard_library
 from reference.schedule import Schedule
 from simdevice.api import as_schedule
-from simdevice.dropin import distributed, facade, memsaver, processes, stores, threads
+from simdevice.dropin import autocast, distributed, facade, memsaver, processes, stores, threads
 from simdevice.dropin.facade import DropInDevice
 from simdevice.dropin.patches import Patches
 from simdevice.runtime import Options, SimConfig
@@ -100,9 +100,11 @@ class DropIn:
 
         back = None if _HELD else host_generators_kept()  # (a search's: kept once, by held())
         self._install()
+        found = autocast.thread_state()
         try:
             self.result = self.device.run(body)
         finally:
+            autocast.put_back(found)  # (a search holds the patches across its runs: each run starts as the first)
             self._uninstall()
             if back is not None:
                 back()

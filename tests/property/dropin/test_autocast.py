@@ -137,3 +137,21 @@ def test_a_gradient_through_a_cast_comes_back_in_the_weight_s_dtype(dtype: torch
     s.assert_clean()
     assert s.result is not None
     assert s.result.result == (dtype, torch.float32)
+
+
+def _starts_outside_autocast_and_leaves_a_block(n: int = 0) -> None:
+    assert not torch.is_autocast_enabled("cuda"), "the run started inside another run's autocast block"
+    assert autocast._nesting() == 0, f"the run started {autocast._nesting()} blocks deep"
+    torch.autocast("cuda", dtype=torch.bfloat16).__enter__()
+    torch.nn.Linear(4, 4).cuda()(torch.ones(2, 4, device="cuda"))
+
+
+def test_each_run_of_a_search_starts_outside_the_last_run_s_block() -> None:
+    """A search keeps torch patched across its runs: each run still starts with the thread's autocast state as the
+    search found it (its count of blocks grew by one a run, so torch's cache of casts was never cleared)."""
+    from hypothesis import strategies as st
+
+    found = simdevice.explore(_starts_outside_autocast_and_leaves_a_block,
+                              config=st.fixed_dictionaries({"n": st.integers(0, 3)}), max_examples=5)
+    assert found.failure is None, found.text()
+    assert not torch.is_autocast_enabled("cuda")
