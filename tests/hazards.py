@@ -557,6 +557,29 @@ def profiled_reload(wait: int = 1, n: int = 1 << 12, inside: int = 1) -> None:
     assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
 
 
+def registered_reload(wait: int = 1, n: int = 1 << 12) -> None:
+    """A host buffer the program already has, pinned in place with ``torch.cuda.cudart().cudaHostRegister`` (as an
+    offload library pins its host pool), ``arange`` copied D2H into it non-blocking on ``side``; the host reads it
+    after ``side.synchronize()`` (``wait``) or at once; then unregistered."""
+    cudart = torch.cuda.cudart()
+    host = torch.zeros(n)
+    assert cudart.cudaHostRegister(host.data_ptr(), n * host.element_size(), 0) == cudart.cudaError.success
+    assert host.is_pinned()
+    y = torch.arange(n, dtype=torch.float32, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        host.copy_(y, non_blocking=True)
+    if wait:
+        side.synchronize()
+    try:
+        assert torch.equal(host, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
+    finally:
+        side.synchronize()
+        assert cudart.cudaHostUnregister(host.data_ptr()) == cudart.cudaError.success
+    assert not host.is_pinned()
+
+
 def amp_reload(wait: int = 1, n: int = 1 << 12) -> None:
     """A linear layer applied twice under ``torch.autocast("cuda", dtype=torch.bfloat16)`` (its weight and bias cast
     once: autocast's cache), its bfloat16 output copied D2H into a bfloat16 pinned buffer on ``side``; the host reads

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import copyreg
+import ctypes
+import enum
 import functools
 import os
 import sys
 import time
 import types
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -1122,9 +1125,75 @@ def _no_mem_pools(*args: Any, **kwargs: Any) -> Any:
     raise NotImplementedError(_MEM_POOLS_REFUSED)
 
 
-def _no_cudart(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError("torch.cuda.cudart() is not simulated (the CUDA runtime's own calls, "
-                              "cudaHostRegister among them, reach no simulated memory): pin with pin_memory()")
+class _CudaError(enum.IntEnum):
+    """``torch.cuda.cudart().cudaError``: the codes its calls here answer."""
+
+    success = 0
+    invalid_value = 1
+    host_memory_already_registered = 712
+    host_memory_not_registered = 713
+
+
+#: the host memory ``cudaHostRegister`` pinned, by address: a tensor over its bytes (theirs to free, as CUDA's)
+_REGISTERED: dict[int, torch.Tensor] = {}
+
+
+class _Cudart:
+    """``torch.cuda.cudart()`` on the simulated device: ``cudaHostRegister`` and ``cudaHostUnregister`` (host memory
+    pinned in place, as offload code pins a buffer it already has: from then on its copies with the device are a
+    pinned buffer's, non-blocking ones asynchronous, and ``is_pinned()`` answers True), ``cudaProfilerStart`` and
+    ``cudaProfilerStop`` (no-ops, as ``torch.cuda.profiler``'s). Any other of the CUDA runtime's calls is refused: it
+    would reach no simulated memory."""
+
+    cudaError = _CudaError  # noqa: N815 (CUDA's name)
+
+    @staticmethod
+    def cudaHostRegister(ptr: int, size: int, flags: int) -> _CudaError:
+        if not in_actor():
+            raise RuntimeError(outside_actor())
+        if ptr in _REGISTERED:
+            return _CudaError.host_memory_already_registered
+        if size <= 0:
+            return _CudaError.invalid_value
+        rt = session_device().runtime
+        bytes_ = (ctypes.c_char * size).from_address(ptr)
+        with torch._C._DisableTorchDispatch(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (frombuffer's note that the buffer is not writable-checked)
+            alias = torch.frombuffer(bytes_, dtype=torch.uint8)
+        # (no host step: a GPU run counts none for it either; it orders nothing of the streams)
+        st = rt.register_pinned(alias, rt.current().process)
+        st.made = True  # (its bytes hold the program's values)
+        _REGISTERED[ptr] = alias
+        return _CudaError.success
+
+    @staticmethod
+    def cudaHostUnregister(ptr: int) -> _CudaError:
+        if not in_actor():
+            raise RuntimeError(outside_actor())
+        if _REGISTERED.pop(ptr, None) is None:
+            return _CudaError.host_memory_not_registered
+        session_device().runtime.memory.unregister_pinned(ptr)
+        return _CudaError.success
+
+    @staticmethod
+    def cudaProfilerStart() -> _CudaError:
+        return _CudaError.success
+
+    @staticmethod
+    def cudaProfilerStop() -> _CudaError:
+        return _CudaError.success
+
+    def __getattr__(self, name: str) -> Any:
+        raise NotImplementedError(f"torch.cuda.cudart().{name} is not simulated (the CUDA runtime's own calls reach no "
+                                  "simulated memory; cudaHostRegister and cudaHostUnregister are)")
+
+
+_CUDART = _Cudart()
+
+
+def _cudart() -> _Cudart:
+    """``torch.cuda.cudart()``."""
+    return _CUDART
 
 
 _NO_EXTERNAL_STREAM = _refused("ExternalStream", "torch.cuda.ExternalStream is not simulated (a stream made outside "
@@ -2049,7 +2118,7 @@ def install(p: Patches) -> None:
         "ExternalStream": _NO_EXTERNAL_STREAM,
         "MemPool": _NO_MEM_POOL,
         "use_mem_pool": _no_mem_pools,
-        "cudart": _no_cudart,
+        "cudart": _cudart,
         "_sleep": _sleep,
         "default_generators": (_DeviceGenerator(),),
         "set_sync_debug_mode": set_sync_debug_mode,

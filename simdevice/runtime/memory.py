@@ -554,6 +554,16 @@ class Memory:
         st.made = True
         return st
 
+    def unregister_pinned(self, ptr: int) -> bool:
+        """The pinned storage at address ``ptr`` is pageable memory from now on (``cudaHostUnregister``); whether
+        there was one."""
+        st = self.storages.get(ptr)
+        if st is None or st.kind != "pinned":
+            return False
+        del self.storages[ptr]
+        _PINNED_BEFORE.pop(ptr, None)
+        return True
+
     def register_shared(self, data: torch.Tensor, process: str) -> Storage:
         """Pageable host memory shared between processes (``data`` over all of its storage's bytes), tracked from now
         on: what it holds is the values it was made with."""

@@ -19,9 +19,8 @@ def _mem_pool() -> None:
         torch.ones(4, device="cuda")
 
 
-def _host_register() -> None:
-    h = torch.zeros(16)
-    torch.cuda.cudart().cudaHostRegister(h.data_ptr(), h.numel() * 4, 0)
+def _cudart_call() -> None:
+    torch.cuda.cudart().cudaMemGetInfo(0)
 
 
 def _comm_broadcast() -> None:
@@ -97,7 +96,7 @@ _NO_CUDA_STORAGE = ("RuntimeError: torch.UntypedStorage(): Storage device not re
     (_to_dlpack, _NO_DLPACK),
     (_from_dlpack, _NO_DLPACK),
     (_mem_pool, "NotImplementedError: torch.cuda.MemPool / use_mem_pool are not simulated"),
-    (_host_register, "NotImplementedError: torch.cuda.cudart() is not simulated"),
+    (_cudart_call, "NotImplementedError: torch.cuda.cudart().cudaMemGetInfo is not simulated"),
     (_comm_broadcast, "AttributeError: module 'torch._C' has no attribute '_broadcast'"),
     (_sparse_to_device, "NotImplementedError: a torch.sparse_coo tensor on the simulated device is not simulated"),
     (_work_exception, "NotImplementedError: Work.exception is not simulated"),
