@@ -107,6 +107,9 @@ class DropInDevice(SimDevice):
         self.stores_made: list[Any] = []
         #: ``torch.cuda.set_sync_debug_mode``'s mode in the run (kept, not applied)
         self.sync_debug_mode = 0
+        #: the host memory ``cudaHostRegister`` pinned in the run, by address: a tensor over its bytes (the
+        #: program's to free, as with CUDA; a run's registrations end with it, as a process's do)
+        self.registered: dict[int, torch.Tensor] = {}
 
     def site_named_stream(self) -> Any:
         """A new stream of the current actor, named after the line of the program that made it."""
@@ -1134,10 +1137,6 @@ class _CudaError(enum.IntEnum):
     host_memory_not_registered = 713
 
 
-#: the host memory ``cudaHostRegister`` pinned, by address: a tensor over its bytes (theirs to free, as CUDA's)
-_REGISTERED: dict[int, torch.Tensor] = {}
-
-
 class _Cudart:
     """``torch.cuda.cudart()`` on the simulated device: ``cudaHostRegister`` and ``cudaHostUnregister`` (host memory
     pinned in place, as offload code pins a buffer it already has: from then on its copies with the device are a
@@ -1151,7 +1150,8 @@ class _Cudart:
     def cudaHostRegister(ptr: int, size: int, flags: int) -> _CudaError:
         if not in_actor():
             raise RuntimeError(outside_actor())
-        if ptr in _REGISTERED:
+        registered = session_device().registered
+        if ptr in registered:
             return _CudaError.host_memory_already_registered
         if size <= 0:
             return _CudaError.invalid_value
@@ -1163,14 +1163,14 @@ class _Cudart:
         # (no host step: a GPU run counts none for it either; it orders nothing of the streams)
         st = rt.register_pinned(alias, rt.current().process)
         st.made = True  # (its bytes hold the program's values)
-        _REGISTERED[ptr] = alias
+        registered[ptr] = alias
         return _CudaError.success
 
     @staticmethod
     def cudaHostUnregister(ptr: int) -> _CudaError:
         if not in_actor():
             raise RuntimeError(outside_actor())
-        if _REGISTERED.pop(ptr, None) is None:
+        if session_device().registered.pop(ptr, None) is None:
             return _CudaError.host_memory_not_registered
         session_device().runtime.memory.unregister_pinned(ptr)
         return _CudaError.success

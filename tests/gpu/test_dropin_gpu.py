@@ -160,7 +160,8 @@ def test_device_agnostic_code_and_a_loader_s_pinned_batch_run_as_simulated(progr
     ``subclass_reload`` and ``nested_reload`` (a wrapper tensor subclass's ops, its backward, a jagged tensor), and
     ``profiled_reload`` (``torch.profiler`` with its CUDA activity, the copy read inside its block), and
     ``amp_reload`` (a bfloat16 activation under ``torch.autocast``, a weight cast once), and ``registered_reload``
-    (a host buffer pinned in place by ``cudaHostRegister``): the same counts on both, the unwaited line corrupted under the stall, the waited one not."""
+    (a host buffer pinned in place by ``cudaHostRegister``): the same counts on both, the unwaited line corrupted
+    under the stall, the waited one not."""
     line = f"tests/hazards.py::{program}"
     _counts_match(line)
     _counts_match(f"{line}::{stall}")

@@ -54,3 +54,23 @@ def test_a_registered_buffer_reused_while_its_copy_is_in_flight_races() -> None:
     found = simdevice.explore(program, max_examples=20)
     assert found.failure is not None
     assert "race" in {r.kind for r in found.failure.run.reports}, found.text()
+
+
+def _registers_and_keeps(n: int = 0) -> None:
+    host = torch.zeros(1024)
+    cudart = torch.cuda.cudart()
+    assert cudart.cudaHostRegister(host.data_ptr(), 4096, 0) == cudart.cudaError.success
+    host.copy_(torch.arange(1024, dtype=torch.float32, device="cuda"), non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(host, torch.arange(1024, dtype=torch.float32))
+
+
+def test_a_run_s_registrations_end_with_it() -> None:
+    """A program that registers a buffer it never unregisters (a pool made at start-up), run again and again by a
+    search: each run registers anew, as each process would (a registration kept across runs answered "already
+    registered" where a later run's buffer took the freed one's address)."""
+    from hypothesis import strategies as st
+
+    found = simdevice.explore(_registers_and_keeps, config=st.fixed_dictionaries({"n": st.integers(0, 9)}),
+                              max_examples=30)
+    assert found.failure is None, found.text()
