@@ -663,6 +663,8 @@ AUTOCAST_CASES: dict[str, tuple[Callable[[], Any], str]] = {
         _amp(lambda: torch.nn.functional.mse_loss(_dev(4, dtype=torch.bfloat16), _dev(4, dtype=torch.bfloat16)),
              torch.bfloat16), "torch.float32"),
     "norm of float16": (_amp(lambda: _dev(4, dtype=torch.float16).norm()), "torch.float32"),
+    "norm over a dimension, by its overload": (
+        _amp(lambda: torch.ops.aten.norm.ScalarOpt_dim(_dev(4, 4, dtype=torch.float16), 2, [0])), "torch.float32"),
     "addcmul promoted": (_amp(lambda: torch.addcmul(_dev(4, dtype=torch.float16), _dev(4),
                                                     _dev(4, dtype=torch.float16))), "torch.float32"),
     "addcmul of float16 alone": (_amp(lambda: torch.addcmul(*[_dev(4, dtype=torch.float16)] * 3)), "torch.float16"),

@@ -166,7 +166,10 @@ def _kernel(name: str, policy: str) -> Callable[..., Any]:
             if policy == "fp32_append_dtype":
                 assert appended is not None
                 assert first is not None  # (norm's first argument is its tensor)
-                return appended(*args, **kwargs, dtype=torch.float32 if _eligible(first) else first.dtype)
+                # (the overload with a dtype has no defaults before it: ``keepdim`` given as the program's, or False)
+                positional = [args[i] if i < len(args) else kwargs.get(a.name, a.default_value)
+                              for i, a in enumerate(op._schema.arguments) if not a.kwarg_only]
+                return appended(*positional, dtype=torch.float32 if _eligible(first) else first.dtype)
             # fp32_set_opt_dtype: the output dtype set to float32 where the program left it unset
             if not _eligible(first):
                 return op(*args, **kwargs)
