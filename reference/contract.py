@@ -162,6 +162,15 @@ def op_kind(func: torch._ops.OpOverload) -> OpKind:
     return "op"
 
 
+@functools.cache
+def dispatches_itself(cls: type) -> bool:
+    """Whether a tensor class among an op's argument types takes the op itself: a wrapper subclass's own
+    ``__torch_dispatch__`` (a float8 weight, a nested tensor, DTensor), where torch's ``Tensor``, ``Parameter``,
+    ``UninitializedParameter`` have the disabled one. A dispatch mode declines such an op, as torch's modes do, and
+    sees the ops the subclass runs on the tensors it wraps."""
+    return getattr(cls, "__torch_dispatch__", None) is not torch._C._disabled_torch_dispatch_impl
+
+
 # ---------------------------------------------------------------------------
 # The contract, as protocols: mechanisms type ``dev: Device``.
 

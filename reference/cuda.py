@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from reference import contract
-from reference.contract import MemorySaver, Run, op_kind, poison
+from reference.contract import MemorySaver, Run, dispatches_itself, op_kind, poison
 from reference.naming import LIBRARIES, op_name
 from reference.origin import Origin
 from reference.schedule import Schedule
@@ -387,7 +387,7 @@ class _CountingMode(TorchDispatchMode):
         self.poisons = poisons
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if any(_dispatches_itself(t) for t in types):
+        if any(dispatches_itself(t) for t in types):
             # a wrapper tensor subclass's op (a float8 weight, a nested tensor): the subclass runs it, and the ops it
             # runs on the tensors it wraps come back here, each a kernel of its own, as the simulator counts them
             return NotImplemented
@@ -416,12 +416,6 @@ class _CountingMode(TorchDispatchMode):
             # still hold a previous run's right answer (the tool's own fill: no operation of the program)
             poison(out)
         return out
-
-
-@functools.cache
-def _dispatches_itself(cls: type) -> bool:
-    """Whether a tensor class has a ``__torch_dispatch__`` of its own (``Parameter`` has torch's disabled one)."""
-    return getattr(cls, "__torch_dispatch__", None) is not torch._C._disabled_torch_dispatch_impl
 
 
 @functools.cache

@@ -52,7 +52,7 @@ import torch
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from reference.contract import OpKind, op_kind, poison
+from reference.contract import OpKind, dispatches_itself, op_kind, poison
 from reference.naming import op_name
 from reference.origin import Origin
 from simdevice import elementwise
@@ -473,7 +473,7 @@ class SimTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if any(t is not SimTensor and _dispatches_itself(t) for t in types):
+        if any(t is not SimTensor and dispatches_itself(t) for t in types):
             # another subclass's tensor among the arguments (the simulator's mode declined the op for it): that
             # subclass's __torch_dispatch__ takes it, as torch tries each in turn
             return NotImplemented
@@ -2594,21 +2594,6 @@ def _all_aliased(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [_alias_of(t) if isinstance(t, SimTensor) else t for t in tensors]
 
 
-#: per tensor class among an op's argument types: whether it has a ``__torch_dispatch__`` of its own (a wrapper
-#: subclass's), where torch's ``Tensor``, ``Parameter``, ``UninitializedParameter``, ... have the disabled one
-_OWN_DISPATCH: dict[type, bool] = {}
-
-
-def _dispatches_itself(cls: type) -> bool:
-    own = _OWN_DISPATCH.get(cls)
-    if own is None:
-        own = _OWN_DISPATCH[cls] = getattr(cls, "__torch_dispatch__", None) is not _DISABLED_DISPATCH
-    return own
-
-
-_DISABLED_DISPATCH = torch._C._disabled_torch_dispatch_impl
-
-
 class SimMode(TorchDispatchMode):
     """Routes every aten op made in a simulated actor through a :class:`Dispatcher`."""
 
@@ -2619,7 +2604,7 @@ class SimMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         # (the device's own work on its bytes never comes here: Execution turns Python dispatch off for it)
         for t in types:
-            if t is not SimTensor and _dispatches_itself(t):
+            if t is not SimTensor and dispatches_itself(t):
                 # a tensor subclass of the program's or a library's (a wrapper over device tensors, as DTensor,
                 # torchao's quantized tensors or a user's own): its __torch_dispatch__ takes the op first, with
                 # this mode still current, and the ops it makes on the tensors it wraps come back here

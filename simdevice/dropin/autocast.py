@@ -17,6 +17,7 @@ kernels are registered once a run enables CUDA autocast, and removed as the sess
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from collections.abc import Callable
@@ -75,13 +76,13 @@ BANNED = ("torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are uns
           "safe to autocast.")
 
 
-def registered() -> set[str]:
-    """The ops (``name`` or ``name.overload``, no namespace) of the installed torch with an ``AutocastCUDA`` kernel."""
-    out = set()
-    for name in torch._C._dispatch_get_all_op_names():
-        if name.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(name, "AutocastCUDA"):
-            out.add(name[len("aten::"):])
-    return out
+@functools.cache
+def registered() -> frozenset[str]:
+    """The ops (``name`` or ``name.overload``, no namespace) of the installed torch with an ``AutocastCUDA`` kernel
+    (a walk of every op, found once)."""
+    return frozenset(name[len("aten::"):] for name in torch._C._dispatch_get_all_op_names()
+                     if name.startswith("aten::")
+                     and torch._C._dispatch_has_kernel_for_dispatch_key(name, "AutocastCUDA"))
 
 
 def _overload(name: str) -> Any:
@@ -184,6 +185,13 @@ def _kernel(name: str, policy: str) -> Callable[..., Any]:
     return kernel
 
 
+@functools.cache
+def _kernels() -> tuple[tuple[str, Callable[..., Any]], ...]:
+    """A kernel for each op of the table the installed torch autocasts for CUDA, made once (another torch's op the
+    table lacks keeps ATen's kernel, which casts no simulated tensor)."""
+    return tuple((name, _kernel(name, POLICIES[name])) for name in sorted(registered()) if name in POLICIES)
+
+
 def _nesting() -> int:
     """The calling thread's count of autocast blocks entered and not left (torch reads it only as it changes it)."""
     n = torch.autocast_increment_nesting() - 1
@@ -234,10 +242,8 @@ class Kernels:
         lib = torch.library.Library("aten", "IMPL")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # ("Overriding a previously registered kernel": ATen's, put back after)
-            for name in sorted(registered()):
-                policy = POLICIES.get(name)
-                if policy is not None:  # (another torch's op: ATen's kernel, which casts no simulated tensor)
-                    lib.impl(name, _kernel(name, policy), "AutocastCUDA")
+            for name, kernel in _kernels():
+                lib.impl(name, kernel, "AutocastCUDA")
         self._lib = lib
 
     def remove(self) -> None:

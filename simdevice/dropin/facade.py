@@ -2312,7 +2312,7 @@ def _install_accelerator(p: Patches) -> None:
     # (torch's own code asks the C++ side, which on a CPU build answers the CPU: FSDP2's default mesh,
     # ``distributed_c10d``'s default device)
     p.set(torch._C, "_get_accelerator", lambda check=False: torch.device("cuda"))
-    supported = _profiler_activities(torch.autograd._supported_activities)
+    supported = _wrapped(torch.autograd, "_supported_activities", _profiler_activities)
     p.set(torch.autograd, "_supported_activities", supported)
     p.set(torch.autograd.profiler, "_supported_activities", supported)
     p.set(torch.autograd.profiler.profile, "__init__", _wrapped(torch.autograd.profiler.profile, "__init__",
