@@ -173,7 +173,7 @@ class Segment:
         self.label = f"seg#{sid}"
         #: ``lazy`` (a race-only run, whose operations move no bytes): address space only, no page until one is
         #: written, whatever the size (``MAP_NORESERVE``: not counted against this machine's memory either)
-        self.data = _lazy_bytes(nbytes) if lazy else torch.empty(nbytes, dtype=torch.uint8, device="cpu")
+        self.data = _lazy_bytes(nbytes) if lazy else _kept_bytes(nbytes)
         self._array: Any = None
         #: where its bytes start (CPU address)
         self.address = int(self.data.data_ptr())
@@ -288,6 +288,46 @@ def _typed(seg: Segment, block: Block, like: torch.Tensor, need: int) -> Any:
         return None
     # (one array made over the segment's, at the block's offset: a fraction of slicing, viewing and reshaping)
     return np.ndarray(tuple(like.shape), np_dtype, seg.array(), block.offset)
+
+
+#: the CPU bytes of segments whose every alias is gone, by size, for later segments of their size (the process's
+#: pages already: a new segment's first writes fault none in), at most :data:`KEPT_AT_MOST` bytes of them in all
+_KEPT: dict[int, list[torch.Tensor]] = {}
+KEPT_AT_MOST = 256 << 20
+
+
+class _Lease:
+    """A segment's hold on bytes of :data:`_KEPT`'s: NumPy's array over them has it as its base, and every alias of
+    the segment's bytes (its blocks' tensors, their views, the storage records) holds that array, so the bytes go
+    back once the last alias is gone (never while a run, or the program after its run, can still reach them)."""
+
+    __slots__ = ("__array_interface__", "_bytes")
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self._bytes = data
+        self.__array_interface__ = data.numpy().__array_interface__
+
+    def __del__(self) -> None:
+        data = self._bytes
+        n = data.numel()
+        try:
+            if sum(k * len(v) for k, v in _KEPT.items()) + n <= KEPT_AT_MOST:
+                _KEPT.setdefault(n, []).append(data)
+        except (TypeError, AttributeError):  # (the interpreter's exit, the module's globals gone)
+            pass
+
+
+def _kept_bytes(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of CPU memory for a segment: bytes an ended segment of that size had, where kept, else new.
+
+    Device memory is CPU memory here, and a run's segments end with it: allocated anew, each run's first write of
+    each page was a page fault (the kernel zeroing it), about a tenth of a run of ``param_readiness`` and, past
+    glibc's largest threshold for keeping freed memory (32 MiB), every page of a large configuration's segments in
+    every run (docs/benchmarks.md). Nothing a run computes depends on which: a block is poisoned as it is first
+    handed out in a run (a value run) whatever its bytes held."""
+    free = _KEPT.get(nbytes)
+    data = free.pop() if free else torch.empty(nbytes, dtype=torch.uint8, device="cpu")
+    return torch.from_numpy(np.asarray(_Lease(data)))
 
 
 def _lazy_bytes(nbytes: int) -> torch.Tensor:

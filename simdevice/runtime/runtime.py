@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
+import functools
 import gc
+import platform
 import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -74,6 +77,35 @@ class collector_paused:  # noqa: N801 (a block, named as the functions that make
     def __exit__(self, *exc: object) -> None:
         if self._enabled:
             gc.enable()
+
+
+#: glibc's ``mallopt`` parameters (malloc.h) and the values its own dynamic thresholds settle at on a 64-bit
+#: machine (``DEFAULT_MMAP_THRESHOLD_MAX``, and twice that for the trim threshold)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD, _TRIM_THRESHOLD = 32 << 20, 64 << 20
+
+
+@functools.cache
+def host_memory_kept() -> bool:
+    """Host memory a run frees serves the next run's allocations without new pages, once per process (True where the
+    C library took the setting: glibc's).
+
+    A run's device memory, pinned buffers and copies are CPU memory: a segment of 1 MiB, a D2H's host output.
+    glibc's malloc serves an allocation that large with a fresh ``mmap``, unmapped again at its ``free``, and gives
+    back the heap's free top beyond 128 KiB, so that each run's first write of each page is a page fault, the kernel
+    zeroing the page: 1,680 faults a run of ``param_readiness/FIXED``, about a tenth of its time
+    (docs/benchmarks.md). The thresholds are set to the values glibc's own dynamic thresholds settle at in a
+    process that has freed a 32 MiB block (mmap from 32 MiB, trim beyond 64 MiB), which they do not reach here:
+    freed memory is kept in the heap, at most the trim threshold of it unused at the top. Nothing a run computes
+    depends on it: fresh device and pinned memory is poisoned whichever pages it gets."""
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
 
 
 class assert_explanations_plain:  # noqa: N801
@@ -297,6 +329,7 @@ class Runtime:
         ex = self.execution
         main = ex.new_actor("host", None)
         ex.start_actor(main, body, self._enter)
+        host_memory_kept()
         # One intra-op thread: the simulated tensors are small, and each actor thread would otherwise bring an
         # OpenMP team of its own that spins against the others (measured: 3 ms vs 236 ms per run on 2 busy cores).
         threads = torch.get_num_threads()
@@ -338,6 +371,7 @@ class Runtime:
         ex = self.execution
         ex.on_threads()  # the block runs where it is, on the calling thread: the actors it spawns get threads
         main = ex.new_actor("host", None)
+        host_memory_kept()
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         ex.adopt(main)
