@@ -145,10 +145,11 @@ class OpFacts:
     composite: bool
     #: the op itself, without OpOverload.__call__'s Python frame around it
     call: Any = attrs.field(eq=False, repr=False)
-    #: for an op that returns one new tensor, its overload that writes it into a given tensor instead, and that
-    #: argument's name (``mul.Tensor`` -> ``mul.out``, "out"; ``tanh_backward`` -> ``tanh_backward.grad_input``,
-    #: "grad_input"), else None
-    into: tuple[Any, str] | None = attrs.field(default=None, eq=False, repr=False)
+    #: for an op that returns one new tensor, its overload that writes it into a given tensor instead, that
+    #: argument's name and the keywords the overload does not take (``mul.Tensor`` -> ``mul.out``, "out";
+    #: ``tanh_backward`` -> ``tanh_backward.grad_input``, "grad_input"; ``arange`` -> ``arange.out``, "out", its
+    #: tensor options), else None
+    into: tuple[Any, str, frozenset[str]] | None = attrs.field(default=None, eq=False, repr=False)
     #: where every return aliases a written argument: those arguments' positions among ``written``, in the returns'
     #: order (``_amp_update_scale_`` writes two and returns its first), else None
     returned: tuple[int, ...] | None = None
@@ -272,24 +273,33 @@ def _returned(schema: Any, written: tuple[tuple[int, str, bool], ...]) -> tuple[
     return tuple(out)
 
 
-def _into(func: torch._ops.OpOverload) -> tuple[Any, str] | None:
+#: a factory's tensor options, which its ``out=`` overload does not take: the output tensor given carries them
+_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory"})
+
+
+def _into(func: torch._ops.OpOverload) -> tuple[Any, str, frozenset[str]] | None:
     """The overload of ``func``'s op that takes the same arguments and writes its one tensor result into one more,
     keyword-only (``mul.Tensor`` -> ``mul.out``, ``mul.Scalar`` -> ``mul.Scalar_out``), as its C function, with that
-    argument's name; None where there is none, or ``func`` does not return one new tensor."""
+    argument's name, and the keywords of ``func``'s it does not take: a factory's tensor options (``arange`` ->
+    ``arange.out`` without ``dtype``, ``layout``, ``device``, ``pin_memory``; ``zeros_like`` -> ``zeros_like.out``
+    with ``memory_format``); None where there is none, or ``func`` does not return one new tensor."""
     schema = func._schema
     if len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor" or schema.returns[0].alias_info:
         return None
     mine = [(a.name, str(a.type), a.kwarg_only) for a in schema.arguments]
+    options = frozenset(a.name for a in schema.arguments if a.kwarg_only and a.name in _OPTIONS)
+    kept = [m for m in mine if m[0] not in options] if options else mine
     packet = func.overloadpacket
     for name in packet.overloads():
         other = getattr(packet, name)._schema
         args = other.arguments
-        if (len(args) == len(mine) + 1 and len(other.returns) == 1
-                and args[-1].kwarg_only and args[-1].alias_info is not None and args[-1].alias_info.is_write
-                and str(args[-1].type) == "Tensor"
-                and [(a.name, str(a.type), a.kwarg_only) for a in args[:-1]] == mine):
-            op = getattr(packet, name)
-            return getattr(op, "_op", op), args[-1].name
+        if (len(other.returns) == 1 and args and args[-1].kwarg_only and args[-1].alias_info is not None
+                and args[-1].alias_info.is_write and str(args[-1].type) == "Tensor"):
+            theirs = [(a.name, str(a.type), a.kwarg_only) for a in args[:-1]]
+            for wanted, dropped in ((mine, frozenset()), (kept, options)):
+                if theirs == wanted:
+                    op = getattr(packet, name)
+                    return getattr(op, "_op", op), args[-1].name, dropped
     return None
 
 
@@ -2338,12 +2348,12 @@ class _Effect:
 
     def __init__(self, ops: Dispatcher, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                  written: list[torch.Tensor], staged: dict[int, torch.Tensor], seed: int | None,
-                 outputs: list[torch.Tensor], reads: list[torch.Tensor], into: tuple[Any, str] | None = None,
-                 compute: bool = False) -> None:
+                 outputs: list[torch.Tensor], reads: list[torch.Tensor],
+                 into: tuple[Any, str, frozenset[str]] | None = None, compute: bool = False) -> None:
         self.func, self.args, self.kwargs, self.seed = func, args, kwargs, seed
         #: ``outputs``: the new tensors it makes (aliases); ``reads``: the inputs it reads from device or pinned
-        #: memory (aliases); ``into``: the ``out=`` overload it computes its one output with, at its completion, and
-        #: the name of its output argument (``OpFacts.into``)
+        #: memory (aliases); ``into``: the ``out=`` overload it computes its one output with, at its completion, the
+        #: name of its output argument, and the keywords left out of its call (``OpFacts.into``)
         self.written, self.staged, self.outputs, self.reads, self.into = written, staged, outputs, reads, into
         self.in_flight = ops.rt.memory.in_flight
         values = ops.config.values
@@ -2408,10 +2418,11 @@ class _Effect:
                     self.value = _run(self.func, self.args, self.kwargs, replace, self.seed)  # straight into place
                     return
                 in_flight.before_write(self.outputs)  # (its output is new memory: no input is in it)
-                op, name = self.into
+                op, name, options = self.into
                 if id(self.func) not in _REFUSED:
+                    kwargs = {k: v for k, v in self.kwargs.items() if k not in options} if options else self.kwargs
                     try:
-                        _run(op, self.args, {**self.kwargs, name: self.outputs[0]}, replace, self.seed)
+                        _run(op, self.args, {**kwargs, name: self.outputs[0]}, replace, self.seed)
                         return
                     except Exception:  # an out= kernel that refuses what the op takes
                         _REFUSED.add(id(self.func))

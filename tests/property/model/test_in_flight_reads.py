@@ -172,7 +172,7 @@ def test_an_out_kernel_that_refuses_leaves_the_op_computed_as_it_is(monkeypatch:
     op = aten.mul.Tensor
     facts = dispatch.classify(op)
     assert facts.into is not None
-    monkeypatch.setitem(dispatch._FACTS, id(op), (op, attrs.evolve(facts, into=(refusing, "out"))))
+    monkeypatch.setitem(dispatch._FACTS, id(op), (op, attrs.evolve(facts, into=(refusing, "out", frozenset()))))
     monkeypatch.setattr(dispatch, "_REFUSED", set())
     monkeypatch.setattr(op, "_op", counted)  # what the effect calls the op by
     run = SimDevice().run(body)
@@ -204,7 +204,7 @@ def test_a_refusing_out_kernel_is_asked_once_and_a_reduction_to_one_value_never(
     SimDevice().run(body)  # an op's first call with these arguments is tried on the CPU once (_argument_error)
     op = aten.mul.Tensor
     facts = dispatch.classify(op)
-    monkeypatch.setitem(dispatch._FACTS, id(op), (op, attrs.evolve(facts, into=(refusing, "out"))))
+    monkeypatch.setitem(dispatch._FACTS, id(op), (op, attrs.evolve(facts, into=(refusing, "out", frozenset()))))
     monkeypatch.setattr(dispatch, "_REFUSED", set())
 
     def body(dev: Any) -> list[torch.Tensor]:

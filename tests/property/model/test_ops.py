@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from reference.schedule import Schedule
-from simdevice import HostError, Race, SimDevice, StaleRead
+from simdevice import HostError, Race, SimDevice, StaleRead, peek
 from simdevice.dispatch import classify
 
 aten = torch.ops.aten
@@ -50,8 +50,15 @@ def test_the_schema_says_what_an_op_writes(op: Any, written: tuple[str, ...]) ->
         (aten.addmm.default, (aten.addmm.out, "out")),
         (aten.clone.default, (aten.clone.out, "out")),
         (aten.tanh_backward.default, (aten.tanh_backward.grad_input, "grad_input")),
+        # factories: the out= overload takes no tensor options, which the output given carries
+        (aten.arange.default, (aten.arange.out, "out", {"dtype", "layout", "device", "pin_memory"})),
+        (aten.arange.start_step, (aten.arange.start_out, "out", {"dtype", "layout", "device", "pin_memory"})),
+        (aten.zeros.default, (aten.zeros.out, "out", {"dtype", "layout", "device", "pin_memory"})),
+        (aten.full.default, (aten.full.out, "out", {"dtype", "layout", "device", "pin_memory"})),
+        (aten.zeros_like.default, (aten.zeros_like.out, "out", {"dtype", "layout", "device", "pin_memory"})),
+        (aten.arange.start, None),  # no out= overload without a step
         (aten.max.dim, None),  # two results
-        (aten.rand.default, None),  # its out= overload takes fewer arguments
+        (aten.rand.default, None),  # random (and its out= overload takes fewer arguments)
         (aten.bernoulli.default, None),  # random: computed as it is
         (aten.add_.Tensor, None),  # writes an argument
         (aten.t.default, None),  # a view
@@ -67,6 +74,31 @@ def test_an_op_that_makes_one_new_tensor_computes_it_with_its_out_overload(op: A
         assert got is not None
         assert got[0] is into[0]._op
         assert got[1] == into[1]
+        assert got[2] == frozenset(into[2] if len(into) > 2 else ())
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: torch.arange(4096, device=d),
+        lambda d: torch.arange(3, 4096, 2, dtype=torch.float64, device=d),
+        lambda d: torch.arange(0.5, 100.0, 0.25, device=d),
+        lambda d: torch.zeros(64, 32, device=d),
+        lambda d: torch.full((64,), 7, device=d),  # an int fill: int64, as on the CPU
+        lambda d: torch.full((64,), 2.5, dtype=torch.bfloat16, device=d),
+        lambda d: torch.linspace(-1.0, 1.0, 1000, device=d),
+        lambda d: torch.eye(17, device=d),
+        lambda d: torch.zeros_like(torch.ones(8, 4, device=d).t()),  # strided as its input
+        lambda d: torch.ones_like(torch.ones(8, 4, device=d).t(), memory_format=torch.contiguous_format),
+    ],
+)
+def test_a_factory_computed_into_its_output_makes_what_the_cpu_makes(make: Any) -> None:
+    """A factory runs its ``out=`` overload into the device tensor, without the tensor options it was given: the
+    values, dtype, shape and strides the CPU's factory makes."""
+    got = run(lambda dev: make(dev.device)).result
+    want = make("cpu")
+    assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride())
+    assert torch.equal(peek(got), want)
 
 
 def test_an_op_that_returns_nothing_writes_its_arguments_and_does_not_make_the_host_wait() -> None:
