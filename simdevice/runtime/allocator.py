@@ -294,6 +294,9 @@ def _typed(seg: Segment, block: Block, like: torch.Tensor, need: int) -> Any:
 #: pages already: a new segment's first writes fault none in), at most :data:`KEPT_AT_MOST` bytes of them in all
 _KEPT: dict[int, list[torch.Tensor]] = {}
 KEPT_AT_MOST = 256 << 20
+#: the smallest segment whose bytes are kept: below glibc's least threshold for new pages (128 KiB), malloc serves
+#: a segment from memory the process has, and keeping one would cost more than it saves (about 10 us a segment)
+KEPT_FROM = 128 << 10
 
 
 class _Lease:
@@ -318,13 +321,16 @@ class _Lease:
 
 
 def _kept_bytes(nbytes: int) -> torch.Tensor:
-    """``nbytes`` of CPU memory for a segment: bytes an ended segment of that size had, where kept, else new.
+    """``nbytes`` of CPU memory for a segment: bytes an ended segment of that size had, where kept, else new (a
+    segment under :data:`KEPT_FROM` always new).
 
     Device memory is CPU memory here, and a run's segments end with it: allocated anew, each run's first write of
     each page was a page fault (the kernel zeroing it), about a tenth of a run of ``param_readiness`` and, past
     glibc's largest threshold for keeping freed memory (32 MiB), every page of a large configuration's segments in
     every run (docs/benchmarks.md). Nothing a run computes depends on which: a block is poisoned as it is first
     handed out in a run (a value run) whatever its bytes held."""
+    if nbytes < KEPT_FROM:
+        return torch.empty(nbytes, dtype=torch.uint8, device="cpu")
     free = _KEPT.get(nbytes)
     data = free.pop() if free else torch.empty(nbytes, dtype=torch.uint8, device="cpu")
     return torch.from_numpy(np.asarray(_Lease(data)))
