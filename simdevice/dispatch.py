@@ -2125,6 +2125,10 @@ class Dispatcher:
             start, finish = eff.holding(start), eff.holding(finish)
         if moved:  # (the host indices' copies: written, and read, by the op)
             out_refs += [(m._st, m._data) for m in moved]
+        if waits and self.rt.sync_debug and (host_value or blocking_copy or reads_on_host or not pageable_out):
+            # (ATen's ``memcpy_and_sync`` or stream sync: a value read on the host, a blocking copy; a non-blocking
+            # copy into pageable memory waits in CUDA's own copy, unflagged)
+            self.rt.synchronizing()
         index, rec = self.rt.enqueue(
             a, s, desc, duration, in_refs, out_refs, src, start=start, finish=finish,
             # a copy moves its bytes in order; one that reads its source at its completion can trail another
@@ -2195,6 +2199,8 @@ class Dispatcher:
         duration = self.config.copy_ns(sum(x.numel() * x.element_size() for x in devs), "d2h")
         index, rec = self.rt.enqueue(a, s, desc, duration, self._refs(devs), [], src, start=start)
         assert rec is not None
+        if self.rt.sync_debug:
+            self.rt.synchronizing()
         self.rt.host_waits_for(a, rec, f"stream {s.name} to finish {desc} #{index} (its indices, moved to the host)")
         host = dict(zip([id(x) for x in devs], got, strict=True))
         args, kwargs = _with_indices(facts, args, kwargs, [host.get(id(x), x) for x in _indices_of(facts, args,
@@ -2285,6 +2291,8 @@ class Dispatcher:
                       compute=True)
         index, rec = self.rt.enqueue(a, s, facts.name, duration, self._refs(inputs), [], src, start=eff.start)
         assert rec is not None
+        if self.rt.sync_debug:  # (its kernel launched, then the host reads the size: ATen's sync)
+            self.rt.synchronizing()
         self.rt.host_waits_for(a, rec, f"stream {s.name} to finish {facts.name} #{index} (its output size)")
         values = eff.value
         result = _tree_map(lambda v: self.new_device(v, a) if isinstance(v, torch.Tensor) else v, values)

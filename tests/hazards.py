@@ -705,6 +705,68 @@ def autocast_outcome(name: str) -> str:
     return str(out.dtype)
 
 
+def _sync_objects() -> dict[str, Any]:
+    """What a sync-debug case calls on, made before the mode is set: ``x`` a device tensor of ones, ``p`` a pinned and
+    ``h`` a pageable host tensor of its shape, ``s`` a side stream, ``ev`` an event recorded on the current one."""
+    x = torch.ones(8, device="cuda")
+    ev = torch.cuda.Event()
+    ev.record()
+    return {"x": x, "p": torch.empty(8, pin_memory=True), "h": torch.empty(8), "s": torch.cuda.Stream(), "ev": ev}
+
+
+#: calls under ``torch.cuda.set_sync_debug_mode``, each of :func:`_sync_objects`'s, and whether a GPU flags it as "a
+#: synchronizing CUDA operation" (c10's ``memcpy_and_sync`` and ``stream_synchronize``: a value read on the host, a
+#: blocking copy either way, an output sized by values, ``Stream.synchronize()``) or not (a non-blocking copy,
+#: ``torch.cuda.synchronize()`` and an event's ``synchronize()``, which call CUDA directly; a kernel)
+SYNC_DEBUG_CASES: dict[str, tuple[Callable[[dict[str, Any]], Any], bool]] = {
+    "item": (lambda o: o["x"].sum().item(), True),
+    "float of a 0-d tensor": (lambda o: float(o["x"][0]), True),
+    "bool of a 0-d tensor": (lambda o: bool(o["x"].any()), True),
+    "tolist": (lambda o: o["x"].tolist(), True),
+    "cpu()": (lambda o: o["x"].cpu(), True),
+    "to('cpu', non_blocking=True)": (lambda o: o["x"].to("cpu", non_blocking=True), False),
+    "D2H copy_ into pinned, non_blocking": (lambda o: o["p"].copy_(o["x"], non_blocking=True), False),
+    "D2H copy_ into pageable, non_blocking": (lambda o: o["h"].copy_(o["x"], non_blocking=True), False),
+    "D2H copy_ into pinned, blocking": (lambda o: o["p"].copy_(o["x"]), True),
+    "H2D copy_ from pageable, blocking": (lambda o: o["x"].copy_(o["h"]), True),
+    "H2D copy_ from pinned, non_blocking": (lambda o: o["x"].copy_(o["p"], non_blocking=True), False),
+    "H2D copy_ from pageable, non_blocking": (lambda o: o["x"].copy_(o["h"], non_blocking=True), False),
+    "torch.tensor(data, device='cuda')": (lambda o: torch.tensor([1.0, 2.0], device="cuda"), True),
+    "nonzero": (lambda o: o["x"].nonzero(), True),
+    "a boolean mask's index": (lambda o: o["x"][o["x"] > 0], True),
+    "unique": (lambda o: torch.unique(o["x"]), True),
+    "a host index": (lambda o: o["x"][torch.tensor([0, 2])], True),
+    "equal": (lambda o: torch.equal(o["x"], o["x"]), True),
+    "Stream.synchronize()": (lambda o: o["s"].synchronize(), True),
+    "current_stream().synchronize()": (lambda o: torch.cuda.current_stream().synchronize(), True),
+    "Event.synchronize()": (lambda o: o["ev"].synchronize(), False),
+    "torch.cuda.synchronize()": (lambda o: torch.cuda.synchronize(), False),
+    "a kernel": (lambda o: o["x"] * 2, False),
+    "Stream.query()": (lambda o: o["s"].query(), False),
+}
+
+
+def sync_debug_outcome(name: str, mode: str) -> str:
+    """What ``SYNC_DEBUG_CASES[name]``'s call does under ``torch.cuda.set_sync_debug_mode(mode)``: "flagged" where it
+    warns ("warn") or raises ("error") that it synchronizes, "not flagged" where it does neither, or another error's
+    type and first line. The mode is off again after."""
+    objects = _sync_objects()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode(mode)
+        try:
+            SYNC_DEBUG_CASES[name][0](objects)
+        except RuntimeError as e:
+            if "called a synchronizing CUDA operation" in str(e) and mode == "error":
+                return "flagged"
+            return f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    flagged = [w for w in seen if "called a synchronizing CUDA operation" in str(w.message)]
+    return "flagged" if flagged and mode == "warn" else "not flagged"
+
+
 #: factories asked to pin (``pin_memory``), each made from a device tensor ``a`` where it takes one, and what a GPU
 #: gives: ATen's error for a device tensor (``empty_cuda`` refuses to pin), else the made tensor's device type and
 #: whether it is pinned

@@ -105,7 +105,7 @@ class DropInDevice(SimDevice):
         #: every store made in the run, alive until its end (a ``PrefixStore`` over a store the program does not keep
         #: holds only its C++ half, which calls back into the Python one)
         self.stores_made: list[Any] = []
-        #: ``torch.cuda.set_sync_debug_mode``'s mode in the run (kept, not applied)
+        #: ``torch.cuda.set_sync_debug_mode``'s mode in the run (applied: ``Runtime.sync_debug``)
         self.sync_debug_mode = 0
         #: the host memory ``cudaHostRegister`` pinned in the run, by address: a tensor over its bytes (the
         #: program's to free, as with CUDA; a run's registrations end with it, as a process's do)
@@ -1014,22 +1014,17 @@ class _DeviceGenerator:
     graphsafe_set_state = clone_state = graphsafe_get_state
 
 
-SYNC_DEBUG_NOTE = ("torch.cuda.set_sync_debug_mode is not applied on the simulated device: no synchronizing call is "
-                   "flagged here (the synchronization itself is simulated, as on a GPU)")
-
-
 def set_sync_debug_mode(debug_mode: int | str) -> None:
-    """``torch.cuda.set_sync_debug_mode``: the mode kept (``get_sync_debug_mode`` answers it), its names taken as
-    torch takes them; a mode that warns or raises is not applied here (a note of the run)."""
+    """``torch.cuda.set_sync_debug_mode``: its names taken as torch takes them, the mode applied for the rest of the
+    run (``Runtime.synchronizing``): 1 warns at each call that synchronizes as ATen's ``memcpy_and_sync`` and
+    ``stream_synchronize`` do, 2 raises there."""
     if isinstance(debug_mode, str):
         modes = {"default": 0, "warn": 1, "error": 2}
         if debug_mode not in modes:
             raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
         debug_mode = modes[debug_mode]
     dev = session_device()
-    dev.sync_debug_mode = int(debug_mode)
-    if dev.sync_debug_mode and in_actor():
-        dev.runtime.note(SYNC_DEBUG_NOTE)
+    dev.sync_debug_mode = dev.runtime.sync_debug = int(debug_mode)
 
 
 def get_sync_debug_mode() -> int:

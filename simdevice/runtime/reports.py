@@ -328,6 +328,18 @@ def user_source(skip: int = 0) -> str:
     return "?"
 
 
+def user_depth() -> int:
+    """How many frames above its caller the program's frame is (:func:`user_source`'s), counted as
+    ``warnings.warn``'s ``stacklevel`` counts them from the caller: a warning the simulator gives names the program's
+    line, as torch's C++ warnings name the Python line that called into it."""
+    f = sys._getframe(1)
+    depth = 1
+    while f is not None and internal_file(f.f_code.co_filename):
+        f = f.f_back  # type: ignore[assignment]
+        depth += 1
+    return depth if f is not None else 1
+
+
 #: what torch's CPU build says where a ``torch.cuda`` function calls CUDA's own C API, which it lacks (the start
 #: :mod:`simdevice.explain` reads as what the simulator does not run)
 _NO_CUDA_C_API = "module 'torch._C' has no attribute '"

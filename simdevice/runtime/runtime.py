@@ -19,6 +19,7 @@ import functools
 import gc
 import platform
 import sys
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -35,7 +36,7 @@ from simdevice.runtime.execution import POLLS, Delays, Execution, HostActor
 from simdevice.runtime.memory import Accessor, Memory, Ref, Storage
 from simdevice.runtime.memory import nbytes as span_bytes
 from simdevice.runtime.memsaver import LibraryFixes, SimMemorySaver
-from simdevice.runtime.reports import Race, ReportSink, forget_sources
+from simdevice.runtime.reports import Race, ReportSink, forget_sources, user_depth
 from simdevice.runtime.streams import EventRecord, SimStream, StreamOp
 from simdevice.runtime.tls import NeedsThreads
 
@@ -78,6 +79,9 @@ class collector_paused:  # noqa: N801 (a block, named as the functions that make
         if self._enabled:
             gc.enable()
 
+
+#: what c10's ``warn_or_error_on_sync`` says under ``torch.cuda.set_sync_debug_mode``
+SYNCHRONIZING = "called a synchronizing CUDA operation"
 
 #: glibc's ``mallopt`` parameters (malloc.h) and the values its own dynamic thresholds settle at on a 64-bit
 #: machine (``DEFAULT_MMAP_THRESHOLD_MAX``, and twice that for the trim threshold)
@@ -319,6 +323,9 @@ class Runtime:
         #: whether ``replay --gpu`` can run what this run ran (False once the program started a process of the
         #: drop-in's ``multiprocessing``, whose steps a GPU replay does not count)
         self.gpu_replay = True
+        #: ``torch.cuda.set_sync_debug_mode``'s mode in the run (0; 1: warn; 2: error): what a call that makes the
+        #: host wait as CUDA's ``memcpy_and_sync`` or ``stream_synchronize`` does first (:meth:`synchronizing`)
+        self.sync_debug = 0
 
     # -- running -----------------------------------------------------------------------------------
     def run(self, body: Callable[[], Any]) -> Any:
@@ -623,7 +630,20 @@ class Runtime:
         for r in recs:
             sync.host_observes(a, r)
 
+    def synchronizing(self) -> None:
+        """Under ``torch.cuda.set_sync_debug_mode``, a call about to make the host wait as c10's ``memcpy_and_sync``
+        or ``stream_synchronize`` does (a blocking copy across host and device, a value read on the host, an op that
+        needs its output's size, ``Stream.synchronize()``) warns, or raises before it waits, as c10's
+        ``warn_or_error_on_sync``; ``torch.cuda.synchronize()``, an event's ``synchronize()``, a non-blocking copy into
+        pageable memory and the collectives do not ask (torch: "not all synchronizing operations will trigger")."""
+        if self.sync_debug == 2:
+            raise RuntimeError(SYNCHRONIZING)
+        if self.sync_debug == 1:
+            warnings.warn(SYNCHRONIZING, UserWarning, stacklevel=user_depth())
+
     def stream_synchronize(self, s: SimStream) -> None:
+        if self.sync_debug:
+            self.synchronizing()
         a = self.host_step(f"{s.name}.synchronize")
         self._host_waits(a, [self._record(s)], f"stream(s) {s.name} to finish")
 
@@ -1008,6 +1028,8 @@ class Runtime:
         (``memcpy_and_sync``): the host waits for everything ``s`` was given so far, ``s`` writes ``writes``
         (ordered after the host's past), and the host sees it done. An inserted edge into its line (a fix that
         orders the copy after another stream's operation) makes ``s`` wait first, as a counted operation's does."""
+        if self.sync_debug:
+            self.synchronizing()
         if self._waits_at:
             self._inserted_waits(a, s, source, None)
         self._host_waits(a, [self._record(s)], f"stream {s.name} to take {desc} (a blocking copy)")
@@ -1024,6 +1046,8 @@ class Runtime:
     def host_waits_for_stream(self, a: HostActor, s: SimStream, desc: str) -> None:
         """Within an operation it is issuing (its host step taken), the host waits for everything ``s`` was given so
         far: a blocking copy ATen makes inside an op (``memcpy_and_sync``), as a host index is moved to the device."""
+        if self.sync_debug:
+            self.synchronizing()
         self._host_waits(a, [self._record(s)], desc)
 
     def host_access(self, a: HostActor, op: str, reads: list[Ref], writes: list[Ref], source: str,

@@ -394,6 +394,16 @@ def test_autocast_casts_what_the_simulator_casts(name: str) -> None:
     assert got == hazards.AUTOCAST_CASES[name][1]
 
 
+@pytest.mark.parametrize("mode", ["warn", "error"])
+@pytest.mark.parametrize("name", sorted(hazards.SYNC_DEBUG_CASES))
+def test_the_sync_debug_mode_flags_what_the_simulator_flags(name: str, mode: str) -> None:
+    """``tests/hazards.py``'s ``SYNC_DEBUG_CASES`` under real ``torch.cuda.set_sync_debug_mode``: each call flagged
+    as synchronizing, or not, as the simulator flags it (``tests/property/dropin/test_sync_debug_mode.py``)."""
+    got = hazards.sync_debug_outcome(name, mode)
+    print(f"SYNC_DEBUG {mode} {name}: {got}", flush=True)
+    assert got == ("flagged" if hazards.SYNC_DEBUG_CASES[name][1] else "not flagged")
+
+
 @pytest.mark.parametrize("name", sorted(hazards.MODULE_PROGRAMS))
 def test_a_module_computes_on_the_gpu_what_it_computes_on_the_host(name: str) -> None:
     """``tests/hazards.py``'s ``MODULE_PROGRAMS`` on real CUDA give the host's results, as the simulator's do
