@@ -1329,6 +1329,25 @@ def _host_shaped(func: Any, facts: OpFacts, args: tuple[Any, ...], kwargs: dict[
 
 #: ``copy_``, named once: :meth:`Dispatcher.dispatch` asks of every op whether it is it
 _COPY = aten.copy_.default
+_EQUAL = aten.equal.default
+
+
+def _equal_without_a_kernel(args: tuple[Any, ...]) -> bool | None:
+    """What CUDA's ``equal`` of two device tensors answers on the host, with no kernel and no wait (ATen's
+    ``cuda_equal``): False for two shapes, True for no elements, True for the same view of the same bytes (same
+    storage, offset, dtype, strides and flags); None where it compares their values on the stream, the host waiting
+    for the answer (``eq(...).all().item()``)."""
+    a, b = args[0], args[1]
+    if not (isinstance(a, SimTensor) and isinstance(b, SimTensor)):
+        return None  # (a host tensor among them: the op's own device error)
+    if a.shape != b.shape:
+        return False
+    if a.numel() == 0:
+        return True
+    if (a._st is b._st and a.storage_offset() == b.storage_offset() and a.dtype == b.dtype
+            and a.stride() == b.stride() and a.is_neg() == b.is_neg() and a.is_conj() == b.is_conj()):
+        return True
+    return None
 #: ops that read their value argument on the host where it is a 0-d device tensor (``value.item()`` in ATen, then the
 #: op with that number), with its place among the arguments (:data:`_READ_ON_THE_HOST`)
 _VALUE_READ_ON_THE_HOST = {aten.masked_fill_.Tensor: 2, aten.masked_fill.Tensor: 2, aten.index_fill_.int_Tensor: 3,
@@ -2006,6 +2025,10 @@ class Dispatcher:
         src: str,
     ) -> Any:
         """Enqueue one aten op on stream ``s`` for host actor ``a`` (its host step already taken)."""
+        if func is _EQUAL:
+            answer = _equal_without_a_kernel(args)
+            if answer is not None:
+                return answer
         moved: list[SimTensor] | None = None
         if facts.indices is not None:  # (an advanced-indexing op: most ops are none, at the cost of this test)
             if _on_host(args[0]):
