@@ -1367,12 +1367,16 @@ _READ_ON_THE_HOST = frozenset({
     aten.histc.default,  # (with no range given, min == max: the input's min and max read)
     aten.normal.Tensor_Tensor, aten.normal.float_Tensor,  # (``std.min() >= 0`` read)
     aten.isin.Tensor_Tensor,  # (the sorting path's ``unique``)
-    aten.linalg_ldl_factor_ex.default,  # (measured waiting on an H100)
+    aten.linalg_ldl_factor_ex.default,  # (measured waiting on an H100; cuSOLVER's own wait: :data:`_UNFLAGGED`)
     aten.cholesky.default,  # (its infos checked inside: an H100 raised a matrix's error at the call)
     # (given a 0-d host tensor among device ones: ``where_self_out`` moves it to the device, a blocking copy)
     aten.where.self, aten.where.self_out,
     *_VALUE_READ_ON_THE_HOST,
 })
+
+#: ops of :data:`_READ_ON_THE_HOST` whose wait is not c10's ``memcpy_and_sync`` or ``stream_synchronize`` (a library's
+#: own): ``set_sync_debug_mode`` does not flag them (an H100 flagged none, thirty-second sitting)
+_UNFLAGGED = frozenset({aten.linalg_ldl_factor_ex.default})
 
 
 def _reads_on_the_host(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -2148,9 +2152,10 @@ class Dispatcher:
             start, finish = eff.holding(start), eff.holding(finish)
         if moved:  # (the host indices' copies: written, and read, by the op)
             out_refs += [(m._st, m._data) for m in moved]
-        if waits and self.rt.sync_debug and (host_value or blocking_copy or reads_on_host or not pageable_out):
-            # (ATen's ``memcpy_and_sync`` or stream sync: a value read on the host, a blocking copy; a non-blocking
-            # copy into pageable memory waits in CUDA's own copy, unflagged)
+        if waits and self.rt.sync_debug and (host_value or blocking_copy or (host_touch and facts.copies_host_inputs)
+                                             or (reads_on_host and func not in _UNFLAGGED)):
+            # (ATen's ``memcpy_and_sync`` or stream sync: a value read on the host, a blocking copy, a host input
+            # copied; a non-blocking copy into pageable memory waits in CUDA's own copy, a library in its own way)
             self.rt.synchronizing()
         index, rec = self.rt.enqueue(
             a, s, desc, duration, in_refs, out_refs, src, start=start, finish=finish,

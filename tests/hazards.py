@@ -707,11 +707,13 @@ def autocast_outcome(name: str) -> str:
 
 def _sync_objects() -> dict[str, Any]:
     """What a sync-debug case calls on, made before the mode is set: ``x`` a device tensor of ones, ``p`` a pinned and
-    ``h`` a pageable host tensor of its shape, ``s`` a side stream, ``ev`` an event recorded on the current one."""
+    ``h`` a pageable host tensor of its shape, ``s`` a side stream, ``ev`` an event recorded on the current one, ``m``
+    a 4 x 4 identity on the device."""
     x = torch.ones(8, device="cuda")
     ev = torch.cuda.Event()
     ev.record()
-    return {"x": x, "p": torch.empty(8, pin_memory=True), "h": torch.empty(8), "s": torch.cuda.Stream(), "ev": ev}
+    return {"x": x, "p": torch.empty(8, pin_memory=True), "h": torch.empty(8), "s": torch.cuda.Stream(), "ev": ev,
+            "m": torch.eye(4, device="cuda")}
 
 
 #: calls under ``torch.cuda.set_sync_debug_mode``, each of :func:`_sync_objects`'s, and whether a GPU flags it as "a
@@ -745,6 +747,7 @@ SYNC_DEBUG_CASES: dict[str, tuple[Callable[[dict[str, Any]], Any], bool]] = {
     "torch.cuda.synchronize()": (lambda o: torch.cuda.synchronize(), False),
     "a kernel": (lambda o: o["x"] * 2, False),
     "Stream.query()": (lambda o: o["s"].query(), False),
+    "linalg.ldl_factor_ex (cuSOLVER's own wait)": (lambda o: torch.linalg.ldl_factor_ex(o["m"]), False),
 }
 
 
