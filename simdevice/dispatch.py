@@ -1348,6 +1348,8 @@ def _equal_without_a_kernel(args: tuple[Any, ...]) -> bool | None:
             and a.stride() == b.stride() and a.is_neg() == b.is_neg() and a.is_conj() == b.is_conj()):
         return True
     return None
+
+
 #: ops that read their value argument on the host where it is a 0-d device tensor (``value.item()`` in ATen, then the
 #: op with that number), with its place among the arguments (:data:`_READ_ON_THE_HOST`)
 _VALUE_READ_ON_THE_HOST = {aten.masked_fill_.Tensor: 2, aten.masked_fill.Tensor: 2, aten.index_fill_.int_Tensor: 3,
