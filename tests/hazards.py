@@ -580,6 +580,23 @@ def registered_reload(wait: int = 1, n: int = 1 << 12) -> None:
     assert not host.is_pinned()
 
 
+def printed_pinned_reload(wait: int = 1, n: int = 1 << 12) -> None:
+    """``arange`` copied D2H non-blocking on ``side`` into a pinned buffer of zeros, which the host then prints (a
+    log line: ``str``, torch's text, made with the dispatch modes off) after ``side.synchronize()`` (``wait``) or at
+    once."""
+    pinned = torch.zeros(n, pin_memory=True)
+    y = torch.arange(n, dtype=torch.float32, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        pinned.copy_(y, non_blocking=True)
+    if wait:
+        side.synchronize()
+    line = f"last values {pinned[-3:]}"
+    side.synchronize()
+    assert line == f"last values {torch.arange(n - 3, n, dtype=torch.float32)}", "the log printed a copy not landed"
+
+
 def amp_reload(wait: int = 1, n: int = 1 << 12) -> None:
     """A linear layer applied twice under ``torch.autocast("cuda", dtype=torch.bfloat16)`` (its weight and bias cast
     once: autocast's cache), its bfloat16 output copied D2H into a bfloat16 pinned buffer on ``side``; the host reads

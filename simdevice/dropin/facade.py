@@ -15,6 +15,7 @@ import copyreg
 import ctypes
 import enum
 import functools
+import logging
 import os
 import sys
 import time
@@ -1601,6 +1602,49 @@ def _tensor_tolist(original: Callable[..., Any]) -> Callable[..., Any]:
     return tolist
 
 
+#: where the standard library's ``logging`` lives: a logger formats its message's arguments in its own frames
+_LOGGING = os.path.dirname(logging.__file__) + os.sep
+#: where pytest's own code lives (its assertion rewriting's ``saferepr``)
+_PYTEST = "/_pytest/"
+
+
+def _printing_line() -> str | None:
+    """The program's line that printed a tensor (from its caller's caller on), past torch's frames (``f"{t}"``'s
+    ``__format__``) and the ``logging`` module's (a logger formats ``logger.info("loss %s", t)`` itself); None where
+    pytest's assertion explanation asks for the text (its ``saferepr``: a failed ``assert``'s message, made after the
+    fact, which reads nothing of the program's, as a simulated tensor's text read by anything but the program)."""
+    f = sys._getframe(2)
+    n = 0
+    while f is not None:
+        name = f.f_code.co_filename
+        if _PYTEST in name.replace("\\", "/") or name.endswith("reprlib.py"):
+            return None
+        if not (internal_file(name) or name.startswith(_LOGGING)):
+            break
+        f = f.f_back  # type: ignore[assignment]
+        n += 1
+    return user_source(2 + n)
+
+
+def _tensor_repr(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``print(t)``, ``repr(t)``, ``str(t)`` or ``f"{t}"`` of a host tensor in the program: torch formats its values
+    with the dispatch modes turned off (``torch._tensor_str``), so a print of pinned memory a non-blocking D2H may
+    still be filling (``print(loss.to("cpu", non_blocking=True))`` without a synchronize: a log line of stale
+    values) is checked here, as the host's read of the tensor, at the program's line that printed it (past torch's
+    frames, ``f"{t}"``'s ``__format__``, and a logger's), with no host step, as for ``tolist``; outside a run's
+    actors nothing is checked. A simulated tensor's own text copies it to the host first (``SimTensor.__repr__``)."""
+
+    @functools.wraps(original)
+    def __repr__(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 (the method it stands for)
+        if _ACTIVE and not isinstance(self, SimTensor):
+            line = _printing_line()
+            if line is not None:
+                _ACTIVE[-1].runtime.unseen_host_read(self, "print", line)
+        return original(self, *args, **kwargs)
+
+    return __repr__
+
+
 def _tensor_numpy(original: Callable[..., Any]) -> Callable[..., Any]:
     """``t.numpy()`` of pinned memory of the run: a NumPy view whose element reads and writes are checked as the
     host's (:mod:`simdevice.dropin.arrays`), where NumPy reaches the bytes without the dispatcher. Other tensors'
@@ -2151,6 +2195,7 @@ def install(p: Patches) -> None:
     p.set(_LAZY, "materialize", _wrapped(_LAZY, "materialize", _lazy_materialize))
     p.set(torch.nn.Module, "_apply", _wrapped(torch.nn.Module, "_apply", _module_apply))
     p.set(torch.Tensor, "tolist", _wrapped(torch.Tensor, "tolist", _tensor_tolist))
+    p.set(torch.Tensor, "__repr__", _wrapped(torch.Tensor, "__repr__", _tensor_repr))
     p.set(torch.Tensor, "numpy", _wrapped(torch.Tensor, "numpy", _tensor_numpy))
     p.set(torch._C.PyTorchFileWriter, "write_record",
           _wrapped(torch._C.PyTorchFileWriter, "write_record", _file_writer_record))

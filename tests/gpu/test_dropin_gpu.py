@@ -147,7 +147,8 @@ def test_empty_cache_that_gives_a_segment_back_waits_for_the_device(release: int
                                                 ("nested_reload", "side#0+20"),
                                                 ("profiled_reload", "side#0+20"),
                                                 ("amp_reload", "side#0+20"),
-                                                ("registered_reload", "side#0+20")])
+                                                ("registered_reload", "side#0+20"),
+                                                ("printed_pinned_reload", "side#0+20")])
 def test_device_agnostic_code_and_a_loader_s_pinned_batch_run_as_simulated(program: str, stall: str) -> None:
     """``tests/hazards.py::accelerator_reload`` (``torch.accelerator``, generic ``torch.Stream`` and ``torch.Event``)
     and ``loader_batch_reused`` (a ``DataLoader(pin_memory=True)`` batch, pinned on both machines, zeroed by the host
@@ -160,8 +161,8 @@ def test_device_agnostic_code_and_a_loader_s_pinned_batch_run_as_simulated(progr
     ``subclass_reload`` and ``nested_reload`` (a wrapper tensor subclass's ops, its backward, a jagged tensor), and
     ``profiled_reload`` (``torch.profiler`` with its CUDA activity, the copy read inside its block), and
     ``amp_reload`` (a bfloat16 activation under ``torch.autocast``, a weight cast once), and ``registered_reload``
-    (a host buffer pinned in place by ``cudaHostRegister``): the same counts on both, the unwaited line corrupted
-    under the stall, the waited one not."""
+    (a host buffer pinned in place by ``cudaHostRegister``), and ``printed_pinned_reload`` (a pinned buffer printed):
+    the same counts on both, the unwaited line corrupted under the stall, the waited one not."""
     line = f"tests/hazards.py::{program}"
     _counts_match(line)
     _counts_match(f"{line}::{stall}")
