@@ -557,6 +557,19 @@ def profiled_reload(wait: int = 1, n: int = 1 << 12, inside: int = 1) -> None:
     assert torch.equal(pinned, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
 
 
+def _copied_on_side(dst: torch.Tensor, wait: int) -> torch.cuda.Stream:
+    """``arange`` copied D2H non-blocking into host memory ``dst`` on a new stream ``side``, after the current stream's
+    work, and ``side.synchronize()`` where ``wait``: the stream."""
+    y = torch.arange(dst.numel(), dtype=torch.float32, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        dst.copy_(y, non_blocking=True)
+    if wait:
+        side.synchronize()
+    return side
+
+
 def registered_reload(wait: int = 1, n: int = 1 << 12) -> None:
     """A host buffer the program already has, pinned in place with ``torch.cuda.cudart().cudaHostRegister`` (as an
     offload library pins its host pool), ``arange`` copied D2H into it non-blocking on ``side``; the host reads it
@@ -565,13 +578,7 @@ def registered_reload(wait: int = 1, n: int = 1 << 12) -> None:
     host = torch.zeros(n)
     assert cudart.cudaHostRegister(host.data_ptr(), n * host.element_size(), 0) == cudart.cudaError.success
     assert host.is_pinned()
-    y = torch.arange(n, dtype=torch.float32, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        host.copy_(y, non_blocking=True)
-    if wait:
-        side.synchronize()
+    side = _copied_on_side(host, wait)
     try:
         assert torch.equal(host, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
     finally:
@@ -585,13 +592,7 @@ def printed_pinned_reload(wait: int = 1, n: int = 1 << 12) -> None:
     log line: ``str``, torch's text, made with the dispatch modes off) after ``side.synchronize()`` (``wait``) or at
     once."""
     pinned = torch.zeros(n, pin_memory=True)
-    y = torch.arange(n, dtype=torch.float32, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        pinned.copy_(y, non_blocking=True)
-    if wait:
-        side.synchronize()
+    side = _copied_on_side(pinned, wait)
     line = f"last values {pinned[-3:]}"
     side.synchronize()
     assert line == f"last values {torch.arange(n - 3, n, dtype=torch.float32)}", "the log printed a copy not landed"
