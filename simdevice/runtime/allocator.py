@@ -314,7 +314,8 @@ class _Lease:
         data = self._bytes
         n = data.numel()
         try:
-            if sum(k * len(v) for k, v in _KEPT.items()) + n <= KEPT_AT_MOST:
+            # (the items listed at once: a lease may end on another thread while a segment of a new size is made)
+            if sum(k * len(v) for k, v in list(_KEPT.items())) + n <= KEPT_AT_MOST:
                 _KEPT.setdefault(n, []).append(data)
         except (TypeError, AttributeError):  # (the interpreter's exit, the module's globals gone)
             pass
