@@ -766,6 +766,8 @@ SYNC_DEBUG_CASES: dict[str, tuple[Callable[[dict[str, Any]], Any], bool]] = {
     "a kernel": (lambda o: o["x"] * 2, False),
     "Stream.query()": (lambda o: o["s"].query(), False),
     "linalg.ldl_factor_ex (cuSOLVER's own wait)": (lambda o: torch.linalg.ldl_factor_ex(o["m"]), False),
+    "H2D of no elements, blocking": (lambda o: torch.empty(0).cuda(), False),  # (ATen's copy_ returns at once)
+    "D2H of no elements, blocking": (lambda o: o["x"][:0].cpu(), False),
 }
 
 
