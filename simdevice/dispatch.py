@@ -2143,7 +2143,7 @@ class Dispatcher:
             eff.places = tuple([k for k, m in enumerate(_leaves_of(meta)[0]) if isinstance(m, torch.Tensor)
                                 and m.is_meta])
         blocking_copy = facts.copy and host_touch and not _non_blocking(func, args, kwargs)
-        if facts.copy and host_touch and not any(o.numel() for o in outputs):
+        if facts.copy and host_touch and outputs and not any(o.numel() for o in outputs):
             # a copy of no elements: ATen's copy_ returns before it copies (``iter.numel() == 0``), so the host waits
             # for nothing and no sync is made (a lazy module's empty placeholder moved: ``LazyLinear(4).cuda()``)
             blocking_copy = pageable_out = False
