@@ -106,8 +106,6 @@ class DropInDevice(SimDevice):
         #: every store made in the run, alive until its end (a ``PrefixStore`` over a store the program does not keep
         #: holds only its C++ half, which calls back into the Python one)
         self.stores_made: list[Any] = []
-        #: ``torch.cuda.set_sync_debug_mode``'s mode in the run (applied: ``Runtime.sync_debug``)
-        self.sync_debug_mode = 0
         #: the host memory ``cudaHostRegister`` pinned in the run, by address: a tensor over its bytes (the
         #: program's to free, as with CUDA; a run's registrations end with it, as a process's do)
         self.registered: dict[int, torch.Tensor] = {}
@@ -1024,12 +1022,11 @@ def set_sync_debug_mode(debug_mode: int | str) -> None:
         if debug_mode not in modes:
             raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
         debug_mode = modes[debug_mode]
-    dev = session_device()
-    dev.sync_debug_mode = dev.runtime.sync_debug = int(debug_mode)
+    session_device().runtime.sync_debug = int(debug_mode)
 
 
 def get_sync_debug_mode() -> int:
-    return session_device().sync_debug_mode
+    return session_device().runtime.sync_debug
 
 
 class _DeviceContext:

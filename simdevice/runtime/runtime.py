@@ -642,8 +642,7 @@ class Runtime:
             warnings.warn(SYNCHRONIZING, UserWarning, stacklevel=user_depth())
 
     def stream_synchronize(self, s: SimStream) -> None:
-        if self.sync_debug:
-            self.synchronizing()
+        self.synchronizing()
         a = self.host_step(f"{s.name}.synchronize")
         self._host_waits(a, [self._record(s)], f"stream(s) {s.name} to finish")
 
@@ -1028,8 +1027,7 @@ class Runtime:
         (``memcpy_and_sync``): the host waits for everything ``s`` was given so far, ``s`` writes ``writes``
         (ordered after the host's past), and the host sees it done. An inserted edge into its line (a fix that
         orders the copy after another stream's operation) makes ``s`` wait first, as a counted operation's does."""
-        if self.sync_debug:
-            self.synchronizing()
+        self.synchronizing()
         if self._waits_at:
             self._inserted_waits(a, s, source, None)
         self._host_waits(a, [self._record(s)], f"stream {s.name} to take {desc} (a blocking copy)")
@@ -1046,8 +1044,7 @@ class Runtime:
     def host_waits_for_stream(self, a: HostActor, s: SimStream, desc: str) -> None:
         """Within an operation it is issuing (its host step taken), the host waits for everything ``s`` was given so
         far: a blocking copy ATen makes inside an op (``memcpy_and_sync``), as a host index is moved to the device."""
-        if self.sync_debug:
-            self.synchronizing()
+        self.synchronizing()
         self._host_waits(a, [self._record(s)], desc)
 
     def host_access(self, a: HostActor, op: str, reads: list[Ref], writes: list[Ref], source: str,
