@@ -411,9 +411,10 @@ class _CountingMode(TorchDispatchMode):
                     self.dev._stream_done(started)
                     return out
         out = func(*args, **kwargs)
-        if kind == "alloc" and self.poisons and isinstance(out, torch.Tensor) and (out.is_cuda or out.is_pinned()):
+        if kind == "alloc" and self.poisons and isinstance(out, torch.Tensor):
             # uninitialized memory that cannot pass for data: the caching allocators hand back blocks that may
-            # still hold a previous run's right answer (the tool's own fill: no operation of the program)
+            # still hold a previous run's right answer, and a host allocation what the process freed before (the
+            # tool's own fill: no operation of the program), as the simulator poisons all three
             poison(out)
         return out
 

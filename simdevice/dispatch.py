@@ -750,15 +750,21 @@ class SimStorage:
         return int(self._t._data.untyped_storage()._weak_ref())
 
     def __getattr__(self, name: str) -> Any:
-        """A method of torch's storages this one does not have (``copy_``, ``fill_``, ``cpu``, ``tolist``, ...) is
+        """A method of torch's storages this one does not have (``fill_``, ``cpu``, ``tolist``, ...) is
         what the simulator does not run (``NotImplementedError``: no verdict), not an error of the program's."""
         if not name.startswith("_") and hasattr(torch.UntypedStorage, name):
             raise NotImplementedError(
                 f"untyped_storage().{name} of a simulated tensor is not simulated (its storage has data_ptr, "
-                "nbytes, size, element_size, device, is_cuda, get_device and resize_(0)): operate on the tensor "
-                "instead"
+                "nbytes, size, element_size, device, is_cuda, get_device, copy_ and resize_(0)): operate on the "
+                "tensor instead"
             )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def copy_(self, src: Any, non_blocking: bool = False) -> SimStorage:
+        """``storage.copy_(src, non_blocking)`` (offload code's onload: ``p.untyped_storage().copy_(
+        pinned.untyped_storage(), non_blocking=True)``): :func:`storage_copy`."""
+        storage_copy(self, src, non_blocking)
+        return self
 
     def resize_(self, nbytes: int) -> SimStorage:
         st = self._t._st
@@ -781,6 +787,26 @@ class SimStorage:
 
     def __repr__(self) -> str:
         return f"SimStorage({self._t._st.label}, {self.nbytes()} bytes)"
+
+
+def storage_copy(dst: Any, src: Any, non_blocking: bool = False) -> None:
+    """One storage's bytes copied into another's, where either is a simulated device's, as torch's ``storage_copy``
+    makes it: a byte tensor over each whole storage (``empty(0).set_(storage)``: no operation) and one ``copy_``
+    between them, the program's operation (on the device, an H2D or a D2H, blocking unless ``non_blocking``)."""
+    if dst.nbytes() != src.nbytes():
+        raise RuntimeError(f"size does not match, self was {dst.nbytes()} bytes but src was {src.nbytes()} bytes")
+    _bytes_over(dst).copy_(_bytes_over(src), non_blocking=non_blocking)
+
+
+def _bytes_over(storage: Any) -> torch.Tensor:
+    """A byte tensor over the whole of ``storage``: a simulated one's, or torch's own (host memory)."""
+    if isinstance(storage, torch.TypedStorage):
+        storage = storage.untyped()
+    if isinstance(storage, SimStorage):
+        return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    if isinstance(storage, torch.UntypedStorage):
+        return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    raise TypeError(f"copy_(): argument 'src' (position 1) must be torch.Storage, not {type(storage).__name__}")
 
 
 def peek(t: torch.Tensor) -> torch.Tensor:
@@ -1855,6 +1881,13 @@ class Dispatcher:
             raise NotImplementedError(_HOST_RECORD_STREAM)
         if func is aten._pin_memory.default and actor is not None:
             return self.new_pinned(args[0].clone(), actor.process, made=True)
+        if facts.kind == "alloc" and actor is not None:
+            # host memory nobody wrote, poisoned as device memory is: what the process freed before would otherwise
+            # be what a program reading it sees, and the run would not be the same run twice
+            out = func(*args, **kwargs)
+            if self.config.values:
+                poison(out)
+            return out
         pinned = [t for t in flat if rt.lookup_pinned(t) is not None]
         if actor is None or facts.kind in ("view", "alloc", "meta"):
             return func(*args, **kwargs)

@@ -37,6 +37,9 @@ given memory with ``to_empty``. ``device_index_reload``: the device named by its
 ``model.to(0)``). ``loaded_checkpoint_reload``: a checkpoint loaded onto the device
 (``torch.load(path, map_location="cuda")``). ``compiled_reload``: a model compiled with ``torch.compile``.
 ``inplace_views_reload``: a tensor reshaped in place (``unsqueeze_``, ``t_``) and compared by ``is_same_size``.
+``unwritten_staging_read``: a pinned staging buffer made from a host ``torch.empty``, poisoned on both machines, read
+while the D2H into it may still run. ``storage_onload``: a parameter offloaded, released and brought back by its
+storage (``untyped_storage().copy_``, ``resize_``), read while the H2D into it may still run.
 ``subclass_reload`` and ``nested_reload``: a program's wrapper tensor subclass over device tensors (a scaled
 low-precision weight, its backward run) and ``torch.nested``'s jagged tensor, each computed with, then offloaded.
 """
@@ -596,6 +599,39 @@ def printed_pinned_reload(wait: int = 1, n: int = 1 << 12) -> None:
     line = f"last values {pinned[-3:]}"
     side.synchronize()
     assert line == f"last values {torch.arange(n - 3, n, dtype=torch.float32)}", "the log printed a copy not landed"
+
+
+def unwritten_staging_read(wait: int = 1, n: int = 1 << 12) -> None:
+    """A staging buffer made from host memory nobody wrote (``torch.empty(n).pin_memory()``), which both machines
+    poison (NaN: what the process freed there before would make each run another), ``arange`` copied D2H into it
+    non-blocking on ``side``; the host reads it after ``side.synchronize()`` (``wait``) or at once."""
+    host = torch.empty(n).pin_memory()
+    assert bool(torch.isnan(host).all()), "host memory nobody wrote was not poisoned"
+    side = _copied_on_side(host, wait)
+    try:
+        assert torch.equal(host, torch.arange(n, dtype=torch.float32)), "the host read the copy before it landed"
+    finally:
+        side.synchronize()
+
+
+def storage_onload(wait: int = 1, n: int = 1 << 12) -> None:
+    """A parameter offloaded and brought back by its storage, as offload code does it: its bytes copied to a pinned
+    buffer (``untyped_storage().copy_``, blocking), its device memory released (``resize_(0)``), then on ``side``
+    given back (``resize_`` to its size) and filled from the pinned buffer without blocking; the current stream
+    waits for ``side`` (``wait``) or not before it reads the parameter."""
+    p = torch.nn.Parameter(torch.arange(n, dtype=torch.float32, device="cuda"))
+    size = p.data.untyped_storage().size()
+    pinned = torch.empty(n, pin_memory=True)
+    pinned.untyped_storage().copy_(p.data.untyped_storage())
+    p.data.untyped_storage().resize_(0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        p.data.untyped_storage().resize_(size)
+        p.data.untyped_storage().copy_(pinned.untyped_storage(), non_blocking=True)
+    if wait:
+        torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal((p * 2).detach().cpu(), torch.arange(n, dtype=torch.float32) * 2), "read before the onload"
 
 
 def amp_reload(wait: int = 1, n: int = 1 << 12) -> None:

@@ -37,7 +37,16 @@ from torch.utils._mode_utils import no_dispatch
 from reference import contract
 from reference.naming import StreamNames, creation_site, inside
 from simdevice.api import EventHandle, SimDevice, StreamHandle
-from simdevice.dispatch import META, SimTensor, crosses_devices, move_in_place, set_data_across, storage_of
+from simdevice.dispatch import (
+    META,
+    SimStorage,
+    SimTensor,
+    crosses_devices,
+    move_in_place,
+    set_data_across,
+    storage_copy,
+    storage_of,
+)
 from simdevice.dropin import arrays, autocast
 from simdevice.dropin.patches import Patches
 from simdevice.runtime.config import SimConfig
@@ -1609,7 +1618,9 @@ def _printing_line() -> str | None:
     """The program's line that printed a tensor (from its caller's caller on), past torch's frames (``f"{t}"``'s
     ``__format__``) and the ``logging`` module's (a logger formats ``logger.info("loss %s", t)`` itself); None where
     pytest's assertion explanation asks for the text (its ``saferepr``: a failed ``assert``'s message, made after the
-    fact, which reads nothing of the program's, as a simulated tensor's text read by anything but the program)."""
+    fact, which reads nothing of the program's, as a simulated tensor's text read by anything but the program); None
+    too where no frame of the program's is above (the run's report describing a failed ``assert`` whose message is a
+    tensor: an actor's stack ends in the simulator's frames)."""
     f = sys._getframe(2)
     n = 0
     while f is not None:
@@ -1617,10 +1628,10 @@ def _printing_line() -> str | None:
         if _PYTEST in name.replace("\\", "/") or name.endswith("reprlib.py"):
             return None
         if not (internal_file(name) or name.startswith(_LOGGING)):
-            break
+            return user_source(2 + n)
         f = f.f_back  # type: ignore[assignment]
         n += 1
-    return user_source(2 + n)
+    return None
 
 
 def _tensor_repr(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -1694,6 +1705,22 @@ def _storage_shared(original: Callable[..., Any]) -> Callable[..., Any]:
         return out
 
     return share_memory_
+
+
+def _storage_copy(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``copy_`` of a host storage from a simulated device's (``pinned.untyped_storage().copy_(
+    p.untyped_storage(), non_blocking=True)``, an offload's D2H by storage), which torch's C method refuses (the
+    simulated storage is no ``torch.Storage``): as torch copies storages, a ``copy_`` between byte tensors over
+    the two (:func:`~simdevice.dispatch.storage_copy`). Between host storages, torch's own."""
+
+    @functools.wraps(original)
+    def copy_(self: Any, src: Any, non_blocking: bool = False) -> Any:
+        if isinstance(src, SimStorage):
+            storage_copy(self, src, non_blocking)
+            return self
+        return original(self, src, non_blocking)
+
+    return copy_
 
 
 def _file_writer_record(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -2204,6 +2231,7 @@ def install(p: Patches) -> None:
           _wrapped(torch.serialization, "_get_restore_location", _get_restore_location))
     p.set(torch.UntypedStorage, "cuda", _wrapped(torch.UntypedStorage, "cuda", _storage_cuda))
     p.set(torch.UntypedStorage, "share_memory_", _wrapped(torch.UntypedStorage, "share_memory_", _storage_shared))
+    p.set(torch.UntypedStorage, "copy_", _wrapped(torch.UntypedStorage, "copy_", _storage_copy))
     p.set(torch._C, "_group_tensors_by_device_and_dtype",
           _wrapped(torch._C, "_group_tensors_by_device_and_dtype", _group_by_shown_device))
     _foreach_takes_simulated_tensors(p)

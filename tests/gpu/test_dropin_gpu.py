@@ -148,7 +148,9 @@ def test_empty_cache_that_gives_a_segment_back_waits_for_the_device(release: int
                                                 ("profiled_reload", "side#0+20"),
                                                 ("amp_reload", "side#0+20"),
                                                 ("registered_reload", "side#0+20"),
-                                                ("printed_pinned_reload", "side#0+20")])
+                                                ("printed_pinned_reload", "side#0+20"),
+                                                ("unwritten_staging_read", "side#0+20"),
+                                                ("storage_onload", "side#0+20")])
 def test_device_agnostic_code_and_a_loader_s_pinned_batch_run_as_simulated(program: str, stall: str) -> None:
     """``tests/hazards.py::accelerator_reload`` (``torch.accelerator``, generic ``torch.Stream`` and ``torch.Event``)
     and ``loader_batch_reused`` (a ``DataLoader(pin_memory=True)`` batch, pinned on both machines, zeroed by the host
@@ -161,7 +163,10 @@ def test_device_agnostic_code_and_a_loader_s_pinned_batch_run_as_simulated(progr
     ``subclass_reload`` and ``nested_reload`` (a wrapper tensor subclass's ops, its backward, a jagged tensor), and
     ``profiled_reload`` (``torch.profiler`` with its CUDA activity, the copy read inside its block), and
     ``amp_reload`` (a bfloat16 activation under ``torch.autocast``, a weight cast once), and ``registered_reload``
-    (a host buffer pinned in place by ``cudaHostRegister``), and ``printed_pinned_reload`` (a pinned buffer printed):
+    (a host buffer pinned in place by ``cudaHostRegister``), and ``printed_pinned_reload`` (a pinned buffer printed),
+    and ``unwritten_staging_read`` (a staging buffer from a host ``empty``, poisoned on both: the waited line's
+    check of the poison holds only where the GPU's run poisons host memory too), and ``storage_onload`` (a
+    parameter offloaded, released and brought back by its storage):
     the same counts on both, the unwaited line corrupted under the stall, the waited one not."""
     line = f"tests/hazards.py::{program}"
     _counts_match(line)

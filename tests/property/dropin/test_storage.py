@@ -60,25 +60,24 @@ def test_resize_to_zero_while_a_side_stream_reads_is_a_race() -> None:
     assert any(isinstance(r, Race) for r in s.reports), s.text()
 
 
-def _storage_copy() -> None:
-    x = torch.ones(16, device="cuda")
+def _storage_fill() -> None:
     y = torch.zeros(16, device="cuda")
-    y.untyped_storage().copy_(x.untyped_storage())
+    y.untyped_storage().fill_(1)
 
 
 def test_a_storage_method_not_simulated_is_no_verdict_not_an_error_of_the_program() -> None:
-    """A method of torch's storages the simulated storage lacks (``copy_``) raises ``NotImplementedError`` naming it:
+    """A method of torch's storages the simulated storage lacks (``fill_``) raises ``NotImplementedError`` naming it:
     what the simulator does not run, no verdict (``check`` exits 2), where an ``AttributeError`` of the simulator's
     own class was reported as the program's host error, a finding ("an error of its own"). Its queries answer as a
     CUDA storage's."""
     from simdevice.explain import not_run
     from simdevice.search.explore import explore
 
-    found = explore(_storage_copy, max_examples=1)
+    found = explore(_storage_fill, max_examples=1)
     assert found.failure is not None
     unrun = not_run(found.failure)
     assert unrun is not None
-    assert unrun.error.startswith("NotImplementedError: untyped_storage().copy_ of a simulated tensor")
+    assert unrun.error.startswith("NotImplementedError: untyped_storage().fill_ of a simulated tensor")
     with simdevice.cuda() as sim:
         st = torch.ones(16, device="cuda").untyped_storage()
         answers = (st.element_size(), st.nbytes(), st.is_cuda, st.get_device(), st.is_pinned())
