@@ -595,11 +595,10 @@ class SimTensor(torch.Tensor):
     def untyped_storage(self) -> SimStorage:  # type: ignore[override]
         return SimStorage(self)
 
-    def _typed_storage(self) -> Any:
-        """``t.storage()`` (torch's deprecated ``TypedStorage``), which the simulated tensor has not: what the
-        simulator does not run (no verdict), where torch's own raised a TypeError the program was blamed for."""
-        raise NotImplementedError("Tensor.storage() (a TypedStorage) of a simulated tensor is not simulated: use "
-                                  "untyped_storage()")
+    def _typed_storage(self) -> SimTypedStorage:
+        """``t.storage()`` (torch's deprecated ``TypedStorage``; its warning is torch's own): :class:`SimTypedStorage`,
+        where torch's own class refuses a storage not of its kind."""
+        return SimTypedStorage(SimStorage(self), self.dtype)
 
     def is_shared(self) -> bool:
         """Always True for a CUDA tensor, as torch says (another process maps it through CUDA IPC)."""
@@ -789,18 +788,101 @@ class SimStorage:
         return f"SimStorage({self._t._st.label}, {self.nbytes()} bytes)"
 
 
+class SimTypedStorage:
+    """``t.storage()`` of a simulated tensor, as torch's deprecated ``TypedStorage`` shows it: the tensor's
+    :class:`SimStorage` counted in elements of its dtype. Older offload code frees and brings back memory through it
+    (``t.storage().resize_(0)``, ``resize_(t.numel())``, ``copy_``); its queries answer as a CUDA storage's, and a
+    method of torch's class it lacks raises ``NotImplementedError`` (no verdict), as :class:`SimStorage`'s do."""
+
+    def __init__(self, untyped: SimStorage, dtype: torch.dtype) -> None:
+        #: (torch's attribute name: ``TypedStorage.copy_`` of a host storage reads it from its source)
+        self._untyped_storage = untyped
+        self.dtype = dtype
+
+    def untyped(self) -> SimStorage:
+        return self._untyped_storage
+
+    def element_size(self) -> int:
+        return int(torch.empty(0, dtype=self.dtype, device=META).element_size())
+
+    _element_size = element_size
+
+    def size(self) -> int:
+        return self._untyped_storage.nbytes() // self.element_size()
+
+    _size = size
+
+    def __len__(self) -> int:
+        return self.size()
+
+    def nbytes(self) -> int:
+        return self._untyped_storage.nbytes()
+
+    _nbytes = nbytes
+
+    def resize_(self, size: int) -> SimTypedStorage:
+        """To ``size`` elements: 0 releases the allocation; its size again, after that, allocates anew
+        (:meth:`SimStorage.resize_`)."""
+        self._untyped_storage.resize_(size * self.element_size())
+        return self
+
+    def _resize_(self, size: int) -> None:
+        self.resize_(size)
+
+    def copy_(self, source: Any, non_blocking: bool | None = None) -> SimTypedStorage:
+        storage_copy(self._untyped_storage, source, bool(non_blocking))
+        return self
+
+    def data_ptr(self) -> int:
+        return self._untyped_storage.data_ptr()
+
+    _data_ptr = data_ptr
+
+    @property
+    def device(self) -> torch.device:
+        return self._untyped_storage.device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self._untyped_storage.is_cuda
+
+    def get_device(self) -> int:
+        return self._untyped_storage.get_device()
+
+    def is_pinned(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("_") and hasattr(torch.TypedStorage, name):
+            raise NotImplementedError(
+                f"storage().{name} of a simulated tensor is not simulated (its TypedStorage has size, nbytes, "
+                "element_size, data_ptr, device, is_cuda, get_device, untyped, copy_ and resize_(0)): operate on "
+                "the tensor instead"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SimTypedStorage) and other._untyped_storage == self._untyped_storage
+
+    def __hash__(self) -> int:
+        return hash(self._untyped_storage)
+
+    def __repr__(self) -> str:
+        return f"SimTypedStorage({self._untyped_storage._t._st.label}, {self.dtype}, {self.size()} elements)"
+
+
 def storage_copy(dst: Any, src: Any, non_blocking: bool = False) -> None:
     """One storage's bytes copied into another's, where either is a simulated device's, as torch's ``storage_copy``
     makes it: a byte tensor over each whole storage (``empty(0).set_(storage)``: no operation) and one ``copy_``
     between them, the program's operation (on the device, an H2D or a D2H, blocking unless ``non_blocking``)."""
     if dst.nbytes() != src.nbytes():
         raise RuntimeError(f"size does not match, self was {dst.nbytes()} bytes but src was {src.nbytes()} bytes")
-    _bytes_over(dst).copy_(_bytes_over(src), non_blocking=non_blocking)
+    _bytes_over(dst).copy_(_bytes_over(src), non_blocking=bool(non_blocking))
 
 
 def _bytes_over(storage: Any) -> torch.Tensor:
     """A byte tensor over the whole of ``storage``: a simulated one's, or torch's own (host memory)."""
-    if isinstance(storage, torch.TypedStorage):
+    if isinstance(storage, (torch.TypedStorage, SimTypedStorage)):
         storage = storage.untyped()
     if isinstance(storage, SimStorage):
         return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)

@@ -41,6 +41,7 @@ from simdevice.dispatch import (
     META,
     SimStorage,
     SimTensor,
+    SimTypedStorage,
     crosses_devices,
     move_in_place,
     set_data_across,
@@ -1715,7 +1716,7 @@ def _storage_copy(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def copy_(self: Any, src: Any, non_blocking: bool = False) -> Any:
-        if isinstance(src, SimStorage):
+        if isinstance(src, (SimStorage, SimTypedStorage)):
             storage_copy(self, src, non_blocking)
             return self
         return original(self, src, non_blocking)

@@ -273,13 +273,14 @@ def test_growing_a_storage_that_holds_bytes_is_no_verdict() -> None:
     assert unrun.error.startswith("NotImplementedError: growing a device tensor's storage of 64 bytes to 128")
 
 
-def _typed_storage() -> None:
-    torch.ones(16, device="cuda").storage()
+def _typed_storage_listed() -> None:
+    torch.ones(16, device="cuda").storage().tolist()
 
 
-def test_a_device_tensor_is_shared_and_its_typed_storage_is_no_verdict() -> None:
+def test_a_device_tensor_is_shared_and_a_typed_storage_method_not_simulated_is_no_verdict() -> None:
     """``share_memory_`` is a no-op for a CUDA tensor and ``is_shared`` is True, as torch says; ``storage()`` (a
-    ``TypedStorage``) is not simulated. Each raised torch's TypeError before (the simulated storage is no
+    ``TypedStorage``) answers as a CUDA one (``test_storage_copies_are_the_programs_copies.py``), and a method of it
+    not simulated (``tolist``) is no verdict. Each raised torch's TypeError before (the simulated storage is no
     ``UntypedStorage``), reported as the program's host error: a finding on a correct program."""
     from simdevice.explain import not_run
     from simdevice.search.explore import explore
@@ -289,8 +290,8 @@ def test_a_device_tensor_is_shared_and_its_typed_storage_is_no_verdict() -> None
         got = (x.share_memory_() is x, x.is_shared())
     sim.assert_clean()
     assert got == (True, True)
-    found = explore(_typed_storage, max_examples=1)
+    found = explore(_typed_storage_listed, max_examples=1)
     assert found.failure is not None
     unrun = not_run(found.failure)
     assert unrun is not None, found.failure.text()
-    assert unrun.error.startswith("NotImplementedError: Tensor.storage() (a TypedStorage)")
+    assert unrun.error.startswith("NotImplementedError: storage().tolist of a simulated tensor is not simulated")

@@ -6,8 +6,11 @@ offload it, ``out.untyped_storage().copy_(recomputed.untyped_storage())`` to res
 storage refused ``copy_`` (not simulated: no verdict), and a host storage's ``copy_`` given it raised ``TypeError``
 in the program, a host error reported as the program's failure. Both are now one ``copy_`` between byte tensors over
 the two storages, as torch's ``storage_copy`` makes it (``simdevice.dispatch.storage_copy``): an H2D, a D2H or a
-device copy, blocking unless asked not to. Mutations caught: either path taken back out (the programs below fail
-with the simulator's refusal or the C method's ``TypeError``).
+device copy, blocking unless asked not to. Older code does the same through ``t.storage()`` (torch's deprecated
+``TypedStorage``: ``t.storage().resize_(0)``, ``resize_(n)`` and ``copy_``, as ColossalAI's ``free_storage`` and
+``alloc_storage``), which the simulator refused (no verdict): it is the tensor's storage counted in elements
+(``simdevice.dispatch.SimTypedStorage``). Mutations caught: either path taken back out (the programs below fail
+with the simulator's refusal or the C method's ``TypeError``); the typed storage refused again.
 """
 
 from __future__ import annotations
@@ -97,3 +100,52 @@ def test_contract_code_copies_by_storage_too() -> None:
     run = dev.run(program)
     assert not run.reports, run.reports
     assert torch.equal(seen[0], torch.arange(8, dtype=torch.float32))
+
+
+def _typed_free_and_back(wait: bool) -> simdevice.Run:
+    """Freed and brought back through ``t.storage()``, in elements, the bytes from a pinned buffer's typed storage
+    on ``side``; the current stream waits for ``side`` (``wait``) or not before it reads them."""
+
+    def program() -> None:
+        x = torch.arange(1024, dtype=torch.float32, device="cuda")
+        host = torch.empty(1024, pin_memory=True)
+        host.storage().copy_(x.storage())  # (a blocking D2H, by storage)
+        assert x.storage().size() == 1024
+        x.storage().resize_(0)
+        assert (x.storage().size(), x.storage().nbytes()) == (0, 0)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            x.storage().resize_(1024)
+            x.storage().copy_(host.storage(), non_blocking=True)
+        if wait:
+            torch.cuda.current_stream().wait_stream(side)
+        assert torch.equal((x + 0).cpu(), torch.arange(1024, dtype=torch.float32))
+
+    run = simdevice.cuda()
+    run.run(program)
+    return run.result
+
+
+def test_a_typed_storage_frees_and_brings_back_as_the_untyped_one() -> None:
+    assert not _typed_free_and_back(True).reports
+    reports = _typed_free_and_back(False).reports
+    races = [r for r in reports if isinstance(r, Race)]
+    assert races, reports
+    assert races[0].previous.op == "copy_ (H2D)", reports
+    assert any(isinstance(r, HostError) for r in reports), reports
+
+
+def test_a_typed_storage_answers_as_a_cuda_one() -> None:
+    got: list[object] = []
+
+    def program() -> None:
+        x = torch.arange(8, dtype=torch.float64, device="cuda")
+        st = x.storage()
+        got.extend([len(st), st.size(), st.nbytes(), st.element_size(), st.dtype, st.device.type, st.is_cuda,
+                    st.data_ptr() == x.data_ptr(), st.untyped() == x.untyped_storage(), st.is_pinned()])
+
+    run = simdevice.cuda()
+    run.run(program)
+    run.assert_clean()
+    assert got == [8, 8, 64, 8, torch.float64, "cuda", True, True, True, False]
