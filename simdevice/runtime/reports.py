@@ -359,8 +359,12 @@ def describe(e: BaseException) -> str:
     """``Type: message``; for a bare ``assert`` (no message), the line that failed: ``AssertionError at `...```; for
     a ``torch.cuda`` function that calls CUDA's own C API, which torch's CPU build lacks (``host_memory_stats``,
     ``memory_stats_as_nested_dict``, ``torch.cuda.comm``'s: ``torch._C._cuda_*``, ``_broadcast``), the function the
-    program called, by name."""
-    text = str(e)
+    program called, by name; for an exception whose ``str()`` raises (a class of the program's), its type and what
+    that raised, as Python's traceback names it where it cannot make the text."""
+    try:
+        text = str(e)
+    except Exception as failed:  # (the program's own __str__, whatever it raises)
+        return f"{type(e).__name__} (its text could not be made: str() raised {type(failed).__name__}: {failed})"
     if isinstance(e, AssertionError):
         at = _simulator_assert(e)
         if at is not None:

@@ -472,7 +472,11 @@ def _imported(where: str) -> Any:
     except _ExitAtImport as e:
         raise TargetError(f"importing {where[:200]!r} failed: it called {e}") from None
     except BaseException as e:  # its own import failed: say so in one line
-        first = str(e).splitlines()[0] if str(e) else ""
+        try:
+            text = str(e)
+        except Exception:  # (an exception class of the program's whose __str__ raises)
+            text = "(its text could not be made: its str() raised)"
+        first = text.splitlines()[0] if text else ""
         raise TargetError(f"importing {where[:200]!r} failed: {type(e).__name__}: {first[:200]}"
                           f"{_import_site(e)}{_cuda_at_import(first)}") from None
 

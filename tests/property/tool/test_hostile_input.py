@@ -3,8 +3,9 @@ traceback; valid but extreme input gets its documented behaviour (a step-limit r
 refusal naming the limit, a note for a delay that never applied, a clean run for the longest stall).
 
 The commands run in-process (the ``run_cli`` fixture), in a folder holding a few files of a user's: ``ok.py`` (a
-function target), ``notprog.py`` (no function), ``broken.py`` (a syntax error), ``notes.txt`` (no FILE.py) and the
-folders ``somedir`` and ``pydir.py``.
+function target), ``notprog.py`` (no function), ``broken.py`` (a syntax error), ``weird.py`` and ``weirdimport.py``
+(an exception whose ``str()`` raises, from a function and at import), ``notes.txt`` (no FILE.py) and the folders
+``somedir`` and ``pydir.py``.
 """
 
 from __future__ import annotations
@@ -133,6 +134,8 @@ MALFORMED = [
     (['replay', L + '::host#1000000001+1'], 'index must be in 0..1000000000, got 1000000001'),
     (['replay', L + '::host#\u0663+1'], "bad delay 'host#\u0663+1': expected"),
     (['replay', L + ':kib=\u0664'], "bad value '\u0664' for configuration key 'kib'"),
+    # an import raising an exception of the program's whose str() raises
+    (['replay', 'weirdimport.py::fn'], "importing 'weirdimport.py' failed: Weird: (its text could not be made: its"),
 ]
 
 
@@ -145,6 +148,10 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         'import torch\n\n\ndef fn():\n    torch.ones(4, device="cuda")\n'
         '    raise RuntimeError("the first line " + "x" * 500 + "\\nthe second\\nthe third")\n')
     (tmp_path / "broken.py").write_text("def f(:\n")
+    weird = 'class Weird(Exception):\n    def __str__(self):\n        raise ValueError("no text")\n\n\n'
+    (tmp_path / "weird.py").write_text(
+        'import torch\n\n\n' + weird + 'def fn():\n    torch.ones(4, device="cuda")\n    raise Weird()\n')
+    (tmp_path / "weirdimport.py").write_text(weird + 'raise Weird()\n\n\ndef fn():\n    pass\n')
     (tmp_path / "somedir").mkdir()
     (tmp_path / "pydir.py").mkdir()
     (tmp_path / "notes.txt").write_text("def fn():\n    pass\n")
@@ -166,7 +173,8 @@ def test_malformed_input_is_one_line_and_exit_2(argv: list[str], message: str, u
     assert len(err) < 400, err  # a long input is not echoed in full
     assert "Traceback" not in out + err
     assert sorted(p.name for p in user_dir.iterdir()) == ["broken.py", "manylines.py", "notes.txt", "notprog.py",
-                                                           "ok.py", "pydir.py", "somedir"]
+                                                           "ok.py", "pydir.py", "somedir", "weird.py",
+                                                           "weirdimport.py"]
 
 
 EXTREME = [
@@ -178,6 +186,9 @@ EXTREME = [
     (["replay", L + "::host#0~1"], 0, "delays never applied (their operation never came): host#0~1"),
     # a line pasted with the quotes check prints around it
     (["replay", f'"{L}::host#0+1000000"', "--no-fix"], 0, "on sim: clean"),
+    # the program raised an exception of its own whose str() raises: its host error, named by type
+    (["replay", "weird.py::fn", "--no-fix"], 1,
+     "host raised Weird (its text could not be made: str() raised ValueError: no text) (weird.py:"),
 ]
 
 
