@@ -299,12 +299,13 @@ _SOURCES: dict[tuple[Any, int], str] = {}
 _SOURCES_CWD: list[str | None] = [None]
 
 
-def forget_sources() -> None:
-    """A run starts: the names kept stand while the working directory is the one they were made in."""
+def forget_sources() -> str:
+    """A run starts: the names kept stand while the working directory is the one they were made in (returned)."""
     cwd = os.getcwd()
     if cwd != _SOURCES_CWD[0]:
         _SOURCES.clear()
         _SOURCES_CWD[0] = cwd
+    return cwd
 
 
 def user_source(skip: int = 0) -> str:
@@ -403,7 +404,7 @@ def _simulator_assert(e: AssertionError) -> str | None:
     line = linecache.getline(path, tb.tb_lineno).strip()
     if not line.startswith("assert "):
         return None
-    return f"{short_path(path)}:{tb.tb_lineno} (`{line}`)"
+    return f"{short_path(path, _SOURCES_CWD[0])}:{tb.tb_lineno} (`{line}`)"
 
 
 def _torch_entry(e: BaseException) -> str | None:
@@ -437,6 +438,6 @@ def error_source(e: BaseException, instead: str | None = None) -> str:
         return instead
     if at is None:
         return "?"
-    return f"{short_path(at.tb_frame.f_code.co_filename)}:{at.tb_lineno}"
+    return f"{short_path(at.tb_frame.f_code.co_filename, _SOURCES_CWD[0])}:{at.tb_lineno}"
 
 

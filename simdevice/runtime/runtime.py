@@ -17,6 +17,7 @@ import contextvars
 import ctypes
 import functools
 import gc
+import os
 import platform
 import sys
 import warnings
@@ -271,7 +272,10 @@ class Runtime:
         self._allocs: dict[str, int] = {}
         self._picks: dict[str, dict[int, int]] = {}
         self._picked: set[tuple[str, int]] = set()
-        forget_sources()  # report lines name files relative to the working directory as the run starts
+        #: the working directory as the run starts: report lines name files relative to it, and a program's
+        #: ``os.chdir`` is undone at the run's end (a process's own on a GPU; the command's next run, and the files
+        #: it writes where the user named them, start from here)
+        self.cwd = forget_sources()
         self.reports = ReportSink()
         self.memory = Memory(self.reports)
         self.memory.in_flight.values = config.values
@@ -356,9 +360,20 @@ class Runtime:
         finally:
             torch.set_num_threads(threads)
             self._ended()
+            self.cwd_restored()
         if ex.needs_threads is not None:
             raise NeedsThreads(ex.needs_threads)  # the caller runs the program again on threads (SimDevice.run)
         return main.result
+
+    def cwd_restored(self) -> None:
+        """The working directory the run started in, again, where the program changed it (``os.chdir``)."""
+        try:
+            here = os.getcwd()
+        except OSError:  # (the program went to a folder it then removed)
+            here = None
+        if here != self.cwd:
+            with contextlib.suppress(OSError):  # (or removed the one the run started in: nowhere to go back to)
+                os.chdir(self.cwd)
 
     def _ended(self) -> None:
         """The run is over: no actor starts any more, so what an actor enters (the façade's, which holds the façade,
@@ -396,6 +411,7 @@ class Runtime:
         finally:
             torch.set_num_threads(threads)
             self._ended()
+            self.cwd_restored()
         if isinstance(error, (KeyboardInterrupt, SystemExit)):
             raise error
 
