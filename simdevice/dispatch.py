@@ -751,13 +751,8 @@ class SimStorage:
     def __getattr__(self, name: str) -> Any:
         """A method of torch's storages this one does not have (``fill_``, ``cpu``, ``tolist``, ...) is
         what the simulator does not run (``NotImplementedError``: no verdict), not an error of the program's."""
-        if not name.startswith("_") and hasattr(torch.UntypedStorage, name):
-            raise NotImplementedError(
-                f"untyped_storage().{name} of a simulated tensor is not simulated (its storage has data_ptr, "
-                "nbytes, size, element_size, device, is_cuda, get_device, copy_ and resize_(0)): operate on the "
-                "tensor instead"
-            )
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise _lacking(self, name, torch.UntypedStorage, "untyped_storage()", "storage has data_ptr, nbytes, size, "
+                       "element_size, device, is_cuda, get_device, copy_ and resize_(0)")
 
     def copy_(self, src: Any, non_blocking: bool = False) -> SimStorage:
         """``storage.copy_(src, non_blocking)`` (offload code's onload: ``p.untyped_storage().copy_(
@@ -853,13 +848,8 @@ class SimTypedStorage:
         return False
 
     def __getattr__(self, name: str) -> Any:
-        if not name.startswith("_") and hasattr(torch.TypedStorage, name):
-            raise NotImplementedError(
-                f"storage().{name} of a simulated tensor is not simulated (its TypedStorage has size, nbytes, "
-                "element_size, data_ptr, device, is_cuda, get_device, untyped, copy_ and resize_(0)): operate on "
-                "the tensor instead"
-            )
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise _lacking(self, name, torch.TypedStorage, "storage()", "TypedStorage has size, nbytes, element_size, "
+                       "data_ptr, device, is_cuda, get_device, untyped, copy_ and resize_(0)")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SimTypedStorage) and other._untyped_storage == self._untyped_storage
@@ -869,6 +859,15 @@ class SimTypedStorage:
 
     def __repr__(self) -> str:
         return f"SimTypedStorage({self._untyped_storage._t._st.label}, {self.dtype}, {self.size()} elements)"
+
+
+def _lacking(storage: Any, name: str, torch_class: type, shown: str, has: str) -> Exception:
+    """What asking a simulated storage for ``name`` raises: ``NotImplementedError`` (no verdict) for a method of
+    torch's class (``torch_class``) the simulated one lacks, ``AttributeError`` for any other name."""
+    if not name.startswith("_") and hasattr(torch_class, name):
+        return NotImplementedError(f"{shown}.{name} of a simulated tensor is not simulated (its {has}): operate on "
+                                   "the tensor instead")
+    return AttributeError(f"{type(storage).__name__!r} object has no attribute {name!r}")
 
 
 def storage_copy(dst: Any, src: Any, non_blocking: bool = False) -> None:

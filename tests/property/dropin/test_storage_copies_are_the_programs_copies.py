@@ -15,6 +15,8 @@ with the simulator's refusal or the C method's ``TypeError``); the typed storage
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from hazard_checks import races_only_unwaited
@@ -26,6 +28,12 @@ from simdevice import HostError, Race
 def test_a_parameter_brought_back_by_its_storage_races_only_unwaited() -> None:
     """``tests/hazards.py::storage_onload`` (run on a GPU in ``tests/gpu/test_dropin_gpu.py``)."""
     races_only_unwaited("storage_onload", "side#0+20")
+
+
+def _result(program: Callable[[], None]) -> simdevice.Run:
+    run = simdevice.cuda()
+    run.run(program)
+    return run.result
 
 
 def _offloaded_by_storage(sync: bool) -> simdevice.Run:
@@ -40,9 +48,7 @@ def _offloaded_by_storage(sync: bool) -> simdevice.Run:
             side.synchronize()
         assert torch.equal(host, torch.arange(4096, dtype=torch.float32))
 
-    run = simdevice.cuda()
-    run.run(program)
-    return run.result
+    return _result(program)
 
 
 def test_an_offload_by_storage_is_a_d2h_the_host_must_wait_for() -> None:
@@ -122,9 +128,7 @@ def _typed_free_and_back(wait: bool) -> simdevice.Run:
             torch.cuda.current_stream().wait_stream(side)
         assert torch.equal((x + 0).cpu(), torch.arange(1024, dtype=torch.float32))
 
-    run = simdevice.cuda()
-    run.run(program)
-    return run.result
+    return _result(program)
 
 
 def test_a_typed_storage_frees_and_brings_back_as_the_untyped_one() -> None:
