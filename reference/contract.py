@@ -117,14 +117,24 @@ _META_OPS = frozenset(
 def poison(t: torch.Tensor) -> None:
     """Fill memory nobody wrote with values a reader cannot mistake for data (NaN, or the integer maximum): the
     simulator does so for fresh memory, ``CudaDevice`` for every uninitialized allocation of plain code."""
-    if t.numel() == 0:
+    if t.numel() == 0 or t.is_quantized:  # (quantized values have no number of their own to fill with)
         return
     if t.dtype.is_floating_point or t.dtype.is_complex:
         t.fill_(math.nan)
     elif t.dtype == torch.bool:
         t.fill_(True)
-    else:
-        t.fill_(torch.iinfo(t.dtype).max)
+    elif _largest(t.dtype) is not None:
+        t.fill_(_largest(t.dtype))
+    # (a dtype of raw bits has no number to fill it with: left as it is)
+
+
+@functools.cache
+def _largest(dtype: torch.dtype) -> int | None:
+    """An integer dtype's largest value; None for one ``torch.iinfo`` does not take (``bits8``)."""
+    try:
+        return int(torch.iinfo(dtype).max)
+    except TypeError:
+        return None
 
 
 @functools.cache

@@ -51,6 +51,19 @@ def test_a_host_allocation_in_a_run_is_poisoned() -> None:
     assert got["bool"] == [True] * 8
 
 
+def test_a_dtype_with_no_number_to_fill_is_left_as_it_is() -> None:
+    """Raw bits (``bits8``) and quantized values have no value of their own to poison with: the allocation is left
+    as torch made it (filling raised ``TypeError`` there, the program's host error)."""
+
+    def program() -> None:
+        assert torch.empty(16, dtype=torch.bits8).numel() == 16
+        assert torch.empty(4, dtype=torch.int16).tolist() == [torch.iinfo(torch.int16).max] * 4
+
+    run = simdevice.cuda()
+    run.run(program)
+    run.assert_clean()
+
+
 def _staging(sync: bool) -> list[float]:
     """Gradients to a pinned staging buffer made from a host ``empty``, read on the host before (or after) the D2H
     into it landed: the read sees the poison, the same in every run."""
