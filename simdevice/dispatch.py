@@ -798,7 +798,7 @@ class SimTypedStorage:
         return self._untyped_storage
 
     def element_size(self) -> int:
-        return int(torch.empty(0, dtype=self.dtype, device=META).element_size())
+        return int(self.dtype.itemsize)
 
     _element_size = element_size
 
@@ -883,9 +883,7 @@ def _bytes_over(storage: Any) -> torch.Tensor:
     """A byte tensor over the whole of ``storage``: a simulated one's, or torch's own (host memory)."""
     if isinstance(storage, (torch.TypedStorage, SimTypedStorage)):
         storage = storage.untyped()
-    if isinstance(storage, SimStorage):
-        return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-    if isinstance(storage, torch.UntypedStorage):
+    if isinstance(storage, (SimStorage, torch.UntypedStorage)):
         return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
     raise TypeError(f"copy_(): argument 'src' (position 1) must be torch.Storage, not {type(storage).__name__}")
 
