@@ -912,23 +912,16 @@ def crosses_devices(old: torch.Tensor, new: torch.Tensor) -> bool:
             and old.layout is torch.strided and not old.is_quantized and not old.is_mkldnn)
 
 
-NOT_MOVED_IN_PLACE = ("moving a tensor between the host and the simulated device in place (module.to, .cuda(), "
-                      ".cpu() of a parameter, which keeps its object as torch's set_data does on a GPU) is not "
-                      "simulated where another tensor's autograd record holds it (a move between a forward and "
-                      "its backward): move the module before its forward or after its backward")
-
-
 def _held(t: torch.Tensor) -> Any:
-    """The ``AccumulateGrad`` node that holds ``t``'s tensor where one does, as ``torch.utils.swap_tensors`` asks
-    (None where nothing does); ``NotImplementedError`` where anything else in C++ holds it."""
+    """The ``AccumulateGrad`` node that holds ``t``'s tensor where one does (None where none does), to be told that a
+    backward through it is not simulated. Whatever else in C++ holds the tensor (a graph's saved views of it, its
+    views' bases) keeps holding it: the tensor that had ``t``'s bytes, as a GPU's ``set_data`` leaves a saved view
+    holding the storage it had."""
     n = t._use_count()
-    if n == 1:
+    if n == 1 or not (t.is_leaf and t.requires_grad):
         return None
-    if n == 2 and t.is_leaf and t.requires_grad:
-        node = torch.autograd.graph.get_gradient_edge(t).node
-        if t._use_count() == 2:  # (the node was there: not made by the lookup)
-            return node
-    raise NotImplementedError(NOT_MOVED_IN_PLACE)
+    node = torch.autograd.graph.get_gradient_edge(t).node
+    return node if t._use_count() == n else None  # (a node the lookup made holds nothing of the program's)
 
 
 def _stale_accumulator(grad_outputs: Any) -> Any:
@@ -945,9 +938,9 @@ def move_in_place(old: torch.Tensor, new: torch.Tensor) -> None:
     becomes ``new``'s (:class:`SimTensor` on the device). ``new`` is left holding what ``old`` held (drop it).
     An ``AccumulateGrad`` node that held ``old``'s tensor (the graph of a forward before the move) keeps what it
     held, as ``set_data`` gives the parameter a new one where the device changes; a backward through it raises
-    ``NotImplementedError``. The caller moves ``grad`` (clear both tensors' first)."""
+    ``NotImplementedError``. A graph's saved views of ``old`` keep the bytes they had, as on a GPU. The caller
+    moves ``grad`` (clear both tensors' first)."""
     node = _held(old)
-    _held(new)
     hooks, after = old._backward_hooks, old._post_accumulate_grad_hooks
     kept = {k: v for k, v in new.__dict__.items() if k in _OWN}
     kept.update((k, v) for k, v in old.__dict__.items() if k not in _OWN)

@@ -3,7 +3,10 @@ keeps them on a GPU (``Module._apply`` sets ``param.data``: a CPU and a CUDA ten
 types there). Before, a host tensor and a simulated one were not, so torch made new ``Parameter`` objects: an
 optimizer made before ``model.cuda()``, or kept across an actor offload's ``model.to("cpu")`` /
 ``model.to("cuda")`` round trip (verl's), updated orphaned tensors, and a correct program was reported failing.
-The moves are still the program's copies: one not waited for by a side stream that reads the weights races."""
+The moves are still the program's copies: one not waited for by a side stream that reads the weights races.
+A module moved while a forward's graph holds views of its weights (a layer whose input needs a gradient saves its
+weight's transpose) moves too, the views keeping the bytes they had as on a GPU: a sequential offload run with
+grad enabled, and a frozen model's layers offloaded between forward and backward, were refused before."""
 
 from __future__ import annotations
 
@@ -130,10 +133,49 @@ def _a_copy_in_flight_into_the_parameter() -> None:
     assert torch.equal(model.weight.cpu(), src.cpu()), "the moved weight is not what the D2H wrote"
 
 
+def _sequential_offload_with_grad_enabled() -> None:
+    """Each block moved to the device, run and moved back (``accelerate``'s sequential offload), grad enabled: from
+    the second block on, the forward's graph holds a view of the weight (its input needs a gradient)."""
+    torch.manual_seed(0)
+    blocks = [nn.Linear(16, 16) for _ in range(3)]
+    x = torch.randn(4, 16, requires_grad=True)
+    expected = x
+    for b in blocks:
+        expected = torch.relu(b(expected))  # (the host graph: saved views of blocks 1 and 2's weights)
+    y = x.cuda()
+    for b in blocks:
+        b.to("cuda", non_blocking=True)
+        y = torch.relu(b(y))
+        b.to("cpu")
+    assert all(b.weight.device.type == "cpu" for b in blocks)
+    torch.testing.assert_close(y.cpu(), expected)
+
+
+def _frozen_layers_offloaded_between_forward_and_backward() -> None:
+    """Frozen weights (``requires_grad=False``) moved to the host after the forward and back before the backward,
+    which reads the views of them its graph saved: the input's gradient is the host's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+    model.requires_grad_(False)
+    x = torch.randn(2, 8, requires_grad=True)
+    model(x).square().sum().backward()
+    expected, x.grad = x.grad, None
+    model.cuda()
+    xd = x.detach().cuda().requires_grad_()
+    loss = model(xd).square().sum()
+    model.cpu()
+    torch.cuda.empty_cache()
+    model.cuda()
+    loss.backward()
+    torch.testing.assert_close(xd.grad.cpu(), expected)
+
+
 @pytest.mark.parametrize(
     "program", [_optimizer_before_cuda, _round_trips, _grads_move_with_their_parameters, _tied_and_converted,
-                _a_copy_in_flight_into_the_parameter],
-    ids=["optimizer made before .cuda()", "round trips", "grads move", "tied and converted", "a copy in flight"],
+                _a_copy_in_flight_into_the_parameter, _sequential_offload_with_grad_enabled,
+                _frozen_layers_offloaded_between_forward_and_backward],
+    ids=["optimizer made before .cuda()", "round trips", "grads move", "tied and converted", "a copy in flight",
+         "sequential offload with grad", "frozen layers offloaded"],
 )
 def test_a_moved_module_keeps_its_parameter_objects(program: Callable[[], None]) -> None:
     s = simdevice.cuda()
@@ -210,10 +252,13 @@ def test_the_moves_are_the_program_s_copies(wait: bool, pinned: bool) -> None:
         assert any(isinstance(r, Race) for r in s.reports), s.text()
 
 
-def test_a_move_between_a_forward_and_its_backward_gives_no_verdict() -> None:
+@pytest.mark.parametrize("input_grad", [False, True], ids=["input without grad", "input with grad"])
+def test_a_move_between_a_forward_and_its_backward_gives_no_verdict(input_grad: bool) -> None:
+    """The backward would accumulate into the tensor the parameter had: no verdict, at the backward (whether the
+    graph holds the weight through its gradient's accumulator alone, or a saved view of it too)."""
     def program() -> None:
         model = nn.Linear(4, 4).cuda()
-        loss = model(torch.ones(1, 4, device="cuda")).sum()  # its graph saved the weight
+        loss = model(torch.ones(1, 4, device="cuda", requires_grad=input_grad)).sum()  # its graph holds the weight
         model.cpu()
         loss.backward()
 
