@@ -1062,6 +1062,19 @@ class _PlainCall:
         return self.fn(*self.args, **self.kwargs)
 
 
+class SpawnedRank(_PlainCall):
+    """A function ``torch.multiprocessing.spawn`` starts on each rank (``reference.cuda_plain``'s): ``fn(rank,
+    *args)``, the rank's index first, as torch's spawned processes call it."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        super().__init__(fn, args, {})
+
+    def __call__(self) -> Any:
+        import torch.distributed as dist
+
+        return self.fn(dist.get_rank(), *self.args)
+
+
 def _warm_communicators(rank: int, world_size: int) -> None:
     """Make the NCCL communicators plain code may use before it runs: the world's (a collective) and each pair's
     (a send and a receive between every two ranks). NCCL makes one at its first use, and its set-up synchronizes

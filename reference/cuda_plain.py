@@ -48,6 +48,7 @@ class CudaDevice(Protocol):
     def count_op(self, actor: str) -> int: ...
     def name_stream(self, raw: torch.cuda.Stream, name: str) -> None: ...
     def stream_names(self) -> set[str]: ...
+    def spawn_ranks(self, fn: Callable[..., Any], world_size: int, args: tuple[Any, ...] = ()) -> list[Any]: ...
 
 
 _INTERNAL = inside(str(__import__("reference").__path__[0]))
@@ -436,7 +437,11 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
                                   ("synchronize", accelerator_synchronize), ("empty_cache", accelerator_empty_cache)):
                 if module is not None and hasattr(module, name):
                     put(module, name, counted)
+        _ORIGINAL["process_start"] = multiprocessing.process.BaseProcess.start
         put(multiprocessing.process.BaseProcess, "start", _no_processes)
+        # ``spawn`` calls ``start_processes`` by its module's name for it (a ``spawn`` imported by name too)
+        for owner in (torch.multiprocessing, sys.modules["torch.multiprocessing.spawn"]):
+            put(owner, "start_processes", _start_ranks)
         put(threading.Thread, "start", _no_program_threads(threading.Thread.start))
         saver = _memory_saver_class()
         if saver is not None:
@@ -510,8 +515,34 @@ def _no_stores(*args: Any, **kwargs: Any) -> None:
                               "their steps are not counted there (the simulator counts them)")
 
 
+#: set while ``_start_ranks`` starts the ranks' processes (``CudaDevice.spawn_ranks``'s, which count their own steps)
+_STARTING_RANKS: list[bool] = []
+
+
+def _start_ranks(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: int = 1, join: bool = True,
+                 daemon: bool = False, start_method: str = "spawn") -> None:
+    """``torch.multiprocessing.start_processes`` (and ``spawn``) in a counted run: ``fn(i, *args)`` on rank ``i`` of
+    ``nprocs`` ranks, a process and a GPU each, one NCCL group (``CudaDevice.spawn_ranks``, counted and stalled on
+    the schedule as the simulator's ranks are; the program's ``init_process_group`` is that group's), waited for."""
+    if not join:
+        raise NotImplementedError("torch.multiprocessing.spawn and start_processes with join=False are not replayed "
+                                  "on a GPU (the simulator does not run them either): join=True")
+    if nprocs < 1:
+        return None
+    from reference.cuda import SpawnedRank
+
+    _STARTING_RANKS.append(True)
+    try:
+        _DEV[-1].spawn_ranks(SpawnedRank(fn, tuple(args)), nprocs)
+    finally:
+        _STARTING_RANKS.pop()
+    return None
+
+
 def _no_processes(self: Any) -> None:
     """``Process.start`` in a counted run: a child's steps are not counted on the GPU (the simulator runs it as an
     actor of the run), so its schedule would not mean the same operations here."""
+    if _STARTING_RANKS:
+        return _ORIGINAL["process_start"](self)  # type: ignore[no-any-return]
     raise NotImplementedError("processes a program starts are not replayed on a GPU yet: their steps are not "
                               "counted there (the simulator runs them)")

@@ -14,6 +14,10 @@ not wait takes the output before NCCL wrote it.
 ``LOCAL_RANK`` and ends the group, as each process torchrun starts does; an async ``all_gather_into_tensor`` read
 after its wait or not (an ``all_reduce`` in place would not do on one rank: the sum of one is its input, so an early
 read reads the right numbers; on an H100 its unwaited read was right 5/5, where the simulator named the stale read).
+
+``spawned`` is a script's ``main`` that starts its training processes with ``torch.multiprocessing.spawn`` (run as a
+function with no ``--world-size``: its ``nprocs`` ranks are the ones ``spawn`` starts), each making its group with
+its rank and the world's size, as ``mp.spawn`` tutorials write it, and gathering as ``torchrun_style`` does.
 """
 
 from __future__ import annotations
@@ -64,3 +68,27 @@ def torchrun_style(wait: bool = True, n: int = 4096) -> None:
     work.wait()
     assert total == n * world * (world + 1) / 2, f"read {total}: the buffer before the all-gather wrote it"
     dist.destroy_process_group()
+
+
+def _spawned_rank(rank: int, world: int, wait: bool, n: int) -> None:
+    os.environ.setdefault("MASTER_ADDR", "localhost")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    torch.cuda.set_device(rank)
+    x = torch.full((n,), float(rank + 1), device="cuda")
+    out = torch.zeros(n * world, device="cuda")
+    work = dist.all_gather_into_tensor(out, x, async_op=True)
+    if wait:
+        work.wait()  # wait: every rank's part must have landed before it is read
+    total = out.sum().item()
+    work.wait()
+    assert total == n * world * (world + 1) / 2, f"rank {rank} read {total}: the buffer before the all-gather wrote it"
+    dist.destroy_process_group()
+
+
+def spawned(nprocs: int = 1, wait: bool = True, n: int = 4096) -> None:
+    """``mp.spawn(train, args=(world, ...), nprocs=world)``: the ranks it starts gather, each reading after the wait
+    or not."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_spawned_rank, args=(nprocs, wait, n), nprocs=nprocs, join=True)

@@ -634,6 +634,28 @@ def storage_onload(wait: int = 1, n: int = 1 << 12) -> None:
     assert torch.equal((p * 2).detach().cpu(), torch.arange(n, dtype=torch.float32) * 2), "read before the onload"
 
 
+def sequential_offload(wait: int = 1, n: int = 1 << 12) -> None:
+    """``accelerate``'s sequential offload with grad enabled: each block's pinned weights moved to the device without
+    blocking, the block run (from the second on, its graph holds a view of its weight: its input needs a gradient),
+    moved back without blocking (into new pinned memory); the host reads the weights after ``synchronize()``
+    (``wait``) or at once."""
+    torch.manual_seed(0)
+    blocks = [torch.nn.Linear(64, 64) for _ in range(2)]
+    for b in blocks:
+        for p in b.parameters():
+            p.data = p.data.pin_memory()
+    before = [b.weight.detach().clone() for b in blocks]
+    y = torch.ones(n // 64, 64, device="cuda", requires_grad=True)
+    for b in blocks:
+        b.to("cuda", non_blocking=True)
+        y = torch.tanh(b(y))
+        b.to("cpu", non_blocking=True)
+    if wait:
+        torch.cuda.synchronize()
+    for b, w in zip(blocks, before, strict=True):
+        assert torch.equal(b.weight.detach(), w), "the host read a weight before its move back landed"
+
+
 def amp_reload(wait: int = 1, n: int = 1 << 12) -> None:
     """A linear layer applied twice under ``torch.autocast("cuda", dtype=torch.bfloat16)`` (its weight and bias cast
     once: autocast's cache), its bfloat16 output copied D2H into a bfloat16 pinned buffer on ``side``; the host reads

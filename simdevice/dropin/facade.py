@@ -2259,9 +2259,6 @@ def install(p: Patches) -> None:
     p.set(torch, "set_autocast_enabled", autocast.set_enabled(torch.set_autocast_enabled, kernels))
     p.set(torch, "clear_autocast_cache", autocast.clear(torch.clear_autocast_cache))
     p.on_restore(kernels.remove)
-    for name in ("spawn", "start_processes"):
-        if hasattr(torch.multiprocessing, name):
-            p.set(torch.multiprocessing, name, _no_processes(name))
     _eager_compiled(p)
     p.set(torch, "compile", _compile(torch.compile, p))  # (made for this session's patches, not kept)
 
@@ -2537,17 +2534,6 @@ def _compile(original: Callable[..., Any], p: Patches) -> Callable[..., Any]:
         return out
 
     return compile
-
-
-def _no_processes(name: str) -> Callable[..., Any]:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            f"torch.multiprocessing.{name} is not simulated (a child process would not run on the simulated "
-            "device): run the function on ranks instead, with world_size=N or --world-size N"
-        )
-
-    call.__name__ = name
-    return call
 
 
 #: (owner, name) -> (the original a wrapper was made for, the wrapper): made once, remade if the original changed

@@ -31,6 +31,7 @@ import multiprocessing
 import multiprocessing.context
 import multiprocessing.process
 import os
+import sys
 import threading
 import types
 import weakref
@@ -1059,6 +1060,46 @@ def _modules() -> list[Any]:
     return [multiprocessing, torch.multiprocessing]
 
 
+def _start_processes(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.multiprocessing.start_processes`` (and ``spawn``, which calls it) in a run: ``fn(i, *args)`` on rank
+    ``i`` of a new world of ``nprocs`` ranks (``rank0..``, a process and a device each, torch.distributed's default
+    group theirs, as ``--world-size N`` makes them: the program's ``init_process_group`` joins it), the caller
+    waiting for all of them, as ``join=True`` waits; ``args`` pickled as a spawned child receives them (a device
+    tensor in them arrives through CUDA IPC). What a rank raises is the run's host error, where torch raises it in
+    the parent as ``ProcessRaisedException``. Outside a run, torch's."""
+
+    def start_processes(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: int = 1, join: bool = True,
+                        daemon: bool = False, start_method: str = "spawn") -> None:
+        if not _in_run():
+            return original(fn, args, nprocs, join, daemon, start_method)  # type: ignore[no-any-return]
+        from simdevice.search.targets import MAX_WORLD_SIZE
+
+        if not join:
+            raise NotImplementedError("torch.multiprocessing.spawn and start_processes with join=False are not "
+                                      "simulated (their ProcessContext): join=True")
+        dev = _session()
+        rt = dev.runtime
+        if rt.rank_in_world() is not None or "rank0" in rt.execution.actors:
+            raise NotImplementedError("torch.multiprocessing.spawn (or start_processes) of ranks where ranks run "
+                                      "already is not simulated: one world per run (check the function that "
+                                      "spawns them without --world-size)")
+        if nprocs > MAX_WORLD_SIZE:
+            raise NotImplementedError(f"torch.multiprocessing.spawn of {nprocs} processes: the simulator runs at "
+                                      f"most {MAX_WORLD_SIZE} ranks")
+        if nprocs < 1:  # (torch starts none, and its join returns at once)
+            return None
+        sent = _sent(dev, tuple(args), rt.current().current_stream)
+
+        def body() -> None:
+            fn(rt.rank(), *_received(dev, sent))
+
+        rt.spawn_ranks(nprocs, body)
+        return None
+
+    start_processes.__name__ = start_processes.__qualname__ = "start_processes"
+    return start_processes
+
+
 def install(p: Patches) -> None:
     """Put the simulated processes and primitives in place (each falls back to the original outside a run)."""
     _patch_process(p)
@@ -1067,6 +1108,11 @@ def install(p: Patches) -> None:
     for name in (*_MADE, *_REFUSED):
         _set_everywhere(p, name, lambda original, method, name=name: _in_run_instead(name, original, method))
     p.set(os, "_exit", _os_exit(os._exit))
+    # (``spawn`` calls it by its module's name for it: a ``spawn`` the program imported by name reaches it too)
+    spawning = sys.modules["torch.multiprocessing.spawn"]
+    started = _start_processes(spawning.start_processes)
+    p.set(spawning, "start_processes", started)
+    p.set(torch.multiprocessing, "start_processes", started)
     reductions = torch.multiprocessing.reductions
     p.set(reductions, "reduce_tensor", _reduce_tensor(reductions.reduce_tensor))
     # ``ForkingPickler`` (SGLang's serializer, torch's queues) reduces a tensor by its exact type, which torch
@@ -1080,4 +1126,5 @@ def install(p: Patches) -> None:
 def patched_owners() -> list[Any]:
     process = multiprocessing.process
     return [process, process.BaseProcess, multiprocessing.context.BaseContext, multiprocessing.context.DefaultContext,
-            *_modules(), os, torch.multiprocessing.reductions, ForkingPickler]
+            *_modules(), os, torch.multiprocessing.reductions, ForkingPickler,
+            sys.modules["torch.multiprocessing.spawn"]]

@@ -150,7 +150,8 @@ def test_empty_cache_that_gives_a_segment_back_waits_for_the_device(release: int
                                                 ("registered_reload", "side#0+20"),
                                                 ("printed_pinned_reload", "side#0+20"),
                                                 ("unwritten_staging_read", "side#0+20"),
-                                                ("storage_onload", "side#0+20")])
+                                                ("storage_onload", "side#0+20"),
+                                                ("sequential_offload", "default#0+20")])
 def test_device_agnostic_code_and_a_loader_s_pinned_batch_run_as_simulated(program: str, stall: str) -> None:
     """``tests/hazards.py::accelerator_reload`` (``torch.accelerator``, generic ``torch.Stream`` and ``torch.Event``)
     and ``loader_batch_reused`` (a ``DataLoader(pin_memory=True)`` batch, pinned on both machines, zeroed by the host
@@ -166,7 +167,8 @@ def test_device_agnostic_code_and_a_loader_s_pinned_batch_run_as_simulated(progr
     (a host buffer pinned in place by ``cudaHostRegister``), and ``printed_pinned_reload`` (a pinned buffer printed),
     and ``unwritten_staging_read`` (a staging buffer from a host ``empty``, poisoned on both: the waited line's
     check of the poison holds only where the GPU's run poisons host memory too), and ``storage_onload`` (a
-    parameter offloaded, released and brought back by its storage):
+    parameter offloaded, released and brought back by its storage), and ``sequential_offload`` (blocks moved to the
+    device and back while a forward's graph holds views of their weights):
     the same counts on both, the unwaited line corrupted under the stall, the waited one not."""
     line = f"tests/hazards.py::{program}"
     _counts_match(line)
@@ -318,6 +320,24 @@ def test_collectives_on_a_world_of_one_count_and_corrupt_as_simulated(line: str)
     bad = sum(t.run(s, "cuda").corrupted for _ in range(trials))
     print(f"RATE {line} corrupted {bad}/{trials}")
     assert bad >= 1 if "wait=0" in line else bad == 0
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_a_script_written_for_mp_spawn_counts_and_corrupts_as_simulated(nprocs: int) -> None:
+    """``tests/collective_programs.py::spawned``: a ``main`` that starts its ranks with ``torch.multiprocessing.spawn``
+    (a process and a GPU each, as ``replay --gpu`` starts them; one rank in this process), each gathering: the same
+    counts as the simulator's, the read without the wait corrupted under the stall, the waited one not."""
+    if nprocs > torch.cuda.device_count():
+        pytest.skip(f"{nprocs} ranks need {nprocs} GPUs")
+    for wait in (1, 0):
+        line = f"tests/collective_programs.py::spawned:nprocs={nprocs},wait={wait}:rank0.nccl#0+20"
+        _counts_match(line)
+        s = Schedule.parse(line)
+        t = resolve(s.program)
+        trials = max(1, TRIALS // 4)  # (each run starts its ranks' processes and their NCCL communicators)
+        bad = sum(t.run(s, "cuda").corrupted for _ in range(trials))
+        print(f"RATE {line} corrupted {bad}/{trials}")
+        assert bad >= trials - 1 if not wait else bad == 0
 
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (the extra 'upstream')")

@@ -38,3 +38,12 @@ def test_a_script_written_for_torchrun_runs_on_ranks(world: int) -> None:
         s = Schedule.parse(f"tests/collective_programs.py::torchrun_style:wait={int(wait)}:rank0.nccl#0+20")
         out = resolve(s.program, world).run(s)
         assert out.corrupted != wait, (wait, out.verdict())
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_a_script_written_for_mp_spawn_runs_its_ranks(nprocs: int) -> None:
+    for wait in (True, False):
+        s = Schedule.parse(f"tests/collective_programs.py::spawned:nprocs={nprocs},wait={int(wait)}:rank0.nccl#0+20")
+        out = resolve(s.program).run(s)
+        assert out.corrupted != wait, (wait, out.verdict())
+        assert ("race" in [r.kind for r in out.run.reports]) != wait

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from hazard_checks import races_only_unwaited
 from torch import nn
 
 import simdevice
@@ -267,3 +268,9 @@ def test_a_move_between_a_forward_and_its_backward_gives_no_verdict(input_grad: 
     unrun = not_run(found.failure)
     assert unrun is not None, found.failure.text()
     assert unrun.error.startswith("NotImplementedError"), unrun.error
+
+
+def test_a_sequential_offload_with_grad_enabled_races_only_unwaited() -> None:
+    """``tests/hazards.py::sequential_offload`` (run on a GPU in ``tests/gpu/test_dropin_gpu.py``): the moves back are
+    the program's non-blocking copies, read by the host after ``synchronize()`` or not."""
+    races_only_unwaited("sequential_offload", "default#0+20")

@@ -304,20 +304,6 @@ def test_a_random_op_that_runs_late_leaves_the_numbers_of_later_ones_as_they_wer
     assert len(set(got[0])) == 16
 
 
-def _spawns() -> None:
-    import torch.multiprocessing as mp
-
-    mp.spawn(print, nprocs=2)
-
-
-def test_spawning_processes_is_refused_pointing_at_ranks() -> None:
-    s = simdevice.cuda()
-    s.run(_spawns)
-    (err,) = [str(r) for r in s.reports]
-    assert "NotImplementedError: torch.multiprocessing.spawn is not simulated" in err
-    assert "--world-size N" in err
-
-
 def _reduce_under_a_side_stream() -> None:
     g = torch.ones(8, device="cuda")
     comm = torch.cuda.Stream()
