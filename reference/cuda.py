@@ -887,6 +887,11 @@ class CudaDevice:
                                "finished (10 minutes)")
         return [out[r] for r in range(world_size)]
 
+    def spawn_spawned(self, fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int) -> list[Any]:
+        """``fn(i, *args)`` on rank ``i`` of ``nprocs`` (:meth:`spawn_ranks`), as ``torch.multiprocessing.spawn``
+        starts a program's ranks in a counted run (``reference.cuda_plain``)."""
+        return self.spawn_ranks(SpawnedRank(fn, args), nprocs)
+
     @property
     def rank(self) -> int:
         import torch.distributed as dist

@@ -48,7 +48,7 @@ class CudaDevice(Protocol):
     def count_op(self, actor: str) -> int: ...
     def name_stream(self, raw: torch.cuda.Stream, name: str) -> None: ...
     def stream_names(self) -> set[str]: ...
-    def spawn_ranks(self, fn: Callable[..., Any], world_size: int, args: tuple[Any, ...] = ()) -> list[Any]: ...
+    def spawn_spawned(self, fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int) -> list[Any]: ...
 
 
 _INTERNAL = inside(str(__import__("reference").__path__[0]))
@@ -529,11 +529,9 @@ def _start_ranks(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: int
                                   "on a GPU (the simulator does not run them either): join=True")
     if nprocs < 1:
         return None
-    from reference.cuda import SpawnedRank
-
     _STARTING_RANKS.append(True)
     try:
-        _DEV[-1].spawn_ranks(SpawnedRank(fn, tuple(args)), nprocs)
+        _DEV[-1].spawn_spawned(fn, tuple(args), nprocs)
     finally:
         _STARTING_RANKS.pop()
     return None

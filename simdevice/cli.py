@@ -541,7 +541,7 @@ def _fixes(findings: list[Any], quiet: bool) -> dict[int, Any]:
 
 def _world_size(args: argparse.Namespace) -> int | None:
     """``--world-size``, checked (ScheduleError: the caller's one-line error)."""
-    from simdevice.search.targets import MAX_WORLD_SIZE
+    from simdevice.runtime.config import MAX_WORLD_SIZE
 
     n = args.world_size
     if n is not None and not 1 <= n <= MAX_WORLD_SIZE:

@@ -46,7 +46,7 @@ from simdevice.api import SharedValueHandle
 from simdevice.dispatch import SimTensor, data_of, storage_of
 from simdevice.dropin.patches import Patches
 from simdevice.dropin.pickling import pickled, unpickled
-from simdevice.runtime.config import UNIT_NS
+from simdevice.runtime.config import MAX_WORLD_SIZE, UNIT_NS
 from simdevice.runtime.reports import user_source
 from simdevice.runtime.runtime import Mailbox, SharedCell
 
@@ -1072,8 +1072,6 @@ def _start_processes(original: Callable[..., Any]) -> Callable[..., Any]:
                         daemon: bool = False, start_method: str = "spawn") -> None:
         if not _in_run():
             return original(fn, args, nprocs, join, daemon, start_method)  # type: ignore[no-any-return]
-        from simdevice.search.targets import MAX_WORLD_SIZE
-
         if not join:
             raise NotImplementedError("torch.multiprocessing.spawn and start_processes with join=False are not "
                                       "simulated (their ProcessContext): join=True")

@@ -21,6 +21,11 @@ import attrs
 
 UNIT_NS = 1_000_000
 
+#: the most ranks a run makes (``--world-size``, ``world_size=``, ``torch.multiprocessing.spawn``'s ``nprocs``): a
+#: race between ranks shows with a few; past about 60, each rank's actor nests the next's start deeper than Python's
+#: recursion limit
+MAX_WORLD_SIZE = 32
+
 
 def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
     if value <= 0:

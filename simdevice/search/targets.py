@@ -33,17 +33,12 @@ from simdevice.dropin import DropIn
 from simdevice.dropin.session import held, host_generators_kept, seed_host_generators
 from simdevice.programs import Program
 from simdevice.runtime import inserted_edges
-from simdevice.runtime.config import SimConfig, active_profile, active_values, overrides_active
+from simdevice.runtime.config import MAX_WORLD_SIZE, SimConfig, active_profile, active_values, overrides_active
 from simdevice.runtime.reports import describe, error_source, exit_succeeded
 from simdevice.search.execute import NESTED, Outcome, counts_as_failure, execute
 
 #: the GPU's calibrated sleep cycles per ms, measured once per process
 _CYCLES: list[float] = []
-
-
-#: the most ranks a function target runs on (``--world-size``, ``world_size=``): a race between ranks shows with a
-#: few; past about 60, each rank's actor nests the next's start deeper than Python's recursion limit
-MAX_WORLD_SIZE = 32
 
 
 class TargetError(ScheduleError):
