@@ -10,10 +10,13 @@ simulator's answers here are measured in virtual time by the same script."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from script_modules import load_script
 
 SWEEP = load_script("api-sweep")
+MAKERS = SWEEP.makers
 
 #: what the GPU measured, per call (a second argument: ``dev`` another device tensor, ``float`` a number)
 ON_A_GPU = {
@@ -54,7 +57,22 @@ def _names(keys: list[str]) -> list[str]:
     return sorted({k.split(".", 1)[1].split("(")[0] for k in keys})
 
 
-def test_a_call_waits_here_where_it_waits_on_a_gpu() -> None:
+def _invertible() -> dict[str, Any]:
+    """The sweep's tensors with the device one invertible. The sweep's own, ``(arange(16).reshape(4, 4) + 1) / 32``,
+    is singular (rank 2), and whether LU finds an exact zero pivot in it depends on the host's CPU: on an AMD EPYC
+    (MKL) it does, and ``inverse`` raised ``_LinAlgError`` here, where the H100's did not (a CPU of the earlier
+    sittings' did not either). Whether the call waits for the stream does not depend on the values (the error
+    check reads the result on the host either way)."""
+    import torch
+
+    made = MAKERS()
+    made["device"] = lambda: torch.eye(4, device="cuda") + torch.arange(16, dtype=torch.float32,
+                                                                          device="cuda").reshape(4, 4) / 64
+    return made
+
+
+def test_a_call_waits_here_where_it_waits_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SWEEP, "makers", _invertible)
     got = SWEEP.run_sim(_names(list(ON_A_GPU)), False, SWEEP.waits)
     assert {k: got[k] for k in ON_A_GPU} == ON_A_GPU
 
