@@ -813,7 +813,8 @@ class CudaDevice:
     def spawn_ranks(self, fn: Callable[..., Any], world_size: int, args: tuple[Any, ...] = ()) -> list[Any]:
         """Run ``fn(dev, *args)`` as actors ``rank0..`` of one NCCL group, a process per GPU; return the results.
 
-        A world of one runs in this process (its own counter; this one's counting paused meanwhile).
+        A world of one runs in this process (its own counter; this one's counting paused meanwhile), but for a rank
+        ``torch.multiprocessing.spawn`` starts (:class:`SpawnedRank`).
         """
         self._host_step()
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -821,7 +822,9 @@ class CudaDevice:
         if world_size > 1 and world_size > torch.cuda.device_count():
             raise RuntimeError(f"{world_size} ranks need {world_size} GPUs, a rank each; this machine has "
                                f"{torch.cuda.device_count()}")
-        if world_size == 1:
+        if world_size == 1 and not isinstance(fn, SpawnedRank):
+            # (a rank ``torch.multiprocessing.spawn`` starts is a process of its own, as the program's is on a GPU:
+            # this process counts the program that spawned it, its patches and counting mode in place)
             from torch.utils._python_dispatch import _disable_current_modes
 
             _init_nccl_group(0, 1, None)
