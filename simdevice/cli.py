@@ -190,15 +190,17 @@ def _parser() -> argparse.ArgumentParser:
         description="With a TARGET (FILE.py::FUNCTION or MODULE::FUNCTION: plain torch.cuda code taking no "
         "argument without a default, or contract code FUNCTION(dev); or a known PROGRAM/VARIANT), search its "
         "schedules for a failure, shrink it and print the line that replays it: exit 0 clean, 1 found; "
-        "':KEY=VALUE,...' after it holds its parameters fixed. FILE.py alone: each function of the file that "
+        "':KEY=VALUE,...' after it holds its parameters fixed. FILE.py::__main__: the file's `if __name__ == "
+        "\"__main__\":` block, run as 'python FILE.py' runs it. FILE.py alone: each function of the file that "
         "'simdevice list FILE.py' names, in turn (exit 1 if one failed). Without a TARGET, fuzz every known "
         "program variant: "
         "exit 0 when every clean variant is clean and every known bug is found. Bad input: exit 2. Nothing is "
         "written to disk unless --db is given.",
     )
     c.add_argument("target", nargs="?", metavar="TARGET",
-                   help="FILE.py::FUNCTION[:KEY=VALUE,...], MODULE::FUNCTION[:...], FILE.py (each of its "
-                        "functions) or PROGRAM/VARIANT[:...] (default: every known program)")
+                   help="FILE.py::FUNCTION[:KEY=VALUE,...], MODULE::FUNCTION[:...], FILE.py::__main__ (the "
+                        "script's main block), FILE.py (each of its functions) or PROGRAM/VARIANT[:...] (default: "
+                        "every known program)")
     c.add_argument("--db", metavar="DIR", default=None,
                    help="keep Hypothesis's example database in DIR: failures found are replayed first next time "
                         "(default: no database)")

@@ -12,6 +12,7 @@ makes, so that a search draws delays only at operations that exist.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import hashlib
@@ -20,6 +21,7 @@ import importlib.util
 import inspect
 import itertools
 import os
+import runpy
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, Protocol
@@ -499,9 +501,59 @@ def _cuda_at_import(message: str) -> str:
             "events and tensors inside the function (or on its first call)")
 
 
+#: the function name that stands for a script's ``if __name__ == "__main__":`` block (``script.py::__main__``)
+MAIN = "__main__"
+
+
+def _main_block(node: ast.stmt) -> bool:
+    """Whether a statement is ``if __name__ == "__main__":`` (either way round)."""
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare) or len(node.test.ops) != 1:
+        return False
+    sides = [node.test.left, *node.test.comparators]
+    return (isinstance(node.test.ops[0], ast.Eq) and any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides)
+            and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides))
+
+
+def script_main(where: str) -> Callable[[], Any]:
+    """A function that runs the file ``where`` as ``python FILE`` does (``runpy.run_path`` as ``__main__``: its
+    module's code in a namespace made anew at each call, then its ``if __name__ == "__main__":`` block), with the
+    file's folder on ``sys.path`` as Python puts it there. TargetError where the file is not one, does not compile,
+    or has no such block (its run would run none of the script's protocol)."""
+    why = path_problem(where)
+    if why is not None:
+        raise TargetError(why)
+    if not where.endswith(".py"):
+        raise TargetError(f"{where[:200]}::{MAIN}: a script's main block is named by its file (FILE.py::{MAIN})")
+    path = os.path.abspath(where)
+    if not os.path.isfile(path):
+        raise TargetError(f"no file {where[:200]!r}")
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (SyntaxError, ValueError, OSError) as e:
+        raise TargetError(f"{where[:200]} does not compile: {type(e).__name__}: {e}") from None
+    if not any(_main_block(node) for node in tree.body):
+        raise TargetError(f"{where[:200]} has no `if __name__ == \"__main__\":` block to run as {MAIN}: name one of "
+                          "its functions (simdevice list FILE.py)")
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    # a function of its own globals (its ``__file__`` the script's, as ``module_state_kept`` reads it for the
+    # script's ``sys.argv``), named ``__main__``
+    code = compile(f"def {MAIN}():\n    run_path({path!r}, run_name={MAIN!r})\n", path, "exec")
+    names: dict[str, Any] = {"__file__": path, "__name__": f"simdevice_main_{os.path.basename(path)}",
+                             "run_path": runpy.run_path}
+    exec(code, names)
+    main: Callable[[], Any] = names[MAIN]
+    return main
+
+
 def resolve(text: str, world_size: int | None = None) -> FunctionTarget:
-    """The function a target names, checked: callable, and every parameter but ``dev`` with a default."""
+    """The function a target names, checked: callable, and every parameter but ``dev`` with a default; or a
+    script's main block (``FILE.py::__main__``, :func:`script_main`)."""
     where, name = split(text)
+    if name == MAIN:
+        return from_function(script_main(where), f"{_where_text(where)}::{MAIN}", world_size)
     module = _module_of(where)
     obj: Any = module
     for part in name.split("."):
