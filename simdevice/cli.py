@@ -665,7 +665,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
 def _check_file(args: argparse.Namespace, db: Any) -> int:
     """``check FILE.py``: each function of the file that ``list FILE.py`` names, checked in turn as
     ``check FILE.py::FUNCTION`` checks it; exit 1 if one failed, else 2 if one got no verdict, else 0."""
-    from simdevice.search.targets import TargetError, functions_in
+    from simdevice.search.targets import TargetError, functions_in, main_block_hint
 
     path = args.target.strip()
     try:
@@ -675,7 +675,7 @@ def _check_file(args: argparse.Namespace, db: Any) -> int:
         return _fail(str(e))
     if not found:
         return _fail(f"{path}: no function a schedule can target (public, defined there, every parameter but dev "
-                     "with a default); name one as FILE.py::FUNCTION")
+                     f"with a default); name one as FILE.py::FUNCTION{main_block_hint(path)}")
     codes: dict[str, int] = {}
     documents: list[Any] = []
     for target in found:
@@ -1214,7 +1214,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _list_functions(path: str, world_size: int | None = None) -> int:
-    from simdevice.search.targets import TargetError, functions_in
+    from simdevice.search.targets import TargetError, functions_in, main_block_hint
 
     # what the file prints as it is imported and probed goes to stderr: stdout holds the listing alone
     apart = contextlib.redirect_stdout(sys.stderr)
@@ -1233,7 +1233,7 @@ def _list_functions(path: str, world_size: int | None = None) -> int:
         return _fail(str(e))
     if not found:
         print(f"{path}: no function a schedule can target (public, defined there, every parameter but dev "
-              "with a default)")
+              f"with a default){main_block_hint(path)}")
         return 0
     for target in found:
         params = ", ".join(f"{k}={v!r}" for k, v in {**target.params, **config}.items())

@@ -514,6 +514,17 @@ def _main_block(node: ast.stmt) -> bool:
             and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides))
 
 
+def main_block_hint(where: str) -> str:
+    """``"; its main block: FILE.py::__main__"`` where ``where`` is a file with an ``if __name__ == "__main__":``
+    block (what a user told "no function" may have meant), else ``""``."""
+    try:
+        with open(where, "rb") as f:
+            found = any(_main_block(node) for node in ast.parse(f.read(), where).body)
+    except (OSError, SyntaxError, ValueError):
+        return ""
+    return f"; its main block: {where[:200]}::{MAIN}" if found else ""
+
+
 def script_main(where: str) -> Callable[[], Any]:
     """A function that runs the file ``where`` as ``python FILE`` does (``runpy.run_path`` as ``__main__``: its
     module's code in a namespace made anew at each call, then its ``if __name__ == "__main__":`` block), with the

@@ -116,3 +116,12 @@ def test_what_names_no_main_block_is_one_line_and_exit_2(name: str, text: str | 
     assert out.stderr.count("\n") == 1, out.stderr
     assert said in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_file_of_no_function_but_a_main_block_names_the_block(tmp_path: Path, run_cli: Cli) -> None:
+    _script(tmp_path, "script.py", 'import torch\n\nif __name__ == "__main__":\n    torch.ones(3, device="cuda")\n')
+    out = run_cli(["check", "script.py", "-q"], tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip().endswith("its main block: script.py::__main__"), out.stderr
+    listed = run_cli(["list", "script.py"], tmp_path)
+    assert "its main block: script.py::__main__" in listed.stdout, listed.stdout
