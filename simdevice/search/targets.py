@@ -13,6 +13,7 @@ makes, so that a search draws delays only at operations that exist.
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
 import functools
 import hashlib
@@ -21,7 +22,6 @@ import importlib.util
 import inspect
 import itertools
 import os
-import runpy
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, Protocol
@@ -526,10 +526,12 @@ def main_block_hint(where: str) -> str:
 
 
 def script_main(where: str) -> Callable[[], Any]:
-    """A function that runs the file ``where`` as ``python FILE`` does (``runpy.run_path`` as ``__main__``: its
-    module's code in a namespace made anew at each call, then its ``if __name__ == "__main__":`` block), with the
-    file's folder on ``sys.path`` as Python puts it there. TargetError where the file is not one, does not compile,
-    or has no such block (its run would run none of the script's protocol)."""
+    """A function that runs the file ``where`` as ``python FILE`` does: its code in a namespace of its own made anew
+    at each call (``__name__`` ``"__main__"``, so its ``if __name__ == "__main__":`` block runs), with the file's
+    folder on ``sys.path`` as Python puts it there. ``sys.modules["__main__"]`` stays the tool's (``runpy``'s swap
+    of it is not undone in order where ranks run the script at once, and a later fork server would start the
+    script as its main). TargetError where the file is not one, does not compile, or has no such block (its run
+    would run none of the script's protocol)."""
     why = path_problem(where)
     if why is not None:
         raise TargetError(why)
@@ -540,7 +542,9 @@ def script_main(where: str) -> Callable[[], Any]:
         raise TargetError(f"no file {where[:200]!r}")
     try:
         with open(path, "rb") as f:
-            tree = ast.parse(f.read(), path)
+            source = f.read()
+        tree = ast.parse(source, path)
+        code = compile(tree, path, "exec")
     except (SyntaxError, ValueError, OSError) as e:
         raise TargetError(f"{where[:200]} does not compile: {type(e).__name__}: {e}") from None
     if not any(_main_block(node) for node in tree.body):
@@ -549,12 +553,17 @@ def script_main(where: str) -> Callable[[], Any]:
     folder = os.path.dirname(path)
     if folder not in sys.path:
         sys.path.insert(0, folder)
+
+    doc = ast.get_docstring(tree)
+
+    def run() -> None:
+        exec(code, {"__name__": MAIN, "__file__": path, "__builtins__": builtins, "__spec__": None,
+                    "__loader__": None, "__package__": None, "__cached__": None, "__doc__": doc})
+
     # a function of its own globals (its ``__file__`` the script's, as ``module_state_kept`` reads it for the
     # script's ``sys.argv``), named ``__main__``
-    code = compile(f"def {MAIN}():\n    run_path({path!r}, run_name={MAIN!r})\n", path, "exec")
-    names: dict[str, Any] = {"__file__": path, "__name__": f"simdevice_main_{os.path.basename(path)}",
-                             "run_path": runpy.run_path}
-    exec(code, names)
+    names: dict[str, Any] = {"__file__": path, "__name__": f"simdevice_main_{os.path.basename(path)}", "run": run}
+    exec(compile(f"def {MAIN}():\n    run()\n", __file__, "exec"), names)  # (a frame of the tool's, not the script's)
     main: Callable[[], Any] = names[MAIN]
     return main
 

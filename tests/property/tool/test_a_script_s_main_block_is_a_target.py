@@ -6,12 +6,14 @@ change to it; before, only a function of the file could be named.
 
 Each rule with a test a mutation fails: the block runs (a racy one is found, its line replays it, its fix is
 checked); each run starts from a new namespace (a module-level list the block appends to holds one item in every
-run); the script's arguments are its own; a file with no such block, one that does not compile, a module's name
-and a parameter are one line, exit 2."""
+run); the script's arguments are its own; ``sys.modules["__main__"]`` stays the tool's (``runpy.run_path``'s swap
+of it, made by two ranks at once, was undone out of order and left the script there); a file with no such block,
+one that does not compile, a module's name and a parameter are one line, exit 2."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -92,8 +94,12 @@ def test_a_script_s_main_block_is_checked_replayed_and_fixed(wait: bool, tmp_pat
 @pytest.mark.parametrize("wait", [False, True], ids=["racy", "waited"])
 def test_a_torchrun_script_runs_on_ranks(wait: bool, tmp_path: Path, run_cli: Cli) -> None:
     _script(tmp_path, "train.py", TORCHRUN.format(wait="work.wait()" if wait else ""))
+    main = sys.modules["__main__"]
     out = run_cli(["check", "train.py::__main__", "--world-size", "2", "-q", "--no-fix"], tmp_path)
     assert out.returncode == (0 if wait else 1), out.stdout + out.stderr
+    # (two ranks ran the script at once: runpy's swap of ``__main__``, undone out of order, left the script there,
+    # and the next fork server started it as its main)
+    assert sys.modules["__main__"] is main, sys.modules["__main__"]
     if not wait:
         assert "race: sum on stream rank" in out.stdout, out.stdout
         assert '"train.py::__main__" --world-size 2' in out.stdout, out.stdout
