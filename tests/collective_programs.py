@@ -56,18 +56,22 @@ def torchrun_style(wait: bool = True, n: int = 4096) -> None:
     dist.init_process_group("nccl")
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
-    world = int(os.environ["WORLD_SIZE"])
-    x = torch.full((n,), float(int(os.environ["RANK"]) + 1), device=f"cuda:{local_rank}")
+    _gathered(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), wait, n, f"cuda:{local_rank}")
+    dist.destroy_process_group()
+
+
+def _gathered(rank: int, world: int, wait: bool, n: int, device: str) -> None:
+    """Each rank's ``rank + 1`` gathered asynchronously, the output read after the work's wait or not."""
+    x = torch.full((n,), float(rank + 1), device=device)
     # (into a buffer of its own: an all-reduce of one rank writes the values its input had, so a read before it
     # landed would read the right numbers on a world of one)
-    out = torch.zeros(n * world, device=f"cuda:{local_rank}")
+    out = torch.zeros(n * world, device=device)
     work = dist.all_gather_into_tensor(out, x, async_op=True)
     if wait:
         work.wait()  # wait: every rank's part must have landed before it is read
     total = out.sum().item()
     work.wait()
-    assert total == n * world * (world + 1) / 2, f"read {total}: the buffer before the all-gather wrote it"
-    dist.destroy_process_group()
+    assert total == n * world * (world + 1) / 2, f"rank {rank} read {total}: the buffer before the all-gather wrote it"
 
 
 def _spawned_rank(rank: int, world: int, wait: bool, n: int) -> None:
@@ -75,14 +79,7 @@ def _spawned_rank(rank: int, world: int, wait: bool, n: int) -> None:
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("nccl", rank=rank, world_size=world)
     torch.cuda.set_device(rank)
-    x = torch.full((n,), float(rank + 1), device="cuda")
-    out = torch.zeros(n * world, device="cuda")
-    work = dist.all_gather_into_tensor(out, x, async_op=True)
-    if wait:
-        work.wait()  # wait: every rank's part must have landed before it is read
-    total = out.sum().item()
-    work.wait()
-    assert total == n * world * (world + 1) / 2, f"rank {rank} read {total}: the buffer before the all-gather wrote it"
+    _gathered(rank, world, wait, n, "cuda")
     dist.destroy_process_group()
 
 
