@@ -187,9 +187,78 @@ def _nccl_only(backend: Any) -> None:
                                   "(NCCL's is: its collectives on device tensors, its barrier)")
 
 
+#: ``init_process_group``'s parameters after ``backend``, in torch's order
+_INIT_POSITIONAL = ("init_method", "timeout", "world_size", "rank", "store", "group_name")
+
+
+def _asked(args: tuple[Any, ...], kwargs: dict[str, Any], key: str, variable: str) -> int:
+    """The ``world_size`` or ``rank`` (``key``) an ``init_process_group`` call gives, or, with -1 or none, the
+    environment's (``variable``), as the ``env://`` rendezvous reads it; -1 where neither says."""
+    given = dict(zip(_INIT_POSITIONAL, args, strict=False))
+    given.update(kwargs)
+    value = given.get(key)
+    if value is None or int(value) < 0:
+        value = os.environ.get(variable, "-1")
+    try:
+        return int(value)
+    except ValueError:
+        return -1
+
+
+class _Rendezvous:
+    """Processes the program started (``multiprocessing.Process``) meeting in ``init_process_group`` to make one
+    process group of ``size``: each waits at a barrier of ``size`` parties; the last to arrive makes the world of
+    them, in the order of their ranks, and each leaves ordered after every other's arrival (as a rendezvous through
+    a store orders them)."""
+
+    def __init__(self, size: int) -> None:
+        from simdevice.dropin.processes import SimBarrier
+
+        self.size = size
+        self.members: dict[int, Any] = {}
+        self.barrier = SimBarrier(size, action=self._made)
+
+    def _made(self) -> None:
+        session_device().runtime.collectives.new_world([self.members[r] for r in range(self.size)])
+
+
+def _rendezvous(dev: Any, size: int, rank: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """The calling process joins the world of ``size`` its ``init_process_group`` asks for, as rank ``rank``, waiting
+    for the others (:class:`_Rendezvous`; one per ``init_method``, or per master's address and port)."""
+    a = dev.runtime.current()
+    if a.process != a.name:
+        raise NotImplementedError("torch.distributed: init_process_group of a world of several from a thread is not "
+                                  "simulated")
+    if not 0 <= rank < size:
+        raise ValueError(f"init_process_group: rank {rank} of a world of {size}: give each process its rank "
+                         "(rank=, or RANK in its environment)")
+    given = dict(zip(_INIT_POSITIONAL, args, strict=False))
+    given.update(kwargs)
+    where = given.get("init_method") or (f"env://{os.environ.get('MASTER_ADDR', '')}:"
+                                         f"{os.environ.get('MASTER_PORT', '')}")
+    if given.get("store") is not None:
+        where = f"store {id(given['store'])}"
+    meeting = dev.rendezvous.get(where)
+    if meeting is None:
+        meeting = dev.rendezvous[where] = _Rendezvous(size)
+    if meeting.size != size:
+        raise RuntimeError(f"init_process_group at {where}: a world of {size} asked where one of {meeting.size} is "
+                           "being made")
+    if rank in meeting.members:
+        raise RuntimeError(f"init_process_group at {where}: rank {rank} joined twice")
+    meeting.members[rank] = a
+    meeting.barrier.wait()
+
+
 def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> None:
+    """The calling rank's default process group again (it has one from its start). A process the program started
+    itself (``multiprocessing.Process``) that asks for a world of several (``world_size=``, or ``WORLD_SIZE``) joins
+    the world its peers make by the same call: a rendezvous, after which their collectives are one group's."""
     _nccl_only(backend)
     dev = session_device()
+    size = _asked(args, kwargs, "world_size", "WORLD_SIZE")
+    if dev.runtime.rank_in_world() is None and size > 1:
+        _rendezvous(dev, size, _asked(args, kwargs, "rank", "RANK"), args, kwargs)
     dev.groups_destroyed.discard(dev.runtime.current().process)
 
 

@@ -102,6 +102,9 @@ class DropInDevice(SimDevice):
         self.start_methods: dict[str, Any] = {}
         #: the actors whose default process group ``destroy_process_group`` destroyed (``distributed``)
         self.groups_destroyed: set[str] = set()
+        #: the process groups processes the program started are making by ``init_process_group``, by where they meet
+        #: (``distributed``)
+        self.rendezvous: dict[str, Any] = {}
         #: how many process groups each actor made with ``new_group``, and those it destroyed since, by (actor, the
         #: group's id) (``distributed``)
         self.groups_made: dict[str, int] = {}
