@@ -219,7 +219,8 @@ class _Rendezvous:
         self.barrier = SimBarrier(size, action=self._made)
 
     def _made(self) -> None:
-        session_device().runtime.collectives.new_world([self.members[r] for r in range(self.size)])
+        world = session_device().runtime.collectives.new_world([self.members[r] for r in range(self.size)])
+        world.launched = False  # (their environment is their own: no launcher set torchrun's variables in it)
 
 
 def _rendezvous(dev: Any, size: int, rank: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -1077,10 +1078,13 @@ class RankEnviron(MutableMapping[str, str]):
 
     @staticmethod
     def _here(key: str | None = None) -> tuple[int, int] | None:
-        """The current actor's rank and world size, where one runs and ``key`` (if given) is torchrun's."""
+        """The current actor's rank and world size, where one runs as a launcher starts it (not a process of the
+        program's that joined a world in ``init_process_group``) and ``key`` (if given) is torchrun's."""
         if (key is not None and key not in TORCHRUN_VARIABLES) or not in_actor():
             return None
-        return session_device().runtime.rank_in_world()
+        rt = session_device().runtime
+        got = rt.collectives.rank_of(rt.current().process)
+        return None if got is None or not got[0].launched else (got[1], got[0].size)
 
     def _rank(self) -> dict[str, str] | None:
         """The current rank's torchrun variables (None: no rank runs)."""

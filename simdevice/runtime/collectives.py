@@ -55,6 +55,9 @@ class World:
         self.size = size
         #: actor name -> rank
         self.ranks: dict[str, int] = {}
+        #: whether its ranks were started as a launcher starts them, each with the environment torchrun gives
+        #: (``spawn_ranks``); False for processes of the program's that met in ``init_process_group``
+        self.launched = True
         #: collectives issued so far, in NCCL order (the k-th of every rank is one instance)
         self.instances: list[Collective] = []
         self._issued: dict[int, int] = {}

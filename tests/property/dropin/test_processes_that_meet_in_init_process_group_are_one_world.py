@@ -7,7 +7,8 @@ caller's own values, and a correct program's check of them failed (a wrong verdi
 Rules, each with a test a mutation of it fails:
 
 - the processes' collectives are one world's (the sum of every rank's), their device count the world's (so
-  ``set_device(rank)`` runs); a read of an async collective's output without its wait races, with it is clean;
+  ``set_device(rank)`` runs), their environment their own (not torchrun's, as a launched rank's); a read of an
+  async collective's output without its wait races, with it is clean;
 - the world is made when its last member arrives, each leaving after all arrived: fewer processes than the world
   asks for is the run's deadlock, as on a machine;
 - a rank given twice, two sizes at one meeting place, a rank outside the world are errors, as torch's rendezvous
@@ -29,10 +30,12 @@ from simdevice import Deadlock, Race
 
 def _worker(rank: int, size: int, wait: bool) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = "29500"
+    os.environ["MASTER_PORT"] = "29533"
     dist.init_process_group("nccl", rank=rank, world_size=size)
     torch.cuda.set_device(rank)
     assert (dist.get_rank(), dist.get_world_size(), torch.cuda.device_count()) == (rank, size, size)
+    # (its environment its own, as no launcher set torchrun's variables in it)
+    assert os.environ["MASTER_PORT"] == "29533", os.environ["MASTER_PORT"]
     t = torch.full((1024,), float(rank + 1), device="cuda")
     work = dist.all_reduce(t, async_op=True)
     if wait:
