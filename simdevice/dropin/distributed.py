@@ -30,6 +30,7 @@ import torch.distributed as dist
 from reference.contract import torchrun_variables
 from simdevice.api import SimWork
 from simdevice.dispatch import SimTensor, ref_of
+from simdevice.dropin import ddp
 from simdevice.dropin.facade import in_actor, session_device
 from simdevice.dropin.patches import Patches
 from simdevice.dropin.pickling import pickled, unpickled
@@ -1025,17 +1026,6 @@ def _ddp_class() -> Any:
     return ddp.DistributedDataParallel
 
 
-def _no_ddp(self: Any, *args: Any, **kwargs: Any) -> None:
-    """``DistributedDataParallel.__init__``: refused. Its construction checks and broadcasts the parameters through
-    C++ functions that take the process group, and its ``Reducer`` all-reduces the gradients in C++: none of them can
-    take the simulated group (handed it, they crash the process)."""
-    raise NotImplementedError(
-        "torch.nn.parallel.DistributedDataParallel is not simulated (its Reducer all-reduces the gradients in C++, "
-        "on a real process group); torch.distributed.all_reduce of each gradient, in a "
-        "register_post_accumulate_grad_hook or after backward, is simulated"
-    )
-
-
 def _fsdp_class() -> Any:
     """``torch.distributed.fsdp.FullyShardedDataParallel`` (FSDP1), where the program imported it before the session
     (its import takes seconds: a session does not pay it for programs that never use it)."""
@@ -1190,7 +1180,8 @@ def install(p: Patches) -> None:
     mesh = _device_mesh()
     if mesh is not None:
         p.set(mesh, "__init__", _no_device_mesh)
-    p.set(_ddp_class(), "__init__", _no_ddp)
+    for name, method in ddp.METHODS.items():
+        p.set(_ddp_class(), name, method)
     fsdp = _fsdp_class()
     if fsdp is not None:
         p.set(fsdp, "__init__", _no_fsdp)

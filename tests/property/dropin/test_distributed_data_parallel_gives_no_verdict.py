@@ -1,8 +1,9 @@
-"""``torch.nn.parallel.DistributedDataParallel`` is not simulated: its constructor checks the parameters across ranks
-and broadcasts them with C++ functions of ``torch.distributed`` that take the process group
-(``_verify_params_across_processes``, ``_broadcast_coalesced``), and its ``Reducer`` all-reduces the gradients in
-C++; none of them can take the simulated group. The run stops where the program wraps its model, with a
-``NotImplementedError`` naming DDP, so ``check`` gives no verdict (exit 2, one line); those C++ functions called
+"""What of ``torch.nn.parallel.DistributedDataParallel`` is not simulated gives no verdict: torch's constructor
+checks the parameters across ranks and broadcasts them with C++ functions of ``torch.distributed`` that take the
+process group (``_verify_params_across_processes``, ``_broadcast_coalesced``), which cannot take the simulated
+group, so a run simulates DDP itself (``simdevice.dropin.ddp``: ``test_ddp_all_reduces_the_gradients.py``) and
+refuses the options it does not simulate (``find_unused_parameters``, ...) where the program wraps its model, with
+a ``NotImplementedError`` naming them, so ``check`` gives no verdict (exit 2, one line); those C++ functions called
 directly are refused naming themselves. Before, the constructor handed the simulated group (or ``dist.group.WORLD``,
 ``None`` here) to C++, and the whole ``check`` process died of a segmentation fault, with no message."""
 
@@ -19,12 +20,13 @@ from simdevice.cli import main
 from simdevice.explain import not_run
 from simdevice.search.explore import explore
 
-_REFUSED = "NotImplementedError: torch.nn.parallel.DistributedDataParallel is not simulated"
+_REFUSED = ("NotImplementedError: torch.nn.parallel.DistributedDataParallel(find_unused_parameters=True) is not "
+            "simulated")
 
 
 def _ddp() -> None:
     model = torch.nn.Linear(8, 4).cuda()
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
     ddp(torch.ones(2, 8, device="cuda")).sum().backward()
 
 
@@ -57,12 +59,12 @@ import torch.distributed as dist
 
 def train() -> None:
     model = torch.nn.Linear(8, 4).cuda()
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
     ddp(torch.ones(2, 8, device="cuda")).sum().backward()
 '''
 
 
-def test_check_of_a_ddp_program_says_ddp_is_not_simulated(
+def test_check_of_a_ddp_program_says_what_of_ddp_is_not_simulated(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     f = tmp_path / "ddp_user.py"
     f.write_text(_DDP_FILE)

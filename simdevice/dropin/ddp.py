@@ -1,0 +1,189 @@
+"""``torch.nn.parallel.DistributedDataParallel`` in a run: the gradient all-reduce its C++ ``Reducer`` makes, made
+of the simulated process group's operations, in the order and on the streams torch's makes them.
+
+torch's DDP cannot take the simulated group (its construction and its reducer call C++ functions that take a real
+process group), so in a run its ``__init__``, ``forward`` and ``no_sync`` are these (the class stays torch's, so a
+name the program bound at import makes one too):
+
+- construction: every parameter and buffer broadcast from rank 0 (``_sync_module_states``; blocking: the current
+  stream waits for each); the parameters that need a gradient in one bucket per dtype, in reverse order, as
+  torch's reducer starts without ``find_unused_parameters`` (it rebuilds its buckets after the first iteration,
+  by the order the gradients came in; this one keeps them: a bucket's all-reduce starts when its last gradient is
+  in, later than a rebuilt one's may);
+- ``forward``: the buffers broadcast from rank 0 first (``broadcast_buffers``, where the module has any), the
+  module called; with grad enabled and outside ``no_sync()``, the next backward reduces;
+- backward: as each parameter's gradient is accumulated (a post-accumulate hook, on the stream its backward op ran
+  on), it is copied into its bucket divided by the world's size (one ``mul`` into the bucket's view, as the
+  reducer's ``mark_variable_ready_dense``); a bucket whose every gradient is in is all-reduced at once
+  (``async_op``, on the ``nccl`` stream, after the issuing stream); at the backward's end (the engine's final
+  callback, the caller's stream current) the current stream waits for each bucket's work and each gradient is
+  copied back from its bucket (``gradient_as_bucket_view=False``);
+- a backward that left a bucket unreduced (a parameter that got no gradient) makes the next forward raise torch's
+  "Expected to have finished reduction in the prior iteration" error.
+
+Not simulated (``NotImplementedError``, no verdict): ``find_unused_parameters``, ``gradient_as_bucket_view``,
+``static_graph``, comm hooks, ``join``, a module with parameters on the host. A run that wraps a model is not
+replayed on a GPU: torch's reducer makes its copies in other operations (a bucket's rebuild after the first
+iteration, ...), so a schedule's indices would not mean the same operations there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_REFUSED = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph")
+
+
+class _Bucket:
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.params = params
+        self.offsets: list[int] = []
+        n = 0
+        for p in params:
+            self.offsets.append(n)
+            n += p.numel()
+        self.flat = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
+
+    def view(self, k: int) -> torch.Tensor:
+        p = self.params[k]
+        return self.flat[self.offsets[k]:self.offsets[k] + p.numel()].view_as(p)
+
+
+class _Reducer:
+    """The gradient all-reduce of one DDP module (:mod:`simdevice.dropin.ddp`)."""
+
+    def __init__(self, params: list[torch.Tensor], group: Any) -> None:
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.buckets = _assign(params)
+        self.where: dict[int, tuple[int, int]] = {}
+        for b, bucket in enumerate(self.buckets):
+            for k, p in enumerate(bucket.params):
+                self.where[id(p)] = (b, k)
+                p.register_post_accumulate_grad_hook(self._ready)
+        self.expecting = False  # a forward under grad, with sync, came since the last finalize
+        self.in_flight = False  # a backward's reduction started and did not finish
+        self.ready: list[int] = []
+        self.works: list[Any] = []
+        self.queued = False
+
+    def prepare(self) -> None:
+        """A forward that the next backward reduces (``prepare_for_backward``)."""
+        if self.in_flight:
+            raise RuntimeError(
+                "Expected to have finished reduction in the prior iteration before starting a new one. This error "
+                "indicates that your module has parameters that were not used in producing loss. (simulated DDP: "
+                "find_unused_parameters=True is not simulated)")
+        self.expecting = True
+        self.ready = [0] * len(self.buckets)
+        self.works = [None] * len(self.buckets)
+        self.queued = False
+
+    def _ready(self, p: torch.Tensor) -> None:
+        if not self.expecting or p.grad is None:
+            return
+        self.in_flight = True
+        if not self.queued:
+            self.queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+        b, k = self.where[id(p)]
+        bucket = self.buckets[b]
+        torch.mul(p.grad, 1.0 / self.world, out=bucket.view(k))
+        self.ready[b] += 1
+        if self.ready[b] == len(bucket.params):
+            self.works[b] = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
+
+    def _finalize(self) -> None:
+        self.expecting = False
+        if any(w is None for w in self.works):
+            return  # (a parameter got no gradient: the next forward raises, as torch's does)
+        for bucket, work in zip(self.buckets, self.works, strict=True):
+            work.wait()
+            for k, p in enumerate(bucket.params):
+                if p.grad is not None:
+                    p.grad.copy_(bucket.view(k))
+        self.in_flight = False
+
+
+def _assign(params: list[torch.Tensor]) -> list[_Bucket]:
+    """One bucket of the parameters per dtype and device, each in reverse order, as torch's reducer starts without
+    ``find_unused_parameters`` (its ``compute_bucket_size_limits``: ``sys.maxsize``)."""
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for p in reversed(params):
+        groups.setdefault((p.dtype, p.device), []).append(p)
+    return [_Bucket(members) for members in groups.values()]
+
+
+def _init(self: Any, module: torch.nn.Module, device_ids: Any = None, output_device: Any = None, dim: int = 0,
+          broadcast_buffers: bool = True, process_group: Any = None, bucket_cap_mb: float | None = None,
+          find_unused_parameters: bool = False, check_reduction: bool = False,
+          gradient_as_bucket_view: bool = False, static_graph: bool = False, **kwargs: Any) -> None:
+    from simdevice.dropin.facade import session_device
+
+    given = {"find_unused_parameters": find_unused_parameters, "gradient_as_bucket_view": gradient_as_bucket_view,
+             "static_graph": static_graph}
+    for name in _REFUSED:
+        if given[name]:
+            raise NotImplementedError(f"torch.nn.parallel.DistributedDataParallel({name}=True) is not simulated")
+    if kwargs.get("mixed_precision") is not None or kwargs.get("device_mesh") is not None:
+        raise NotImplementedError("torch.nn.parallel.DistributedDataParallel with mixed_precision or device_mesh "
+                                  "is not simulated")
+    torch.nn.Module.__init__(self)
+    params = list(module.parameters())
+    if any(not p.is_cuda for p in params):
+        raise NotImplementedError("torch.nn.parallel.DistributedDataParallel of a module with parameters on the "
+                                  "host is not simulated (move it to the device first)")
+    session_device().runtime.gpu_replay = False  # (torch's reducer makes other operations: see the module's note)
+    self.module = module
+    self.device_ids = device_ids
+    self.output_device = output_device
+    self.dim = dim
+    self.broadcast_buffers = broadcast_buffers
+    self.process_group = process_group
+    self.require_backward_grad_sync = True
+    self.require_forward_param_sync = True
+    with torch.no_grad():
+        for t in [*params, *module.buffers()]:
+            dist.broadcast(t.detach(), 0, group=process_group)
+    self._simdevice_reducer = _Reducer([p for p in params if p.requires_grad], process_group)
+
+
+def _forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+    reducer: _Reducer = self._simdevice_reducer
+    buffers = list(self.module.buffers())
+    if self.broadcast_buffers and buffers:
+        with torch.no_grad():
+            for t in buffers:
+                dist.broadcast(t.detach(), 0, group=self.process_group)
+    if torch.is_grad_enabled() and self.require_backward_grad_sync:
+        reducer.prepare()
+    return self.module(*inputs, **kwargs)
+
+
+@contextlib.contextmanager
+def _no_sync(self: Any) -> Iterator[None]:
+    before = self.require_backward_grad_sync
+    self.require_backward_grad_sync = False
+    try:
+        yield
+    finally:
+        self.require_backward_grad_sync = before
+
+
+def _refused(name: str) -> Any:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"torch.nn.parallel.DistributedDataParallel.{name} is not simulated")
+
+    call.__name__ = name
+    return call
+
+
+#: what a run puts in place of torch's methods of the class
+METHODS: dict[str, Any] = {"__init__": _init, "forward": _forward, "no_sync": _no_sync,
+                           **{name: _refused(name) for name in ("register_comm_hook", "join", "join_hook",
+                                                                "_register_fused_optim", "_set_static_graph")}}
