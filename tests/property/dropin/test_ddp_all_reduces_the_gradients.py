@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817  (as training scripts name it)
 
 import simdevice
 from simdevice import HostError, Race
