@@ -10,8 +10,10 @@ name the program bound at import makes one too):
   torch's reducer starts without ``find_unused_parameters`` (it rebuilds its buckets after the first iteration,
   by the order the gradients came in; this one keeps them: a bucket's all-reduce starts when its last gradient is
   in, later than a rebuilt one's may);
-- ``forward``: the buffers broadcast from rank 0 first (``broadcast_buffers``, where the module has any), the
-  module called; with grad enabled and outside ``no_sync()``, the next backward reduces;
+- ``forward``: the buffers broadcast from rank 0 first (``broadcast_buffers``, where the module has any), a host
+  tensor among the inputs moved to the module's device where ``device_ids`` names it (a blocking copy, as torch's
+  ``_to_kwargs`` makes from the host), the module called; with grad enabled and outside ``no_sync()``, the next
+  backward reduces;
 - backward: as each parameter's gradient is accumulated (a post-accumulate hook, on the stream its backward op ran
   on), it is copied into its bucket divided by the world's size (one ``mul`` into the bucket's view, as the
   reducer's ``mark_variable_ready_dense``); a bucket whose every gradient is in is all-reduced at once
@@ -35,6 +37,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.utils._pytree as pytree
+from torch._utils import _get_device_index
 
 _REFUSED = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph")
 
@@ -140,7 +144,8 @@ def _init(self: Any, module: torch.nn.Module, device_ids: Any = None, output_dev
                                   "host is not simulated (move it to the device first)")
     session_device().runtime.gpu_replay = False  # (torch's reducer makes other operations: see the module's note)
     self.module = module
-    self.device_ids = device_ids
+    # (torch keeps them for a module on one device: its inputs are moved there)
+    self.device_ids = [_get_device_index(d, True) for d in device_ids] if device_ids else None
     self.output_device = output_device
     self.dim = dim
     self.broadcast_buffers = broadcast_buffers
@@ -160,6 +165,10 @@ def _forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
         with torch.no_grad():
             for t in buffers:
                 dist.broadcast(t.detach(), 0, group=self.process_group)
+    if self.device_ids:  # (torch's ``_to_kwargs``: a host tensor among the inputs moved to the module's device)
+        device = torch.device("cuda", self.device_ids[0])
+        inputs, kwargs = pytree.tree_map_only(
+            torch.Tensor, lambda t: t.to(device) if t.device.type == "cpu" else t, (inputs, kwargs))
     if torch.is_grad_enabled() and self.require_backward_grad_sync:
         reducer.prepare()
     return self.module(*inputs, **kwargs)

@@ -10,6 +10,8 @@ Rules, each with a test a mutation of it fails:
   the all-reduce): a side stream that reads a gradient after waiting for that stream is clean, one that does not
   races with the copy back;
 - ``no_sync()`` accumulates without communicating; the backward after it reduces the sum;
+- with ``device_ids``, a host tensor among the inputs is moved to the module's device (PyTorch's DDP tutorial
+  passes ``torch.randn(20, 10)``);
 - a backward that left a parameter without a gradient makes the next forward raise torch's error;
 - a run that wraps a model offers no ``--gpu`` replay (torch's reducer makes other operations).
 """
@@ -46,7 +48,8 @@ def _train(wait: bool) -> None:
     ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
     side = torch.cuda.Stream()
     for step in range(2):
-        ddp(_batch(step, rank).cuda()).square().mean().backward()
+        batch = _batch(step, rank) if step else _batch(step, rank).cuda()  # (DDP moves a host batch itself)
+        ddp(batch).square().mean().backward()
         if wait:
             side.wait_stream(torch.cuda.current_stream())  # wait: the gradients are copied back on this stream
         with torch.cuda.stream(side):
