@@ -1,16 +1,18 @@
-"""``torch.nn.parallel.DistributedDataParallel`` in a run: the gradient all-reduce its C++ ``Reducer`` makes, made
-of the simulated process group's operations, in the order and on the streams torch's makes them.
+"""``torch.nn.parallel.DistributedDataParallel`` in a run: the broadcasts and the gradient all-reduce torch's makes
+(its C++ ``Reducer``'s), made of the simulated process group's operations, on the streams torch's runs them on.
 
 torch's DDP cannot take the simulated group (its construction and its reducer call C++ functions that take a real
 process group), so in a run its ``__init__``, ``forward`` and ``no_sync`` are these (the class stays torch's, so a
 name the program bound at import makes one too):
 
 - construction: every parameter and buffer broadcast from rank 0 (``_sync_module_states``; blocking: the current
-  stream waits for each); the parameters that need a gradient in one bucket per dtype, in reverse order, as
-  torch's reducer starts without ``find_unused_parameters`` (it rebuilds its buckets after the first iteration,
-  by the order the gradients came in; this one keeps them: a bucket's all-reduce starts when its last gradient is
-  in, later than a rebuilt one's may);
-- ``forward``: the buffers broadcast from rank 0 first (``broadcast_buffers``, where the module has any), a host
+  stream waits for each; none with ``init_sync=False``, no buffer with ``broadcast_buffers=False`` alone); the
+  parameters that need a gradient in one bucket per dtype, in reverse order, as torch's reducer starts without
+  ``find_unused_parameters`` (it rebuilds its buckets after the first iteration, by the order the gradients came
+  in; this one keeps them: a bucket's all-reduce starts when its last gradient is in, later than a rebuilt one's
+  may);
+- ``forward``: the buffers broadcast from rank 0 first (``forward_sync_buffers``, else the deprecated
+  ``broadcast_buffers``, where the module has any), a host
   tensor among the inputs moved to the module's device where ``device_ids`` names it (a blocking copy, as torch's
   ``_to_kwargs`` makes from the host), the module called; with grad enabled and outside ``no_sync()``, the next
   backward reduces;
@@ -24,9 +26,11 @@ name the program bound at import makes one too):
   "Expected to have finished reduction in the prior iteration" error.
 
 Not simulated (``NotImplementedError``, no verdict): ``find_unused_parameters``, ``gradient_as_bucket_view``,
-``static_graph``, comm hooks, ``join``, a module with parameters on the host. A run that wraps a model is not
-replayed on a GPU: torch's reducer makes its copies in other operations (a bucket's rebuild after the first
-iteration, ...), so a schedule's indices would not mean the same operations there.
+``static_graph``, ``skip_all_reduce_unused_params``, ``delay_all_reduce_named_params``,
+``param_to_hook_all_reduce``, ``mixed_precision``, ``device_mesh``, comm hooks, ``join``, a module with parameters
+on the host. The parameters and buffers ``_set_params_and_buffers_to_ignore_for_model`` names are left alone. A
+run that wraps a model is not replayed on a GPU: torch's reducer makes its copies in other operations (a bucket's
+rebuild after the first iteration, ...), so a schedule's indices would not mean the same operations there.
 """
 
 from __future__ import annotations
@@ -124,21 +128,30 @@ def _assign(params: list[torch.Tensor]) -> list[_Bucket]:
 
 
 def _init(self: Any, module: torch.nn.Module, device_ids: Any = None, output_device: Any = None, dim: int = 0,
-          broadcast_buffers: bool = True, process_group: Any = None, bucket_cap_mb: float | None = None,
-          find_unused_parameters: bool = False, check_reduction: bool = False,
-          gradient_as_bucket_view: bool = False, static_graph: bool = False, **kwargs: Any) -> None:
+          broadcast_buffers: bool | None = None, init_sync: bool = True, process_group: Any = None,
+          bucket_cap_mb: float | None = None, find_unused_parameters: bool = False, check_reduction: bool = False,
+          gradient_as_bucket_view: bool = False, static_graph: bool = False, delay_all_reduce_named_params: Any = None,
+          param_to_hook_all_reduce: Any = None, mixed_precision: Any = None, device_mesh: Any = None,
+          skip_all_reduce_unused_params: bool = False, bucket_cap_mb_list: Any = None, batched_grad_copy: bool = False,
+          forward_sync_buffers: bool | None = None) -> None:
+    """torch 2.13's parameters, in its order (``bucket_cap_mb``, ``bucket_cap_mb_list`` and ``batched_grad_copy``
+    change nothing here: one bucket per dtype)."""
     from simdevice.dropin.facade import session_device
 
     given = {"find_unused_parameters": find_unused_parameters, "gradient_as_bucket_view": gradient_as_bucket_view,
-             "static_graph": static_graph}
-    for name in _REFUSED:
-        if given[name]:
-            raise NotImplementedError(f"torch.nn.parallel.DistributedDataParallel({name}=True) is not simulated")
-    if kwargs.get("mixed_precision") is not None or kwargs.get("device_mesh") is not None:
-        raise NotImplementedError("torch.nn.parallel.DistributedDataParallel with mixed_precision or device_mesh "
-                                  "is not simulated")
+             "static_graph": static_graph, "skip_all_reduce_unused_params": skip_all_reduce_unused_params,
+             "delay_all_reduce_named_params": delay_all_reduce_named_params is not None,
+             "param_to_hook_all_reduce": param_to_hook_all_reduce is not None,
+             "mixed_precision": mixed_precision is not None, "device_mesh": device_mesh is not None}
+    for name, on in given.items():
+        if on:
+            raise NotImplementedError(f"torch.nn.parallel.DistributedDataParallel({name}=...) is not simulated"
+                                      if name not in _REFUSED else
+                                      f"torch.nn.parallel.DistributedDataParallel({name}=True) is not simulated")
     torch.nn.Module.__init__(self)
-    params = list(module.parameters())
+    ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+    params = [p for n, p in module.named_parameters() if n not in ignored]
+    buffers = [b for n, b in module.named_buffers() if n not in ignored]
     if any(not p.is_cuda for p in params):
         raise NotImplementedError("torch.nn.parallel.DistributedDataParallel of a module with parameters on the "
                                   "host is not simulated (move it to the device first)")
@@ -148,22 +161,28 @@ def _init(self: Any, module: torch.nn.Module, device_ids: Any = None, output_dev
     self.device_ids = [_get_device_index(d, True) for d in device_ids] if device_ids else None
     self.output_device = output_device
     self.dim = dim
-    self.broadcast_buffers = broadcast_buffers
+    # buffers synced at each forward: ``forward_sync_buffers``, else the deprecated ``broadcast_buffers`` (True by
+    # default); at construction, unless ``broadcast_buffers=False`` alone said not to
+    sync = forward_sync_buffers if forward_sync_buffers is not None else broadcast_buffers is not False
+    self._simdevice_buffers = buffers
+    self._simdevice_sync_buffers = sync
+    self.broadcast_buffers = sync
     self.process_group = process_group
     self.require_backward_grad_sync = True
     self.require_forward_param_sync = True
-    with torch.no_grad():
-        for t in [*params, *module.buffers()]:
-            dist.broadcast(t.detach(), 0, group=process_group)
+    if init_sync:
+        at_init = params + (buffers if forward_sync_buffers is not None or broadcast_buffers is not False else [])
+        with torch.no_grad():
+            for t in at_init:
+                dist.broadcast(t.detach(), 0, group=process_group)
     self._simdevice_reducer = _Reducer([p for p in params if p.requires_grad], process_group)
 
 
 def _forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
     reducer: _Reducer = self._simdevice_reducer
-    buffers = list(self.module.buffers())
-    if self.broadcast_buffers and buffers:
+    if self._simdevice_sync_buffers and self._simdevice_buffers:
         with torch.no_grad():
-            for t in buffers:
+            for t in self._simdevice_buffers:
                 dist.broadcast(t.detach(), 0, group=self.process_group)
     if self.device_ids:  # (torch's ``_to_kwargs``: a host tensor among the inputs moved to the module's device)
         device = torch.device("cuda", self.device_ids[0])

@@ -4,11 +4,12 @@ training script written with DDP could not be checked.
 
 Rules, each with a test a mutation of it fails:
 
-- construction broadcasts rank 0's parameters; each backward leaves every rank's gradients the world's mean (a
-  model trained two steps on two ranks equals the same model trained on the host on both ranks' batches), ready on
-  the stream that called ``backward()`` (the gradients are copied back from the bucket there, after it waits for
-  the all-reduce): a side stream that reads a gradient after waiting for that stream is clean, one that does not
-  races with the copy back;
+- construction broadcasts rank 0's parameters and buffers, each forward the buffers (as ``init_sync``,
+  ``broadcast_buffers`` and ``forward_sync_buffers`` say); each backward leaves every rank's gradients the world's
+  mean (a model trained two steps on two ranks equals the same model trained on the host on both ranks' batches),
+  ready on the stream that called ``backward()`` (the gradients are copied back from the bucket there, after it
+  waits for the all-reduce): a side stream that reads a gradient after waiting for that stream is clean, one that
+  does not races with the copy back;
 - ``no_sync()`` accumulates without communicating; the backward after it reduces the sum;
 - with ``device_ids``, a host tensor among the inputs is moved to the module's device (PyTorch's DDP tutorial
   passes ``torch.randn(20, 10)``);
@@ -142,3 +143,28 @@ def test_an_option_ddp_does_not_simulate_gives_no_verdict(option: str) -> None:
     s = simdevice.cuda()
     s.run(lambda: DDP(nn.Linear(4, 4).cuda(), **{option: True}), world_size=2)
     assert any(f"DistributedDataParallel({option}=True) is not simulated" in str(r) for r in s.reports), s.text()
+
+
+def _construct(options: dict[str, bool], forward: bool) -> None:
+    ddp = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).cuda(), **options)
+    if forward:
+        with torch.no_grad():
+            ddp(torch.ones(2, 4, device="cuda"))
+
+
+@pytest.mark.parametrize(("options", "broadcasts"), [
+    ({}, (7, 3)),  # four parameters and three buffers at construction, the buffers at the forward
+    ({"init_sync": False}, (0, 3)),
+    ({"broadcast_buffers": False}, (4, 0)),
+    ({"forward_sync_buffers": False}, (7, 0)),
+])
+def test_construction_and_forward_broadcast_what_the_options_say(options: dict[str, bool],
+                                                                 broadcasts: tuple[int, int]) -> None:
+    counts = []
+    for forward in (False, True):
+        s = simdevice.cuda()
+        s.run(lambda forward=forward: _construct(options, forward), world_size=2)
+        s.assert_clean()
+        assert s.result is not None
+        counts.append(s.result.op_counts.get("rank0.nccl", 0))
+    assert (counts[0], counts[1] - counts[0]) == broadcasts, counts
