@@ -1060,21 +1060,42 @@ def _modules() -> list[Any]:
     return [multiprocessing, torch.multiprocessing]
 
 
+class SpawnContext:
+    """What ``torch.multiprocessing.spawn(..., join=False)`` returns in a run (torch's ``ProcessContext``): ``join()``
+    waits for every rank (True once all have exited; with ``timeout``, False where some still run after that much
+    virtual time), each join ordering the caller after them; ``pids()`` their numbers. What a rank raises is the
+    run's host error, where torch's ``join`` raises ``ProcessRaisedException``."""
+
+    def __init__(self, ranks: list[Any]) -> None:
+        self._ranks = ranks
+
+    def _done(self) -> bool:
+        return all(a.state == "done" for a in self._ranks)
+
+    def join(self, timeout: float | None = None, grace_period: float | None = None) -> bool:
+        rt = _session().runtime
+        if timeout is not None and not timed(self._done, timeout):
+            return False
+        rt.join_ranks(self._ranks)
+        return True
+
+    def pids(self) -> list[int]:
+        return [a.order for a in self._ranks]
+
+
 def _start_processes(original: Callable[..., Any]) -> Callable[..., Any]:
     """``torch.multiprocessing.start_processes`` (and ``spawn``, which calls it) in a run: ``fn(i, *args)`` on rank
     ``i`` of a new world of ``nprocs`` ranks (``rank0..``, a process and a device each, torch.distributed's default
     group theirs, as ``--world-size N`` makes them: the program's ``init_process_group`` joins it), the caller
-    waiting for all of them, as ``join=True`` waits; ``args`` pickled as a spawned child receives them (a device
-    tensor in them arrives through CUDA IPC). What a rank raises is the run's host error, where torch raises it in
-    the parent as ``ProcessRaisedException``. Outside a run, torch's."""
+    waiting for all of them, as ``join=True`` waits (``join=False``: a :class:`SpawnContext` to join); ``args``
+    pickled as a spawned child receives them (a device tensor in them arrives through CUDA IPC). What a rank raises
+    is the run's host error, where torch raises it in the parent as ``ProcessRaisedException``. Outside a run,
+    torch's."""
 
     def start_processes(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: int = 1, join: bool = True,
-                        daemon: bool = False, start_method: str = "spawn") -> None:
+                        daemon: bool = False, start_method: str = "spawn") -> SpawnContext | None:
         if not _in_run():
             return original(fn, args, nprocs, join, daemon, start_method)  # type: ignore[no-any-return]
-        if not join:
-            raise NotImplementedError("torch.multiprocessing.spawn and start_processes with join=False are not "
-                                      "simulated (their ProcessContext): join=True")
         dev = _session()
         rt = dev.runtime
         if rt.rank_in_world() is not None or "rank0" in rt.execution.actors:
@@ -1084,15 +1105,18 @@ def _start_processes(original: Callable[..., Any]) -> Callable[..., Any]:
         if nprocs > MAX_WORLD_SIZE:
             raise NotImplementedError(f"torch.multiprocessing.spawn of {nprocs} processes: the simulator runs at "
                                       f"most {MAX_WORLD_SIZE} ranks")
-        if nprocs < 1:  # (torch starts none, and its join returns at once)
-            return None
         sent = _sent(dev, tuple(args), rt.current().current_stream)
 
         def body() -> None:
             fn(rt.rank(), *_received(dev, sent))
 
-        rt.spawn_ranks(nprocs, body)
-        return None
+        ranks = rt.start_ranks(nprocs, body) if nprocs >= 1 else []  # (torch starts none: its join returns at once)
+        context = SpawnContext(ranks)
+        if join:
+            context.join()
+            return None
+        rt.gpu_replay = False  # (``reference.cuda_plain`` replays a joined spawn alone)
+        return context
 
     start_processes.__name__ = start_processes.__qualname__ = "start_processes"
     return start_processes

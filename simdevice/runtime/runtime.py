@@ -1344,6 +1344,13 @@ class Runtime:
 
     def spawn_ranks(self, world_size: int, body: Callable[[], Any]) -> list[Any]:
         """Run ``body`` on actors ``rank0..`` of a new world; wait for all of them; return their results."""
+        ranks = self.start_ranks(world_size, body)
+        self.join_ranks(ranks)
+        return [a.result for a in ranks]
+
+    def start_ranks(self, world_size: int, body: Callable[[], Any]) -> list[HostActor]:
+        """Start ``body`` on actors ``rank0..`` of a new world, the current actor going on (:meth:`join_ranks`
+        waits for them)."""
         if world_size < 1:
             raise ValueError(f"spawn_ranks: world_size must be >= 1, got {world_size}")
         ex = self.execution
@@ -1355,10 +1362,15 @@ class Runtime:
         for a in ranks:
             ex.start_actor(a, body, self._enter)
         ex.progress()
-        ex.block(parent, f"ranks 0..{world_size - 1} to exit", lambda: all(a.state == "done" for a in ranks))
+        return ranks
+
+    def join_ranks(self, ranks: list[HostActor]) -> None:
+        """The current actor waits for every actor of ``ranks`` to exit, and is ordered after each."""
+        parent = self.current()
+        self.execution.block(parent, f"ranks 0..{len(ranks) - 1} to exit",
+                             lambda: all(a.state == "done" for a in ranks))
         for a in ranks:
             sync.observe(parent, a)
-        return [a.result for a in ranks]
 
     def all_gather(self, out: Ref, inp: Ref, source: str, group: int = 0) -> Gather:
         """An all-gather of ``inp`` into ``out`` in the current actor's process group ``group`` (0: its world)."""

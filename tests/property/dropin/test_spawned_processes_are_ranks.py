@@ -11,8 +11,10 @@ Rules, each with a test a mutation of it fails:
   a list it was given does not reach the caller; a host tensor is shared memory (a rank's write reaches it); a
   device tensor arrives through CUDA IPC (the rank's stream waits for the caller's write);
 - a ``spawn`` the program imported by name starts ranks too (it calls ``start_processes`` by its module's name);
-- what a rank raises is the run's host error; ``join=False`` and a spawn from a rank are not simulated:
-  ``NotImplementedError``, no verdict.
+- ``join=False`` returns a context whose ``join`` waits for the ranks (or, with a timeout, says whether they are
+  done): the caller goes on meanwhile, and what it reads of the ranks' work before joining them is not there yet;
+- what a rank raises is the run's host error; a spawn from a rank is not simulated: ``NotImplementedError``, no
+  verdict.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing import spawn as spawn_bound_at_import
 
 import simdevice
-from simdevice import Race
+from simdevice import HostError, Race
 
 N = 1024
 
@@ -149,10 +151,37 @@ def test_what_is_not_simulated_gives_no_verdict_and_a_rank_s_error_is_the_run_s(
     s.run(lambda: mp.spawn(_fails_on_one, nprocs=2))
     (err,) = [str(r) for r in s.reports]
     assert "rank1 raised ValueError: rank one's own failure" in err, err
-    for program, said in ((lambda: mp.spawn(_fails_on_one, nprocs=2, join=False), "join=False"),
-                          (lambda: mp.spawn(_spawn_again, nprocs=2), "one world per run")):
-        s = simdevice.cuda()
-        s.run(program)
-        (err,) = [str(r) for r in s.reports]
-        assert "NotImplementedError" in err, err
-        assert said in err, err
+    s = simdevice.cuda()
+    s.run(lambda: mp.spawn(_spawn_again, nprocs=2))
+    (err,) = [str(r) for r in s.reports]
+    assert "NotImplementedError" in err, err
+    assert "one world per run" in err, err
+
+
+def _joined_later(wait: bool) -> None:
+    """``join=False`` (Lightning's launcher's way): the caller polls the context's ``join`` until the ranks exit,
+    then reads what they wrote; or reads it at once, as the ranks run."""
+    out = torch.zeros(2).share_memory_()
+    context = mp.spawn(_rank_named_slowly, args=(out,), nprocs=2, join=False)
+    assert len(context.pids()) == 2
+    if wait:
+        while not context.join(timeout=0.001):
+            pass
+    assert out.tolist() == [2.0, 12.0], out.tolist()
+    context.join()
+
+
+def _rank_named_slowly(rank: int, out: torch.Tensor) -> None:
+    torch.ones(4, device="cuda").sum().item()  # (a host step: the caller goes on meanwhile)
+    out[rank] = dist.get_rank() * 10 + dist.get_world_size()
+
+
+def test_a_spawn_not_joined_goes_on_and_its_context_joins_the_ranks() -> None:
+    s = simdevice.cuda()
+    s.run(lambda: _joined_later(True))
+    s.assert_clean()
+    assert s.result is not None
+    assert not s.result.gpu, "a spawn with join=False offered a GPU replay (reference.cuda_plain refuses it)"
+    s = simdevice.cuda()
+    s.run(lambda: _joined_later(False))
+    assert any(isinstance(r, HostError) for r in s.reports), s.text()
