@@ -44,8 +44,6 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch._utils import _get_device_index
 
-_REFUSED = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph")
-
 
 class _Bucket:
     def __init__(self, params: list[torch.Tensor]) -> None:
@@ -138,16 +136,15 @@ def _init(self: Any, module: torch.nn.Module, device_ids: Any = None, output_dev
     change nothing here: one bucket per dtype)."""
     from simdevice.dropin.facade import session_device
 
-    given = {"find_unused_parameters": find_unused_parameters, "gradient_as_bucket_view": gradient_as_bucket_view,
-             "static_graph": static_graph, "skip_all_reduce_unused_params": skip_all_reduce_unused_params,
-             "delay_all_reduce_named_params": delay_all_reduce_named_params is not None,
-             "param_to_hook_all_reduce": param_to_hook_all_reduce is not None,
-             "mixed_precision": mixed_precision is not None, "device_mesh": device_mesh is not None}
-    for name, on in given.items():
-        if on:
-            raise NotImplementedError(f"torch.nn.parallel.DistributedDataParallel({name}=...) is not simulated"
-                                      if name not in _REFUSED else
-                                      f"torch.nn.parallel.DistributedDataParallel({name}=True) is not simulated")
+    unsimulated = {"find_unused_parameters=True": find_unused_parameters,
+                   "gradient_as_bucket_view=True": gradient_as_bucket_view, "static_graph=True": static_graph,
+                   "skip_all_reduce_unused_params=True": skip_all_reduce_unused_params,
+                   "delay_all_reduce_named_params=...": delay_all_reduce_named_params is not None,
+                   "param_to_hook_all_reduce=...": param_to_hook_all_reduce is not None,
+                   "mixed_precision=...": mixed_precision is not None, "device_mesh=...": device_mesh is not None}
+    for option, given in unsimulated.items():
+        if given:
+            raise NotImplementedError(f"torch.nn.parallel.DistributedDataParallel({option}) is not simulated")
     torch.nn.Module.__init__(self)
     ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
     params = [p for n, p in module.named_parameters() if n not in ignored]

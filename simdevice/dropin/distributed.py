@@ -192,11 +192,10 @@ def _nccl_only(backend: Any) -> None:
 _INIT_POSITIONAL = ("init_method", "timeout", "world_size", "rank", "store", "group_name")
 
 
-def _asked(args: tuple[Any, ...], kwargs: dict[str, Any], key: str, variable: str) -> int:
-    """The ``world_size`` or ``rank`` (``key``) an ``init_process_group`` call gives, or, with -1 or none, the
-    environment's (``variable``), as the ``env://`` rendezvous reads it; -1 where neither says."""
-    given = dict(zip(_INIT_POSITIONAL, args, strict=False))
-    given.update(kwargs)
+def _asked(given: dict[str, Any], key: str, variable: str) -> int:
+    """The ``world_size`` or ``rank`` (``key``) an ``init_process_group`` call gives (``given``: its arguments by
+    name), or, with -1 or none, the environment's (``variable``), as the ``env://`` rendezvous reads it; -1 where
+    neither says."""
     value = given.get(key)
     if value is None or int(value) < 0:
         value = os.environ.get(variable, "-1")
@@ -224,7 +223,7 @@ class _Rendezvous:
         world.launched = False  # (their environment is their own: no launcher set torchrun's variables in it)
 
 
-def _rendezvous(dev: Any, size: int, rank: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _rendezvous(dev: Any, size: int, rank: int, given: dict[str, Any]) -> None:
     """The calling process joins the world of ``size`` its ``init_process_group`` asks for, as rank ``rank``, waiting
     for the others (:class:`_Rendezvous`; one per ``init_method``, or per master's address and port)."""
     a = dev.runtime.current()
@@ -234,8 +233,6 @@ def _rendezvous(dev: Any, size: int, rank: int, args: tuple[Any, ...], kwargs: d
     if not 0 <= rank < size:
         raise ValueError(f"init_process_group: rank {rank} of a world of {size}: give each process its rank "
                          "(rank=, or RANK in its environment)")
-    given = dict(zip(_INIT_POSITIONAL, args, strict=False))
-    given.update(kwargs)
     where = given.get("init_method") or (f"env://{os.environ.get('MASTER_ADDR', '')}:"
                                          f"{os.environ.get('MASTER_PORT', '')}")
     if given.get("store") is not None:
@@ -258,9 +255,10 @@ def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> None:
     the world its peers make by the same call: a rendezvous, after which their collectives are one group's."""
     _nccl_only(backend)
     dev = session_device()
-    size = _asked(args, kwargs, "world_size", "WORLD_SIZE")
+    given = {**dict(zip(_INIT_POSITIONAL, args, strict=False)), **kwargs}
+    size = _asked(given, "world_size", "WORLD_SIZE")
     if dev.runtime.rank_in_world() is None and size > 1:
-        _rendezvous(dev, size, _asked(args, kwargs, "rank", "RANK"), args, kwargs)
+        _rendezvous(dev, size, _asked(given, "rank", "RANK"), given)
     dev.groups_destroyed.discard(dev.runtime.current().process)
 
 
