@@ -16,12 +16,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib.util
+import io
 import os
 import pickle
 import queue
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -78,6 +81,71 @@ def process_context() -> Any:
     return ctx
 
 
+class _Pickler(pickle.Pickler):
+    """Pickles as ``pickle`` does, noting the file of each module whose functions and classes it names: a target the
+    tool imported by its path has a name of its own (``simdevice_target_...``), which a child cannot import; the
+    child loads it from the file (:class:`_Unpickler`), as a spawned child of ``python FILE.py`` loads its main."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.files: dict[str, str] = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (types.FunctionType, type)):
+            name = getattr(obj, "__module__", None)
+            file = getattr(sys.modules.get(name), "__file__", None) if isinstance(name, str) else None
+            if isinstance(file, str):
+                self.files.setdefault(name, file)  # type: ignore[arg-type]
+        return NotImplemented  # (pickled as pickle pickles it)
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, files: dict[str, str]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.files = files
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return super().find_class(module, name)
+        except ModuleNotFoundError as e:
+            if e.name != module or module not in self.files:
+                raise
+        _load_as(module, self.files[module])
+        return super().find_class(module, name)
+
+
+def _load_as(name: str, path: str) -> None:
+    """Import the file ``path`` as module ``name``, its folder on the path for its own imports."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModuleNotFoundError(f"no module named {name!r} ({path} is not a Python file)", name=name)
+    module = importlib.util.module_from_spec(spec)
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+
+
+def dumps(obj: Any) -> bytes:
+    """``obj`` pickled for a child process (:func:`loads`): a function or class of a module imported by its path
+    (a target's file) travels with that path."""
+    body = io.BytesIO()
+    pickler = _Pickler(body)
+    pickler.dump(obj)
+    return pickle.dumps((pickler.files, body.getvalue()))
+
+
+def loads(payload: bytes) -> Any:
+    """What :func:`dumps` pickled; a module the child cannot import by its name is loaded from its file."""
+    files, body = pickle.loads(payload)
+    return _Unpickler(body, files).load()
+
+
 def _warm_caches() -> None:
     """Before a run: free what earlier runs left to Python's cycle collector, so their page-locked and device
     blocks are back in torch's caches. A warm-up run then warms them: without it, a run can pay a fresh
@@ -115,6 +183,34 @@ def _compiled_eagerly() -> Iterator[None]:
         torch.compile = original
         if set_here:
             torch.compiler.set_stance("default")
+
+
+@contextlib.contextmanager
+def _storages_poisoned() -> Iterator[None]:
+    """A device storage grown by ``resize_`` (offload code's onload: ``untyped_storage().resize_(n)`` after a
+    ``resize_(0)``) gets its new bytes poisoned, as ``_CountingMode`` poisons an allocation and the simulator a
+    regrown storage (all bits set: NaN in every float type): the caching allocator may hand back a block that still
+    holds an earlier trial's right answer. No operation dispatches for a storage, so none is counted; the fill is the
+    tool's own, on the current stream, as the allocation's."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    original = torch.UntypedStorage.resize_
+
+    @functools.wraps(original)
+    def resize_(self: torch.UntypedStorage, size: int) -> Any:
+        before = self.nbytes()
+        out = original(self, size)
+        if self.is_cuda and size > before:
+            with _disable_current_modes(), torch.no_grad():
+                grown = torch.empty(0, dtype=torch.uint8, device=self.device)
+                grown.set_(self, before, (size - before,), (1,)).fill_(255)
+        return out
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
 
 
 class _Counter:
@@ -411,12 +507,38 @@ class _CountingMode(TorchDispatchMode):
                     self.dev._stream_done(started)
                     return out
         out = func(*args, **kwargs)
-        if kind == "alloc" and self.poisons and isinstance(out, torch.Tensor):
-            # uninitialized memory that cannot pass for data: the caching allocators hand back blocks that may
-            # still hold a previous run's right answer, and a host allocation what the process freed before (the
-            # tool's own fill: no operation of the program), as the simulator poisons all three
-            poison(out)
+        if kind == "alloc" and self.poisons:
+            _poison_allocated(out)
         return out
+
+
+def _poison_allocated(out: Any) -> None:
+    """Uninitialized memory that cannot pass for data: the caching allocators hand back blocks that may still hold a
+    previous run's right answer, and a host allocation what the process freed before (the tool's own fill, inside a
+    dispatch mode: no operation of the program), as the simulator poisons all three."""
+    if isinstance(out, torch.Tensor):
+        poison(out)
+
+
+class _PoisoningMode(TorchDispatchMode):
+    """Poisons each allocation as ``_CountingMode`` does, counting nothing (:func:`poisoned`)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(dispatches_itself(t) for t in types):
+            return NotImplemented
+        out = func(*args, **(kwargs or {}))
+        if op_kind(func) == "alloc":
+            _poison_allocated(out)
+        return out
+
+
+@contextlib.contextmanager
+def poisoned() -> Iterator[None]:
+    """Uninitialized memory poisoned as in a counted run (``CudaDevice.run_plain``), nothing counted or delayed: for
+    plain code run on a GPU outside a ``CudaDevice`` (``scripts/hazard-syncs``), where a program that checks the
+    poison (``tests/hazards.py::unwritten_staging_read``) needs it."""
+    with _storages_poisoned(), _PoisoningMode():
+        yield
 
 
 @functools.cache
@@ -691,7 +813,8 @@ class CudaDevice:
         _warm_caches()
         _CURRENT.append(self)
         try:
-            with _world_of_one(), counting_torch_cuda(self), _compiled_eagerly(), _CountingMode(self, poisons=True):
+            with _world_of_one(), counting_torch_cuda(self), _compiled_eagerly(), _storages_poisoned(), \
+                    _CountingMode(self, poisons=True):
                 if self.timeline is not None:  # after the process group's set-up, which synchronizes the device
                     self.timeline.start()
                 result = fn(*args, **kwargs)
@@ -756,7 +879,7 @@ class CudaDevice:
         return self._mp
 
     def Process(self, target: Callable[..., Any], args: tuple[Any, ...] = (), name: str = "worker") -> CudaProcess:
-        payload = pickle.dumps((self.schedule, self.cycles_per_ms, target, ()))
+        payload = dumps((self.schedule, self.cycles_per_ms, target, ()))
         counts = self._ctx().Queue()
         # Device tensors and shared values travel as Process arguments (CUDA IPC, shared memory).
         timed = self.counter.stamps is not None
@@ -855,7 +978,7 @@ class CudaDevice:
             port = sock.getsockname()[1]
         ctx = self._ctx()
         results = ctx.Queue()
-        payload = pickle.dumps((self.schedule, self.cycles_per_ms, fn, args))
+        payload = dumps((self.schedule, self.cycles_per_ms, fn, args))
         procs = [
             ctx.Process(target=_rank_entry, args=(payload, r, world_size, port, results), name=f"rank{r}")
             for r in range(world_size)
@@ -865,12 +988,28 @@ class CudaDevice:
         out: dict[int, Any] = {}
         errors: list[str] = []
         try:
-            for _ in procs:
+            reported: set[int] = set()
+            dead: set[int] = set()  # ranks whose process had ended at the last empty poll
+            quiet = 0
+            while len(reported) < world_size:
                 try:
-                    # a rank that failed leaves its peers waiting in NCCL for it, maybe for good: a minute for them
-                    r, result, counts, fired, error = results.get(timeout=60 if errors else 600)
+                    r, result, counts, fired, error = results.get(timeout=1)
                 except queue.Empty:
-                    break
+                    quiet += 1
+                    # a process that ended without its result (killed, or dead before its own error handling) fails
+                    # the run at once: its peers would wait for it in NCCL for good; one second's grace first, for
+                    # a result still in the pipe
+                    gone = sorted(r for r in dead if r not in reported)
+                    if gone:
+                        errors.append(f"rank{gone[0]} ended (exit code {procs[gone[0]].exitcode}) with no result")
+                        break
+                    dead = {r for r, p in enumerate(procs) if p.exitcode is not None}
+                    # a rank that failed leaves its peers waiting in NCCL for it, maybe for good: a minute for them
+                    if quiet >= (60 if errors else 600):
+                        break
+                    continue
+                quiet = 0
+                reported.add(r)
                 self.counter.counts.update(counts)  # (a failed rank's too: the counts up to its error)
                 self.counter.fired |= fired
                 if error:
@@ -1106,9 +1245,9 @@ def _rank_entry(payload: bytes, rank: int, world_size: int, port: int, results: 
     # NVLink multicast stays off (the machines are shared); a fork server started before spawn_ranks set it
     # would not pass it on
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    schedule, cycles, fn, args = pickle.loads(payload)
     dev: CudaDevice | None = None
     try:
+        schedule, cycles, fn, args = loads(payload)
         _init_nccl_group(rank, world_size, port)
         dev = CudaDevice(schedule, actor=f"rank{rank}", cycles_per_ms=cycles)
         if isinstance(fn, _PlainCall):
@@ -1133,7 +1272,7 @@ def _rank_entry(payload: bytes, rank: int, world_size: int, port: int, results: 
 
 def _child_entry(payload: bytes, name: str, args: tuple[Any, ...], counts: Any = None, timed: bool = False) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    schedule, cycles, target, _ = pickle.loads(payload)
+    schedule, cycles, target, _ = loads(payload)
     dev = CudaDevice(schedule, actor=name, cycles_per_ms=cycles, timed=timed)
     try:
         dev.run(target, *args)

@@ -91,3 +91,30 @@ def test_plain_code_on_ranks_reaches_each_rank_as_a_function_it_can_load(
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     assert p.stdout.decode().strip() == "('ran', 7)"
+
+
+def test_a_function_of_the_user_s_file_reaches_a_child_process_the_program_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What the program itself hands a child process (the function ``torch.multiprocessing.spawn`` or a
+    ``Process`` starts, a class of its arguments) is of the module the tool imported the user's file as, which the
+    child cannot import by that name: ``reference.cuda.dumps`` sends the file along, and ``loads`` in the child
+    imports it from there under the same name (from another working directory too)."""
+    (tmp_path / "helper.py").write_text("SCALE = 3\n")
+    (tmp_path / "prog.py").write_text(
+        "import dataclasses\nfrom helper import SCALE\n\n@dataclasses.dataclass\nclass Args:\n    n: int\n\n"
+        "def rank(i, args):\n    return ('rank', i, args.n * SCALE)\n\ndef fn():\n    pass\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    target = resolve("prog.py::fn")
+    module = sys.modules[target.fn.__module__]
+    assert module.__name__ != "prog", "the file was imported under its plain name: nothing here to test"
+    blob = reference.cuda.dumps((module.rank, module.Args(5), len))
+    p = subprocess.run(
+        [sys.executable, "-c", "import sys; from reference.cuda import loads; fn, args, n = loads("
+         "sys.stdin.buffer.read()); print(fn(1, args), n is len, fn.__module__ == type(args).__module__)"],
+        input=blob, capture_output=True, cwd=ROOT / "simdevice", check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    assert p.stdout.decode().strip() == "('rank', 1, 15) True True"

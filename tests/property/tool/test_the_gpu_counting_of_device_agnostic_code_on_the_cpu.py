@@ -86,3 +86,16 @@ def test_a_wrapper_subclass_s_op_is_counted_by_the_kernels_it_runs(monkeypatch: 
         y = x @ w
     assert torch.equal(y, torch.full((2, 4), 2.0))
     assert seen == ["aten._to_copy.default", "aten.mul.Tensor", "aten.mm.default"], seen
+
+
+def test_plain_code_outside_a_counted_run_finds_uninitialized_memory_poisoned() -> None:
+    """``reference.cuda.poisoned()`` (``scripts/hazard-syncs`` on a GPU): an allocation nobody wrote is poisoned as
+    in a counted run, a written one is not, and torch's storage ``resize_`` is its own again after it."""
+    resize = torch.UntypedStorage.resize_
+    with reference.cuda.poisoned():
+        empty, ints, zeros = torch.empty(4), torch.empty(3, dtype=torch.int32), torch.zeros(2)
+        assert torch.UntypedStorage.resize_ is not resize
+    assert bool(empty.isnan().all())
+    assert ints.tolist() == [torch.iinfo(torch.int32).max] * 3
+    assert zeros.tolist() == [0.0, 0.0]
+    assert torch.UntypedStorage.resize_ is resize
