@@ -42,6 +42,7 @@ import copy
 import re
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -1720,6 +1721,21 @@ def _indices_of(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     return list(got) if isinstance(got, (list, tuple)) else []
 
 
+#: the simulated CUDA generators of this process (``torch.Generator(device="cuda")`` in a session, and
+#: ``torch.cuda.default_generators[0]``), by the address of the CPU generator each is (``_cdata``: the generator
+#: a dispatch mode is given is another Python object over the same one); each has ``next_seed()``
+CUDA_GENERATORS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def _device_generator(generator: Any) -> Any:
+    """The simulated CUDA generator an op on the device was given (``generator=``); a CPU generator is refused as
+    CUDA's kernels refuse it."""
+    found = CUDA_GENERATORS.get(generator._cdata)
+    if found is None:
+        raise RuntimeError(f"Expected a 'cuda' device type for generator but found '{generator.device.type}'")
+    return found
+
+
 def _on_host(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and not isinstance(x, SimTensor)
 
@@ -1940,6 +1956,9 @@ class Dispatcher:
     ) -> Any:
         rt = self.rt
         actor = rt.current_or_none()
+        if facts.seeded and kwargs.get("generator") is not None and kwargs["generator"]._cdata in CUDA_GENERATORS:
+            # (a host op given the device's generator: a CPU generator underneath, which CPU kernels would take)
+            raise RuntimeError("Expected a 'cpu' device type for generator but found 'cuda'")
         if kwargs.get("pin_memory") and actor is not None:
             kw = dict(kwargs)
             kw["pin_memory"] = False
@@ -2241,8 +2260,15 @@ class Dispatcher:
         if host_touch:
             eff_args, eff_kwargs, aliased_written, aliased_outputs, reads, staged = _host_aliased(
                 flat, outputs, eff_args, eff_kwargs, aliased_written, aliased_outputs, reads, staged)
-        eff = _Effect(self, func, eff_args, eff_kwargs, aliased_written, staged,
-                      self.rt.next_seed() if facts.seeded else None, aliased_outputs, reads, into)
+        seed = None
+        if facts.seeded:
+            generator = kwargs.get("generator")
+            if generator is None:
+                seed = self.rt.next_seed()
+            else:  # (the draw is the program's generator's, as it issues the op; the effect draws from that seed)
+                seed = _device_generator(generator).next_seed()
+                eff_kwargs = {**eff_kwargs, "generator": None}
+        eff = _Effect(self, func, eff_args, eff_kwargs, aliased_written, staged, seed, aliased_outputs, reads, into)
         eff.mask = mask
         if meta is not None and type(meta) is not torch.Tensor:  # (several results: which leaves are outputs)
             eff.places = tuple([k for k, m in enumerate(_leaves_of(meta)[0]) if isinstance(m, torch.Tensor)

@@ -38,6 +38,7 @@ from reference import contract
 from reference.naming import StreamNames, creation_site, inside
 from simdevice.api import EventHandle, SimDevice, StreamHandle
 from simdevice.dispatch import (
+    CUDA_GENERATORS,
     META,
     SimStorage,
     SimTensor,
@@ -53,6 +54,7 @@ from simdevice.dropin.patches import Patches
 from simdevice.runtime.config import SimConfig
 from simdevice.runtime.execution import outside_actor
 from simdevice.runtime.reports import internal_file, user_source
+from simdevice.runtime.runtime import op_seed
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SIMDEVICE = os.path.dirname(_HERE)
@@ -973,20 +975,33 @@ def manual_seed(seed: int) -> None:
         session_device().runtime.manual_seed(seed)
 
 
-def get_rng_state(device: Any = "cuda") -> torch.Tensor:
-    """``torch.cuda.get_rng_state``: the simulated generator's state as a byte tensor on the host (its seed and the
-    count of random ops drawn so far, as CUDA's philox state is a seed and an offset), for ``set_rng_state``."""
-    seed, drawn = session_device().runtime.rng_state()
+#: a new CUDA generator's seed, as torch's (``c10::detail::default_rng_seed_val``)
+_DEFAULT_SEED = 67280421310721
+_REAL_GENERATOR = torch._C.Generator
+
+
+def _state(seed: int, drawn: int) -> torch.Tensor:
+    """A simulated generator's state as a byte tensor on the host (its seed and how many random ops drew, as CUDA's
+    philox state is a seed and an offset): 16 bytes, what ``torch.cuda.get_rng_state()`` gives."""
     return torch.tensor([seed, drawn], dtype=torch.int64, device="cpu").view(torch.uint8)
+
+
+def _unstate(new_state: Any, who: str) -> tuple[int, int]:
+    if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8 or new_state.numel() != 16:
+        raise ValueError(f"{who}: expected a state torch.cuda.get_rng_state() gave (16 bytes)")
+    seed, drawn = new_state.detach().cpu().contiguous().view(torch.int64).tolist()
+    return int(seed), int(drawn)
+
+
+def get_rng_state(device: Any = "cuda") -> torch.Tensor:
+    """``torch.cuda.get_rng_state``: the simulated generator's state (:func:`_state`), for ``set_rng_state``."""
+    return _state(*session_device().runtime.rng_state())
 
 
 def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
     """``torch.cuda.set_rng_state`` with a state ``get_rng_state`` gave (``torch.utils.checkpoint`` restores the
     forward's before it recomputes it, so that a dropout recomputed draws the same mask)."""
-    if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8 or new_state.numel() != 16:
-        raise ValueError("set_rng_state: expected a state torch.cuda.get_rng_state() gave (16 bytes)")
-    seed, drawn = new_state.detach().cpu().contiguous().view(torch.int64).tolist()
-    session_device().runtime.set_rng_state(seed, drawn)
+    session_device().runtime.set_rng_state(*_unstate(new_state, "set_rng_state"))
 
 
 def set_rng_state_all(new_states: Any) -> None:
@@ -994,14 +1009,78 @@ def set_rng_state_all(new_states: Any) -> None:
         set_rng_state(state)
 
 
-class _DeviceGenerator:
-    """``torch.cuda.default_generators[0]``: the simulated device's generator object, as code that keeps CUDA's
-    generator calls it (Megatron's RNG tracker sets and reads its state so, where torch has no
-    ``_cuda_setRNGState``): its state is ``torch.cuda.get_rng_state()``'s, its seed ``manual_seed``'s. It is no
-    ``torch.Generator``: an op given it (``generator=``) is not simulated, and its graph-safe state (CUDA graphs) is
-    refused."""
+class _CudaGenerator(torch._C.Generator):
+    """``torch.Generator(device="cuda")`` in a session (diffusers' ``torch.Generator("cuda").manual_seed(0)``, a
+    sampler's own generator): a generator of the simulated device. Its seed (``manual_seed``, ``initial_seed``) and
+    state (``get_state`` / ``set_state``: its seed and how many random ops drew, as the device's own) are its own; a
+    random op on the device given it (``generator=``) draws from it as the host issues the op, so its numbers depend
+    on the generator and the program, never on the timing, and two generators seeded alike draw alike. A host op
+    given it raises as on a GPU. It is a CPU ``torch.Generator`` underneath (torch's argument parser takes nothing
+    else; ``simdevice.dispatch`` finds it by that generator's address), which nothing draws from."""
 
-    device = torch.device("cuda", 0)
+    def __new__(cls, device: Any = "cuda") -> _CudaGenerator:
+        return super().__new__(cls, "cpu")  # type: ignore[call-arg,no-any-return]
+
+    def __init__(self, device: Any = "cuda") -> None:
+        self._seed, self._drawn = _DEFAULT_SEED, 0
+        CUDA_GENERATORS[self._cdata] = self
+
+    @property  # type: ignore[override]
+    def device(self) -> torch.device:
+        return _REAL_DEVICE("cuda", 0)
+
+    def next_seed(self) -> int:
+        """The seed of the next random op given this generator (``Runtime.next_seed``'s, from this one's state)."""
+        self._drawn += 1
+        return op_seed(self._seed, self._drawn)
+
+    def manual_seed(self, seed: int) -> _CudaGenerator:
+        self._seed, self._drawn = int(seed), 0
+        return self
+
+    def initial_seed(self) -> int:
+        return self._seed
+
+    def seed(self) -> int:
+        """A new seed, taken (a GPU's comes from the OS's entropy; here from this generator's state, so that a run
+        stays the same run)."""
+        seed = self.next_seed()
+        self.manual_seed(seed)
+        return seed
+
+    def get_state(self) -> torch.Tensor:
+        return _state(self._seed, self._drawn)
+
+    def set_state(self, new_state: torch.Tensor) -> _CudaGenerator:
+        self._seed, self._drawn = _unstate(new_state, "Generator.set_state")
+        return self
+
+    def __reduce__(self) -> Any:
+        return torch.Generator, ("cuda",), (self._seed, self._drawn)
+
+    def __setstate__(self, state: Any) -> None:
+        self._seed, self._drawn = state
+
+    def get_offset(self, *args: Any) -> Any:
+        raise NotImplementedError("a simulated CUDA generator's philox offset (Generator.get_offset, set_offset): its "
+                                  "state is a seed and a count of draws (get_state, set_state)")
+
+    set_offset = get_offset
+
+    def graphsafe_get_state(self, *args: Any) -> Any:
+        raise NotImplementedError(_GRAPHS_REFUSED + ": a generator's graph-safe state")
+
+    graphsafe_set_state = clone_state = graphsafe_get_state
+
+
+class _DeviceGenerator(_CudaGenerator):
+    """``torch.cuda.default_generators[0]``: the simulated device's own generator, as code that keeps CUDA's
+    generator calls it (Megatron's RNG tracker sets and reads its state so, where torch has no
+    ``_cuda_setRNGState``): its state is ``torch.cuda.get_rng_state()``'s, its seed ``manual_seed``'s, and an op
+    given it draws as one given none."""
+
+    def next_seed(self) -> int:
+        return session_device().runtime.next_seed()
 
     def get_state(self) -> torch.Tensor:
         return get_rng_state()
@@ -1020,10 +1099,35 @@ class _DeviceGenerator:
     def seed(self) -> int:  # (torch.cuda.seed(): no new seed here, the run stays deterministic)
         return self.initial_seed()
 
-    def graphsafe_get_state(self, *args: Any) -> Any:
-        raise NotImplementedError(_GRAPHS_REFUSED + ": a generator's graph-safe state")
+    def __reduce__(self) -> Any:
+        raise TypeError("torch.cuda.default_generators[0] of a simulated run is not pickled (its state is: "
+                        "get_state())")
 
-    graphsafe_set_state = clone_state = graphsafe_get_state
+
+class _GeneratorClass(type):
+    """The class of :class:`_Generator`: ``isinstance(g, torch.Generator)`` of any generator is True, and
+    ``torch.Generator("cuda")`` makes a :class:`_CudaGenerator`, where the CPU build's C++ fails (``Cannot get CUDA
+    generator without ATen_cuda library``)."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, _REAL_GENERATOR)
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        return issubclass(sub, _REAL_GENERATOR)
+
+    def __call__(cls, device: Any = "cpu") -> Any:
+        if on_device(device):
+            return _CudaGenerator(device)
+        return _REAL_GENERATOR(device)
+
+
+class _Generator(metaclass=_GeneratorClass):
+    """``torch.Generator`` in a session: a CUDA device's is the simulated device's (:class:`_CudaGenerator`)."""
+
+
+_Generator.__name__ = _Generator.__qualname__ = "Generator"
+_Generator.__module__ = "torch"
+_Generator.__doc__ = _REAL_GENERATOR.__doc__
 
 
 def set_sync_debug_mode(debug_mode: int | str) -> None:
@@ -2187,7 +2291,7 @@ def install(p: Patches) -> None:
         "use_mem_pool": _no_mem_pools,
         "cudart": _cudart,
         "_sleep": _sleep,
-        "default_generators": (_DeviceGenerator(),),
+        "default_generators": (_DeviceGenerator(),),  # (made per session: in CUDA_GENERATORS while it lives)
         "set_sync_debug_mode": set_sync_debug_mode,
         "get_sync_debug_mode": get_sync_debug_mode,
     }
@@ -2248,6 +2352,7 @@ def install(p: Patches) -> None:
     p.set(torch.Tensor, "type", _wrapped(torch.Tensor, "type", _tensor_type))
     p.set(torch.Tensor, "data", _HOST_DATA)
     p.set(torch, "device", _Device)
+    p.set(torch, "Generator", _Generator)
     _pickled_devices(p)
     p.set(torch._C._nn, "_parse_to", _wrapped(torch._C._nn, "_parse_to", _parse_to))
     p.set(torch, "set_default_tensor_type", _wrapped(torch, "set_default_tensor_type", _set_default_tensor_type))

@@ -255,6 +255,12 @@ def _host_side(a: HostActor) -> str:
     return "host" if a.process == a.name else "thread"
 
 
+
+def op_seed(seed: int, drawn: int) -> int:
+    """The seed of the ``drawn``-th random op (from 1) of a generator seeded ``seed``: its own generator's, so that
+    its numbers depend on the seed and its place in the issue order alone."""
+    return (seed * 1_000_003 + drawn) % (1 << 63)
+
 class Runtime:
     """One run of the simulated device."""
 
@@ -755,7 +761,7 @@ class Runtime:
         owner = self._rng_owner()
         seed, drawn = self._rng.get(owner, (self._seed, 0))
         self._rng[owner] = (seed, drawn + 1)
-        return (seed * 1_000_003 + drawn + 1) % (1 << 63)
+        return op_seed(seed, drawn + 1)
 
     def manual_seed(self, seed: int) -> None:
         """``torch.cuda.manual_seed``: the current actor's random ops from here draw from ``seed``."""
