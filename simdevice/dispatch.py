@@ -1727,6 +1727,11 @@ def _indices_of(facts: OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any]) -
 CUDA_GENERATORS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
 
+def register_generator(generator: Any) -> None:
+    """Make ``generator`` (a CPU ``torch.Generator`` with ``next_seed()``) a simulated CUDA generator."""
+    CUDA_GENERATORS[generator._cdata] = generator
+
+
 def _device_generator(generator: Any) -> Any:
     """The simulated CUDA generator an op on the device was given (``generator=``); a CPU generator is refused as
     CUDA's kernels refuse it."""

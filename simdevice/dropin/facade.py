@@ -38,13 +38,13 @@ from reference import contract
 from reference.naming import StreamNames, creation_site, inside
 from simdevice.api import EventHandle, SimDevice, StreamHandle
 from simdevice.dispatch import (
-    CUDA_GENERATORS,
     META,
     SimStorage,
     SimTensor,
     SimTypedStorage,
     crosses_devices,
     move_in_place,
+    register_generator,
     set_data_across,
     storage_copy,
     storage_of,
@@ -1023,7 +1023,7 @@ class _CudaGenerator(torch._C.Generator):
 
     def __init__(self, device: Any = "cuda") -> None:
         self._seed, self._drawn = _DEFAULT_SEED, 0
-        CUDA_GENERATORS[self._cdata] = self
+        register_generator(self)
 
     @property  # type: ignore[override]
     def device(self) -> torch.device:
@@ -2291,7 +2291,7 @@ def install(p: Patches) -> None:
         "use_mem_pool": _no_mem_pools,
         "cudart": _cudart,
         "_sleep": _sleep,
-        "default_generators": (_DeviceGenerator(),),  # (made per session: in CUDA_GENERATORS while it lives)
+        "default_generators": (_DeviceGenerator(),),  # (made per session: registered while it lives)
         "set_sync_debug_mode": set_sync_debug_mode,
         "get_sync_debug_mode": get_sync_debug_mode,
     }
