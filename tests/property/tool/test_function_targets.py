@@ -388,8 +388,8 @@ def test_cuda_s_own_apis_the_cpu_build_lacks_are_no_verdict(
     call: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """CUDA's C API (memory history, BLAS handles), raw allocator pointers, external streams, the accelerator's
-    device capability and a CUDA generator's philox offset: the program uses what the simulator does not run, one line and
-    exit 2, as docs/dropin.md says (it was a finding, exit 1: "an error of its own")."""
+    device capability and a CUDA generator's philox offset: the program uses what the simulator does not run, one
+    line and exit 2, as docs/dropin.md says (it was a finding, exit 1: "an error of its own")."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "apis.py").write_text(f"import torch\n\n\ndef uses():\n    {call}\n")
     assert main(["check", "apis.py::uses", "-q", "--no-fix"]) == 2
