@@ -60,8 +60,8 @@ class _Group:
     def _device_types(self) -> list[torch.device]:
         """The devices of its backends, as ProcessGroup's property names them (torch's own code reads it: an NCCL
         group's is CUDA alone, so ``torch.distributed.checkpoint.async_save`` raises as on a GPU, for want of a CPU
-        backend)."""
-        return [torch.device("cuda")]
+        backend; a group with gloo's has the CPU's too)."""
+        return [torch.device(d) for d in _backends(self.gid)[1]]
 
     def __repr__(self) -> str:
         if self.gid == 0:
@@ -178,14 +178,121 @@ def is_initialized() -> bool:
     return dev.runtime.current().process not in dev.groups_destroyed
 
 
-def _nccl_only(backend: Any) -> None:
-    """Refuse a process group of a backend other than NCCL (``gloo``, ``mpi``, ``cpu:gloo,cuda:nccl``): its
-    collectives take host tensors and its barrier orders the hosts alone, neither of which the simulated group runs,
-    so the run gives no verdict rather than NCCL's (a gloo barrier taken for NCCL's waits for the current stream, and
-    hid the race of a host read after it)."""
-    if backend is not None and str(backend).lower() not in ("nccl", "cuda:nccl"):
-        raise NotImplementedError(f"torch.distributed: a process group of backend {str(backend)!r} is not simulated "
-                                  "(NCCL's is: its collectives on device tensors, its barrier)")
+#: a process group's backend where the program names none (torch's ``BackendConfig`` of ``Backend.UNDEFINED``: the
+#: accelerator's alone, NCCL): its name as ``get_backend`` gives it, and the backend of each device type
+_NCCL: tuple[str, dict[str, str]] = ("nccl", {"cuda": "nccl"})
+#: the device types and backends the simulated process groups run
+_SIMULATED_BACKENDS = {("cuda", "nccl"), ("cpu", "gloo"), ("cuda", "gloo")}
+
+
+def _backends_of(backend: Any) -> tuple[str, dict[str, str]]:
+    """A process group's backends as torch's ``BackendConfig`` makes them of ``backend``: ``"nccl"`` (or none) CUDA's
+    alone, ``"gloo"`` the CPU's and CUDA's, ``"cpu:gloo,cuda:nccl"`` each device type's. Another backend (``mpi``,
+    ``ucc``) is refused: its collectives are not simulated, so the run gives no verdict rather than another
+    backend's (a gloo barrier taken for NCCL's waited for the current stream, and hid the race of a host read after
+    it)."""
+    text = "" if backend is None else str(backend).strip().lower()
+    if text in ("", "undefined", "nccl"):
+        return _NCCL
+    if text == "gloo":
+        return "gloo", {"cpu": "gloo", "cuda": "gloo"}
+    pairs: dict[str, str] = {}
+    if ":" in text:
+        for pair in text.split(","):
+            device, sep, name = (part.strip() for part in pair.partition(":"))
+            if not sep or not device or not name or ":" in name:
+                raise ValueError(f"Invalid device:backend pairing: {pair}. The custom backend string must be in "
+                                 "the format \"<device_type1>:<backend1>,<device_type2>:<backend2>...\"")
+            if device in pairs:
+                raise ValueError(f"Duplicate device type {device} in backend string: {text}")
+            pairs[device] = name
+        if set(pairs.items()) <= _SIMULATED_BACKENDS:
+            return text, pairs
+    raise NotImplementedError(f"torch.distributed: a process group of backend {str(backend)!r} is not simulated "
+                              "(NCCL's is, and gloo's collectives of host tensors)")
+
+
+def _backends(gid: int) -> tuple[str, dict[str, str]]:
+    """The calling process's group ``gid``'s backends (:func:`_backends_of`)."""
+    dev = session_device()
+    return dev.group_backends.get((dev.runtime.current().process, gid), _NCCL)
+
+
+def _via_gloo(gid: int, tensor: torch.Tensor, name: str, async_op: bool = False) -> bool:
+    """Whether group ``gid`` runs a collective of ``tensor`` on its gloo backend (a host tensor, in a group whose
+    backend for the CPU is gloo: ``init_process_group("gloo")``, ``new_group(backend="gloo")``,
+    ``"cpu:gloo,cuda:nccl"``); False where NCCL's runs it, or none does (NCCL's checks then refuse a host tensor as
+    ProcessGroupNCCL does). A device tensor on gloo, and gloo's asynchronous work, are refused (no verdict)."""
+    device = "cuda" if isinstance(tensor, torch.Tensor) and tensor.is_cuda else "cpu"
+    if _backends(gid)[1].get(device) != "gloo":
+        return False
+    if device == "cuda":
+        raise NotImplementedError(f"torch.distributed.{name} of a device tensor on a gloo process group is not "
+                                  "simulated (of host tensors it is; NCCL's of device tensors)")
+    if async_op:
+        raise NotImplementedError(f"torch.distributed.{name}(async_op=True) on a gloo process group is not simulated "
+                                  "(its work runs on gloo's own threads; without async_op it is)")
+    return True
+
+
+def _gloo_exchange(gid: int, name: str, sending: list[torch.Tensor] | None, meta: Any = None) -> list[Any]:
+    """A collective of gloo on host tensors: one host step, in which this rank's ``sending`` tensors (None: it sends
+    nothing) are read (pinned memory checked as the host's read, a copy of each made, as gloo reads them while the
+    caller waits); then the host blocks until every rank of the group has given its part, and is ordered after all
+    of them. Nothing runs on a stream. What each rank gave, in group-rank order: its copies and its ``meta``."""
+    rt = session_device().runtime
+    kind, src = f"{name} (gloo)", user_source()
+
+    def sent() -> tuple[list[torch.Tensor] | None, Any]:
+        if sending is None:
+            return None, meta
+        for t in sending:
+            rt.unseen_host_read(t, kind, src)
+        with torch._C._DisableTorchDispatch():  # (gloo's copy, no operation of the program's)
+            return [t.detach().clone() for t in sending], meta
+
+    return rt.host_collective(sent, kind, gid)
+
+
+def _gloo_write(name: str, out: torch.Tensor, value: torch.Tensor) -> None:
+    """Gloo writes ``value`` into host tensor ``out`` (pinned memory checked as the host's write)."""
+    session_device().runtime.unseen_host_access(out, [], [out], f"{name} (gloo)", user_source())
+    with torch._C._DisableTorchDispatch():
+        out.detach().copy_(value.reshape(out.shape))
+
+
+def _gloo_refused(gid: int, tensors: list[torch.Tensor], name: str) -> None:
+    """A call the simulated gloo backend does not run, of host tensors in a group whose CPU backend is gloo."""
+    if any(isinstance(t, torch.Tensor) and not t.is_cuda for t in tensors) and _backends(gid)[1].get("cpu") == "gloo":
+        raise NotImplementedError(f"torch.distributed.{name} of host tensors on a gloo process group is not simulated "
+                                  "(its all_reduce, broadcast, reduce, all_gather, all_gather_into_tensor, "
+                                  "reduce_scatter_tensor, gather, scatter, all_to_all_single and barrier are)")
+
+
+def _gloo_op(op: Any) -> Any:
+    """ProcessGroupGloo's refusal of the reductions it lacks."""
+    if op == dist.ReduceOp.AVG:
+        raise RuntimeError("Cannot use ReduceOp.AVG with Gloo")
+    return op
+
+
+def _gloo_reduced(gid: int, name: str, tensor: torch.Tensor, op: Any) -> torch.Tensor:
+    """Every rank's ``tensor`` reduced, as one run of elements."""
+    _gloo_op(op)
+    return _reduce(op, [got[0][0] for got in _gloo_exchange(gid, name, [tensor])])
+
+
+def _gloo_gathered(gid: int, name: str, tensor: torch.Tensor, outputs: list[torch.Tensor]) -> None:
+    """``all_gather`` (``outputs``, one per rank) and ``all_gather_into_tensor`` (one output for all) on gloo."""
+    sent = [got[0][0] for got in _gloo_exchange(gid, name, [tensor])]
+    if len(outputs) == 1 and len(sent) > 1:
+        flat = torch.cat([t.reshape(-1) for t in sent])
+        if outputs[0].numel() != flat.numel():
+            raise ValueError("output tensor size must be equal to world_size times input tensor size")
+        _gloo_write(name, outputs[0], flat)
+        return
+    for out, got in zip(outputs, sent, strict=True):
+        _gloo_write(name, out, got)
 
 
 #: ``init_process_group``'s parameters after ``backend``, in torch's order
@@ -253,13 +360,14 @@ def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> None:
     """The calling rank's default process group again (it has one from its start). A process the program started
     itself (``multiprocessing.Process``) that asks for a world of several (``world_size=``, or ``WORLD_SIZE``) joins
     the world its peers make by the same call: a rendezvous, after which their collectives are one group's."""
-    _nccl_only(backend)
+    backends = _backends_of(backend)
     dev = session_device()
     given = {**dict(zip(_INIT_POSITIONAL, args, strict=False)), **kwargs}
     size = _asked(given, "world_size", "WORLD_SIZE")
     if dev.runtime.rank_in_world() is None and size > 1:
         _rendezvous(dev, size, _asked(given, "rank", "RANK"), given)
     dev.groups_destroyed.discard(dev.runtime.current().process)
+    dev.group_backends[(dev.runtime.current().process, 0)] = backends
 
 
 def destroy_process_group(group: Any = None) -> None:
@@ -343,7 +451,7 @@ def get_process_group_ranks(group: Any = None) -> list[int]:
 def get_backend(group: Any = None) -> str:
     if _non_member(group):
         raise ValueError("Invalid process group specified")
-    return "nccl"
+    return _backends(_check_group(group))[0]
 
 
 def new_group(ranks: Any = None, timeout: Any = None, backend: Any = None, pg_options: Any = None,
@@ -356,7 +464,7 @@ def new_group(ranks: Any = None, timeout: Any = None, backend: Any = None, pg_op
     ``GroupMember.NON_GROUP_MEMBER``, as from torch. ``use_local_synchronization=True`` for a group of some ranks
     (called by its members alone) is not simulated: the simulator matches groups by the order every rank makes
     them."""
-    _nccl_only(backend)
+    backends = _backends(0) if backend is None else _backends_of(backend)  # (none: the default group's, as torch's)
     dev = session_device()
     w, me = dev.world_size, dev.rank
     if ranks is None:
@@ -380,6 +488,7 @@ def new_group(ranks: Any = None, timeout: Any = None, backend: Any = None, pg_op
     dev.groups_made[process] = dev.groups_made.get(process, 0) + 1
     gid = dev.groups_made[process]
     dev.runtime.new_group(gid, members)
+    dev.group_backends[(process, gid)] = backends
     if me not in members:
         return NON_GROUP_MEMBER
     return _Group(gid, None if whole else members)
@@ -399,6 +508,10 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
     if _outside(group, _ALL_GATHER):
         return None
     gid = _check_group(group)
+    if _via_gloo(gid, input_tensor, _ALL_GATHER, async_op):
+        _same_dtype(output_tensor, input_tensor)
+        _gloo_gathered(gid, _ALL_GATHER, input_tensor, [output_tensor])
+        return None
     _check_pair(output_tensor, input_tensor, get_world_size(group), 1, "output tensor must have the same type as input "
                 "tensor", "output tensor size must be equal to world_size times input tensor size")
     # (as the device's ``all_gather_into_tensor``, in the group named)
@@ -416,6 +529,14 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
     if _outside(group, "all_gather"):
         return None
     gid = _check_group(group)
+    if _via_gloo(gid, tensor, "all_gather", async_op):
+        _torch_checks_list(tensor_list, "tensor_list")
+        _same_dtype(tensor_list, tensor)
+        if len(tensor_list) != get_world_size(group):
+            raise RuntimeError(f"ProcessGroupGloo::allgather: invalid output tensor list: {len(tensor_list)} tensors, "
+                               f"one per rank ({get_world_size(group)}) expected")
+        _gloo_gathered(gid, "all_gather", tensor, tensor_list)
+        return None
     _check_tensor(tensor)
     if len(tensor_list) != get_world_size(group):
         raise ValueError(f"all_gather: tensor_list holds {len(tensor_list)} tensors, one per rank "
@@ -432,6 +553,9 @@ def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = N
     if _outside(group, "all_reduce"):
         return None
     gid = _check_group(group)
+    if _via_gloo(gid, tensor, "all_reduce", async_op):
+        _gloo_write("all_reduce", tensor, _gloo_reduced(gid, "all_reduce", tensor, op))
+        return None
     _check_tensor(tensor)
     rt = session_device().runtime
     ref = ref_of(tensor)
@@ -446,6 +570,13 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = d
     if _outside(group, _REDUCE_SCATTER):
         return None
     gid = _check_group(group)
+    if _via_gloo(gid, input, _REDUCE_SCATTER, async_op):
+        _same_dtype(output, input)
+        if input.numel() != output.numel() * get_world_size(group):
+            raise ValueError("input tensor must be the same size as output size times world size")
+        n, me = output.numel(), get_rank(group)
+        _gloo_write(_REDUCE_SCATTER, output, _gloo_reduced(gid, _REDUCE_SCATTER, input, op)[me * n:(me + 1) * n])
+        return None
     _check_pair(output, input, 1, get_world_size(group), "input tensor must be the same type as the output tensor.",
                 "input tensor must be the same size as output size times world size")
     rt = session_device().runtime
@@ -488,6 +619,12 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, a
         return None
     gid = _check_group(group)
     src = _root(src, group_src, group)
+    if _via_gloo(gid, tensor, "broadcast", async_op):
+        root = get_rank(group) == src
+        sent = _gloo_exchange(gid, "broadcast", [tensor] if root else None)
+        if not root:
+            _gloo_write("broadcast", tensor, sent[src][0][0])
+        return None
     _check_tensor(tensor)
     rt = session_device().runtime
     ref = ref_of(tensor)
@@ -508,6 +645,11 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = dist.ReduceOp
         return None
     gid = _check_group(group)
     dst = _root(dst, group_dst, group)
+    if _via_gloo(gid, tensor, "reduce", async_op):
+        reduced = _gloo_reduced(gid, "reduce", tensor, op)
+        if get_rank(group) == dst:
+            _gloo_write("reduce", tensor, reduced)
+        return None
     _check_tensor(tensor)
     rt = session_device().runtime
     ref = ref_of(tensor)
@@ -584,6 +726,15 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
         return None
     gather_list, dst, gid = checked
     dist.distributed_c10d._validate_output_list_for_rank(get_rank(group), dst, gather_list)
+    if _via_gloo(gid, tensor, "gather", async_op):
+        sent = [got[0][0] for got in _gloo_exchange(gid, "gather", [tensor])]
+        if get_rank(group) == dst:
+            if len(gather_list) != len(sent):
+                raise RuntimeError(f"ProcessGroupGloo::gather: Incorrect output list size {len(gather_list)}. "
+                                   f"Output list size should be {len(sent)}, same as size of the process group.")
+            for out, got in zip(gather_list, sent, strict=True):
+                _gloo_write("gather", out, got)
+        return None
     _root_in_world("gather", dst, group)
     if get_rank(group) == dst:
         _rooted_list("gather", gather_list, tensor, "output", group)
@@ -614,6 +765,13 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
         raise ValueError("Argument ``scatter_list`` must be specified on source rank.")
     if rank != src and scatter_list:
         raise ValueError("Argument ``scatter_list`` must NOT be specified on non-source ranks.")
+    if _via_gloo(gid, tensor, "scatter", async_op):
+        if rank == src and len(scatter_list) != w:
+            raise RuntimeError(f"ProcessGroupGloo::scatter: Incorrect input list size {len(scatter_list)}. Input "
+                               f"list size should be {w}, same as size of the process group.")
+        sent = _gloo_exchange(gid, "scatter", scatter_list if rank == src else None)
+        _gloo_write("scatter", tensor, sent[src][0][rank])
+        return None
     _root_in_world("scatter", src, group)
     if rank == src:
         _rooted_list("scatter", scatter_list, tensor, "input", group)
@@ -670,8 +828,10 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
     if _outside(group, "all_to_all_single"):
         return None
     gid = _check_group(group)
-    _check_tensor(output)
-    _check_tensor(input)
+    gloo = _via_gloo(gid, input, "all_to_all_single", async_op)
+    if not gloo:
+        _check_tensor(output)
+        _check_tensor(input)
     _same_dtype(output, input)
     w = get_world_size(group)
     out_splits = [] if output_split_sizes is None else list(output_split_sizes)
@@ -686,6 +846,16 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
         splits = Splits((n,) * w, (n,) * w)
     else:
         splits = Splits(_split_lengths(in_splits, input, w), _split_lengths(out_splits, output, w))
+    if gloo:
+        sent = _gloo_exchange(gid, "all_to_all_single", [input], splits.sends)
+        me = get_rank(group)
+        got = [copies[0].reshape(-1).split(list(sends))[me] for copies, sends in sent]
+        for q, (x, n) in enumerate(zip(got, splits.receives, strict=True)):
+            if x.numel() != n:
+                raise RuntimeError(f"all_to_all_single: rank {q} sent {x.numel()} elements to rank {me}, which "
+                                   f"expected {n} from it")
+        _gloo_write("all_to_all_single", output, torch.cat(got))
+        return None
     rt = session_device().runtime
     gather = rt.collective("all_to_all", [ref_of(output)], [ref_of(input)], _joined, user_source(), splits, gid)
     return _finish(gather, async_op, output, input)
@@ -702,6 +872,7 @@ def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[t
     gid = _check_group(group)
     _torch_checks_list(output_tensor_list, "output_tensor_list")
     _torch_checks_list(input_tensor_list, "input_tensor_list")
+    _gloo_refused(gid, input_tensor_list, "all_to_all")
     _same_dtype(output_tensor_list, input_tensor_list)
     for t in [*output_tensor_list, *input_tensor_list]:
         _check_tensor(t)
@@ -732,6 +903,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
     gid = _check_group(group)
     _torch_checks_list(input_list, "input_list")
     _same_dtype(output, input_list)
+    _gloo_refused(gid, [output], "reduce_scatter")
     _check_tensor(output)
     for t in input_list:
         _check_tensor(t)
@@ -769,6 +941,7 @@ def _point_to_point(ops: list[tuple[int, torch.Tensor, bool]], group: Any, gid: 
     process group ``gid``: one call on the stream of its pair of ranks, a batch on the group's collectives' stream;
     the work's ``wait()`` makes the current stream wait for all of them."""
     me = get_rank(group)
+    _gloo_refused(gid, [t for _, t, _ in ops], "point-to-point call (send, recv, isend, irecv, batch_isend_irecv)")
     for peer, tensor, is_send in ops:
         _check_tensor(tensor)
         if peer == me and not batch:  # (NCCL matches a send to itself with a receive of its group)
@@ -886,6 +1059,15 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, t
     if _outside(group, "barrier"):
         return None
     gid = _check_group(group)
+    backends = _backends(gid)[1]
+    if backends.get("cpu") == "gloo" and (device_ids is None or backends.get("cuda") != "nccl"):
+        # torch's barrier runs on the group's CPU backend where it has one (``_get_object_coll_device``), unless
+        # given ``device_ids`` where CUDA's is NCCL: gloo's orders the hosts alone, no stream
+        if async_op:
+            raise NotImplementedError("torch.distributed.barrier(async_op=True) on a gloo process group is not "
+                                      "simulated (without async_op it is)")
+        _gloo_exchange(gid, "barrier", None)
+        return None
     rt = session_device().runtime
     gather = rt.collective("barrier", [], [], lambda rank, sent: [], user_source(), group=gid)
     if async_op:

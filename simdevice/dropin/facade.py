@@ -111,6 +111,9 @@ class DropInDevice(SimDevice):
         #: group's id) (``distributed``)
         self.groups_made: dict[str, int] = {}
         self.subgroups_destroyed: set[tuple[str, int]] = set()
+        #: each process group's backends, by (actor, the group's id), where the program named them
+        #: (``init_process_group``, ``new_group``; ``distributed``)
+        self.group_backends: dict[tuple[str, int], tuple[str, dict[str, str]]] = {}
         #: the interprocess events' CUDA events by their IPC handle (``Event.ipc_handle``)
         self.ipc_events: dict[bytes, Any] = {}
         #: what ``reduce_tensor`` sent and the program pickled itself, by place (``processes``: its bytes name it)

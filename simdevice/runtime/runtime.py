@@ -1456,6 +1456,13 @@ class Runtime:
         a = self.host_step(kind)
         return self.collectives.exchange_objects(a, obj, kind, group)
 
+    def host_collective(self, sent: Callable[[], Any], kind: str, group: int = 0) -> list[Any]:
+        """A collective of host memory (gloo's, ``kind``) in process group ``group``: one host step, in which
+        ``sent()`` makes what this rank gives (reading its host tensors as the step's), then the host blocks until
+        every rank gave its part, and is ordered after all of them; what each gave, in rank order."""
+        a = self.host_step(kind)
+        return self.collectives.exchange_objects(a, sent(), kind, group)
+
     def work_wait_host(self, work: Gather) -> None:
         """The host waits for a collective it issued to complete (``barrier``): part of that call's host step."""
         a = self.current()
