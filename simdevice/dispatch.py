@@ -701,8 +701,21 @@ class SimStorage:
     """The storage of a simulated tensor, as ``t.untyped_storage()`` shows it: its address and size, and
     ``resize_(0)``, which frees the allocation while tensors still refer to it (a forced release)."""
 
-    def __init__(self, t: SimTensor) -> None:
-        self._t = t
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and isinstance(args[0], SimTensor):
+            return super().__new__(cls)
+        # torch's storage constructor reached through a simulated storage's class (``type(storage)(n,
+        # device="cpu")``: torch.distributed.checkpoint's staging of a state dict): torch's storage on the host, a
+        # simulated one on the device
+        return _new_storage(torch.UntypedStorage, *args, **kwargs)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if len(args) == 1 and not kwargs and isinstance(args[0], SimTensor):
+            self._t = args[0]
+
+    @classmethod
+    def _new_shared(cls, size: int, device: Any = None) -> Any:
+        return _new_storage(torch.UntypedStorage._new_shared, size, device=device)
 
     def data_ptr(self) -> int:
         return int(self._t._st.base)
@@ -782,6 +795,18 @@ class SimStorage:
 
     def __repr__(self) -> str:
         return f"SimStorage({self._t._st.label}, {self.nbytes()} bytes)"
+
+
+def _new_storage(make: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``torch.UntypedStorage(size, device=...)`` (``make``: the constructor or ``_new_shared``): on a CUDA device,
+    a simulated storage of ``size`` bytes (nobody wrote them: poisoned where values are computed)."""
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type == "cuda":
+        if len(args) != 1 or not isinstance(args[0], int) or set(kwargs) != {"device"}:
+            raise NotImplementedError("a simulated device storage is made of a size alone (UntypedStorage(n, "
+                                      "device='cuda'))")
+        return torch.empty(args[0], dtype=torch.uint8, device=device).untyped_storage()
+    return make(*args, **kwargs)
 
 
 class SimTypedStorage:
@@ -898,6 +923,8 @@ def peek(t: torch.Tensor) -> torch.Tensor:
 #: :class:`SimTensor` gives every device tensor, and torch's mark of a parameter of a tensor subclass
 #: (``Parameter(t)`` of a simulated ``t``; a host parameter is of class ``Parameter`` itself)
 _OWN = frozenset({"_data", "_st", "_ops", "_alias", "_sig", "_ipc", "_is_param"})
+#: (the same, for the drop-in: what of a simulated tensor's instance attributes is the simulator's, not the program's)
+SIMULATOR_ATTRIBUTES = _OWN
 
 
 def crosses_devices(old: torch.Tensor, new: torch.Tensor) -> bool:

@@ -17,6 +17,7 @@ naming themselves, so a run that reaches one gives no verdict instead of the rea
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
@@ -29,7 +30,7 @@ import torch.distributed as dist
 
 from reference.contract import torchrun_variables
 from simdevice.api import SimWork
-from simdevice.dispatch import SimTensor, ref_of
+from simdevice.dispatch import SIMULATOR_ATTRIBUTES, SimTensor, ref_of
 from simdevice.dropin import ddp
 from simdevice.dropin.facade import in_actor, session_device
 from simdevice.dropin.patches import Patches
@@ -1225,6 +1226,37 @@ def _no_fsdp(self: Any, *args: Any, **kwargs: Any) -> None:
     )
 
 
+#: what a state dict's staging copies in place of the simulator's own attributes of a tensor (then taken off)
+_LEFT_BEHIND = object()
+
+
+def _staged(original: Any) -> Any:
+    """``torch.distributed.checkpoint``'s staging of a state dict on the host (``StateDictStager._offload_tensor``,
+    ``async_save``'s): it copies a tensor's instance attributes onto the host copy, and a simulated tensor's include
+    the simulator's own (its bytes, its storage's record, its run, whose greenlets do not copy: a correct program's
+    ``async_save`` failed, ``cannot serialize 'greenlet.greenlet' object``). Those stay behind, as a CUDA tensor has
+    none: the copy gets the program's attributes alone."""
+
+    @functools.wraps(original)
+    def offload(self: Any, x: Any, memo: Any, non_blocking: bool = False) -> Any:
+        if not isinstance(x, SimTensor):
+            return original(self, x, memo, non_blocking=non_blocking)
+        own = [(name, v) for name, v in vars(x).items() if name in SIMULATOR_ATTRIBUTES]
+        for _, v in own:
+            memo[id(v)] = _LEFT_BEHIND
+        try:
+            y = original(self, x, memo, non_blocking=non_blocking)
+        finally:
+            for _, v in own:
+                memo.pop(id(v), None)
+        for name, _ in own:
+            if getattr(y, "__dict__", {}).get(name) is _LEFT_BEHIND:
+                del y.__dict__[name]
+        return y
+
+    return offload
+
+
 def _get_default_group() -> _Group:
     """``distributed_c10d._get_default_group()`` (FSDP's and DeviceMesh's way to the default group): the world."""
     _initialized()
@@ -1357,6 +1389,9 @@ def install(p: Patches) -> None:
         # would hand on the real one, which knows no simulated group)
         p.set(module, "_get_default_group", _get_default_group)
     p.set(c10d, "_get_default_group", _get_default_group)
+    stager = sys.modules.get("torch.distributed.checkpoint._state_dict_stager")
+    if stager is not None:  # (imported with torch.distributed.checkpoint: where the program uses it, loaded already)
+        p.set(stager.StateDictStager, "_offload_tensor", _staged(stager.StateDictStager._offload_tensor))
     mesh = _device_mesh()
     if mesh is not None:
         p.set(mesh, "__init__", _no_device_mesh)
