@@ -112,7 +112,7 @@ def default_jobs() -> int:
 
 def loaded_modules() -> tuple[str, ...]:
     """The modules of ``simdevice`` and ``reference`` this process has imported (entry points aside)."""
-    return tuple(sorted(name for name in list(sys.modules)
+    return tuple(sorted(name for name in sys.modules.copy()
                         if name.partition(".")[0] in ("simdevice", "reference") and "__main__" not in name))
 
 

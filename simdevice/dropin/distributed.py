@@ -1411,7 +1411,7 @@ def _bound_default_group() -> list[Any]:
     """The modules of ``torch.distributed`` loaded so far that bound ``distributed_c10d._get_default_group`` by
     name (``from torch.distributed.distributed_c10d import _get_default_group``)."""
     real = vars(dist.distributed_c10d)["_get_default_group"]
-    return [m for name, m in list(sys.modules.items())
+    return [m for name, m in sys.modules.copy().items()  # (a copy made at once: another thread may import)
             if name.startswith("torch.distributed.") and m is not dist.distributed_c10d
             and vars(m).get("_get_default_group") is real]
 

@@ -1309,6 +1309,21 @@ def _cudart() -> _Cudart:
     return _CUDART
 
 
+def _unpin_memory(original: Callable[[int], None]) -> Callable[[int], None]:
+    """``torch.cuda._pin_memory_utils.unpin_memory``, the finalizer ``torch.distributed.checkpoint``'s staging sets
+    on each host storage it pins: it runs when the storage dies, which may be after the run (outside it the CPU build
+    has no CUDA runtime to call: an error at whatever Python then ran, a compile's among them). Memory this run
+    registered is unregistered as on a GPU; memory a run that is over registered, nothing: its registrations ended
+    with it, as a process's do (a storage's finalizer runs before its address can be reused)."""
+
+    @functools.wraps(original)
+    def unpin_memory(data_ptr: int) -> None:
+        if in_actor() and data_ptr in session_device().registered:
+            original(data_ptr)
+
+    return unpin_memory
+
+
 _NO_EXTERNAL_STREAM = _refused("ExternalStream", "torch.cuda.ExternalStream is not simulated (a stream made outside "
                                "torch): make the stream with torch.cuda.Stream()")
 
@@ -2355,6 +2370,9 @@ def install(p: Patches) -> None:
     p.set(torch.Tensor, "type", _wrapped(torch.Tensor, "type", _tensor_type))
     p.set(torch.Tensor, "data", _HOST_DATA)
     p.set(torch, "device", _Device)
+    pin_utils = sys.modules.get("torch.cuda._pin_memory_utils")  # (imported with torch.distributed.checkpoint)
+    if pin_utils is not None:
+        p.set(pin_utils, "unpin_memory", _unpin_memory(pin_utils.unpin_memory))
     p.set(torch, "Generator", _Generator)
     _pickled_devices(p)
     p.set(torch._C._nn, "_parse_to", _wrapped(torch._C._nn, "_parse_to", _parse_to))

@@ -167,7 +167,7 @@ def _of_program(module: types.ModuleType) -> bool:
 def program_modules() -> list[types.ModuleType]:
     """The program's modules imported so far (whose names bound at import time a session rebinds)."""
     out = []
-    for module in list(sys.modules.values()):
+    for module in sys.modules.copy().values():  # (a copy made at once: another thread may import)
         if not isinstance(module, types.ModuleType):
             continue
         seen = _PROGRAM.get(id(module))

@@ -10,9 +10,12 @@ lands unless the stream is synchronized, as on a GPU."""
 
 from __future__ import annotations
 
+import gc
+import sys
+
 import pytest
 import torch
-import torch.distributed.checkpoint
+import torch.distributed.checkpoint  # (imported before the session, as a program imports it: patched there)
 from torch.distributed.checkpoint._state_dict_stager import StateDictStager
 
 import simdevice
@@ -61,3 +64,31 @@ def test_a_simulated_storage_s_class_makes_storages_as_torch_s() -> None:
     s.run(program)
     s.assert_clean()
     assert s.result.result == ["UntypedStorage", 8, True, "cuda", 16]
+
+
+_KEPT: list[object] = []
+
+
+def test_a_pinned_copy_that_dies_after_its_run_unpins_nothing() -> None:
+    """The stager's finalizer of a storage it pinned (``unpin_memory``) runs when the storage dies: after the run that
+    pinned it, nothing (the run's registrations ended with it); before, it called the CPU build's CUDA runtime
+    and raised at whatever Python then ran (a ``compile`` in the next test's import: ``SystemError: AST constructor
+    recursion depth mismatch``)."""
+
+    def program() -> None:
+        w = torch.ones(N, device="cuda")
+        _KEPT.append(StateDictStager(pin_memory=True).stage({"w": w}))
+        torch.cuda.synchronize()
+
+    seen: list[object] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        s = simdevice.cuda()
+        s.run(program)
+        s.assert_clean()
+        _KEPT.clear()
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert not seen, [getattr(u, "exc_value", u) for u in seen]
