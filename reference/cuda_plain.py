@@ -252,16 +252,9 @@ HOST_COLLECTIVES = ("barrier", "all_gather_object", "broadcast_object_list", "ga
 POINT_TO_POINT = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 
 
-def _of_host_tensors(args: Any, kwargs: Any) -> bool:
-    """Whether a collective's tensors are host tensors: a gloo backend's collective, which runs on no stream."""
-    first = next((x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)), None)
-    return first is not None and not first.is_cuda
-
-
 def _collective(original: Callable[..., Any]) -> Callable[..., Any]:
     """A collective call: one host step, one operation of ``nccl`` (stalled alone), a host step for a blocking
-    call's wait; the real call made with the counting mode off (its internals are no program ops). Of host tensors
-    (a gloo group's): one host step, as the simulator counts it, the call as made."""
+    call's wait; the real call made with the counting mode off (its internals are no program ops)."""
 
     @functools.wraps(original)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -269,9 +262,6 @@ def _collective(original: Callable[..., Any]) -> Callable[..., Any]:
 
         dev = _dev()
         dev.host_step()
-        if _of_host_tensors(args, kwargs):
-            with _disable_current_modes():
-                return original(*args, **kwargs)
         units = dev.count_op(f"{dev.prefix}nccl")
         async_op = bool(kwargs.get("async_op", False))
         launch = _launched_from(dev, units)
@@ -345,7 +335,7 @@ def _host_collective(original: Callable[..., Any]) -> Callable[..., Any]:
 
         dev = _dev()
         dev.host_step()
-        if original.__name__ == "barrier" and not _gloo_barrier(*args, **kwargs):
+        if original.__name__ == "barrier":
             dev.count_op(f"{dev.prefix}nccl")
         with _disable_current_modes():
             work = original(*args, **kwargs)
@@ -354,16 +344,6 @@ def _host_collective(original: Callable[..., Any]) -> Callable[..., Any]:
         return work
 
     return call
-
-
-def _gloo_barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None) -> bool:
-    """Whether ``barrier`` runs on the group's gloo backend, as torch picks it (a group with a CPU backend, unless
-    ``device_ids`` names a device of NCCL's): the hosts meet, no stream operation (as the simulator counts it)."""
-    import torch.distributed as dist
-
-    if dist.distributed_c10d._get_object_coll_device(group) != "cpu":
-        return False
-    return device_ids is None or str(dist.get_backend(group)) == "gloo"
 
 
 def _counted_step(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -213,6 +213,15 @@ def _backends_of(backend: Any) -> tuple[str, dict[str, str]]:
                               "(NCCL's is, and gloo's collectives of host tensors)")
 
 
+def _made(dev: Any, gid: int, backends: tuple[str, dict[str, str]]) -> None:
+    """The calling process's group ``gid`` has ``backends``. With gloo's among them, the run offers no replay on a
+    GPU: there the run's group is NCCL's alone, made before the program (``reference.cuda_plain``), which takes the
+    program's ``init_process_group`` for it."""
+    dev.group_backends[(dev.runtime.current().process, gid)] = backends
+    if "gloo" in backends[1].values():
+        dev.runtime.gpu_replay = False
+
+
 def _backends(gid: int) -> tuple[str, dict[str, str]]:
     """The calling process's group ``gid``'s backends (:func:`_backends_of`)."""
     dev = session_device()
@@ -368,7 +377,7 @@ def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> None:
     if dev.runtime.rank_in_world() is None and size > 1:
         _rendezvous(dev, size, _asked(given, "rank", "RANK"), given)
     dev.groups_destroyed.discard(dev.runtime.current().process)
-    dev.group_backends[(dev.runtime.current().process, 0)] = backends
+    _made(dev, 0, backends)
 
 
 def destroy_process_group(group: Any = None) -> None:
@@ -489,7 +498,7 @@ def new_group(ranks: Any = None, timeout: Any = None, backend: Any = None, pg_op
     dev.groups_made[process] = dev.groups_made.get(process, 0) + 1
     gid = dev.groups_made[process]
     dev.runtime.new_group(gid, members)
-    dev.group_backends[(process, gid)] = backends
+    _made(dev, gid, backends)
     if me not in members:
         return NON_GROUP_MEMBER
     return _Group(gid, None if whole else members)

@@ -3,8 +3,8 @@
 ``torch.distributed.checkpoint``'s side groups are) runs collectives of host tensors as gloo does: one host step,
 in which the host reads what it sends (pinned memory checked as the host's read), blocks until every rank has given
 its part, and writes what it receives (checked as the host's write); nothing on a stream. Its barrier orders the
-hosts alone. A device tensor on gloo, gloo's asynchronous work and its calls not simulated are refused (no verdict),
-as is a backend other than NCCL's and gloo's. Before, every gloo group was refused: no verdict for any program
+hosts alone. Such a run offers no replay on a GPU. A device tensor on gloo, gloo's asynchronous work and its calls
+not simulated are refused (no verdict), as is a backend other than NCCL's and gloo's. Before, every gloo group was refused: no verdict for any program
 that made one."""
 
 from __future__ import annotations
@@ -162,8 +162,11 @@ def counted(backend: str) -> None:
 
 
 def test_a_gloo_collective_is_one_host_step_and_no_stream_operation() -> None:
-    """As a counted GPU run counts it (``reference.cuda_plain._collective``): the schedules of both index alike."""
-    counts = _run(counted, "gloo").result.op_counts
+    """(A run with a gloo group offers no replay on a GPU, whose run's group is NCCL's alone; one of NCCL's does.)"""
+    s = _run(counted, "gloo")
+    assert not s.result.gpu
+    assert _run(lambda: dist.init_process_group("nccl")).result.gpu
+    counts = s.result.op_counts
     assert {a: n for a, n in counts.items() if "nccl" in a} == {}
     steps = {a: n for a, n in counts.items() if a in ("rank0", "rank1")}
     base = {a: n for a, n in _run(lambda: dist.init_process_group("gloo")).result.op_counts.items()

@@ -100,37 +100,3 @@ def test_plain_code_outside_a_counted_run_finds_uninitialized_memory_poisoned() 
     assert zeros.tolist() == [0.0, 0.0]
     assert torch.UntypedStorage.resize_ is resize
 
-
-class _Counted(_Steps):
-    prefix = ""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def count_op(self, actor: str) -> int:
-        self.ops.append(actor)
-        return 0
-
-
-@pytest.mark.parametrize("backend", ["gloo", pytest.param("cpu:gloo,cuda:nccl", marks=pytest.mark.skipif(
-    not torch.distributed.is_nccl_available(), reason="this torch has no NCCL (the CPU build)"))])
-def test_a_gloo_collective_of_host_tensors_is_one_host_step_and_no_stream_operation(
-    monkeypatch: pytest.MonkeyPatch, backend: str
-) -> None:
-    """A counted GPU run counts a collective of host tensors on a gloo group, and a barrier torch runs on gloo, as
-    the simulator does: one host step, no operation of ``nccl`` (a real gloo group of one here; its ``cuda:nccl``
-    part is never made without a device tensor)."""
-    import torch.distributed as dist
-
-    dev = _Counted()
-    monkeypatch.setattr(plain, "_DEV", [dev])
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        t = torch.ones(4)
-        plain._collective(dist.all_reduce)(t)
-        plain._host_collective(dist.barrier)()
-        assert t.tolist() == [1.0] * 4
-        assert (dev.n, dev.ops) == (2, [])
-    finally:
-        dist.destroy_process_group()
