@@ -4,8 +4,8 @@
 in which the host reads what it sends (pinned memory checked as the host's read), blocks until every rank has given
 its part, and writes what it receives (checked as the host's write); nothing on a stream. Its barrier orders the
 hosts alone. Such a run offers no replay on a GPU. A device tensor on gloo, gloo's asynchronous work and its calls
-not simulated are refused (no verdict), as is a backend other than NCCL's and gloo's. Before, every gloo group was refused: no verdict for any program
-that made one."""
+not simulated are refused (no verdict), as is a backend other than NCCL's and gloo's. Before, every gloo group was
+refused: no verdict for any program that made one."""
 
 from __future__ import annotations
 
