@@ -10,8 +10,9 @@ block the host. The rooted calls write only where NCCL writes: ``broadcast`` the
 collectives' stream (``Runtime.point_to_point``). ``new_group`` makes a group of every rank or of some
 (:class:`_Group`): a communicator of its own, whose calls take their roots and peers as global ranks (or group ranks:
 ``group_src``, ``group_dst``, ``group_peer``) and run among its members, in group ranks; a rank outside it is handed
-``GroupMember.NON_GROUP_MEMBER``, and its calls on that value do as torch's do (most warn and return None). The
-calls it does not run (``NOT_SIMULATED``: ``send_object_list``, ``recv_object_list``, ...) raise NotImplementedError
+``GroupMember.NON_GROUP_MEMBER``, and its calls on that value do as torch's do (most warn and return None). A
+group whose CPU backend is gloo (``"gloo"``, ``"cpu:gloo,cuda:nccl"``) runs collectives of host tensors as gloo
+does (``_gloo_exchange``: one host step, no stream; its barrier orders the hosts alone). The calls it does not run (``NOT_SIMULATED``: ``send_object_list``, ``recv_object_list``, ...) raise NotImplementedError
 naming themselves, so a run that reaches one gives no verdict instead of the real process group's error.
 """
 
@@ -467,8 +468,9 @@ def get_backend(group: Any = None) -> str:
 def new_group(ranks: Any = None, timeout: Any = None, backend: Any = None, pg_options: Any = None,
               use_local_synchronization: bool = False, group_desc: Any = None, device_id: Any = None,
               sort_ranks: bool = True) -> Any:
-    """A new process group, NCCL's: the rank's next group (:class:`_Group`), of every rank or of ``ranks`` (sorted,
-    unless ``sort_ranks=False``: a member's rank in it is its index there), with torch's checks of ``ranks``. Every
+    """A new process group (of ``backend``; none given: the default group's): the rank's next group
+    (:class:`_Group`), of every rank or of ``ranks`` (sorted, unless ``sort_ranks=False``: a member's rank in it is
+    its index there), with torch's checks of ``ranks``. Every
     rank must call it for every group, member or not, with the same ranks, in one order (torch requires it; a rank
     that names other ranks is told so, :meth:`World.new_group`); a rank outside ``ranks`` gets
     ``GroupMember.NON_GROUP_MEMBER``, as from torch. ``use_local_synchronization=True`` for a group of some ranks
