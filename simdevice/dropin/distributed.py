@@ -12,8 +12,9 @@ collectives' stream (``Runtime.point_to_point``). ``new_group`` makes a group of
 ``group_src``, ``group_dst``, ``group_peer``) and run among its members, in group ranks; a rank outside it is handed
 ``GroupMember.NON_GROUP_MEMBER``, and its calls on that value do as torch's do (most warn and return None). A
 group whose CPU backend is gloo (``"gloo"``, ``"cpu:gloo,cuda:nccl"``) runs collectives of host tensors as gloo
-does (``_gloo_exchange``: one host step, no stream; its barrier orders the hosts alone). The calls it does not run (``NOT_SIMULATED``: ``send_object_list``, ``recv_object_list``, ...) raise NotImplementedError
-naming themselves, so a run that reaches one gives no verdict instead of the real process group's error.
+does (``_gloo_exchange``: one host step, no stream; its barrier orders the hosts alone). The calls it does not
+run (``NOT_SIMULATED``: ``send_object_list``, ``recv_object_list``, ...) raise NotImplementedError naming themselves,
+so a run that reaches one gives no verdict instead of the real process group's error.
 """
 
 from __future__ import annotations
