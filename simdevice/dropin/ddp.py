@@ -23,9 +23,13 @@ name the program bound at import makes one too):
   callback, the caller's stream current) the current stream waits for each bucket's work and each gradient is
   copied back from its bucket (``gradient_as_bucket_view=False``);
 - a backward that left a bucket unreduced (a parameter that got no gradient) makes the next forward raise torch's
-  "Expected to have finished reduction in the prior iteration" error.
+  "Expected to have finished reduction in the prior iteration" error;
+- with ``find_unused_parameters``: the parameters the forward's outputs do not reach are marked ready at the
+  backward's first hook (their slots zeroed), the map of what each rank used is all-reduced after the last bucket
+  and read by the host at the backward's end (a blocking copy), and a parameter no rank used keeps its gradient
+  (None), one another rank used gets the bucket's (the world's mean).
 
-Not simulated (``NotImplementedError``, no verdict): ``find_unused_parameters``, ``gradient_as_bucket_view``,
+Not simulated (``NotImplementedError``, no verdict): ``gradient_as_bucket_view``,
 ``static_graph``, ``skip_all_reduce_unused_params``, ``delay_all_reduce_named_params``,
 ``param_to_hook_all_reduce``, ``mixed_precision``, ``device_mesh``, comm hooks, ``join``, a module with parameters
 on the host. The parameters and buffers ``_set_params_and_buffers_to_ignore_for_model`` names are left alone. A
@@ -63,9 +67,14 @@ class _Bucket:
 class _Reducer:
     """The gradient all-reduce of one DDP module (:mod:`simdevice.dropin.ddp`)."""
 
-    def __init__(self, params: list[torch.Tensor], group: Any) -> None:
+    def __init__(self, params: list[torch.Tensor], group: Any, find_unused: bool = False) -> None:
         self.group = group
         self.world = dist.get_world_size(group)
+        self.params = params
+        self.find_unused = find_unused
+        self.unused: list[torch.Tensor] = []  # this forward's parameters its outputs' graph does not reach
+        self.used_map: torch.Tensor | None = None
+        self.used_work: Any = None
         self.buckets = _assign(params)
         self.where: dict[int, tuple[int, int]] = {}
         for b, bucket in enumerate(self.buckets):
@@ -83,12 +92,42 @@ class _Reducer:
         if self.in_flight:
             raise RuntimeError(
                 "Expected to have finished reduction in the prior iteration before starting a new one. This error "
-                "indicates that your module has parameters that were not used in producing loss. (simulated DDP: "
-                "find_unused_parameters=True is not simulated)")
+                "indicates that your module has parameters that were not used in producing loss. You can enable unused "
+                "parameter detection by passing the keyword argument `find_unused_parameters=True` to "
+                "`torch.nn.parallel.DistributedDataParallel`, and by making sure all `forward` function outputs "
+                "participate in calculating loss.")
         self.expecting = True
         self.ready = [0] * len(self.buckets)
         self.works = [None] * len(self.buckets)
         self.queued = False
+        self.unused = []
+        self.used_work = None
+
+    def outputs(self, out: Any) -> None:
+        """``find_unused_parameters``: the parameters the forward's outputs do not reach through their graph (torch's
+        reducer searches it from the outputs in ``prepare_for_backward``): marked ready at the backward's first
+        hook, their bucket slots zeroed, so that the buckets fill."""
+        if not self.find_unused:
+            return
+        reached: set[int] = set()
+        seen: set[Any] = set()
+        stack = []
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                if t.grad_fn is not None:
+                    stack.append(t.grad_fn)
+                elif t.requires_grad:
+                    reached.add(id(t))
+        while stack:
+            fn = stack.pop()
+            if fn is None or fn in seen:
+                continue
+            seen.add(fn)
+            variable = getattr(fn, "variable", None)  # (an AccumulateGrad node: the parameter it accumulates into)
+            if variable is not None:
+                reached.add(id(variable))
+            stack.extend(f for f, _ in fn.next_functions)
+        self.unused = [p for p in self.params if id(p) not in reached]
 
     def _ready(self, p: torch.Tensor) -> None:
         if not self.expecting or p.grad is None:
@@ -97,22 +136,46 @@ class _Reducer:
         if not self.queued:
             self.queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+            for q in self.unused:  # (torch's reducer marks them at the first hook: their slots zeroed)
+                b, k = self.where[id(q)]
+                self.buckets[b].view(k).zero_()
+                self._bucket_ready(b)
         b, k = self.where[id(p)]
+        torch.mul(p.grad, 1.0 / self.world, out=self.buckets[b].view(k))
+        self._bucket_ready(b)
+
+    def _bucket_ready(self, b: int) -> None:
+        """One more slot of bucket ``b`` is in: a full bucket is all-reduced; after the last, with
+        ``find_unused_parameters``, the map of the parameters each rank used (torch's ``local_used_map``)."""
         bucket = self.buckets[b]
-        torch.mul(p.grad, 1.0 / self.world, out=bucket.view(k))
         self.ready[b] += 1
-        if self.ready[b] == len(bucket.params):
-            self.works[b] = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
+        if self.ready[b] != len(bucket.params):
+            return
+        self.works[b] = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
+        if self.find_unused and all(w is not None for w in self.works):
+            unused = {id(q) for q in self.unused}
+            used = torch.tensor([0 if id(q) in unused else 1 for q in self.params], dtype=torch.int32,
+                                pin_memory=True)
+            self.used_map = used.to(bucket.flat.device, non_blocking=True)
+            self.used_work = dist.all_reduce(self.used_map, group=self.group, async_op=True)
 
     def _finalize(self) -> None:
         self.expecting = False
         if any(w is None for w in self.works):
             return  # (a parameter got no gradient: the next forward raises, as torch's does)
+        used: dict[int, bool] = {}
+        if self.used_map is not None and self.used_work is not None:
+            # torch's finalize waits for the map and copies it to the host, blocking: a parameter no rank used keeps
+            # its gradient as it was (None), one another rank used gets the bucket's (the world's mean)
+            self.used_work.wait()
+            used = {id(q): n > 0 for q, n in zip(self.params, self.used_map.cpu().tolist(), strict=True)}
         for bucket, work in zip(self.buckets, self.works, strict=True):
             work.wait()
             for k, p in enumerate(bucket.params):
                 if p.grad is not None:
                     p.grad.copy_(bucket.view(k))
+                elif used.get(id(p)):
+                    p.grad = bucket.view(k).clone()
         self.in_flight = False
 
 
@@ -136,8 +199,7 @@ def _init(self: Any, module: torch.nn.Module, device_ids: Any = None, output_dev
     change nothing here: one bucket per dtype)."""
     from simdevice.dropin.facade import session_device
 
-    unsimulated = {"find_unused_parameters=True": find_unused_parameters,
-                   "gradient_as_bucket_view=True": gradient_as_bucket_view, "static_graph=True": static_graph,
+    unsimulated = {"gradient_as_bucket_view=True": gradient_as_bucket_view, "static_graph=True": static_graph,
                    "skip_all_reduce_unused_params=True": skip_all_reduce_unused_params,
                    "delay_all_reduce_named_params=...": delay_all_reduce_named_params is not None,
                    "param_to_hook_all_reduce=...": param_to_hook_all_reduce is not None,
@@ -172,7 +234,8 @@ def _init(self: Any, module: torch.nn.Module, device_ids: Any = None, output_dev
         with torch.no_grad():
             for t in at_init:
                 dist.broadcast(t.detach(), 0, group=process_group)
-    self._simdevice_reducer = _Reducer([p for p in params if p.requires_grad], process_group)
+    self.find_unused_parameters = find_unused_parameters
+    self._simdevice_reducer = _Reducer([p for p in params if p.requires_grad], process_group, find_unused_parameters)
 
 
 def _forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
@@ -185,9 +248,13 @@ def _forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
         device = torch.device("cuda", self.device_ids[0])
         inputs, kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: t.to(device) if t.device.type == "cpu" else t, (inputs, kwargs))
-    if torch.is_grad_enabled() and self.require_backward_grad_sync:
+    reducing = torch.is_grad_enabled() and self.require_backward_grad_sync
+    if reducing:
         reducer.prepare()
-    return self.module(*inputs, **kwargs)
+    out = self.module(*inputs, **kwargs)
+    if reducing:
+        reducer.outputs(out)
+    return out
 
 
 @contextlib.contextmanager

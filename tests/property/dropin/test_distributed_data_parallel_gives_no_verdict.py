@@ -2,7 +2,7 @@
 checks the parameters across ranks and broadcasts them with C++ functions of ``torch.distributed`` that take the
 process group (``_verify_params_across_processes``, ``_broadcast_coalesced``), which cannot take the simulated
 group, so a run simulates DDP itself (``simdevice.dropin.ddp``: ``test_ddp_all_reduces_the_gradients.py``) and
-refuses the options it does not simulate (``find_unused_parameters``, ...) where the program wraps its model, with
+refuses the options it does not simulate (``static_graph``, ...) where the program wraps its model, with
 a ``NotImplementedError`` naming them, so ``check`` gives no verdict (exit 2, one line); those C++ functions called
 directly are refused naming themselves. Before, the constructor handed the simulated group (or ``dist.group.WORLD``,
 ``None`` here) to C++, and the whole ``check`` process died of a segmentation fault, with no message."""
@@ -20,13 +20,13 @@ from simdevice.cli import main
 from simdevice.explain import not_run
 from simdevice.search.explore import explore
 
-_REFUSED = ("NotImplementedError: torch.nn.parallel.DistributedDataParallel(find_unused_parameters=True) is not "
+_REFUSED = ("NotImplementedError: torch.nn.parallel.DistributedDataParallel(static_graph=True) is not "
             "simulated")
 
 
 def _ddp() -> None:
     model = torch.nn.Linear(8, 4).cuda()
-    ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, static_graph=True)
     ddp(torch.ones(2, 8, device="cuda")).sum().backward()
 
 
@@ -59,7 +59,7 @@ import torch.distributed as dist
 
 def train() -> None:
     model = torch.nn.Linear(8, 4).cuda()
-    ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, static_graph=True)
     ddp(torch.ones(2, 8, device="cuda")).sum().backward()
 '''
 
