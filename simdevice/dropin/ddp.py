@@ -21,7 +21,8 @@ name the program bound at import makes one too):
   reducer's ``mark_variable_ready_dense``); a bucket whose every gradient is in is all-reduced at once
   (``async_op``, on the ``nccl`` stream, after the issuing stream); at the backward's end (the engine's final
   callback, the caller's stream current) the current stream waits for each bucket's work and each gradient is
-  copied back from its bucket (``gradient_as_bucket_view=False``);
+  copied back from its bucket; with ``gradient_as_bucket_view``, a gradient becomes its bucket's slot instead
+  (copied there once, accumulated there by autograd after), divided there in place, and is not copied back;
 - a backward that left a bucket unreduced (a parameter that got no gradient) makes the next forward raise torch's
   "Expected to have finished reduction in the prior iteration" error;
 - with ``find_unused_parameters``: the parameters the forward's outputs do not reach are marked ready at the
@@ -29,12 +30,12 @@ name the program bound at import makes one too):
   and read by the host at the backward's end (a blocking copy), and a parameter no rank used keeps its gradient
   (None), one another rank used gets the bucket's (the world's mean).
 
-Not simulated (``NotImplementedError``, no verdict): ``gradient_as_bucket_view``,
-``static_graph``, ``skip_all_reduce_unused_params``, ``delay_all_reduce_named_params``,
-``param_to_hook_all_reduce``, ``mixed_precision``, ``device_mesh``, comm hooks, ``join``, a module with parameters
-on the host. The parameters and buffers ``_set_params_and_buffers_to_ignore_for_model`` names are left alone. A
-run that wraps a model is not replayed on a GPU: torch's reducer makes its copies in other operations (a bucket's
-rebuild after the first iteration, ...), so a schedule's indices would not mean the same operations there.
+Not simulated (``NotImplementedError``, no verdict): ``static_graph``, ``skip_all_reduce_unused_params``,
+``delay_all_reduce_named_params``, ``param_to_hook_all_reduce``, ``mixed_precision``, ``device_mesh``, comm hooks,
+``join``, a module with parameters on the host. The parameters and buffers
+``_set_params_and_buffers_to_ignore_for_model`` names are left alone. A run that wraps a model is not replayed on a GPU:
+torch's reducer makes its copies in other operations (a bucket's rebuild after the first iteration, ...), so a
+schedule's indices would not mean the same operations there.
 """
 
 from __future__ import annotations
@@ -67,11 +68,13 @@ class _Bucket:
 class _Reducer:
     """The gradient all-reduce of one DDP module (:mod:`simdevice.dropin.ddp`)."""
 
-    def __init__(self, params: list[torch.Tensor], group: Any, find_unused: bool = False) -> None:
+    def __init__(self, params: list[torch.Tensor], group: Any, find_unused: bool = False,
+                 as_view: bool = False) -> None:
         self.group = group
         self.world = dist.get_world_size(group)
         self.params = params
         self.find_unused = find_unused
+        self.as_view = as_view
         self.unused: list[torch.Tensor] = []  # this forward's parameters its outputs' graph does not reach
         self.used_map: torch.Tensor | None = None
         self.used_work: Any = None
@@ -141,7 +144,14 @@ class _Reducer:
                 self.buckets[b].view(k).zero_()
                 self._bucket_ready(b)
         b, k = self.where[id(p)]
-        torch.mul(p.grad, 1.0 / self.world, out=self.buckets[b].view(k))
+        view = self.buckets[b].view(k)
+        if not self.as_view:
+            torch.mul(p.grad, 1.0 / self.world, out=view)
+        else:  # (``gradient_as_bucket_view``: the gradient becomes its slot, divided there in place)
+            if not _aliases(p.grad, view):
+                view.copy_(p.grad)
+                p.grad = view
+            view.div_(self.world)
         self._bucket_ready(b)
 
     def _bucket_ready(self, b: int) -> None:
@@ -172,11 +182,18 @@ class _Reducer:
         for bucket, work in zip(self.buckets, self.works, strict=True):
             work.wait()
             for k, p in enumerate(bucket.params):
+                view = bucket.view(k)
                 if p.grad is not None:
-                    p.grad.copy_(bucket.view(k))
+                    if not _aliases(p.grad, view):  # (as a view of its slot, the gradient is the reduced one)
+                        p.grad.copy_(view)
                 elif used.get(id(p)):
-                    p.grad = bucket.view(k).clone()
+                    p.grad = view if self.as_view else view.clone()
         self.in_flight = False
+
+
+def _aliases(t: torch.Tensor, view: torch.Tensor) -> bool:
+    """Whether ``t`` is ``view``'s bytes (a gradient already its bucket's slot)."""
+    return bool(t.data_ptr() == view.data_ptr() and t.shape == view.shape and t.stride() == view.stride())
 
 
 def _assign(params: list[torch.Tensor]) -> list[_Bucket]:
@@ -199,7 +216,7 @@ def _init(self: Any, module: torch.nn.Module, device_ids: Any = None, output_dev
     change nothing here: one bucket per dtype)."""
     from simdevice.dropin.facade import session_device
 
-    unsimulated = {"gradient_as_bucket_view=True": gradient_as_bucket_view, "static_graph=True": static_graph,
+    unsimulated = {"static_graph=True": static_graph,
                    "skip_all_reduce_unused_params=True": skip_all_reduce_unused_params,
                    "delay_all_reduce_named_params=...": delay_all_reduce_named_params is not None,
                    "param_to_hook_all_reduce=...": param_to_hook_all_reduce is not None,
@@ -235,7 +252,9 @@ def _init(self: Any, module: torch.nn.Module, device_ids: Any = None, output_dev
             for t in at_init:
                 dist.broadcast(t.detach(), 0, group=process_group)
     self.find_unused_parameters = find_unused_parameters
-    self._simdevice_reducer = _Reducer([p for p in params if p.requires_grad], process_group, find_unused_parameters)
+    self.gradient_as_bucket_view = gradient_as_bucket_view
+    self._simdevice_reducer = _Reducer([p for p in params if p.requires_grad], process_group, find_unused_parameters,
+                                       gradient_as_bucket_view)
 
 
 def _forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:

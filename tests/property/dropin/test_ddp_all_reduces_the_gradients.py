@@ -10,6 +10,8 @@ Rules, each with a test a mutation of it fails:
   ready on the stream that called ``backward()`` (the gradients are copied back from the bucket there, after it
   waits for the all-reduce): a side stream that reads a gradient after waiting for that stream is clean, one that
   does not races with the copy back;
+- with ``gradient_as_bucket_view=True`` each gradient is its bucket's slot, the same mean on the same stream (a
+  side stream reading it unwaited races);
 - ``no_sync()`` accumulates without communicating; the backward after it reduces the sum;
 - with ``device_ids``, a host tensor among the inputs is moved to the module's device (PyTorch's DDP tutorial
   passes ``torch.randn(20, 10)``);
@@ -18,6 +20,8 @@ Rules, each with a test a mutation of it fails:
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
@@ -38,10 +42,10 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
 
 
-def _train(wait: bool) -> None:
+def _train(wait: bool, **options: Any) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = _model().cuda()
-    ddp = DDP(model, device_ids=[rank])
+    ddp = DDP(model, device_ids=[rank], **options)
     torch.manual_seed(0)
     ref = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
     ref.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})  # (rank 0's, after the broadcast)
@@ -77,6 +81,45 @@ def test_ddp_leaves_each_rank_the_mean_gradient_on_the_backward_s_stream() -> No
 
 def _train_unwaited() -> None:
     _train(False)
+
+
+@pytest.mark.parametrize("options", [{"gradient_as_bucket_view": True},
+                                     {"gradient_as_bucket_view": True, "find_unused_parameters": True}])
+def test_gradients_kept_as_bucket_views_are_the_mean_on_the_backward_s_stream_too(options: dict[str, Any]) -> None:
+    """``gradient_as_bucket_view=True``: each gradient becomes its bucket's slot (copied there once, then
+    accumulated there by autograd) and is divided there in place; the all-reduce writes it, and the backward's end
+    makes the caller's stream wait for it (no copy back)."""
+    for schedule in (None, "rank1.nccl#0+20"):
+        s = simdevice.cuda(schedule)
+        s.run(lambda: _train(True, **options), world_size=2)
+        s.assert_clean()
+
+
+def _storages(view: bool) -> list[int]:
+    model = _model().cuda()
+    ddp = DDP(model, gradient_as_bucket_view=view)
+    for step in range(2):
+        ddp(_batch(step, dist.get_rank()).cuda()).sum().backward()
+    return sorted({p.grad.untyped_storage().data_ptr() for p in model.parameters()})
+
+
+def test_a_gradient_kept_as_a_bucket_view_is_its_bucket_s_bytes() -> None:
+    s = simdevice.cuda()
+    s.run(lambda: (_storages(True), _storages(False)), world_size=2)
+    s.assert_clean()
+    for views, copies in s.result.result:
+        assert len(views) == 1  # (one bucket: every float32 parameter's slot in it)
+        assert len(copies) == 4  # (each gradient its own tensor, copied back into)
+
+
+def _bucket_view_unwaited() -> None:
+    _train(False, gradient_as_bucket_view=True)
+
+
+def test_a_side_stream_that_reads_a_bucket_view_without_waiting_races() -> None:
+    found = simdevice.explore(_bucket_view_unwaited, world_size=2, max_examples=30)
+    assert found.failure is not None
+    assert any(isinstance(r, Race) for r in found.failure.run.reports), found.failure.text()
 
 
 def test_a_side_stream_that_reads_a_gradient_without_waiting_races() -> None:
@@ -138,7 +181,7 @@ def test_a_parameter_left_without_a_gradient_fails_the_next_forward() -> None:
     assert "Expected to have finished reduction in the prior iteration" in str(errors[0]), s.text()
 
 
-@pytest.mark.parametrize("option", ["gradient_as_bucket_view", "static_graph"])
+@pytest.mark.parametrize("option", ["static_graph", "skip_all_reduce_unused_params"])
 def test_an_option_ddp_does_not_simulate_gives_no_verdict(option: str) -> None:
     s = simdevice.cuda()
     s.run(lambda: DDP(nn.Linear(4, 4).cuda(), **{option: True}), world_size=2)
