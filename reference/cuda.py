@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import importlib.util
 import io
 import os
 import pickle
@@ -34,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from reference import contract
 from reference.contract import MemorySaver, Run, dispatches_itself, op_kind, poison
-from reference.naming import LIBRARIES, op_name
+from reference.naming import LIBRARIES, import_file_as, op_name
 from reference.origin import Origin
 from reference.schedule import Schedule
 
@@ -110,25 +109,10 @@ class _Unpickler(pickle.Unpickler):
         except ModuleNotFoundError as e:
             if e.name != module or module not in self.files:
                 raise
-        _load_as(module, self.files[module])
+        if import_file_as(module, self.files[module]) is None:
+            raise ModuleNotFoundError(f"no module named {module!r} ({self.files[module]} is not a Python file)",
+                                      name=module)
         return super().find_class(module, name)
-
-
-def _load_as(name: str, path: str) -> None:
-    """Import the file ``path`` as module ``name``, its folder on the path for its own imports."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ModuleNotFoundError(f"no module named {name!r} ({path} is not a Python file)", name=name)
-    module = importlib.util.module_from_spec(spec)
-    folder = os.path.dirname(path)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
 
 
 def dumps(obj: Any) -> bytes:

@@ -13,12 +13,16 @@ the same program gets the same names on both.
 from __future__ import annotations
 
 import ast
+import contextlib
+import importlib.util
 import linecache
 import os
 import re
 import sys
 import sysconfig
+import types
 from collections.abc import Callable
+from typing import Any
 
 _ASSIGN = re.compile(r"^\s*(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*)\s*(?::[^=]*)?=[^=]")
 #: files of libraries, never the program's (torch's among them)
@@ -161,3 +165,24 @@ def inside(*paths: str) -> Callable[[str], bool]:
         return os.path.abspath(filename).startswith(roots) if not filename.startswith("<") else False
 
     return check
+
+
+def import_file_as(name: str, path: str, around: Any = None) -> types.ModuleType | None:
+    """Import the file ``path`` as module ``name`` (in ``sys.modules`` under it), its folder on ``sys.path`` for its
+    own imports of its neighbours, as ``python FILE`` would find them; ``around``: a context the import runs in.
+    None where ``path`` is no Python file; what the import raised is raised, the name taken back."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    sys.modules[name] = module
+    try:
+        with around if around is not None else contextlib.nullcontext():
+            spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module

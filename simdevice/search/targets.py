@@ -29,6 +29,7 @@ from typing import Any, NoReturn, Protocol
 import attrs
 
 from reference.contract import Run
+from reference.naming import import_file_as
 from reference.schedule import Schedule, ScheduleError, is_function_target, parse_int
 from simdevice.api import SimDevice
 from simdevice.dropin import DropIn
@@ -393,20 +394,10 @@ def split(text: str) -> tuple[str, str]:
 def _load_file(path: str) -> Any:
     digest = hashlib.sha1(path.encode()).hexdigest()[:12]
     name = f"simdevice_target_{os.path.splitext(os.path.basename(path))[0]}_{digest}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
+    # (a module that parses its arguments as it is imported: none given)
+    module = import_file_as(name, path, _no_arguments(path))
+    if module is None:
         raise TargetError(f"cannot import {path}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    folder = os.path.dirname(path)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)  # the file's own imports of its neighbours, as python FILE would find them
-    sys.modules[name] = module
-    try:
-        with _no_arguments(path):  # (a module that parses its arguments as it is imported)
-            spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
     return module
 
 
