@@ -48,7 +48,7 @@ from simdevice.dropin.patches import Patches
 from simdevice.dropin.pickling import pickled, unpickled
 from simdevice.runtime.config import MAX_WORLD_SIZE, UNIT_NS
 from simdevice.runtime.reports import user_source
-from simdevice.runtime.runtime import Mailbox, SharedCell
+from simdevice.runtime.runtime import EMPTY, Mailbox, SharedCell
 
 #: the primitives a run refuses (those it simulates: ``_MADE``)
 _REFUSED = ("Pipe", "Pool", "Manager", "JoinableQueue", "Condition", "Array", "RawArray", "RawValue")
@@ -696,9 +696,22 @@ class SimQueue:
         rt = self._dev.runtime
         if not block:
             timeout = 0.0
-        if timeout is not None and not timed(lambda: not rt.queue_empty(self._box), timeout):
-            raise queue.Empty
-        got = rt.queue_get(self._box)
+        if timeout is None:
+            got = rt.queue_get(self._box)
+        else:
+            taken: list[Any] = []
+
+            def took() -> bool:  # (a poll, then the get of what it saw: none where another getter came between)
+                if rt.queue_empty(self._box):
+                    return False
+                taken.append(rt.queue_get(self._box, block=False))
+                if taken[-1] is EMPTY:
+                    taken.clear()
+                return bool(taken)
+
+            if not timed(took, timeout):
+                raise queue.Empty
+            got = taken[0]
         return got if self._shared else _received(self._dev, got)
 
     def put_nowait(self, obj: Any) -> None:

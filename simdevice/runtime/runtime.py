@@ -81,6 +81,9 @@ class collector_paused:  # noqa: N801 (a block, named as the functions that make
             gc.enable()
 
 
+#: what a get that does not block returns where the queue had no item at its step (:meth:`Runtime.queue_get`)
+EMPTY: Any = object()
+
 #: what c10's ``warn_or_error_on_sync`` says under ``torch.cuda.set_sync_debug_mode``
 SYNCHRONIZING = "called a synchronizing CUDA operation"
 
@@ -1287,8 +1290,12 @@ class Runtime:
         box.items.append((item, sync.snapshot(a)))
         self.execution.changed()
 
-    def queue_get(self, box: Mailbox) -> Any:
+    def queue_get(self, box: Mailbox, block: bool = True) -> Any:
+        """The next item of ``box``, in one step; where it has none, a blocking get waits for one, another returns
+        :data:`EMPTY` (a timed get's try: another getter may have taken the item its poll saw)."""
         a = self.host_step("Queue.get")
+        if not block and not box.items:
+            return EMPTY
         while not box.items:  # (another getter woken with it may have taken the item first: wait again)
             self.execution.block(a, "an item on a queue", lambda: bool(box.items))
         item, clock = box.items.popleft()
