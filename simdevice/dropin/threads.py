@@ -55,6 +55,10 @@ _OWN = str(Path(__file__).resolve().parents[1]) + os.sep
 #: Python's name for a thread it named itself (``Thread-3``, ``Thread-3 (writer)``): counted over the interpreter's
 #: life, so not one a schedule can name
 _DEFAULT_NAME = re.compile(r"Thread-\d+( \(.*\))?")
+#: torch's own code whose threads and pools do the program's work, so are the program's: Distributed Checkpoint's
+#: (``async_save`` stages and writes on a ``ThreadPoolExecutor`` it makes, ``FileSystemWriter(thread_count=...)``
+#: writes the files on threads it starts)
+_PROGRAM_WORK = tuple(os.path.join("torch", *d.split("/")) + os.sep for d in ("distributed/checkpoint",))
 
 
 def _session() -> Any:
@@ -81,6 +85,8 @@ def _by_program(skip: int, through_start: bool = False) -> bool:
     if f is None:
         return False
     filename = f.f_code.co_filename
+    if any(d in filename for d in _PROGRAM_WORK):
+        return True
     return not filename.startswith(_OWN) and not internal_file(filename) and not in_standard_library(filename)
 
 
@@ -468,7 +474,7 @@ def _install_waiters(fs: Any, return_when: str) -> Any:
     and lock are the simulator's, so that the waiter's wait lets the workers run and is ordered after the one that
     finished (Python's untimed wait would stop every actor of the run)."""
     waiter = _INSTALL_WAITERS(fs, return_when)
-    if _in_run() and any(isinstance(f, SimFuture) for f in fs):
+    if _in_run() and any(isinstance(f, SimFuture) or isinstance(f._condition, SimCondition) for f in fs):
         waiter.event = processes.SimEvent()
         if hasattr(waiter, "lock"):
             waiter.lock = SimThreadLock()
@@ -552,6 +558,20 @@ def _event_wait(self: threading.Event, timeout: float | None = None) -> bool:
     return processes.timed(self.is_set, timeout)
 
 
+#: Python's ``concurrent.futures.Future.__init__``, as imported
+_FUTURE_INIT = concurrent.futures.Future.__init__
+
+
+def _future_init(self: concurrent.futures.Future, *args: Any, **kwargs: Any) -> None:  # type: ignore[type-arg]
+    """A ``concurrent.futures.Future`` the program makes itself in a run (Distributed Checkpoint's ``async_save``
+    returns one it completes from its staging pool's callback): its condition is the simulator's, so that an untimed
+    ``result()`` waits in the run for the actor that sets it (Python's would stop every actor) and is ordered after
+    it. One made by a library's pool that the simulator does not run keeps Python's."""
+    _FUTURE_INIT(self, *args, **kwargs)
+    if type(self) is concurrent.futures.Future and _in_run() and _by_program(1):
+        self._condition = SimCondition()  # type: ignore[assignment]
+
+
 def _made_by_class(p: Patches, module: Any, name: str) -> None:
     """The class ``module.name`` itself (a Python class, not a subclass) made by the program in a run is the
     simulator's primitive (or a refusal), whatever name it is called by: a library binds ``from concurrent.futures
@@ -584,10 +604,11 @@ def install(p: Patches) -> None:
             _made_by_class(p, module, name)  # (before the module's name is replaced: the class itself)
         p.set(module, name, _in_run_instead(module, name, getattr(module, name)))
     p.set(concurrent.futures._base, "_create_and_install_waiters", _install_waiters)
+    p.set(concurrent.futures.Future, "__init__", _future_init)
     # (``concurrent.futures`` gives its executors through a module ``__getattr__``: its own name, set for a while)
     p.set(concurrent.futures, "ThreadPoolExecutor", concurrent.futures.thread.ThreadPoolExecutor)
 
 
 def patched_owners() -> list[Any]:
     return [threading, threading.Thread, threading.Event, queue, execution, concurrent.futures,
-            concurrent.futures.thread, concurrent.futures._base, *_CLASSES]
+            concurrent.futures.thread, concurrent.futures._base, concurrent.futures.Future, *_CLASSES]

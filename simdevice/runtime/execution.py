@@ -309,9 +309,9 @@ def outside_actor() -> str:
     if threading.current_thread() is not threading.main_thread():
         return (f"simdevice: the simulated device was used from a thread the program started "
                 f"({threading.current_thread().name}) that the simulator does not run: it runs the threads the "
-                "program's own code starts (threading.Thread), not those the standard library starts for it (a "
-                "ThreadPoolExecutor's workers): do this work in a threading.Thread of the program's, or on the "
-                "function's own thread")
+                "program's own code starts (threading.Thread, its ThreadPoolExecutor's workers), not those the "
+                "standard library or torch starts for itself (a pool made inside torch): do this work in a "
+                "threading.Thread of the program's, or on the function's own thread")
     return "simulated device call outside a simulated host actor (use SimDevice.run)"
 
 

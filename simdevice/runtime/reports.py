@@ -311,8 +311,11 @@ def forget_sources() -> str:
 def user_source(skip: int = 0) -> str:
     """The first frame outside the simulator and torch: where the program made this call (``dir/file.py:LINE``).
     ``skip``: how many frames above the caller's are the simulator's own for certain (passed over unseen: Python
-    makes a frame's object only for the frames a walk looks at)."""
+    makes a frame's object only for the frames a walk looks at). Where no frame is the program's (a thread a library
+    started to do the program's work: Distributed Checkpoint's staging), the innermost frame that is not the
+    simulator's own: the library's line that made the call."""
     f = sys._getframe(1 + skip)
+    start = f
     internal = _INTERNAL
     while f is not None:
         code = f.f_code
@@ -326,6 +329,17 @@ def user_source(skip: int = 0) -> str:
                 text = _SOURCES[key] = f"{short_path(code.co_filename, _SOURCES_CWD[0])}:{f.f_lineno}"
             return text
         f = f.f_back  # type: ignore[assignment]
+    return _library_source(start)
+
+
+def _library_source(f: Any) -> str:
+    """:func:`user_source` where no frame is the program's: the innermost frame outside the simulator, else ``?``."""
+    while f is not None:
+        filename = f.f_code.co_filename
+        path = filename if filename.startswith("<") else os.path.abspath(filename)
+        if not (path.startswith(_OWN) and not path.startswith(_PROGRAM_CODE)) and path not in _CONTRACT:
+            return f"{short_path(filename, _SOURCES_CWD[0])}:{f.f_lineno}"
+        f = f.f_back
     return "?"
 
 
