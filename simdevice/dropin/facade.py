@@ -21,7 +21,7 @@ import sys
 import time
 import types
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -1206,9 +1206,63 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     return "\n".join(out) + "\n"
 
 
-def _no_snapshot(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError("torch.cuda.memory_snapshot is not simulated (the simulated allocator keeps no "
-                              "per-segment record of CUDA's form): memory_stats() has the statistics it keeps")
+def _check_option(value: str | None, valid: tuple[str, ...], error: str) -> None:
+    if value is not None and value not in valid:
+        raise RuntimeError(error)
+
+
+def _record_memory_history(enabled: str | None = "all", context: str | None = "all", stacks: str = "all",
+                           max_entries: int = sys.maxsize, clear_history: bool = False, compile_context: bool = False,
+                           global_record_annotations: bool = False, skip_actions: Iterable[str] = ()) -> None:
+    """``torch._C._cuda_record_memory_history`` (what ``torch.cuda.memory._record_memory_history`` calls): the
+    simulated allocator of the calling process records its actions and where the program made each allocation
+    (:class:`simdevice.runtime.allocator.History`), with torch's checks of the options. Its stacks are Python's
+    (no C++ frames), whatever ``stacks`` asks."""
+    _check_option(enabled, ("state", "all"), "expected state to be 'state', 'all', or None")
+    _check_option(context, ("state", "alloc", "all"), "expected context to be 'state', 'alloc', 'all', or None")
+    _check_option(stacks, ("python", "all"), "expected stacks to be 'python', or 'all'")
+    session_device().runtime.record_memory_history(_own_process(), enabled, context, max_entries, clear_history,
+                                                   skip_actions)
+
+
+def _record_memory_history_legacy(enabled: bool, record_context: bool = True, trace_alloc_max_entries: int = 1,
+                                  trace_alloc_record_context: bool = False, record_context_cpp: bool = False,
+                                  clear_history: bool = False, *rest: Any) -> None:
+    """``torch._C._cuda_record_memory_history_legacy`` (``_record_memory_history(True, ...)``): the same record
+    in the old options' terms."""
+    skip = rest[2] if len(rest) > 2 and rest[2] is not None else ()
+    context = "alloc" if trace_alloc_record_context else "state" if record_context else None
+    session_device().runtime.record_memory_history(
+        _own_process(), ("all" if trace_alloc_max_entries > 1 else "state") if enabled else None, context,
+        trace_alloc_max_entries, clear_history, skip)
+
+
+def _stream_handle(rt: Any, s: Any) -> int:
+    """A simulated stream's CUDA handle, as ``torch.cuda.Stream.cuda_stream`` gives it (0 for a default stream)."""
+    if s is None or any(a.default_stream is s for a in rt.execution.actors.values()):
+        return 0
+    return int(s.order)
+
+
+def _memory_snapshot(pool: tuple[int, int, bool] | None = None) -> dict[str, Any]:
+    """``torch._C._cuda_memorySnapshot`` (what ``torch.cuda.memory._snapshot``, ``_dump_snapshot`` and
+    ``memory_snapshot`` call): the calling process's segments and blocks in torch's form, and what its memory
+    history recorded. ``pool``: ``(pool id, include traces)``, the default pool's id ``(0, 0)`` taking every
+    segment. A stream is its handle, as ``cuda_stream`` gives it."""
+    rt = session_device().runtime
+    segments, entries = rt.memory_snapshot(_own_process())
+    if pool is not None and tuple(pool[:2]) != (0, 0):
+        segments = [seg for seg in segments if seg["segment_pool_id"] == tuple(pool[:2])]
+    for seg in segments:  # (made for this snapshot)
+        seg["stream"] = _stream_handle(rt, seg["stream"])
+    traces = [{**e, "stream": _stream_handle(rt, e["stream"])} for e in entries] if pool is None or pool[2] else []
+    return {"segments": segments, "device_traces": [traces]}
+
+
+def memory_snapshot(mempool_id: tuple[int, int] | None = None, include_traces: bool = True) -> list[dict[str, Any]]:
+    """``torch.cuda.memory_snapshot``: :func:`_memory_snapshot`'s segments."""
+    pool = (0, 0) if mempool_id is None else tuple(mempool_id)
+    return _memory_snapshot((pool[0], pool[1], include_traces))["segments"]  # type: ignore[no-any-return]
 
 
 def _refused(name: str, message: str) -> type:
@@ -2280,7 +2334,7 @@ def install(p: Patches) -> None:
         "get_per_process_memory_fraction": get_per_process_memory_fraction,
         "memory_stats": memory_stats,
         "memory_summary": memory_summary,
-        "memory_snapshot": _no_snapshot,
+        "memory_snapshot": memory_snapshot,
         "get_allocator_backend": lambda: "native",  # the simulated allocator is CUDA's caching one
         "memory_cached": memory_reserved,  # (torch's deprecated names for these two)
         "max_memory_cached": max_memory_reserved,
@@ -2360,6 +2414,10 @@ def install(p: Patches) -> None:
     p.set(torch.UntypedStorage, "copy_", _wrapped(torch.UntypedStorage, "copy_", _storage_copy))
     p.set(torch._C, "_group_tensors_by_device_and_dtype",
           _wrapped(torch._C, "_group_tensors_by_device_and_dtype", _group_by_shown_device))
+    # (absent from the CPU build: set for the session, taken away after it)
+    p.set(torch._C, "_cuda_record_memory_history", _record_memory_history)
+    p.set(torch._C, "_cuda_record_memory_history_legacy", _record_memory_history_legacy)
+    p.set(torch._C, "_cuda_memorySnapshot", _memory_snapshot)
     _foreach_takes_simulated_tensors(p)
     for name in _NEW:
         p.set(torch.Tensor, name, _wrapped(torch.Tensor, name, _tensor_new))

@@ -55,8 +55,9 @@ from __future__ import annotations
 
 import bisect
 import mmap
+import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import MethodType
 from typing import Any
 
@@ -67,7 +68,7 @@ from simdevice.runtime import sync
 from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.execution import HostActor
 from simdevice.runtime.memory import Accessor, Memory, Shadow, Storage, bytes_at
-from simdevice.runtime.reports import user_source
+from simdevice.runtime.reports import own_file, user_source
 from simdevice.runtime.streams import EventRecord, SimStream
 
 PoolTag = str | None
@@ -113,8 +114,8 @@ def segment_size(nbytes: int, scale: int = 1) -> int:
 
 
 class Block:
-    __slots__ = ("_segment", "after", "free", "fresh", "gen", "held", "key", "nbytes", "offset", "sid", "storage",
-                 "uses")
+    __slots__ = ("_segment", "after", "frames", "free", "freed_at", "fresh", "gen", "held", "key", "nbytes", "offset",
+                 "requested", "sid", "storage", "uses")
 
     def __init__(self, segment: Segment, offset: int, nbytes: int, fresh: bool = True) -> None:
         # its segment holds it (Segment.blocks); a weak reference back, so that a run's allocator dies by reference
@@ -141,6 +142,12 @@ class Block:
         #: freed it, and the events of its recorded streams that let it back, which another thread of the process
         #: taking it is ordered after as well (CUDA's allocator hands a block on under its lock)
         self.after: VectorClock | None = None
+        #: the bytes its allocation asked for, and where the program made it (while a memory history records
+        #: tracebacks: :class:`History`): a snapshot's block
+        self.requested = 0
+        self.frames: list[dict[str, Any]] = []
+        #: where the program freed it (its history's ``free_completed`` has the frames of its ``free_requested``)
+        self.freed_at: list[dict[str, Any]] = []
 
     @property
     def segment(self) -> Segment:
@@ -397,6 +404,68 @@ def _process(stream: SimStream | None) -> str | None:
     return stream.process if stream is not None else None
 
 
+#: what ``_record_memory_history``'s ``enabled`` and ``context`` take, as torch checks them
+HISTORY_ENABLED = (None, "state", "all")
+HISTORY_CONTEXT = (None, "state", "alloc", "all")
+#: the actions a memory history records (torch's ``TraceEntry.action``s that this allocator takes)
+HISTORY_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom")
+
+
+def program_frames() -> list[dict[str, Any]]:
+    """The Python stack of the call being made, innermost first, as torch's memory history records it
+    (``filename``, ``line``, ``name``), without the simulator's own frames."""
+    frames = []
+    f: Any = sys._getframe(1)
+    while f is not None:
+        code = f.f_code
+        if not own_file(code.co_filename):
+            frames.append({"filename": code.co_filename, "line": f.f_lineno, "name": code.co_name})
+        f = f.f_back
+    return frames
+
+
+class History:
+    """``torch.cuda.memory._record_memory_history`` of one process (each process of a GPU has its own allocator):
+    with ``trace`` (``enabled="all"``), each action of the allocator on its blocks and segments, at most
+    ``max_entries`` (the oldest overwritten, as torch's ring buffer does); with ``context``, where the program made
+    each allocation (``"state"``: the live ones, for a snapshot's blocks; ``"alloc"``: the history's allocations too;
+    ``"all"``: its frees too). An entry's ``stream`` is the simulated stream, its ``time_us`` virtual time."""
+
+    __slots__ = ("context", "entries", "max_entries", "next", "now", "skip", "trace")
+
+    def __init__(self, trace: bool, context: str | None, max_entries: int, skip: Iterable[str],
+                 now: Callable[[], int]) -> None:
+        self.trace, self.context, self.max_entries = trace, context, max(int(max_entries), 0)
+        self.skip = frozenset(skip)
+        self.now = now
+        self.entries: list[dict[str, Any]] = []
+        self.next = 0
+
+    def frames_of(self, action: str) -> bool:
+        """Whether ``action`` is recorded with the program's stack (a free's completion: its request's)."""
+        if action == "alloc":
+            return self.context is not None
+        return self.context == "all" and action == "free_requested"
+
+    def add(self, action: str, addr: int, size: int, stream: SimStream | None, frames: list[dict[str, Any]],
+            **more: Any) -> None:
+        if not self.trace or action in self.skip or not self.max_entries:
+            return
+        entry = {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": self.now() // 1000,
+                 "frames": frames if self.context not in (None, "state") else [], **more}
+        if "device_free" in more:  # (an OOM's entry has what the device had free in place of an address)
+            del entry["addr"]
+        if len(self.entries) < self.max_entries:
+            self.entries.append(entry)
+        else:
+            self.entries[self.next] = entry
+            self.next = (self.next + 1) % self.max_entries
+
+    def recorded(self) -> list[dict[str, Any]]:
+        """The entries, oldest first."""
+        return self.entries[self.next:] + self.entries[:self.next]
+
+
 class CachingAllocator:
     """Pools of stream-ordered segments and blocks; reuse of freed blocks; ``record_stream``; ``empty_cache``."""
 
@@ -458,6 +527,8 @@ class CachingAllocator:
         self.served_paused: list[tuple[PoolTag, str, str]] = []
         self.allocations = 0
         self.reused = 0
+        #: ``torch.cuda.memory._record_memory_history`` per process (none: nothing recorded, the common case)
+        self.histories: dict[str | None, History] = {}
 
     # -- allocation -----------------------------------------------------------------
     def malloc(
@@ -495,6 +566,9 @@ class CachingAllocator:
         block.gen += 1
         _watch(anchor, self, block, block.gen)
         fresh, block.fresh = block.fresh, False
+        block.requested = need
+        if self.histories:
+            self._traced(stream, "alloc", block, need)
         self._allocated += block.nbytes
         self._peak = max(self._peak, self._allocated)
         # active: allocated, and the freed blocks held for the streams recorded with them
@@ -524,6 +598,8 @@ class CachingAllocator:
             return  # released before (untyped_storage().resize_(0)), perhaps handed out again since
         block.gen += 1
         stream = block.key[2]
+        if self.histories:
+            self._traced(stream, "free_requested", block, block.nbytes)
         uses = [sync.record(u) for u in block.uses] + block.held
         if stream is None:
             self._pending.append(_Freed(block, None, 0, None, uses, user_source()))
@@ -598,6 +674,8 @@ class CachingAllocator:
             seg = Segment(len(self._segments) + 1, pool, nbytes, small, stream, self.lazy, backup)
             self._segments.append(seg)
             self.pools.setdefault(pool, []).append(seg)
+            if self.histories:
+                self._traced(stream, "segment_alloc", seg.blocks[0], nbytes)
             on_segment = self._on_segment()
             if on_segment is not None:
                 on_segment(seg)
@@ -638,6 +716,9 @@ class CachingAllocator:
                 if used(own) + nbytes > bound:
                     self.ooms += 1
                     mine.ooms += 1
+                    history = self.histories.get(_process(stream))
+                    if history is not None:
+                        history.add("oom", 0, nbytes, stream, [], device_free=max(bound - used(own), 0))
                     raise torch.OutOfMemoryError(
                         f"simulated device out of memory: tried to allocate {_size(nbytes)}; {_size(used(own))} "
                         f"reserved of {self._bound_text(bound, fraction if own else None)}")
@@ -723,7 +804,10 @@ class CachingAllocator:
                 self._release(block)
 
     def _release(self, block: Block) -> None:
+        if self.histories:
+            self._traced(block.key[2], "free_completed", block, block.nbytes)
         block.free = True
+        block.frames = []
         seg = block.segment
         live = not seg.released
         i = seg.blocks.index(block)
@@ -763,6 +847,8 @@ class CachingAllocator:
                 segs.remove(seg)
                 self._free.remove(seg.blocks[0])
                 seg.released = True
+                if self.histories:
+                    self._traced(seg.stream, "segment_free", seg.blocks[0], seg.nbytes)
                 self._reserved -= seg.nbytes
                 self._counts(seg.stream).reserved -= seg.nbytes
                 released.append(seg)
@@ -789,6 +875,67 @@ class CachingAllocator:
             if freed in self._deferred:  # (not given back meanwhile by another actor's allocation)
                 self._deferred.remove(freed)
                 self._release(freed.block)
+
+    def _traced(self, stream: SimStream | None, action: str, block: Block, size: int) -> None:
+        """``action`` on ``block`` (its segment's, for a segment's action) in the memory history of the process of
+        ``stream``, if it records one."""
+        history = self.histories.get(_process(stream))
+        if history is None:
+            return
+        if action == "free_completed":
+            frames, block.freed_at = block.freed_at, []
+        else:
+            frames = program_frames() if history.frames_of(action) else []
+        if action == "alloc" and history.context is not None:
+            block.frames = frames
+        elif action == "free_requested":
+            block.freed_at = frames
+        addr = block.segment.address + (0 if action.startswith("segment") else block.offset)
+        history.add(action, addr, size, stream, frames)
+
+    def record_history(self, process: str | None, enabled: str | None, context: str | None, max_entries: int,
+                       clear: bool, skip: Iterable[str], now: Callable[[], int]) -> None:
+        """``torch.cuda.memory._record_memory_history`` of ``process``: start recording (``enabled`` ``"state"``
+        or ``"all"``; the entries so far kept unless ``clear``), or stop (None: what was recorded is dropped, as
+        torch's allocator drops it)."""
+        self.collect_frees()  # (the frees made before, under the setting they were made in)
+        old = self.histories.pop(process, None)
+        if enabled is None:
+            return
+        history = History(enabled == "all", context, max_entries, skip, now)
+        if old is not None and not clear:
+            history.entries = old.recorded()[-history.max_entries:] if history.max_entries else []
+        self.histories[process] = history
+
+    def snapshot(self, process: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """``torch.cuda.memory._snapshot()`` of ``process``: its live segments, each with its blocks in address
+        order (``active_allocated``, ``active_pending_free`` where held back for a recorded stream, ``inactive``), in
+        torch's form, and the entries its memory history recorded. A segment's and an entry's ``stream`` is the
+        simulated stream (the caller gives its handle); pools are numbered as the program's ``MemPool``s are
+        (``(0, 0)`` the default pool)."""
+        self.collect_frees()
+        held = {id(f.block) for f in self._deferred}
+        pools: dict[PoolTag, tuple[int, int]] = {None: (0, 0)}
+        segments = []
+        for seg in self._segments:
+            if seg.released or _process(seg.stream) != process:
+                continue
+            pool_id = pools.setdefault(seg.pool, (1, len(pools)))
+            blocks = []
+            for b in seg.blocks:
+                state = "inactive" if b.free else "active_pending_free" if id(b) in held else "active_allocated"
+                blocks.append({"address": seg.address + b.offset, "size": b.nbytes,
+                               "requested_size": 0 if b.free else b.requested, "state": state,
+                               "frames": [] if b.free else list(b.frames)})
+            allocated = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
+            segments.append({
+                "device": 0, "address": seg.address, "total_size": seg.nbytes, "stream": seg.stream,
+                "segment_type": "small" if seg.small else "large", "segment_pool_id": pool_id,
+                "allocated_size": allocated, "active_size": sum(b["size"] for b in blocks if b["state"] != "inactive"),
+                "requested_size": sum(b["requested_size"] for b in blocks if b["state"] == "active_allocated"),
+                "is_expandable": False, "frames": [], "blocks": blocks})
+        history = self.histories.get(process)
+        return segments, (history.recorded() if history is not None else [])
 
     def segments(self, pool: PoolTag) -> list[Segment]:
         return list(self.pools.get(pool, []))

@@ -336,11 +336,24 @@ def _library_source(f: Any) -> str:
     """:func:`user_source` where no frame is the program's: the innermost frame outside the simulator, else ``?``."""
     while f is not None:
         filename = f.f_code.co_filename
-        path = filename if filename.startswith("<") else os.path.abspath(filename)
-        if not (path.startswith(_OWN) and not path.startswith(_PROGRAM_CODE)) and path not in _CONTRACT:
+        if not own_file(filename):
             return f"{short_path(filename, _SOURCES_CWD[0])}:{f.f_lineno}"
         f = f.f_back
     return "?"
+
+
+_OWN_FILES: dict[str, bool] = {}
+
+
+def own_file(filename: str) -> bool:
+    """Whether a frame of ``filename`` is the simulator's own or the device contract's (not the program's, nor a
+    library's)."""
+    known = _OWN_FILES.get(filename)
+    if known is None:
+        path = filename if filename.startswith("<") else os.path.abspath(filename)
+        known = _OWN_FILES[filename] = (path.startswith(_OWN) and not path.startswith(_PROGRAM_CODE)) or (
+            path in _CONTRACT)
+    return known
 
 
 def user_depth() -> int:

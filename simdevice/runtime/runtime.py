@@ -626,6 +626,18 @@ class Runtime:
     def reset_peak_memory_stats(self, process: str | None = None) -> None:
         self.memsaver.allocator.reset_peaks(process)
 
+    def record_memory_history(self, process: str | None, enabled: str | None, context: str | None,
+                              max_entries: int, clear: bool, skip: Iterable[str]) -> None:
+        """``torch.cuda.memory._record_memory_history`` of ``process`` (:meth:`CachingAllocator.record_history`):
+        its entries' times are virtual."""
+        self.memsaver.allocator.record_history(process, enabled, context, max_entries, clear, skip,
+                                               lambda: self.execution.now)
+
+    def memory_snapshot(self, process: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """``torch.cuda.memory._snapshot()`` of ``process``: its segments and its memory history's entries
+        (:meth:`CachingAllocator.snapshot`)."""
+        return self.memsaver.allocator.snapshot(process)
+
     @property
     def device_memory(self) -> int | None:
         """The simulated device's capacity in bytes (``--device-memory``; None: no bound)."""

@@ -749,30 +749,6 @@ def test_memory_summary_gives_the_statistics_kept() -> None:
     assert {len(line) for line in summary.splitlines()} == {77}
 
 
-def test_memory_snapshot_is_not_simulated() -> None:
-    """docs/dropin.md gives ``memory_snapshot()`` as ``NotImplementedError`` (no verdict);
-    it fell through to torch's own, whose ``torch._C._cuda_memorySnapshot`` the CPU build lacks: an
-    ``AttributeError`` that a program catching ``NotImplementedError`` would not catch."""
-    s = simdevice.cuda()
-    caught: list[str] = []
-
-    def program() -> None:
-        torch.ones(4, device="cuda")
-        for snapshot in (torch.cuda.memory_snapshot, torch.cuda.memory.memory_snapshot):
-            try:
-                snapshot()
-            except NotImplementedError as e:
-                caught.append(str(e))
-        torch.cuda.memory_snapshot()
-
-    s.run(program)
-    assert len(caught) == 2
-    assert all("torch.cuda.memory_snapshot is not simulated" in c for c in caught)
-    assert s.result is not None
-    (error,) = s.result.reports
-    assert "NotImplementedError: torch.cuda.memory_snapshot is not simulated" in str(error)
-
-
 def test_the_default_device_set_before_the_first_allocation_makes_device_tensors() -> None:
     """``torch.set_default_device("cuda")`` first thing in a run: the simulator's own host tensors (a segment's
     bytes, made at the run's first allocation) were made on the default device, and the run failed."""

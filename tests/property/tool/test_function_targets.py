@@ -376,18 +376,18 @@ def test_exhaust_stopped_at_its_step_bound_gives_no_verdict(capsys: pytest.Captu
 
 
 @pytest.mark.parametrize(("call", "says"), [
-    ("torch.cuda.memory._record_memory_history()", "no attribute '_cuda_record_memory_history'"),
+    ("torch.cuda.memory._set_memory_metadata('step')", "no attribute '_cuda_setMemoryMetadata'"),
     ("torch._C._cuda_getCurrentBlasHandle()", "no attribute '_cuda_getCurrentBlasHandle'"),
     ("torch.cuda.caching_allocator_alloc(4096)", "caching_allocator_alloc"),
     ("torch.cuda.ExternalStream(0)", "ExternalStream"),
     ("torch.accelerator.get_device_capability()", "Cannot access accelerator device when none is available"),
     ("torch.Generator(device='cuda').get_offset()", "philox offset"),
-], ids=["memory-history", "blas-handle", "raw-alloc", "external-stream", "accelerator-capability",
+], ids=["memory-metadata", "blas-handle", "raw-alloc", "external-stream", "accelerator-capability",
                                      "generator-offset"])
 def test_cuda_s_own_apis_the_cpu_build_lacks_are_no_verdict(
     call: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """CUDA's C API (memory history, BLAS handles), raw allocator pointers, external streams, the accelerator's
+    """CUDA's C API (memory metadata, BLAS handles), raw allocator pointers, external streams, the accelerator's
     device capability and a CUDA generator's philox offset: the program uses what the simulator does not run, one
     line and exit 2, as docs/dropin.md says (it was a finding, exit 1: "an error of its own")."""
     monkeypatch.chdir(tmp_path)
