@@ -19,12 +19,13 @@ so a run that reaches one gives no verdict instead of the real process group's e
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
 import sys
 import warnings
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 import torch
@@ -129,6 +130,77 @@ def _finish(gather: Any, async_op: bool, *tensors: torch.Tensor, outputs: int = 
         return work
     work.wait()  # as NCCL: the current stream waits for the collective; the host goes on
     return None
+
+
+def _launched(gid: int, kind: str, redop: Any, issue: Callable[[Any], Any], async_op: bool,
+              *tensors: torch.Tensor) -> Any:
+    """A collective NCCL's process group coalesces (``all_reduce``, ``all_gather_into_tensor``,
+    ``reduce_scatter_tensor``): issued now (``issue(redop)``: its gather) and finished as :func:`_finish` does; or,
+    inside a ``_coalescing_manager`` block of its group, recorded for the block's end, as torch records it, giving
+    ``_IllegalWork()`` where ``async_op`` (torch's: its ``wait()`` raises), else None."""
+    dev = session_device()
+    recorded = dev.coalescing.get((dev.runtime.current().process, gid))
+    if recorded is None:
+        return _finish(issue(redop), async_op, *tensors)
+    recorded.append((kind, redop, issue, tensors))
+    return dist.distributed_c10d._IllegalWork() if async_op else None
+
+
+class _CoalescedWork:
+    """The one work of the collectives a ``_coalescing_manager`` block launched together: ``wait()`` and
+    ``synchronize()`` make the current stream wait for each, ``is_completed()`` whether all are done."""
+
+    def __init__(self, works: list[SimWork]) -> None:
+        self._works = works
+
+    def wait(self, timeout: Any = None) -> bool:
+        for w in self._works:
+            w.wait(timeout)
+        return True
+
+    def synchronize(self) -> None:
+        for w in self._works:
+            w.synchronize()
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def result(self) -> list[torch.Tensor]:
+        return [t for w in self._works for t in w.result()]
+
+
+@contextlib.contextmanager
+def _coalescing_manager(group: Any = None, device: Any = None, async_ops: bool = False) -> Iterator[Any]:
+    """``torch.distributed._coalescing_manager`` (Megatron's buckets gather their parameters and reduce their
+    gradients in one): the block's ``all_reduce``, ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` calls on
+    ``group`` are recorded, not issued, and at its end launched together, in order, on the group's stream (each as
+    its own operation there), all of one kind (torch's error otherwise) and every reduction with the first one's
+    op, as torch's fast path does. With ``async_ops`` the block's manager holds their one work (``cm.wait()``);
+    without, the current stream waits for them at the end. Other collectives in the block run at their call (with
+    ``device`` too: NCCL would launch them at the end). A run that coalesces offers no ``replay --gpu``."""
+    dev = session_device()
+    gid = _check_group(group)
+    key = (dev.runtime.current().process, gid)
+    if dev.coalescing.get(key):
+        raise ValueError("ProcessGroup has non-empty op list at the start of coalescing")
+    dev.coalescing[key] = []
+    dev.runtime.gpu_replay = False
+    cm = dist.distributed_c10d._CoalescingManager()
+    yield cm
+    recorded = dev.coalescing.pop(key)
+    work = None
+    if recorded:
+        kinds = {kind for kind, _, _, _ in recorded}
+        if len(kinds) > 1:
+            raise RuntimeError("Coalescing manager requires all collectives to be the same type, but got mixed "
+                               f"types: {kinds}")
+        redop = recorded[0][1]
+        work = _CoalescedWork([SimWork(dev, issue(redop), tensors, outputs=1)
+                               for _, _, issue, tensors in recorded])
+    if async_ops:
+        cm.append(work)
+    elif work is not None:
+        work.wait()
 
 
 def _check_tensor(t: torch.Tensor) -> None:
@@ -515,7 +587,7 @@ _REDUCE_SCATTER = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_singl
 
 
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
-                           async_op: bool = False) -> SimWork | None:
+                           async_op: bool = False) -> Any:  # (a SimWork, torch's _IllegalWork, or None)
     _torch_checks_tensor(input_tensor, "input_tensor")
     _torch_checks_tensor(output_tensor, "output_tensor")
     if _outside(group, _ALL_GATHER):
@@ -529,8 +601,12 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
                 "tensor", "output tensor size must be equal to world_size times input tensor size")
     # (as the device's ``all_gather_into_tensor``, in the group named)
     out, inp = output_tensor.view(-1), in_memory_order(input_tensor)
-    gather = session_device().runtime.all_gather(ref_of(out), ref_of(inp), user_source(), gid)
-    return _finish(gather, async_op, output_tensor, input_tensor)
+    source = user_source()
+
+    def issue(redop: Any) -> Any:
+        return session_device().runtime.all_gather(ref_of(out), ref_of(inp), source, gid)
+
+    return _launched(gid, _ALL_GATHER, None, issue, async_op, output_tensor, input_tensor)
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
@@ -561,7 +637,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
 
 
 def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None,
-               async_op: bool = False) -> SimWork | None:
+               async_op: bool = False) -> Any:
     _torch_checks_tensor(tensor, "tensor")
     if _outside(group, "all_reduce"):
         return None
@@ -572,12 +648,16 @@ def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = N
     _check_tensor(tensor)
     rt = session_device().runtime
     ref = ref_of(tensor)
-    gather = rt.collective("all_reduce", [ref], [ref], lambda rank, sent: [_reduce(op, sent)], user_source(), group=gid)
-    return _finish(gather, async_op, tensor)
+    source = user_source()
+
+    def issue(redop: Any) -> Any:
+        return rt.collective("all_reduce", [ref], [ref], lambda rank, sent: [_reduce(redop, sent)], source, group=gid)
+
+    return _launched(gid, "all_reduce", op, issue, async_op, tensor)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
-                          group: Any = None, async_op: bool = False) -> SimWork | None:
+                          group: Any = None, async_op: bool = False) -> Any:
     _torch_checks_tensor(output, "output")
     _torch_checks_tensor(input, "input")
     if _outside(group, _REDUCE_SCATTER):
@@ -594,12 +674,15 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = d
                 "input tensor must be the same size as output size times world size")
     rt = session_device().runtime
     n = output.numel()
+    source = user_source()
 
-    def shard(rank: int, sent: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [_reduce(op, sent)[rank * n:(rank + 1) * n]]
+    def issue(redop: Any) -> Any:
+        def shard(rank: int, sent: list[torch.Tensor]) -> list[torch.Tensor]:
+            return [_reduce(redop, sent)[rank * n:(rank + 1) * n]]
 
-    gather = rt.collective("reduce_scatter", [ref_of(output)], [ref_of(input)], shard, user_source(), group=gid)
-    return _finish(gather, async_op, output, input)
+        return rt.collective("reduce_scatter", [ref_of(output)], [ref_of(input)], shard, source, group=gid)
+
+    return _launched(gid, _REDUCE_SCATTER, op, issue, async_op, output, input)
 
 
 #: torch 2.13's names for the two (the same parameters)
@@ -1061,7 +1144,6 @@ NOT_SIMULATED = (
     "send_object_list", "recv_object_list",
     "all_gather_coalesced", "all_reduce_coalesced", "monitored_barrier",
     "new_subgroups", "new_subgroups_by_enumeration", "split_group", "shrink_group", "record_comm",
-    "_coalescing_manager",
     # C++ functions that take the process group itself (DDP's construction calls them): handed the simulated group,
     # or ``dist.group.WORLD`` (None here), they crash the process
     "_verify_params_across_processes", "_broadcast_coalesced",
@@ -1386,6 +1468,7 @@ def install(p: Patches) -> None:
         "scatter_object_list": scatter_object_list,
         "get_global_rank": get_global_rank,
         "get_group_rank": get_group_rank,
+        "_coalescing_manager": _coalescing_manager,
     }
     # (torch 2.13's names; an older torch has none to replace, and a program that calls them fails there as here)
     table.update({name: value for name, value in (("all_gather_single", all_gather_single),
