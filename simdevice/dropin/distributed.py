@@ -119,6 +119,13 @@ def _reduce(op: Any, sent: list[torch.Tensor]) -> torch.Tensor:
     if op == r.PRODUCT:
         return stacked.prod(0)
     # (a ReduceOp made with an argument, ``_make_nccl_premul_sum(0.5)``, says its kind in ``op``)
+    if getattr(op, "op", None) == r.RedOpType.PREMUL_SUM:
+        # NCCL's ncclRedOpCreatePreMulSum: each rank's input multiplied by the factor, then summed (FSDP's gradient
+        # division); a factor given as a tensor is read on the device by NCCL, which is not simulated
+        factor = op.factor
+        if isinstance(factor, torch.Tensor):
+            raise NotImplementedError("reduce op PREMUL_SUM with a tensor factor is not simulated (a float factor is)")
+        return (stacked * factor).sum(0)
     raise NotImplementedError(f"reduce op {getattr(op, 'op', op)} is not simulated")
 
 
