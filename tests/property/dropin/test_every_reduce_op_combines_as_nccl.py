@@ -48,15 +48,17 @@ def test_all_reduce_and_reduce_combine_with_the_op_given(name: str) -> None:
 
 
 def test_a_reduce_op_not_simulated_is_named_in_the_no_verdict() -> None:
-    """``_make_nccl_premul_sum(0.5)`` (FSDP's gradient pre-scaling) is not simulated: no verdict, naming the op's
-    kind (it named the object's address)."""
+    """``_make_nccl_premul_sum`` of a tensor factor (which NCCL reads on the device) is not simulated: no verdict,
+    naming the op's kind (it named the object's address). (Of a float factor it is:
+    ``test_a_premul_sum_scales_each_rank_s_input.py``.)"""
 
     def program() -> None:
         out = torch.empty(2, device="cuda")
-        dist.reduce_scatter_tensor(out, torch.ones(2 * WORLD, device="cuda"), op=dist._make_nccl_premul_sum(0.5))
+        dist.reduce_scatter_tensor(out, torch.ones(2 * WORLD, device="cuda"),
+                                   op=dist._make_nccl_premul_sum(torch.tensor(0.5)))
 
     s = simdevice.cuda()
     s.run(program, world_size=WORLD)
     errors = [str(r) for r in s.reports]
     assert errors
-    assert all("reduce op RedOpType.PREMUL_SUM is not simulated" in e for e in errors), errors
+    assert all("reduce op PREMUL_SUM with a tensor factor is not simulated" in e for e in errors), errors
