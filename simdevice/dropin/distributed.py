@@ -139,6 +139,17 @@ def _finish(gather: Any, async_op: bool, *tensors: torch.Tensor, outputs: int = 
     return None
 
 
+def _check_nccl_op(op: Any, t: torch.Tensor) -> None:
+    """ProcessGroupNCCL's check of a reduction it hands to NCCL (``getNcclReduceOp``), made at the call: no
+    bitwise op, no average of booleans (a sum of booleans is NCCL's max, the same values)."""
+    kind = getattr(op, "op", None) or op
+    name = getattr(kind, "name", "")
+    if t.dtype == torch.bool and op == dist.ReduceOp.AVG:
+        raise TypeError("Cannot use ReduceOp.AVG with boolean inputs")
+    if name in ("BAND", "BOR", "BXOR"):
+        raise RuntimeError(f"Cannot use ReduceOp.{name} with NCCL")
+
+
 def _launched(gid: int, kind: str, redop: Any, issue: Callable[[Any], Any], async_op: bool,
               *tensors: torch.Tensor) -> Any:
     """A collective NCCL's process group coalesces (``all_reduce``, ``all_gather_into_tensor``,
@@ -653,6 +664,7 @@ def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = N
         _gloo_write("all_reduce", tensor, _gloo_reduced(gid, "all_reduce", tensor, op))
         return None
     _check_tensor(tensor)
+    _check_nccl_op(op, tensor)
     rt = session_device().runtime
     ref = ref_of(tensor)
     source = user_source()
@@ -679,6 +691,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = d
         return None
     _check_pair(output, input, 1, get_world_size(group), "input tensor must be the same type as the output tensor.",
                 "input tensor must be the same size as output size times world size")
+    _check_nccl_op(op, input)
     rt = session_device().runtime
     n = output.numel()
     source = user_source()
@@ -754,6 +767,7 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = dist.ReduceOp
             _gloo_write("reduce", tensor, reduced)
         return None
     _check_tensor(tensor)
+    _check_nccl_op(op, tensor)
     rt = session_device().runtime
     ref = ref_of(tensor)
     # every rank sends its tensor; only ``dst``'s is written (NCCL's in-place reduce)
@@ -1010,6 +1024,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
     _check_tensor(output)
     for t in input_list:
         _check_tensor(t)
+    _check_nccl_op(op, output)
     w = get_world_size(group)
     if all(t.shape == input_list[0].shape for t in input_list):  # ProcessGroupNCCL's ``check_same_size``
         if len(input_list) != w:  # (its ``flatten_for_scatter_gather``)

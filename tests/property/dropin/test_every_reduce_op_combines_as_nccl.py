@@ -62,3 +62,44 @@ def test_a_reduce_op_not_simulated_is_named_in_the_no_verdict() -> None:
     errors = [str(r) for r in s.reports]
     assert errors
     assert all("reduce op PREMUL_SUM with a tensor factor is not simulated" in e for e in errors), errors
+
+
+@pytest.mark.parametrize("name", ["BAND", "BOR", "BXOR"])
+def test_a_bitwise_op_raises_at_the_call_as_nccl_s_process_group_does(name: str) -> None:
+    """ProcessGroupNCCL refuses a bitwise reduction at the call (``getNcclReduceOp``), in each reducing collective;
+    before, it was issued and gave no verdict at its run ("reduce op ... is not simulated")."""
+    said: list[str] = []
+
+    def program() -> None:
+        op = getattr(dist.ReduceOp, name)
+        x = torch.ones(2 * WORLD, dtype=torch.int32, device="cuda")
+        calls = [lambda: dist.all_reduce(x, op=op), lambda: dist.reduce(x, dst=0, op=op),
+                 lambda: dist.reduce_scatter_tensor(x[:2], x, op=op),
+                 lambda: dist.reduce_scatter(x[:2], list(x.chunk(WORLD)), op=op)]
+        for call in calls:
+            with pytest.raises(RuntimeError, match=rf"Cannot use ReduceOp\.{name} with NCCL") as e:
+                call()
+            said.append(str(e.value))
+        torch.cuda.synchronize()
+
+    s = simdevice.cuda()
+    s.run(program, world_size=WORLD)
+    s.assert_clean()
+    assert len(said) == 4 * WORLD
+
+
+def test_an_average_of_booleans_raises_and_their_sum_is_their_or() -> None:
+    got: dict[int, list[bool]] = {}
+
+    def program() -> None:
+        r = dist.get_rank()
+        flags = torch.tensor([r == 0, False, True], device="cuda")
+        with pytest.raises(TypeError, match=r"Cannot use ReduceOp\.AVG with boolean inputs"):
+            dist.all_reduce(flags, op=dist.ReduceOp.AVG)
+        dist.all_reduce(flags)
+        got[r] = flags.cpu().tolist()
+
+    s = simdevice.cuda()
+    s.run(program, world_size=WORLD)
+    s.assert_clean()
+    assert got == {r: [True, False, True] for r in range(WORLD)}
