@@ -19,7 +19,6 @@ so a run that reaches one gives no verdict instead of the real process group's e
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import os
@@ -66,6 +65,32 @@ class _Group:
         group's is CUDA alone, so ``torch.distributed.checkpoint.async_save`` raises as on a GPU, for want of a CPU
         backend; a group with gloo's has the CPU's too)."""
         return [torch.device(d) for d in _backends(self.gid)[1]]
+
+    # (torch's ``_coalescing_manager`` launches what its block recorded through these, at its end)
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        return _coalesced_launch(self, getattr(opts, "reduceOp", dist.ReduceOp.SUM))
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                    opts: Any = None) -> Any:
+        return _coalesced_launch(self, None)
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> Any:
+        return _coalesced_launch(self, getattr(opts, "reduceOp", dist.ReduceOp.SUM))
+
+    # (an older torch's names for the two)
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _start_coalescing(self, device: Any) -> None:
+        """``_coalescing_manager(group, device=...)``: the block's launches are its end's one work."""
+        dev = session_device()
+        dev.coalescing[(dev.runtime.current().process, "started", id(self))] = []
+
+    def _end_coalescing(self, device: Any) -> Any:
+        dev = session_device()
+        works = dev.coalescing.pop((dev.runtime.current().process, "started", id(self)), [])
+        return _CoalescedWork(works)
 
     def __repr__(self) -> str:
         if self.gid == 0:
@@ -150,25 +175,72 @@ def _check_nccl_op(op: Any, t: torch.Tensor) -> None:
         raise RuntimeError(f"Cannot use ReduceOp.{name} with NCCL")
 
 
-def _launched(gid: int, kind: str, redop: Any, issue: Callable[[Any], Any], async_op: bool,
+def _launched(group: Any, gid: int, kind: str, redop: Any, issue: Callable[[Any], Any], async_op: bool,
               *tensors: torch.Tensor) -> Any:
     """A collective NCCL's process group coalesces (``all_reduce``, ``all_gather_into_tensor``,
-    ``reduce_scatter_tensor``): issued now (``issue(redop)``: its gather) and finished as :func:`_finish` does; or,
-    inside a ``_coalescing_manager`` block of its group, recorded for the block's end, as torch records it, giving
-    ``_IllegalWork()`` where ``async_op`` (torch's: its ``wait()`` raises), else None."""
-    dev = session_device()
-    recorded = dev.coalescing.get((dev.runtime.current().process, gid))
+    ``reduce_scatter_tensor``; ``tensors`` its output, then its input where they differ): issued now
+    (``issue(redop)``: its gather) and finished as :func:`_finish` does; or, inside torch's ``_coalescing_manager``
+    block of its group, recorded there as torch records it (the launch at the block's end: :meth:`_Group.
+    allreduce_coalesced` and kin), giving ``_IllegalWork()`` where ``async_op`` (torch's: its ``wait()`` raises),
+    else None."""
+    group = group if isinstance(group, _Group) else WORLD
+    recorded = dist.distributed_c10d._world.pg_coalesce_state.get(group)
     if recorded is None:
         return _finish(issue(redop), async_op, *tensors)
-    recorded.append((kind, redop, issue, tensors))
-    return dist.distributed_c10d._IllegalWork() if async_op else None
+    c10d = dist.distributed_c10d
+    if kind == "all_reduce":
+        op = _CollOp(c10d.all_reduce, tensors[0], None, redop, None)
+    elif kind == _ALL_GATHER:
+        op = _CollOp(getattr(c10d, "all_gather_single", c10d.all_gather_into_tensor), tensors[1], tensors[0])
+    else:
+        op = _CollOp(getattr(c10d, "reduce_scatter_single", c10d.reduce_scatter_tensor), tensors[1], tensors[0],
+                     redop, None)
+    issues = _issues(group)
+    if not recorded:
+        issues.clear()  # (a block starts: what an earlier one left, raising at its end, is gone with torch's list)
+    recorded.append(op)
+    issues.append((issue, tensors))
+    return c10d._IllegalWork() if async_op else None
+
+
+_CollOp = dist.distributed_c10d._CollOp
+
+
+def _issues(group: _Group) -> list[tuple[Callable[[Any], Any], tuple[torch.Tensor, ...]]]:
+    """The launches a coalescing block of the calling process recorded on ``group``, in order."""
+    dev = session_device()
+    return dev.coalescing.setdefault((dev.runtime.current().process, id(group)), [])  # type: ignore[no-any-return]
+
+
+def _coalesce_state(world: Any) -> Any:
+    """``_World.pg_coalesce_state`` in a run: each process's own (torch keeps one per process, and the ranks of a
+    simulated world share this interpreter), what ``_coalescing_manager`` and the collectives record in."""
+    if not in_actor():
+        return world._pg_coalesce_state
+    dev = session_device()
+    return dev.coalescing.setdefault(dev.runtime.current().process, {})
+
+
+def _coalesced_launch(group: _Group, redop: Any) -> _CoalescedWork:
+    """The end of torch's ``_coalescing_manager`` block on ``group``: what it recorded launched together, in order,
+    on the group's stream, each reduction with ``redop`` (the first one's, as torch passes it); their one work. A
+    run that coalesces offers no ``replay --gpu``."""
+    dev = session_device()
+    issues = list(_issues(group))
+    _issues(group).clear()
+    dev.runtime.gpu_replay = False
+    work = _CoalescedWork([SimWork(dev, issue(redop), tensors, outputs=1) for issue, tensors in issues])
+    started = dev.coalescing.get((dev.runtime.current().process, "started", id(group)))
+    if started is not None:
+        started.append(work)
+    return work
 
 
 class _CoalescedWork:
     """The one work of the collectives a ``_coalescing_manager`` block launched together: ``wait()`` and
     ``synchronize()`` make the current stream wait for each, ``is_completed()`` whether all are done."""
 
-    def __init__(self, works: list[SimWork]) -> None:
+    def __init__(self, works: list[Any]) -> None:
         self._works = works
 
     def wait(self, timeout: Any = None) -> bool:
@@ -185,40 +257,6 @@ class _CoalescedWork:
 
     def result(self) -> list[torch.Tensor]:
         return [t for w in self._works for t in w.result()]
-
-
-@contextlib.contextmanager
-def _coalescing_manager(group: Any = None, device: Any = None, async_ops: bool = False) -> Iterator[Any]:
-    """``torch.distributed._coalescing_manager`` (Megatron's buckets gather their parameters and reduce their
-    gradients in one): the block's ``all_reduce``, ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` calls on
-    ``group`` are recorded, not issued, and at its end launched together, in order, on the group's stream (each as
-    its own operation there), all of one kind (torch's error otherwise) and every reduction with the first one's
-    op, as torch's fast path does. With ``async_ops`` the block's manager holds their one work (``cm.wait()``);
-    without, the current stream waits for them at the end. Other collectives in the block run at their call (with
-    ``device`` too: NCCL would launch them at the end). A run that coalesces offers no ``replay --gpu``."""
-    dev = session_device()
-    gid = _check_group(group)
-    key = (dev.runtime.current().process, gid)
-    if dev.coalescing.get(key):
-        raise ValueError("ProcessGroup has non-empty op list at the start of coalescing")
-    dev.coalescing[key] = []
-    dev.runtime.gpu_replay = False
-    cm = dist.distributed_c10d._CoalescingManager()
-    yield cm
-    recorded = dev.coalescing.pop(key)
-    work = None
-    if recorded:
-        kinds = {kind for kind, _, _, _ in recorded}
-        if len(kinds) > 1:
-            raise RuntimeError("Coalescing manager requires all collectives to be the same type, but got mixed "
-                               f"types: {kinds}")
-        redop = recorded[0][1]
-        work = _CoalescedWork([SimWork(dev, issue(redop), tensors, outputs=1)
-                               for _, _, issue, tensors in recorded])
-    if async_ops:
-        cm.append(work)
-    elif work is not None:
-        work.wait()
 
 
 def _check_tensor(t: torch.Tensor) -> None:
@@ -624,7 +662,7 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
     def issue(redop: Any) -> Any:
         return session_device().runtime.all_gather(ref_of(out), ref_of(inp), source, gid)
 
-    return _launched(gid, _ALL_GATHER, None, issue, async_op, output_tensor, input_tensor)
+    return _launched(group, gid, _ALL_GATHER, None, issue, async_op, output_tensor, input_tensor)
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
@@ -672,7 +710,7 @@ def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = N
     def issue(redop: Any) -> Any:
         return rt.collective("all_reduce", [ref], [ref], lambda rank, sent: [_reduce(redop, sent)], source, group=gid)
 
-    return _launched(gid, "all_reduce", op, issue, async_op, tensor)
+    return _launched(group, gid, "all_reduce", op, issue, async_op, tensor)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = dist.ReduceOp.SUM,
@@ -702,7 +740,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = d
 
         return rt.collective("reduce_scatter", [ref_of(output)], [ref_of(input)], shard, source, group=gid)
 
-    return _launched(gid, _REDUCE_SCATTER, op, issue, async_op, output, input)
+    return _launched(group, gid, _REDUCE_SCATTER, op, issue, async_op, output, input)
 
 
 #: torch 2.13's names for the two (the same parameters)
@@ -1490,7 +1528,6 @@ def install(p: Patches) -> None:
         "scatter_object_list": scatter_object_list,
         "get_global_rank": get_global_rank,
         "get_group_rank": get_group_rank,
-        "_coalescing_manager": _coalescing_manager,
     }
     # (torch 2.13's names; an older torch has none to replace, and a program that calls them fails there as here)
     table.update({name: value for name, value in (("all_gather_single", all_gather_single),
@@ -1506,6 +1543,7 @@ def install(p: Patches) -> None:
         # would hand on the real one, which knows no simulated group)
         p.set(module, "_get_default_group", _get_default_group)
     p.set(c10d, "_get_default_group", _get_default_group)
+    p.set(c10d._World, "pg_coalesce_state", property(_coalesce_state))
     stager = sys.modules.get("torch.distributed.checkpoint._state_dict_stager")
     if stager is not None:  # (imported with torch.distributed.checkpoint: where the program uses it, loaded already)
         p.set(stager.StateDictStager, "_offload_tensor", _staged(stager.StateDictStager._offload_tensor))
@@ -1535,5 +1573,5 @@ def _bound_default_group() -> list[Any]:
 
 def patched_owners() -> list[Any]:
     mesh, fsdp = _device_mesh(), _fsdp_class()
-    return [dist, dist.distributed_c10d, _ddp_class(), os, *(c for c in (mesh, fsdp) if c is not None),
-            *_bound_default_group()]
+    return [dist, dist.distributed_c10d, dist.distributed_c10d._World, _ddp_class(), os,
+            *(c for c in (mesh, fsdp) if c is not None), *_bound_default_group()]

@@ -114,9 +114,10 @@ class DropInDevice(SimDevice):
         #: each process group's backends, by (actor, the group's id), where the program named them
         #: (``init_process_group``, ``new_group``; ``distributed``)
         self.group_backends: dict[tuple[str, int], tuple[str, dict[str, str]]] = {}
-        #: the collectives each process group records in a ``_coalescing_manager`` block, by (actor, the group's id)
-        #: (``distributed``)
-        self.coalescing: dict[tuple[str, int], list[Any]] = {}
+        #: torch's ``_coalescing_manager`` blocks of each process (``distributed``): its ``pg_coalesce_state`` (by the
+        #: process's name), the launches each block recorded (by (process, the group object's id)), and the works of
+        #: a block given a device (by (process, "started", the group object's id))
+        self.coalescing: dict[Any, Any] = {}
         #: the interprocess events' CUDA events by their IPC handle (``Event.ipc_handle``)
         self.ipc_events: dict[bytes, Any] = {}
         #: what ``reduce_tensor`` sent and the program pickled itself, by place (``processes``: its bytes name it)
