@@ -272,7 +272,10 @@ _OWN = (_SIMDEVICE,)
 _PROGRAM_CODE = (os.path.join(_SIMDEVICE, "programs") + os.sep,)
 _REFERENCE = os.path.join(os.path.dirname(_SIMDEVICE.rstrip(os.sep)), "reference") + os.sep
 _CONTRACT = tuple(os.path.join(_REFERENCE, m) for m in ("contract.py", "cuda.py", "device.py"))
-_LIBRARIES = ("/torch/", "/numpy/", "<frozen", "/contextlib.py", "/threading.py", "/weakref.py")
+#: libraries whose frames are never the program's line (``typing_extensions``: its ``deprecated`` wrapper, around
+#: torch's ``_all_gather_base`` that Megatron calls)
+_LIBRARIES = ("/torch/", "/numpy/", "<frozen", "/contextlib.py", "/threading.py", "/weakref.py",
+              "/typing_extensions.py")
 
 
 _INTERNAL: dict[str, bool] = {}
