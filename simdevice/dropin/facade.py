@@ -1624,13 +1624,35 @@ def _seen_moving(fn: Callable[..., Any], data: Any) -> bool:
     return True
 
 
+def _elements_read(data: Any) -> Any:
+    """``data`` (a list or tuple, nested) with each device tensor in it read as the scalar it is, as torch's
+    ``recursive_store`` reads each tensor element of a list (``float(t)``: a synchronizing read on a GPU), kept a
+    host tensor of its dtype so that the result's dtype is inferred from it as from the device tensor; one of more
+    than one element is a host tensor of its shape, whose read raises torch's own error. A simulated tensor is a
+    sequence to Python's C API (its class defines ``__getitem__``), where torch's own is not, so torch took it for
+    one more level of the list (``len() of a 0-d tensor``: Megatron's ``local_multi_tensor_l2_norm`` failed). The
+    same ``data`` where it holds no device tensor."""
+    if isinstance(data, SimTensor):
+        if data.numel() == 1:
+            return torch.tensor(data.item(), dtype=data.dtype)
+        return torch.empty(data.shape, dtype=data.dtype)
+    if isinstance(data, (list, tuple)):
+        read = [_elements_read(d) for d in data]
+        if any(a is not b for a, b in zip(read, data, strict=True)):
+            return type(data)(read) if isinstance(data, list) else tuple(read)
+    return data
+
+
 def _from_data(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``torch.tensor``, ``as_tensor``, ``asarray``: made on the host, then copied to the device (synchronously,
     from pageable memory, as CUDA does): Python data by a copy no dispatch mode sees (``SimDevice.from_host``),
-    the rest by ``.to()``, an operation of the program's on both machines (:func:`_seen_moving`)."""
+    the rest by ``.to()``, an operation of the program's on both machines (:func:`_seen_moving`). A device tensor
+    among the elements of a list is read as torch reads it (:func:`_elements_read`)."""
 
     @functools.wraps(fn)
     def make(*args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], (list, tuple)) and in_actor():
+            args = (_elements_read(args[0]), *args[1:])
         device = _device_of_call(kwargs, contextual=True)
         if _program_meta(device):
             return _as_program_meta(fn, args, kwargs)
