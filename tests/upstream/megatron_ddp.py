@@ -10,8 +10,13 @@ forward pre-hook makes before the layer reads its weights (the third seed's mech
 readiness of each bucket). ``read_early``: a weight read outside the forward, before its bucket's gather is waited
 for (the hook's wait bypassed), the race the fix of that seed guards against.
 
+``trained(steps)``: the same model and DDP trained by Megatron's own distributed optimizer
+(``get_megatron_optimizer``, Adam): each ``step()`` reduces, clips (its gradient norm made of device tensors read
+on the host), updates its shard and gathers the parameters again.
+
     simdevice check tests/upstream/megatron_ddp.py::step --world-size 2          # clean
     simdevice check tests/upstream/megatron_ddp.py::read_early --world-size 2    # found
+    simdevice check tests/upstream/megatron_ddp.py::trained --world-size 2       # clean
 """
 
 from __future__ import annotations
@@ -24,19 +29,22 @@ import torch.distributed as dist
 with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed": expected here
     warnings.simplefilter("ignore")
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.transformer import TransformerConfig
 
 
-def step(steps: int = 1, read_early: bool = False) -> float:
+def _ddp() -> tuple[torch.nn.Module, DistributedDataParallel, ProcessGroupCollection]:
     dist.init_process_group("nccl")
     r = dist.get_rank()
     torch.cuda.set_device(r)
     dp = dist.new_group()
     singles = [dist.new_group([q]) for q in range(dist.get_world_size())]
     groups = ProcessGroupCollection()
-    groups.dp = groups.expt_dp = dp
-    groups.tp = groups.pp = groups.ep = singles[r]
+    groups.dp = groups.expt_dp = groups.dp_cp = groups.intra_dp_cp = groups.intra_expt_dp = dp
+    groups.intra_dist_opt = dp
+    groups.inter_dist_opt = None
+    groups.tp = groups.pp = groups.ep = groups.cp = groups.tp_ep_pp = groups.mp = singles[r]
     config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=1)
     ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True,
                                                overlap_param_gather=True, bucket_size=256)
@@ -45,6 +53,11 @@ def step(steps: int = 1, read_early: bool = False) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ddp = DistributedDataParallel(config, ddp_config, model, pg_collection=groups)
+    return model, ddp, groups
+
+
+def step(steps: int = 1, read_early: bool = False) -> float:
+    model, ddp, _ = _ddp()
     x = torch.ones(4, 16, device="cuda")
     out = 0.0
     for _ in range(steps):
@@ -61,3 +74,21 @@ def step(steps: int = 1, read_early: bool = False) -> float:
 
 def read_early() -> float:
     return step(read_early=True)
+
+
+def trained(steps: int = 2) -> float:
+    _, ddp, groups = _ddp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=0.01, use_distributed_optimizer=True),
+                                     [ddp], use_gloo_process_groups=False, pg_collection=groups)
+    x = torch.ones(4, 16, device="cuda")
+    for _ in range(steps):
+        ddp.zero_grad_buffer()
+        opt.zero_grad()
+        ddp(x).sum().backward()
+        ddp.finish_grad_sync()
+        opt.step()
+    out = float(ddp(x).sum())
+    dist.destroy_process_group()
+    return out

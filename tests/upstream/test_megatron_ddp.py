@@ -1,7 +1,8 @@
 """Megatron-LM's real ``DistributedDataParallel`` (megatron-core 0.16.1 from PyPI, unmodified) on the simulator
 (``megatron_ddp.py``), two ranks: with its distributed optimizer's buffers and both overlaps, every schedule is
 clean (its coalesced parameter gather waited for by each layer's pre-hook); a weight read before its bucket's gather
-is waited for races with that gather, named at Megatron's own call, and the fix suggested and checked is the wait.
+is waited for races with that gather, named at Megatron's own call, and the fix suggested and checked is the wait;
+trained by Megatron's own distributed optimizer, every schedule is clean and the ranks end with the same model.
 Needs the extra ``upstream``; skipped without it."""
 
 from __future__ import annotations
@@ -41,3 +42,18 @@ def test_a_weight_read_before_its_gather_is_waited_for_races_and_the_wait_is_sug
     fix = suggest(resolve(target, 2), found.failure, schedules=20)
     assert fix.checked, fix.lines()
     assert any("nccl@" in str(e) and f"->rank0.default@{DRIVER}:" in str(e) for e in fix.edges), fix.lines()
+
+
+def test_training_with_the_real_distributed_optimizer_is_clean() -> None:
+    found = simdevice.explore(f"{DRIVER}::trained", max_examples=10, world_size=2)
+    assert found.failure is None, found.text()
+    driver = importlib.util.spec_from_file_location("megatron_ddp_driver", DRIVER)
+    assert driver is not None
+    assert driver.loader is not None
+    module = importlib.util.module_from_spec(driver)
+    driver.loader.exec_module(module)
+    s = simdevice.cuda()
+    s.run(module.trained, world_size=2)
+    s.assert_clean()
+    first, second = s.result.result
+    assert first == second
