@@ -107,6 +107,34 @@ class _Finished:
 #: a greenlet run's actors' ``sem``, never used (``HostActor.sem``; typed as the semaphore a run on threads has)
 _NO_SEMAPHORE: Any = None
 
+#: modules whose names a distributed library binds per process (its process groups, its RNG tracker, its counters:
+#: ``parallel_state.initialize_model_parallel()`` asserts the groups are not made yet), which each simulated process
+#: has its own bindings of (:meth:`Execution.own_generator`); the processes share one interpreter
+PROCESS_MODULES = (
+    "megatron.core.parallel_state", "megatron.core.tensor_parallel.random", "megatron.core.num_microbatches_calculator",
+    "megatron.core.global_vars", "megatron.training.global_vars", "apex.transformer.parallel_state",
+    "deepspeed.utils.groups", "fairscale.nn.model_parallel.initialize", "vllm.distributed.parallel_state",
+    "sglang.srt.distributed.parallel_state",
+)
+
+
+def process_modules() -> list[tuple[str, Any]]:
+    """The :data:`PROCESS_MODULES` imported so far."""
+    return [(name, m) for name in PROCESS_MODULES if (m := sys.modules.get(name)) is not None]
+
+
+#: each of :data:`PROCESS_MODULES`' bindings as this interpreter first saw them (at the start of the first run after
+#: its import, or at the first turn of a second process in a run it was imported in): what a process of a run starts
+#: from, as a fresh process imports the library afresh, whatever earlier runs of one process bound there
+_FIRST_SEEN: dict[str, tuple[Any, dict[str, Any]]] = {}
+
+
+def _seen(name: str, m: Any) -> dict[str, Any]:
+    first = _FIRST_SEEN.get(name)
+    if first is None or first[0] is not m:  # (a module imported again, reloaded: seen afresh)
+        first = _FIRST_SEEN[name] = (m, dict(vars(m)))
+    return first[1]
+
 
 class HostActor:
     """A host thread of one simulated process (the trainer, a worker, a rank)."""
@@ -129,6 +157,8 @@ class HostActor:
         self.stopped = 0
         #: its CPU generator's state while another actor holds the generator (``Execution.own_generator``)
         self.rng_state: torch.Tensor | None = None
+        #: its process's bindings of each of :data:`PROCESS_MODULES` while another process runs
+        self.modules: dict[str, dict[str, Any]] = {}
         #: whether its process has more than one host thread (it is a thread the program started, or started one):
         #: what one thread frees another may take (``CachingAllocator.dropped``)
         self.threaded = False
@@ -374,6 +404,10 @@ class Execution:
         #: the CPU generator's state as the run began (the runtime's, where it keeps the generator; else taken at the
         #: first actor's start)
         self.rng_start: torch.Tensor | None = None
+        #: whether a second process has had the :data:`PROCESS_MODULES` (:meth:`modules_back`)
+        self.modules_moved = False
+        for name, m in process_modules():
+            _seen(name, m)
 
     def on_threads(self) -> None:
         """The run's actors are threads (before any is made): a program run as a ``with`` block
@@ -531,7 +565,9 @@ class Execution:
         found it, as each process starts from the same default seed, so ranks seeded alike (or not at all) draw
         alike whatever the schedule. Before, the actors shared one generator: a rank's draws moved another's
         numbers, so seeded ranks built different weights once their draws interleaved. A thread the program started
-        shares its process's."""
+        shares its process's. So do the :data:`PROCESS_MODULES`' bindings: the run's first process has them as the
+        run found them, every other starts from them as this interpreter first saw them (a fresh process's), and
+        each keeps its own (a rank's ``initialize_model_parallel()`` is not another's)."""
         a = self.actors.get(a.process, a)  # (a thread the program started draws from its process's)
         owner = self._rng_owner
         if owner is a:
@@ -545,7 +581,28 @@ class Execution:
             state = a.rng_state if a.rng_state is not None else self.rng_start
             assert state is not None
             gen.set_state(state)
+            self._own_modules(owner, a)
         self._rng_owner = a
+
+    def _own_modules(self, owner: HostActor, a: HostActor) -> None:
+        """Process ``a`` goes on after ``owner``'s: each of :data:`PROCESS_MODULES` holds ``a``'s bindings (the
+        same dict, its contents changed: the module's functions read their globals from it)."""
+        for name, m in process_modules():
+            d = vars(m)
+            start = _seen(name, m)  # (imported in the run: as first seen)
+            owner.modules[name] = dict(d)
+            mine = a.modules.get(name, start)
+            d.clear()
+            d.update(mine)
+            self.modules_moved = True
+
+    def modules_back(self) -> None:
+        """The run is over: the :data:`PROCESS_MODULES` hold the run's first process's bindings (the caller's, which
+        in a run of ranks bound nothing: the next run's ranks start from them as fresh processes do), where another
+        process had them last."""
+        first = next(iter(self.actors.values()), None)
+        if self.modules_moved and first is not None and self._rng_owner is not None and self._rng_owner is not first:
+            self._own_modules(self._rng_owner, first)
 
     def own_locals(self, a: HostActor) -> None:
         """Actor ``a`` of a greenlet run goes on: the thread holds its ``threading.local`` values (the program's, a

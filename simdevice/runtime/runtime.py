@@ -391,6 +391,7 @@ class Runtime:
         self._enter = _no_more_actors
         self.memsaver.unmap = None  # (a method of this runtime: the memory saver's model no longer holds it)
         self.execution.over = True
+        self.execution.modules_back()
 
     @contextlib.contextmanager
     def here(self) -> Iterator[HostActor]:
