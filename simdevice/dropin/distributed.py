@@ -166,13 +166,14 @@ def _finish(gather: Any, async_op: bool, *tensors: torch.Tensor, outputs: int = 
 
 def _check_nccl_op(op: Any, t: torch.Tensor) -> None:
     """ProcessGroupNCCL's check of a reduction it hands to NCCL (``getNcclReduceOp``), made at the call: no
-    bitwise op, no average of booleans (a sum of booleans is NCCL's max, the same values)."""
+    bitwise op (``ValueError``, as torch 2.11 raises it on an H100: docs/confirmations.md, sixty-fifth run), no average
+    of booleans (a sum of booleans is NCCL's max, the same values)."""
     kind = getattr(op, "op", None) or op
     name = getattr(kind, "name", "")
     if t.dtype == torch.bool and op == dist.ReduceOp.AVG:
         raise TypeError("Cannot use ReduceOp.AVG with boolean inputs")
     if name in ("BAND", "BOR", "BXOR"):
-        raise RuntimeError(f"Cannot use ReduceOp.{name} with NCCL")
+        raise ValueError(f"Cannot use ReduceOp.{name} with NCCL")
 
 
 def _launched(group: Any, gid: int, kind: str, redop: Any, issue: Callable[[Any], Any], async_op: bool,
