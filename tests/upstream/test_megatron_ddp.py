@@ -14,7 +14,7 @@ import pytest
 from hypothesis import strategies as st
 
 import simdevice
-from reference.naming import short_path
+from reference.naming import import_file_as, short_path
 from simdevice.explain import suggest
 from simdevice.search.targets import resolve
 
@@ -47,11 +47,8 @@ def test_a_weight_read_before_its_gather_is_waited_for_races_and_the_wait_is_sug
 def test_training_with_the_real_distributed_optimizer_is_clean() -> None:
     found = simdevice.explore(f"{DRIVER}::trained", max_examples=10, world_size=2)
     assert found.failure is None, found.text()
-    driver = importlib.util.spec_from_file_location("megatron_ddp_driver", DRIVER)
-    assert driver is not None
-    assert driver.loader is not None
-    module = importlib.util.module_from_spec(driver)
-    driver.loader.exec_module(module)
+    module = import_file_as("megatron_ddp_driver", DRIVER)
+    assert module is not None
     s = simdevice.cuda()
     s.run(module.trained, world_size=2)
     s.assert_clean()

@@ -11,6 +11,7 @@ import importlib.util
 import pytest
 
 import simdevice
+from reference.naming import import_file_as
 
 _spec = importlib.util.find_spec("megatron")
 if _spec is None or not _spec.submodule_search_locations:
@@ -23,11 +24,8 @@ DRIVER = "tests/upstream/megatron_tp.py"
 def test_the_real_layers_are_clean_and_compute_the_whole_layers_output(function: str) -> None:
     found = simdevice.explore(f"{DRIVER}::{function}", max_examples=15, world_size=2)
     assert found.failure is None, found.text()
-    spec = importlib.util.spec_from_file_location("megatron_tp_driver", DRIVER)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = import_file_as("megatron_tp_driver", DRIVER)
+    assert module is not None
     s = simdevice.cuda()
     s.run(getattr(module, function), world_size=2)
     s.assert_clean()
