@@ -214,9 +214,7 @@ class Stream(StreamHandle):
         distinct non-zero number for any other."""
         rt = session_device().runtime
         s = rt.stream_by_id(int(self.stream_id))
-        if s is not None and any(a.default_stream is s for a in rt.execution.actors.values()):
-            return 0
-        return int(self.stream_id)
+        return int(self.stream_id) if s is None else _stream_handle(rt, s)
 
     @property
     def priority(self) -> int:
@@ -1242,7 +1240,8 @@ def _record_memory_history_legacy(enabled: bool, record_context: bool = True, tr
 
 
 def _stream_handle(rt: Any, s: Any) -> int:
-    """A simulated stream's CUDA handle, as ``torch.cuda.Stream.cuda_stream`` gives it (0 for a default stream)."""
+    """A simulated stream's CUDA handle (``torch.cuda.Stream.cuda_stream``'s, a snapshot's): 0 for a default stream
+    (CUDA's legacy null stream, each actor's own) and for none, its order (its ``stream_id``) for any other."""
     if s is None or any(a.default_stream is s for a in rt.execution.actors.values()):
         return 0
     return int(s.order)

@@ -704,10 +704,11 @@ class SimQueue:
             def took() -> bool:  # (a poll, then the get of what it saw: none where another getter came between)
                 if rt.queue_empty(self._box):
                     return False
-                taken.append(rt.queue_get(self._box, block=False))
-                if taken[-1] is EMPTY:
-                    taken.clear()
-                return bool(taken)
+                item = rt.queue_get(self._box, block=False)
+                if item is EMPTY:
+                    return False
+                taken.append(item)
+                return True
 
             if not timed(took, timeout):
                 raise queue.Empty

@@ -58,7 +58,7 @@ _DEFAULT_NAME = re.compile(r"Thread-\d+( \(.*\))?")
 #: torch's own code whose threads and pools do the program's work, so are the program's: Distributed Checkpoint's
 #: (``async_save`` stages and writes on a ``ThreadPoolExecutor`` it makes, ``FileSystemWriter(thread_count=...)``
 #: writes the files on threads it starts)
-_PROGRAM_WORK = tuple(os.path.join("torch", *d.split("/")) + os.sep for d in ("distributed/checkpoint",))
+_PROGRAM_WORK = (os.path.join("torch", "distributed", "checkpoint") + os.sep,)
 
 
 def _session() -> Any:

@@ -404,13 +404,6 @@ def _process(stream: SimStream | None) -> str | None:
     return stream.process if stream is not None else None
 
 
-#: what ``_record_memory_history``'s ``enabled`` and ``context`` take, as torch checks them
-HISTORY_ENABLED = (None, "state", "all")
-HISTORY_CONTEXT = (None, "state", "alloc", "all")
-#: the actions a memory history records (torch's ``TraceEntry.action``s that this allocator takes)
-HISTORY_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom")
-
-
 def program_frames() -> list[dict[str, Any]]:
     """The Python stack of the call being made, innermost first, as torch's memory history records it
     (``filename``, ``line``, ``name``), without the simulator's own frames."""

@@ -287,9 +287,7 @@ def internal_file(filename: str) -> bool:
     known = _INTERNAL.get(filename)
     if known is None:
         path = filename if filename.startswith("<") else os.path.abspath(filename)
-        known = (path.startswith(_OWN) and not path.startswith(_PROGRAM_CODE)) or path in _CONTRACT or any(
-            s in path.replace("\\", "/") for s in _LIBRARIES
-        )
+        known = own_file(filename) or any(s in path.replace("\\", "/") for s in _LIBRARIES)
         _INTERNAL[filename] = known
     return known
 
