@@ -175,11 +175,17 @@ class ProcessHandle:
         return 0 if self._actor is not None and self._actor.state == "done" else None
 
 
-class SimWork:
-    """The handle of an async collective (``torch.distributed.Work``)."""
+#: torch's class of a collective's handle, where this torch has ``torch.distributed`` (code tests
+#: ``isinstance(work, dist.Work)`` before it waits: FSDP2's copy-out of an ``unshard(async_op=True)``)
+_WORK: type = torch.distributed.Work if torch.distributed.is_available() else object
+
+
+class SimWork(_WORK):  # type: ignore[misc, valid-type]
+    """The handle of an async collective (``torch.distributed.Work``, an instance of torch's class)."""
 
     def __init__(self, dev: SimDevice, gather: Gather, tensors: tuple[torch.Tensor, ...] = (),
                  barrier: bool = False, outputs: int = 1) -> None:
+        super().__init__()
         self._dev, self._gather = dev, gather
         #: the collective's output tensors, the first ``outputs`` of ``tensors`` (the value of its future)
         self._outputs = list(tensors[:outputs]) if not barrier else []
@@ -216,14 +222,31 @@ class SimWork:
         so at once, its CUDA events on the collective's stream), whose value is the collective's output tensors."""
         return SimWorkFuture(self._dev, self._outputs, lambda: self._dev.runtime.work_wait(self._gather))
 
-    def __getattr__(self, name: str) -> Any:
-        """What else ``torch.distributed.Work`` offers (``exception()``, ``is_success()``, ...) is not
-        simulated: NotImplementedError naming it, so the run gives no verdict rather than an AttributeError blamed on
-        the program."""
-        if not name.startswith("_") and hasattr(torch.distributed.Work, name):
-            raise NotImplementedError(f"Work.{name} is not simulated (wait(), synchronize(), is_completed(), result() "
-                                      "and get_future() on the work are)")
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+def _not_simulated(kind: str, name: str, instead: str) -> Callable[..., Any]:
+    def refused(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{kind}.{name} is not simulated ({instead})")
+
+    refused.__name__ = name
+    return refused
+
+
+def refuse_the_rest(base: type, kind: str, instead: str) -> Callable[[type], type]:
+    """A class decorator: the class, a simulated ``base`` (torch's ``Work``, ``ProcessGroup``), with what else that
+    class offers raising NotImplementedError naming it (``Work.exception is not simulated (INSTEAD)``): the run
+    gives no verdict rather than the answer of torch's C++ class for an object it never made."""
+
+    def refuse(cls: type) -> type:
+        for name in dir(base):
+            if not name.startswith("_") and not any(name in vars(c) for c in cls.__mro__ if c not in base.__mro__):
+                setattr(cls, name, _not_simulated(kind, name, instead))
+        return cls
+
+    return refuse
+
+
+refuse_the_rest(_WORK, "Work", "wait(), synchronize(), is_completed(), result() and get_future() on the work "
+                "are")(SimWork)
 
 
 class SimWorkFuture:

@@ -39,6 +39,7 @@ seed alone, never on the global random state or on timing.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import sys
 import threading
@@ -176,6 +177,10 @@ class OpFacts:
     #: the names of the arguments whose host tensors the op's implementation reads on the host (a packed sequence's
     #: lengths: :data:`_HOST_ARGUMENTS`), and the places of its results that are host tensors; else None
     host_arguments: tuple[frozenset[str], tuple[int, ...]] | None = None
+    #: the function that runs a library's op in place of the dispatch (a namespace's, :func:`handle_namespace`), else
+    #: None
+    handler: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] | None = attrs.field(default=None, eq=False,
+                                                                                        repr=False)
 
 
 #: each op's facts by the op's id, with the op (the id stays its own while the op lives, and torch keeps every
@@ -228,7 +233,22 @@ def _classify(func: torch._ops.OpOverload) -> OpFacts:
         indexed=_INDEXED.get(func.__name__.split(".")[0]) if written and written[0][0] == 0 else None,
         overlap_checked=len(written) == 1 and str(schema.arguments[written[0][0]].type) == "Tensor"
         and torch.Tag.nondeterministic_seeded not in func.tags,
+        handler=_HANDLERS.get(func.namespace),
     )
+
+
+#: the functions that run the ops of a namespace in a run, by the namespace (:func:`handle_namespace`)
+_HANDLERS: dict[str, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {}
+
+
+def handle_namespace(namespace: str, handler: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]) -> None:
+    """From now on, an op of ``torch.ops.<namespace>`` on a simulated tensor is ``handler(op, args, kwargs)``, called
+    with the simulator's mode on (the ops it makes are simulated), in place of the op's kernel (torch's functional
+    collectives, whose kernels look their process group up in C++: ``simdevice.dropin.distributed``)."""
+    _HANDLERS[namespace] = handler
+    for key, (func, _) in list(_FACTS.items()):
+        if func.namespace == namespace:
+            del _FACTS[key]
 
 
 def _rows(mask: torch.Tensor, args: list[Any]) -> Any:
@@ -2810,6 +2830,10 @@ def _all_aliased(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [_alias_of(t) if isinstance(t, SimTensor) else t for t in tensors]
 
 
+#: the fake tensor mode torch has on, or None (``torch._C._get_dispatch_mode`` of its key)
+_FAKE_MODE = functools.partial(torch._C._get_dispatch_mode, torch._C._TorchDispatchModeKey.FAKE)
+
+
 class SimMode(TorchDispatchMode):
     """Routes every aten op made in a simulated actor through a :class:`Dispatcher`."""
 
@@ -2819,13 +2843,22 @@ class SimMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         # (the device's own work on its bytes never comes here: Execution turns Python dispatch off for it)
+        if _FAKE_MODE() is not None:
+            # torch's fake tensor mode is on (DTensor's sharding propagation shapes an op's output so, as
+            # torch.compile's tracing does): an infrastructure mode, below this one on the stack, whose tensors have
+            # no bytes; the op is its, as on a GPU, where no kernel runs (with this mode off, the call goes to it)
+            return func(*args, **(kwargs or {}))
         for t in types:
             if t is not SimTensor and dispatches_itself(t):
                 # a tensor subclass of the program's or a library's (a wrapper over device tensors, as DTensor,
                 # torchao's quantized tensors or a user's own): its __torch_dispatch__ takes the op first, with
                 # this mode still current, and the ops it makes on the tensors it wraps come back here
                 return NotImplemented
-        if classify(func).composite:
+        facts = classify(func)
+        if facts.handler is not None:
+            with self:
+                return facts.handler(func, args if type(args) is tuple else tuple(args), kwargs or {})
+        if facts.composite:
             # an op autograd decomposes on its way here, which comes whole where autograd is skipped (under
             # inference mode, ``to``): decomposed as autograd would, its parts come here one by one (``to`` as the
             # ``_to_copy`` a copy is, or the tensor itself, never a view of it)

@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 from reference.contract import torchrun_variables
-from simdevice.api import SimWork
-from simdevice.dispatch import SIMULATOR_ATTRIBUTES, SimTensor, ref_of
+from simdevice.api import SimWork, refuse_the_rest
+from simdevice.dispatch import SIMULATOR_ATTRIBUTES, SimTensor, handle_namespace, ref_of, storage_of
 from simdevice.dropin import ddp
 from simdevice.dropin.facade import in_actor, session_device
 from simdevice.dropin.patches import Patches
@@ -41,17 +41,31 @@ from simdevice.runtime.collectives import Splits, in_memory_order
 from simdevice.runtime.reports import user_source
 
 
-class _Group:
+@refuse_the_rest(dist.ProcessGroup, "ProcessGroup", "torch.distributed's functions given the group are")
+class _Group(dist.ProcessGroup):
     """A process group as ``torch.distributed`` hands it out: the default one (:data:`WORLD`, id 0), or one
     ``new_group`` made (ids 1, 2, ... in the order each rank made them, as torch requires every rank to call
     ``new_group`` for every group, member or not, in one order), of every rank (``members`` None) or of the global
     ranks ``members``, in the order of their ranks in the group (sorted, unless ``sort_ranks=False``). Each is a
     ProcessGroupNCCL of its own: a communicator whose collectives match only each other's, and a stream of its own on
-    each member rank (``pg1-nccl``), which waits for the calling stream and for nothing of another group's."""
+    each member rank (``pg1-nccl``), which waits for the calling stream and for nothing of another group's. An
+    instance of torch's ``ProcessGroup`` (DTensor's and DeviceMesh's code test it): its methods that run collectives
+    raise NotImplementedError (``torch.distributed``'s functions given the group run them), as does any other of
+    torch's class this one does not define."""
+
+    #: torch's answer for a group made without ``device_id`` (DeviceMesh makes its subgroups with ``new_group`` then)
+    bound_device_id = None
 
     def __init__(self, gid: int, members: tuple[int, ...] | None = None) -> None:
+        super().__init__(0, 1)  # (torch's C++ half, which no simulated call reads: rank and size are the methods')
         self.gid = gid
         self.members = members
+
+    @property
+    def group_name(self) -> str:
+        """torch's name of the group (the default one's ``"0"``, the k-th ``new_group``'s ``"k"``), by which torch's
+        code finds it again (``_resolve_process_group``: DeviceMesh keeps its groups' names)."""
+        return str(self.gid)
 
     def size(self) -> int:
         return get_world_size() if self.members is None else len(self.members)
@@ -237,11 +251,13 @@ def _coalesced_launch(group: _Group, redop: Any) -> _CoalescedWork:
     return work
 
 
-class _CoalescedWork:
+@refuse_the_rest(dist.Work, "Work", "wait(), synchronize(), is_completed() and result() on a coalesced work are")
+class _CoalescedWork(dist.Work):
     """The one work of the collectives a ``_coalescing_manager`` block launched together: ``wait()`` and
     ``synchronize()`` make the current stream wait for each, ``is_completed()`` whether all are done."""
 
     def __init__(self, works: list[Any]) -> None:
+        super().__init__()
         self._works = works
 
     def wait(self, timeout: Any = None) -> bool:
@@ -633,7 +649,29 @@ def new_group(ranks: Any = None, timeout: Any = None, backend: Any = None, pg_op
     _made(dev, gid, backends)
     if me not in members:
         return NON_GROUP_MEMBER
-    return _Group(gid, None if whole else members)
+    group = _Group(gid, None if whole else members)
+    dev.groups_named[(process, group.group_name)] = group
+    return group
+
+
+def _world_group(cls: Any) -> Any:
+    """``dist.group.WORLD`` (``GroupMember.WORLD``): in a rank of a run, its default group (:data:`WORLD`) while it
+    has one, as torch's names the default process group once made; outside a run, torch's own."""
+    if not in_actor():
+        return dist.distributed_c10d._world.default_pg
+    return WORLD if is_initialized() else None
+
+
+def _resolve_process_group(group_name: str) -> _Group:
+    """``distributed_c10d._resolve_process_group``: the calling rank's group of that name (torch's C++ registry)."""
+    _initialized()
+    if group_name == WORLD.group_name:
+        return WORLD
+    dev = session_device()
+    group = dev.groups_named.get((dev.runtime.current().process, group_name))
+    if group is None:
+        raise ValueError(f"Could not resolve the process group registered under the name {group_name}")
+    return group  # type: ignore[no-any-return]
 
 
 #: torch's names of the one-tensor all-gather and reduce-scatter, as its warnings give them: torch 2.13 calls them
@@ -1334,27 +1372,6 @@ def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_in
     scatter_object_output_list[0] = sent[src][get_rank(group)].received()
 
 
-def _device_mesh() -> Any:
-    """``torch.distributed.device_mesh.DeviceMesh``, where this torch has one (None otherwise)."""
-    try:
-        from torch.distributed import device_mesh
-    except ImportError:
-        return None
-    return getattr(device_mesh, "DeviceMesh", None)
-
-
-def _no_device_mesh(self: Any, *args: Any, **kwargs: Any) -> None:
-    """``DeviceMesh.__init__``: refused, whichever way the mesh is made (``init_device_mesh``, FSDP2's default mesh,
-    ``DeviceMesh.from_group``). torch's mesh looks its process groups up in C++ (by name) and through names it
-    imported from ``distributed_c10d`` before the session, and the DTensors made on it wrap the simulated tensors,
-    which the simulator's dispatch does not take: it would fail somewhere inside torch, or run on the real group."""
-    raise NotImplementedError(
-        "torch.distributed.device_mesh.DeviceMesh is not simulated (init_device_mesh; DTensor, FSDP2's fully_shard "
-        "and tensor parallelism build on it; the simulated process groups are the default one and those "
-        "new_group makes)"
-    )
-
-
 def _ddp_class() -> Any:
     """``torch.nn.parallel.DistributedDataParallel``."""
     from torch.nn.parallel import distributed as ddp
@@ -1488,12 +1505,10 @@ class RankEnviron(MutableMapping[str, str]):
         return dict(self)
 
 
-def install(p: Patches) -> None:
-    """Put the simulated process group in place of ``torch.distributed``'s, and of ``distributed_c10d``'s names of the
-    same functions (``torch.distributed`` re-exports them; code that calls them through that module, or imports them
-    from it, gets the simulated ones too); and each rank's torchrun variables in ``os.environ``."""
-    p.set(os, "environ", RankEnviron(os.environ))
+def _replaced() -> dict[str, Any]:
+    """The functions of ``torch.distributed`` (and ``distributed_c10d``) a session replaces, by name."""
     table: dict[str, Any] = {
+        "_get_default_group": _get_default_group,
         "is_available": lambda: True,
         "is_initialized": is_initialized,
         "is_nccl_available": lambda: True,
@@ -1529,28 +1544,38 @@ def install(p: Patches) -> None:
         "scatter_object_list": scatter_object_list,
         "get_global_rank": get_global_rank,
         "get_group_rank": get_group_rank,
+        "_resolve_process_group": _resolve_process_group,
     }
     # (torch 2.13's names; an older torch has none to replace, and a program that calls them fails there as here)
     table.update({name: value for name, value in (("all_gather_single", all_gather_single),
                                                   ("reduce_scatter_single", reduce_scatter_single))
                   if hasattr(dist, name)})
+    return table
+
+
+def install(p: Patches) -> None:
+    """Put the simulated process group in place of ``torch.distributed``'s, and of ``distributed_c10d``'s names of the
+    same functions (``torch.distributed`` re-exports them; code that calls them through that module, or imports them
+    from it, gets the simulated ones too); and each rank's torchrun variables in ``os.environ``."""
+    p.set(os, "environ", RankEnviron(os.environ))
+    table = _replaced()
     c10d = dist.distributed_c10d
+    for module, name in _bound_by_name():
+        # (torch's modules that imported them by name: DeviceMesh's ``is_initialized``, ``init_process_group`` and
+        # ``_resolve_process_group``, ``torch.distributed.checkpoint``'s ``_get_default_group``: each would hand on
+        # the real one, which knows no simulated group)
+        p.set(module, name, table[name])
     for name, value in table.items():
-        p.set(dist, name, value)
+        if not name.startswith("_") or hasattr(dist, name):
+            p.set(dist, name, value)
         if hasattr(c10d, name):
             p.set(c10d, name, value)
-    for module in _bound_default_group():
-        # (torch's modules that imported it by name, ``torch.distributed.checkpoint``'s saver among them: each
-        # would hand on the real one, which knows no simulated group)
-        p.set(module, "_get_default_group", _get_default_group)
-    p.set(c10d, "_get_default_group", _get_default_group)
     p.set(c10d._World, "pg_coalesce_state", property(_coalesce_state))
+    p.set(c10d._WorldMeta, "WORLD", property(_world_group))
     stager = sys.modules.get("torch.distributed.checkpoint._state_dict_stager")
     if stager is not None:  # (imported with torch.distributed.checkpoint: where the program uses it, loaded already)
         p.set(stager.StateDictStager, "_offload_tensor", _staged(stager.StateDictStager._offload_tensor))
-    mesh = _device_mesh()
-    if mesh is not None:
-        p.set(mesh, "__init__", _no_device_mesh)
+    _meshes(p)
     for name, method in ddp.METHODS.items():
         p.set(_ddp_class(), name, method)
     fsdp = _fsdp_class()
@@ -1563,16 +1588,206 @@ def install(p: Patches) -> None:
             p.set(c10d, name, _not_simulated(name))
 
 
-def _bound_default_group() -> list[Any]:
-    """The modules of ``torch.distributed`` loaded so far that bound ``distributed_c10d._get_default_group`` by
-    name (``from torch.distributed.distributed_c10d import _get_default_group``)."""
-    real = vars(dist.distributed_c10d)["_get_default_group"]
-    return [m for name, m in sys.modules.copy().items()  # (a copy made at once: another thread may import)
-            if name.startswith("torch.distributed.") and m is not dist.distributed_c10d
-            and vars(m).get("_get_default_group") is real]
+def _bound_by_name() -> list[tuple[Any, str]]:
+    """The globals of ``torch.distributed``'s modules loaded so far (but ``distributed_c10d``) that bound a function
+    of ``distributed_c10d`` the session replaces by name (``from torch.distributed.distributed_c10d import
+    _get_default_group``), as (module, name); each module looked at once (what a module bound at its import it
+    keeps)."""
+    c10d = dist.distributed_c10d
+    out = []
+    for module_name, m in sys.modules.copy().items():  # (a copy made at once: another thread may import)
+        if not module_name.startswith("torch.distributed.") or m is c10d:
+            continue
+        seen = _BOUND.get(id(m))
+        if seen is None or seen[0] is not m:
+            space = vars(m)
+            seen = _BOUND[id(m)] = (m, tuple(name for name, f in _ORIGINALS.items() if space.get(name) is f))
+        out += [(m, name) for name in seen[1]]
+    return out
+
+
+#: each module of ``torch.distributed`` looked at, by id: (the module, the names :func:`_bound_by_name` found)
+_BOUND: dict[int, tuple[Any, tuple[str, ...]]] = {}
+
+
+def _dtensor_class() -> Any:
+    """``torch.distributed.tensor.DTensor``, where it is imported (its import takes half a second: a session does
+    not pay it for programs that never make a mesh)."""
+    module = sys.modules.get("torch.distributed.tensor._api")
+    return getattr(module, "DTensor", None)
+
+
+def _local_device(name: str) -> property:
+    """A DTensor's ``device`` (``is_cuda``, ``is_meta``) as its local tensor's, where that is a simulated tensor: torch
+    makes a DTensor in C++ on its local tensor's C++ device, a simulated tensor's ``meta`` shell (FSDP2 took its
+    sharded parameters for ones still to be materialized)."""
+    own = vars(torch._C.TensorBase)[name]
+
+    def get(self: Any) -> Any:
+        local = getattr(self, "_local_tensor", None)
+        return getattr(local, name) if isinstance(local, SimTensor) else own.__get__(self)
+
+    return property(get)
+
+
+def _device_mesh() -> Any:
+    """``torch.distributed.device_mesh.DeviceMesh``, where this torch has one (None otherwise)."""
+    module = sys.modules.get("torch.distributed.device_mesh")
+    return getattr(module, "DeviceMesh", None)
+
+
+def _meshes(p: Patches) -> None:
+    """A ``DeviceMesh`` made in a run: torch's own, on the simulated groups (a mesh of every rank is the default
+    group; of some, those ``new_group`` makes, as torch's mesh makes them), and the DTensors made on it show the
+    device of their local tensors (:func:`_local_device`): DTensor, imported as the run's first mesh is made where
+    the program has not yet, patched for the session. Every DTensor is made on a mesh."""
+    mesh = _device_mesh()
+    if mesh is None:
+        return
+    original = vars(mesh)["__init__"]
+    shown: list[Any] = []
+
+    @functools.wraps(original)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not shown:
+            import torch.distributed.tensor  # noqa: F401  (the program's DTensors are this class)
+
+            dtensor = _dtensor_class()
+            for name in ("device", "is_cuda", "is_meta"):
+                p.set(dtensor, name, _local_device(name))
+            shown.append(dtensor)
+        original(self, *args, **kwargs)
+
+    p.set(mesh, "__init__", init)
 
 
 def patched_owners() -> list[Any]:
-    mesh, fsdp = _device_mesh(), _fsdp_class()
-    return [dist, dist.distributed_c10d, dist.distributed_c10d._World, _ddp_class(), os,
-            *(c for c in (mesh, fsdp) if c is not None), *_bound_default_group()]
+    fsdp, dtensor, mesh = _fsdp_class(), _dtensor_class(), _device_mesh()
+    c10d = dist.distributed_c10d
+    return [dist, c10d, c10d._World, c10d._WorldMeta, _ddp_class(), os,
+            *(c for c in (fsdp, dtensor, mesh) if c is not None),
+            *{id(m): m for m, _ in _bound_by_name()}.values()]
+
+
+# -- torch's functional collectives (``torch.ops._c10d_functional``: DTensor's redistribution, FSDP2's
+# ``full_tensor()``, ``torch.distributed._functional_collectives``) -------------------------------------------------
+
+#: a functional collective's reduction by torch's name for it (``to_reduce_op``)
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "product": dist.ReduceOp.PRODUCT,
+               "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "band": dist.ReduceOp.BAND,
+               "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
+
+
+def _named_group(group_name: Any) -> _Group:
+    """A functional collective's group, given by its name (or as the group itself)."""
+    return group_name if isinstance(group_name, _Group) else _resolve_process_group(group_name)
+
+
+def _reduce_op(name: str) -> Any:
+    op = _REDUCE_OPS.get(str(name).lower())
+    if op is None:
+        raise ValueError(f"Unrecognized reduce_op: {name}")
+    return op
+
+
+def _registered(outputs: list[torch.Tensor], work: Any) -> None:
+    """ProcessGroupNCCL's ``register_work``: ``wait_tensor`` of each output waits for ``work`` (by its storage)."""
+    dev = session_device()
+    for t in outputs:
+        st = storage_of(t)
+        dev.functional_works[id(st)] = (st, work)
+
+
+def _functional_gather(x: torch.Tensor, size: int, group: _Group) -> torch.Tensor:
+    out = x.new_empty((x.shape[0] * size, *x.shape[1:]) if x.dim() else (size,))
+    _registered([out], all_gather_into_tensor(out, x.contiguous(), group=group, async_op=True))
+    return out
+
+
+def _functional_scatter(x: torch.Tensor, op: str, size: int, group: _Group) -> torch.Tensor:
+    if x.shape[0] % size:
+        raise RuntimeError(f"Expected the input's first dimension ({x.shape[0]}) to be divisible by the group size "
+                           f"({size})")
+    out = x.new_empty((x.shape[0] // size, *x.shape[1:]))
+    _registered([out], reduce_scatter_tensor(out, x.contiguous(), _reduce_op(op), group=group, async_op=True))
+    return out
+
+
+def _functional_reduce(x: torch.Tensor, op: str, group: _Group) -> torch.Tensor:
+    _registered([x], all_reduce(x, _reduce_op(op), group=group, async_op=True))
+    return x
+
+
+def functional_collective(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """An op of ``torch.ops._c10d_functional`` (and the three of ``_c10d_functional_autograd``) as ProcessGroupNCCL
+    runs it: the output made on the current stream (a new tensor; a clone of the input where it reduces in place of
+    a copy), the collective issued as ``async_op=True`` on the group's stream, its work registered under the
+    output; ``wait_tensor(t)`` makes the current stream wait for the collective that writes ``t`` (a read before it
+    races, as on a GPU)."""
+    name = func._schema.name.split("::")[1]
+    bound = func._schema.arguments
+    given = dict(zip([a.name for a in bound], args, strict=False))
+    given.update(kwargs)
+    if name == "wait_tensor":
+        t = given["tensor"]
+        dev = session_device()
+        st = storage_of(t) if isinstance(t, SimTensor) else None
+        got = dev.functional_works.pop(id(st), None) if st is not None else None
+        if got is not None and got[0] is st:
+            got[1].wait()
+        return t
+    if name == "_wrap_tensor_autograd":  # (a custom op of torch's: the tensor, to be waited for at its first use)
+        from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+        return AsyncCollectiveTensor(given["input"])
+    if "group_name" not in given:
+        raise NotImplementedError(f"torch.ops.{func._schema.name.replace('::', '.')} is not simulated")
+    group = _named_group(given["group_name"])
+    if name == "all_gather_into_tensor":
+        return _functional_gather(given["input"], given["group_size"], group)
+    if name == "all_gather_into_tensor_coalesced":
+        return [_functional_gather(x, given["group_size"], group) for x in given["inputs"]]
+    if name == "all_gather_into_tensor_out":
+        out = given["out"]
+        _registered([out], all_gather_into_tensor(out, given["input"].contiguous(), group=group, async_op=True))
+        return out
+    if name == "reduce_scatter_tensor":
+        return _functional_scatter(given["input"], given["reduce_op"], given["group_size"], group)
+    if name == "reduce_scatter_tensor_coalesced":
+        return [_functional_scatter(x, given["reduce_op"], given["group_size"], group) for x in given["inputs"]]
+    if name == "reduce_scatter_tensor_out":
+        out = given["out"]
+        _registered([out], reduce_scatter_tensor(out, given["input"].contiguous(), _reduce_op(given["reduce_op"]),
+                                                 group=group, async_op=True))
+        return out
+    if name == "all_reduce":
+        return _functional_reduce(given["input"].clone(memory_format=torch.contiguous_format), given["reduce_op"],
+                                  group)
+    if name == "all_reduce_":
+        return _functional_reduce(given["input"], given["reduce_op"], group)
+    if name == "all_reduce_coalesced":
+        return [_functional_reduce(x.clone(memory_format=torch.contiguous_format), given["reduce_op"], group)
+                for x in given["inputs"]]
+    if name == "all_reduce_coalesced_":
+        return [_functional_reduce(x, given["reduce_op"], group) for x in given["inputs"]]
+    if name in ("broadcast", "broadcast_"):
+        x = given["input"] if name == "broadcast_" else given["input"].clone(memory_format=torch.contiguous_format)
+        _registered([x], broadcast(x, group_src=given["src"], group=group, async_op=True))
+        return x
+    if name == "all_to_all_single":
+        x = given["input"]
+        outs, ins = list(given["output_split_sizes"]), list(given["input_split_sizes"])
+        rows = sum(outs) if outs else x.shape[0]
+        out = x.new_empty((rows, *x.shape[1:]))
+        _registered([out], all_to_all_single(out, x.contiguous(), outs or None, ins or None, group=group,
+                                             async_op=True))
+        return out
+    raise NotImplementedError(f"torch.ops._c10d_functional.{name} is not simulated (its all-gather, reduce-scatter, "
+                              "all-reduce, broadcast and all-to-all and wait_tensor are)")
+
+
+handle_namespace("_c10d_functional", functional_collective)
+handle_namespace("_c10d_functional_autograd", functional_collective)
+
+#: ``distributed_c10d``'s own functions that a session replaces, by name (as torch defines them: read at import)
+_ORIGINALS = {name: vars(dist.distributed_c10d)[name] for name in _replaced() if name in vars(dist.distributed_c10d)}

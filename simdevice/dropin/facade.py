@@ -118,6 +118,11 @@ class DropInDevice(SimDevice):
         #: process's name), the launches each block recorded (by (process, the group object's id)), and the works of
         #: a block given a device (by (process, "started", the group object's id))
         self.coalescing: dict[Any, Any] = {}
+        #: each process's groups by their name, as torch registers them (``distributed``: ``_resolve_process_group``)
+        self.groups_named: dict[tuple[str, str], Any] = {}
+        #: the work of each functional collective not yet waited for, by its output's storage (``distributed``:
+        #: ``wait_tensor``)
+        self.functional_works: dict[int, tuple[Any, Any]] = {}
         #: the interprocess events' CUDA events by their IPC handle (``Event.ipc_handle``)
         self.ipc_events: dict[bytes, Any] = {}
         #: what ``reduce_tensor`` sent and the program pickled itself, by place (``processes``: its bytes name it)
@@ -1940,6 +1945,21 @@ def _file_writer_record(original: Callable[..., Any]) -> Callable[..., Any]:
     return write_record
 
 
+def _own_graph_task(original: Callable[[], int]) -> Callable[[], int]:
+    """``torch._C._current_graph_task_id()``: the running actor's own graph task. Greenlet actors share the thread,
+    where autograd keeps the graph task of a backward another actor is suspended in (FSDP2's ``is_bw()`` read it
+    in a rank's forward and skipped the reshard after it: the ranks' collectives then differed)."""
+
+    @functools.wraps(original)
+    def current() -> int:
+        task = original()
+        if task == -1 or not _ACTIVE:
+            return task
+        return _ACTIVE[-1].runtime.execution.graph_task(task)  # type: ignore[no-any-return]
+
+    return current
+
+
 def _group_by_shown_device(original: Callable[..., Any]) -> Callable[..., Any]:
     """``torch._C._group_tensors_by_device_and_dtype``, which the foreach and fused paths of the optimizers and of
     ``clip_grad_norm_`` / ``clip_grad_value_`` group their tensors with: C++ keys a simulated tensor by its ``meta``
@@ -2440,6 +2460,7 @@ def install(p: Patches) -> None:
     p.set(torch._C, "_group_tensors_by_device_and_dtype",
           _wrapped(torch._C, "_group_tensors_by_device_and_dtype", _group_by_shown_device))
     # (absent from the CPU build: set for the session, taken away after it)
+    p.set(torch._C, "_current_graph_task_id", _wrapped(torch._C, "_current_graph_task_id", _own_graph_task))
     p.set(torch._C, "_cuda_record_memory_history", _record_memory_history)
     p.set(torch._C, "_cuda_record_memory_history_legacy", _record_memory_history_legacy)
     p.set(torch._C, "_cuda_memorySnapshot", _memory_snapshot)

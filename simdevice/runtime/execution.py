@@ -428,6 +428,13 @@ class Execution:
             self.in_engine = prev
 
     # -- actors and streams ------------------------------------------------------
+    def graph_task(self, task: int) -> int:
+        """What ``torch._C._current_graph_task_id()`` answers the running actor where the thread is inside ``task``:
+        in a greenlet run, not another actor's, suspended inside its backward (:meth:`tls.EngineWatch.seen_by`)."""
+        if not self.greenlets or task == -1:
+            return task
+        return self._engine.seen_by(self.current_or_none(), task)
+
     def current(self) -> HostActor:
         # (current_or_none, inline: one comes with every host step)
         if self.greenlets:

@@ -265,6 +265,15 @@ class EngineWatch:
         self.owner: object | None = None
         self.tasks: set[int] = set()
 
+    def seen_by(self, actor: object, task: int) -> int:
+        """The graph task ``actor`` is inside, where the thread is inside ``task`` (``torch._C.
+        _current_graph_task_id()``): none (-1) where ``task`` is that of another actor, suspended inside its
+        backward (FSDP2 asks it to tell a forward from a backward's recomputation: another rank's backward made
+        its forward skip the reshard)."""
+        if task != -1 and self.owner is not None and self.owner is not actor and task in self.tasks:
+            return -1
+        return task
+
     def leaving(self, actor: object) -> None:
         task = _C._current_graph_task_id()
         if self.owner is None or self.owner is actor:
