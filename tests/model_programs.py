@@ -23,6 +23,8 @@ and hide a race); None makes them (the simulator's runs).
 - ``child_writes_and_ends``: a child process writes a device buffer it was passed, on its current stream behind a
   stall, and returns without synchronizing; the parent reads the buffer after ``join()`` (the child's received
   tensor dies as its interpreter ends: torch's deleter synchronizes the child's current stream first);
+- ``fsdp2_side_stream``: torch's FSDP2 on a layer whose forward computes on a side stream, the calling stream (where
+  FSDP2 copies the unsharded weight out of its all-gather) stalled, with or without the side stream's wait for it;
 - ``drop_a_received_tensor``: a consumer process reads a device tensor another process sent it (CUDA IPC) behind a
   stall, drops it and tells the producer, which collects what its consumers let go (``torch.cuda.ipc_collect()``)
   and allocates the block again: torch's deleter of a received storage synchronizes the consumer's *current* stream
@@ -253,6 +255,66 @@ def child_writes_and_ends(cycles: int = 1000) -> bool:
     p.start()
     p.join()
     return bool(buf.sum().item() == 7.0 * N)
+
+
+def _one_rank_group() -> None:
+    """On a GPU, a process group of this process alone for FSDP2's mesh (a run of the simulator has its default
+    group from the start)."""
+    import os
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29531")
+        dist.init_process_group("nccl", rank=0, world_size=1)
+
+
+class SideLinear(torch.nn.Linear):
+    """A linear layer (no bias) whose output is computed on a side stream, after a wait for the calling stream or
+    (``wait`` False) not."""
+
+    def __init__(self, n: int, side: torch.cuda.Stream, wait: bool) -> None:
+        super().__init__(n, n, bias=False)
+        self.side, self.wait = side, wait
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.wait:
+            self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            y = torch.nn.functional.linear(x, self.weight)
+        torch.cuda.current_stream().wait_stream(self.side)
+        return y
+
+
+def fsdp2_side_stream(wait: bool, cycles: int = 1000, seed: int = 0,
+                      streams: tuple[torch.cuda.Stream, ...] | None = None) -> tuple[bool, list[str]]:
+    """torch's FSDP2 (``fully_shard``, a mesh of one rank) on a layer that computes on a side stream: the calling
+    stream stalled, then the forward, in which FSDP2 all-gathers the weight and copies it out on the calling stream
+    (behind the stall); the side stream reads the unsharded weight after a wait for the calling stream or
+    (``wait`` False) not. Returns (the output was right, the side stream's name)."""
+    from torch.distributed.fsdp import fully_shard
+
+    _one_rank_group()
+    (side,) = streams or (torch.cuda.Stream(),)
+    n = 256
+    g = torch.Generator().manual_seed(seed)
+    layer = SideLinear(n, side, wait)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(n, n, generator=g))
+    weight = layer.weight.detach().clone()
+    x = torch.randn(4, n, generator=g)
+    expected = x @ weight.T
+    layer = layer.cuda()
+    fully_shard(layer)
+    x = x.cuda()
+    side.wait_stream(torch.cuda.current_stream())  # (the input ready: the race is the weight's alone)
+    torch.cuda._sleep(cycles)  # the calling stream stalled: FSDP2's unshard comes after it
+    with torch.no_grad():
+        out = layer(x)
+    right = bool(torch.allclose(out.cpu(), expected, rtol=1e-4, atol=1e-4))
+    torch.cuda.synchronize()
+    return right, sorted(_names(side).values())
 
 
 TORCHAO = "tests/upstream/torchao_offload.py"

@@ -16,6 +16,8 @@
   block (``torch.cuda.ipc_collect()``): read right on the consumer's current stream (torch's deleter synchronizes
   it), wrong on a side stream, with ``record_stream`` or without, while the consumer holds another tensor of the
   producer's segment; right on any stream where it holds none (the deleter unmaps the segment, which waits);
+- torch's FSDP2 (``fully_shard``, one rank) on a layer computing on a side stream: the unsharded weight, copied out
+  of the all-gather on the stalled calling stream, read right by the side stream only after its wait for that stream;
 - torchao's ``CPUOffloadOptimizer`` (0.18.0) unmodified and its four mutants, each at a stall that exposes it; the
   unmodified optimizer under torch's ``GradScaler("cuda")``, its first gradient D2H stalled (upstream's race).
 
@@ -218,6 +220,20 @@ def test_backward_into_a_non_leaf_is_no_leaf_stream(wait: bool, cycles: int) -> 
           f"{'after' if wait else 'without'} a wait for it: right {right}/{TRIALS}, h's node ran on {sorted(seen)} "
           f"(simulator: {sim_verdict}, {sim.result[1]}) {_where()}", flush=True)
     assert sorted(seen) == sim.result[1]
+    if wait:
+        assert sim_verdict == "clean"
+        assert right == TRIALS
+    else:
+        assert sim_verdict == "race"
+        assert right < TRIALS
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_fsdp2_s_unsharded_weight_read_on_a_side_stream(wait: bool, cycles: int) -> None:
+    _, sim_verdict, right, _ = _read_rate(programs.fsdp2_side_stream, wait, cycles, 1)
+    print(f"RATE FSDP2 (fully_shard, one rank) on a layer computing on a side stream, the calling stream stalled, "
+          f"{'after' if wait else 'without'} the side stream's wait for it: right {right}/{TRIALS} (simulator: "
+          f"{sim_verdict}) {_where()}", flush=True)
     if wait:
         assert sim_verdict == "clean"
         assert right == TRIALS

@@ -58,6 +58,16 @@ def test_backward_into_a_non_leaf_is_no_leaf_stream(wait: bool) -> None:
     assert run.result[0] == wait  # (stalled, the read gets the block's bytes before the node's write)
 
 
+@pytest.mark.parametrize("wait", [True, False])
+def test_fsdp2_s_unsharded_weight_read_on_a_side_stream_races_without_its_wait(wait: bool) -> None:
+    run = simdevice.cuda().run(programs.fsdp2_side_stream, wait, STALL)
+    races = [str(r) for r in run.reports if r.kind == "race"]
+    assert bool(races) != wait, [str(r) for r in run.reports]
+    if not wait:
+        assert any("which copy_ on stream default" in r for r in races), races  # (FSDP2's copy-out, one rank)
+    assert run.result[0] == wait  # (stalled, the side stream reads the weight before the copy-out lands)
+
+
 @pytest.mark.parametrize(("read_on", "keep", "right"), [
     ("current", True, True), ("side", True, False), ("side-recorded", True, False),  # the current stream only
     ("side", False, True), ("side-recorded", False, True),  # the segment's last tensor: every stream
