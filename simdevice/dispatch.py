@@ -610,6 +610,11 @@ class SimTensor(torch.Tensor):
     def get_device(self) -> int:
         return -1 if self._ops.shown.type == "meta" else 0
 
+    def record_stream(self, stream: Any) -> None:
+        """``t.record_stream(s)``: the simulator's, also where the caller turned Python dispatch off around it (FSDP1
+        records its flat parameter's streams inside ``no_dispatch()``: torch's op on the ``meta`` shell raised)."""
+        self._ops._record_stream(self, stream)
+
     def data_ptr(self) -> int:
         return int(self._data.data_ptr())
 

@@ -1379,25 +1379,6 @@ def _ddp_class() -> Any:
     return ddp.DistributedDataParallel
 
 
-def _fsdp_class() -> Any:
-    """``torch.distributed.fsdp.FullyShardedDataParallel`` (FSDP1), where the program imported it before the session
-    (its import takes seconds: a session does not pay it for programs that never use it)."""
-    module = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
-    return getattr(module, "FullyShardedDataParallel", None)
-
-
-def _no_fsdp(self: Any, *args: Any, **kwargs: Any) -> None:
-    """``FullyShardedDataParallel.__init__``: refused. Its flat parameter is made and freed through torch's
-    ``TypedStorage`` (``Tensor.storage()``), and ``CPUOffload`` moves it between host and device with ``p.data =``,
-    neither of which a simulated tensor has: without this, the run stopped inside torch naming those instead."""
-    raise NotImplementedError(
-        "torch.distributed.fsdp.FullyShardedDataParallel (FSDP1) is not simulated (its flat parameter is made and "
-        "freed through Tensor.storage(), a TypedStorage, and CPUOffload moves it with .data between host and "
-        "device); the same all_gather_into_tensor and reduce_scatter_tensor on a stream of its own, written with "
-        "torch.distributed, are simulated"
-    )
-
-
 #: what a state dict's staging copies in place of the simulator's own attributes of a tensor (then taken off)
 _LEFT_BEHIND = object()
 
@@ -1578,9 +1559,6 @@ def install(p: Patches) -> None:
     _meshes(p)
     for name, method in ddp.METHODS.items():
         p.set(_ddp_class(), name, method)
-    fsdp = _fsdp_class()
-    if fsdp is not None:
-        p.set(fsdp, "__init__", _no_fsdp)
     for name in NOT_SIMULATED:
         if hasattr(dist, name):
             p.set(dist, name, _not_simulated(name))
@@ -1662,10 +1640,10 @@ def _meshes(p: Patches) -> None:
 
 
 def patched_owners() -> list[Any]:
-    fsdp, dtensor, mesh = _fsdp_class(), _dtensor_class(), _device_mesh()
+    dtensor, mesh = _dtensor_class(), _device_mesh()
     c10d = dist.distributed_c10d
     return [dist, c10d, c10d._World, c10d._WorldMeta, _ddp_class(), os,
-            *(c for c in (fsdp, dtensor, mesh) if c is not None),
+            *(c for c in (dtensor, mesh) if c is not None),
             *{id(m): m for m, _ in _bound_by_name()}.values()]
 
 
