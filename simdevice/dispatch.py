@@ -612,8 +612,13 @@ class SimTensor(torch.Tensor):
 
     def record_stream(self, stream: Any) -> None:
         """``t.record_stream(s)``: the simulator's, also where the caller turned Python dispatch off around it (FSDP1
-        records its flat parameter's streams inside ``no_dispatch()``: torch's op on the ``meta`` shell raised)."""
+        records its flat parameter's streams inside ``no_dispatch()``: torch's op on the ``meta`` shell raised). Where
+        the program put a function of its own in place of torch's ``Tensor.record_stream``, that function."""
+        own = torch.Tensor.record_stream
+        if own is not _TORCH_RECORD_STREAM:
+            return own(self, stream)  # type: ignore[no-any-return]
         self._ops._record_stream(self, stream)
+        return None
 
     def data_ptr(self) -> int:
         return int(self._data.data_ptr())
@@ -2834,6 +2839,9 @@ def _all_aliased(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each of ``tensors`` as :func:`_aliased` makes it (a simulated one's alias is the one its arguments' has)."""
     return [_alias_of(t) if isinstance(t, SimTensor) else t for t in tensors]
 
+
+#: torch's own ``Tensor.record_stream`` (:meth:`SimTensor.record_stream` follows a replacement of it)
+_TORCH_RECORD_STREAM = torch.Tensor.record_stream
 
 #: the fake tensor mode torch has on, or None (``torch._C._get_dispatch_mode`` of its key)
 _FAKE_MODE = functools.partial(torch._C._get_dispatch_mode, torch._C._TorchDispatchModeKey.FAKE)

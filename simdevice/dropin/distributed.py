@@ -1635,6 +1635,12 @@ def _meshes(p: Patches) -> None:
                 p.set(dtensor, name, _local_device(name))
             shown.append(dtensor)
         original(self, *args, **kwargs)
+        # Each process's meshes its own, as torch makes the ranks' meshes of its threaded backend (ranks as threads of
+        # one process): a mesh of one rank equal to another rank's of the same shape, torch's caches of one
+        # interpreter (DTensor's sharding propagation) handed one rank's mesh to the other's DTensors, whose
+        # coordinate was then the first rank's (a checkpoint's two shards were both the first).
+        dev = session_device()
+        self._thread_id = dev.mesh_owners.setdefault(dev.runtime.current().process, len(dev.mesh_owners) + 1)
 
     p.set(mesh, "__init__", init)
 

@@ -123,6 +123,8 @@ class DropInDevice(SimDevice):
         #: the work of each functional collective not yet waited for, by its output's storage (``distributed``:
         #: ``wait_tensor``)
         self.functional_works: dict[int, tuple[Any, Any]] = {}
+        #: a number for each process that made a ``DeviceMesh``, its meshes' own (``distributed``)
+        self.mesh_owners: dict[str, int] = {}
         #: the interprocess events' CUDA events by their IPC handle (``Event.ipc_handle``)
         self.ipc_events: dict[bytes, Any] = {}
         #: what ``reduce_tensor`` sent and the program pickled itself, by place (``processes``: its bytes name it)

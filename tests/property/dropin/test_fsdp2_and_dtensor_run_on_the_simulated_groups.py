@@ -191,3 +191,39 @@ def test_check_of_an_fsdp2_program_is_a_verdict(tmp_path: Path, capsys: pytest.C
     monkeypatch.chdir(tmp_path)
     assert main(["check", "fsdp2_user.py::train", "--world-size", "2", "-q", "--examples", "10"]) == 0
     assert re.match(r"fsdp2_user.py::train: clean over \d+ schedules", capsys.readouterr().out)
+
+
+def _coordinates_and_checkpoint(path: str) -> Callable[[], tuple[int, ...]]:
+    def program() -> tuple[int, ...]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.fsdp import fully_shard
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)).cuda()
+        for m in (model[0], model[1], model):
+            fully_shard(m)
+        before = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+        dcp.save(model.state_dict(), checkpoint_id=path)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+        state = model.state_dict()
+        dcp.load(state, checkpoint_id=path)
+        model.load_state_dict(state)
+        for k, v in model.state_dict().items():
+            assert torch.equal(v.full_tensor(), before[k]), k
+        torch.cuda.synchronize()
+        return model[0].weight.device_mesh.get_coordinate()  # type: ignore[no-any-return]
+
+    return program
+
+
+def test_each_rank_s_dtensors_are_on_its_own_mesh(tmp_path: Path) -> None:
+    """Two ranks' default meshes are equal as torch compares meshes, and torch's caches are one interpreter's: each
+    process's meshes are its own (as torch's threaded backend makes them), so a rank's DTensors have its own
+    coordinate, and a sharded checkpoint saved by ``torch.distributed.checkpoint`` has both shards (before, the
+    second rank's parameters were on the first's mesh: the global plan was refused, "invalid fill")."""
+    s = simdevice.cuda("rank0#0+1")
+    s.run(_coordinates_and_checkpoint(str(tmp_path / "checkpoint")), world_size=2)
+    assert not s.reports, s.text()
+    assert s.result.result == [(0,), (1,)]
