@@ -287,6 +287,29 @@ class SideLinear(torch.nn.Linear):
         return y
 
 
+def trained_beside_a_plain_copy(model: torch.nn.Module, wrap: Any, steps: int = 2) -> tuple[Any, torch.nn.Module]:
+    """``model`` (on the device) wrapped by ``wrap`` (FSDP1's class, FSDP2's ``fully_shard`` applied by a function)
+    and a plain copy of it, trained ``steps`` SGD steps side by side: the wrapped one on this rank's batch, the copy on
+    the mean of every rank's loss (as data parallelism averages the gradients). The two, to be compared."""
+    import copy
+
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ref = copy.deepcopy(model)
+    wrapped = wrap(model)
+    opt, ref_opt = torch.optim.SGD(wrapped.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    xs = [torch.randn(8, 16, device="cuda") + r for r in range(world)]
+    for _ in range(steps):
+        wrapped(xs[rank]).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        (sum(ref(x).sum() for x in xs) / world).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    return wrapped, ref
+
+
 def fsdp2_side_stream(wait: bool, cycles: int = 1000, seed: int = 0,
                       streams: tuple[torch.cuda.Stream, ...] | None = None) -> tuple[bool, list[str]]:
     """torch's FSDP2 (``fully_shard``, a mesh of one rank) on a layer that computes on a side stream: the calling

@@ -198,6 +198,16 @@ def _read_rate(program: Any, case: Any, cycles: int, n_streams: int) -> tuple[An
     return sim, verdict, right, seen
 
 
+def _agree(ordered: bool, sim_verdict: str, right: int) -> None:
+    """The simulator clean and every read right where the read is ordered; a race and some read wrong where not."""
+    if ordered:
+        assert sim_verdict == "clean"
+        assert right == TRIALS
+    else:
+        assert sim_verdict == "race"
+        assert right < TRIALS
+
+
 @pytest.mark.parametrize("read_on", ["calling", "other"])
 def test_grad_s_capture_is_waited_for_by_the_calling_stream(read_on: str, cycles: int) -> None:
     sim, sim_verdict, right, seen = _read_rate(programs.grad_capture, read_on, cycles, 2)
@@ -205,12 +215,7 @@ def test_grad_s_capture_is_waited_for_by_the_calling_stream(read_on: str, cycles
           f"stream: right {right}/{TRIALS}, y's hook ran on {sorted(seen)} (simulator: {sim_verdict}, "
           f"{sim.result[1]}) {_where()}", flush=True)
     assert sorted(seen) == sim.result[1]
-    if read_on == "calling":
-        assert sim_verdict == "clean"
-        assert right == TRIALS
-    else:
-        assert sim_verdict == "race"
-        assert right < TRIALS
+    _agree(read_on == "calling", sim_verdict, right)
 
 
 @pytest.mark.parametrize("wait", [True, False])
@@ -220,12 +225,7 @@ def test_backward_into_a_non_leaf_is_no_leaf_stream(wait: bool, cycles: int) -> 
           f"{'after' if wait else 'without'} a wait for it: right {right}/{TRIALS}, h's node ran on {sorted(seen)} "
           f"(simulator: {sim_verdict}, {sim.result[1]}) {_where()}", flush=True)
     assert sorted(seen) == sim.result[1]
-    if wait:
-        assert sim_verdict == "clean"
-        assert right == TRIALS
-    else:
-        assert sim_verdict == "race"
-        assert right < TRIALS
+    _agree(wait, sim_verdict, right)
 
 
 @pytest.mark.parametrize("wait", [True, False])
@@ -234,12 +234,7 @@ def test_fsdp2_s_unsharded_weight_read_on_a_side_stream(wait: bool, cycles: int)
     print(f"RATE FSDP2 (fully_shard, one rank) on a layer computing on a side stream, the calling stream stalled, "
           f"{'after' if wait else 'without'} the side stream's wait for it: right {right}/{TRIALS} (simulator: "
           f"{sim_verdict}) {_where()}", flush=True)
-    if wait:
-        assert sim_verdict == "clean"
-        assert right == TRIALS
-    else:
-        assert sim_verdict == "race"
-        assert right < TRIALS
+    _agree(wait, sim_verdict, right)
 
 
 # -- CUDA IPC: a received tensor dropped ---------------------------------------------------------------------------

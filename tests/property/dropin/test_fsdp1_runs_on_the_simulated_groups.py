@@ -7,13 +7,12 @@ that reads the unsharded weight without waiting races. Before, wrapping a model 
 
 from __future__ import annotations
 
-import copy
 import functools
 from typing import Any
 
+import model_programs as programs
 import pytest
 import torch
-import torch.distributed as dist
 
 import simdevice
 from simdevice.search.explore import explore
@@ -22,22 +21,11 @@ from simdevice.search.explore import explore
 def _trained(**options: Any) -> None:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).cuda()
-    ref = copy.deepcopy(model)
-    model = FullyShardedDataParallel(model, **options)
-    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
-    xs = [torch.randn(8, 16, device="cuda") + r for r in range(world)]
-    for _ in range(2):
-        model(xs[rank]).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        (sum(ref(x).sum() for x in xs) / world).backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-    with FullyShardedDataParallel.summon_full_params(model):
-        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+    wrapped, ref = programs.trained_beside_a_plain_copy(model, lambda m: FullyShardedDataParallel(m, **options))
+    with FullyShardedDataParallel.summon_full_params(wrapped):
+        for p, q in zip(wrapped.parameters(), ref.parameters(), strict=True):
             assert torch.allclose(p, q, atol=1e-5), (p - q).abs().max().item()
     torch.cuda.synchronize()
 
@@ -64,28 +52,13 @@ def test_fsdp1_training_gives_a_plain_model_s_numbers(options: dict[str, Any]) -
     assert not s.reports, s.text()
 
 
-class SideLinear(torch.nn.Linear):
-    def __init__(self, n: int, wait: bool) -> None:
-        super().__init__(n, n, bias=False)
-        self.wait, self.side = wait, None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.side is None:
-            self.side = torch.cuda.Stream()
-        if self.wait:
-            self.side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.side):
-            y = torch.nn.functional.linear(x, self.weight)
-        torch.cuda.current_stream().wait_stream(self.side)
-        return y
-
-
 def _side(wait: bool) -> Any:
     def program() -> None:
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         torch.manual_seed(0)
-        model = FullyShardedDataParallel(SideLinear(32, wait).cuda(), use_orig_params=True)
+        model = FullyShardedDataParallel(programs.SideLinear(32, torch.cuda.Stream(), wait).cuda(),
+                                         use_orig_params=True)
         with torch.no_grad():
             model(torch.randn(4, 32, device="cuda"))
         torch.cuda.synchronize()

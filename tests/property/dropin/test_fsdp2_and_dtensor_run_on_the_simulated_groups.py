@@ -8,11 +8,11 @@ fake tensor mode ran as simulated ops."""
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Callable
 from pathlib import Path
 
+import model_programs as programs
 import pytest
 import torch
 import torch.distributed as dist
@@ -52,26 +52,19 @@ def test_fsdp2_forward_and_backward_run_clean(program: Callable[[], None]) -> No
 
 
 def trained() -> None:
-    """Three FSDP2 steps on each rank's batch; the ranks' whole parameters equal a plain model trained on the mean
-    of their losses (FSDP2 averages the gradients)."""
+    """Two FSDP2 steps on each rank's batch; the ranks' whole parameters equal a plain model trained on the mean of
+    their losses (FSDP2 averages the gradients)."""
     from torch.distributed.fsdp import fully_shard
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    def wrap(model: torch.nn.Module) -> torch.nn.Module:
+        for m in (model[0], model[2], model):
+            fully_shard(m)
+        return model
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).cuda()
-    ref = copy.deepcopy(model)
-    for m in (model[0], model[2], model):
-        fully_shard(m)
-    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
-    xs = [torch.randn(8, 16, device="cuda") + r for r in range(world)]
-    for _ in range(3):
-        model(xs[rank]).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        (sum(ref(x).sum() for x in xs) / world).backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+    wrapped, ref = programs.trained_beside_a_plain_copy(model, wrap)
+    for (name, p), q in zip(wrapped.named_parameters(), ref.parameters(), strict=True):
         whole = p.full_tensor()  # (a functional all-gather, waited for)
         assert torch.allclose(whole, q, atol=1e-5), (name, (whole - q).abs().max().item())
     torch.cuda.synchronize()
@@ -92,30 +85,12 @@ def test_another_rank_s_backward_does_not_make_a_forward_skip_its_reshard() -> N
     assert not run.reports, run.text()
 
 
-class SideLinear(torch.nn.Linear):
-    """A linear layer whose output is computed on a side stream of its own."""
-
-    def __init__(self, *args: object, wait: bool = True) -> None:
-        super().__init__(*args)  # type: ignore[arg-type]
-        self.wait, self.side = wait, None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.side is None:
-            self.side = torch.cuda.Stream()
-        if self.wait:
-            self.side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.side):
-            y = torch.nn.functional.linear(x, self.weight, self.bias)
-        torch.cuda.current_stream().wait_stream(self.side)
-        return y
-
-
 def _side(wait: bool) -> Callable[[], None]:
     def program() -> None:
         from torch.distributed.fsdp import fully_shard
 
         torch.manual_seed(0)
-        layer = SideLinear(32, 32, wait=wait).cuda()
+        layer = programs.SideLinear(32, torch.cuda.Stream(), wait).cuda()
         fully_shard(layer)
         with torch.no_grad():
             layer(torch.randn(4, 32, device="cuda"))
@@ -130,7 +105,8 @@ def test_a_side_stream_reading_fsdp2_s_unsharded_weight_unordered_races() -> Non
     found = explore(_side(wait=False), max_examples=20, world_size=2)
     assert found.failure is not None
     text = found.failure.text()
-    assert "race: addmm on stream rank0.side" in text or "race: addmm on stream rank1.side" in text, text
+    assert "race: mm on stream rank0.layer" in text or "race: mm on stream rank1.layer" in text, text  # (the side
+    # stream, named after the line that made it)
     assert "which split_with_sizes_copy on stream" in text, text
     clean = explore(_side(wait=True), max_examples=20, world_size=2)
     assert clean.failure is None, clean.failure.text()
