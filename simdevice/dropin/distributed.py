@@ -13,7 +13,7 @@ collectives' stream (``Runtime.point_to_point``). ``new_group`` makes a group of
 ``GroupMember.NON_GROUP_MEMBER``, and its calls on that value do as torch's do (most warn and return None). A
 group whose CPU backend is gloo (``"gloo"``, ``"cpu:gloo,cuda:nccl"``) runs collectives of host tensors as gloo
 does (``_gloo_exchange``: one host step, no stream; its barrier orders the hosts alone). The calls it does not
-run (``NOT_SIMULATED``: ``send_object_list``, ``recv_object_list``, ...) raise NotImplementedError naming themselves,
+run (``NOT_SIMULATED``: ``monitored_barrier``, ``split_group``, ...) raise NotImplementedError naming themselves,
 so a run that reaches one gives no verdict instead of the real process group's error.
 """
 
@@ -1240,7 +1240,6 @@ def _not_simulated(name: str) -> Any:
 #: what ``torch.distributed`` offers that the simulated process group does not run: each raises NotImplementedError
 #: naming itself (the run then gives no verdict), rather than reaching the real, uninitialized process group
 NOT_SIMULATED = (
-    "send_object_list", "recv_object_list",
     "all_gather_coalesced", "all_reduce_coalesced", "monitored_barrier",
     "new_subgroups", "new_subgroups_by_enumeration", "split_group", "shrink_group", "record_comm",
     # C++ functions that take the process group itself (DDP's construction calls them): handed the simulated group,
