@@ -246,6 +246,7 @@ def _init(self: Any, module: torch.nn.Module, device_ids: Any = None, output_dev
     self.process_group = process_group
     self.require_backward_grad_sync = True
     self.require_forward_param_sync = True
+    self._simdevice_reducing = False  # (whether the last forward's backward reduces: ``_pre_forward``)
     if init_sync:
         at_init = params + (buffers if forward_sync_buffers is not None or broadcast_buffers is not False else [])
         with torch.no_grad():
@@ -257,7 +258,10 @@ def _init(self: Any, module: torch.nn.Module, device_ids: Any = None, output_dev
                                        gradient_as_bucket_view)
 
 
-def _forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+def _pre_forward(self: Any, *inputs: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """torch's ``_pre_forward`` (the composable ``replicate`` calls it as a forward pre-hook of the module it
+    replicates): the buffers synced, host inputs moved to the module's device, the reducer readied where this
+    forward's backward reduces; the inputs."""
     reducer: _Reducer = self._simdevice_reducer
     if self._simdevice_sync_buffers and self._simdevice_buffers:
         with torch.no_grad():
@@ -267,13 +271,22 @@ def _forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
         device = torch.device("cuda", self.device_ids[0])
         inputs, kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: t.to(device) if t.device.type == "cpu" else t, (inputs, kwargs))
-    reducing = torch.is_grad_enabled() and self.require_backward_grad_sync
-    if reducing:
+    self._simdevice_reducing = torch.is_grad_enabled() and self.require_backward_grad_sync
+    if self._simdevice_reducing:
         reducer.prepare()
-    out = self.module(*inputs, **kwargs)
-    if reducing:
-        reducer.outputs(out)
-    return out
+    return inputs, kwargs
+
+
+def _post_forward(self: Any, output: Any) -> Any:
+    """torch's ``_post_forward``: the reducer told which outputs the backward starts from; the output."""
+    if self._simdevice_reducing:
+        self._simdevice_reducer.outputs(output)
+    return output
+
+
+def _forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+    inputs, kwargs = _pre_forward(self, *inputs, **kwargs)
+    return _post_forward(self, self.module(*inputs, **kwargs))
 
 
 @contextlib.contextmanager
@@ -296,5 +309,6 @@ def _refused(name: str) -> Any:
 
 #: what a run puts in place of torch's methods of the class
 METHODS: dict[str, Any] = {"__init__": _init, "forward": _forward, "no_sync": _no_sync,
+                           "_pre_forward": _pre_forward, "_post_forward": _post_forward,
                            **{name: _refused(name) for name in ("register_comm_hook", "join", "join_hook",
                                                                 "_register_fused_optim", "_set_static_graph")}}
