@@ -444,6 +444,15 @@ class SimDevice:
         checkpoint()  # a stop lost during the run (cut short in a callback, the run may show what it never did)
         return self.outcome(result)
 
+    def show_at(self, index_of: Callable[[], int]) -> None:
+        """The simulated tensors show the device at the index ``index_of()`` answers as they are asked (the drop-in:
+        the running process's current device, ``torch.cuda.set_device``)."""
+        self._dispatcher.index_of = index_of
+
+    def shown_now(self) -> torch.device:
+        """The device the simulated tensors show to the running process."""
+        return self._dispatcher.shown_now()
+
     @contextlib.contextmanager
     def here(self) -> Iterator[None]:
         """Run the block in the calling thread as host actor ``host`` (see ``Runtime.here``); ``outcome()`` after."""

@@ -597,7 +597,7 @@ class SimTensor(torch.Tensor):
 
     @property  # type: ignore[override]
     def device(self) -> torch.device:
-        return self._ops.shown
+        return self._ops.shown_now()
 
     @property  # type: ignore[override]
     def is_cuda(self) -> bool:
@@ -608,7 +608,7 @@ class SimTensor(torch.Tensor):
         return bool(self._ops.shown.type == "meta")
 
     def get_device(self) -> int:
-        return -1 if self._ops.shown.type == "meta" else 0
+        return -1 if self._ops.shown.type == "meta" else int(self._ops.shown_now().index or 0)
 
     def record_stream(self, stream: Any) -> None:
         """``t.record_stream(s)``: the simulator's, also where the caller turned Python dispatch off around it (FSDP1
@@ -761,7 +761,7 @@ class SimStorage:
 
     @property
     def device(self) -> torch.device:
-        return self._t._ops.shown
+        return self._t._ops.shown_now()
 
     @property
     def is_cuda(self) -> bool:
@@ -1863,6 +1863,18 @@ class Dispatcher:
         #: the device simulated tensors show to Python code; factories and copies to it make device memory
         self.shown = shown
         self._device_types = {"meta", shown.type}
+        #: the index of the device the running process made current (``torch.cuda.set_device``), where the drop-in
+        #: tells it: the simulated tensors show ``shown`` at that index; None: ``shown`` as it is
+        self.index_of: Callable[[], int] | None = None
+
+    def shown_now(self) -> torch.device:
+        """The device the simulated tensors show to the running process (:attr:`index_of`)."""
+        if self.index_of is None:
+            return self.shown
+        index = self.index_of()
+        if index == (self.shown.index or 0):
+            return self.shown
+        return _DEVICE(self.shown.type, index)
 
     def on_device(self, d: Any) -> bool:
         """Whether a ``device=`` argument names the simulated device."""

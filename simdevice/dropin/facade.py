@@ -21,7 +21,7 @@ import sys
 import time
 import types
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -73,7 +73,8 @@ def _real_sized(config: SimConfig) -> SimConfig:
 
 
 class DropInDevice(SimDevice):
-    """The simulated device of a torch.cuda session: tensors show ``cuda:0``; streams are named by their site."""
+    """The simulated device of a torch.cuda session: tensors show ``cuda:i``, ``i`` the device their process made
+    current (``cuda:0`` where it made none); streams are named by their site."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, shown=torch.device("cuda", 0), **kwargs)
@@ -85,6 +86,9 @@ class DropInDevice(SimDevice):
         with it, so that the run on threads names each stream as the first run did."""
         self.config = _real_sized(self.config)  # (plain torch.cuda code: its sizes are the GPU run's)
         super()._build()
+        self.show_at(self.current_index)
+        #: the device each process made current (``torch.cuda.set_device``), by the process's name: 0 where none
+        self.device_indexes: dict[str, int] = {}
         self._names = {}
         #: each clock's reading as the run began (``_virtual_clock``: the run's clocks go on from there in host time)
         self.clock_bases = {name: clock() for name, clock in _REAL_CLOCKS.items()}
@@ -138,6 +142,17 @@ class DropInDevice(SimDevice):
         #: the host memory ``cudaHostRegister`` pinned in the run, by address: a tensor over its bytes (the
         #: program's to free, as with CUDA; a run's registrations end with it, as a process's do)
         self.registered: dict[int, torch.Tensor] = {}
+
+    def current_index(self) -> int:
+        """The index of the device the running process made current (0 where it made none, or outside a run): what
+        ``torch.cuda.current_device()`` answers, and the index its tensors show (``set_device(local_rank)`` in each
+        rank, as torchrun's scripts do; every rank has the one simulated device, whichever index names it)."""
+        a = self.runtime.current_or_none()
+        return 0 if a is None else self.device_indexes.get(a.process, 0)
+
+    def make_current(self, index: int) -> None:
+        """``torch.cuda.set_device(index)`` in the running process."""
+        self.device_indexes[self.runtime.current().process] = index
 
     def site_named_stream(self) -> Any:
         """A new stream of the current actor, named after the line of the program that made it."""
@@ -229,7 +244,7 @@ class Stream(StreamHandle):
 
     @property  # type: ignore[override]
     def device(self) -> torch.device:
-        return session_device().shown
+        return session_device().shown_now()
 
     def __enter__(self) -> Stream:
         """``with s:``: ``s`` current for the block; the same stream may be entered again inside it (each ``with``
@@ -741,6 +756,29 @@ def _check(device: Any) -> None:
     on_device(device)
 
 
+def _index_of(device: Any) -> int | None:
+    """The index a device argument names (None: none named, the current device)."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return None if device == -1 else device
+    if device is None:
+        return None
+    return _REAL_DEVICE(device).index if isinstance(device, (str, _REAL_DEVICE)) else None
+
+
+def set_device(device: Any) -> None:
+    """``torch.cuda.set_device(i)``: ``i`` current in the running process (checked as a device argument is); the one
+    simulated device stays the process's, shown at ``i``."""
+    _check_or_current(device)
+    index = _index_of(device)
+    if index is not None and in_actor():
+        session_device().make_current(index)
+
+
+def current_device() -> int:
+    """``torch.cuda.current_device()``: the index the running process made current (0 where it made none)."""
+    return session_device().current_index() if _ACTIVE else 0
+
+
 def _check_or_current(device: Any) -> None:
     """:func:`_check`, but -1 is the current device, as in torch's stream calls (``Stream(device=-1)``,
     ``current_stream(-1)``, ``synchronize(-1)``, ``set_device(-1)``: CUDA's "no device given"), where a factory
@@ -1158,6 +1196,26 @@ def get_sync_debug_mode() -> int:
     return session_device().runtime.sync_debug
 
 
+class _Generators(Sequence[Any]):
+    """``torch.cuda.default_generators``: the one simulated device's generator at every index of ``device_count()``
+    (Megatron's RNG tracker takes ``default_generators[current_device()]``); past the count, CUDA's invalid ordinal."""
+
+    def __init__(self, generator: Any) -> None:
+        self._generator = generator
+
+    def __len__(self) -> int:
+        return device_count()
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self._generator for _ in range(len(self))[index]]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("tuple index out of range")
+        return self._generator
+
+
 class _DeviceContext:
     """``torch.cuda.device(i)``: there is one simulated device; an index past ``device_count()`` raises as it is
     entered, as CUDA's does (-1 or None: nothing)."""
@@ -1168,9 +1226,13 @@ class _DeviceContext:
     def __enter__(self) -> None:
         if self.device != -1:
             _check(self.device)
+        self._before = current_device()
+        if self.device is not None:
+            set_device(self.device)
         return None
 
     def __exit__(self, *exc: Any) -> None:
+        set_device(self._before)
         return None
 
 
@@ -1421,7 +1483,7 @@ _profiler = types.SimpleNamespace(start=lambda: None, stop=lambda: None, init=_p
 
 def device_count() -> int:
     """``torch.cuda.device_count()``: a device per rank of the world (a machine of N GPUs runs N ranks), one outside
-    a world. Every rank's tensors are on the one simulated device, shown as ``cuda:0``."""
+    a world. Every rank's tensors are on the one simulated device, shown at the index its process made current."""
     return max(1, session_device().world_size) if in_actor() else 1
 
 
@@ -2355,8 +2417,8 @@ def install(p: Patches) -> None:
         "is_available": lambda: True,
         "is_initialized": lambda: True,
         "device_count": device_count,
-        "current_device": lambda: 0,
-        "set_device": _check_or_current,
+        "current_device": current_device,
+        "set_device": set_device,
         "get_device_name": lambda device=None: _properties(device).name,
         "get_device_properties": _properties,
         "get_device_capability": _capability,
@@ -2410,7 +2472,7 @@ def install(p: Patches) -> None:
         "use_mem_pool": _no_mem_pools,
         "cudart": _cudart,
         "_sleep": _sleep,
-        "default_generators": (_DeviceGenerator(),),  # (made per session: registered while it lives)
+        "default_generators": _Generators(_DeviceGenerator()),  # (made per session: registered while it lives)
         "set_sync_debug_mode": set_sync_debug_mode,
         "get_sync_debug_mode": get_sync_debug_mode,
     }
@@ -2581,10 +2643,10 @@ def _install_accelerator(p: Patches) -> None:
         "is_available": lambda: True,
         "current_accelerator": lambda check_available=False: torch.device("cuda"),
         "device_count": device_count,
-        "current_device_index": lambda: 0,
-        "current_device_idx": lambda: 0,
-        "set_device_index": _check_or_current,
-        "set_device_idx": _check_or_current,
+        "current_device_index": current_device,
+        "current_device_idx": current_device,
+        "set_device_index": set_device,
+        "set_device_idx": set_device,
         "device_index": _DeviceIndex,
         "current_stream": lambda device=None, /: current_stream(device),
         "set_stream": set_stream,
