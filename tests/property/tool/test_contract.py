@@ -20,7 +20,7 @@ def test_both_devices_provide_the_whole_protocol() -> None:
     assert wanted <= public(sim.SimDevice(None))
     assert public(sim.SimDevice(None)) - public(cuda.CudaDevice) <= {
         "trace", "now_units", "config", "schedule", "runtime", "stream_of", "record_of", "event_of", "outcome",
-        "shown", "here", "from_host",
+        "shown", "shown_now", "show_at", "here", "from_host",
     }
 
 
