@@ -1681,24 +1681,37 @@ def _registered(outputs: list[torch.Tensor], work: Any) -> None:
         dev.functional_works[id(st)] = (st, work)
 
 
-def _functional_gather(x: torch.Tensor, size: int, group: _Group) -> torch.Tensor:
-    out = x.new_empty((x.shape[0] * size, *x.shape[1:]) if x.dim() else (size,))
-    _registered([out], all_gather_into_tensor(out, x.contiguous(), group=group, async_op=True))
+#: the functional collectives simulated, by their single form's name
+_FUNCTIONAL = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "broadcast", "all_to_all_single")
+
+
+def _functional(base: str, x: torch.Tensor, given: dict[str, Any], group: _Group, out: torch.Tensor | None,
+                in_place: bool) -> torch.Tensor:
+    """One functional collective ``base`` of ``x`` (into ``out`` where given; in place where ``in_place``): its
+    output, the collective issued ``async_op=True`` and registered under it."""
+    if base == "all_gather_into_tensor":
+        if out is None:
+            size = given["group_size"]
+            out = x.new_empty((x.shape[0] * size, *x.shape[1:]) if x.dim() else (size,))
+        work = all_gather_into_tensor(out, x.contiguous(), group=group, async_op=True)
+    elif base == "reduce_scatter_tensor":
+        if out is None:
+            size = given["group_size"]
+            if x.shape[0] % size:
+                raise RuntimeError(f"Expected the input's first dimension ({x.shape[0]}) to be divisible by the group "
+                                   f"size ({size})")
+            out = x.new_empty((x.shape[0] // size, *x.shape[1:]))
+        work = reduce_scatter_tensor(out, x.contiguous(), _reduce_op(given["reduce_op"]), group=group, async_op=True)
+    elif base in ("all_reduce", "broadcast"):
+        out = x if in_place else x.clone(memory_format=torch.contiguous_format)
+        work = (all_reduce(out, _reduce_op(given["reduce_op"]), group=group, async_op=True) if base == "all_reduce"
+                else broadcast(out, group_src=given["src"], group=group, async_op=True))
+    else:  # (all_to_all_single)
+        outs, ins = list(given["output_split_sizes"]), list(given["input_split_sizes"])
+        out = x.new_empty((sum(outs) if outs else x.shape[0], *x.shape[1:]))
+        work = all_to_all_single(out, x.contiguous(), outs or None, ins or None, group=group, async_op=True)
+    _registered([out], work)
     return out
-
-
-def _functional_scatter(x: torch.Tensor, op: str, size: int, group: _Group) -> torch.Tensor:
-    if x.shape[0] % size:
-        raise RuntimeError(f"Expected the input's first dimension ({x.shape[0]}) to be divisible by the group size "
-                           f"({size})")
-    out = x.new_empty((x.shape[0] // size, *x.shape[1:]))
-    _registered([out], reduce_scatter_tensor(out, x.contiguous(), _reduce_op(op), group=group, async_op=True))
-    return out
-
-
-def _functional_reduce(x: torch.Tensor, op: str, group: _Group) -> torch.Tensor:
-    _registered([x], all_reduce(x, _reduce_op(op), group=group, async_op=True))
-    return x
 
 
 def functional_collective(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -1706,10 +1719,9 @@ def functional_collective(func: Any, args: tuple[Any, ...], kwargs: dict[str, An
     runs it: the output made on the current stream (a new tensor; a clone of the input where it reduces in place of
     a copy), the collective issued as ``async_op=True`` on the group's stream, its work registered under the
     output; ``wait_tensor(t)`` makes the current stream wait for the collective that writes ``t`` (a read before it
-    races, as on a GPU)."""
+    races, as on a GPU). The single, ``_coalesced`` (a list each), ``_out`` and in-place (``_``) forms alike."""
     name = func._schema.name.split("::")[1]
-    bound = func._schema.arguments
-    given = dict(zip([a.name for a in bound], args, strict=False))
+    given = dict(zip([a.name for a in func._schema.arguments], args, strict=False))
     given.update(kwargs)
     if name == "wait_tensor":
         t = given["tensor"]
@@ -1725,48 +1737,17 @@ def functional_collective(func: Any, args: tuple[Any, ...], kwargs: dict[str, An
         return AsyncCollectiveTensor(given["input"])
     if "group_name" not in given:
         raise NotImplementedError(f"torch.ops.{func._schema.name.replace('::', '.')} is not simulated")
+    in_place = name.endswith("_")
+    base = name.removesuffix("_")
+    coalesced = base.endswith("_coalesced")
+    base = base.removesuffix("_coalesced").removesuffix("_out")
+    if base not in _FUNCTIONAL:
+        raise NotImplementedError(f"torch.ops._c10d_functional.{name} is not simulated (its all-gather, "
+                                  "reduce-scatter, all-reduce, broadcast and all-to-all and wait_tensor are)")
     group = _named_group(given["group_name"])
-    if name == "all_gather_into_tensor":
-        return _functional_gather(given["input"], given["group_size"], group)
-    if name == "all_gather_into_tensor_coalesced":
-        return [_functional_gather(x, given["group_size"], group) for x in given["inputs"]]
-    if name == "all_gather_into_tensor_out":
-        out = given["out"]
-        _registered([out], all_gather_into_tensor(out, given["input"].contiguous(), group=group, async_op=True))
-        return out
-    if name == "reduce_scatter_tensor":
-        return _functional_scatter(given["input"], given["reduce_op"], given["group_size"], group)
-    if name == "reduce_scatter_tensor_coalesced":
-        return [_functional_scatter(x, given["reduce_op"], given["group_size"], group) for x in given["inputs"]]
-    if name == "reduce_scatter_tensor_out":
-        out = given["out"]
-        _registered([out], reduce_scatter_tensor(out, given["input"].contiguous(), _reduce_op(given["reduce_op"]),
-                                                 group=group, async_op=True))
-        return out
-    if name == "all_reduce":
-        return _functional_reduce(given["input"].clone(memory_format=torch.contiguous_format), given["reduce_op"],
-                                  group)
-    if name == "all_reduce_":
-        return _functional_reduce(given["input"], given["reduce_op"], group)
-    if name == "all_reduce_coalesced":
-        return [_functional_reduce(x.clone(memory_format=torch.contiguous_format), given["reduce_op"], group)
-                for x in given["inputs"]]
-    if name == "all_reduce_coalesced_":
-        return [_functional_reduce(x, given["reduce_op"], group) for x in given["inputs"]]
-    if name in ("broadcast", "broadcast_"):
-        x = given["input"] if name == "broadcast_" else given["input"].clone(memory_format=torch.contiguous_format)
-        _registered([x], broadcast(x, group_src=given["src"], group=group, async_op=True))
-        return x
-    if name == "all_to_all_single":
-        x = given["input"]
-        outs, ins = list(given["output_split_sizes"]), list(given["input_split_sizes"])
-        rows = sum(outs) if outs else x.shape[0]
-        out = x.new_empty((rows, *x.shape[1:]))
-        _registered([out], all_to_all_single(out, x.contiguous(), outs or None, ins or None, group=group,
-                                             async_op=True))
-        return out
-    raise NotImplementedError(f"torch.ops._c10d_functional.{name} is not simulated (its all-gather, reduce-scatter, "
-                              "all-reduce, broadcast and all-to-all and wait_tensor are)")
+    if coalesced:
+        return [_functional(base, x, given, group, None, in_place) for x in given["inputs"]]
+    return _functional(base, given["input"], given, group, given.get("out"), in_place)
 
 
 handle_namespace("_c10d_functional", functional_collective)
