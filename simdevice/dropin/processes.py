@@ -750,6 +750,7 @@ class SimEvent:
 
     def __init__(self) -> None:
         self._dev = _session()
+        self._run = self._dev.runtime
         self._cell = SharedCell(False)
 
     def _here(self) -> bool:
@@ -757,8 +758,8 @@ class SimEvent:
         if not _in_run():
             return False
         dev = _session()
-        if self._dev is not dev:
-            self._dev, self._cell = dev, SharedCell(False)
+        if dev.runtime is not self._run:
+            self._dev, self._run, self._cell = dev, dev.runtime, SharedCell(False)
         return True
 
     def set(self) -> None:
@@ -792,14 +793,16 @@ class SimLock:
 
     def __init__(self) -> None:
         self._dev = _session()
+        self._run = self._dev.runtime
         self._cell = SharedCell(False)
 
     def _here(self) -> None:
         """A lock an earlier run made, kept where a process keeps it for its lifetime (a library's class attribute:
-        tqdm's output lock): in this run it is a new one, free, as a new process would make it."""
+        tqdm's output lock; a module's global made at its import in a run that started again on threads, where the
+        first attempt left it held): in this run it is a new one, free, as a new process would make it."""
         dev = _session()
-        if self._dev is not dev:
-            self._dev, self._cell = dev, SharedCell(False)
+        if dev.runtime is not self._run:
+            self._dev, self._run, self._cell = dev, dev.runtime, SharedCell(False)
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
         self._here()
@@ -842,7 +845,7 @@ class SimRLock(SimLock):
         self._count = 0
 
     def _here(self) -> None:
-        if self._dev is not _session():
+        if _session().runtime is not self._run:
             self._owner, self._count = None, 0
         super()._here()
 
@@ -881,14 +884,15 @@ class SimSemaphore:
         if value < 0:
             raise ValueError("semaphore initial value must be >= 0")
         self._dev = _session()
+        self._run = self._dev.runtime
         self._first = value
         self._count = SharedCell(value)
         self._bound = value if bounded else None
 
     def _here(self) -> None:
         dev = _session()
-        if self._dev is not dev:
-            self._dev, self._count = dev, SharedCell(self._first)
+        if dev.runtime is not self._run:
+            self._dev, self._run, self._count = dev, dev.runtime, SharedCell(self._first)
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
         self._here()

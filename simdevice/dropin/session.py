@@ -25,7 +25,7 @@ from reference.contract import Run
 from reference.naming import in_standard_library
 from reference.schedule import Schedule
 from simdevice.api import as_schedule
-from simdevice.dropin import autocast, distributed, facade, memsaver, processes, stores, threads
+from simdevice.dropin import autocast, distributed, facade, imports, memsaver, processes, stores, threads
 from simdevice.dropin.facade import DropInDevice
 from simdevice.dropin.patches import Patches
 from simdevice.runtime import Options, SimConfig
@@ -144,6 +144,7 @@ def install(p: Patches) -> None:
     stores.install(p)
     processes.install(p)
     threads.install(p)
+    imports.install(p)
     memsaver.install(p)
     p.rebind(program_modules())
 

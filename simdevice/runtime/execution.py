@@ -823,10 +823,17 @@ class Execution:
     # -- greenlets ------------------------------------------------------------------------------------
     def _switch(self, a: HostActor, to: HostActor) -> None:
         """Actor ``a`` stops, ``to`` goes on; returns when ``a``'s turn comes again (or the run unwinds it)."""
-        self._engine.leaving(a)  # raises NeedsThreads before anything moved
-        inside = tls.in_op_call()
-        if inside is not None:
-            raise NeedsThreads(inside)
+        try:
+            self._engine.leaving(a)  # raises NeedsThreads before anything moved
+            inside = tls.in_op_call()
+            if inside is not None:
+                raise NeedsThreads(inside)
+        except NeedsThreads as e:
+            # the run starts again on threads whatever the program makes of the error on its way out (a finally
+            # that takes a lock, DeepSpeed's backward, met SimAbort and put it in this one's place)
+            self.needs_threads = self.needs_threads or str(e)
+            self._abort()
+            raise
         holding = HOLDING  # (_whole, inline: two of these come with every switch)
         holding[0] += 1
         try:

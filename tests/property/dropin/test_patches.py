@@ -12,13 +12,14 @@ import torch
 import torch.distributed as dist
 
 import simdevice
-from simdevice.dropin import distributed, facade, memsaver, processes, stores, threads
+from simdevice.dropin import distributed, facade, imports, memsaver, processes, stores, threads
 from simdevice.dropin.patches import Patches, namespaces
 
 
 def _owners() -> list[Any]:
     return (facade.patched_owners() + distributed.patched_owners() + processes.patched_owners()
-            + threads.patched_owners() + memsaver.patched_owners() + stores.patched_owners())
+            + threads.patched_owners() + memsaver.patched_owners() + stores.patched_owners()
+            + imports.patched_owners())
 
 
 def _same(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> None:
