@@ -298,7 +298,8 @@ def _typed(seg: Segment, block: Block, like: torch.Tensor, need: int) -> Any:
 
 
 #: the CPU bytes of segments whose every alias is gone, by size, for later segments of their size (the process's
-#: pages already: a new segment's first writes fault none in), at most :data:`KEPT_AT_MOST` bytes of them in all
+#: pages already: a new segment's first writes fault none in), at most :data:`KEPT_AT_MOST` bytes of them in all, the
+#: size kept last at the end
 _KEPT: dict[int, list[torch.Tensor]] = {}
 KEPT_AT_MOST = 256 << 20
 #: the smallest segment whose bytes are kept: below glibc's least threshold for new pages (128 KiB), malloc serves
@@ -321,9 +322,22 @@ class _Lease:
         data = self._bytes
         n = data.numel()
         try:
+            kept = _KEPT
+            if n > KEPT_AT_MOST:
+                return
             # (the items listed at once: a lease may end on another thread while a segment of a new size is made)
-            if sum(k * len(v) for k, v in list(_KEPT.items())) + n <= KEPT_AT_MOST:
-                _KEPT.setdefault(n, []).append(data)
+            held = sum(k * len(v) for k, v in list(kept.items()))
+            # where the bound is reached, the sizes kept longest ago give way to this one: the configuration run
+            # last is the one likely to run next (a search moves on from one configuration to another)
+            for size in list(kept):
+                if held + n <= KEPT_AT_MOST:
+                    break
+                if size != n:
+                    held -= size * len(kept.pop(size, ()))
+            if held + n <= KEPT_AT_MOST:
+                same = kept.pop(n, [])
+                same.append(data)
+                kept[n] = same  # (the size kept last: the last to give way)
         except (TypeError, AttributeError):  # (the interpreter's exit, the module's globals gone)
             pass
 

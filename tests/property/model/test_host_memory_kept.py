@@ -4,7 +4,8 @@ Rules, each with a test a mutation of it fails:
 
 - A device segment's CPU bytes, once no alias of them is left (no tensor, view or record of its run's, nor one the
   program kept after its run), serve the next segment of that size (``simdevice.runtime.allocator._kept_bytes``),
-  up to ``KEPT_AT_MOST`` bytes kept; never while an alias lives.
+  up to ``KEPT_AT_MOST`` bytes kept, the sizes kept longest ago giving way to the last; never while an alias
+  lives.
 - Once a process has run the simulator, glibc's malloc keeps host memory a run frees (pinned buffers, host copies)
   for the next run's allocations, up to its largest thresholds (``simdevice.runtime.runtime.host_memory_kept``).
 
@@ -84,6 +85,20 @@ def test_no_more_than_the_bound_is_kept(monkeypatch: pytest.MonkeyPatch) -> None
     assert allocator._KEPT == {}  # 40 MiB: over the bound, given back
     SimDevice().run(_write_small)
     assert 0 < sum(k * len(v) for k, v in allocator._KEPT.items()) <= 8 * MIB
+
+
+def test_the_size_kept_last_displaces_those_kept_before_at_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of a new configuration keeps its segments' bytes where older sizes filled the bound (a search, a test
+    session, moves on from one configuration to the next): before, the bytes of the sizes kept first stayed, and
+    every later configuration's segments were new pages in every run."""
+    monkeypatch.setattr(allocator, "_KEPT", {})
+    monkeypatch.setattr(allocator, "KEPT_AT_MOST", 42 * MIB)
+    SimDevice().run(_write_small)
+    assert sum(k * len(v) for k, v in allocator._KEPT.items()) > 2 * MIB  # (4 MiB: 40 + 4 > 42)
+    SimDevice().run(_write_large)
+    assert list(allocator._KEPT) == [4 * LARGE], {k: len(v) for k, v in allocator._KEPT.items()}
+    faults = _faults(lambda: SimDevice().run(_write_large))
+    assert faults < 1024, f"page faults in a run that writes a 40 MiB segment kept by the run before: {faults}"
 
 
 #: a process of its own (where nothing else has moved glibc's thresholds): the page faults of a run of a mechanism,
