@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from simdevice.dropin.patches import Patches
-from simdevice.runtime import sync
+from simdevice.runtime import execution, sync
 from simdevice.runtime.runtime import SharedCell
 
 #: the import system's own module (``importlib._bootstrap``), whose functions the interpreter looks up at each import
@@ -105,8 +105,12 @@ def _find_and_load(name: str, import_: Any) -> Any:
     if name in table.under_way:  # (its own import again, or one in a cycle: Python's, as it is)
         return _FIND_AND_LOAD(name, import_)
     mine = table.under_way[name] = _Import(a)
+    fresh = name not in sys.modules
     try:
-        return _FIND_AND_LOAD(name, import_)
+        module = _FIND_AND_LOAD(name, import_)
+        if fresh:  # (its state as made: what another process that imports it starts from)
+            execution.PROCESS_STATE.made(module)
+        return module
     finally:
         del table.under_way[name]
         mine.cell.value = False

@@ -46,6 +46,7 @@ from simdevice.runtime import sync, tls
 from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.config import UNIT_NS, SimConfig
 from simdevice.runtime.memory import Memory
+from simdevice.runtime.process_state import ProcessState
 from simdevice.runtime.reports import Deadlock, HostError, ReportSink, StepLimit, describe, error_source, exit_succeeded
 from simdevice.runtime.streams import SimStream, StreamOp
 from simdevice.runtime.tls import NeedsThreads
@@ -118,6 +119,11 @@ PROCESS_MODULES = (
 )
 
 
+#: the other module-level state each simulated process has its own of (the globals a module's functions rebind, the
+#: class attributes they assign: :mod:`simdevice.runtime.process_state`), in the modules that use torch
+PROCESS_STATE = ProcessState(PROCESS_MODULES)
+
+
 def process_modules() -> list[tuple[str, Any]]:
     """The :data:`PROCESS_MODULES` imported so far."""
     return [(name, m) for name in PROCESS_MODULES if (m := sys.modules.get(name)) is not None]
@@ -159,6 +165,8 @@ class HostActor:
         self.rng_state: torch.Tensor | None = None
         #: its process's bindings of each of :data:`PROCESS_MODULES` while another process runs
         self.modules: dict[str, dict[str, Any]] = {}
+        #: its process's module-level state while another process runs (:data:`PROCESS_STATE`)
+        self.module_state: list[Any] = []
         #: whether its process has more than one host thread (it is a thread the program started, or started one):
         #: what one thread frees another may take (``CachingAllocator.dropped``)
         self.threaded = False
@@ -408,6 +416,7 @@ class Execution:
         self.modules_moved = False
         for name, m in process_modules():
             _seen(name, m)
+        PROCESS_STATE.tracked()  # (the modules imported since the last run: their state as the run finds it)
 
     def on_threads(self) -> None:
         """The run's actors are threads (before any is made): a program run as a ``with`` block
@@ -601,6 +610,9 @@ class Execution:
             mine = a.modules.get(name, start)
             d.clear()
             d.update(mine)
+            self.modules_moved = True
+        if PROCESS_STATE.tracked():
+            PROCESS_STATE.move(owner.module_state, a.module_state)
             self.modules_moved = True
 
     def modules_back(self) -> None:

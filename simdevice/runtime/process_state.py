@@ -1,0 +1,276 @@
+"""Each simulated process's own module-level state: the globals a module's functions rebind and the class attributes
+they assign through the class, in the program's modules and the libraries it uses.
+
+A run's processes share one interpreter, so a module's state is one for all of them where each process of a real
+world has its own: a counter a library keeps on a class (DeepSpeed's ``Init.param_id``, each parameter's id under
+ZeRO-3) counted on across the ranks, so the ranks' ids differed and DeepSpeed's own check that they agree failed; a
+flag one rank's initialization set (``global _initialized``) made the other skip its own. Here each process has its
+own bindings of such state: at each turn that changes the process, the state moves out of the modules into the
+process that ran and the next process's goes in; a process that has not run yet starts from the state as the module
+was made (its import ended, or the run began), as a fresh process imports the library afresh.
+
+What counts, found once per module from its functions' code (nothing is guessed at run time): a name a function of
+the module binds with ``global`` (``STORE_GLOBAL``, ``DELETE_GLOBAL``), an attribute a function assigns on a class
+the module names (``Init.param_id += 1``, ``Registry.instance = ...``), and the contents of a list, dict or set among
+its functions' default arguments (``def _register(self, module, count=[0])``: DeepSpeed numbers the modules it
+registers so, and checks that the ranks' numbers agree). The modules: those that use torch
+(``import torch`` or a torch module among their globals: the program's and its libraries'), not torch's own, the
+standard library's or the simulator's; the :data:`~simdevice.runtime.execution.PROCESS_MODULES` have all their
+bindings swapped already. Another mutable value changed in place (a module's list a function appends to) is the same
+object for every process, as before; so is state kept elsewhere (an instance's attributes: each process makes its
+own instances anyway).
+"""
+
+from __future__ import annotations
+
+import dis
+import os
+import sys
+import types
+from typing import Any
+
+from reference.naming import in_standard_library
+
+_STORE_GLOBAL = dis.opmap["STORE_GLOBAL"]
+_DELETE_GLOBAL = dis.opmap["DELETE_GLOBAL"]
+_STORE_ATTR = dis.opmap["STORE_ATTR"]
+_LOAD_GLOBAL = dis.opmap["LOAD_GLOBAL"]
+_LOAD_ATTR = dis.opmap["LOAD_ATTR"]
+_COPY = dis.opmap.get("COPY", -1)
+_EXTENDED_ARG = dis.EXTENDED_ARG
+_CACHE = dis.opmap.get("CACHE", -1)
+#: what a global's or an attribute's absence is kept as
+ABSENT = object()
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: the simulator's own packages and the device contract's: their state is the simulator's, not a process's
+_OWN = tuple(os.path.join(_ROOT, d) + os.sep for d in ("simdevice", "reference"))
+
+
+def _instructions(code: types.CodeType) -> list[tuple[int, int]]:
+    """``code``'s instructions as (opcode, argument), its inline caches left out."""
+    raw = code.co_code
+    out = []
+    ext = 0
+    for i in range(0, len(raw), 2):
+        op, arg = raw[i], raw[i + 1]
+        if op == _CACHE:
+            continue
+        if op == _EXTENDED_ARG:
+            ext = (ext | arg) << 8
+            continue
+        out.append((op, ext | arg))
+        ext = 0
+    return out
+
+
+def _global_name(code: types.CodeType, arg: int) -> str:
+    # (LOAD_GLOBAL's argument carries a flag in its low bit from Python 3.11 on)
+    return code.co_names[arg >> 1] if sys.version_info >= (3, 11) else code.co_names[arg]
+
+
+def _attr_name(code: types.CodeType, arg: int) -> str:
+    return code.co_names[arg >> 1] if sys.version_info >= (3, 12) else code.co_names[arg]
+
+
+def _scan(code: types.CodeType, names: set[str], attrs: set[tuple[str, str]]) -> None:
+    """The globals ``code`` rebinds and the (global, attribute) pairs it assigns, into ``names`` and ``attrs``."""
+    ins = _instructions(code)
+    for k, (op, arg) in enumerate(ins):
+        if op in (_STORE_GLOBAL, _DELETE_GLOBAL):
+            names.add(code.co_names[arg])
+        elif op == _STORE_ATTR:
+            attr = code.co_names[arg]
+            before = ins[k - 1] if k else (0, 0)
+            if before[0] == _LOAD_GLOBAL:  # ``Cls.attr = value``
+                attrs.add((_global_name(code, before[1]), attr))
+                continue
+            # ``Cls.attr += value``: LOAD_GLOBAL Cls, COPY 1, LOAD_ATTR attr, ..., STORE_ATTR attr
+            for j in range(k - 1, max(k - 10, 1), -1):
+                op_j, arg_j = ins[j]
+                if op_j == _LOAD_ATTR and _attr_name(code, arg_j) == attr:
+                    if ins[j - 1][0] == _COPY and j >= 2 and ins[j - 2][0] == _LOAD_GLOBAL:
+                        attrs.add((_global_name(code, ins[j - 2][1]), attr))
+                    break
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _scan(const, names, attrs)
+
+
+def _functions_of(module: types.ModuleType) -> list[types.FunctionType]:
+    """``module``'s own functions and its own classes' methods (nested code is scanned with them)."""
+    out = []
+    mine = module.__name__
+    for value in list(vars(module).values()):
+        if isinstance(value, types.FunctionType) and value.__module__ == mine:
+            out.append(value)
+        elif isinstance(value, type) and value.__module__ == mine:
+            for member in list(vars(value).values()):
+                member = getattr(member, "__func__", member)  # (a classmethod's, a staticmethod's)
+                if isinstance(member, property):
+                    out += [f for f in (member.fget, member.fset, member.fdel) if isinstance(f, types.FunctionType)]
+                elif isinstance(member, types.FunctionType):
+                    out.append(member)
+    return out
+
+
+def _containers_of(functions: list[types.FunctionType]) -> tuple[list[Any] | dict[Any, Any] | set[Any], ...]:
+    """The lists, dicts and sets among ``functions``' default arguments: state a function keeps in itself
+    (``def _register(self, module, count=[0])``, DeepSpeed's count of the modules it registers)."""
+    out: dict[int, Any] = {}
+    for f in functions:
+        for value in (*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()):
+            if type(value) in (list, dict, set):
+                out[id(value)] = value
+    return tuple(out.values())
+
+
+def _copy(value: Any) -> Any:
+    return type(value)(value)
+
+
+def _uses_torch(module: types.ModuleType) -> bool:
+    """Whether ``module`` names torch or something of torch's among its globals (``import torch``, ``import
+    torch.distributed as dist``, ``from torch import nn``, ``from torch.nn import Module``)."""
+    for value in list(vars(module).values()):
+        if isinstance(value, types.ModuleType):
+            owner = value.__name__
+        elif isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+            owner = getattr(value, "__module__", None) or ""
+        else:
+            continue
+        if isinstance(owner, str) and (owner == "torch" or owner.startswith("torch.")):
+            return True
+    return False
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two copies of a container hold the same objects (by identity: a tensor's ``==`` is elementwise)."""
+    if len(a) != len(b):
+        return False
+    if isinstance(a, list):
+        return all(x is y for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return all(k in b and b[k] is v for k, v in a.items())
+    return bool(a == b)
+
+
+class _Tracked:
+    """One module's per-process state: the names its functions rebind, the class attributes they assign, the
+    containers among their default arguments (whose contents are the state)."""
+
+    __slots__ = ("attrs", "containers", "module", "names")
+
+    def __init__(self, module: types.ModuleType, names: tuple[str, ...], attrs: tuple[tuple[type, str], ...],
+                 containers: tuple[Any, ...]) -> None:
+        self.module = module
+        self.names = names
+        self.attrs = attrs
+        self.containers = containers
+
+
+def _track(module: types.ModuleType, skip: frozenset[str]) -> _Tracked | None:
+    """``module``'s per-process state, or None where it keeps none (or is not a process's: see the module)."""
+    name = getattr(module, "__name__", None)
+    filename = vars(module).get("__file__")
+    if (not isinstance(name, str) or name in skip or name == "torch" or name.startswith("torch.")
+            or not isinstance(filename, str) or not filename.endswith(".py")):
+        return None
+    path = os.path.abspath(filename)
+    if path.startswith(_OWN) or in_standard_library(path) or not _uses_torch(module):
+        return None
+    names: set[str] = set()
+    pairs: set[tuple[str, str]] = set()
+    functions = _functions_of(module)
+    for f in functions:
+        _scan(f.__code__, names, pairs)
+    containers = _containers_of(functions)
+    d = vars(module)
+    attrs = tuple(sorted(((d[c], a) for c, a in pairs if isinstance(d.get(c), type) and not a.startswith("__")),
+                         key=lambda p: (p[0].__qualname__, p[1])))
+    names.discard("__all__")
+    if not names and not attrs and not containers:
+        return None
+    return _Tracked(module, tuple(sorted(names)), attrs, containers)
+
+
+class ProcessState:
+    """The per-process module state of one interpreter's runs: which modules keep it (scanned once each), as one
+    flat list of places (a module's global, a class's attribute) and one of containers, each with its value as its
+    module was made; a process's own values are two lists in that order (:meth:`move`)."""
+
+    def __init__(self, skip: tuple[str, ...]) -> None:
+        self._skip = frozenset(skip)
+        #: each module seen, by id: whether it keeps per-process state
+        self._seen: dict[int, tuple[types.ModuleType, bool]] = {}
+        self._modules_seen = 0
+        #: each place: the namespace read (a module's dict, a class's mapping), the owner written (the dict, the
+        #: class), the name, whether the owner is a class
+        self._places: list[tuple[Any, Any, str, bool]] = []
+        self._first: list[Any] = []
+        self._containers: list[Any] = []
+        self._first_contents: list[Any] = []
+
+    def tracked(self) -> bool:
+        """Whether any module keeps per-process state (those imported since the last call scanned first)."""
+        if len(sys.modules) != self._modules_seen:
+            for module in list(sys.modules.values()):
+                self.made(module)
+            self._modules_seen = len(sys.modules)
+        return bool(self._places or self._containers)
+
+    def made(self, module: Any) -> None:
+        """``module`` is made (its import ended, or it is first seen): its state as it is now is a new process's."""
+        if not isinstance(module, types.ModuleType):
+            return
+        seen = self._seen.get(id(module))
+        if seen is not None and seen[0] is module:
+            return
+        t = _track(module, self._skip)
+        self._seen[id(module)] = (module, t is not None)
+        if t is None:
+            return
+        d = vars(module)
+        for name in t.names:
+            self._places.append((d, d, name, False))
+            self._first.append(d.get(name, ABSENT))
+        for cls, attr in t.attrs:
+            self._places.append((vars(cls), cls, attr, True))
+            self._first.append(vars(cls).get(attr, ABSENT))
+        for container in t.containers:
+            self._containers.append(container)
+            self._first_contents.append(_copy(container))
+
+    def move(self, out: list[Any], into: list[Any]) -> None:
+        """The running process's state goes into ``out`` (its own: the places' values, the containers' contents);
+        the next process's (``into``: a place or container tracked since it was kept, or one of a process that has
+        not run, as its module was made) goes into the modules."""
+        places = self._places
+        now = [ns.get(name, ABSENT) for ns, _, name, _ in places]
+        contents = [_copy(c) for c in self._containers]
+        values, kept = (into[0], into[1]) if into else ((), ())
+        first, first_contents = self._first, self._first_contents
+        n = len(values)
+        for i, (_, owner, name, is_class) in enumerate(places):
+            value = values[i] if i < n else first[i]
+            if value is now[i]:
+                continue
+            if not is_class:
+                if value is ABSENT:
+                    owner.pop(name, None)
+                else:
+                    owner[name] = value
+            elif value is ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+        n = len(kept)
+        for i, container in enumerate(self._containers):
+            value = kept[i] if i < n else first_contents[i]
+            if not _same(value, contents[i]):
+                container.clear()
+                if isinstance(container, list):
+                    container.extend(value)
+                else:
+                    container.update(value)
+        out[:] = [now, contents]

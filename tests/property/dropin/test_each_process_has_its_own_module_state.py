@@ -1,0 +1,112 @@
+"""Rule (execution: ``PROCESS_STATE``, :mod:`simdevice.runtime.process_state`): each simulated process has its own
+module-level state in the modules that use torch: the globals a module's functions rebind (``global``), the class
+attributes they assign through the class, and the contents of the lists, dicts and sets among their default
+arguments. The run's processes share one interpreter: before, one rank's ``global _initialized = True`` made the
+other skip its own initialization, and a counter kept on a class or in a default argument counted on across the ranks
+(DeepSpeed's ZeRO-3 numbers its parameters on ``Init.param_id`` and its modules in ``count=[0]``, and checks that the
+ranks' numbers agree: it failed). The threads of one process share its state, and the run leaves the modules as it
+found them. Each of the three kinds, unswapped, fails one test here, and so do containers compared with ``==`` (a
+dict of tensors: their ``==`` is elementwise).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import simdevice
+
+LIBRARY = """
+import torch
+
+_initialized = False
+
+
+def init():
+    global _initialized
+    if _initialized:
+        return "skipped"
+    torch.ones(4, device="cuda")  # (a host step: the other rank may run here)
+    _initialized = True
+    return "made"
+
+
+class Registry:
+    next_id = 0
+
+
+def register():
+    torch.ones(1, device="cuda")
+    i = Registry.next_id
+    Registry.next_id += 1
+    return i
+
+
+def count(seen=[0]):
+    torch.ones(1, device="cuda")
+    seen[0] += 1
+    return seen[0]
+
+
+def remember(t, memo={}):
+    torch.ones(1, device="cuda")
+    memo[len(memo)] = t  # (tensors of several elements: compared by identity, their == is elementwise)
+    return len(memo)
+"""
+
+SCHEDULES = (None, "rank0#0+3", "rank1#0+3", "rank0#2+2", "rank1#3+1")
+
+
+@pytest.fixture
+def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    (tmp_path / "perprocess_lib.py").write_text(textwrap.dedent(LIBRARY))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("perprocess_lib", None)
+    yield importlib.import_module("perprocess_lib")
+    sys.modules.pop("perprocess_lib", None)
+
+
+def _use(lib: Any) -> list[Any]:
+    x = torch.ones(4, device="cuda")
+    return [lib.init(), lib.register(), lib.register(), lib.count(), lib.count(), lib.remember(x),
+            lib.remember(x * 2)]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_each_rank_initializes_and_counts_on_its_own(library: Any, schedule: str | None) -> None:
+    s = simdevice.cuda(schedule)
+    s.run(lambda: _use(library), world_size=2)
+    assert not s.reports, s.text()
+    assert s.result.result == [["made", 0, 1, 1, 2, 1, 2]] * 2
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_the_run_leaves_the_modules_state_as_it_found_it(library: Any, schedule: str | None) -> None:
+    s = simdevice.cuda(schedule)
+    s.run(lambda: _use(library), world_size=2)
+    assert (library._initialized, library.Registry.next_id, library.count.__defaults__[0]) == (False, 0, [0])
+    assert library.remember.__defaults__[0] == {}
+    again = simdevice.cuda(schedule)
+    again.run(lambda: _use(library), world_size=2)
+    assert again.result.result == [["made", 0, 1, 1, 2, 1, 2]] * 2
+
+
+def test_the_threads_of_one_process_share_its_state(library: Any) -> None:
+    def rank() -> list[Any]:
+        worker = threading.Thread(target=library.register)
+        worker.start()
+        worker.join()
+        return [library.register(), library.Registry.next_id]
+
+    s = simdevice.cuda()
+    s.run(rank, world_size=2)
+    assert not s.reports, s.text()
+    assert s.result.result == [[1, 2]] * 2
