@@ -119,8 +119,9 @@ PROCESS_MODULES = (
 )
 
 
-#: the other module-level state each simulated process has its own of (the globals a module's functions rebind, the
-#: class attributes they assign: :mod:`simdevice.runtime.process_state`), in the modules that use torch
+#: the other module-level state each simulated process has its own of, in the modules that use torch (the globals a
+#: module's functions rebind, the class attributes they assign, their default arguments' contents:
+#: :mod:`simdevice.runtime.process_state`)
 PROCESS_STATE = ProcessState(PROCESS_MODULES)
 
 

@@ -13,7 +13,9 @@ What counts, found once per module from its functions' code (nothing is guessed 
 the module binds with ``global`` (``STORE_GLOBAL``, ``DELETE_GLOBAL``), an attribute a function assigns on a class
 the module names (``Init.param_id += 1``, ``Registry.instance = ...``), and the contents of a list, dict or set among
 its functions' default arguments (``def _register(self, module, count=[0])``: DeepSpeed numbers the modules it
-registers so, and checks that the ranks' numbers agree). The modules: those that use torch
+registers so, and checks that the ranks' numbers agree), and the dict a class's instances share as their
+``__dict__`` (``self.__dict__ = self._shared_state``, the "Borg" pattern: accelerate's ``PartialState`` told rank 1
+it was process 0). The modules: those that use torch
 (``import torch`` or a torch module among their globals: the program's and its libraries'), not torch's own, the
 standard library's or the simulator's; the :data:`~simdevice.runtime.execution.PROCESS_MODULES` have all their
 bindings swapped already. Another mutable value changed in place (a module's list a function appends to) is the same
@@ -36,6 +38,7 @@ _DELETE_GLOBAL = dis.opmap["DELETE_GLOBAL"]
 _STORE_ATTR = dis.opmap["STORE_ATTR"]
 _LOAD_GLOBAL = dis.opmap["LOAD_GLOBAL"]
 _LOAD_ATTR = dis.opmap["LOAD_ATTR"]
+_LOAD_FAST = dis.opmap["LOAD_FAST"]
 _COPY = dis.opmap.get("COPY", -1)
 _EXTENDED_ARG = dis.EXTENDED_ARG
 _CACHE = dis.opmap.get("CACHE", -1)
@@ -73,8 +76,10 @@ def _attr_name(code: types.CodeType, arg: int) -> str:
     return code.co_names[arg >> 1] if sys.version_info >= (3, 12) else code.co_names[arg]
 
 
-def _scan(code: types.CodeType, names: set[str], attrs: set[tuple[str, str]]) -> None:
-    """The globals ``code`` rebinds and the (global, attribute) pairs it assigns, into ``names`` and ``attrs``."""
+def _scan(code: types.CodeType, names: set[str], attrs: set[tuple[str, str]], shared: set[str]) -> None:
+    """The globals ``code`` rebinds and the (global, attribute) pairs it assigns, into ``names`` and ``attrs``; the
+    attributes whose dict it makes an instance's own (``self.__dict__ = self._shared_state``: the "Borg" pattern,
+    accelerate's ``PartialState``), into ``shared``."""
     ins = _instructions(code)
     for k, (op, arg) in enumerate(ins):
         if op in (_STORE_GLOBAL, _DELETE_GLOBAL):
@@ -82,6 +87,10 @@ def _scan(code: types.CodeType, names: set[str], attrs: set[tuple[str, str]]) ->
         elif op == _STORE_ATTR:
             attr = code.co_names[arg]
             before = ins[k - 1] if k else (0, 0)
+            if attr == "__dict__":  # LOAD_ATTR shared (of self or the class), LOAD_FAST self, STORE_ATTR __dict__
+                if k >= 2 and before[0] == _LOAD_FAST and ins[k - 2][0] == _LOAD_ATTR:
+                    shared.add(_attr_name(code, ins[k - 2][1]))
+                continue
             if before[0] == _LOAD_GLOBAL:  # ``Cls.attr = value``
                 attrs.add((_global_name(code, before[1]), attr))
                 continue
@@ -94,33 +103,42 @@ def _scan(code: types.CodeType, names: set[str], attrs: set[tuple[str, str]]) ->
                     break
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            _scan(const, names, attrs)
+            _scan(const, names, attrs, shared)
 
 
-def _functions_of(module: types.ModuleType) -> list[types.FunctionType]:
-    """``module``'s own functions and its own classes' methods (nested code is scanned with them)."""
-    out = []
+def _functions_of(module: types.ModuleType) -> list[tuple[types.FunctionType, type | None]]:
+    """``module``'s own functions and its own classes' methods, each with its class (nested code is scanned with
+    them)."""
+    out: list[tuple[types.FunctionType, type | None]] = []
     mine = module.__name__
     for value in list(vars(module).values()):
         if isinstance(value, types.FunctionType) and value.__module__ == mine:
-            out.append(value)
+            out.append((value, None))
         elif isinstance(value, type) and value.__module__ == mine:
             for member in list(vars(value).values()):
                 member = getattr(member, "__func__", member)  # (a classmethod's, a staticmethod's)
                 if isinstance(member, property):
-                    out += [f for f in (member.fget, member.fset, member.fdel) if isinstance(f, types.FunctionType)]
+                    out += [(f, value) for f in (member.fget, member.fset, member.fdel)
+                            if isinstance(f, types.FunctionType)]
                 elif isinstance(member, types.FunctionType):
-                    out.append(member)
+                    out.append((member, value))
     return out
 
 
-def _containers_of(functions: list[types.FunctionType]) -> tuple[list[Any] | dict[Any, Any] | set[Any], ...]:
+def _containers_of(functions: list[tuple[types.FunctionType, type | None]],
+                   shared: dict[type, set[str]]) -> tuple[list[Any] | dict[Any, Any] | set[Any], ...]:
     """The lists, dicts and sets among ``functions``' default arguments: state a function keeps in itself
-    (``def _register(self, module, count=[0])``, DeepSpeed's count of the modules it registers)."""
+    (``def _register(self, module, count=[0])``, DeepSpeed's count of the modules it registers); and the dicts a
+    class's instances share as their ``__dict__`` (``shared``: each class's such attributes)."""
     out: dict[int, Any] = {}
-    for f in functions:
+    for f, _ in functions:
         for value in (*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()):
             if type(value) in (list, dict, set):
+                out[id(value)] = value
+    for cls, attrs in shared.items():
+        for attr in attrs:
+            value = vars(cls).get(attr)
+            if type(value) is dict:
                 out[id(value)] = value
     return tuple(out.values())
 
@@ -182,9 +200,13 @@ def _track(module: types.ModuleType, skip: frozenset[str]) -> _Tracked | None:
     names: set[str] = set()
     pairs: set[tuple[str, str]] = set()
     functions = _functions_of(module)
-    for f in functions:
-        _scan(f.__code__, names, pairs)
-    containers = _containers_of(functions)
+    shared: dict[type, set[str]] = {}
+    for f, cls in functions:
+        borg: set[str] = set()
+        _scan(f.__code__, names, pairs, borg)
+        if borg and cls is not None:
+            shared.setdefault(cls, set()).update(borg)
+    containers = _containers_of(functions, shared)
     d = vars(module)
     attrs = tuple(sorted(((d[c], a) for c, a in pairs if isinstance(d.get(c), type) and not a.startswith("__")),
                          key=lambda p: (p[0].__qualname__, p[1])))

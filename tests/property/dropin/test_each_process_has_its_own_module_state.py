@@ -1,12 +1,13 @@
 """Rule (execution: ``PROCESS_STATE``, :mod:`simdevice.runtime.process_state`): each simulated process has its own
 module-level state in the modules that use torch: the globals a module's functions rebind (``global``), the class
-attributes they assign through the class, and the contents of the lists, dicts and sets among their default
-arguments. The run's processes share one interpreter: before, one rank's ``global _initialized = True`` made the
-other skip its own initialization, and a counter kept on a class or in a default argument counted on across the ranks
-(DeepSpeed's ZeRO-3 numbers its parameters on ``Init.param_id`` and its modules in ``count=[0]``, and checks that the
-ranks' numbers agree: it failed). The threads of one process share its state, and the run leaves the modules as it
-found them. Each of the three kinds, unswapped, fails one test here, and so do containers compared with ``==`` (a
-dict of tensors: their ``==`` is elementwise).
+attributes they assign through the class, the contents of the lists, dicts and sets among their default arguments,
+and the dict a class's instances share as their ``__dict__`` (the "Borg" pattern: accelerate's ``PartialState``,
+where rank 1 was told it was process 0). The run's processes share one interpreter: before, one rank's ``global
+_initialized = True`` made the other skip its own initialization, and a counter kept on a class or in a default
+argument counted on across the ranks (DeepSpeed's ZeRO-3 numbers its parameters on ``Init.param_id`` and its modules
+in ``count=[0]``, and checks that the ranks' numbers agree: it failed). The threads of one process share its state,
+and the run leaves the modules as it found them. Each of the four kinds, unswapped, fails one test here, and so do
+containers compared with ``==`` (a dict of tensors: their ``==`` is elementwise).
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import simdevice
 
 LIBRARY = """
 import torch
+import torch.distributed as dist
 
 _initialized = False
 
@@ -60,6 +63,17 @@ def remember(t, memo={}):
     torch.ones(1, device="cuda")
     memo[len(memo)] = t  # (tensors of several elements: compared by identity, their == is elementwise)
     return len(memo)
+
+
+class State:  # a "Borg": every instance's attributes are one dict of the class's (accelerate's PartialState)
+
+    _shared_state = {}
+
+    def __init__(self):
+        self.__dict__ = self._shared_state
+        if not self.__dict__:
+            torch.ones(1, device="cuda")
+            self.rank = dist.get_rank()
 """
 
 SCHEDULES = (None, "rank0#0+3", "rank1#0+3", "rank0#2+2", "rank1#3+1")
@@ -77,7 +91,7 @@ def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 def _use(lib: Any) -> list[Any]:
     x = torch.ones(4, device="cuda")
     return [lib.init(), lib.register(), lib.register(), lib.count(), lib.count(), lib.remember(x),
-            lib.remember(x * 2)]
+            lib.remember(x * 2), lib.State().rank - dist.get_rank()]
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -85,7 +99,7 @@ def test_each_rank_initializes_and_counts_on_its_own(library: Any, schedule: str
     s = simdevice.cuda(schedule)
     s.run(lambda: _use(library), world_size=2)
     assert not s.reports, s.text()
-    assert s.result.result == [["made", 0, 1, 1, 2, 1, 2]] * 2
+    assert s.result.result == [["made", 0, 1, 1, 2, 1, 2, 0]] * 2
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -94,9 +108,10 @@ def test_the_run_leaves_the_modules_state_as_it_found_it(library: Any, schedule:
     s.run(lambda: _use(library), world_size=2)
     assert (library._initialized, library.Registry.next_id, library.count.__defaults__[0]) == (False, 0, [0])
     assert library.remember.__defaults__[0] == {}
+    assert library.State._shared_state == {}
     again = simdevice.cuda(schedule)
     again.run(lambda: _use(library), world_size=2)
-    assert again.result.result == [["made", 0, 1, 1, 2, 1, 2]] * 2
+    assert again.result.result == [["made", 0, 1, 1, 2, 1, 2, 0]] * 2
 
 
 def test_the_threads_of_one_process_share_its_state(library: Any) -> None:
