@@ -20,8 +20,10 @@ raise
 ``ThreadPoolExecutor`` the program makes is the simulator's too (:class:`SimThreadPoolExecutor`): its workers are
 threads of the program's (``pool_0``, ``pool_1``, ... or named by ``thread_name_prefix``), its futures wait as the
 primitives do. Made by the program, an installed package's code among it, through any name: one bound at import,
-before the session, too (:func:`_made_by_class`). What the standard library or torch makes for itself stays
-Python's, and so do the threads it starts (the workers of a pool torch makes: their use of the device is refused,
+before the session, too (:func:`_made_by_class`); so is asyncio's default executor, whose workers run the program's
+functions (``run_in_executor(None, fn)``, ``asyncio.to_thread``), and an asyncio event loop's wait on its selector
+polls in virtual time meanwhile. What else the standard library or torch makes for itself stays Python's, and so do
+the threads it starts (the workers of a pool torch makes: their use of the device is refused,
 naming the thread). A primitive made
 before the run is Python's own too: one thread holding it across a device call while another waits for it would
 hang the run, so make them in the function.
@@ -37,6 +39,7 @@ import concurrent.futures.thread
 import os
 import queue
 import re
+import selectors
 import sys
 import threading
 from collections.abc import Callable
@@ -58,7 +61,9 @@ _DEFAULT_NAME = re.compile(r"Thread-\d+( \(.*\))?")
 #: torch's own code whose threads and pools do the program's work, so are the program's: Distributed Checkpoint's
 #: (``async_save`` stages and writes on a ``ThreadPoolExecutor`` it makes, ``FileSystemWriter(thread_count=...)``
 #: writes the files on threads it starts)
-_PROGRAM_WORK = (os.path.join("torch", "distributed", "checkpoint") + os.sep,)
+_PROGRAM_WORK = (os.path.join("torch", "distributed", "checkpoint") + os.sep,
+                 # asyncio's default executor (``loop.run_in_executor(None, fn)``): its workers run the program's fn
+                 os.path.join("asyncio", "base_events.py"))
 
 
 def _session() -> Any:
@@ -595,9 +600,43 @@ def _made_by_class(p: Patches, module: Any, name: str) -> None:
     p.set(cls, "__init__", init_in_run)
 
 
+#: each selector class's own ``select``, as imported
+_SELECTS = {cls: cls.select for cls in (getattr(selectors, n, None) for n in (
+    "SelectSelector", "PollSelector", "EpollSelector", "DevpollSelector", "KqueueSelector")) if cls is not None}
+#: where asyncio's event loop waits on its selector (``BaseSelectorEventLoop._run_once``)
+_EVENT_LOOP = os.path.join("asyncio", "base_events.py")
+#: the virtual seconds an untimed select waits in one call before it answers nothing (its caller, an event loop,
+#: asks again: a loop nothing ever wakes runs into the run's step limit)
+_UNTIMED_SELECT_S = 60.0
+
+
+def _select_in_run(original: Callable[..., Any]) -> Callable[..., Any]:
+    def select(self: Any, timeout: float | None = None) -> Any:
+        """An asyncio event loop's wait (for a worker of its executor, a timer) by an actor of a run: polls in
+        virtual time, so that the run's other actors go on meanwhile (the worker that will wake the loop is one of
+        them, on the same machine thread). Another caller's (``subprocess``' wait for a real child's output), and
+        any outside an actor, is Python's own."""
+        if (not _in_run() or (timeout is not None and timeout <= 0)
+                or not sys._getframe(1).f_code.co_filename.endswith(_EVENT_LOOP)):
+            return original(self, timeout)
+        ready: list[Any] = []
+
+        def poll() -> bool:
+            ready[:] = original(self, 0)
+            return bool(ready)
+
+        processes.timed(poll, _UNTIMED_SELECT_S if timeout is None else timeout)
+        return ready
+
+    select.__name__ = select.__qualname__ = "select"
+    return select
+
+
 def install(p: Patches) -> None:
     """Put the simulated threads and primitives in place (each falls back to the original outside a run)."""
     _patch_thread(p)
+    for cls, original in _SELECTS.items():
+        p.set(cls, "select", _select_in_run(original))
     p.set(threading.Event, "wait", _event_wait)
     for module, name in (*_MADE, *_REFUSED):
         if getattr(module, name) in _CLASSES:
@@ -610,5 +649,5 @@ def install(p: Patches) -> None:
 
 
 def patched_owners() -> list[Any]:
-    return [threading, threading.Thread, threading.Event, queue, execution, concurrent.futures,
+    return [threading, threading.Thread, threading.Event, queue, execution, concurrent.futures, *_SELECTS,
             concurrent.futures.thread, concurrent.futures._base, concurrent.futures.Future, *_CLASSES]
