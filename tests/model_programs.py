@@ -25,6 +25,9 @@ and hide a race); None makes them (the simulator's runs).
   tensor dies as its interpreter ends: torch's deleter synchronizes the child's current stream first);
 - ``fsdp2_side_stream``: torch's FSDP2 on a layer whose forward computes on a side stream, the calling stream (where
   FSDP2 copies the unsharded weight out of its all-gather) stalled, with or without the side stream's wait for it;
+- ``asyncio_offload``: asyncio's default executor offloads a device tensor into pinned memory on a side stream
+  stalled before its copy (``loop.run_in_executor(None, fn)``), the worker synchronizing the side stream or not;
+  the event loop reads the pinned buffer once the worker has returned;
 - ``drop_a_received_tensor``: a consumer process reads a device tensor another process sent it (CUDA IPC) behind a
   stall, drops it and tells the producer, which collects what its consumers let go (``torch.cuda.ipc_collect()``)
   and allocates the block again: torch's deleter of a received storage synchronizes the consumer's *current* stream
@@ -336,6 +339,35 @@ def fsdp2_side_stream(wait: bool, cycles: int = 1000, seed: int = 0,
     with torch.no_grad():
         out = layer(x)
     right = bool(torch.allclose(out.cpu(), expected, rtol=1e-4, atol=1e-4))
+    torch.cuda.synchronize()
+    return right, sorted(_names(side).values())
+
+
+def asyncio_offload(wait: bool, cycles: int = 1000, seed: int = 0,
+                    streams: tuple[torch.cuda.Stream, ...] | None = None) -> tuple[bool, list[str]]:
+    """asyncio's default executor copies a device tensor into zeroed pinned memory on a side stream, stalled before
+    the copy; the worker synchronizes the side stream (``wait``) or returns at once; the event loop then reads the
+    pinned buffer. Returns (the read was right, the side stream's name)."""
+    import asyncio
+
+    (side,) = streams or (torch.cuda.Stream(),)
+    expected = torch.randn(N // 16, generator=torch.Generator().manual_seed(seed))
+    x = expected.cuda()
+    pinned = torch.zeros(N // 16, pin_memory=True)
+
+    def offload() -> None:
+        side.wait_stream(torch.cuda.default_stream())  # (the source ready: the race is the pinned buffer's alone)
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(cycles)
+            pinned.copy_(x, non_blocking=True)
+        if wait:
+            side.synchronize()
+
+    async def main() -> torch.Tensor:
+        await asyncio.get_running_loop().run_in_executor(None, offload)
+        return pinned.clone()
+
+    right = bool(torch.equal(asyncio.run(main()), expected))
     torch.cuda.synchronize()
     return right, sorted(_names(side).values())
 

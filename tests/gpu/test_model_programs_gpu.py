@@ -18,6 +18,8 @@
   producer's segment; right on any stream where it holds none (the deleter unmaps the segment, which waits);
 - torch's FSDP2 (``fully_shard``, one rank) on a layer computing on a side stream: the unsharded weight, copied out
   of the all-gather on the stalled calling stream, read right by the side stream only after its wait for that stream;
+- asyncio's default executor offloading to pinned memory on a stalled side stream: the event loop's read of the
+  pinned buffer right only where the worker synchronized the side stream;
 - torchao's ``CPUOffloadOptimizer`` (0.18.0) unmodified and its four mutants, each at a stall that exposes it; the
   unmodified optimizer under torch's ``GradScaler("cuda")``, its first gradient D2H stalled (upstream's race).
 
@@ -234,6 +236,15 @@ def test_fsdp2_s_unsharded_weight_read_on_a_side_stream(wait: bool, cycles: int)
     print(f"RATE FSDP2 (fully_shard, one rank) on a layer computing on a side stream, the calling stream stalled, "
           f"{'after' if wait else 'without'} the side stream's wait for it: right {right}/{TRIALS} (simulator: "
           f"{sim_verdict}) {_where()}", flush=True)
+    _agree(wait, sim_verdict, right)
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_an_asyncio_executor_s_offload_read_by_the_loop(wait: bool, cycles: int) -> None:
+    _, sim_verdict, right, _ = _read_rate(programs.asyncio_offload, wait, cycles, 1)
+    print(f"RATE asyncio's default executor offloads to pinned memory on a stalled side stream, the loop reading it "
+          f"{'after' if wait else 'without'} the worker's sync: right {right}/{TRIALS} (simulator: {sim_verdict}) "
+          f"{_where()}", flush=True)
     _agree(wait, sim_verdict, right)
 
 

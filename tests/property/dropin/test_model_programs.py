@@ -68,6 +68,16 @@ def test_fsdp2_s_unsharded_weight_read_on_a_side_stream_races_without_its_wait(w
     assert run.result[0] == wait  # (stalled, the side stream reads the weight before the copy-out lands)
 
 
+@pytest.mark.parametrize("wait", [True, False])
+def test_an_asyncio_executor_s_offload_read_by_the_loop_races_without_the_worker_s_sync(wait: bool) -> None:
+    run = simdevice.cuda().run(programs.asyncio_offload, wait, STALL)
+    races = [str(r) for r in run.reports if r.kind == "race"]
+    assert bool(races) != wait, [str(r) for r in run.reports]
+    if not wait:
+        assert any(r.startswith("race: clone on host") and "which copy_ (D2H) on stream" in r for r in races), races
+    assert run.result[0] == wait  # (stalled, the loop reads the zeros before the copy lands)
+
+
 @pytest.mark.parametrize(("read_on", "keep", "right"), [
     ("current", True, True), ("side", True, False), ("side-recorded", True, False),  # the current stream only
     ("side", False, True), ("side-recorded", False, True),  # the segment's last tensor: every stream
