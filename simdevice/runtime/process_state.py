@@ -13,14 +13,17 @@ What counts, found once per module from its functions' code (nothing is guessed 
 the module binds with ``global`` (``STORE_GLOBAL``, ``DELETE_GLOBAL``), an attribute a function assigns on a class
 the module names (``Init.param_id += 1``, ``Registry.instance = ...``), and the contents of a list, dict or set among
 its functions' default arguments (``def _register(self, module, count=[0])``: DeepSpeed numbers the modules it
-registers so, and checks that the ranks' numbers agree), and the dict a class's instances share as their
+registers so, and checks that the ranks' numbers agree) and of the lists, dicts and sets a function changes in place
+through the module's name for them (``_STATE["rank"] = rank``, ``_GROUPS.append(group)``, ``del _CACHE[key]``; a
+container as its module made it, a registry filled at import, is not copied at each turn), and the dict a class's
+instances share as their
 ``__dict__`` (``self.__dict__ = self._shared_state``, the "Borg" pattern: accelerate's ``PartialState`` told rank 1
 it was process 0). The modules: those that use torch
 (``import torch`` or a torch module among their globals: the program's and its libraries'), not torch's own, the
 standard library's or the simulator's; the :data:`~simdevice.runtime.execution.PROCESS_MODULES` have all their
-bindings swapped already. Another mutable value changed in place (a module's list a function appends to) is the same
-object for every process, as before; so is state kept elsewhere (an instance's attributes: each process makes its
-own instances anyway).
+bindings swapped already. A mutable value changed in place otherwise (through another name, an attribute of an object)
+is the same object for every process, as before; so is state kept elsewhere (an instance's attributes: each process
+makes its own instances anyway; a ``functools.lru_cache``'s cache).
 """
 
 from __future__ import annotations
@@ -39,11 +42,20 @@ _STORE_ATTR = dis.opmap["STORE_ATTR"]
 _LOAD_GLOBAL = dis.opmap["LOAD_GLOBAL"]
 _LOAD_ATTR = dis.opmap["LOAD_ATTR"]
 _LOAD_FAST = dis.opmap["LOAD_FAST"]
+_LOAD_METHOD = dis.opmap.get("LOAD_METHOD", -1)
+_SUBSCRIPTS = {dis.opmap["STORE_SUBSCR"], dis.opmap["DELETE_SUBSCR"]}
+#: what loads a subscript's key in one instruction (``STATE["rank"] = ...``, ``STATE[key] = ...``)
+_KEYS = {dis.opmap[n] for n in ("LOAD_CONST", "LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL") if n in dis.opmap}
+#: the methods that change a list, dict or set in place
+_MUTATORS = frozenset(("append", "extend", "insert", "remove", "pop", "popitem", "clear", "update", "setdefault",
+                       "add", "discard", "difference_update", "intersection_update", "symmetric_difference_update"))
 _COPY = dis.opmap.get("COPY", -1)
 _EXTENDED_ARG = dis.EXTENDED_ARG
 _CACHE = dis.opmap.get("CACHE", -1)
 #: what a global's or an attribute's absence is kept as
 ABSENT = object()
+#: what a container's contents are kept as where they are as its module made them
+_AS_MADE = object()
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: the simulator's own packages and the device contract's: their state is the simulator's, not a process's
@@ -76,14 +88,22 @@ def _attr_name(code: types.CodeType, arg: int) -> str:
     return code.co_names[arg >> 1] if sys.version_info >= (3, 12) else code.co_names[arg]
 
 
-def _scan(code: types.CodeType, names: set[str], attrs: set[tuple[str, str]], shared: set[str]) -> None:
+def _scan(code: types.CodeType, names: set[str], attrs: set[tuple[str, str]], shared: set[str],
+          changed: set[str]) -> None:
     """The globals ``code`` rebinds and the (global, attribute) pairs it assigns, into ``names`` and ``attrs``; the
     attributes whose dict it makes an instance's own (``self.__dict__ = self._shared_state``: the "Borg" pattern,
-    accelerate's ``PartialState``), into ``shared``."""
+    accelerate's ``PartialState``), into ``shared``; the globals it changes in place (``STATE[key] = value``,
+    ``del STATE[key]``, ``GROUPS.append(g)``, ``SEEN.add(x)``), into ``changed``."""
     ins = _instructions(code)
     for k, (op, arg) in enumerate(ins):
         if op in (_STORE_GLOBAL, _DELETE_GLOBAL):
             names.add(code.co_names[arg])
+        elif op in _SUBSCRIPTS:
+            if k >= 2 and ins[k - 2][0] == _LOAD_GLOBAL and ins[k - 1][0] in _KEYS:
+                changed.add(_global_name(code, ins[k - 2][1]))
+        elif op in (_LOAD_METHOD, _LOAD_ATTR) and k and ins[k - 1][0] == _LOAD_GLOBAL:
+            if (code.co_names[arg] if op == _LOAD_METHOD else _attr_name(code, arg)) in _MUTATORS:
+                changed.add(_global_name(code, ins[k - 1][1]))
         elif op == _STORE_ATTR:
             attr = code.co_names[arg]
             before = ins[k - 1] if k else (0, 0)
@@ -103,7 +123,7 @@ def _scan(code: types.CodeType, names: set[str], attrs: set[tuple[str, str]], sh
                     break
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            _scan(const, names, attrs, shared)
+            _scan(const, names, attrs, shared, changed)
 
 
 def _functions_of(module: types.ModuleType) -> list[tuple[types.FunctionType, type | None]]:
@@ -163,14 +183,13 @@ def _uses_torch(module: types.ModuleType) -> bool:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Whether two copies of a container hold the same objects (by identity: a tensor's ``==`` is elementwise)."""
-    if len(a) != len(b):
+    """Whether two copies of a container hold the same objects. Python's ``==`` on a list or dict takes an item
+    identical to its counterpart as equal without asking it (a tensor's own ``==`` is elementwise: where one
+    differs, it answers a tensor, or raises, and the two are taken as different)."""
+    try:
+        return bool(a == b)
+    except Exception:  # (a tensor's ==, asked where the items differ)
         return False
-    if isinstance(a, list):
-        return all(x is y for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict):
-        return all(k in b and b[k] is v for k, v in a.items())
-    return bool(a == b)
 
 
 class _Tracked:
@@ -201,13 +220,15 @@ def _track(module: types.ModuleType, skip: frozenset[str]) -> _Tracked | None:
     pairs: set[tuple[str, str]] = set()
     functions = _functions_of(module)
     shared: dict[type, set[str]] = {}
+    changed: set[str] = set()
     for f, cls in functions:
         borg: set[str] = set()
-        _scan(f.__code__, names, pairs, borg)
+        _scan(f.__code__, names, pairs, borg, changed)
         if borg and cls is not None:
             shared.setdefault(cls, set()).update(borg)
-    containers = _containers_of(functions, shared)
     d = vars(module)
+    containers = _containers_of(functions, shared) + tuple(
+        d[n] for n in sorted(changed) if type(d.get(n)) in (list, dict, set) and n not in names)
     attrs = tuple(sorted(((d[c], a) for c, a in pairs if isinstance(d.get(c), type) and not a.startswith("__")),
                          key=lambda p: (p[0].__qualname__, p[1])))
     names.discard("__all__")
@@ -269,7 +290,9 @@ class ProcessState:
         not run, as its module was made) goes into the modules."""
         places = self._places
         now = [ns.get(name, ABSENT) for ns, _, name, _ in places]
-        contents = [_copy(c) for c in self._containers]
+        # (a container as its module made it, a registry filled at import, is kept as a mark, not copied)
+        contents = [_AS_MADE if _same(c, first) else _copy(c)
+                    for c, first in zip(self._containers, self._first_contents, strict=True)]
         values, kept = (into[0], into[1]) if into else ((), ())
         first, first_contents = self._first, self._first_contents
         n = len(values)
@@ -288,11 +311,14 @@ class ProcessState:
                 setattr(owner, name, value)
         n = len(kept)
         for i, container in enumerate(self._containers):
-            value = kept[i] if i < n else first_contents[i]
-            if not _same(value, contents[i]):
+            target = kept[i] if i < n else _AS_MADE
+            if target is contents[i]:  # (both as made)
+                continue
+            want: Any = first_contents[i] if target is _AS_MADE else target
+            if not _same(want, first_contents[i] if contents[i] is _AS_MADE else contents[i]):
                 container.clear()
                 if isinstance(container, list):
-                    container.extend(value)
+                    container.extend(want)
                 else:
-                    container.update(value)
+                    container.update(want)
         out[:] = [now, contents]

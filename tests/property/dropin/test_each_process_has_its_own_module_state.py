@@ -1,12 +1,13 @@
 """Rule (execution: ``PROCESS_STATE``, :mod:`simdevice.runtime.process_state`): each simulated process has its own
 module-level state in the modules that use torch: the globals a module's functions rebind (``global``), the class
-attributes they assign through the class, the contents of the lists, dicts and sets among their default arguments,
-and the dict a class's instances share as their ``__dict__`` (the "Borg" pattern: accelerate's ``PartialState``,
+attributes they assign through the class, the contents of the lists, dicts and sets among their default arguments
+and of those a module's functions change in place (``_STATE["rank"] = ...``, ``_SEEN.append(...)``), and the dict a
+class's instances share as their ``__dict__`` (the "Borg" pattern: accelerate's ``PartialState``,
 where rank 1 was told it was process 0). The run's processes share one interpreter: before, one rank's ``global
 _initialized = True`` made the other skip its own initialization, and a counter kept on a class or in a default
 argument counted on across the ranks (DeepSpeed's ZeRO-3 numbers its parameters on ``Init.param_id`` and its modules
 in ``count=[0]``, and checks that the ranks' numbers agree: it failed). The threads of one process share its state,
-and the run leaves the modules as it found them. Each of the four kinds, unswapped, fails one test here, and so do
+and the run leaves the modules as it found them. Each of the five kinds, unswapped, fails one test here, and so do
 containers compared with ``==`` (a dict of tensors: their ``==`` is elementwise).
 """
 
@@ -65,6 +66,18 @@ def remember(t, memo={}):
     return len(memo)
 
 
+_STATE = {}
+_SEEN = []
+
+
+def note_rank():
+    torch.ones(1, device="cuda")
+    _STATE["rank"] = dist.get_rank()  # (changed in place: a program's module-level store)
+    _SEEN.append(dist.get_rank())
+    torch.ones(1, device="cuda")
+    return _STATE["rank"], list(_SEEN)
+
+
 class State:  # a "Borg": every instance's attributes are one dict of the class's (accelerate's PartialState)
 
     _shared_state = {}
@@ -91,7 +104,7 @@ def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 def _use(lib: Any) -> list[Any]:
     x = torch.ones(4, device="cuda")
     return [lib.init(), lib.register(), lib.register(), lib.count(), lib.count(), lib.remember(x),
-            lib.remember(x * 2), lib.State().rank - dist.get_rank()]
+            lib.remember(x * 2), lib.State().rank - dist.get_rank(), lib.note_rank()]
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -99,7 +112,7 @@ def test_each_rank_initializes_and_counts_on_its_own(library: Any, schedule: str
     s = simdevice.cuda(schedule)
     s.run(lambda: _use(library), world_size=2)
     assert not s.reports, s.text()
-    assert s.result.result == [["made", 0, 1, 1, 2, 1, 2, 0]] * 2
+    assert s.result.result == [["made", 0, 1, 1, 2, 1, 2, 0, (rank, [rank])] for rank in (0, 1)]
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -109,9 +122,10 @@ def test_the_run_leaves_the_modules_state_as_it_found_it(library: Any, schedule:
     assert (library._initialized, library.Registry.next_id, library.count.__defaults__[0]) == (False, 0, [0])
     assert library.remember.__defaults__[0] == {}
     assert library.State._shared_state == {}
+    assert (library._STATE, library._SEEN) == ({}, [])
     again = simdevice.cuda(schedule)
     again.run(lambda: _use(library), world_size=2)
-    assert again.result.result == [["made", 0, 1, 1, 2, 1, 2, 0]] * 2
+    assert again.result.result == [["made", 0, 1, 1, 2, 1, 2, 0, (rank, [rank])] for rank in (0, 1)]
 
 
 def test_the_threads_of_one_process_share_its_state(library: Any) -> None:
