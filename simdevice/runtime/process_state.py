@@ -13,9 +13,10 @@ What counts, found once per module from its functions' code (nothing is guessed 
 the module binds with ``global`` (``STORE_GLOBAL``, ``DELETE_GLOBAL``), an attribute a function assigns on a class
 the module names (``Init.param_id += 1``, ``Registry.instance = ...``), and the contents of a list, dict or set among
 its functions' default arguments (``def _register(self, module, count=[0])``: DeepSpeed numbers the modules it
-registers so, and checks that the ranks' numbers agree) and of the lists, dicts and sets a function changes in place
-through the module's name for them (``_STATE["rank"] = rank``, ``_GROUPS.append(group)``, ``del _CACHE[key]``; a
-container as its module made it, a registry filled at import, is not copied at each turn), and the dict a class's
+registers so, and checks that the ranks' numbers agree) and, in an installed library, of the lists, dicts and sets a
+function changes in place through the module's name for them (``_STATE["rank"] = rank``, ``_GROUPS.append(group)``,
+``del _CACHE[key]``; a container as its module made it, a registry filled at import, is not copied at each turn; the
+program's own modules keep theirs shared, where a test collects its ranks' results), and the dict a class's
 instances share as their
 ``__dict__`` (``self.__dict__ = self._shared_state``, the "Borg" pattern: accelerate's ``PartialState`` told rank 1
 it was process 0). The modules: those that use torch
@@ -54,6 +55,8 @@ _EXTENDED_ARG = dis.EXTENDED_ARG
 _CACHE = dis.opmap.get("CACHE", -1)
 #: what a global's or an attribute's absence is kept as
 ABSENT = object()
+#: where an installed library's modules lie (``site-packages``, ``dist-packages``)
+_INSTALLED = "-packages" + os.sep
 #: what a container's contents are kept as where they are as its module made them
 _AS_MADE = object()
 
@@ -227,8 +230,9 @@ def _track(module: types.ModuleType, skip: frozenset[str]) -> _Tracked | None:
         if borg and cls is not None:
             shared.setdefault(cls, set()).update(borg)
     d = vars(module)
-    containers = _containers_of(functions, shared) + tuple(
-        d[n] for n in sorted(changed) if type(d.get(n)) in (list, dict, set) and n not in names)
+    containers = _containers_of(functions, shared)
+    if _INSTALLED in path:  # (a library's: the program's own may collect its ranks' results so, as tests do)
+        containers += tuple(d[n] for n in sorted(changed) if type(d.get(n)) in (list, dict, set) and n not in names)
     attrs = tuple(sorted(((d[c], a) for c, a in pairs if isinstance(d.get(c), type) and not a.startswith("__")),
                          key=lambda p: (p[0].__qualname__, p[1])))
     names.discard("__all__")

@@ -1,14 +1,16 @@
 """Rule (execution: ``PROCESS_STATE``, :mod:`simdevice.runtime.process_state`): each simulated process has its own
 module-level state in the modules that use torch: the globals a module's functions rebind (``global``), the class
 attributes they assign through the class, the contents of the lists, dicts and sets among their default arguments
-and of those a module's functions change in place (``_STATE["rank"] = ...``, ``_SEEN.append(...)``), and the dict a
-class's instances share as their ``__dict__`` (the "Borg" pattern: accelerate's ``PartialState``,
-where rank 1 was told it was process 0). The run's processes share one interpreter: before, one rank's ``global
-_initialized = True`` made the other skip its own initialization, and a counter kept on a class or in a default
-argument counted on across the ranks (DeepSpeed's ZeRO-3 numbers its parameters on ``Init.param_id`` and its modules
-in ``count=[0]``, and checks that the ranks' numbers agree: it failed). The threads of one process share its state,
-and the run leaves the modules as it found them. Each of the five kinds, unswapped, fails one test here, and so do
-containers compared with ``==`` (a dict of tensors: their ``==`` is elementwise).
+and, in an installed library, of those a module's functions change in place (``_STATE["rank"] = ...``,
+``_SEEN.append(...)``; a program's own module keeps them shared, where a test collects its ranks' results:
+``test_a_rank_reads_torchrun_s_variables.py``), and the dict a class's instances share as their ``__dict__`` (the
+"Borg" pattern: accelerate's ``PartialState``, where rank 1 was told it was process 0). The run's processes share one
+interpreter: before, one rank's ``global _initialized = True`` made the other skip its own initialization, and a
+counter kept on a class or in a default argument counted on across the ranks (DeepSpeed's ZeRO-3 numbers its
+parameters on ``Init.param_id`` and its modules in ``count=[0]``, and checks that the ranks' numbers agree: it
+failed). The threads of one process share its state, and the run leaves the modules as it found them. Each of the
+five kinds, unswapped, fails one test here, and so do containers compared with ``==`` (a dict of tensors: their
+``==`` is elementwise).
 """
 
 from __future__ import annotations
@@ -94,8 +96,10 @@ SCHEDULES = (None, "rank0#0+3", "rank1#0+3", "rank0#2+2", "rank1#3+1")
 
 @pytest.fixture
 def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    (tmp_path / "perprocess_lib.py").write_text(textwrap.dedent(LIBRARY))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    installed = tmp_path / "site-packages"  # (an installed library's: its in-place containers are a process's too)
+    installed.mkdir()
+    (installed / "perprocess_lib.py").write_text(textwrap.dedent(LIBRARY))
+    monkeypatch.syspath_prepend(str(installed))
     sys.modules.pop("perprocess_lib", None)
     yield importlib.import_module("perprocess_lib")
     sys.modules.pop("perprocess_lib", None)
