@@ -1,30 +1,31 @@
-"""Each simulated process's own module-level state: the globals a module's functions rebind and the class attributes
-they assign through the class, in the program's modules and the libraries it uses.
+"""Each simulated process's own module-level state, in the program's modules and the libraries it uses.
 
 A run's processes share one interpreter, so a module's state is one for all of them where each process of a real
 world has its own: a counter a library keeps on a class (DeepSpeed's ``Init.param_id``, each parameter's id under
 ZeRO-3) counted on across the ranks, so the ranks' ids differed and DeepSpeed's own check that they agree failed; a
 flag one rank's initialization set (``global _initialized``) made the other skip its own. Here each process has its
-own bindings of such state: at each turn that changes the process, the state moves out of the modules into the
-process that ran and the next process's goes in; a process that has not run yet starts from the state as the module
-was made (its import ended, or the run began), as a fresh process imports the library afresh.
+own of such state: at each turn that changes the process, the state moves out of the modules into the process that
+ran and the next process's goes in; a process that has not run yet starts from the state as the module was made (its
+import ended, or the run began), as a fresh process imports the library afresh.
 
-What counts, found once per module from its functions' code (nothing is guessed at run time): a name a function of
-the module binds with ``global`` (``STORE_GLOBAL``, ``DELETE_GLOBAL``), an attribute a function assigns on a class
-the module names (``Init.param_id += 1``, ``Registry.instance = ...``), and the contents of a list, dict or set among
-its functions' default arguments (``def _register(self, module, count=[0])``: DeepSpeed numbers the modules it
-registers so, and checks that the ranks' numbers agree) and, in an installed library, of the lists, dicts and sets a
-function changes in place through the module's name for them (``_STATE["rank"] = rank``, ``_GROUPS.append(group)``,
-``del _CACHE[key]``; a container as its module made it, a registry filled at import, is not copied at each turn; the
-program's own modules keep theirs shared, where a test collects its ranks' results), and the dict a class's
-instances share as their
-``__dict__`` (``self.__dict__ = self._shared_state``, the "Borg" pattern: accelerate's ``PartialState`` told rank 1
-it was process 0). The modules: those that use torch
-(``import torch`` or a torch module among their globals: the program's and its libraries'), not torch's own, the
-standard library's or the simulator's; the :data:`~simdevice.runtime.execution.PROCESS_MODULES` have all their
-bindings swapped already. A mutable value changed in place otherwise (through another name, an attribute of an object)
-is the same object for every process, as before; so is state kept elsewhere (an instance's attributes: each process
-makes its own instances anyway; a ``functools.lru_cache``'s cache).
+What counts, found once per module from its functions' code (nothing is guessed at run time):
+
+- a name a function of the module binds with ``global`` (``STORE_GLOBAL``, ``DELETE_GLOBAL``);
+- an attribute a function assigns on a class the module names (``Init.param_id += 1``, ``Registry.instance = ...``);
+- the contents of a list, dict or set among its functions' default arguments (``def _register(self, module,
+  count=[0])``: DeepSpeed numbers the modules it registers so, and checks that the ranks' numbers agree);
+- the dict a class's instances share as their ``__dict__`` (``self.__dict__ = self._shared_state``, the "Borg"
+  pattern: accelerate's ``PartialState`` told rank 1 it was process 0);
+- in an installed library, the contents of a list, dict or set a function changes in place through the module's
+  name for it (``_STATE["rank"] = rank``, ``_GROUPS.append(group)``, ``del _CACHE[key]``). The program's own modules
+  keep theirs shared, where a test collects its ranks' results.
+
+A container as its module made it (a registry filled at import) is kept as a mark, not copied, at each turn. The
+modules: those that use torch (``import torch`` or a torch module among their globals), not torch's own, the standard
+library's or the simulator's; the :data:`~simdevice.runtime.execution.PROCESS_MODULES` have all their bindings
+swapped already. A value changed in place otherwise (through another name, an attribute of an object) is the same
+object for every process, as before; so is state kept elsewhere (an instance's attributes: each process makes its own
+instances anyway; a ``functools.lru_cache``'s cache).
 """
 
 from __future__ import annotations
