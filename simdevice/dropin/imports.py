@@ -12,7 +12,9 @@ In a run, the program's import of a module another actor is importing (Python's 
 ``_lock_unlock_module``, which an ``import`` of a module still being made calls to wait for it) waits in the run
 for that import to end, and is ordered after it, as a thread waits on its lock; meanwhile the other actors run. An
 import that would wait on a cycle of imports goes on with the module half made, as Python's own deadlock detection
-lets it. An import of a module no other actor is importing is Python's own (no host step, nothing counted).
+lets it. An import of a module no other actor is importing is Python's own (no host step, nothing counted). A module
+first imported in a run leaves its state as made with :mod:`simdevice.runtime.process_state`: what another process
+that imports it starts from.
 """
 
 from __future__ import annotations
