@@ -20,6 +20,7 @@ that imports it starts from.
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
 from simdevice.dropin.patches import Patches
@@ -42,7 +43,7 @@ class _Import:
 
 
 class _Imports:
-    """A run's imports under way (the runtime's: :func:`_table`)."""
+    """A run's imports under way (:func:`_table`)."""
 
     def __init__(self) -> None:
         self.under_way: dict[str, _Import] = {}
@@ -72,10 +73,14 @@ def _runtime() -> Any:
     return facade.session_device().runtime
 
 
+#: each run's imports under way, by its runtime
+_TABLES: weakref.WeakKeyDictionary[Any, _Imports] = weakref.WeakKeyDictionary()
+
+
 def _table(rt: Any) -> _Imports:
-    table = getattr(rt, "_imports", None)
+    table = _TABLES.get(rt)
     if table is None:
-        table = rt._imports = _Imports()
+        table = _TABLES[rt] = _Imports()
     return table
 
 

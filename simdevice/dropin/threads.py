@@ -61,9 +61,10 @@ _DEFAULT_NAME = re.compile(r"Thread-\d+( \(.*\))?")
 #: torch's own code whose threads and pools do the program's work, so are the program's: Distributed Checkpoint's
 #: (``async_save`` stages and writes on a ``ThreadPoolExecutor`` it makes, ``FileSystemWriter(thread_count=...)``
 #: writes the files on threads it starts)
-_PROGRAM_WORK = (os.path.join("torch", "distributed", "checkpoint") + os.sep,
-                 # asyncio's default executor (``loop.run_in_executor(None, fn)``): its workers run the program's fn
-                 os.path.join("asyncio", "base_events.py"))
+#: asyncio's event loop, which makes its default executor (``loop.run_in_executor(None, fn)``: its workers run the
+#: program's fn) and waits on its selector (``BaseSelectorEventLoop._run_once``)
+_EVENT_LOOP = os.path.join("asyncio", "base_events.py")
+_PROGRAM_WORK = (os.path.join("torch", "distributed", "checkpoint") + os.sep, _EVENT_LOOP)
 
 
 def _session() -> Any:
@@ -603,8 +604,6 @@ def _made_by_class(p: Patches, module: Any, name: str) -> None:
 #: each selector class's own ``select``, as imported
 _SELECTS = {cls: cls.select for cls in (getattr(selectors, n, None) for n in (
     "SelectSelector", "PollSelector", "EpollSelector", "DevpollSelector", "KqueueSelector")) if cls is not None}
-#: where asyncio's event loop waits on its selector (``BaseSelectorEventLoop._run_once``)
-_EVENT_LOOP = os.path.join("asyncio", "base_events.py")
 #: the virtual seconds an untimed select waits in one call before it answers nothing (its caller, an event loop,
 #: asks again: a loop nothing ever wakes runs into the run's step limit)
 _UNTIMED_SELECT_S = 60.0

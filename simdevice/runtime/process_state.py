@@ -55,7 +55,7 @@ _COPY = dis.opmap.get("COPY", -1)
 _EXTENDED_ARG = dis.EXTENDED_ARG
 _CACHE = dis.opmap.get("CACHE", -1)
 #: what a global's or an attribute's absence is kept as
-ABSENT = object()
+_ABSENT = object()
 #: where an installed library's modules lie (``site-packages``, ``dist-packages``)
 _INSTALLED = "-packages" + os.sep
 #: what a container's contents are kept as where they are as its module made them
@@ -186,6 +186,10 @@ def _uses_torch(module: types.ModuleType) -> bool:
     return False
 
 
+#: a module's per-process state, as :func:`_track` finds it
+_State = tuple[tuple[str, ...], tuple[tuple[type, str], ...], tuple[Any, ...]]
+
+
 def _same(a: Any, b: Any) -> bool:
     """Whether two copies of a container hold the same objects. Python's ``==`` on a list or dict takes an item
     identical to its counterpart as equal without asking it (a tensor's own ``==`` is elementwise: where one
@@ -196,22 +200,10 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
-class _Tracked:
-    """One module's per-process state: the names its functions rebind, the class attributes they assign, the
-    containers among their default arguments (whose contents are the state)."""
-
-    __slots__ = ("attrs", "containers", "module", "names")
-
-    def __init__(self, module: types.ModuleType, names: tuple[str, ...], attrs: tuple[tuple[type, str], ...],
-                 containers: tuple[Any, ...]) -> None:
-        self.module = module
-        self.names = names
-        self.attrs = attrs
-        self.containers = containers
-
-
-def _track(module: types.ModuleType, skip: frozenset[str]) -> _Tracked | None:
-    """``module``'s per-process state, or None where it keeps none (or is not a process's: see the module)."""
+def _track(module: types.ModuleType, skip: frozenset[str]) -> _State | None:
+    """``module``'s per-process state (the names its functions rebind, the class attributes they assign, the
+    containers whose contents are the state), or None where it keeps none (or is not a process's: see the
+    module)."""
     name = getattr(module, "__name__", None)
     filename = vars(module).get("__file__")
     if (not isinstance(name, str) or name in skip or name == "torch" or name.startswith("torch.")
@@ -239,7 +231,7 @@ def _track(module: types.ModuleType, skip: frozenset[str]) -> _Tracked | None:
     names.discard("__all__")
     if not names and not attrs and not containers:
         return None
-    return _Tracked(module, tuple(sorted(names)), attrs, containers)
+    return tuple(sorted(names)), attrs, containers
 
 
 class ProcessState:
@@ -274,18 +266,19 @@ class ProcessState:
         seen = self._seen.get(id(module))
         if seen is not None and seen[0] is module:
             return
-        t = _track(module, self._skip)
-        self._seen[id(module)] = (module, t is not None)
-        if t is None:
+        state = _track(module, self._skip)
+        self._seen[id(module)] = (module, state is not None)
+        if state is None:
             return
+        names, attrs, containers = state
         d = vars(module)
-        for name in t.names:
+        for name in names:
             self._places.append((d, d, name, False))
-            self._first.append(d.get(name, ABSENT))
-        for cls, attr in t.attrs:
+            self._first.append(d.get(name, _ABSENT))
+        for cls, attr in attrs:
             self._places.append((vars(cls), cls, attr, True))
-            self._first.append(vars(cls).get(attr, ABSENT))
-        for container in t.containers:
+            self._first.append(vars(cls).get(attr, _ABSENT))
+        for container in containers:
             self._containers.append(container)
             self._first_contents.append(_copy(container))
 
@@ -294,7 +287,7 @@ class ProcessState:
         the next process's (``into``: a place or container tracked since it was kept, or one of a process that has
         not run, as its module was made) goes into the modules."""
         places = self._places
-        now = [ns.get(name, ABSENT) for ns, _, name, _ in places]
+        now = [ns.get(name, _ABSENT) for ns, _, name, _ in places]
         # (a container as its module made it, a registry filled at import, is kept as a mark, not copied)
         contents = [_AS_MADE if _same(c, first) else _copy(c)
                     for c, first in zip(self._containers, self._first_contents, strict=True)]
@@ -306,11 +299,11 @@ class ProcessState:
             if value is now[i]:
                 continue
             if not is_class:
-                if value is ABSENT:
+                if value is _ABSENT:
                     owner.pop(name, None)
                 else:
                     owner[name] = value
-            elif value is ABSENT:
+            elif value is _ABSENT:
                 delattr(owner, name)
             else:
                 setattr(owner, name, value)
