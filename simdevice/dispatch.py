@@ -60,6 +60,7 @@ from reference.origin import Origin
 from simdevice import elementwise
 from simdevice.runtime import Runtime
 from simdevice.runtime.execution import HostActor, outside_actor, start_own_thread
+from simdevice.runtime.graphs import UNSUPPORTED
 from simdevice.runtime.memory import Ref, Storage, footprint, overlap, span
 from simdevice.runtime.reports import internal_file, user_source
 from simdevice.runtime.streams import SimStream
@@ -2368,10 +2369,15 @@ class Dispatcher:
             # (ATen's ``memcpy_and_sync`` or stream sync: a value read on the host, a blocking copy, a host input
             # copied; a non-blocking copy into pageable memory waits in CUDA's own copy, a library in its own way)
             self.rt.synchronizing()
+        again = None
+        if s.capture is not None:  # (a CUDA graph's node: each replay computes it afresh)
+            if staged and facts.copy:  # (a copy from pageable memory: CUDA refuses it in a capture)
+                raise s.capture.fail(f"{UNSUPPORTED} ({desc} from pageable host memory)")
+            again = eff.again if seed is None else lambda: eff.again(self.rt.next_seed())
         index, rec = self.rt.enqueue(
             a, s, desc, duration, in_refs, out_refs, src, start=start, finish=finish,
             # a copy moves its bytes in order; one that reads its source at its completion can trail another
-            sweeps=facts.copy and eff.deferred and not staged, record=waits, nbytes=n,
+            sweeps=facts.copy and eff.deferred and not staged, record=waits, nbytes=n, again=again,
         )
         if mask is not None:
             self.rt.memory.narrowed.clear()
@@ -2621,6 +2627,18 @@ class _Effect:
         #: for an op of several results, the places among the results' leaves that are :attr:`outputs` (the meta
         #: kernel's tensors), else None (:func:`_land`)
         self.places: tuple[int, ...] | None = None
+
+    def again(self, seed: int | None = None) -> tuple[Callable[[], None], Callable[[], None]]:
+        """The same operation computed afresh (a CUDA graph's replay of it), drawing from ``seed`` where it is random:
+        its start and finish."""
+        e = _Effect.__new__(_Effect)
+        for name in ("func", "args", "kwargs", "written", "staged", "outputs", "reads", "into", "in_flight",
+                     "compute", "land", "deferred", "mask", "places"):
+            setattr(e, name, getattr(self, name))
+        e.seed = seed if self.seed is not None else None
+        e.value = e.reading = e.error = None
+        e.copies = {}
+        return e.start, e.finish
 
     def holding(self, step: Callable[[], None]) -> Callable[[], None]:
         """``step`` (:meth:`start` or :meth:`finish`) with what it raises held in :attr:`error` for the host, which

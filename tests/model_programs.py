@@ -372,6 +372,51 @@ def asyncio_offload(wait: bool, cycles: int = 1000, seed: int = 0,
     return right, sorted(_names(side).values())
 
 
+def graph_copy_in(wait: bool, cycles: int = 1000, seed: int = 0,
+                  streams: tuple[torch.cuda.Stream, ...] | None = None) -> tuple[bool, list[str]]:
+    """A CUDA graph captured over a static input (``out = static_in * 2``); the next input copied into the static
+    input from pinned memory on a copy stream, stalled before the copy; the current stream waits for the copy
+    (``wait``) or not, then replays the graph. Returns (the output was right, the copy stream's name)."""
+    (copy,) = streams or (torch.cuda.Stream(),)
+    expected = torch.randn(N // 16, generator=torch.Generator().manual_seed(seed))
+    host = expected.pin_memory()
+    static_in = torch.zeros(N // 16, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out = static_in * 2
+    copy.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(copy):
+        torch.cuda._sleep(cycles)
+        static_in.copy_(host, non_blocking=True)
+    if wait:
+        torch.cuda.current_stream().wait_stream(copy)
+    g.replay()
+    right = bool(torch.equal(static_out.cpu(), expected * 2))
+    torch.cuda.synchronize()
+    return right, sorted(_names(copy).values())
+
+
+def graph_freed_input(keep: bool, cycles: int = 0, seed: int = 0,
+                      streams: tuple[torch.cuda.Stream, ...] | None = None) -> tuple[bool, list[str]]:
+    """A CUDA graph captured over ``x`` (``out = x * 3``); the program drops ``x`` (``keep`` False: the graph holds
+    no reference to it) and makes a tensor of its size on its stream, which takes its block; then replays the graph.
+    Returns (the output was right, no stream: ``cycles`` and ``streams`` unused)."""
+    torch.cuda.empty_cache()  # (an earlier call's free blocks given back: ``x``'s block is the one of its size)
+    expected = torch.randn(N // 16, generator=torch.Generator().manual_seed(seed))
+    x = expected.cuda()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = x * 3
+    if not keep:
+        del x
+    y = torch.full((N // 16,), 7.0, device="cuda")
+    g.replay()
+    right = bool(torch.allclose(out.cpu(), expected * 3))
+    assert torch.equal(y.cpu(), torch.full((N // 16,), 7.0))
+    torch.cuda.synchronize()
+    return right, []
+
+
 TORCHAO = "tests/upstream/torchao_offload.py"
 TORCHAO_LINES = {
     "train_without_backward_wait": "train::default#7+20",  # the forward's first op, after the batch's H2D syncs

@@ -21,6 +21,7 @@ import sys
 import time
 import types
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -53,6 +54,7 @@ from simdevice.dropin import arrays, autocast
 from simdevice.dropin.patches import Patches
 from simdevice.runtime.config import SimConfig
 from simdevice.runtime.execution import outside_actor
+from simdevice.runtime.graphs import SimGraph
 from simdevice.runtime.reports import internal_file, user_source
 from simdevice.runtime.runtime import op_seed
 
@@ -1118,7 +1120,9 @@ class _CudaGenerator(torch._C.Generator):
     set_offset = get_offset
 
     def graphsafe_get_state(self, *args: Any) -> Any:
-        raise NotImplementedError(_GRAPHS_REFUSED + ": a generator's graph-safe state")
+        raise NotImplementedError("a simulated CUDA generator's graph-safe state (graphsafe_get_state, "
+                                  "graphsafe_set_state, clone_state) is not simulated: a CUDA graph's random ops draw "
+                                  "from the device's generator at each replay")
 
     graphsafe_set_state = clone_state = graphsafe_get_state
 
@@ -1348,9 +1352,128 @@ def _refused(name: str, message: str) -> type:
     return type(name, (), {"__new__": refuse, "__doc__": message})
 
 
-_GRAPHS_REFUSED = "CUDA graphs are not simulated (capture and replay run no operation here)"
-_NO_GRAPH = _refused("graph", _GRAPHS_REFUSED)
-_NO_CUDA_GRAPH = _refused("CUDAGraph", _GRAPHS_REFUSED)
+# -- CUDA graphs: capture and replay on the simulated device (what they do there: simdevice.runtime.graphs); torch's
+# own make_graphed_callables runs on them unchanged ------------------------------------------------------------------
+
+
+def _graph_ended(rt: weakref.ref[Any], g: SimGraph) -> None:
+    """A graph object was dropped: its nodes go, and its hold on its pool (as torch's destructor resets it)."""
+    runtime = rt()
+    if runtime is not None and g.capture is None:
+        runtime.graph_reset(g)
+
+
+class CUDAGraph:
+    """``torch.cuda.CUDAGraph`` on the simulated device: ``capture_begin``/``capture_end`` record what the current
+    stream issues, ``replay()`` issues it again on the stream current then, ``pool()`` names its private pool,
+    ``reset()`` drops it. ``keep_graph`` and ``instantiate()`` change nothing here (nothing is compiled);
+    ``check_input_liveness`` is taken and not used (a replay that reads freed memory is found as any other access of
+    it); ``debug_dump`` and the raw CUDA handles are not simulated."""
+
+    def __init__(self, keep_graph: bool = False) -> None:
+        rt = session_device().runtime
+        self._rt = weakref.ref(rt)
+        self._graph = rt.graph_new()
+        self.keep_graph = keep_graph
+        weakref.finalize(self, _graph_ended, self._rt, self._graph)
+
+    def _runtime(self) -> Any:
+        rt = self._rt()
+        if rt is None or rt is not session_device().runtime:
+            raise RuntimeError("simdevice: a CUDAGraph of another simulated run (a run uses the graphs it made)")
+        return rt
+
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global",
+                      check_input_liveness: bool = False) -> None:
+        self._runtime().capture_begin(self._graph, None if pool is None else tuple(pool), capture_error_mode)
+
+    def capture_end(self) -> None:
+        self._runtime().capture_end(self._graph)
+
+    def instantiate(self) -> None:
+        if self._graph.nodes is None:
+            raise RuntimeError("Called CUDAGraph::instantiate without a preceding successful capture.")
+
+    def replay(self) -> None:
+        self._runtime().graph_replay(self._graph)
+
+    def reset(self) -> None:
+        self._runtime().graph_reset(self._graph)
+
+    def pool(self) -> tuple[int, int]:
+        if self._graph.handle is None:
+            raise RuntimeError("Called CUDAGraph::pool() without a preceding successful capture.")
+        return self._graph.handle
+
+    def enable_debug_mode(self) -> None:
+        pass  # (debug_dump, what it is for, is not simulated)
+
+    def debug_dump(self, debug_path: str) -> None:
+        raise NotImplementedError("CUDAGraph.debug_dump is not simulated (no CUDA graph is built to dump)")
+
+    def raw_cuda_graph(self) -> int:
+        raise NotImplementedError("CUDAGraph.raw_cuda_graph is not simulated (no cudaGraph_t exists here)")
+
+    def raw_cuda_graph_exec(self) -> int:
+        raise NotImplementedError("CUDAGraph.raw_cuda_graph_exec is not simulated (no cudaGraphExec_t exists here)")
+
+    def get_graph_data(self) -> dict[str, Any]:
+        raise NotImplementedError("CUDAGraph.get_graph_data is not simulated (no cudaGraph_t exists here)")
+
+
+class graph:  # noqa: N801 (torch's name)
+    """``torch.cuda.graph(cuda_graph, pool=None, stream=None, capture_error_mode="global")``, as torch's: entering it
+    synchronizes the device, empties the cache, makes the capture stream current (``stream``, or a side stream torch
+    makes once per process) and begins the capture; leaving it ends the capture, then restores the stream (a capture
+    that fails to end leaves the capture stream current, as torch's does)."""
+
+    def __init__(self, cuda_graph: CUDAGraph, pool: Any = None, stream: Any = None,
+                 capture_error_mode: str = "global", enable_annotations: bool = False,
+                 check_input_liveness: bool = False) -> None:
+        if enable_annotations:
+            raise NotImplementedError("torch.cuda.graph(enable_annotations=True) is not simulated (kernel "
+                                      "annotations need CUDA's bindings)")
+        if stream is None:
+            dev = session_device()
+            rt = dev.runtime
+            process = rt.current().process
+            kept = rt.graphs.default_streams.get(process)
+            if kept is None:
+                stream = Stream()
+                rt.graphs.default_streams[process] = dev.stream_of(stream)
+            else:
+                stream = Stream.of(dev, kept)
+        self.pool: tuple[Any, ...] = () if pool is None else (pool,)
+        self.capture_stream = stream
+        self.stream_ctx = StreamContext(stream)
+        self.cuda_graph = cuda_graph
+        self.capture_error_mode = capture_error_mode
+        self.check_input_liveness = check_input_liveness
+
+    def __enter__(self) -> None:
+        synchronize()
+        empty_cache()
+        self.stream_ctx.__enter__()
+        self.cuda_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode,
+                                      check_input_liveness=self.check_input_liveness)
+
+    def __exit__(self, *args: object) -> None:
+        self.cuda_graph.capture_end()
+        self.stream_ctx.__exit__(*args)
+
+
+def graph_pool_handle() -> tuple[int, int]:
+    """``torch.cuda.graph_pool_handle()``: a new private pool's handle, for graphs that share it."""
+    return session_device().runtime.graphs.pool_handle()  # type: ignore[no-any-return]
+
+
+def is_current_stream_capturing() -> bool:
+    """``torch.cuda.is_current_stream_capturing()``: whether the current stream records into a capture."""
+    return bool(in_actor() and session_device().runtime.capturing_now())
+
+
+_GRAPHS_REFUSED = ("torch.accelerator.Graph is not simulated (torch.cuda.CUDAGraph and torch.cuda.graph are: capture "
+                   "with those)")
 
 
 def _no_raw_allocations(*args: Any, **kwargs: Any) -> Any:
@@ -2462,9 +2585,10 @@ def install(p: Patches) -> None:
         "seed_all": lambda: None,
         "device": _DeviceContext,
         "device_of": _DeviceOf,
-        "is_current_stream_capturing": lambda: False,
-        "graph": _NO_GRAPH,
-        "CUDAGraph": _NO_CUDA_GRAPH,
+        "is_current_stream_capturing": is_current_stream_capturing,
+        "graph": graph,
+        "CUDAGraph": CUDAGraph,
+        "graph_pool_handle": graph_pool_handle,
         "caching_allocator_alloc": _no_raw_allocations,
         "caching_allocator_delete": _no_raw_allocations,
         "ExternalStream": _NO_EXTERNAL_STREAM,

@@ -536,6 +536,8 @@ class CachingAllocator:
         self.reused = 0
         #: ``torch.cuda.memory._record_memory_history`` per process (none: nothing recorded, the common case)
         self.histories: dict[str | None, History] = {}
+        #: the private pools a CUDA graph holds (by tag: how many graphs), whose segments ``empty_cache`` keeps
+        self.kept_pools: dict[PoolTag, int] = {}
 
     # -- allocation -----------------------------------------------------------------
     def malloc(
@@ -840,7 +842,8 @@ class CachingAllocator:
             self._free.add(block)
 
     def empty_cache(self, actor: HostActor | None = None) -> list[Segment]:
-        """Release every entirely free segment (``torch.cuda.empty_cache``); returns them. First, as CUDA's
+        """Release every entirely free segment (``torch.cuda.empty_cache``) but those of a pool a CUDA graph holds
+        (:attr:`kept_pools`); returns them. First, as CUDA's
         allocator does (``synchronize_and_free_events``), the host ``actor`` waits for every stream recorded with a
         freed block to get past the block's free, and gives the block back. With an ``actor``, its own process's
         segments only (and those of no stream): another rank's or process's are its own allocator's on a GPU."""
@@ -850,6 +853,8 @@ class CachingAllocator:
         owners = (None, actor.process) if actor is not None else None
         released = []
         for pool, segs in self.pools.items():
+            if pool in self.kept_pools:
+                continue
             for seg in [s for s in segs if s.all_free() and (owners is None or _process(s.stream) in owners)]:
                 segs.remove(seg)
                 self._free.remove(seg.blocks[0])

@@ -34,10 +34,23 @@ from simdevice.runtime.clock import VectorClock
 from simdevice.runtime.collectives import Collectives, Gather, Splits
 from simdevice.runtime.config import UNIT_NS, SimConfig
 from simdevice.runtime.execution import POLLS, Delays, Execution, HostActor
+from simdevice.runtime.graphs import (
+    CAPTURED_EVENT,
+    INVALIDATED,
+    ISOLATION,
+    MODES,
+    UNJOINED,
+    UNSUPPORTED,
+    Capture,
+    Graphs,
+    Node,
+    SimGraph,
+    cuda_error,
+)
 from simdevice.runtime.memory import Accessor, Memory, Ref, Storage
 from simdevice.runtime.memory import nbytes as span_bytes
 from simdevice.runtime.memsaver import LibraryFixes, SimMemorySaver
-from simdevice.runtime.reports import Race, ReportSink, forget_sources, user_depth
+from simdevice.runtime.reports import Race, ReportSink, forget_sources, user_depth, user_source
 from simdevice.runtime.streams import EventRecord, SimStream, StreamOp
 from simdevice.runtime.tls import NeedsThreads
 
@@ -292,6 +305,10 @@ class Runtime:
         self.memsaver = SimMemorySaver(self.execution, self.memory, options.library, options.alloc_pick,
                                        unmap=self.host_unmap)
         self.collectives = Collectives(self.execution, self.memory)
+        #: CUDA graphs: their captures, private pools and replays (``simdevice.runtime.graphs``); the allocator's
+        #: ``empty_cache`` keeps the pools a graph holds
+        self.graphs = Graphs()
+        self.memsaver.allocator.kept_pools = self.graphs.holders
         #: entered in every host actor's thread (the dispatch mode that turns tensor ops into calls here)
         self._enter = enter
         self._ran = False
@@ -517,7 +534,8 @@ class Runtime:
         for s in made:
             where = f" (made at {self._sites[s.name]})" if s.name in self._sites else ""
             if s.ops == 0:
-                if s.name not in self.collectives.called_under:  # (one that ordered a collective was used)
+                # (one that ordered a collective was used; one that captured a CUDA graph issued the graph's work)
+                if s.name not in self.collectives.called_under and s.name not in self.graphs.captured_on:
                     out.append(f"stream {s.name}{where} got no operation: nothing ran on it to race")
                 continue
             mine = touched.get(s.name, set())
@@ -656,11 +674,46 @@ class Runtime:
 
     def stream_wait_event(self, s: SimStream, rec: EventRecord | None) -> None:
         self.host_step(f"{s.name}.wait_event")
+        if rec is not None and (rec.capture is not None or s.capture is not None):
+            self._capture_waits(s, rec)
+            return
         self._stream_waits(s, rec, "event")
 
     def stream_wait_stream(self, s: SimStream, other: SimStream) -> None:
         self.host_step(f"{s.name}.wait_stream({other.name})")
-        self._stream_waits(s, self._record(other), f"stream {other.name}")
+        rec = self._record(other)
+        if other.capture is not None:
+            other.capture.mark(rec, other)
+        if rec.capture is not None or s.capture is not None:
+            self._capture_waits(s, rec)
+            return
+        self._stream_waits(s, rec, f"stream {other.name}")
+
+    def _capture_waits(self, s: SimStream, rec: EventRecord) -> None:
+        """``s`` waits for ``rec`` where either is in a CUDA graph capture. A stream outside any capture that waits
+        for a point of one joins it (CUDA's fork); a capturing stream that waits for a point of its own capture is
+        ordered after it by the replay's order (the origin's wait for a joined stream is CUDA's join, which the
+        capture's end asks for); a capturing stream that waits for work outside its capture is CUDA's error."""
+        mark = rec.capture
+        cap = s.capture
+        if mark is None:
+            assert cap is not None
+            raise cap.fail(ISOLATION + f" (stream {s.name}, capturing, waited for stream {rec.stream.name}'s work "
+                                       "outside the capture)")
+        owner, name, count, seen = mark
+        if owner.graph.capture is not owner:
+            raise cuda_error(CAPTURED_EVENT + f" (a wait on an event recorded in {owner.graph.label}'s capture, "
+                                              "which has ended)")
+        if cap is None:
+            s.capture = cap = owner
+            owner.streams.append(s)
+            owner.counts.setdefault(s.name, 0)
+        elif cap is not owner:
+            raise cap.fail(ISOLATION + f" (stream {s.name} waited for an event of another graph's capture)")
+        covers = cap.covers.setdefault(s.name, {})
+        for k, v in seen.items():
+            covers[k] = max(covers.get(k, -1), v)
+        covers[name] = max(covers.get(name, -1), count)
 
     def _host_waits(self, a: HostActor, recs: list[EventRecord], desc: str) -> None:
         # (one record's own method where there is one: the predicate is asked at every completion while blocked)
@@ -682,10 +735,14 @@ class Runtime:
     def stream_synchronize(self, s: SimStream) -> None:
         self.synchronizing()
         a = self.host_step(f"{s.name}.synchronize")
+        if s.capture is not None:
+            raise s.capture.fail(UNSUPPORTED + f" (stream {s.name}.synchronize())")
         self._host_waits(a, [self._record(s)], f"stream(s) {s.name} to finish")
 
     def stream_query(self, s: SimStream) -> bool:
         a = self.host_step(f"{s.name}.query", poll=True)
+        if s.capture is not None:
+            raise s.capture.fail(UNSUPPORTED + f" (stream {s.name}.query())")
         if s.idle():
             sync.host_observes(a, sync.record(s))
             return True
@@ -696,12 +753,20 @@ class Runtime:
 
     def _device_waits(self, a: HostActor, why: str = "") -> None:
         """Host ``a`` waits for every stream of its process (the whole device, as its process sees it)."""
+        if self.graphs.active:
+            cap = self.graphs.capturing(a.process, a.name)
+            if cap is not None:  # (another thread's call is refused; the capturing thread's invalidates its capture)
+                message = (UNSUPPORTED + f" (the device synchronized{why} during {cap.graph.label}'s capture on "
+                                         f"stream {cap.origin.name})")
+                raise cap.fail(message) if cap.actor == a.name else cuda_error(message)
         names = ", ".join(s.name for s in a.streams)
         self._host_waits(a, [self._record(s) for s in a.streams], f"stream(s) {names} to finish{why}")
 
     def event_record(self, s: SimStream | None, timing: bool = False) -> EventRecord:
         a = self.host_step("event.record")
         rec = self._record(s if s is not None else a.current_stream)
+        if rec.stream.capture is not None:
+            rec.stream.capture.mark(rec, rec.stream)
         if timing:  # the event's time: now, if the stream is past this point; else when it gets past it
             if rec.done():
                 rec.stamped = self.now
@@ -713,6 +778,8 @@ class Runtime:
     def elapsed_ms(self, start: EventRecord | None, end: EventRecord | None) -> float:
         """``start.elapsed_time(end)``: virtual milliseconds between the two records' completions."""
         self.host_step("event.elapsed_time")
+        _not_captured(start, "elapsed_time")
+        _not_captured(end, "elapsed_time")
         if start is None or end is None:
             raise RuntimeError("elapsed_time: both events must be recorded first")
         t0, t1 = start.time_ns(), end.time_ns()
@@ -722,6 +789,7 @@ class Runtime:
 
     def event_query(self, rec: EventRecord | None) -> bool:
         a = self.host_step("event.query", poll=True)
+        _not_captured(rec, "query")
         if rec is None:
             return True
         if rec.done():
@@ -731,6 +799,7 @@ class Runtime:
 
     def event_synchronize(self, rec: EventRecord | None) -> None:
         a = self.host_step("event.synchronize")
+        _not_captured(rec, "synchronize")
         if rec is not None:
             self._host_waits(a, [rec], f"an event on stream {rec.stream.name} (item {rec.position})")
 
@@ -756,7 +825,12 @@ class Runtime:
             self._picked.add((name, k))
         # (the region the allocating thread is in: another thread's region() routes none of this one's allocations)
         thread = ms.thread_of(actor)
-        got = ms.allocator.malloc(like, ms.pool_of(thread), actor.current_stream, actor, pick, ms.backup_of(thread))
+        cap = actor.current_stream.capture
+        if cap is not None:  # (a capturing stream's allocations come from its graph's private pool)
+            got = ms.allocator.malloc(like, cap.graph.pool, actor.current_stream, actor, pick)
+        else:
+            got = ms.allocator.malloc(like, ms.pool_of(thread), actor.current_stream, actor, pick,
+                                      ms.backup_of(thread))
         block = got.block
         assert block is not None
         seg = block.segment
@@ -858,11 +932,17 @@ class Runtime:
         sweeps: bool = False,
         record: bool = True,
         nbytes: int = -1,
+        again: Callable[[], tuple[Any, Any]] | None = None,
     ) -> tuple[int, EventRecord | None]:
         """Enqueue one counted operation of ``a`` (its host step taken) on ``s``: its index, and a record of it
         (None when ``record`` is False: the caller waits for nothing, and no inserted edge needs it).
         ``sweeps``: a copy that reads its source at its completion (``Memory.start``); ``nbytes``: the bytes
-        ``reads`` and ``writes`` span, where the caller knows them (-1: counted here)."""
+        ``reads`` and ``writes`` span, where the caller knows them (-1: counted here). On a stream capturing a CUDA
+        graph, the operation is recorded in the graph instead (its index there, no record): ``again`` gives a fresh
+        ``start`` and ``finish`` of it for each replay."""
+        if s.capture is not None:
+            return self._captured(s.capture, s, Node(desc, duration, reads, writes, source, sweeps, nbytes, again),
+                                  record, start is not None or finish is not None), None
         at = self._occurrence(s.name, source) if self._counted is not None or self._tracked else None
         if self._waits_at:
             self._inserted_waits(a, s, source, at)
@@ -891,6 +971,118 @@ class Runtime:
             who = Accessor(s.name, epoch, sync.held_clock(s), desc, index, source)
             self._held.append(_Held(op, who, reads, writes, needs, site, k, lambda: rec))  # type: ignore[arg-type,return-value]
         return index, rec
+
+    # -- CUDA graphs ------------------------------------------------------------------------------------------
+    def _captured(self, cap: Capture, s: SimStream, node: Node, waits: bool, computes: bool) -> int:
+        """An operation issued on a stream of capture ``cap``, recorded as a node of its graph."""
+        if waits:  # the host would wait for it: a sync with a capturing stream
+            raise cap.fail(UNSUPPORTED + f" ({node.desc} on stream {s.name} makes the host wait for it)")
+        if computes and node.again is None:
+            raise NotImplementedError(f"{node.desc} in a CUDA graph capture is not simulated")
+        # (a graph holds no tensor of the program's: what its nodes touch is kept by aliases of the bytes, which keep
+        # no block allocated, so that the program's del frees it as on a GPU and a replay then reaches a freed block)
+        node.reads = [(st, st.alias(t)) if st.kind == "device" else (st, t) for st, t in node.reads]
+        node.writes = [(st, st.alias(t)) if st.kind == "device" else (st, t) for st, t in node.writes]
+        # (what outside the graphs' pools it touches: a block of a graph's pool freed is the graph's still, and no
+        # allocation outside a capture takes it)
+        allocator = self.memsaver.allocator
+        node.held = [st for st, _ in (*node.reads, *node.writes)
+                     if (seg := allocator.segment_of(st)) is not None and seg.pool not in self.graphs.pools]
+        self.graphs.captured_on.add(s.name)
+        return cap.add(s, node)
+
+    def graph_new(self) -> SimGraph:
+        return self.graphs.new()
+
+    def capturing_now(self) -> bool:
+        """``torch.cuda.is_current_stream_capturing()``."""
+        return self.current().current_stream.capture is not None
+
+    def capture_begin(self, g: SimGraph, pool: tuple[int, int] | None, mode: str) -> None:
+        """``g.capture_begin(pool, capture_error_mode=mode)``: what the current stream issues from now is recorded
+        into ``g`` (its allocations from ``pool``, shared, or a pool of ``g``'s own)."""
+        a = self.host_step("CUDAGraph.capture_begin")
+        if mode not in MODES:
+            raise RuntimeError(f"Unknown capture_error_mode {mode!r}: expected one of {', '.join(MODES)}")
+        if g.nodes is not None or g.capture is not None:
+            raise RuntimeError("This CUDAGraph instance already owns a captured graph. To capture a new graph, "
+                               "create a new instance.")
+        s = a.current_stream
+        if s is a.default_stream:
+            raise RuntimeError("CUDA graphs must be captured on a non-default stream. (However, after capture, it's "
+                               "ok to replay them on the default stream.)")
+        if s.capture is not None:
+            raise s.capture.fail(UNSUPPORTED + f" (a capture began on stream {s.name}, already capturing)")
+        g.handle, g.pool = self.graphs.pool_for(pool)
+        self.graphs.hold(g.pool)
+        cap = Capture(g, s, a.name, a.process, mode)
+        g.capture = s.capture = cap
+        self.graphs.active.append(cap)
+
+    def capture_end(self, g: SimGraph) -> None:
+        """``g.capture_end()``: the capture ends (on the stream it began on), its nodes are ``g``'s."""
+        a = self.host_step("CUDAGraph.capture_end")
+        cap = g.capture
+        if cap is None:
+            raise RuntimeError("CUDAGraph::capture_end called without a capture underway (capture_begin first)")
+        if a.current_stream is not cap.origin:
+            raise RuntimeError("Capture must end on the same stream it began on.")
+        for t in cap.streams:
+            t.capture = None
+        self.graphs.active.remove(cap)
+        g.capture = None
+        if cap.invalid is not None:
+            raise cuda_error(INVALIDATED + f" ({cap.invalid})")
+        covered = cap.covers.get(cap.origin.name, {})
+        unjoined = [t.name for t in cap.streams[1:] if covered.get(t.name, -1) < cap.counts.get(t.name, 0)]
+        if unjoined:
+            raise cuda_error(UNJOINED + f" (stream(s) {', '.join(unjoined)}: stream {cap.origin.name} did not wait "
+                                        "for their last work in the capture)")
+        g.nodes = cap.nodes
+        if not g.nodes:
+            warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted to be captured on "
+                          "wrong device or stream.", UserWarning, stacklevel=user_depth())
+
+    def graph_replay(self, g: SimGraph) -> None:
+        """``g.replay()``: its nodes issued on the current stream, in the order they were captured, each at the
+        replay's line."""
+        a = self.host_step("CUDAGraph.replay")
+        if g.nodes is None:
+            raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
+        s = a.current_stream
+        if s.capture is not None:
+            raise NotImplementedError("a CUDA graph replayed inside another's capture (a child graph) is not "
+                                      "simulated")
+        g.replays += 1
+        # (each node issued where the program replays the graph, named with the line that captured it: the place a
+        # wait before it goes is before the replay)
+        here = user_source()
+        allocator = self.memsaver.allocator
+        allocator.collect_frees()
+        for node in g.nodes:
+            for st in node.held:
+                if st.released is None and allocator.segment_of(st) is None:
+                    # (its block went back to the allocator: the replay reaches what the block holds now)
+                    self.memory.release(st, f"freed after {g.label} was captured (a CUDA graph holds no tensor: "
+                                            "the program must keep alive what a graph reads and writes while it "
+                                            "replays it)")
+            start, finish = node.again() if node.again is not None else (None, None)
+            self.enqueue(a, s, f"{node.desc} ({g.label}, captured at {node.source})", node.duration, node.reads,
+                         node.writes, here, start=start, finish=finish, sweeps=node.sweeps, record=False,
+                         nbytes=node.nbytes)
+
+    def graph_reset(self, g: SimGraph) -> None:
+        """``g.reset()`` (or the graph's end): its nodes dropped, its hold on its pool let go."""
+        if g.capture is not None:
+            raise RuntimeError("CUDAGraph::reset during its capture (end the capture first)")
+        g.nodes = None
+        if g.pool is not None:
+            self.graphs.let_go(g.pool)
+            g.pool = None
+
+    def _not_capturing(self, what: str) -> None:
+        if self.current().current_stream.capture is not None:
+            raise NotImplementedError(f"{what} in a CUDA graph capture is not simulated")
 
     # -- inserted edges ------------------------------------------------------------------------------
     def _issued_at(self, actor: str, source: str, record: Callable[[], EventRecord]) -> None:
@@ -1082,6 +1274,8 @@ class Runtime:
     def host_waits_for_stream(self, a: HostActor, s: SimStream, desc: str) -> None:
         """Within an operation it is issuing (its host step taken), the host waits for everything ``s`` was given so
         far: a blocking copy ATen makes inside an op (``memcpy_and_sync``), as a host index is moved to the device."""
+        if s.capture is not None:
+            raise s.capture.fail(UNSUPPORTED + f" ({desc})")
         self.synchronizing()
         self._host_waits(a, [self._record(s)], desc)
 
@@ -1400,6 +1594,7 @@ class Runtime:
 
     def all_gather(self, out: Ref, inp: Ref, source: str, group: int = 0) -> Gather:
         """An all-gather of ``inp`` into ``out`` in the current actor's process group ``group`` (0: its world)."""
+        self._not_capturing("all_gather_into_tensor")
         a = self.host_step("all_gather_into_tensor")
         at = self._collective_waits(a, source, group=group)
         mark = self.memory.issues
@@ -1438,6 +1633,7 @@ class Runtime:
         process group ``group`` (0: the world itself): its send reads ``ins``, its receive writes ``outs`` with
         ``combine`` (:meth:`Collectives.collective`; ``splits``: what this rank sends to and receives from each peer,
         where the ranks exchange different amounts)."""
+        self._not_capturing(kind)
         a = self.host_step(kind)
         at = self._collective_waits(a, source, group=group)
         mark = self.memory.issues
@@ -1455,6 +1651,7 @@ class Runtime:
         call (``send``, ``isend``, ``recv``, ``irecv``: one op) on the stream of its pair of ranks, or a
         ``batch_isend_irecv`` (``batch``) on the group's collectives' stream, as one NCCL group
         (:meth:`Collectives.point_to_point`)."""
+        self._not_capturing("a point-to-point operation")
         a = self.host_step("batch_isend_irecv" if batch else ("send" if ops[0][2] else "recv"))
         c = self.collectives
         comm = c.comm_stream(a, group) if batch else c.p2p_stream(a, ops[0][0], group)
@@ -1510,3 +1707,12 @@ class Runtime:
             sync.host_observes(a, work.record())
             return True
         return False
+
+
+def _not_captured(rec: EventRecord | None, what: str) -> None:
+    """An event's ``query``, ``synchronize`` or ``elapsed_time``: CUDA's error where it was last recorded in a capture
+    (it stands for no work that runs; the capture underway is invalidated)."""
+    if rec is not None and rec.capture is not None:
+        cap = rec.capture[0]
+        message = CAPTURED_EVENT + f" (event.{what}() of an event recorded in {cap.graph.label}'s capture)"
+        raise cap.fail(message) if cap.graph.capture is cap else cuda_error(message)

@@ -85,6 +85,8 @@ class SimStream:
         self.running: StreamOp | None = None
         #: queue positions an event with timing was recorded at -> when the stream got past them (ns)
         self.done_at: dict[int, int | None] = {}
+        #: the CUDA graph capture this stream records into, while one is underway (``simdevice.runtime.graphs``)
+        self.capture: Any = None
 
     def idle(self) -> bool:
         return self.completed == self.enqueued
@@ -102,12 +104,14 @@ class SimStream:
 class EventRecord:
     """Where an event was recorded: the stream, its queue position, and its clock then."""
 
-    __slots__ = ("clock", "position", "stamped", "stream")
+    __slots__ = ("capture", "clock", "position", "stamped", "stream")
 
     def __init__(self, stream: SimStream, position: int, clock: VectorClock) -> None:
         self.stream = stream
         self.position = position
         self.clock = clock
+        #: recorded on a capturing stream: (the capture, the stream's name, the nodes it had recorded then); else None
+        self.capture: Any = None
         #: a timing record made when its stream was already past its position: the time it was made (each event
         #: is stamped when the stream reaches it, so two recorded at one position at different times differ)
         self.stamped: int | None = None

@@ -20,6 +20,9 @@
   of the all-gather on the stalled calling stream, read right by the side stream only after its wait for that stream;
 - asyncio's default executor offloading to pinned memory on a stalled side stream: the event loop's read of the
   pinned buffer right only where the worker synchronized the side stream;
+- a CUDA graph's static input copied in on a stalled side stream: the replay's output right only where the current
+  stream waited for the copy; a graph replayed after the program dropped its input and made a tensor of its size:
+  the output wrong every time (the freed block's new owner is read), right where the input is kept;
 - torchao's ``CPUOffloadOptimizer`` (0.18.0) unmodified and its four mutants, each at a stall that exposes it; the
   unmodified optimizer under torch's ``GradScaler("cuda")``, its first gradient D2H stalled (upstream's race).
 
@@ -246,6 +249,29 @@ def test_an_asyncio_executor_s_offload_read_by_the_loop(wait: bool, cycles: int)
           f"{'after' if wait else 'without'} the worker's sync: right {right}/{TRIALS} (simulator: {sim_verdict}) "
           f"{_where()}", flush=True)
     _agree(wait, sim_verdict, right)
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_graph_s_static_input_copied_on_a_stalled_side_stream(wait: bool, cycles: int) -> None:
+    _, sim_verdict, right, _ = _read_rate(programs.graph_copy_in, wait, cycles, 1)
+    print(f"RATE a CUDA graph's static input copied from pinned memory on a stalled side stream, then replayed "
+          f"{'after' if wait else 'without'} the current stream's wait for the copy: right {right}/{TRIALS} "
+          f"(simulator: {sim_verdict}) {_where()}", flush=True)
+    _agree(wait, sim_verdict, right)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_graph_replayed_after_its_input_was_freed(keep: bool) -> None:
+    sim = simdevice.cuda().run(programs.graph_freed_input, keep)
+    kinds = sorted({r.kind for r in sim.reports})
+    programs.graph_freed_input(keep, 0, 0)  # warm-up, not counted
+    right = sum(programs.graph_freed_input(keep, 0, trial + 1)[0] for trial in range(TRIALS))
+    print(f"RATE a CUDA graph replayed after the program {'kept' if keep else 'dropped'} its input and made a tensor "
+          f"of its size: right {right}/{TRIALS} (simulator: {kinds or 'clean'}, right {sim.result[0]}) {_where()}",
+          flush=True)
+    assert kinds == ([] if keep else ["illegal-access"])
+    assert sim.result[0] == keep
+    assert right == (TRIALS if keep else 0)
 
 
 # -- CUDA IPC: a received tensor dropped ---------------------------------------------------------------------------

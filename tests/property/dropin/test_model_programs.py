@@ -69,6 +69,28 @@ def test_fsdp2_s_unsharded_weight_read_on_a_side_stream_races_without_its_wait(w
 
 
 @pytest.mark.parametrize("wait", [True, False])
+def test_a_graph_s_static_input_copied_on_a_side_stream_races_with_the_replay_without_a_wait(wait: bool) -> None:
+    run = simdevice.cuda().run(programs.graph_copy_in, wait, STALL)
+    races = [str(r) for r in run.reports if r.kind == "race"]
+    assert bool(races) != wait, [str(r) for r in run.reports]
+    if not wait:
+        assert any(r.startswith("race: mul (graph1, captured at ") and "copy_ (H2D) on stream" in r
+                   for r in races), races
+    assert run.result[0] == wait  # (stalled, the replay reads the zeros before the copy lands)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_graph_replayed_after_its_input_was_freed_reads_the_block_s_new_owner(keep: bool) -> None:
+    run = simdevice.cuda().run(programs.graph_freed_input, keep)
+    illegal = [str(r) for r in run.reports if r.kind == "illegal-access"]
+    assert bool(illegal) != keep, [str(r) for r in run.reports]
+    if not keep:
+        assert "freed after graph1 was captured" in illegal[0], illegal
+        assert len(run.reports) == 1, [str(r) for r in run.reports]
+    assert run.result[0] == keep  # (freed, the replay reads y's sevens: as a GPU's caching allocator hands it on)
+
+
+@pytest.mark.parametrize("wait", [True, False])
 def test_an_asyncio_executor_s_offload_read_by_the_loop_races_without_the_worker_s_sync(wait: bool) -> None:
     run = simdevice.cuda().run(programs.asyncio_offload, wait, STALL)
     races = [str(r) for r in run.reports if r.kind == "race"]

@@ -53,6 +53,19 @@ def test_the_pipeline_example_on_two_ranks(variant: str, expect: int, capsys: py
     assert resolve(Schedule.parse(line).program, 2).run(Schedule.parse(line)).corrupted == bool(expect)
 
 
+@pytest.mark.parametrize(("target", "expect", "kind"), [
+    ("replay_racy", 1, "race"), ("replay_correct", 0, None), ("input_freed", 1, "illegal-access")])
+def test_the_cuda_graph_example(target: str, expect: int, kind: str | None, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/dropin.md's CUDA graphs example: a replay that does not wait for its static input's copy races; one that
+    reads a tensor the program dropped reads freed memory; the printed line replays to the same reports."""
+    code, doc = _check(f"examples/graph_plain.py::{target}", capsys)
+    assert code == expect, doc
+    if kind is not None:
+        assert any(r.startswith(kind.replace("-", " ")) for r in doc["reports"]), doc  # type: ignore[attr-defined]
+        assert main(["replay", str(doc["schedule"]), "--json"]) == 1
+        assert json.loads(capsys.readouterr().out)["reports"] == doc["reports"]
+
+
 def test_the_printed_line_replays_to_the_same_reports(capsys: pytest.CaptureFixture[str]) -> None:
     code, doc = _check("examples/offload_plain.py::reload_racy", capsys)
     assert code == 1
@@ -349,7 +362,7 @@ def test_a_program_using_what_the_simulator_does_not_run_gets_no_verdict(
     """``check`` of a program that stops at what the simulator does not run (CUDA graphs) is no finding of a race:
     one line saying so, exit 2 (as for a target it cannot call), and in --json no "found"."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "graphs.py").write_text("import torch\n\n\ndef captured():\n    torch.cuda.CUDAGraph().replay()\n")
+    (tmp_path / "graphs.py").write_text("import torch\n\n\ndef captured():\n    torch.cuda.ExternalStream(1234)\n")
     assert main(["check", "graphs.py::captured", "-q"]) == 2
     got = capsys.readouterr()
     assert got.out == ""
@@ -359,7 +372,7 @@ def test_a_program_using_what_the_simulator_does_not_run_gets_no_verdict(
     assert main(["check", "graphs.py::captured", "-q", "--json"]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["found"] is False
-    assert "CUDA graphs" in doc["unsupported"]
+    assert "ExternalStream" in doc["unsupported"]
     assert main(["replay", "graphs.py::captured", "--no-fix"]) == 2  # the run is shown, and it is no verdict
     assert "NotImplementedError" in capsys.readouterr().out
     assert main(["exhaust", "graphs.py::captured", "--delays", "1", "-q"]) == 2  # as check says it
@@ -367,7 +380,7 @@ def test_a_program_using_what_the_simulator_does_not_run_gets_no_verdict(
     assert got.err.startswith("simdevice: error: graphs.py::captured: the program uses what the simulator does not "
                               "run: NotImplementedError")
     assert main(["exhaust", "graphs.py::captured", "--delays", "1", "-q", "--json"]) == 2
-    assert "CUDA graphs" in json.loads(capsys.readouterr().out)["unsupported"]
+    assert "ExternalStream" in json.loads(capsys.readouterr().out)["unsupported"]
 
 
 def test_exhaust_stopped_at_its_step_bound_gives_no_verdict(capsys: pytest.CaptureFixture[str]) -> None:

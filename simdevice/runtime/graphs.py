@@ -1,0 +1,167 @@
+"""CUDA graphs: stream work captured once and replayed (``torch.cuda.CUDAGraph``, ``torch.cuda.graph``).
+
+Between a graph's ``capture_begin`` and ``capture_end``, what the program issues on the capturing stream is recorded,
+not run: one :class:`Node` per operation, with the bytes it reads and writes, where it was issued and what it
+computes. A stream that waits for an event recorded in the capture joins it (CUDA's fork), and what it issues is
+recorded too, until the capture ends; the capturing stream must have waited for each joined stream's last node by
+then (CUDA's join). A replay issues the nodes again on the stream current then, in the order they were captured,
+each an operation as any other: checked against every other stream's and host's accesses as it is issued, and
+computed on the bytes as they are when it runs. (So a graph's branches replay one after another: a race between two
+branches of one graph is not found.)
+
+Memory allocated on a capturing stream comes from the graph's private pool (``pool=``: another graph's, shared),
+which no ordinary allocation takes and ``empty_cache`` leaves while a graph holds it, as CUDA's caching allocator
+keeps it. What CUDA refuses during a capture raises CUDA's error there: a host wait for captured work (``.item()``,
+``.cpu()``, a blocking copy, an op whose output size needs its values), ``synchronize()`` (from any thread of the
+process in the ``"global"`` mode, from the capturing one in ``"thread_local"``), a stream's ``synchronize()`` or
+``query()`` of a capturing stream, an event's ``query()``, ``synchronize()`` or ``elapsed_time`` of an event recorded
+in the capture, a capturing stream's wait for work outside the capture, a copy from pageable host memory. Such an
+error invalidates the capture: its ``capture_end`` then raises, as CUDA's does. A collective in a capture is not
+simulated (``NotImplementedError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from simdevice.runtime.memory import Ref
+from simdevice.runtime.streams import EventRecord, SimStream
+
+#: CUDA's errors (``cudaGetErrorString``), as torch raises them (``CUDA error: ...``)
+UNSUPPORTED = "CUDA error: operation not permitted when stream is capturing"
+INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
+UNJOINED = "CUDA error: capture sequence contains a fork that was not joined to the primary stream"
+ISOLATION = "CUDA error: dependency created on uncaptured work in another stream"
+CAPTURED_EVENT = "CUDA error: operation not permitted on an event last recorded in a capturing stream"
+
+#: the capture modes ``capture_begin`` takes (``cudaStreamCaptureMode``)
+MODES = ("global", "thread_local", "relaxed")
+
+
+def cuda_error(message: str) -> RuntimeError:
+    """The exception torch raises for a failed CUDA call (``torch.AcceleratorError``, a ``RuntimeError``)."""
+    return getattr(torch, "AcceleratorError", RuntimeError)(message)
+
+
+class Node:
+    """One operation of a captured graph: what :meth:`Runtime.enqueue` was given for it (device memory as aliases of
+    its bytes, which keep no block allocated), and ``again``, which gives a fresh computation of it (its start and
+    finish) for each replay (None: an operation that computes nothing)."""
+
+    __slots__ = ("again", "desc", "duration", "held", "nbytes", "reads", "source", "sweeps", "writes")
+
+    def __init__(self, desc: str, duration: int, reads: list[Ref], writes: list[Ref], source: str, sweeps: bool,
+                 nbytes: int, again: Callable[[], tuple[Any, Any]] | None) -> None:
+        self.desc, self.duration, self.reads, self.writes, self.source = desc, duration, reads, writes, source
+        self.sweeps, self.nbytes, self.again = sweeps, nbytes, again
+        #: the device storages it touches that held a block outside the graphs' pools as it was captured
+        self.held: list[Any] = []
+
+
+class SimGraph:
+    """A ``torch.cuda.CUDAGraph``: its private pool, its nodes once captured (None before), its capture while one
+    is underway."""
+
+    def __init__(self, gid: int) -> None:
+        self.id = gid
+        self.label = f"graph{gid}"
+        #: the private pool's handle (torch's ``(id, 0)`` for a graph's own, ``(0, id)`` from ``graph_pool_handle``)
+        #: and the allocator's tag for it; set at capture_begin
+        self.handle: tuple[int, int] | None = None
+        self.pool: str | None = None
+        self.nodes: list[Node] | None = None
+        self.capture: Capture | None = None
+        self.replays = 0
+
+
+class Capture:
+    """A capture underway: the graph, the stream it began on (``origin``), the streams that joined it, the actor and
+    process capturing, the mode, and what each of its streams recorded and waited for (the origin must have waited for
+    every joined stream's last node by the end: CUDA's join)."""
+
+    def __init__(self, graph: SimGraph, origin: SimStream, actor: str, process: str, mode: str) -> None:
+        self.graph, self.origin, self.actor, self.process, self.mode = graph, origin, actor, process, mode
+        self.streams: list[SimStream] = [origin]
+        self.nodes: list[Node] = []
+        #: per stream, the nodes it recorded so far; per stream, what it waited for in the capture (directly or
+        #: through another's wait): per stream waited for, how many of its nodes
+        self.counts: dict[str, int] = {origin.name: 0}
+        self.covers: dict[str, dict[str, int]] = {}
+        #: what invalidated it (an error CUDA raised during it), else None
+        self.invalid: str | None = None
+
+    def fail(self, message: str) -> RuntimeError:
+        """CUDA's error ``message``, the capture invalidated by it."""
+        if self.invalid is None:
+            self.invalid = message
+        return cuda_error(message)
+
+    def add(self, s: SimStream, node: Node) -> int:
+        self.nodes.append(node)
+        self.counts[s.name] = self.counts.get(s.name, 0) + 1
+        return len(self.nodes) - 1
+
+    def mark(self, rec: EventRecord, s: SimStream) -> None:
+        """``rec``, recorded on capturing stream ``s``: a point in this capture (the nodes ``s`` recorded so far,
+        and what ``s`` had waited for then)."""
+        rec.capture = (self, s.name, self.counts.get(s.name, 0), dict(self.covers.get(s.name, {})))
+
+
+class Graphs:
+    """The run's graphs and captures."""
+
+    def __init__(self) -> None:
+        self._graphs = 0
+        self._pools = 0
+        #: the captures underway
+        self.active: list[Capture] = []
+        #: how many graphs hold each private pool (captured into it, not reset since)
+        self.holders: dict[str | None, int] = {}
+        #: per process, the stream ``torch.cuda.graph`` captures on where it is given none (torch makes it once)
+        self.default_streams: dict[str, SimStream] = {}
+        #: the streams that recorded a node in some capture; the allocator's tags of the graphs' pools
+        self.captured_on: set[str] = set()
+        self.pools: set[str] = set()
+
+    def new(self) -> SimGraph:
+        self._graphs += 1
+        return SimGraph(self._graphs)
+
+    def pool_handle(self) -> tuple[int, int]:
+        """``torch.cuda.graph_pool_handle()``: a new pool's handle."""
+        self._pools += 1
+        return (0, self._pools)
+
+    def capturing(self, process: str, actor: str) -> Capture | None:
+        """A capture of ``process`` that forbids ``actor`` to synchronize the device now (the ``global`` mode: any
+        thread's; ``thread_local``: the capturing thread's; ``relaxed``: none)."""
+        for cap in self.active:
+            if cap.process == process and (cap.mode == "global" or (cap.mode == "thread_local" and cap.actor == actor)):
+                return cap
+        return None
+
+    def pool_for(self, handle: tuple[int, int] | None) -> tuple[tuple[int, int], str]:
+        """The handle and allocator tag of the pool a graph captures into: ``handle``'s where given (shared with the
+        graphs that used it), else a pool of its own."""
+        if handle is None:
+            self._pools += 1
+            handle = (self._pools, 0)
+        key = (int(handle[0]), int(handle[1]))
+        tag = f"cuda graph pool {key[0]}.{key[1]}"
+        self.pools.add(tag)
+        return key, tag
+
+    def hold(self, pool: str) -> None:
+        self.holders[pool] = self.holders.get(pool, 0) + 1
+
+    def let_go(self, pool: str) -> bool:
+        """A graph of ``pool`` was reset; whether no graph holds the pool now."""
+        left = self.holders.get(pool, 0) - 1
+        if left > 0:
+            self.holders[pool] = left
+            return False
+        self.holders.pop(pool, None)
+        return True
