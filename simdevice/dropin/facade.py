@@ -1385,7 +1385,9 @@ class CUDAGraph:
 
     def capture_begin(self, pool: Any = None, capture_error_mode: str = "global",
                       check_input_liveness: bool = False) -> None:
-        self._runtime().capture_begin(self._graph, None if pool is None else tuple(pool), capture_error_mode)
+        rt = self._runtime()
+        rt.capture_begin(self._graph, None if pool is None else tuple(pool), capture_error_mode)
+        rt.gpu_replay = False  # (reference.cuda_plain refuses it: the replay line offers no --gpu)
 
     def capture_end(self) -> None:
         self._runtime().capture_end(self._graph)

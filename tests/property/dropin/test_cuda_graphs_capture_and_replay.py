@@ -341,3 +341,14 @@ def _graphed_callables() -> None:
 def test_torch_s_make_graphed_callables_runs_on_the_simulated_graphs() -> None:
     run = _once(_graphed_callables)
     assert run.clean, run.text()
+
+
+def test_a_run_that_captures_a_graph_offers_no_gpu_replay() -> None:
+    """``replay --gpu`` counts the operations a GPU dispatches, and a graph's replay dispatches none (its launch runs
+    what the capture recorded): the run's replay line offers no ``--gpu``, and a counted GPU run refuses a capture."""
+    from reference import cuda_plain
+
+    assert _once(_replays).result.gpu is False
+    assert _once(lambda: torch.ones(4, device="cuda").sum().item()).result.gpu is True
+    with pytest.raises(NotImplementedError, match="CUDA graphs are not replayed on a GPU yet"):
+        cuda_plain._no_graphs()
