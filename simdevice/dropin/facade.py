@@ -1483,13 +1483,58 @@ def _no_raw_allocations(*args: Any, **kwargs: Any) -> Any:
                               "raw pointer is no tensor the simulator can follow): allocate tensors instead")
 
 
-_MEM_POOLS_REFUSED = ("torch.cuda.MemPool / use_mem_pool are not simulated (the simulated caching allocator has no "
-                      "private pools): allocate from the ordinary pool")
-_NO_MEM_POOL = _refused("MemPool", _MEM_POOLS_REFUSED)
+def _mem_pool_ended(rt: weakref.ref[Any], tag: str) -> None:
+    runtime = rt()
+    if runtime is not None:
+        runtime.mem_pool_ended(tag)
 
 
-def _no_mem_pools(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError(_MEM_POOLS_REFUSED)
+class MemPool:
+    """``torch.cuda.MemPool()`` on the simulated device: a private pool of the caching allocator (its ``id``, as a CUDA
+    graph's ``pool=`` too), which ``use_mem_pool`` routes the current thread's allocations to; no allocation outside
+    it takes its blocks, and ``empty_cache`` keeps its segments while the object lives. ``use_on_oom`` is taken (the
+    simulated device's capacity is a bound of its own); a pool with its own allocator, or ``no_split``, is not
+    simulated."""
+
+    def __init__(self, allocator: Any = None, use_on_oom: bool = False, no_split: bool = False) -> None:
+        if allocator is not None:
+            raise NotImplementedError("torch.cuda.MemPool(allocator=...) is not simulated (a pluggable allocator's "
+                                      "memory is no block of the simulated caching allocator)")
+        if no_split:
+            raise NotImplementedError("torch.cuda.MemPool(no_split=True) is not simulated (its blocks are split as "
+                                      "the caching allocator splits any)")
+        rt = session_device().runtime
+        self._rt = weakref.ref(rt)
+        self._id, self._tag = rt.mem_pool_new()
+        self.use_on_oom = use_on_oom
+        weakref.finalize(self, _mem_pool_ended, self._rt, self._tag)
+
+    @property
+    def id(self) -> tuple[int, int]:
+        return self._id
+
+    @property
+    def allocator(self) -> None:
+        return None
+
+    def use_count(self) -> int:
+        """The pool's holders: the object itself, and the graphs captured into it."""
+        rt = self._rt()
+        return 0 if rt is None else int(rt.graphs.holders.get(self._tag, 0))
+
+    def snapshot(self, include_traces: bool = True) -> list[dict[str, Any]]:
+        return memory_snapshot(self.id, include_traces=include_traces)
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool: MemPool, device: Any = None) -> Iterator[None]:
+    """``torch.cuda.use_mem_pool(pool)``: the current thread's allocations come from ``pool`` for the block (another
+    thread's, and a backward's autograd thread's, do not)."""
+    _check_or_current(device)
+    if not isinstance(pool, MemPool):
+        raise TypeError(f"use_mem_pool: expected a torch.cuda.MemPool, got {type(pool).__name__}")
+    with session_device().runtime.mem_pool_routed(pool._tag):
+        yield
 
 
 class _CudaError(enum.IntEnum):
@@ -2594,8 +2639,8 @@ def install(p: Patches) -> None:
         "caching_allocator_alloc": _no_raw_allocations,
         "caching_allocator_delete": _no_raw_allocations,
         "ExternalStream": _NO_EXTERNAL_STREAM,
-        "MemPool": _NO_MEM_POOL,
-        "use_mem_pool": _no_mem_pools,
+        "MemPool": MemPool,
+        "use_mem_pool": use_mem_pool,
         "cudart": _cudart,
         "_sleep": _sleep,
         "default_generators": _Generators(_DeviceGenerator()),  # (made per session: registered while it lives)

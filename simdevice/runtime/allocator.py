@@ -536,8 +536,10 @@ class CachingAllocator:
         self.reused = 0
         #: ``torch.cuda.memory._record_memory_history`` per process (none: nothing recorded, the common case)
         self.histories: dict[str | None, History] = {}
-        #: the private pools a CUDA graph holds (by tag: how many graphs), whose segments ``empty_cache`` keeps
+        #: the private pools a CUDA graph or a ``MemPool`` holds (by tag: how many holders), whose segments
+        #: ``empty_cache`` keeps; the ids torch gives those pools (by tag), which a snapshot names them by
         self.kept_pools: dict[PoolTag, int] = {}
+        self.pool_ids: dict[PoolTag, tuple[int, int]] = {}
 
     # -- allocation -----------------------------------------------------------------
     def malloc(
@@ -923,8 +925,8 @@ class CachingAllocator:
         """``torch.cuda.memory._snapshot()`` of ``process``: its live segments, each with its blocks in address
         order (``active_allocated``, ``active_pending_free`` where held back for a recorded stream, ``inactive``), in
         torch's form, and the entries its memory history recorded. A segment's and an entry's ``stream`` is the
-        simulated stream (the caller gives its handle); pools are numbered as the program's ``MemPool``s are
-        (``(0, 0)`` the default pool)."""
+        simulated stream (the caller gives its handle); a ``MemPool``'s and a CUDA graph's pool is named by its id, any
+        other by its order (``(0, 0)`` the default pool)."""
         self.collect_frees()
         held = {id(f.block) for f in self._deferred}
         pools: dict[PoolTag, tuple[int, int]] = {None: (0, 0)}
@@ -932,7 +934,7 @@ class CachingAllocator:
         for seg in self._segments:
             if seg.released or _process(seg.stream) != process:
                 continue
-            pool_id = pools.setdefault(seg.pool, (1, len(pools)))
+            pool_id = pools.setdefault(seg.pool, self.pool_ids.get(seg.pool) or (1, len(pools)))
             blocks = []
             for b in seg.blocks:
                 state = "inactive" if b.free else "active_pending_free" if id(b) in held else "active_allocated"

@@ -118,13 +118,15 @@ class Graphs:
         self._pools = 0
         #: the captures underway
         self.active: list[Capture] = []
-        #: how many graphs hold each private pool (captured into it, not reset since)
+        #: how many hold each private pool (graphs captured into it and not reset since, its ``MemPool`` object)
         self.holders: dict[str | None, int] = {}
         #: per process, the stream ``torch.cuda.graph`` captures on where it is given none (torch makes it once)
         self.default_streams: dict[str, SimStream] = {}
-        #: the streams that recorded a node in some capture; the allocator's tags of the graphs' pools
+        #: the streams that recorded a node in some capture; the allocator's tags of the private pools (the graphs'
+        #: and the ``MemPool``s'), and their ids
         self.captured_on: set[str] = set()
-        self.pools: set[str] = set()
+        self.pools: set[str | None] = set()
+        self.ids: dict[str | None, tuple[int, int]] = {}
 
     def new(self) -> SimGraph:
         self._graphs += 1
@@ -150,15 +152,16 @@ class Graphs:
             self._pools += 1
             handle = (self._pools, 0)
         key = (int(handle[0]), int(handle[1]))
-        tag = f"cuda graph pool {key[0]}.{key[1]}"
+        tag = f"private pool {key[0]}.{key[1]}"
         self.pools.add(tag)
+        self.ids[tag] = key
         return key, tag
 
     def hold(self, pool: str) -> None:
         self.holders[pool] = self.holders.get(pool, 0) + 1
 
     def let_go(self, pool: str) -> bool:
-        """A graph of ``pool`` was reset; whether no graph holds the pool now."""
+        """A holder of ``pool`` (a graph, reset; a ``MemPool``, dropped) let go; whether none holds it now."""
         left = self.holders.get(pool, 0) - 1
         if left > 0:
             self.holders[pool] = left

@@ -99,6 +99,9 @@ class SimMemorySaver:
         self._backups: dict[str, list[bool]] = {}
         #: (process, tag) of each region paused and not resumed since
         self._paused: set[tuple[str, str]] = set()
+        #: the pools that are not the library's (a CUDA graph's or a ``MemPool``'s, by tag): a pause of every region
+        #: leaves them, and their segments get no handle of the library's (the runtime shares its set here)
+        self.foreign: set[PoolTag] = set()
         self._saved: dict[int, torch.Tensor] = {}
         self._handles = 0
         #: handle -> what released it (each handle is released once)
@@ -156,7 +159,7 @@ class SimMemorySaver:
 
     # -- handles -----------------------------------------------------------------------
     def _on_segment(self, seg: Segment) -> None:
-        if seg.pool is not None:
+        if seg.pool is not None and seg.pool not in self.foreign:
             self._handles += 1
             seg.handle = self._handles
 
@@ -170,7 +173,7 @@ class SimMemorySaver:
         self.released[handle] = why
 
     def _on_release(self, seg: Segment) -> None:
-        if seg.pool is None:
+        if seg.pool is None or seg.pool in self.foreign:
             return
         why = f"free of {seg.label} while {'paused' if seg.paused else 'mapped'}"
         handle = seg.handle if seg.handle is not None else seg.last_handle
@@ -200,6 +203,19 @@ class SimMemorySaver:
             backups.pop()
 
     @contextlib.contextmanager
+    def routed(self, tag: PoolTag) -> Iterator[None]:
+        """The current thread's allocations from the pool ``tag`` for the block (``torch.cuda.use_mem_pool``), as a
+        region routes them."""
+        backups = self._backups.setdefault(self.thread_of(self._exec.current()), [])
+        self._stack().append(tag)
+        backups.append(False)
+        try:
+            yield
+        finally:
+            self._stack().pop()
+            backups.pop()
+
+    @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
         self.disable_entries += 1
         backups = self._backups.setdefault(self.thread_of(self._exec.current()), [])
@@ -212,7 +228,7 @@ class SimMemorySaver:
             backups.pop()
 
     def _tags_of(self, tag: str | None) -> list[str]:
-        return [tag] if tag else [t for t in self.allocator.pools if t is not None]
+        return [tag] if tag else [t for t in self.allocator.pools if t is not None and t not in self.foreign]
 
     def _segments(self, tag: str, process: str) -> list[Segment]:
         """The segments of ``tag``'s pool that ``process``'s library holds (each process pauses its own memory)."""

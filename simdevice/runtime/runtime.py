@@ -309,6 +309,8 @@ class Runtime:
         #: ``empty_cache`` keeps the pools a graph holds
         self.graphs = Graphs()
         self.memsaver.allocator.kept_pools = self.graphs.holders
+        self.memsaver.foreign = self.graphs.pools
+        self.memsaver.allocator.pool_ids = self.graphs.ids
         #: entered in every host actor's thread (the dispatch mode that turns tensor ops into calls here)
         self._enter = enter
         self._ran = False
@@ -1079,6 +1081,22 @@ class Runtime:
         if g.pool is not None:
             self.graphs.let_go(g.pool)
             g.pool = None
+
+    def mem_pool_new(self) -> tuple[tuple[int, int], str]:
+        """``torch.cuda.MemPool()``: a private pool's id and tag, held while the pool object lives."""
+        handle, tag = self.graphs.pool_for(self.graphs.pool_handle())
+        self.graphs.hold(tag)
+        return handle, tag
+
+    def mem_pool_routed(self, tag: str) -> contextlib.AbstractContextManager[None]:
+        """``torch.cuda.use_mem_pool(pool)``: the current thread's allocations come from ``tag``'s pool for the
+        block (a capture's from its graph's still)."""
+        return self.memsaver.routed(tag)
+
+    def mem_pool_ended(self, tag: str) -> None:
+        """A ``MemPool`` object was dropped: its hold on its pool let go (``empty_cache`` gives its free segments
+        back once no graph holds it either)."""
+        self.graphs.let_go(tag)
 
     def _not_capturing(self, what: str) -> None:
         if self.current().current_stream.capture is not None:

@@ -9,7 +9,8 @@ allocations during a capture from the ordinary pool: ``test_a_graph_s_temporarie
 ``empty_cache`` giving back a graph's pool, or never letting it go once the graph is reset:
 ``test_empty_cache_keeps_a_graph_s_pool_until_the_graph_is_reset``; nodes that hold the program's tensors (so that
 their blocks are never freed), or no check of them at a replay:
-``test_a_replay_that_reads_a_tensor_freed_since_the_capture_is_found``.
+``test_a_replay_that_reads_a_tensor_freed_since_the_capture_is_found``; a memory saver's pause of every region that
+unmaps a graph's pool too: ``test_a_memory_saver_s_pause_of_every_region_leaves_a_graph_s_pool``.
 """
 
 from __future__ import annotations
@@ -182,6 +183,30 @@ def _pool_kept() -> None:
 def test_empty_cache_keeps_a_graph_s_pool_until_the_graph_is_reset() -> None:
     """As CUDA's caching allocator keeps a private pool while a graph uses it: the replay's temporaries live in it."""
     run = _once(_pool_kept)
+    assert run.clean, run.text()
+
+
+def _paused_everything() -> None:
+    from torch_memory_saver import torch_memory_saver as tms
+
+    with tms.region("weights", enable_cpu_backup=True):
+        w = torch.ones(N, device="cuda")
+    x = torch.ones(N, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = x * 2
+    tms.pause()  # every region of the library's: not the graph's pool
+    g.replay()
+    torch.cuda.synchronize()
+    tms.resume()
+    assert torch.equal(out.cpu(), torch.full((N,), 2.0))
+    assert torch.equal(w.cpu(), torch.ones(N))
+
+
+def test_a_memory_saver_s_pause_of_every_region_leaves_a_graph_s_pool() -> None:
+    """``torch_memory_saver.pause()`` unmaps the library's own regions; a graph's private pool is the caching
+    allocator's, mapped still, and the replay writes its output there."""
+    run = _once(_paused_everything)
     assert run.clean, run.text()
 
 

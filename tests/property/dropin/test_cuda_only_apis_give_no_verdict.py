@@ -14,7 +14,7 @@ from simdevice.search.explore import explore
 
 
 def _mem_pool() -> None:
-    pool = torch.cuda.MemPool()
+    pool = torch.cuda.MemPool(no_split=True)  # (a MemPool of the caching allocator's own is simulated)
     with torch.cuda.use_mem_pool(pool):
         torch.ones(4, device="cuda")
 
@@ -95,7 +95,7 @@ _NO_CUDA_STORAGE = ("RuntimeError: torch.UntypedStorage(): Storage device not re
     (_legacy_cuda_storage, _NO_CUDA_STORAGE),
     (_to_dlpack, _NO_DLPACK),
     (_from_dlpack, _NO_DLPACK),
-    (_mem_pool, "NotImplementedError: torch.cuda.MemPool / use_mem_pool are not simulated"),
+    (_mem_pool, "NotImplementedError: torch.cuda.MemPool(no_split=True) is not simulated"),
     (_cudart_call, "NotImplementedError: torch.cuda.cudart().cudaMemGetInfo is not simulated"),
     (_comm_broadcast, "AttributeError: module 'torch._C' has no attribute '_broadcast'"),
     (_sparse_to_device, "NotImplementedError: a torch.sparse_coo tensor on the simulated device is not simulated"),
