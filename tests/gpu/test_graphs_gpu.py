@@ -1,4 +1,5 @@
-"""CUDA graphs on a real GPU: the programs of ``tests/property/dropin/test_cuda_graphs_capture_and_replay.py`` (plain
+"""CUDA graphs and private pools on a real GPU: the programs of
+``tests/property/dropin/test_cuda_graphs_capture_and_replay.py`` and ``test_a_mem_pool_keeps_its_blocks.py`` (plain
 torch.cuda), each in a process of its own (a failed capture may leave its stream capturing), against what the
 simulator says of the same program: the correct ones run to their end on both, with the values the simulator
 computes (each program checks its own); those CUDA refuses raise the same CUDA error on both.
@@ -26,10 +27,13 @@ import simdevice  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 MODULE = "property.dropin.test_cuda_graphs_capture_and_replay"
+POOLS = "property.dropin.test_a_mem_pool_keeps_its_blocks"
 
-#: the programs that run to their end, and those CUDA refuses, with the words of its error
+#: the programs that run to their end (``module:name``, the graphs' module where none is named), and those CUDA
+#: refuses, with the words of its error
 RUN = ["_replays", "_nothing_runs_at_capture", "_random_replays", "_copied_in_ordered", "_temporaries_kept",
-       "_pool_kept", "_fork_joined", "_graphed_callables"]
+       "_pool_kept", "_fork_joined", "_graphed_callables",
+       *(f"{POOLS}:{name}" for name in ("_routed", "_thread_local", "_kept_while_alive", "_graph_in_the_pool"))]
 REFUSED = {
     "_item_in_capture": "operation not permitted when stream is capturing",
     "_sync_in_capture": "operation not permitted when stream is capturing",
@@ -42,10 +46,10 @@ REFUSED = {
 MODES = ["global", "thread_local", "relaxed"]
 
 
-def _on_gpu(call: str) -> tuple[int, str]:
-    """``call`` (an expression over the module's names) in a child process: its exit code and what it printed to
+def _on_gpu(call: str, module: str = MODULE) -> tuple[int, str]:
+    """``call`` (an expression over ``module``'s names) in a child process: its exit code and what it printed to
     stderr (every traceback: a capture's exit raises its own error over the first)."""
-    code = f"import sys; sys.path.insert(0, 'tests'); from {MODULE} import *; {call}"
+    code = f"import sys; sys.path.insert(0, 'tests'); from {module} import *; {call}"
     child = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     return child.returncode, child.stderr.strip()
 
@@ -60,16 +64,18 @@ def _on_sim(program: object) -> str:
     return "clean" if run.clean else run.text()
 
 
-def _program(name: str) -> object:
+def _program(name: str, module: str = MODULE) -> object:
     import importlib
 
-    return getattr(importlib.import_module(MODULE), name)
+    return getattr(importlib.import_module(module), name)
 
 
-@pytest.mark.parametrize("name", RUN)
-def test_a_correct_graph_program_runs_to_its_end_on_both(name: str) -> None:
-    rc, err = _on_gpu(f"{name}()")
-    sim = _on_sim(_program(name))
+@pytest.mark.parametrize("target", RUN)
+def test_a_correct_graph_program_runs_to_its_end_on_both(target: str) -> None:
+    module, _, name = target.rpartition(":")
+    module = module or MODULE
+    rc, err = _on_gpu(f"{name}()", module)
+    sim = _on_sim(_program(name, module))
     print(f"GRAPH {name}: gpu rc {rc}{' ' + _errors(err) if rc else ''}; simulator {sim} (torch {torch.__version__}, "
           f"{torch.cuda.get_device_name()})", flush=True)
     assert rc == 0, err
