@@ -4,10 +4,11 @@ Between a graph's ``capture_begin`` and ``capture_end``, what the program issues
 not run: one :class:`Node` per operation, with the bytes it reads and writes, where it was issued and what it
 computes. A stream that waits for an event recorded in the capture joins it (CUDA's fork), and what it issues is
 recorded too, until the capture ends; the capturing stream must have waited for each joined stream's last node by
-then (CUDA's join). A replay issues the nodes again on the stream current then, in the order they were captured,
-each an operation as any other: checked against every other stream's and host's accesses as it is issued, and
-computed on the bytes as they are when it runs. (So a graph's branches replay one after another: a race between two
-branches of one graph is not found.)
+then (CUDA's join). A replay issues the nodes again in the order they were captured, each an operation as any other:
+checked against every other stream's and host's accesses as it is issued, and computed on the bytes as they are when
+it runs. The capture stream's nodes go on the stream current then; another captured stream's (a branch of the graph)
+on a stream of the graph's own (``graph1-side``), with the waits between the branches the capture made, so that two
+branches run side by side where the capture let them (a race between them is found, at the replay's line).
 
 Memory allocated on a capturing stream comes from the graph's private pool (``pool=``: another graph's, shared),
 which no ordinary allocation takes and ``empty_cache`` leaves while a graph holds it, as CUDA's caching allocator
@@ -51,7 +52,7 @@ class Node:
     its bytes, which keep no block allocated), and ``again``, which gives a fresh computation of it (its start and
     finish) for each replay (None: an operation that computes nothing)."""
 
-    __slots__ = ("again", "desc", "duration", "held", "nbytes", "reads", "source", "sweeps", "writes")
+    __slots__ = ("again", "desc", "duration", "held", "nbytes", "reads", "source", "stream", "sweeps", "writes")
 
     def __init__(self, desc: str, duration: int, reads: list[Ref], writes: list[Ref], source: str, sweeps: bool,
                  nbytes: int, again: Callable[[], tuple[Any, Any]] | None) -> None:
@@ -59,6 +60,27 @@ class Node:
         self.sweeps, self.nbytes, self.again = sweeps, nbytes, again
         #: the device storages it touches that held a block outside the graphs' pools as it was captured
         self.held: list[Any] = []
+        #: the name of the stream that captured it
+        self.stream = ""
+
+
+class Sleep:
+    """``torch.cuda._sleep`` on a captured stream: a kernel of the graph's, which each replay runs."""
+
+    __slots__ = ("ns", "stream")
+
+    def __init__(self, stream: str, ns: int) -> None:
+        self.stream, self.ns = stream, ns
+
+
+class Wait:
+    """A wait of one captured stream for another in a capture (``stream`` waited for ``on``'s work so far): a
+    dependency between two branches of the graph, made again between their replay streams."""
+
+    __slots__ = ("on", "stream")
+
+    def __init__(self, stream: str, on: str) -> None:
+        self.stream, self.on = stream, on
 
 
 class SimGraph:
@@ -72,9 +94,13 @@ class SimGraph:
         #: and the allocator's tag for it; set at capture_begin
         self.handle: tuple[int, int] | None = None
         self.pool: str | None = None
-        self.nodes: list[Node] | None = None
+        self.nodes: list[Node | Wait | Sleep] | None = None
         self.capture: Capture | None = None
         self.replays = 0
+        #: the stream the capture began on (its nodes replay on the replay's stream), and the streams the other
+        #: captured streams' nodes replay on (made at the first replay that needs each: a graph's branches)
+        self.origin = ""
+        self.branches: dict[str, SimStream] = {}
 
 
 class Capture:
@@ -85,7 +111,7 @@ class Capture:
     def __init__(self, graph: SimGraph, origin: SimStream, actor: str, process: str, mode: str) -> None:
         self.graph, self.origin, self.actor, self.process, self.mode = graph, origin, actor, process, mode
         self.streams: list[SimStream] = [origin]
-        self.nodes: list[Node] = []
+        self.nodes: list[Node | Wait | Sleep] = []
         #: per stream, the nodes it recorded so far; per stream, what it waited for in the capture (directly or
         #: through another's wait): per stream waited for, how many of its nodes
         self.counts: dict[str, int] = {origin.name: 0}
@@ -100,6 +126,7 @@ class Capture:
         return cuda_error(message)
 
     def add(self, s: SimStream, node: Node) -> int:
+        node.stream = s.name
         self.nodes.append(node)
         self.counts[s.name] = self.counts.get(s.name, 0) + 1
         return len(self.nodes) - 1

@@ -45,6 +45,8 @@ from simdevice.runtime.graphs import (
     Graphs,
     Node,
     SimGraph,
+    Sleep,
+    Wait,
     cuda_error,
 )
 from simdevice.runtime.memory import Accessor, Memory, Ref, Storage
@@ -632,6 +634,10 @@ class Runtime:
         neither, it is no aten op)."""
         a = self.current()
         s = a.current_stream
+        if s.capture is not None:  # (a kernel of the graph's: each replay sleeps)
+            s.capture.nodes.append(Sleep(s.name, ns))
+            self.graphs.captured_on.add(s.name)
+            return
         sync.issue(a, s)
         self.execution.enqueue(s, StreamOp(s, f"sleep ({ns} ns)", -1, max(ns, 1)))
 
@@ -716,6 +722,8 @@ class Runtime:
         for k, v in seen.items():
             covers[k] = max(covers.get(k, -1), v)
         covers[name] = max(covers.get(name, -1), count)
+        if name != s.name:  # (a dependency between two of the graph's branches, made again at each replay)
+            cap.nodes.append(Wait(s.name, name))
 
     def _host_waits(self, a: HostActor, recs: list[EventRecord], desc: str) -> None:
         # (one record's own method where there is one: the predicate is asked at every completion while blocked)
@@ -1041,13 +1049,15 @@ class Runtime:
             raise cuda_error(UNJOINED + f" (stream(s) {', '.join(unjoined)}: stream {cap.origin.name} did not wait "
                                         "for their last work in the capture)")
         g.nodes = cap.nodes
-        if not g.nodes:
+        g.origin = cap.origin.name
+        if not any(isinstance(n, (Node, Sleep)) for n in g.nodes):  # (a wait makes no node of its own)
             warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted to be captured on "
                           "wrong device or stream.", UserWarning, stacklevel=user_depth())
 
     def graph_replay(self, g: SimGraph) -> None:
-        """``g.replay()``: its nodes issued on the current stream, in the order they were captured, each at the
-        replay's line."""
+        """``g.replay()``: its nodes issued in the order they were captured, each at the replay's line: the capture
+        stream's on the current stream, another captured stream's (a branch) on a stream of the graph's own, with the
+        waits between them the capture made (so that two branches run side by side where the capture let them)."""
         a = self.host_step("CUDAGraph.replay")
         if g.nodes is None:
             raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
@@ -1062,6 +1072,15 @@ class Runtime:
         allocator = self.memsaver.allocator
         allocator.collect_frees()
         for node in g.nodes:
+            if isinstance(node, Wait):
+                waiter, on = self._branch(a, g, node.stream, s), self._branch(a, g, node.on, s)
+                self._wait_on(waiter, self._record(on), f"stream {on.name} ({g.label}'s captured wait)")
+                continue
+            if isinstance(node, Sleep):
+                t = self._branch(a, g, node.stream, s)
+                sync.issue(a, t)
+                self.execution.enqueue(t, StreamOp(t, f"sleep ({node.ns} ns, {g.label})", -1, max(node.ns, 1)))
+                continue
             for st in node.held:
                 if st.released is None and allocator.segment_of(st) is None:
                     # (its block went back to the allocator: the replay reaches what the block holds now)
@@ -1069,9 +1088,20 @@ class Runtime:
                                             "the program must keep alive what a graph reads and writes while it "
                                             "replays it)")
             start, finish = node.again() if node.again is not None else (None, None)
-            self.enqueue(a, s, f"{node.desc} ({g.label}, captured at {node.source})", node.duration, node.reads,
-                         node.writes, here, start=start, finish=finish, sweeps=node.sweeps, record=False,
-                         nbytes=node.nbytes)
+            self.enqueue(a, self._branch(a, g, node.stream, s), f"{node.desc} ({g.label}, captured at {node.source})",
+                         node.duration, node.reads, node.writes, here, start=start, finish=finish, sweeps=node.sweeps,
+                         record=False, nbytes=node.nbytes)
+
+    def _branch(self, a: HostActor, g: SimGraph, name: str, s: SimStream) -> SimStream:
+        """The stream the nodes captured on stream ``name`` replay on: ``s`` (the replay's) for the capture stream's,
+        a stream of ``g``'s own for another's (made once, named after the graph and the captured stream:
+        ``graph1-side``)."""
+        if name == g.origin:
+            return s
+        t = g.branches.get(name)
+        if t is None:
+            t = g.branches[name] = self.execution.new_stream(a, f"{g.label}-{name.rsplit('.', 1)[-1]}")
+        return t
 
     def graph_reset(self, g: SimGraph) -> None:
         """``g.reset()`` (or the graph's end): its nodes dropped, its hold on its pool let go."""

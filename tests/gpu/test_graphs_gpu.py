@@ -93,6 +93,19 @@ def test_what_cuda_refuses_in_a_capture_raises_the_same_error_on_both(name: str,
     assert error in sim
 
 
+def test_a_race_between_two_branches_of_a_graph_shows_on_both() -> None:
+    """The capture stalls one branch (a captured ``_sleep``) before it writes what the other branch reads with no
+    wait: on the GPU the reader sees the value before the write (the program's check fails), the simulator reports
+    the race between the graph's two branch streams and the same wrong value."""
+    rc, err = _on_gpu("_fork_race()")
+    sim = _on_sim(_program("_fork_race"))
+    print(f"GRAPH _fork_race: gpu rc {rc} {_errors(err)!r}; simulator {sim!r}", flush=True)
+    assert rc != 0
+    assert "AssertionError" in err
+    assert "race:" in sim
+    assert "on stream graph1-side" in sim
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_another_thread_s_sync_during_a_capture(mode: str) -> None:
     rc, err = _on_gpu(f"_other_thread_syncs({mode!r})")

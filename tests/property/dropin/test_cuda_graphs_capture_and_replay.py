@@ -9,7 +9,11 @@ allocations during a capture from the ordinary pool: ``test_a_graph_s_temporarie
 ``empty_cache`` giving back a graph's pool, or never letting it go once the graph is reset:
 ``test_empty_cache_keeps_a_graph_s_pool_until_the_graph_is_reset``; nodes that hold the program's tensors (so that
 their blocks are never freed), or no check of them at a replay:
-``test_a_replay_that_reads_a_tensor_freed_since_the_capture_is_found``; a memory saver's pause of every region that
+``test_a_replay_that_reads_a_tensor_freed_since_the_capture_is_found``; a replay of every branch on the replay's
+stream: ``test_two_branches_of_a_graph_run_side_by_side_at_its_replay``; no waits between the branches at a replay:
+``test_a_stream_forked_into_a_capture_and_joined_replays_its_work``; a captured ``_sleep`` run at the capture, or
+dropped at a replay, or a graph of one sleep called empty: ``test_a_captured_sleep_stalls_each_replay``; a memory
+saver's pause of every region that
 unmaps a graph's pool too: ``test_a_memory_saver_s_pause_of_every_region_leaves_a_graph_s_pool``.
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -259,6 +264,58 @@ def _fork_joined() -> None:
 
 def test_a_stream_forked_into_a_capture_and_joined_replays_its_work() -> None:
     run = _once(_fork_joined)
+    assert run.clean, run.text()
+
+
+def _fork_race(cycles: int = 10_000_000) -> None:
+    x = torch.ones(N, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    side, s = torch.cuda.Stream(), torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.graph(g, stream=s):
+        side.wait_stream(s)
+        torch.cuda._sleep(cycles)  # (captured: each replay's s branch stalls here)
+        x.mul_(2)  # on s, after the fork: the side branch does not wait for it
+        with torch.cuda.stream(side):
+            y = x * 3
+        s.wait_stream(side)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y.cpu(), torch.full((N,), 6.0))
+
+
+def test_two_branches_of_a_graph_run_side_by_side_at_its_replay() -> None:
+    """A joined stream's work replays on a stream of the graph's own, ordered by the waits the capture made: a read
+    in one branch of what the other writes after the fork is a race, as on a GPU, where the graph's nodes on the two
+    branches have no edge between them (a captured ``_sleep`` stalls the writing branch at each replay)."""
+    run = _once(_fork_race)
+    races = [str(r) for r in run.reports if r.kind == "race"]
+    assert any("on stream graph1-side" in r and "mul_ (graph1, captured at" in r and "on stream default" in r
+               for r in races), run.text()
+    host = [r for r in run.reports if r.kind == "host-error"]
+    assert len(host) == 1, run.text()  # (stalled, the side branch read x before the other doubled it: threes)
+    assert "3." in host[0].error, host[0].error
+
+
+def _captured_sleep() -> None:
+    s = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        torch.cuda._sleep(10_000_000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    g.replay()
+    g.replay()
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) > 2 * 10.0  # (10 million cycles: 14.6 ms of the simulated device's clock)
+
+
+def test_a_captured_sleep_stalls_each_replay() -> None:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run = _once(_captured_sleep)
+    assert not [w for w in seen if "The CUDA Graph is empty" in str(w.message)]  # one sleep is no empty graph
     assert run.clean, run.text()
 
 
