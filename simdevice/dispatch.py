@@ -60,7 +60,7 @@ from reference.origin import Origin
 from simdevice import elementwise
 from simdevice.runtime import Runtime
 from simdevice.runtime.execution import HostActor, outside_actor, start_own_thread
-from simdevice.runtime.graphs import UNSUPPORTED
+from simdevice.runtime.graphs import PAGEABLE
 from simdevice.runtime.memory import Ref, Storage, footprint, overlap, span
 from simdevice.runtime.reports import internal_file, user_source
 from simdevice.runtime.streams import SimStream
@@ -2371,8 +2371,8 @@ class Dispatcher:
             self.rt.synchronizing()
         again = None
         if s.capture is not None:  # (a CUDA graph's node: each replay computes it afresh)
-            if staged and facts.copy:  # (a copy from pageable memory: CUDA refuses it in a capture)
-                raise s.capture.fail(f"{UNSUPPORTED} ({desc} from pageable host memory)")
+            if facts.copy and (staged or pageable_out):  # (pageable memory: torch refuses it, before CUDA's call)
+                raise RuntimeError(PAGEABLE)
             again = eff.again if seed is None else lambda: eff.again(self.rt.next_seed())
         index, rec = self.rt.enqueue(
             a, s, desc, duration, in_refs, out_refs, src, start=start, finish=finish,

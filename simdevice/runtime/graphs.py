@@ -14,10 +14,11 @@ Memory allocated on a capturing stream comes from the graph's private pool (``po
 which no ordinary allocation takes and ``empty_cache`` leaves while a graph holds it, as CUDA's caching allocator
 keeps it. What CUDA refuses during a capture raises CUDA's error there: a host wait for captured work (``.item()``,
 ``.cpu()``, a blocking copy, an op whose output size needs its values), ``synchronize()`` (from any thread of the
-process in the ``"global"`` mode, from the capturing one in ``"thread_local"``), a stream's ``synchronize()`` or
-``query()`` of a capturing stream, an event's ``query()``, ``synchronize()`` or ``elapsed_time`` of an event recorded
-in the capture, a capturing stream's wait for work outside the capture, a copy from pageable host memory. Such an
-error invalidates the capture: its ``capture_end`` then raises, as CUDA's does. A collective in a capture is not
+process, in any capture mode), a stream's ``synchronize()`` or ``query()`` of a capturing stream, an event's
+``query()``, ``synchronize()`` or ``elapsed_time`` of an event recorded in the capture, a capturing stream's wait for
+work outside the capture. Such an error invalidates the capture: its ``capture_end`` then raises, as CUDA's does.
+torch refuses a copy between the capturing stream and pageable host memory (``.cpu()`` too) itself, before CUDA is
+called: the capture goes on. A collective in a capture is not
 simulated (``NotImplementedError``).
 """
 
@@ -34,7 +35,10 @@ from simdevice.runtime.streams import EventRecord, SimStream
 #: CUDA's errors (``cudaGetErrorString``), as torch raises them (``CUDA error: ...``)
 UNSUPPORTED = "CUDA error: operation not permitted when stream is capturing"
 INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
-UNJOINED = "CUDA error: capture sequence contains a fork that was not joined to the primary stream"
+UNJOINED = "CUDA error: capturing stream has unjoined work"
+#: torch's own check of a copy between the host and the device in a capture (before CUDA is called: the capture goes on)
+PAGEABLE = ("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned. "
+            "Please use tensor.pin_memory() or allocate the tensor with pin_memory=True.")
 ISOLATION = "CUDA error: dependency created on uncaptured work in another stream"
 CAPTURED_EVENT = "CUDA error: operation not permitted on an event last recorded in a capturing stream"
 
@@ -164,11 +168,11 @@ class Graphs:
         self._pools += 1
         return (0, self._pools)
 
-    def capturing(self, process: str, actor: str) -> Capture | None:
-        """A capture of ``process`` that forbids ``actor`` to synchronize the device now (the ``global`` mode: any
-        thread's; ``thread_local``: the capturing thread's; ``relaxed``: none)."""
+    def capturing(self, process: str) -> Capture | None:
+        """A capture of ``process`` underway: a device synchronization from any of its threads conflicts with it,
+        whatever its mode (on an H100: refused, and the capture invalidated, in all three modes)."""
         for cap in self.active:
-            if cap.process == process and (cap.mode == "global" or (cap.mode == "thread_local" and cap.actor == actor)):
+            if cap.process == process:
                 return cap
         return None
 

@@ -764,11 +764,10 @@ class Runtime:
     def _device_waits(self, a: HostActor, why: str = "") -> None:
         """Host ``a`` waits for every stream of its process (the whole device, as its process sees it)."""
         if self.graphs.active:
-            cap = self.graphs.capturing(a.process, a.name)
-            if cap is not None:  # (another thread's call is refused; the capturing thread's invalidates its capture)
-                message = (UNSUPPORTED + f" (the device synchronized{why} during {cap.graph.label}'s capture on "
-                                         f"stream {cap.origin.name})")
-                raise cap.fail(message) if cap.actor == a.name else cuda_error(message)
+            cap = self.graphs.capturing(a.process)
+            if cap is not None:  # (any thread's, in any capture mode: refused, and the capture invalidated)
+                raise cap.fail(UNSUPPORTED + f" (the device synchronized{why} during {cap.graph.label}'s capture on "
+                                             f"stream {cap.origin.name})")
         names = ", ".join(s.name for s in a.streams)
         self._host_waits(a, [self._record(s) for s in a.streams], f"stream(s) {names} to finish{why}")
 

@@ -37,19 +37,20 @@ RUN = ["_replays", "_nothing_runs_at_capture", "_random_replays", "_copied_in_or
 REFUSED = {
     "_item_in_capture": "operation not permitted when stream is capturing",
     "_sync_in_capture": "operation not permitted when stream is capturing",
-    "_fork_unjoined": "capture sequence contains a fork that was not joined to the primary stream",
+    "_fork_unjoined": "capturing stream has unjoined work",
     "_outside_wait": "dependency created on uncaptured work in another stream",
     "_captured_event_query": "operation not permitted on an event last recorded in a capturing stream",
-    "_pageable_copy_in_capture": "operation not permitted when stream is capturing",
+    "_pageable_copy_in_capture": "Cannot copy between CPU and CUDA tensors during CUDA graph capture",
+    "_cpu_in_capture": "Cannot copy between CPU and CUDA tensors during CUDA graph capture",
     "_capture_on_the_default_stream": "CUDA graphs must be captured on a non-default stream",
 }
 MODES = ["global", "thread_local", "relaxed"]
 
 
 def _on_gpu(call: str, module: str = MODULE) -> tuple[int, str]:
-    """``call`` (an expression over ``module``'s names) in a child process: its exit code and what it printed to
+    """``call`` (a call of one of ``module``'s functions) in a child process: its exit code and what it printed to
     stderr (every traceback: a capture's exit raises its own error over the first)."""
-    code = f"import sys; sys.path.insert(0, 'tests'); from {module} import *; {call}"
+    code = f"import sys; sys.path.insert(0, 'tests'); import {module} as m; m.{call}"
     child = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     return child.returncode, child.stderr.strip()
 
@@ -60,8 +61,9 @@ def _errors(err: str) -> str:
 
 
 def _on_sim(program: object) -> str:
-    run = simdevice.cuda().run(program)  # type: ignore[arg-type]
-    return "clean" if run.clean else run.text()
+    sim = simdevice.cuda()
+    sim.run(program)  # type: ignore[arg-type]
+    return "clean" if sim.clean else sim.text()
 
 
 def _program(name: str, module: str = MODULE) -> object:
