@@ -193,22 +193,16 @@ class SimMemorySaver:
             raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
         if enable_cpu_backup and enable_disk_backup:  # (the library's assert: the program's error, as there)
             raise AssertionError("enable_cpu_backup and enable_disk_backup are mutually exclusive")
-        backups = self._backups.setdefault(self.thread_of(self._exec.current()), [])
-        self._stack().append(tag)
-        backups.append(bool(enable_cpu_backup or enable_disk_backup))
-        try:
+        with self.routed(tag, bool(enable_cpu_backup or enable_disk_backup)):
             yield
-        finally:
-            self._stack().pop()
-            backups.pop()
 
     @contextlib.contextmanager
-    def routed(self, tag: PoolTag) -> Iterator[None]:
-        """The current thread's allocations from the pool ``tag`` for the block (``torch.cuda.use_mem_pool``), as a
-        region routes them."""
+    def routed(self, tag: PoolTag, backup: bool = False) -> Iterator[None]:
+        """The current thread's allocations from the pool ``tag`` (None: ordinary memory) for the block, backed up at
+        a pause or not: a region's, ``disable()``'s, and ``torch.cuda.use_mem_pool``'s."""
         backups = self._backups.setdefault(self.thread_of(self._exec.current()), [])
         self._stack().append(tag)
-        backups.append(False)
+        backups.append(backup)
         try:
             yield
         finally:
@@ -218,14 +212,8 @@ class SimMemorySaver:
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
         self.disable_entries += 1
-        backups = self._backups.setdefault(self.thread_of(self._exec.current()), [])
-        self._stack().append(None)
-        backups.append(False)
-        try:
+        with self.routed(None):
             yield
-        finally:
-            self._stack().pop()
-            backups.pop()
 
     def _tags_of(self, tag: str | None) -> list[str]:
         return [tag] if tag else [t for t in self.allocator.pools if t is not None and t not in self.foreign]
