@@ -4,11 +4,11 @@ A process the program starts inside a run (``multiprocessing.Process``, ``torch.
 context's ``Process`` from ``get_context("spawn")``, or a subclass of any of them with its own ``run``) becomes a
 host actor with its own streams, as ``SimDevice.Process`` makes one; ``join``, ``is_alive`` and ``exitcode`` answer
 for it (0 when its target returns, ``n`` for ``sys.exit(n)`` or ``os._exit(n)``; what else it raises is a host
-error of the run). Queues (``Queue``, ``SimpleQueue``), ``Event``, ``Value``, ``Lock`` and ``Barrier`` made in the
-run are the simulator's: each put, get, set, wait and read is a host step that orders the receiver after the sender
-(a barrier's parties after each other's arrivals), and a blocking one that can never return is a deadlock, not a
-hang. The other primitives (``Pipe``, ``Pool``, ``Manager``, ``Condition``, ...) raise ``NotImplementedError`` in
-a run, so the program gets no verdict rather than a wrong one.
+error of the run). Queues (``Queue``, ``SimpleQueue``), ``Pipe``, ``Event``, ``Value``, ``Lock`` and ``Barrier``
+made in the run are the simulator's: each put, send, get, recv, set, wait and read is a host step that orders the
+receiver after the sender (a barrier's parties after each other's arrivals), and a blocking one that can never
+return is a deadlock, not a hang. The other primitives (``Pool``, ``Manager``, ``Condition``, ...) raise
+``NotImplementedError`` in a run, so the program gets no verdict rather than a wrong one.
 
 A device tensor sent to another process (in a process's arguments, or through a queue) is CUDA IPC, as torch does
 it (``torch.multiprocessing.reductions``): the sender records an interprocess event on its stream as it pickles the
@@ -51,7 +51,7 @@ from simdevice.runtime.reports import user_source
 from simdevice.runtime.runtime import EMPTY, Mailbox, SharedCell
 
 #: the primitives a run refuses (those it simulates: ``_MADE``)
-_REFUSED = ("Pipe", "Pool", "Manager", "JoinableQueue", "Condition", "Array", "RawArray", "RawValue")
+_REFUSED = ("Pool", "Manager", "JoinableQueue", "Condition", "Array", "RawArray", "RawValue")
 #: what pickling does not look into for tensors (by reference: classes, modules, functions)
 _OPAQUE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 #: virtual time a timed wait (``join(timeout)``, ``get(timeout=)``, ``wait(timeout)``) sleeps between its polls, in
@@ -135,8 +135,8 @@ def _by_reference(x: Any) -> bool:
         # raises CUDA's error, as it does on a GPU)
         x.ipc_handle()
         return True
-    return isinstance(x, (torch.Tensor, torch.UntypedStorage, SimQueue, SimEvent, SimLock, SimSemaphore, SimBarrier,
-                          SharedValueHandle, facade.Stream, _Sent))
+    return isinstance(x, (torch.Tensor, torch.UntypedStorage, SimQueue, SimConnection, SimEvent, SimLock, SimSemaphore,
+                          SimBarrier, SharedValueHandle, facade.Stream, _Sent))
 
 
 def _sent(dev: Any, obj: Any, stream: Any) -> _Sent:
@@ -151,6 +151,8 @@ def _sent(dev: Any, obj: Any, stream: Any) -> _Sent:
     else:
         found = [x for x in refs if isinstance(x, SimTensor)]
     _shared(refs)
+    # a pipe's end crosses as a handle of its own (a duplicated descriptor): the sender may close its copy
+    refs = [x.duplicate() if isinstance(x, SimConnection) else x for x in refs]
     sender = dev.runtime.current().process
     events: dict[int, Any] = {}
     for t in found:
@@ -423,7 +425,10 @@ def _patch_process(p: Patches) -> None:
                 if forked_after_cuda and _used_cuda(rt, child.actor):
                     rt.note(forked_after_cuda)
             # the child's own copy of this object dies as its interpreter ends (with its received tensors: torch's
-            # deleter runs for each), where here the parent's object would keep them: let go of them as it ends
+            # deleter runs for each, and the pipe ends it was given close), where here the parent's object would
+            # keep them: let go of them as it ends
+            for end in _connections((self._args, self._kwargs)):
+                end.close()
             self._args, self._kwargs = (), {}
 
         parent = child.parent = rt.current().process
@@ -742,6 +747,158 @@ class SimQueue:
         pass
 
 
+#: what a closed end of a pipe leaves for the other to receive (its ``recv`` raises ``EOFError``)
+_EOF = object()
+
+
+class _Bytes:
+    """What ``send_bytes`` sent: the bytes, which ``recv_bytes`` gives back (``recv`` unpickles them, as a real
+    connection's does)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class _End:
+    """One end of a pipe, over all its handles (the processes it was sent to have one each): how many are open."""
+
+    __slots__ = ("open",)
+
+    def __init__(self) -> None:
+        self.open = 1
+
+
+class SimConnection:
+    """A handle of one end of ``multiprocessing.Pipe()`` in a run: ``send`` pickles in the sending thread, as a
+    ``SimpleQueue``'s put does (a device tensor crosses by CUDA IPC, its event recorded on the sender's current
+    stream); ``recv`` waits for the next item, in order, and orders the receiver after its sender. Sent to another
+    process, an end crosses as a handle of its own (a duplicated descriptor, which the child's end closes). Once every
+    handle of an end is closed, the other end meets an end of file: its ``recv`` raises ``EOFError`` once what was
+    sent before is received, and its ``poll`` answers True then. ``Pipe(duplex=False)`` gives a receiving end and a
+    sending end."""
+
+    def __init__(self, inbox: Mailbox | None, outbox: Mailbox | None, end: _End | None = None) -> None:
+        self._dev = _session()
+        self._in, self._out = inbox, outbox
+        self._end = end if end is not None else _End()
+        self.closed = False
+
+    def duplicate(self) -> SimConnection:
+        """Another handle of this end (what a process it is sent to gets)."""
+        if self.closed:
+            raise OSError("handle is closed")
+        self._end.open += 1
+        return SimConnection(self._in, self._out, self._end)
+
+    @property
+    def readable(self) -> bool:
+        return self._in is not None
+
+    @property
+    def writable(self) -> bool:
+        return self._out is not None
+
+    def _check(self, reading: bool) -> Mailbox:
+        if self.closed:
+            raise OSError("handle is closed")
+        box = self._in if reading else self._out
+        if box is None:
+            raise OSError("connection is write-only" if reading else "connection is read-only")
+        return box
+
+    def send(self, obj: Any) -> None:
+        box = self._check(False)
+        dev = self._dev
+        dev.runtime.queue_put(box, _sent(dev, obj, dev.runtime.current().current_stream))
+
+    def send_bytes(self, buf: Any, offset: int = 0, size: int | None = None) -> None:
+        box = self._check(False)
+        view = memoryview(buf).cast("B")
+        end = len(view) if size is None else offset + size
+        if offset < 0 or end > len(view) or end < offset:
+            raise ValueError("buffer length < offset + size" if end > len(view) else "offset or size is negative")
+        self._dev.runtime.queue_put(box, _Bytes(bytes(view[offset:end])))
+
+    def _next(self) -> Any:
+        box = self._check(True)
+        rt = self._dev.runtime
+        got = rt.queue_get(box)
+        if got is _EOF:
+            box.items.appendleft((_EOF, rt.current().clock.copy()))  # (every later recv meets it too)
+            raise EOFError
+        return got
+
+    def recv(self) -> Any:
+        got = self._next()
+        if isinstance(got, _Bytes):  # (bytes sent as they are: unpickled, as a real connection's recv does)
+            import pickle
+
+            return pickle.loads(got.data)
+        return _received(self._dev, got)
+
+    def recv_bytes(self, maxlength: int | None = None) -> bytes:
+        got = self._next()
+        data = got.data if isinstance(got, _Bytes) else ForkingPickler.dumps(_received(self._dev, got))
+        if maxlength is not None and len(data) > maxlength:
+            raise OSError("bad message length")
+        return bytes(data)
+
+    def recv_bytes_into(self, buf: Any, offset: int = 0) -> int:
+        data = self.recv_bytes()
+        view = memoryview(buf).cast("B")
+        if offset + len(data) > len(view):
+            raise multiprocessing.BufferTooShort(data)
+        view[offset:offset + len(data)] = data
+        return len(data)
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        box = self._check(True)
+        rt = self._dev.runtime
+        if timeout is None:
+            rt.queue_wait(box, "an item on a pipe")
+            return True
+        return timed(lambda: not rt.queue_empty(box), timeout)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._end.open -= 1
+        if not self._end.open and self._out is not None:  # (the other end receives what was sent, then the end)
+            self._dev.runtime.queue_put(self._out, _EOF)
+
+    def fileno(self) -> int:
+        raise NotImplementedError("a simulated pipe's file descriptor (Connection.fileno: multiprocessing.connection."
+                                  "wait, selectors) is not simulated")
+
+    def __enter__(self) -> SimConnection:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _connections(obj: Any) -> list[SimConnection]:
+    """The pipe ends in ``obj`` (a process's arguments), through its tuples, lists and dicts."""
+    if isinstance(obj, SimConnection):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [c for x in obj for c in _connections(x)]
+    if isinstance(obj, dict):
+        return [c for x in obj.values() for c in _connections(x)]
+    return []
+
+
+def _pipe(duplex: bool = True) -> tuple[SimConnection, SimConnection]:
+    """``multiprocessing.Pipe(duplex)`` in a run: two connected ends."""
+    a, b = Mailbox(), Mailbox()
+    if duplex:
+        return SimConnection(a, b), SimConnection(b, a)
+    return SimConnection(a, None), SimConnection(None, a)
+
+
 class SimEvent:
     """``multiprocessing.Event`` (and ``threading.Event``) in a run. One an earlier run made, kept where a process
     keeps it for its lifetime (a library's class attribute: tqdm's progress monitor's), is in this run a new one,
@@ -1047,13 +1204,13 @@ class SimBarrier:
 _MADE: dict[str, Callable[..., Any]] = {
     "Queue": SimQueue, "SimpleQueue": lambda: SimQueue(simple=True), "Event": SimEvent, "Value": SimValue,
     "Lock": SimLock, "RLock": SimRLock, "Barrier": SimBarrier, "Semaphore": SimSemaphore,
-    "BoundedSemaphore": lambda value=1: SimSemaphore(value, bounded=True),
+    "BoundedSemaphore": lambda value=1: SimSemaphore(value, bounded=True), "Pipe": _pipe,
 }
 
 
 def _refusal(name: str) -> NotImplementedError:
     return NotImplementedError(
-        f"multiprocessing.{name} is not simulated (the run's processes share Queue, SimpleQueue, Event, Value, "
+        f"multiprocessing.{name} is not simulated (the run's processes share Queue, SimpleQueue, Pipe, Event, Value, "
         "Lock, RLock, Semaphore, BoundedSemaphore and Barrier)"
     )
 

@@ -1559,6 +1559,13 @@ class Runtime:
         self.execution.changed()
         return item
 
+    def queue_wait(self, box: Mailbox, what: str) -> None:
+        """A blocking wait, in one step, until ``box`` has an item, taking none (a pipe's ``poll()`` without a
+        timeout)."""
+        a = self.host_step("Queue.poll")
+        while not box.items:
+            self.execution.block(a, what, lambda: bool(box.items))
+
     def queue_empty(self, box: Mailbox) -> bool:
         self.host_step("Queue.empty", poll=True)
         return not box.items
