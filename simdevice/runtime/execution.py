@@ -116,6 +116,8 @@ PROCESS_MODULES = (
     "megatron.core.global_vars", "megatron.training.global_vars", "apex.transformer.parallel_state",
     "deepspeed.utils.groups", "fairscale.nn.model_parallel.initialize", "vllm.distributed.parallel_state",
     "sglang.srt.distributed.parallel_state",
+    # torch's own: Distributed Checkpoint's saving process (``AsyncCheckpointerType.PROCESS``), one per process
+    "torch.distributed.checkpoint._async_process_executor",
 )
 
 

@@ -78,3 +78,30 @@ def test_async_save_on_an_nccl_group_raises_torch_s_error(tmp_path: Any) -> None
     run = _run(async_save, os.path.join(tmp_path, "ckpt"))
     assert [r.kind for r in run.reports] == ["host-error"], [str(r) for r in run.reports]
     assert "A CPU backend must be enabled for async save" in str(run.reports[0])
+
+
+def saved_in_a_process(path: str) -> None:
+    """``async_save`` with ``AsyncCheckpointerType.PROCESS``: torch starts a saving process of its own (spawned, its
+    own process group, driven over a ``Pipe``), stages the state on the host and hands it over; the state read back
+    is what was saved, though the rank overwrote its tensor after the save's future resolved."""
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    dist.destroy_process_group()  # (the run's group is NCCL's alone: an async save asks for a CPU backend too)
+    dist.init_process_group("cpu:gloo,cuda:nccl")
+    rank = dist.get_rank()
+    w = torch.full((N,), float(rank + 1), device="cuda")
+    dcp.async_save({f"w{rank}": w}, checkpoint_id=path,
+                   async_checkpointer_type=AsyncCheckpointerType.PROCESS).result()
+    w.fill_(-1.0)
+    back = {f"w{rank}": torch.zeros(N, device="cuda")}
+    dcp.load(back, checkpoint_id=path)
+    assert torch.equal(back[f"w{rank}"].cpu(), torch.full((N,), float(rank + 1)))
+
+
+def test_an_async_save_in_a_process_of_its_own_runs_on_ranks(tmp_path: Any) -> None:
+    """Before, the saving process's ``Pipe`` was refused (no verdict), and its executor, a global of torch's module,
+    was kept from one run to the next (a process of an earlier run reached; no verdict either): the module is one of
+    ``PROCESS_MODULES`` now. Its second run fails on the code before."""
+    for k in range(2):
+        run = _run(saved_in_a_process, os.path.join(tmp_path, f"ckpt{k}"))
+        assert run.reports == (), [str(r) for r in run.reports]
