@@ -1423,12 +1423,32 @@ TORCHRUN_VARIABLES = tuple(torchrun_variables(0, 1))
 class RankEnviron(MutableMapping[str, str]):
     """``os.environ`` as each rank of a simulated world sees it: the process's environment, but for torchrun's
     variables (:data:`TORCHRUN_VARIABLES`), which are the rank's own, as torchrun sets them in each process it
-    starts (a rank's own write or deletion of one stays its own). Outside a rank, the process's environment."""
+    starts (a rank's own write or deletion of one stays its own). A process the program starts (``multiprocessing``)
+    has an environment of its own: what it writes or deletes stays its own, over the environment it started with
+    (torch's Distributed Checkpoint's saving process sets ``RANK``, ``LOCAL_RANK`` and ``MASTER_PORT`` in its own:
+    they reached the interpreter's, and every later run's and test's), for the run. Outside a rank or such a process,
+    the process's environment."""
 
     def __init__(self, real: MutableMapping[str, str]) -> None:
         self.real = real
         #: a rank's writes of torchrun's variables, by rank (None: the rank deleted it)
         self._written: dict[int, dict[str, str | None]] = {}
+        #: a started process's writes (None: deleted), by process, in the run that made them (:meth:`_started`)
+        self._own: dict[str, dict[str, str | None]] = {}
+        self._run: Any = None
+
+    def _started(self) -> dict[str, str | None] | None:
+        """The writes of the current actor's process where it is one the program started (not the run's first
+        process, not a rank of a world), made in this run; else None."""
+        if not in_actor():
+            return None
+        rt = session_device().runtime
+        process = rt.current().process
+        if process == "host" or rt.collectives.rank_of(process) is not None:
+            return None
+        if self._run is not rt:  # (a run's processes start from the interpreter's environment)
+            self._run, self._own = rt, {}
+        return self._own.setdefault(process, {})
 
     @staticmethod
     def _here(key: str | None = None) -> tuple[int, int] | None:
@@ -1449,10 +1469,22 @@ class RankEnviron(MutableMapping[str, str]):
         return {k: v for k, v in own.items() if v is not None}
 
     def __getitem__(self, key: str) -> str:
+        started = self._started()
+        if started is not None and key in started:
+            value = started[key]
+            if value is None:
+                raise KeyError(key)
+            return value
         own = self._rank() if key in TORCHRUN_VARIABLES else None
         return own[key] if own is not None else self.real[key]
 
     def __setitem__(self, key: str, value: str) -> None:
+        started = self._started()
+        if started is not None:
+            if not isinstance(value, str):  # (as os.environ)
+                raise TypeError(f"str expected, not {type(value).__name__}")
+            started[key] = value
+            return
         got = self._here(key)
         if got is None:
             self.real[key] = value
@@ -1462,6 +1494,12 @@ class RankEnviron(MutableMapping[str, str]):
             self._written.setdefault(got[0], {})[key] = value
 
     def __delitem__(self, key: str) -> None:
+        started = self._started()
+        if started is not None:
+            if key not in self:
+                raise KeyError(key)
+            started[key] = None
+            return
         got = self._here(key)
         if got is None:
             del self.real[key]
@@ -1471,6 +1509,11 @@ class RankEnviron(MutableMapping[str, str]):
         self._written.setdefault(got[0], {})[key] = None
 
     def __iter__(self) -> Iterator[str]:
+        started = self._started()
+        if started:
+            yield from (k for k in self.real if k not in started)
+            yield from (k for k, v in started.items() if v is not None)
+            return
         own = self._rank()
         if own is None:
             yield from self.real

@@ -1015,3 +1015,32 @@ def test_a_forked_process_that_never_uses_cuda_is_not_noted() -> None:
     r = _run(program)
     assert r.reports == ()
     assert not [n for n in r.notes if "fork method" in n], r.notes
+
+
+def _sets_its_environment(q: Any) -> None:
+    os.environ["SIMDEVICE_TEST_CHILD_VAR"] = "child"
+    os.environ.pop("SIMDEVICE_TEST_PARENT_VAR", None)
+    q.put((os.environ.get("SIMDEVICE_TEST_CHILD_VAR"), "SIMDEVICE_TEST_PARENT_VAR" in os.environ,
+           "SIMDEVICE_TEST_CHILD_VAR" in dict(os.environ)))
+
+
+def _child_environment() -> None:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_sets_its_environment, args=(q,))
+    p.start()
+    assert q.get() == ("child", False, True)  # its own writes and deletions, as it sees them
+    p.join()
+    assert "SIMDEVICE_TEST_CHILD_VAR" not in os.environ  # not the parent's
+    assert os.environ["SIMDEVICE_TEST_PARENT_VAR"] == "parent"
+
+
+def test_a_started_process_s_environment_is_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a process the program starts writes into ``os.environ`` stays its own: before, it reached the parent and
+    the interpreter's environment, for every later run and test (torch's Distributed Checkpoint's saving process sets
+    ``RANK`` and ``LOCAL_RANK``: a later test's model loaded onto device 1)."""
+    monkeypatch.setenv("SIMDEVICE_TEST_PARENT_VAR", "parent")
+    monkeypatch.delenv("SIMDEVICE_TEST_CHILD_VAR", raising=False)
+    assert _run(_child_environment).reports == ()
+    assert "SIMDEVICE_TEST_CHILD_VAR" not in os.environ
+    assert os.environ["SIMDEVICE_TEST_PARENT_VAR"] == "parent"
