@@ -1439,12 +1439,14 @@ class RankEnviron(MutableMapping[str, str]):
 
     def _started(self) -> dict[str, str | None] | None:
         """The writes of the current actor's process where it is one the program started (not the run's first
-        process, not a rank of a world), made in this run; else None."""
+        process, not a rank a launcher started: one that joined a world in ``init_process_group`` keeps its own),
+        made in this run; else None."""
         if not in_actor():
             return None
         rt = session_device().runtime
         process = rt.current().process
-        if process == "host" or rt.collectives.rank_of(process) is not None:
+        got = rt.collectives.rank_of(process)
+        if process == "host" or (got is not None and got[0].launched):
             return None
         if self._run is not rt:  # (a run's processes start from the interpreter's environment)
             self._run, self._own = rt, {}
