@@ -1424,10 +1424,11 @@ class RankEnviron(MutableMapping[str, str]):
     """``os.environ`` as each rank of a simulated world sees it: the process's environment, but for torchrun's
     variables (:data:`TORCHRUN_VARIABLES`), which are the rank's own, as torchrun sets them in each process it
     starts (a rank's own write or deletion of one stays its own). A process the program starts (``multiprocessing``)
-    has an environment of its own: what it writes or deletes stays its own, over the environment it started with
-    (torch's Distributed Checkpoint's saving process sets ``RANK``, ``LOCAL_RANK`` and ``MASTER_PORT`` in its own:
-    they reached the interpreter's, and every later run's and test's), for the run. Outside a rank or such a process,
-    the process's environment."""
+    has an environment of its own: what it writes or deletes stays its own, for the run, over the interpreter's
+    environment (torch's Distributed Checkpoint's saving process sets ``RANK``, ``LOCAL_RANK`` and ``MASTER_PORT`` in
+    its own: they reached the interpreter's, and every later run's and test's). (A child of a launched rank does not
+    see that rank's torchrun variables: it starts from the interpreter's environment, not its parent's.) Outside a
+    rank or such a process, the process's environment."""
 
     def __init__(self, real: MutableMapping[str, str]) -> None:
         self.real = real
