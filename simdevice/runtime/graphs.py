@@ -10,15 +10,15 @@ it runs. The capture stream's nodes go on the stream current then; another captu
 on a stream of the graph's own (``graph1-side``), with the waits between the branches the capture made, so that two
 branches run side by side where the capture let them (a race between them is found, at the replay's line).
 
-Memory allocated on a capturing stream comes from the graph's private pool (``pool=``: another graph's, shared),
-which no ordinary allocation takes and ``empty_cache`` leaves while a graph holds it, as CUDA's caching allocator
-keeps it. What CUDA refuses during a capture raises CUDA's error there: a host wait for captured work (``.item()``,
-``.cpu()``, a blocking copy, an op whose output size needs its values), ``synchronize()`` (from any thread of the
-process, in any capture mode), a stream's ``synchronize()`` or ``query()`` of a capturing stream, an event's
-``query()``, ``synchronize()`` or ``elapsed_time`` of an event recorded in the capture, a capturing stream's wait for
-work outside the capture. Such an error invalidates the capture: its ``capture_end`` then raises, as CUDA's does.
-torch refuses a copy between the capturing stream and pageable host memory (``.cpu()`` too) itself, before CUDA is
-called: the capture goes on. A collective in a capture is not
+Memory allocated on a capturing stream comes from the graph's private pool (``pool=``: another graph's or a
+``MemPool``'s, shared), which no ordinary allocation takes and ``empty_cache`` leaves while a graph (or the
+``MemPool`` object) holds it, as CUDA's caching allocator keeps it. What CUDA refuses during a capture raises CUDA's
+error there: a host wait for captured work (``.item()``, a blocking copy, an op whose output size needs its values),
+``synchronize()`` (from any thread of the process, in any capture mode), a stream's ``synchronize()`` or ``query()``
+of a capturing stream, an event's ``query()``, ``synchronize()`` or ``elapsed_time`` of an event recorded in the
+capture, a capturing stream's wait for work outside the capture. Such an error invalidates the capture: its
+``capture_end`` then raises, as CUDA's does. torch refuses a copy between the capturing stream and pageable host
+memory (``.cpu()`` too) itself, before CUDA is called: the capture goes on. A collective in a capture is not
 simulated (``NotImplementedError``).
 """
 
