@@ -100,7 +100,6 @@ class SimGraph:
         self.pool: str | None = None
         self.nodes: list[Node | Wait | Sleep] | None = None
         self.capture: Capture | None = None
-        self.replays = 0
         #: the stream the capture began on (its nodes replay on the replay's stream), and the streams the other
         #: captured streams' nodes replay on (made at the first replay that needs each: a graph's branches)
         self.origin = ""
@@ -108,12 +107,13 @@ class SimGraph:
 
 
 class Capture:
-    """A capture underway: the graph, the stream it began on (``origin``), the streams that joined it, the actor and
-    process capturing, the mode, and what each of its streams recorded and waited for (the origin must have waited for
-    every joined stream's last node by the end: CUDA's join)."""
+    """A capture underway: the graph, the stream it began on (``origin``), the streams that joined it, the process
+    capturing (a device synchronization by any of its threads conflicts with it, whatever the capture's mode), and what
+    each of its streams recorded and waited for (the origin must have waited for every joined stream's last node by the
+    end: CUDA's join)."""
 
-    def __init__(self, graph: SimGraph, origin: SimStream, actor: str, process: str, mode: str) -> None:
-        self.graph, self.origin, self.actor, self.process, self.mode = graph, origin, actor, process, mode
+    def __init__(self, graph: SimGraph, origin: SimStream, process: str) -> None:
+        self.graph, self.origin, self.process = graph, origin, process
         self.streams: list[SimStream] = [origin]
         self.nodes: list[Node | Wait | Sleep] = []
         #: per stream, the nodes it recorded so far; per stream, what it waited for in the capture (directly or

@@ -1024,7 +1024,7 @@ class Runtime:
             raise s.capture.fail(UNSUPPORTED + f" (a capture began on stream {s.name}, already capturing)")
         g.handle, g.pool = self.graphs.pool_for(pool)
         self.graphs.hold(g.pool)
-        cap = Capture(g, s, a.name, a.process, mode)
+        cap = Capture(g, s, a.process)
         g.capture = s.capture = cap
         self.graphs.active.append(cap)
 
@@ -1064,7 +1064,6 @@ class Runtime:
         if s.capture is not None:
             raise NotImplementedError("a CUDA graph replayed inside another's capture (a child graph) is not "
                                       "simulated")
-        g.replays += 1
         # (each node issued where the program replays the graph, named with the line that captured it: the place a
         # wait before it goes is before the replay)
         here = user_source()
