@@ -166,6 +166,8 @@ class Collective:
         #: by rank, what its call sends to and receives from each peer, where the ranks exchange different amounts
         #: (an all-to-all): then the sizes that must agree are those of each send and its receive
         self.splits: dict[int, Splits] = {}
+        #: whether a rank issued it before a peer did (``sync.late``)
+        self.late = False
 
     def check_agreed(self) -> None:
         """Raise where the ranks passed tensors of different sizes or dtypes (on a GPU: a hang, or bytes of one
@@ -217,10 +219,12 @@ class Collective:
 
 
 class Gather:
-    """An async collective in flight: where its receive sits on the communication stream, and its rendezvous."""
+    """An async collective in flight: where its receive sits on the communication stream, and its rendezvous (the
+    last of ``parts``: a group of point-to-point messages has one each)."""
 
-    def __init__(self, rec: EventRecord, collective: Collective) -> None:
+    def __init__(self, rec: EventRecord, collective: Collective, parts: list[Collective] | None = None) -> None:
         self.rec, self.collective = rec, collective
+        self.parts = parts if parts is not None else [collective]
 
     def record(self) -> EventRecord:
         """What waiting for it orders after (every caller, once every rank has issued)."""
@@ -359,7 +363,7 @@ class Collectives:
         for msg, is_send, ins, outs, _ in posted:
             self._land(comm, msg, 0 if is_send else 1, "send (done)" if is_send else "recv (receive)", ins, outs,
                        lambda slot, sent: [sent[0]] if slot == 1 else [], src)
-        return Gather(sync.record(comm), posted[-1][0])
+        return Gather(sync.record(comm), posted[-1][0], [msg for msg, *_ in posted])
 
     def _after_caller(self, a: HostActor, comm: SimStream) -> None:
         cur = a.current_stream

@@ -87,6 +87,9 @@ class SimStream:
         self.done_at: dict[int, int | None] = {}
         #: the CUDA graph capture this stream records into, while one is underway (``simdevice.runtime.graphs``)
         self.capture: Any = None
+        #: collectives its work so far comes after that a peer has not issued yet (``sync.late``): their callers'
+        #: clocks are joined once the last rank issues each
+        self.late: list[Any] = []
 
     def idle(self) -> bool:
         return self.completed == self.enqueued
@@ -104,7 +107,7 @@ class SimStream:
 class EventRecord:
     """Where an event was recorded: the stream, its queue position, and its clock then."""
 
-    __slots__ = ("capture", "clock", "position", "stamped", "stream")
+    __slots__ = ("capture", "clock", "late", "position", "stamped", "stream")
 
     def __init__(self, stream: SimStream, position: int, clock: VectorClock) -> None:
         self.stream = stream
@@ -115,6 +118,8 @@ class EventRecord:
         #: a timing record made when its stream was already past its position: the time it was made (each event
         #: is stamped when the stream reaches it, so two recorded at one position at different times differ)
         self.stamped: int | None = None
+        #: collectives the recorded work comes after that a peer had not issued when it was recorded (``sync.late``)
+        self.late: list[Any] | None = None
 
     def done(self) -> bool:
         return self.stream.completed >= self.position

@@ -37,8 +37,8 @@ the runtime calls these and never joins or ticks a clock itself:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import attrs
 
@@ -82,7 +82,10 @@ def device_op(stream: SimStream) -> int:
 
 def record(stream: SimStream) -> EventRecord:
     """``event.record(stream)``: the stream's position and clock as of now."""
-    return EventRecord(stream, stream.enqueued, stream.clock.copy())
+    rec = EventRecord(stream, stream.enqueued, stream.clock.copy())
+    if stream.late:
+        rec.late = list(stream.late)
+    return rec
 
 
 def stream_waits(stream: SimStream, rec: EventRecord, what: str) -> StreamOp:
@@ -91,6 +94,12 @@ def stream_waits(stream: SimStream, rec: EventRecord, what: str) -> StreamOp:
     Returns the marker to enqueue: the stream passes it once the recorded work is done.
     """
     stream.clock.join(rec.clock)
+    if rec.late:
+        for c in rec.late:
+            if c.complete:
+                stream.clock.join(c.clock)
+            elif c not in stream.late:
+                stream.late.append(c)
     return StreamOp(stream, f"{what} recorded on stream {rec.stream.name} (item {rec.position})", -1, 0,
                     ready=rec.done)
 
@@ -98,6 +107,10 @@ def stream_waits(stream: SimStream, rec: EventRecord, what: str) -> StreamOp:
 def host_observes(actor: Clocked, rec: EventRecord) -> None:
     """The host saw the recorded work done (a synchronize, a successful query, a blocking copy)."""
     actor.clock.join(rec.clock)
+    if rec.late:  # (seen done: every collective it comes after has had its every caller)
+        for c in rec.late:
+            if c.complete:
+                actor.clock.join(c.clock)
 
 
 def handed_on(actor: Clocked, after: VectorClock) -> None:
@@ -166,13 +179,33 @@ def collective_receive(comm: SimStream, collective: Clocked) -> None:
     comm.clock.join(collective.clock)
 
 
+def late(comm: SimStream, collective: Any) -> None:
+    """A rank issued its part of ``collective`` before a peer did: its receive lands after every rank's send, each
+    after what its rank did before it called, but those peers' pasts are not known yet. The communication stream's
+    later records carry the collective (``EventRecord.late``), and so do the streams that wait for one: a host that
+    sees such a record done is ordered after every caller (its receive landed, so every rank had called), a stream
+    that waits for one after the last rank called is ordered after them then (:func:`every_rank_issued`)."""
+    comm.late.append(collective)
+
+
+def every_rank_issued(collective: Any, streams: Iterable[SimStream]) -> None:
+    """The last rank issued ``collective``: the streams that carry it (:func:`late`) are ordered after every caller
+    from now on."""
+    for s in streams:
+        if s.late and collective in s.late:
+            s.clock.join(collective.clock)
+            s.late.remove(collective)
+
+
 def work_record(rec: EventRecord, collective: Clocked | None, complete: bool) -> EventRecord:
     """What ``work.wait()`` orders after: the receive, and once every rank issued, every caller."""
     if collective is None or not complete:
         return rec
     clock = rec.clock.copy()
     clock.join(collective.clock)
-    return EventRecord(rec.stream, rec.position, clock)
+    out = EventRecord(rec.stream, rec.position, clock)
+    out.late = rec.late
+    return out
 
 
 # -- inserted edges ------------------------------------------------------------------------------------------
