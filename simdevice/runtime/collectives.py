@@ -28,9 +28,10 @@ a hang).
 
 Happens-before (:mod:`simdevice.runtime.sync`): the collective joins the
 clocks of the callers that issued it; a rank's receive carries the clocks of
-the peers that had issued it by then, and ``work.wait()`` joins all of them
-once every rank has. The ranks share no memory, so this only sharpens
-reports, never creates one.
+the peers that had issued it by then, and what waits for the receive (the
+work's ``wait()``, a sync) is ordered after every caller: at once where the
+rank called last, else once the last peer calls (``sync.late``). Ranks that
+share memory (CUDA IPC, shared host memory) are ordered by it as on a GPU.
 """
 
 from __future__ import annotations
@@ -227,8 +228,8 @@ class Gather:
         self.parts = parts if parts is not None else [collective]
 
     def record(self) -> EventRecord:
-        """What waiting for it orders after (every caller, once every rank has issued)."""
-        return sync.work_record(self.rec, self.collective, self.collective.complete)
+        """What waiting for it orders after: its receive, and with it every caller (``sync.late``)."""
+        return self.rec
 
 
 class Collectives:

@@ -23,8 +23,9 @@ the runtime calls these and never joins or ticks a clock itself:
   of its ``put`` (:func:`snapshot`);
 - collectives: the k-th collective of every rank is one rendezvous whose
   clock joins every caller (:func:`collective_issued`); each rank's receive
-  carries it (:func:`collective_receive`), and ``work.wait()`` joins it once
-  every rank has issued (:func:`work_record`).
+  carries it (:func:`collective_receive`), and where a rank issued before a
+  peer did, what waits for its receive is ordered after every caller once
+  the last one issues (:func:`late`, :func:`every_rank_issued`).
 - inserted edges (:class:`Edge`): a synchronization the program does not make, added by the simulator to check a
   suggested fix without editing the program: the stream of the later operation waits for an event recorded right
   after the earlier one (:func:`stream_waits`), or the host synchronizes on it (:func:`host_observes`);
@@ -195,17 +196,6 @@ def every_rank_issued(collective: Any, streams: Iterable[SimStream]) -> None:
         if s.late and collective in s.late:
             s.clock.join(collective.clock)
             s.late.remove(collective)
-
-
-def work_record(rec: EventRecord, collective: Clocked | None, complete: bool) -> EventRecord:
-    """What ``work.wait()`` orders after: the receive, and once every rank issued, every caller."""
-    if collective is None or not complete:
-        return rec
-    clock = rec.clock.copy()
-    clock.join(collective.clock)
-    out = EventRecord(rec.stream, rec.position, clock)
-    out.late = rec.late
-    return out
 
 
 # -- inserted edges ------------------------------------------------------------------------------------------

@@ -243,3 +243,39 @@ def test_a_stream_that_waits_for_the_receive_is_ordered_after_every_caller_once_
     run = _run_fn(device_writer, via)
     races = [r for r in run.reports if r.kind == "race"]
     assert bool(races) == (via == "none"), run.reports
+
+
+def _side_stream_input(rank: int, synced: bool) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = "29564"
+    dist.init_process_group("nccl", rank=rank, world_size=2)
+    torch.cuda.set_device(rank)
+    x = torch.empty(N, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x.fill_(float(rank + 1))
+    if synced:
+        side.synchronize()  # the host saw the side stream's write done before it called the collective
+    dist.all_reduce(x)  # NCCL's stream waits for the current stream, not the side stream
+    assert x.sum().item() == 3.0 * N or not synced
+    dist.destroy_process_group()
+
+
+def side_stream_input(synced: bool) -> None:
+    ctx = mp.get_context("spawn")
+    ps = [ctx.Process(target=_side_stream_input, args=(r, synced)) for r in range(2)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join()
+
+
+@pytest.mark.parametrize("synced", [True, False])
+def test_a_collective_s_send_comes_after_what_its_caller_saw_done(synced: bool) -> None:
+    """The send reads an input a side stream wrote, which the host synchronized before the call: ordered (a mutation
+    that leaves the caller's past out of the communication stream's, ``sync.collective_issued``, names a race).
+    Without the host's sync, NCCL's wait for the current stream does not cover the side stream: a race."""
+    run = _run_fn(side_stream_input, synced)
+    races = [r for r in run.reports if r.kind == "race"]
+    assert bool(races) != synced, run.reports
