@@ -1421,114 +1421,80 @@ TORCHRUN_VARIABLES = tuple(torchrun_variables(0, 1))
 
 
 class RankEnviron(MutableMapping[str, str]):
-    """``os.environ`` as each rank of a simulated world sees it: the process's environment, but for torchrun's
-    variables (:data:`TORCHRUN_VARIABLES`), which are the rank's own, as torchrun sets them in each process it
-    starts (a rank's own write or deletion of one stays its own). A process the program starts (``multiprocessing``)
-    has an environment of its own: what it writes or deletes stays its own, for the run, over the interpreter's
-    environment (torch's Distributed Checkpoint's saving process sets ``RANK``, ``LOCAL_RANK`` and ``MASTER_PORT`` in
-    its own: they reached the interpreter's, and every later run's and test's). (A child of a launched rank does not
-    see that rank's torchrun variables: it starts from the interpreter's environment, not its parent's.) Outside a
-    rank or such a process, the process's environment."""
+    """``os.environ`` as each process of a run sees it. The run's first process (``host``) and code outside a run see
+    the interpreter's environment. Every other process has an environment of its own for the run, as an operating
+    system gives each process: a copy of its parent's as it was started (:meth:`started`: ``multiprocessing``'s
+    ``Process.start``, a child of a rank seeing that rank's variables), or, for a rank a launcher started, the
+    interpreter's with torchrun's variables (:data:`TORCHRUN_VARIABLES`) the rank's own, as torchrun sets them in
+    each process it starts; what a process writes or deletes stays its own (another rank, the parent, a later run and
+    the interpreter never see it: torch's Distributed Checkpoint's saving process sets ``RANK``, ``LOCAL_RANK`` and
+    ``MASTER_PORT`` in its own)."""
 
     def __init__(self, real: MutableMapping[str, str]) -> None:
         self.real = real
-        #: a rank's writes of torchrun's variables, by rank (None: the rank deleted it)
-        self._written: dict[int, dict[str, str | None]] = {}
-        #: a started process's writes (None: deleted), by process, in the run that made them (:meth:`_started`)
-        self._own: dict[str, dict[str, str | None]] = {}
         self._run: Any = None
+        #: per process of the run: its environment (the copy it started with, and its own writes since)
+        self._envs: dict[str, dict[str, str]] = {}
 
-    def _started(self) -> dict[str, str | None] | None:
-        """The writes of the current actor's process where it is one the program started (not the run's first
-        process, not a rank a launcher started: one that joined a world in ``init_process_group`` keeps its own),
-        made in this run; else None."""
+    def _env(self) -> MutableMapping[str, str]:
+        """The current actor's process's environment (the interpreter's for the run's first one, or outside a
+        run)."""
         if not in_actor():
-            return None
+            return self.real
         rt = session_device().runtime
         process = rt.current().process
+        if process == "host":
+            return self.real
+        env = self._own(rt).get(process)
+        if env is None:  # a rank a launcher started (or a process started where no parent's copy was made)
+            env = self._envs[process] = self._launched(rt, process)
+        return env
+
+    def _own(self, rt: Any) -> dict[str, dict[str, str]]:
+        """The environments of ``rt``'s run (a new run's processes start afresh)."""
+        if self._run is not rt:
+            self._run, self._envs = rt, {}
+        return self._envs
+
+    def _launched(self, rt: Any, process: str) -> dict[str, str]:
         got = rt.collectives.rank_of(process)
-        if process == "host" or (got is not None and got[0].launched):
-            return None
-        if self._run is not rt:  # (a run's processes start from the interpreter's environment)
-            self._run, self._own = rt, {}
-        return self._own.setdefault(process, {})
+        if got is None or not got[0].launched:
+            return dict(self.real)
+        env = {k: v for k, v in self.real.items() if k not in TORCHRUN_VARIABLES}
+        env.update(torchrun_variables(got[1], got[0].size))
+        return env
 
-    @staticmethod
-    def _here(key: str | None = None) -> tuple[int, int] | None:
-        """The current actor's rank and world size, where one runs as a launcher starts it (not a process of the
-        program's that joined a world in ``init_process_group``) and ``key`` (if given) is torchrun's."""
-        if (key is not None and key not in TORCHRUN_VARIABLES) or not in_actor():
-            return None
-        rt = session_device().runtime
-        got = rt.collectives.rank_of(rt.current().process)
-        return None if got is None or not got[0].launched else (got[1], got[0].size)
-
-    def _rank(self) -> dict[str, str] | None:
-        """The current rank's torchrun variables (None: no rank runs)."""
-        got = self._here()
-        if got is None:
-            return None
-        own: dict[str, str | None] = {**torchrun_variables(*got), **self._written.get(got[0], {})}
-        return {k: v for k, v in own.items() if v is not None}
+    def started(self, child: str) -> None:
+        """The current actor's process starts process ``child``: its environment is a copy of the parent's now."""
+        env = dict(self._env())
+        self._own(session_device().runtime)[child] = env
 
     def __getitem__(self, key: str) -> str:
-        started = self._started()
-        if started is not None and key in started:
-            value = started[key]
-            if value is None:
-                raise KeyError(key)
-            return value
-        own = self._rank() if key in TORCHRUN_VARIABLES else None
-        return own[key] if own is not None else self.real[key]
+        return self._env()[key]
 
     def __setitem__(self, key: str, value: str) -> None:
-        started = self._started()
-        if started is not None:
-            if not isinstance(value, str):  # (as os.environ)
-                raise TypeError(f"str expected, not {type(value).__name__}")
-            started[key] = value
-            return
-        got = self._here(key)
-        if got is None:
-            self.real[key] = value
-        else:
-            if not isinstance(value, str):  # (as os.environ)
-                raise TypeError(f"str expected, not {type(value).__name__}")
-            self._written.setdefault(got[0], {})[key] = value
+        env = self._env()
+        if env is not self.real and not isinstance(value, str):  # (as os.environ)
+            raise TypeError(f"str expected, not {type(value).__name__}")
+        env[key] = value
 
     def __delitem__(self, key: str) -> None:
-        started = self._started()
-        if started is not None:
-            if key not in self:
-                raise KeyError(key)
-            started[key] = None
-            return
-        got = self._here(key)
-        if got is None:
-            del self.real[key]
-            return
-        if key not in (self._rank() or {}):
-            raise KeyError(key)
-        self._written.setdefault(got[0], {})[key] = None
+        del self._env()[key]
 
     def __iter__(self) -> Iterator[str]:
-        started = self._started()
-        if started:
-            yield from (k for k in self.real if k not in started)
-            yield from (k for k, v in started.items() if v is not None)
-            return
-        own = self._rank()
-        if own is None:
-            yield from self.real
-            return
-        yield from (k for k in self.real if k not in TORCHRUN_VARIABLES)
-        yield from own
+        return iter(list(self._env()))
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        return len(self._env())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._env()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._env().get(key, default)
 
     def copy(self) -> dict[str, str]:
-        return dict(self)
+        return dict(self._env())
 
 
 def _replaced() -> dict[str, Any]:

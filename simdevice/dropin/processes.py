@@ -444,6 +444,9 @@ def _patch_process(p: Patches) -> None:
             "a GPU its first CUDA call fails (\"Cannot re-initialize CUDA in forked subprocess\", or a CUDA "
             "\"initialization error\" for a kernel on a tensor it inherited); start it with get_context(\"spawn\") "
             "(the simulator runs it as spawned)") if rt.memory.issues and method == "fork" else ""
+        started = getattr(os.environ, "started", None)  # (the session's ``distributed.RankEnviron``)
+        if started is not None:  # its environment: a copy of its parent's as it starts
+            started(name)
         child.actor = rt.spawn(name, body)
         dev.sim_processes[child.actor.name] = self
         dev.sim_children.setdefault(parent, []).append(self)
