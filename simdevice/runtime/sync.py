@@ -170,9 +170,12 @@ def snapshot(actor: Clocked) -> VectorClock:
 
 
 def collective_issued(collective: Clocked, actor: Clocked, comm: SimStream) -> None:
-    """A rank issued its part of a collective: the rendezvous and the rank's communication stream are after it."""
-    collective.clock.join(actor.clock)
+    """A rank issued its part of a collective: the rank's communication stream is after its caller's past, and the
+    rendezvous after what the rank's send is (the caller's past, and the work the communication stream waited for
+    first: NCCL's stream waits for the caller's current stream, so what a rank queued before its call lands before
+    its send)."""
     comm.clock.join(actor.clock)
+    collective.clock.join(comm.clock)
 
 
 def collective_receive(comm: SimStream, collective: Clocked) -> None:

@@ -279,3 +279,57 @@ def test_a_collective_s_send_comes_after_what_its_caller_saw_done(synced: bool) 
     run = _run_fn(side_stream_input, synced)
     races = [r for r in run.reports if r.kind == "race"]
     assert bool(races) != synced, run.reports
+
+
+def _queued_before(rank: int, q: Any, back: Any, how: str, on: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = "29565"
+    dist.init_process_group("nccl", rank=rank, world_size=2)
+    torch.cuda.set_device(rank)
+    if rank == 0:
+        t0 = torch.zeros(N, device="cuda")
+        q.put(t0)  # rank 1 maps it (CUDA IPC)
+        back.get()  # rank 1 has it
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side if on == "side" else torch.cuda.current_stream()):
+            t0.fill_(7.0)  # queued, not synchronized: NCCL's stream waits for the current stream's work alone
+        if how == "barrier":
+            dist.barrier()
+        else:
+            dist.all_reduce(torch.ones(1, device="cuda"))
+        back.get()
+    else:
+        peer = q.get()
+        back.put("got")
+        if how == "barrier":
+            dist.barrier()
+        else:
+            dist.all_reduce(torch.ones(1, device="cuda"))
+            torch.cuda.synchronize()
+        float(peer.sum().item())
+        del peer
+        back.put("done")
+    dist.destroy_process_group()
+
+
+def queued_before(how: str, on: str) -> None:
+    ctx = mp.get_context("spawn")
+    q, back = ctx.Queue(), ctx.Queue()
+    ps = [ctx.Process(target=_queued_before, args=(r, q, back, how, on)) for r in range(2)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join()
+
+
+@pytest.mark.parametrize("on", ["current", "side"])
+@pytest.mark.parametrize("how", ["barrier", "all_reduce"])
+def test_what_a_rank_queued_on_its_current_stream_before_the_call_lands_before_its_send(how: str, on: str) -> None:
+    """Rank 0 writes a tensor rank 1 maps on its current stream, unsynchronized, then calls the collective; rank 1
+    reads it after the collective: ordered, as NCCL's stream waits for the caller's current stream before the send
+    (a mutation that orders the peers after the caller's host alone, ``sync.collective_issued``, names a race). The
+    same write on a side stream the collective does not wait for races."""
+    run = _run_fn(queued_before, how, on)
+    races = [r for r in run.reports if r.kind == "race"]
+    assert bool(races) == (on == "side"), run.reports
