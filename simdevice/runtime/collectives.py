@@ -26,9 +26,10 @@ A collective whose ranks exchange different amounts (an all-to-all with split si
 agree pairwise (a send of 6 elements met by a receive of 4 is the program's error, as on a GPU: the wrong bytes, or
 a hang).
 
-Happens-before (:mod:`simdevice.runtime.sync`): the collective joins the
-clocks of the callers that issued it; a rank's receive carries the clocks of
-the peers that had issued it by then, and what waits for the receive (the
+Happens-before (:mod:`simdevice.runtime.sync`): the collective joins what
+each rank's send is ordered after (its caller's past, and the work of the
+caller's current stream, which NCCL's stream waited for); a rank's receive
+carries that of the peers that had issued it by then, and what waits for the receive (the
 work's ``wait()``, a sync) is ordered after every caller: at once where the
 rank called last, else once the last peer calls (``sync.late``). Ranks that
 share memory (CUDA IPC, shared host memory) are ordered by it as on a GPU.

@@ -22,7 +22,7 @@ the runtime calls these and never joins or ticks a clock itself:
   joins it (:func:`publish`, :func:`observe`); a queue item carries the clock
   of its ``put`` (:func:`snapshot`);
 - collectives: the k-th collective of every rank is one rendezvous whose
-  clock joins every caller (:func:`collective_issued`); each rank's receive
+  clock joins what every rank's send is ordered after (:func:`collective_issued`); each rank's receive
   carries it (:func:`collective_receive`), and where a rank issued before a
   peer did, what waits for its receive is ordered after every caller once
   the last one issues (:func:`late`, :func:`every_rank_issued`).
