@@ -69,17 +69,23 @@ def _worker(rank: int, shared: torch.Tensor, how: str, prepare: int) -> None:
     dist.destroy_process_group()
 
 
-def handshake(how: str, prepare: int = 0) -> None:
-    """Rank 0 writes host memory both processes share (after ``prepare`` operations of its own), then the two meet
-    in a collective (``how``), then rank 1 reads it."""
-    shared = torch.zeros(N).share_memory_()
+def _two_ranks(target: Any, *args: Any, exitcodes: bool = True) -> None:
+    """``target(rank, *args)`` in two spawned processes, which meet in ``init_process_group``; both end cleanly."""
     ctx = mp.get_context("spawn")
-    ps = [ctx.Process(target=_worker, args=(r, shared, how, prepare)) for r in range(2)]
+    ps = [ctx.Process(target=target, args=(r, *args)) for r in range(2)]
     for p in ps:
         p.start()
     for p in ps:
         p.join()
-    assert [p.exitcode for p in ps] == [0, 0], [p.exitcode for p in ps]
+    if exitcodes:
+        assert [p.exitcode for p in ps] == [0, 0], [p.exitcode for p in ps]
+
+
+def handshake(how: str, prepare: int = 0) -> None:
+    """Rank 0 writes host memory both processes share (after ``prepare`` operations of its own), then the two meet
+    in a collective (``how``), then rank 1 reads it."""
+    shared = torch.zeros(N).share_memory_()
+    _two_ranks(_worker, shared, how, prepare)
 
 
 def _run(how: str, schedule: str | None) -> Any:
@@ -158,13 +164,7 @@ def _peer_reader(rank: int, q: Any, back: Any, wait_peer: bool) -> None:
 
 def peer_reader(wait_peer: bool) -> None:
     ctx = mp.get_context("spawn")
-    q, back = ctx.Queue(), ctx.Queue()
-    ps = [ctx.Process(target=_peer_reader, args=(r, q, back, wait_peer)) for r in range(2)]
-    for p in ps:
-        p.start()
-    for p in ps:
-        p.join()
-    assert [p.exitcode for p in ps] == [0, 0], [p.exitcode for p in ps]
+    _two_ranks(_peer_reader, ctx.Queue(), ctx.Queue(), wait_peer)
 
 
 @pytest.mark.parametrize("wait_peer", [False, True])
@@ -224,13 +224,7 @@ def _device_writer(rank: int, q: Any, done: Any, via: str) -> None:
 
 def device_writer(via: str) -> None:
     ctx = mp.get_context("spawn")
-    q, done = ctx.Queue(), ctx.Queue()
-    ps = [ctx.Process(target=_device_writer, args=(r, q, done, via)) for r in range(2)]
-    for p in ps:
-        p.start()
-    for p in ps:
-        p.join()
-    assert [p.exitcode for p in ps] == [0, 0], [p.exitcode for p in ps]
+    _two_ranks(_device_writer, ctx.Queue(), ctx.Queue(), via)
 
 
 @pytest.mark.parametrize("via", ["stream", "event", "none"])
@@ -263,12 +257,7 @@ def _side_stream_input(rank: int, synced: bool) -> None:
 
 
 def side_stream_input(synced: bool) -> None:
-    ctx = mp.get_context("spawn")
-    ps = [ctx.Process(target=_side_stream_input, args=(r, synced)) for r in range(2)]
-    for p in ps:
-        p.start()
-    for p in ps:
-        p.join()
+    _two_ranks(_side_stream_input, synced, exitcodes=synced)
 
 
 @pytest.mark.parametrize("synced", [True, False])
@@ -315,12 +304,7 @@ def _queued_before(rank: int, q: Any, back: Any, how: str, on: str) -> None:
 
 def queued_before(how: str, on: str) -> None:
     ctx = mp.get_context("spawn")
-    q, back = ctx.Queue(), ctx.Queue()
-    ps = [ctx.Process(target=_queued_before, args=(r, q, back, how, on)) for r in range(2)]
-    for p in ps:
-        p.start()
-    for p in ps:
-        p.join()
+    _two_ranks(_queued_before, ctx.Queue(), ctx.Queue(), how, on)
 
 
 @pytest.mark.parametrize("on", ["current", "side"])
