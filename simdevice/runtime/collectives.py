@@ -469,11 +469,14 @@ class Collectives:
             )
         return self.collective(a, "all_gather", [out], [inp], _concatenated, src, group=group)
 
-    def exchange_objects(self, a: HostActor, obj: Any, kind: str = "all_gather_object", group: int = 0) -> list[Any]:
+    def exchange_objects(self, a: HostActor, obj: Any, kind: str = "all_gather_object", group: int = 0,
+                         rec: EventRecord | None = None) -> list[Any]:
         """A host-side collective of Python objects (``all_gather_object``): ``a`` blocks until every rank of
         its world has contributed, and is then ordered after all of them. It takes its place among the world's
         collectives (torch runs it as NCCL collectives, in order with the others), so ranks that issue it where a
-        peer issued another collective are told so (in process group ``group``)."""
+        peer issued another collective are told so (in process group ``group``). ``rec``: the caller's current
+        stream as it called (an NCCL object collective: the host also waits until every rank's is done, and is
+        ordered after it; a gloo collective of host tensors gives none)."""
         world, rank = self.world_of(a.process, group)
         world.instance_for(rank, a.process, kind)
         ex = self._exec
@@ -483,10 +486,15 @@ class Collectives:
             world.object_rounds.append(ObjectRound(world.size))
         r = world.object_rounds[k]
         r.objects[rank] = obj
+        if rec is not None:
+            r.records.append(rec)
         sync.publish(r, a)
         ex.changed()
-        ex.block(a, f"every rank's object of exchange {k} ({world.size} ranks)", lambda: len(r.objects) == world.size)
+        ex.block(a, f"every rank's object of exchange {k} ({world.size} ranks)",
+                 lambda: len(r.objects) == world.size and all(x.done() for x in r.records))
         sync.observe(a, r)
+        for x in r.records:
+            sync.host_observes(a, x)
         return [r.objects[q] for q in range(world.size)]
 
 
@@ -512,3 +520,5 @@ class ObjectRound:
         self.size = size
         self.objects: dict[int, Any] = {}
         self.clock = VectorClock()
+        #: each giver's current stream as it gave (an NCCL object collective's): the exchange waits for them
+        self.records: list[EventRecord] = []

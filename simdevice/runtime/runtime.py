@@ -1740,9 +1740,11 @@ class Runtime:
 
     def exchange_objects(self, obj: Any, kind: str = "all_gather_object", group: int = 0) -> list[Any]:
         """``all_gather_object`` (or another object collective, ``kind``) in process group ``group``: the host blocks
-        until every rank gave its object."""
+        until every rank gave its object, and until the work each rank's current stream was given before its call is
+        done (torch runs it as NCCL collectives, whose stream waits for the caller's current stream, and reads the
+        sizes and objects back on the host, which waits for them)."""
         a = self.host_step(kind)
-        return self.collectives.exchange_objects(a, obj, kind, group)
+        return self.collectives.exchange_objects(a, obj, kind, group, self._record(a.current_stream))
 
     def host_collective(self, sent: Callable[[], Any], kind: str, group: int = 0) -> list[Any]:
         """A collective of host memory (gloo's, ``kind``) in process group ``group``: one host step, in which

@@ -270,6 +270,18 @@ def test_a_collective_s_send_comes_after_what_its_caller_saw_done(synced: bool) 
     assert bool(races) != synced, run.reports
 
 
+def _meet(how: str) -> None:
+    """The collective the two ranks meet in."""
+    if how == "barrier":
+        dist.barrier()
+    elif how == "all_reduce":
+        dist.all_reduce(torch.ones(1, device="cuda"))
+    elif how == "all_gather_object":
+        dist.all_gather_object([None, None], dist.get_rank())
+    else:
+        dist.broadcast_object_list([dist.get_rank()], src=0)
+
+
 def _queued_before(rank: int, q: Any, back: Any, how: str, on: str) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = "29565"
@@ -283,18 +295,13 @@ def _queued_before(rank: int, q: Any, back: Any, how: str, on: str) -> None:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side if on == "side" else torch.cuda.current_stream()):
             t0.fill_(7.0)  # queued, not synchronized: NCCL's stream waits for the current stream's work alone
-        if how == "barrier":
-            dist.barrier()
-        else:
-            dist.all_reduce(torch.ones(1, device="cuda"))
+        _meet(how)
         back.get()
     else:
         peer = q.get()
         back.put("got")
-        if how == "barrier":
-            dist.barrier()
-        else:
-            dist.all_reduce(torch.ones(1, device="cuda"))
+        _meet(how)
+        if how == "all_reduce":
             torch.cuda.synchronize()
         float(peer.sum().item())
         del peer
@@ -308,12 +315,41 @@ def queued_before(how: str, on: str) -> None:
 
 
 @pytest.mark.parametrize("on", ["current", "side"])
-@pytest.mark.parametrize("how", ["barrier", "all_reduce"])
+@pytest.mark.parametrize("how", ["barrier", "all_reduce", "all_gather_object", "broadcast_object_list"])
 def test_what_a_rank_queued_on_its_current_stream_before_the_call_lands_before_its_send(how: str, on: str) -> None:
     """Rank 0 writes a tensor rank 1 maps on its current stream, unsynchronized, then calls the collective; rank 1
     reads it after the collective: ordered, as NCCL's stream waits for the caller's current stream before the send
-    (a mutation that orders the peers after the caller's host alone, ``sync.collective_issued``, names a race). The
-    same write on a side stream the collective does not wait for races."""
+    (a mutation that orders the peers after the caller's host alone, ``sync.collective_issued``, names a race). An
+    object collective is NCCL's too (torch sends the pickled bytes with NCCL and reads them back on the host): the
+    host waits for every rank's current stream as it called (a mutation that waits for the objects alone names a
+    race, and rank 1 reads the tensor before rank 0's write lands). The same write on a side stream the collective
+    does not wait for races."""
     run = _run_fn(queued_before, how, on)
     races = [r for r in run.reports if r.kind == "race"]
     assert bool(races) == (on == "side"), run.reports
+
+
+def _own_stream(rank: int, how: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = "29566"
+    dist.init_process_group("nccl", rank=rank, world_size=2)
+    torch.cuda.set_device(rank)
+    x = torch.full((N,), float(rank + 1), device="cuda")
+    host = torch.empty(N, pin_memory=True)
+    host.copy_(x, non_blocking=True)  # queued on the current stream
+    _meet(how)  # the host reads the objects back, after its current stream's work
+    assert host.sum().item() == float(rank + 1) * N
+    dist.destroy_process_group()
+
+
+def own_stream(how: str) -> None:
+    _two_ranks(_own_stream, how)
+
+
+@pytest.mark.parametrize("how", ["all_gather_object", "broadcast_object_list", "barrier"])
+def test_an_object_collective_returns_after_the_caller_s_current_stream(how: str) -> None:
+    """A rank's non-blocking D2H into pinned memory, then an object collective (or a barrier), then a host read of
+    it: ordered, as torch's object collective reads the gathered bytes back on the host, which waits for the current
+    stream (a mutation that does not wait for the callers' streams names a race, with the pinned buffer unfilled)."""
+    run = _run_fn(own_stream, how)
+    assert run.reports == (), run.reports
