@@ -221,12 +221,10 @@ class Collective:
 
 
 class Gather:
-    """An async collective in flight: where its receive sits on the communication stream, and its rendezvous (the
-    last of ``parts``: a group of point-to-point messages has one each)."""
+    """An async collective in flight: where its receive sits on the communication stream, and its rendezvous."""
 
-    def __init__(self, rec: EventRecord, collective: Collective, parts: list[Collective] | None = None) -> None:
+    def __init__(self, rec: EventRecord, collective: Collective) -> None:
         self.rec, self.collective = rec, collective
-        self.parts = parts if parts is not None else [collective]
 
     def record(self) -> EventRecord:
         """What waiting for it orders after: its receive, and with it every caller (``sync.late``)."""
@@ -365,7 +363,7 @@ class Collectives:
         for msg, is_send, ins, outs, _ in posted:
             self._land(comm, msg, 0 if is_send else 1, "send (done)" if is_send else "recv (receive)", ins, outs,
                        lambda slot, sent: [sent[0]] if slot == 1 else [], src)
-        return Gather(sync.record(comm), posted[-1][0], [msg for msg, *_ in posted])
+        return Gather(sync.record(comm), posted[-1][0])
 
     def _after_caller(self, a: HostActor, comm: SimStream) -> None:
         cur = a.current_stream
@@ -382,6 +380,12 @@ class Collectives:
         if moved:
             coll.moved[slot] = (sum(d.numel() for _, d in moved), moved[0][1].dtype)
         sync.collective_issued(coll, a, comm)
+        if not coll.complete:  # a peer has yet to call: what waits for this receive is ordered after it once it does
+            coll.late = True
+            sync.late(comm, coll)
+        elif coll.late:  # the last call of one a peer issued first
+            coll.late = False
+            sync.every_rank_issued(coll, self._exec.streams.values())
         # A world of one is NCCL's one-rank path (``ncclLaunchOneRank``): no kernel, one ``cudaMemcpyAsync`` of the
         # input into the output, so the receive starts with the send and moves its bytes in order as any copy
         # (a copy that trails it reads its bytes, ``Memory.start``). Between ranks the receive lands in ring order.

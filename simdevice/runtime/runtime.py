@@ -1652,7 +1652,6 @@ class Runtime:
         at = self._collective_waits(a, source, group=group)
         mark = self.memory.issues
         g = self.collectives.all_gather(a, out, inp, source, group)
-        self._after_every_rank(g)
         self._kept_for([out, inp], g.rec.stream)
         self._issued_at(g.rec.stream.name, source, g.record)
         self._issued_now(at, g.record, mark)
@@ -1660,21 +1659,6 @@ class Runtime:
         if not a.traced:  # the rest of the issuing call, after its kernel is enqueued (in a measured step's cost)
             a.time += self.config.collective_host_ns
         return g
-
-    def _after_every_rank(self, g: Gather) -> None:
-        """A collective's receive lands once every rank's send ran, each after what its rank did before it called:
-        what waits for the receive is ordered after every caller's past. Issued before a peer's call, that past is
-        not known yet: the work and the communication stream's later records carry the collective, and every
-        caller's past is joined where one is seen done or waited for once the last rank called (``sync.late``)."""
-        for c in g.parts:
-            if not c.complete:
-                c.late = True
-                sync.late(g.rec.stream, c)
-            elif c.late:
-                c.late = False
-                sync.every_rank_issued(c, self.execution.streams.values())
-        if g.rec.stream.late:
-            g.rec.late = list(g.rec.stream.late)
 
     def _collective_site(self, g: Gather, source: str, refs: list[Ref]) -> None:
         """A collective's counted operation (its send) for timelines: its line and the bytes it moves."""
@@ -1707,7 +1691,6 @@ class Runtime:
         at = self._collective_waits(a, source, group=group)
         mark = self.memory.issues
         g = self.collectives.collective(a, kind, outs, ins, combine, source, splits, group)
-        self._after_every_rank(g)
         self._kept_for([*outs, *ins], g.rec.stream)
         self._issued_at(g.rec.stream.name, source, g.record)
         self._issued_now(at, g.record, mark)
@@ -1728,7 +1711,6 @@ class Runtime:
         at = self._collective_waits(a, source, comm)
         mark = self.memory.issues
         g = self.collectives.point_to_point(a, comm, ops, source, batch, group)
-        self._after_every_rank(g)
         refs = [ref for _, ref, _ in ops]
         self._kept_for(refs, comm)
         self._issued_at(comm.name, source, g.record)

@@ -1,4 +1,4 @@
-"""Rule (``Runtime._after_every_rank``, ``sync.late``): a collective's receive lands once every rank's send ran, and
+"""Rule (``Collectives._post``, ``sync.late``): a collective's receive lands once every rank's send ran, and
 each rank's send comes after what that rank did before it called the collective, so whatever waits for the receive
 (the work's ``wait()`` and a sync after it, a blocking collective read on the host, a ``barrier``, a ``recv``) is
 ordered after every rank's past at its call, whichever rank called first. A rank that calls before a peer cannot know
@@ -31,11 +31,16 @@ import simdevice
 N = 256
 
 
-def _worker(rank: int, shared: torch.Tensor, how: str, prepare: int) -> None:
+def _join_world(rank: int, port: int) -> None:
+    """This process is rank ``rank`` of a world of two, met at ``port``, on its own device."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = "29561"
+    os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("nccl", rank=rank, world_size=2)
     torch.cuda.set_device(rank)
+
+
+def _worker(rank: int, shared: torch.Tensor, how: str, prepare: int) -> None:
+    _join_world(rank, 29561)
     if rank == 0:
         # rank 0 prepares what it shares (its peer meanwhile goes straight to the collective), then writes it
         w = torch.ones(N, device="cuda")
@@ -136,10 +141,7 @@ def test_a_rank_that_prepares_and_reads_unordered_races_at_the_default_schedule(
 
 
 def _peer_reader(rank: int, q: Any, back: Any, wait_peer: bool) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = "29562"
-    dist.init_process_group("nccl", rank=rank, world_size=2)
-    torch.cuda.set_device(rank)
+    _join_world(rank, 29562)
     t = torch.ones(N, device="cuda")
     if rank == 0:
         q.put(t)  # rank 1 maps rank 0's tensor (CUDA IPC)
@@ -186,10 +188,7 @@ def _run_fn(fn: Any, *args: Any) -> Any:
 
 
 def _device_writer(rank: int, q: Any, done: Any, via: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = "29563"
-    dist.init_process_group("nccl", rank=rank, world_size=2)
-    torch.cuda.set_device(rank)
+    _join_world(rank, 29563)
     x = torch.ones(4, device="cuda")
     if rank == 0:
         t0 = torch.zeros(N, device="cuda")
@@ -240,10 +239,7 @@ def test_a_stream_that_waits_for_the_receive_is_ordered_after_every_caller_once_
 
 
 def _side_stream_input(rank: int, synced: bool) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = "29564"
-    dist.init_process_group("nccl", rank=rank, world_size=2)
-    torch.cuda.set_device(rank)
+    _join_world(rank, 29564)
     x = torch.empty(N, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -283,10 +279,7 @@ def _meet(how: str) -> None:
 
 
 def _queued_before(rank: int, q: Any, back: Any, how: str, on: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = "29565"
-    dist.init_process_group("nccl", rank=rank, world_size=2)
-    torch.cuda.set_device(rank)
+    _join_world(rank, 29565)
     if rank == 0:
         t0 = torch.zeros(N, device="cuda")
         q.put(t0)  # rank 1 maps it (CUDA IPC)
@@ -330,10 +323,7 @@ def test_what_a_rank_queued_on_its_current_stream_before_the_call_lands_before_i
 
 
 def _own_stream(rank: int, how: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = "29566"
-    dist.init_process_group("nccl", rank=rank, world_size=2)
-    torch.cuda.set_device(rank)
+    _join_world(rank, 29566)
     x = torch.full((N,), float(rank + 1), device="cuda")
     host = torch.empty(N, pin_memory=True)
     host.copy_(x, non_blocking=True)  # queued on the current stream
