@@ -577,7 +577,7 @@ def _named(target: Any, text: str) -> str:
 def _check_target(args: argparse.Namespace, db: Any) -> int:
     from hypothesis import strategies as st
 
-    from simdevice.search.execute import replay_command
+    from simdevice.search.execute import SHOWN_OF_A_KIND, replay_command
     from simdevice.search.explore import explore
     from simdevice.search.strategies import configs
     from simdevice.search.targets import ProgramTarget, TargetError
@@ -623,7 +623,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
         else:
             print(f"{name}: found, interrupted while shrinking it after {ran[0]} schedules; the smallest "
                   "failing schedule so far:")
-            print(so_far.failure.text())
+            print(so_far.failure.text(SHOWN_OF_A_KIND))
         return _interrupted()
     if not args.quiet and _stderr().isatty():
         print("\r\x1b[K", end="", file=_stderr())  # clear the progress line
@@ -654,7 +654,7 @@ def _check_target(args: argparse.Namespace, db: Any) -> int:
             print(f"  note: {n}")
     else:
         print(f"{name}: found after {_count(result.examples, 'schedule')} ({result.seconds}s)")
-        print(out.text())
+        print(out.text(SHOWN_OF_A_KIND))
         _say_judged()
         if fix is not None:
             _print_fix(fix, str(out.schedule), out.replay_options())
@@ -1069,7 +1069,7 @@ def _pace(spec: str | None, target: Any, schedule: Any, first: Any) -> dict[floa
 def cmd_exhaust(args: argparse.Namespace) -> int:
     from simdevice.jobs import CHUNK, WorkerError, exhaust_in_workers
     from simdevice.search import count_target_schedules, exhaust_target
-    from simdevice.search.execute import replay_command
+    from simdevice.search.execute import SHOWN_OF_A_KIND, replay_command
     from simdevice.search.exhaust import target_schedules
     from simdevice.search.explore import race_at_default
     from simdevice.search.targets import ProgramTarget
@@ -1180,10 +1180,10 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     elif whatever:
         print(f"{where}: no schedule of the {n} shows wrong values, but the default one races (a race is there "
               "whatever the timing):")
-        print(failed.text())
+        print(failed.text(SHOWN_OF_A_KIND))
     else:
         print(f"{where}: fails at schedule {n}:")
-        print(failed.text())
+        print(failed.text(SHOWN_OF_A_KIND))
     if not args.json:
         _say_judged()
     _say_held(args, str(failed.schedule) if failed is not None else _named(target, args.target))

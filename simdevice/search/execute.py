@@ -81,10 +81,19 @@ class Outcome:
             parts.append(summarize(self.run.reports))
         return "; ".join(parts) if parts else "clean"
 
-    def text(self) -> str:
+    def text(self, shown: int | None = None) -> str:
+        """The verdict, the wrong values and the reports, the notes and the replay line; ``shown``: at most that many
+        reports of each kind (a read repeated over a buffer's bytes makes thousands), the rest counted in a line that
+        names the replay, which shows them all."""
         lines = [f'schedule "{self.schedule}" on {self.backend}: {self.verdict()}']
         lines += [f"  {p}" for p in self.problems]
-        lines += [f"  {r}" for r in self.run.reports]
+        of_kind: dict[str, int] = {}
+        for r in self.run.reports:
+            of_kind[r.kind] = of_kind.get(r.kind, 0) + 1
+            if shown is None or of_kind[r.kind] <= shown:
+                lines.append(f"  {r}")
+        lines += [f"  ... and {n - shown} more {kind} reports (simdevice replay shows them all)"
+                  for kind, n in of_kind.items() if shown is not None and n > shown]
         lines += [f"  note: {n}" for n in self.run.notes]
         if self.run.unfired:
             lines.append(f"  note: delays never applied (their operation never came): {', '.join(self.run.unfired)}")
@@ -115,6 +124,9 @@ class Outcome:
         """The option a replay of a function target on ranks needs (its line does not say how many)."""
         return f" --world-size {self.world_size}" if self.world_size is not None else ""
 
+
+#: reports of one kind that ``check`` and ``exhaust`` show of a failure (``replay`` shows them all)
+SHOWN_OF_A_KIND = 8
 
 #: the names (``FILE.py::outer.inner``) of the function targets defined inside another function, which no command
 #: can import (:func:`simdevice.search.targets.from_function` keeps them); another dotted name is a class's

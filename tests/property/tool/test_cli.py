@@ -290,3 +290,31 @@ def test_a_gpu_run_stopped_at_what_it_does_not_replay_gives_no_verdict() -> None
     assert why.startswith("t.py::fn: the GPU run does not replay it: NotImplementedError: threads a program starts")
     own = Outcome(s, Run(result=None, op_counts={}), ("host raised AssertionError: wrong (t.py:3)",), "cuda")
     assert _no_verdict("t.py::fn", own) is None
+
+
+def test_check_shows_a_few_reports_of_each_kind_and_replay_all(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A read repeated over a buffer's elements makes a report each: ``check`` and ``exhaust`` show the first eight
+    of a kind and count the rest, naming the replay, which shows every one (a mutant that shows all, or drops the
+    count, fails here)."""
+    (tmp_path / "reads.py").write_text(textwrap.dedent("""\
+        import torch
+
+        def elementwise_reads():
+            x = torch.arange(20, dtype=torch.float32, device="cuda")
+            p = torch.empty(20, pin_memory=True)
+            p.copy_(x, non_blocking=True)
+            return [p[i].item() for i in range(20)]
+        """))
+    target = f"{tmp_path / 'reads.py'}::elementwise_reads"
+    for command in (["check", target, "--no-fix"], ["exhaust", target]):
+        assert main(command) == 1
+        out = capsys.readouterr().out
+        assert out.count("\n  stale read: ") == 8, out
+        assert "\n  ... and 12 more stale-read reports (simdevice replay shows them all)\n" in out
+        assert out.count("\n  race: ") == 1  # (one race: the first read; the others are stale reads alone)
+    line = out.split('schedule "', 1)[1].split('"', 1)[0]
+    assert main(["replay", line, "--no-fix"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("\n  stale read: ") == 20
+    assert "more stale-read" not in out
