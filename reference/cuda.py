@@ -811,6 +811,10 @@ class CudaDevice:
         """Give a stream the schedule name ``name`` (a full name, with this actor's prefix)."""
         self._names[raw.stream_id] = name
 
+    def is_named(self, raw: torch.cuda.Stream) -> bool:
+        """Whether the stream has its schedule name already (CUDA's pool hands a stream out again)."""
+        return raw.stream_id in self._names
+
     def stream_names(self) -> set[str]:
         return set(self._names.values())
 

@@ -42,6 +42,8 @@ while the D2H into it may still run. ``storage_onload``: a parameter offloaded, 
 storage (``untyped_storage().copy_``, ``resize_``), read while the H2D into it may still run.
 ``subclass_reload`` and ``nested_reload``: a program's wrapper tensor subclass over device tensors (a scaled
 low-precision weight, its backward run) and ``torch.nested``'s jagged tensor, each computed with, then offloaded.
+``pooled_layer_streams``: a stream per layer, 40 layers: CUDA's pool hands layer 32 layer 0's stream, so its read of
+what layer 0 wrote is ordered, where layer 1's is not.
 """
 
 from __future__ import annotations
@@ -329,6 +331,23 @@ def backward_sets_its_stream(n: int = 1 << 20) -> None:
     host.copy_(total, non_blocking=True)
     torch.cuda.current_stream().synchronize()
     assert torch.equal(host, torch.full((n,), 6.0)), "the gradient was read before it was written"
+
+
+def pooled_layer_streams(reader: int = 32, n: int = 1 << 20) -> None:
+    """A stream per layer, as offload code that keeps one for each layer makes them: layer 0's stream (``streams``)
+    writes a buffer, layer ``reader``'s reads it, with no event between. ``torch.cuda.Stream()`` hands out CUDA's 32
+    streams of a priority in turn, so layer 32's is layer 0's stream and its read comes after the write; layer 1's is
+    another stream, and its read races the write."""
+    streams = [torch.cuda.Stream() for _ in range(40)]
+    x = torch.ones(n, device="cuda")
+    buf = torch.zeros(n, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(streams[0]):
+        buf.copy_(x * 2)
+    with torch.cuda.stream(streams[reader]):
+        y = buf + 1
+    torch.cuda.synchronize()
+    assert torch.equal(y, torch.full((n,), 3.0, device="cuda")), "the layer's read came before layer 0's write"
 
 
 def emptied_cache_read(release: int = 1, n: int = 1 << 20) -> None:

@@ -92,6 +92,10 @@ class DropInDevice(SimDevice):
         #: the device each process made current (``torch.cuda.set_device``), by the process's name: 0 where none
         self.device_indexes: dict[str, int] = {}
         self._names = {}
+        #: each process's streams ``torch.cuda.Stream()`` handed out, by (process, priority), and how many it handed
+        #: out so far (:meth:`pool_stream`)
+        self.stream_pools: dict[tuple[str, int], list[Any]] = {}
+        self.stream_turns: dict[tuple[str, int], int] = {}
         #: each clock's reading as the run began (``_virtual_clock``: the run's clocks go on from there in host time)
         self.clock_bases = {name: clock() for name, clock in _REAL_CLOCKS.items()}
         #: NumPy generators the run made unseeded so far (``_default_rng``: the k-th is seeded k)
@@ -170,6 +174,20 @@ class DropInDevice(SimDevice):
         full = names.assign(filename, line, col)
         return rt.new_stream(full[len(prefix):], names.sites[full])
 
+    def pool_stream(self, priority: int) -> Any:
+        """The stream a new ``torch.cuda.Stream(priority=...)`` is in the running process: CUDA's streams come from
+        a pool of :data:`STREAMS_PER_POOL` per priority and device, handed out in turn (c10's ``getStreamFromPool``),
+        so the 33rd a process makes is its first again, the same stream (its work in that stream's order, its
+        handle equal to the first's); each made, named after the line that asked, when its turn first comes."""
+        key = (self.runtime.current().process, priority)
+        turn = self.stream_turns.get(key, 0)
+        self.stream_turns[key] = turn + 1
+        pool = self.stream_pools.setdefault(key, [])
+        if len(pool) < STREAMS_PER_POOL:
+            pool.append(self.site_named_stream())
+            return pool[-1]
+        return pool[turn % STREAMS_PER_POOL]
+
 
 def activate(dev: DropInDevice) -> None:
     """``dev`` is the session's device from now on (one session at a time)."""
@@ -199,6 +217,8 @@ def in_actor() -> bool:
 
 #: the stream priorities a device takes, least first (``torch.cuda.Stream.priority_range()`` on an H200)
 _PRIORITIES = (0, -3)
+#: the streams of each priority a process's ``torch.cuda.Stream()`` cycles through (c10's ``kStreamsPerPool``)
+STREAMS_PER_POOL = 32
 
 
 class Stream(StreamHandle):
@@ -216,11 +236,12 @@ class Stream(StreamHandle):
             known = dev.runtime.stream_by_id(int(kwargs["stream_id"]))
             if known is not None:
                 return Stream.of(dev, known)  # type: ignore[return-value]
-        s = StreamHandle.__new__(cls, dev, dev.site_named_stream())
         # (kept, as CUDA keeps it, within the device's range; the simulator runs every stream's work as soon as it
-        # may, so no priority changes what runs when)
+        # may, so no priority changes what runs when, but each has its pool)
         least, greatest = _PRIORITIES
-        s._priority = min(least, max(greatest, int(priority)))
+        priority = min(least, max(greatest, int(priority)))
+        s = StreamHandle.__new__(cls, dev, dev.pool_stream(priority))
+        s._priority = priority
         return s  # type: ignore[return-value]
 
     @staticmethod

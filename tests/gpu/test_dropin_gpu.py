@@ -239,6 +239,16 @@ def test_a_stream_context_entered_again_leaves_its_stream_current() -> None:
     assert rate("tests/hazards.py::reentered_stream_context::s#0+20") == 0
 
 
+def test_a_stream_made_32_streams_later_is_the_same_stream_as_on_the_simulator() -> None:
+    """``tests/hazards.py::pooled_layer_streams``: CUDA's pool hands layer 32 layer 0's stream, so its read is ordered
+    after layer 0's stalled write (never corrupt, as the simulator finds it clean), and counted on the same stream
+    name on both machines; layer 1's stream is another, and its read races the stalled write."""
+    line = "tests/hazards.py::pooled_layer_streams"
+    _counts_match(f"{line}::streams#0+20")
+    assert rate(f"{line}::streams#0+20") == 0
+    assert rate(f"{line}:reader=1:streams#0+20") >= TRIALS - 1
+
+
 @pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core is not installed (the extra 'upstream')")
 @pytest.mark.parametrize("line", MEGATRON)
 def test_megatron_operation_counts_are_the_simulators(line: str) -> None:
