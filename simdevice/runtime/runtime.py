@@ -101,6 +101,8 @@ EMPTY: Any = object()
 
 #: what c10's ``warn_or_error_on_sync`` says under ``torch.cuda.set_sync_debug_mode``
 SYNCHRONIZING = "called a synchronizing CUDA operation"
+#: streams made at one line that got no operation, each named in a note of its own; more are one note
+IDLE_NAMED = 4
 
 #: glibc's ``mallopt`` parameters (malloc.h) and the values its own dynamic thresholds settle at on a 64-bit
 #: machine (``DEFAULT_MMAP_THRESHOLD_MAX``, and twice that for the trim threshold)
@@ -535,18 +537,37 @@ class Runtime:
         # (a stream in a race did touch what another did: a block handed on by a free is another storage, the same
         # bytes)
         raced = {x.actor for r in self.reports.items if isinstance(r, Race) for x in (r.current, r.previous)}
+        # the streams that got no operation, by the line that made them: a note each, or one for a line's many (a
+        # stream per layer, most never used), in the place of its first
+        idle: dict[str | None, list[str]] = {}
+        notes: list[str | tuple[str | None, list[str]]] = []
         for s in made:
-            where = f" (made at {self._sites[s.name]})" if s.name in self._sites else ""
+            site = self._sites.get(s.name)
+            where = f" (made at {site})" if site is not None else ""
             if s.ops == 0:
                 # (one that ordered a collective was used; one that captured a CUDA graph issued the graph's work)
                 if s.name not in self.collectives.called_under and s.name not in self.graphs.captured_on:
-                    out.append(f"stream {s.name}{where} got no operation: nothing ran on it to race")
+                    if site not in idle:
+                        notes.append((site, idle.setdefault(site, [])))
+                    idle[site].append(s.name)
                 continue
             mine = touched.get(s.name, set())
             others = set().union(*(v for k, v in touched.items() if k != s.name))
             if not mine & others and s.name not in raced:
-                out.append(f"stream {s.name}{where} touched no memory that another stream or the host touched: "
-                           "nothing it did could race")
+                notes.append(f"stream {s.name}{where} touched no memory that another stream or the host touched: "
+                             "nothing it did could race")
+        for note in notes:
+            if isinstance(note, str):
+                out.append(note)
+                continue
+            site, names = note
+            if len(names) > IDLE_NAMED:
+                made_at = f", made at {site}" if site is not None else ""
+                out.append(f"{len(names)} streams{made_at} ({names[0]}, {names[1]}, ..., {names[-1]}) got no "
+                           "operation: nothing ran on them to race")
+            else:
+                where = f" (made at {site})" if site is not None else ""
+                out += [f"stream {name}{where} got no operation: nothing ran on it to race" for name in names]
         return tuple(out)
 
     def _free_notes(self, most: int = 4) -> list[str]:

@@ -172,6 +172,29 @@ def test_an_idle_stream_and_a_stream_that_shares_nothing_are_noted() -> None:
     assert "note: stream idle" in s.text()
 
 
+def test_many_idle_streams_of_one_line_are_one_note_and_a_few_a_note_each() -> None:
+    """A stream per layer, few of them used: the idle ones of a line are one note naming how many, the first two and
+    the last, in the place of the first's; four or fewer of a line are a note each (``IDLE_NAMED``)."""
+    def program(layers: int) -> None:
+        streams = [torch.cuda.Stream() for _ in range(layers)]
+        x = torch.ones(4, device="cuda")
+        streams[0].wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(streams[0]):
+            x.mul_(2)
+        torch.cuda.synchronize()
+
+    line = program.__code__.co_firstlineno + 1
+    many, few = simdevice.cuda(), simdevice.cuda()
+    many.run(program, 12)
+    few.run(program, 5)
+    assert many.result is not None
+    assert few.result is not None
+    assert many.result.notes == (f"11 streams, made at {HERE}:{line} (streams-2, streams-3, ..., streams-12) got no "
+                                 "operation: nothing ran on them to race",)
+    assert few.result.notes == tuple(f"stream streams-{k} (made at {HERE}:{line}) got no operation: nothing ran on it "
+                                     "to race" for k in range(2, 6))
+
+
 def test_no_note_when_every_stream_shares_memory_with_another() -> None:
     def program() -> None:
         side = torch.cuda.Stream()
