@@ -21,7 +21,7 @@ import torch
 from reference import contract
 from reference.contract import MemorySaver, Run
 from reference.schedule import Delay, Schedule, ScheduleError
-from simdevice.dispatch import META, Dispatcher, SimMode, ref_of
+from simdevice.dispatch import META, Dispatcher, SimMode, ref_of, storage_of
 from simdevice.runtime import Options, Runtime, SimConfig
 from simdevice.runtime.collectives import Gather, in_memory_order
 from simdevice.runtime.config import UNIT_NS, with_overrides
@@ -269,7 +269,19 @@ class SimWorkFuture:
         if self._error is not None:
             raise self._error
         self._waits()
+        self._held_by_current()
         return self._value
+
+    def _held_by_current(self) -> None:
+        """The value's device tensors recorded on the current stream, which now reads them: their blocks are not
+        handed on before it is past this point, as torch's future records them where it synchronizes a stream with
+        itself (``synchronizeWithCurrentStreams``: ``recordDataPtrOnStream``)."""
+        rt = self._dev.runtime
+        s = rt.current().current_stream
+        values = self._value if isinstance(self._value, (list, tuple)) else [self._value]
+        for t in values:
+            if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+                rt.record_stream(storage_of(t), s)
 
     def value(self) -> Any:
         if self._error is not None:
@@ -278,9 +290,10 @@ class SimWorkFuture:
 
     def then(self, callback: Callable[[SimWorkFuture], Any]) -> SimWorkFuture:
         dev = self._dev
-        s = dev.Stream()
+        s = dev.pooled_stream()
         with dev.stream(s):
             self._waits()  # (the callback's stream after what fills the value)
+            self._held_by_current()
             try:
                 result, error = callback(self), None
             except Exception as e:  # (the child future holds it, in torch's words)
@@ -509,6 +522,11 @@ class SimDevice:
 
     def Event(self, enable_timing: bool = False) -> EventHandle:
         return EventHandle(self, enable_timing)
+
+    def pooled_stream(self) -> StreamHandle:
+        """A stream torch takes for its own work (a future's callback, ``getStreamFromGlobalPool``): a new one here;
+        the drop-in's comes from the process's pool, as on a GPU."""
+        return self.Stream()
 
     @contextlib.contextmanager
     def stream(self, s: contract.Stream | None) -> Iterator[contract.Stream | None]:

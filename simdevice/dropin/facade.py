@@ -174,17 +174,23 @@ class DropInDevice(SimDevice):
         full = names.assign(filename, line, col)
         return rt.new_stream(full[len(prefix):], names.sites[full])
 
-    def pool_stream(self, priority: int) -> Any:
+    def pooled_stream(self) -> Any:
+        """The stream torch takes from its pool for its own work (a future's callback): the running process's next of
+        priority 0, as :class:`Stream` gives it."""
+        return Stream.of(self, self.pool_stream(0, lambda: self.runtime.new_stream(None)))
+
+    def pool_stream(self, priority: int, make: Callable[[], Any] | None = None) -> Any:
         """The stream a new ``torch.cuda.Stream(priority=...)`` is in the running process: CUDA's streams come from
         a pool of :data:`STREAMS_PER_POOL` per priority and device, handed out in turn (c10's ``getStreamFromPool``),
         so the 33rd a process makes is its first again, the same stream (its work in that stream's order, its
-        handle equal to the first's); each made, named after the line that asked, when its turn first comes."""
+        handle equal to the first's); each made when its turn first comes, by ``make``, else named after the line
+        that asked (torch's own, unnamed on a GPU, are ``s1``, ``s2``, ... as there)."""
         key = (self.runtime.current().process, priority)
         turn = self.stream_turns.get(key, 0)
         self.stream_turns[key] = turn + 1
         pool = self.stream_pools.setdefault(key, [])
         if len(pool) < STREAMS_PER_POOL:
-            pool.append(self.site_named_stream())
+            pool.append(make() if make is not None else self.site_named_stream())
             return pool[-1]
         return pool[turn % STREAMS_PER_POOL]
 

@@ -7,6 +7,8 @@ without a wait is a race with the collective, or with the callback's stream."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -80,3 +82,54 @@ def test_what_a_callback_raises_is_its_future_s_to_raise() -> None:
     s = simdevice.cuda()
     s.run(program, world_size=2)
     s.assert_clean()
+
+
+def _value_freed_under_its_callback(n: int = 1 << 18) -> float:
+    """The future's value is dropped as soon as the callback is queued, and its block taken by the next allocation on
+    the default stream, while the callback's copy (on its pool stream, stalled by the schedule) may still read it."""
+    t = torch.full((n,), float(dist.get_rank() + 1), device="cuda")
+    out = torch.zeros(n, device="cuda")
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    done = fut.then(lambda f: out.copy_(f.value()[0]))
+    del t, fut
+    time.sleep(0.003)  # (the host wakes after the all-reduce, before the stalled callback's copy)
+    reuse = torch.zeros(n, device="cuda")  # (the dropped value's block, where nothing holds it)
+    got = done.wait()
+    return float(got.sum().item()) + float(reuse.sum().item())
+
+
+def test_a_future_s_value_is_held_by_the_stream_its_callback_reads_it_on() -> None:
+    """Rule (``SimWorkFuture._held_by_current``): a future records its value on the stream that waits for it (the
+    callback's, and ``wait()``'s current stream), as torch's future does (``recordDataPtrOnStream``): the caching
+    allocator hands its block on only once that stream is past the wait. Stalled, the callback's copy reads the
+    reduced values, and nothing races. Mutation: the record left out: the block is handed to ``reuse`` and zeroed
+    under the stalled copy, a race."""
+    s = simdevice.cuda("rank0.s1#0+5")
+    s.run(_value_freed_under_its_callback, world_size=2)
+    s.assert_clean()
+    assert s.result is not None
+    assert s.result.result == [3.0 * (1 << 18)] * 2
+
+
+def _value_freed_under_a_side_stream_s_read(n: int = 1 << 18) -> float:
+    """The same, for ``wait()``: a side stream waits for the future and reads its value (stalled), and the value is
+    dropped and its block taken on the default stream meanwhile."""
+    t = torch.full((n,), float(dist.get_rank() + 1), device="cuda")
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        doubled = fut.wait()[0] * 2
+    del t, fut
+    time.sleep(0.003)
+    reuse = torch.zeros(n, device="cuda")
+    torch.cuda.synchronize()
+    return float(doubled.sum().item()) + float(reuse.sum().item())
+
+
+def test_a_future_s_value_is_held_by_the_stream_that_waits_for_it() -> None:
+    """Mutation: ``wait()``'s record left out: the block is handed to ``reuse`` under the side stream's read."""
+    s = simdevice.cuda("rank0.side#0+5")
+    s.run(_value_freed_under_a_side_stream_s_read, world_size=2)
+    s.assert_clean()
+    assert s.result is not None
+    assert s.result.result == [6.0 * (1 << 18)] * 2
