@@ -23,6 +23,12 @@ name the program bound at import makes one too):
   callback, the caller's stream current) the current stream waits for each bucket's work and each gradient is
   copied back from its bucket; with ``gradient_as_bucket_view``, a gradient becomes its bucket's slot instead
   (copied there once, accumulated there by autograd after), divided there in place, and is not copied back;
+- a communication hook (``register_comm_hook(state, hook)``: ``allreduce_hook``, ``fp16_compress_hook``, a
+  program's own) reduces each full bucket in place of the all-reduce: the gradients are copied into the bucket
+  undivided, the hook is called with a ``GradBucket`` (``buffer()``, ``gradients()``, ``parameters()``, ``index()``,
+  ``is_last()``, ``set_buffer()``) as the bucket fills, and at the backward's end its future is waited for (the
+  current stream after the stream its value was written on: a ``then`` callback's, from the pool) and its tensor
+  copied into the gradients (into the bucket's slots first, with ``gradient_as_bucket_view``);
 - a backward that left a bucket unreduced (a parameter that got no gradient) makes the next forward raise torch's
   "Expected to have finished reduction in the prior iteration" error;
 - with ``find_unused_parameters``: the parameters the forward's outputs do not reach are marked ready at the
@@ -31,11 +37,11 @@ name the program bound at import makes one too):
   (None), one another rank used gets the bucket's (the world's mean).
 
 Not simulated (``NotImplementedError``, no verdict): ``static_graph``, ``skip_all_reduce_unused_params``,
-``delay_all_reduce_named_params``, ``param_to_hook_all_reduce``, ``mixed_precision``, ``device_mesh``, comm hooks,
-``join``, a module with parameters on the host. The parameters and buffers
-``_set_params_and_buffers_to_ignore_for_model`` names are left alone. A run that wraps a model is not replayed on a GPU:
-torch's reducer makes its copies in other operations (a bucket's rebuild after the first iteration, ...), so a
-schedule's indices would not mean the same operations there.
+``delay_all_reduce_named_params``, ``param_to_hook_all_reduce``, ``mixed_precision``, ``device_mesh``, the built-in
+(C++) comm hooks (``_register_builtin_comm_hook``), ``join``, a module with parameters on the host. The parameters and
+buffers ``_set_params_and_buffers_to_ignore_for_model`` names are left alone. A run that wraps a model is not
+replayed on a GPU: torch's reducer makes its copies in other operations (a bucket's rebuild after the first
+iteration, ...), so a schedule's indices would not mean the same operations there.
 """
 
 from __future__ import annotations
@@ -65,6 +71,52 @@ class _Bucket:
         return self.flat[self.offsets[k]:self.offsets[k] + p.numel()].view_as(p)
 
 
+class _GradBucket:
+    """``torch.distributed.GradBucket`` as the reducer hands one to a communication hook: its index, its flat buffer
+    (the bucket's gradients, undivided), their views, its parameters, whether it is the last; ``set_buffer`` changes
+    this object's buffer alone, as torch's (a wrapper hook hands its inner hook a cast of it)."""
+
+    def __init__(self, index: int, count: int, bucket: _Bucket) -> None:
+        self._index, self._count, self._bucket = index, count, bucket
+        self._buffer = bucket.flat
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def set_buffer(self, tensor: torch.Tensor) -> None:
+        self._buffer = tensor
+
+    def gradients(self) -> list[torch.Tensor]:
+        return [_slot(self._buffer, self._bucket, k) for k in range(len(self._bucket.params))]
+
+    def parameters(self) -> list[torch.Tensor]:
+        return list(self._bucket.params)
+
+    def is_last(self) -> bool:
+        return self._index == self._count - 1
+
+
+def _slot(flat: torch.Tensor, bucket: _Bucket, k: int) -> torch.Tensor:
+    """Parameter ``k``'s place in ``flat``, a tensor laid out as ``bucket``'s buffer (a hook's result too)."""
+    p = bucket.params[k]
+    return flat[bucket.offsets[k]:bucket.offsets[k] + p.numel()].view(p.shape)
+
+
+def _hook_result(value: Any, bucket: _Bucket) -> torch.Tensor:
+    """What a communication hook's future gave, as torch's reducer takes it (``parseHookResult``): one tensor, of the
+    bucket's size."""
+    if not isinstance(value, torch.Tensor):
+        raise RuntimeError(f"a DDP communication hook's future must hold a tensor (the bucket's reduced gradients), "
+                           f"got {type(value).__name__}")
+    if value.numel() != bucket.flat.numel():
+        raise RuntimeError(f"a DDP communication hook's result has {value.numel()} elements, its bucket "
+                           f"{bucket.flat.numel()}")
+    return value
+
+
 class _Reducer:
     """The gradient all-reduce of one DDP module (:mod:`simdevice.dropin.ddp`)."""
 
@@ -89,6 +141,9 @@ class _Reducer:
         self.ready: list[int] = []
         self.works: list[Any] = []
         self.queued = False
+        #: the communication hook and its state (``register_comm_hook``), which reduces each bucket in place of the
+        #: all-reduce: the reducer then leaves the gradients undivided
+        self.hook: tuple[Any, Any] | None = None
 
     def prepare(self) -> None:
         """A forward that the next backward reduces (``prepare_for_backward``)."""
@@ -145,12 +200,17 @@ class _Reducer:
                 self._bucket_ready(b)
         b, k = self.where[id(p)]
         view = self.buckets[b].view(k)
-        if not self.as_view:
-            torch.mul(p.grad, 1.0 / self.world, out=view)
-        else:  # (``gradient_as_bucket_view``: the gradient becomes its slot, divided there in place)
-            if not _aliases(p.grad, view):
+        # copied into its slot divided by the world's size, in one op (as ``mark_variable_ready_dense``), or as it is
+        # where a communication hook reduces; with ``gradient_as_bucket_view`` the gradient becomes its slot, and once
+        # it is, divided there in place (not by a hook's reducer)
+        if not _aliases(p.grad, view):
+            if self.hook is None:
+                torch.mul(p.grad, 1.0 / self.world, out=view)
+            else:
                 view.copy_(p.grad)
+            if self.as_view:
                 p.grad = view
+        elif self.hook is None:
             view.div_(self.world)
         self._bucket_ready(b)
 
@@ -161,7 +221,11 @@ class _Reducer:
         self.ready[b] += 1
         if self.ready[b] != len(bucket.params):
             return
-        self.works[b] = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
+        if self.hook is None:
+            self.works[b] = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
+        else:  # (its future: waited for at the backward's end)
+            hook, state = self.hook
+            self.works[b] = hook(state, _GradBucket(b, len(self.buckets), bucket))
         if self.find_unused and all(w is not None for w in self.works):
             unused = {id(q) for q in self.unused}
             used = torch.tensor([0 if id(q) in unused else 1 for q in self.params], dtype=torch.int32,
@@ -180,14 +244,24 @@ class _Reducer:
             self.used_work.wait()
             used = {id(q): n > 0 for q, n in zip(self.params, self.used_map.cpu().tolist(), strict=True)}
         for bucket, work in zip(self.buckets, self.works, strict=True):
-            work.wait()
+            # the reduced gradients: the bucket's buffer, or a hook's result (its future waited for: the current stream
+            # after the stream that wrote it), copied into each gradient (a view of its slot, with
+            # ``gradient_as_bucket_view``)
+            if self.hook is None:
+                work.wait()
+                out = bucket.flat
+            else:
+                out = _hook_result(work.wait(), bucket)
             for k, p in enumerate(bucket.params):
                 view = bucket.view(k)
+                reduced = view if out is bucket.flat else _slot(out, bucket, k)
                 if p.grad is not None:
-                    if not _aliases(p.grad, view):  # (as a view of its slot, the gradient is the reduced one)
-                        p.grad.copy_(view)
+                    if not _aliases(p.grad, reduced):  # (as a view of its slot, the gradient is the reduced one)
+                        p.grad.copy_(reduced)
                 elif used.get(id(p)):
-                    p.grad = view if self.as_view else view.clone()
+                    if self.as_view and reduced is not view:
+                        view.copy_(reduced)
+                    p.grad = view if self.as_view else reduced.clone()
         self.in_flight = False
 
 
@@ -254,6 +328,8 @@ def _init(self: Any, module: torch.nn.Module, device_ids: Any = None, output_dev
                 dist.broadcast(t.detach(), 0, group=process_group)
     self.find_unused_parameters = find_unused_parameters
     self.gradient_as_bucket_view = gradient_as_bucket_view
+    self.logger = None  # (torch's C++ logger, which its checks of a communication hook report to where there is one)
+    self._comm_hooks: list[tuple[Any, object]] = []
     self._simdevice_reducer = _Reducer([p for p in params if p.requires_grad], process_group, find_unused_parameters,
                                        gradient_as_bucket_view)
 
@@ -289,6 +365,17 @@ def _forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
     return _post_forward(self, self.module(*inputs, **kwargs))
 
 
+def _register_comm_hook(self: Any, state: object, hook: Any) -> None:
+    """torch's ``register_comm_hook``: its checks of the hook (callable; its ``bucket`` and return annotations), then
+    the hook reduces each bucket from the next backward on, once registered (torch's reducer refuses a second)."""
+    self._check_comm_hook(hook)
+    reducer: _Reducer = self._simdevice_reducer
+    if reducer.hook is not None:
+        raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+    self._comm_hooks.append((hook, state))
+    reducer.hook = (hook, state)
+
+
 @contextlib.contextmanager
 def _no_sync(self: Any) -> Iterator[None]:
     before = self.require_backward_grad_sync
@@ -310,5 +397,6 @@ def _refused(name: str) -> Any:
 #: what a run puts in place of torch's methods of the class
 METHODS: dict[str, Any] = {"__init__": _init, "forward": _forward, "no_sync": _no_sync,
                            "_pre_forward": _pre_forward, "_post_forward": _post_forward,
-                           **{name: _refused(name) for name in ("register_comm_hook", "join", "join_hook",
+                           "register_comm_hook": _register_comm_hook,
+                           **{name: _refused(name) for name in ("join", "join_hook", "_register_builtin_comm_hook",
                                                                 "_register_fused_optim", "_set_static_graph")}}
