@@ -290,7 +290,7 @@ class SimWorkFuture:
 
     def then(self, callback: Callable[[SimWorkFuture], Any]) -> SimWorkFuture:
         dev = self._dev
-        s = dev.pooled_stream()
+        s = dev._pooled_stream()
         with dev.stream(s):
             self._waits()  # (the callback's stream after what fills the value)
             self._held_by_current()
@@ -523,7 +523,7 @@ class SimDevice:
     def Event(self, enable_timing: bool = False) -> EventHandle:
         return EventHandle(self, enable_timing)
 
-    def pooled_stream(self) -> StreamHandle:
+    def _pooled_stream(self) -> StreamHandle:
         """A stream torch takes for its own work (a future's callback, ``getStreamFromGlobalPool``): a new one here;
         the drop-in's comes from the process's pool, as on a GPU."""
         return self.Stream()

@@ -174,7 +174,7 @@ class DropInDevice(SimDevice):
         full = names.assign(filename, line, col)
         return rt.new_stream(full[len(prefix):], names.sites[full])
 
-    def pooled_stream(self) -> Any:
+    def _pooled_stream(self) -> Any:
         """The stream torch takes from its pool for its own work (a future's callback): the running process's next of
         priority 0, as :class:`Stream` gives it."""
         return Stream.of(self, self.pool_stream(0, lambda: self.runtime.new_stream(None)))
