@@ -173,3 +173,30 @@ def test_empty_cache_releases_its_own_process_s_segments_only() -> None:
     s.run(_rank_caches_while_another_empties, out, world_size=2)
     s.assert_clean()
     assert out == {0: 0, 1: 2 << 20}  # rank 1's cached segment stays cached
+
+
+def test_the_whole_device_s_statistics_count_every_process_s_blocks_and_peaks() -> None:
+    """``Runtime.memory_stats()`` without a process (every process's together, the model's own view): the blocks
+    and segments live now, the bytes allocated and reserved, and the peaks since the run began, which stay after the
+    blocks are freed and their segments released. Mutations: the reserved peak kept as a minimum; the blocks counted
+    with the freed ones."""
+    got: list[dict[str, int]] = []
+
+    def program(dev: Any) -> None:
+        a = torch.empty(MIB, dtype=torch.uint8, device=dev.device)
+        b = torch.empty(3 * MIB, dtype=torch.uint8, device=dev.device)
+        got.append(dev.runtime.memory_stats())
+        del a  # (its block free, its segment cached)
+        got.append(dev.runtime.memory_stats())
+        del b
+        dev.empty_cache()
+        got.append(dev.runtime.memory_stats())
+
+    dev = SimDevice(config=SimConfig(device_memory=64 * MIB))
+    assert dev.run(program).reports == ()
+    live, one, emptied = got
+    assert (live["allocated"], live["blocks"], live["reserved"] >= 4 * MIB) == (4 * MIB, 2, True)
+    assert live["reserved_peak"] == live["reserved"]
+    assert (one["allocated"], one["blocks"], one["reserved"], one["peak"]) == (3 * MIB, 1, live["reserved"], 4 * MIB)
+    assert (emptied["allocated"], emptied["blocks"], emptied["segments"], emptied["reserved"]) == (0, 0, 0, 0)
+    assert (emptied["peak"], emptied["reserved_peak"]) == (4 * MIB, live["reserved"])
