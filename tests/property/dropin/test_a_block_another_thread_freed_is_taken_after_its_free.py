@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from simdevice.runtime.reports import Race
 
 N = 256  # (a kilobyte: each batch takes the block another thread freed)
 STEPS = 6
+K = 1024  # (floats: two neighbouring blocks of one small segment)
 
 
 def prefetching_thread(release: str) -> None:
@@ -72,3 +74,44 @@ def test_a_block_freed_during_its_use_races_with_the_other_thread_s_copy() -> No
     found = simdevice.explore(dropped_during_its_use, max_examples=30)
     assert found.failure is not None
     assert any(isinstance(r, Race) and r.freed is not None for r in found.failure.run.reports), found.failure.text()
+
+
+def merged_block_taken_after_both_frees(first: str) -> float:
+    """Two neighbouring blocks: the thread uses the second one's tensor on its stream and frees it there after a
+    synchronize; the main thread frees the first one's, ``first`` (``"main"``: the thread's free then merges into the
+    free block before it) or after the thread (``"thread"``: the main thread's free merges with the free block after
+    it). The main thread then takes the merged block, with no order with the thread but the allocator's lock, which
+    orders it after both frees (``_release`` keeps both parts' orders)."""
+    a = torch.zeros(K, device="cuda")
+    b = torch.zeros(K, device="cuda")
+    assert b.data_ptr() == a.data_ptr() + 4 * K  # (the block after a's, in a's segment)
+
+    def work(x: torch.Tensor) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.default_stream())
+        with torch.cuda.stream(side):
+            x.mul_(2)
+        side.synchronize()  # (its use done: its block may be handed on as the thread lets go of it)
+
+    t = threading.Thread(target=work, args=(b,))
+    t.start()
+    del b
+    if first == "main":
+        del a
+    time.sleep(0.01)  # (no order with the thread)
+    if first == "thread":
+        del a
+    c = torch.ones(2 * K, device="cuda")  # (the merged block)
+    t.join()
+    return float(c.sum().item())
+
+
+@pytest.mark.parametrize("first", ["main", "thread"])
+def test_a_merged_block_is_taken_after_the_free_of_each_of_its_parts(first: str) -> None:
+    """Mutations: the freed block's order left out of its merge into the free block before it (``"main"``), the next
+    free block's left out of a merge with it (``"thread"``): the new tensor's fill races the thread's use."""
+    run = simdevice.cuda()
+    run.run(merged_block_taken_after_both_frees, first)
+    run.assert_clean()
+    assert run.result is not None
+    assert run.result.result == 2.0 * K
