@@ -1,11 +1,12 @@
 """Rule (``allocator.segment_size``, with CUDA's own sizes in the drop-in): a request the caching allocator cannot serve
 from its cache gets a new segment as c10's ``CUDACachingAllocator`` sizes it: up to 1 MiB a 2 MiB segment
-(``kSmallBuffer``), below 10 MiB (``kMinLargeAlloc``) a 20 MiB one (``kLargeBuffer``), from 10 MiB on the request
-rounded up to 2 MiB (``kRoundLarge``); a 512 KiB request after the 1 MiB one fits in its segment's remainder. Seen
-through ``torch.cuda.memory_reserved()``; the order of the requests keeps each larger one from the one before's
-remainder. And two neighbouring blocks freed are one free block again (``Allocator``'s merge with the free block before
-a freed one): a request of both their sizes takes their segment, no new one. Mutations of the rules passed every other
-test: the 10 MiB bound's comparison flipped, the 1 MiB one's made strict, the merge's size left out."""
+(``kSmallBuffer``), below 10 MiB (``kMinLargeAlloc``) a 20 MiB one (``kLargeBuffer``), from 10 MiB on (10 MiB
+itself too) the request rounded up to 2 MiB (``kRoundLarge``); a 512 KiB request after the 1 MiB one fits in its
+segment's remainder. Seen through ``torch.cuda.memory_reserved()``; the order of the requests keeps each larger one
+from the one before's remainder. And two neighbouring blocks freed are one free block again (``Allocator``'s merge
+with the free block before a freed one): a request of both their sizes takes their segment, no new one. Mutations
+of the rules passed every other test: the 10 MiB bound's comparison flipped or made inclusive, the 1 MiB one's made
+strict, the merge's size left out."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ MiB = 1 << 20
 def reserved_per_request() -> list[int]:
     grown = []
     keep = []
-    for n in (12 * MiB + 1, 4 * MiB, MiB, 512 * 1024):
+    for n in (10 * MiB, 12 * MiB + 1, 4 * MiB, MiB, 512 * 1024):
         before = torch.cuda.memory_reserved()
         keep.append(torch.empty(n, dtype=torch.uint8, device="cuda"))
         grown.append(torch.cuda.memory_reserved() - before)
@@ -31,7 +32,7 @@ def test_each_new_segment_has_cuda_s_size() -> None:
     s.run(reserved_per_request)
     assert s.result is not None
     assert s.result.reports == (), s.result.reports
-    assert s.result.result == [14 * MiB, 20 * MiB, 2 * MiB, 0], s.result.result
+    assert s.result.result == [10 * MiB, 14 * MiB, 20 * MiB, 2 * MiB, 0], s.result.result
 
 
 def merged_neighbours() -> int:
