@@ -67,10 +67,11 @@ class CountingStream(torch.cuda.Stream):
         s: CountingStream = super().__new__(cls, device=device, priority=priority, **kwargs)
         # a new stream (not a view of an existing one) is named by its site; one the pool hands out again (CUDA's 32
         # of a priority, in turn: the 33rd is the first) keeps its name, as the simulator's does
-        if "stream_id" not in kwargs and not _dev().is_named(s):
+        if "stream_id" not in kwargs:
             dev = _dev()
-            filename, line, col = creation_site(_INTERNAL)
-            dev.name_stream(s, _names(dev).assign(filename, line, col))
+            if not dev.is_named(s):
+                filename, line, col = creation_site(_INTERNAL)
+                dev.name_stream(s, _names(dev).assign(filename, line, col))
         return s
 
     @classmethod

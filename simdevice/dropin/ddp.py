@@ -66,9 +66,11 @@ class _Bucket:
             n += p.numel()
         self.flat = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
 
-    def view(self, k: int) -> torch.Tensor:
+    def view(self, k: int, flat: torch.Tensor | None = None) -> torch.Tensor:
+        """Parameter ``k``'s slot in the bucket's buffer, or in ``flat``, a tensor laid out as it (a hook's result)."""
         p = self.params[k]
-        return self.flat[self.offsets[k]:self.offsets[k] + p.numel()].view_as(p)
+        flat = self.flat if flat is None else flat
+        return flat[self.offsets[k]:self.offsets[k] + p.numel()].view(p.shape)
 
 
 class _GradBucket:
@@ -90,19 +92,13 @@ class _GradBucket:
         self._buffer = tensor
 
     def gradients(self) -> list[torch.Tensor]:
-        return [_slot(self._buffer, self._bucket, k) for k in range(len(self._bucket.params))]
+        return [self._bucket.view(k, self._buffer) for k in range(len(self._bucket.params))]
 
     def parameters(self) -> list[torch.Tensor]:
         return list(self._bucket.params)
 
     def is_last(self) -> bool:
         return self._index == self._count - 1
-
-
-def _slot(flat: torch.Tensor, bucket: _Bucket, k: int) -> torch.Tensor:
-    """Parameter ``k``'s place in ``flat``, a tensor laid out as ``bucket``'s buffer (a hook's result too)."""
-    p = bucket.params[k]
-    return flat[bucket.offsets[k]:bucket.offsets[k] + p.numel()].view(p.shape)
 
 
 def _hook_result(value: Any, bucket: _Bucket) -> torch.Tensor:
@@ -254,7 +250,7 @@ class _Reducer:
                 out = _hook_result(work.wait(), bucket)
             for k, p in enumerate(bucket.params):
                 view = bucket.view(k)
-                reduced = view if out is bucket.flat else _slot(out, bucket, k)
+                reduced = view if out is bucket.flat else bucket.view(k, out)
                 if p.grad is not None:
                     if not _aliases(p.grad, reduced):  # (as a view of its slot, the gradient is the reduced one)
                         p.grad.copy_(reduced)
