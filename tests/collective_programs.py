@@ -15,6 +15,13 @@ not wait takes the output before NCCL wrote it.
 after its wait or not (an ``all_reduce`` in place would not do on one rank: the sum of one is its input, so an early
 read reads the right numbers; on an H100 its unwaited read was right 5/5, where the simulator named the stale read).
 
+``future_value`` drops an all-reduce's tensor as soon as its work's future is read: on a stream of the future's
+(``then``'s callback stream, or a side stream that calls ``wait()``) that the schedule stalls, and the next
+allocation on the default stream zeroes a block of its size. torch's future records its value on that stream, so
+the block is held until the stream is past its read: the read is right on both machines under the stall
+(``future_value:via=then:rank0.s1#0+20``, ``future_value:via=wait:rank0.side#0+20``). The side stream's read after the
+work's own ``wait()`` (``via=work``) holds nothing: the block is zeroed under it on both.
+
 ``spawned`` is a script's ``main`` that starts its training processes with ``torch.multiprocessing.spawn`` (run as a
 function with no ``--world-size``: its ``nprocs`` ranks are the ones ``spawn`` starts), each making its group with
 its rank and the world's size, as ``mp.spawn`` tutorials write it, and gathering as ``torchrun_style`` does.
@@ -23,6 +30,7 @@ its rank and the world's size, as ``mp.spawn`` tutorials write it, and gathering
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -72,6 +80,32 @@ def _gathered(rank: int, world: int, wait: bool, n: int, device: str) -> None:
     total = out.sum().item()
     work.wait()
     assert total == n * world * (world + 1) / 2, f"rank {rank} read {total}: the buffer before the all-gather wrote it"
+
+
+def future_value(via: str = "then", n: int = 1 << 18) -> None:
+    """An all-reduce's tensor read through its future on another stream, dropped, and its size allocated again."""
+    t = torch.full((n,), 2.0, device="cuda")
+    out = torch.zeros(n, device="cuda")  # (before the all-reduce, which the callback's stream waits for)
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    if via == "then":
+        done = fut.then(lambda f: out.copy_(f.value()[0]))  # on a stream of CUDA's pool (``s1``)
+    else:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            if via == "wait":
+                out = fut.wait()[0] * 1
+            else:  # the work's wait: it records nothing on the side stream
+                work.wait()
+                out = t * 1
+    del t, fut, work
+    time.sleep(0.003)  # (past the all-reduce, which holds its tensor's block until it is done; not past the stall)
+    reuse = torch.zeros(n, device="cuda")  # the dropped tensor's block, unless the future's stream holds it
+    if via == "then":
+        done.wait()
+    torch.cuda.synchronize()
+    total = out.sum().item() + reuse.sum().item()
+    assert total == 2.0 * n * dist.get_world_size(), f"read {total}: the block was zeroed under the future's read"
 
 
 def _spawned_rank(rank: int, world: int, wait: bool, n: int) -> None:

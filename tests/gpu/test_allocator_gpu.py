@@ -212,3 +212,27 @@ def test_empty_cache_waits_for_the_streams_recorded_on_freed_blocks_and_releases
     assert stale_before > 0, "the stall did not hold the side stream's read (the case shows nothing)"
     assert right_after == MODEL_TRIALS, "empty_cache returned before the recorded stream's use of the block"
     assert released == MODEL_TRIALS, "empty_cache kept the block held for the recorded stream, or its segment"
+
+
+_SEGMENT_SIZES = """
+import json, sys
+sys.path.insert(0, "tests/property/dropin")
+from test_a_new_segment_is_sized_as_cuda_s_allocator_sizes_it import merged_neighbours, reserved_per_request
+print(json.dumps([reserved_per_request(), merged_neighbours()]))
+"""
+
+
+def test_new_segments_are_sized_and_freed_neighbours_merged_as_simulated() -> None:
+    """The simulator test's two programs, unchanged, in a fresh process: the segment each request of 10 MiB, 12 MiB
+    + 1, 4 MiB, 1 MiB and 512 KiB makes (10 MiB itself is rounded to 2 MiB, not given 20 MiB), and two neighbouring
+    blocks freed serving a request of both their sizes with no new segment."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}  # CUDA's defaults
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    got = subprocess.run([sys.executable, "-c", _SEGMENT_SIZES], capture_output=True, text=True, env=env, check=True,
+                         timeout=120, cwd=root).stdout.strip().splitlines()[-1]
+    grown, merged = json.loads(got)
+    MiB = 1 << 20
+    print(f"RATE allocator segments of a fresh process: grown {[g / MiB for g in grown]} MiB, merged neighbours "
+          f"grew {merged} (torch {torch.__version__}, {torch.cuda.get_device_name()})", flush=True)
+    assert grown == [10 * MiB, 14 * MiB, 20 * MiB, 2 * MiB, 0]
+    assert merged == 0

@@ -332,6 +332,25 @@ def test_collectives_on_a_world_of_one_count_and_corrupt_as_simulated(line: str)
     assert bad >= 1 if "wait=0" in line else bad == 0
 
 
+#: a future's value dropped under a stalled read on the callback's stream, a stream that waited for the future, or
+#: one that waited for the work alone (``tests/collective_programs.py::future_value``)
+FUTURES = {"then:rank0.s1#0+20": False, "wait:rank0.side#0+20": False, "work:rank0.side#0+20": True}
+
+
+@pytest.mark.parametrize("tail", list(FUTURES))
+def test_a_future_holds_its_value_for_the_stream_that_reads_it_as_simulated(tail: str) -> None:
+    """torch's future records its value on the callback's stream and on the stream that waits for it: the next
+    allocation takes another block and the stalled read is right; after the work's own ``wait()`` nothing holds
+    it, and the allocation's zeros are read. The same counts on both machines."""
+    line = f"tests/collective_programs.py::future_value:via={tail}"
+    _counts_match(line, world_size=1)
+    s = Schedule.parse(line)
+    t = resolve(s.program, 1)
+    bad = sum(t.run(s, "cuda").corrupted for _ in range(TRIALS))
+    print(f"RATE {line} corrupted {bad}/{TRIALS}")
+    assert bad >= TRIALS - 1 if FUTURES[tail] else bad == 0
+
+
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_a_script_written_for_mp_spawn_counts_and_corrupts_as_simulated(nprocs: int) -> None:
     """``tests/collective_programs.py::spawned``: a ``main`` that starts its ranks with ``torch.multiprocessing.spawn``

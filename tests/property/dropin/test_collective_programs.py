@@ -47,3 +47,23 @@ def test_a_script_written_for_mp_spawn_runs_its_ranks(nprocs: int) -> None:
         out = resolve(s.program).run(s)
         assert out.corrupted != wait, (wait, out.verdict())
         assert ("race" in [r.kind for r in out.run.reports]) != wait
+
+
+@pytest.mark.parametrize("line", ["future_value:via=then:rank0.s1#0+20", "future_value:via=wait:rank0.side#0+20"])
+def test_a_future_s_value_dropped_under_its_stream_s_read_is_held_for_it(line: str) -> None:
+    """The GPU's line (``tests/gpu/test_dropin_gpu.py``): the future holds its value for the stream that reads it,
+    so the next allocation takes another block and the stalled read is right. Mutation: either record in
+    ``SimWorkFuture._held_by_current`` left out: a race, and the zeros read."""
+    s = Schedule.parse(f"tests/collective_programs.py::{line}")
+    out = resolve(s.program, 1).run(s)
+    assert not out.corrupted, out.verdict()
+    assert out.run.reports == (), out.run.reports
+
+
+def test_a_side_stream_s_read_after_the_work_s_own_wait_holds_nothing() -> None:
+    """``work.wait()`` only orders the side stream after the all-reduce: the dropped tensor's block is the next
+    allocation's, zeroed under the stalled read (a race, and the wrong sum, as on the GPU)."""
+    s = Schedule.parse("tests/collective_programs.py::future_value:via=work:rank0.side#0+20")
+    out = resolve(s.program, 1).run(s)
+    assert out.corrupted, out.verdict()
+    assert "race" in [r.kind for r in out.run.reports], out.run.reports
