@@ -214,6 +214,7 @@ def test_empty_cache_waits_for_the_streams_recorded_on_freed_blocks_and_releases
     assert released == MODEL_TRIALS, "empty_cache kept the block held for the recorded stream, or its segment"
 
 
+MiB = 1 << 20
 _SEGMENT_SIZES = """
 import json, sys
 sys.path.insert(0, "tests/property/dropin")
@@ -231,7 +232,6 @@ def test_new_segments_are_sized_and_freed_neighbours_merged_as_simulated() -> No
     got = subprocess.run([sys.executable, "-c", _SEGMENT_SIZES], capture_output=True, text=True, env=env, check=True,
                          timeout=120, cwd=root).stdout.strip().splitlines()[-1]
     grown, merged = json.loads(got)
-    MiB = 1 << 20
     print(f"RATE allocator segments of a fresh process: grown {[g / MiB for g in grown]} MiB, merged neighbours "
           f"grew {merged} (torch {torch.__version__}, {torch.cuda.get_device_name()})", flush=True)
     assert grown == [10 * MiB, 14 * MiB, 20 * MiB, 2 * MiB, 0]
