@@ -953,7 +953,7 @@ def peek(t: torch.Tensor) -> torch.Tensor:
 #: what makes a tensor object simulated or not, kept with its kind when :func:`move_in_place` moves it: the attributes
 #: :class:`SimTensor` gives every device tensor, and torch's mark of a parameter of a tensor subclass
 #: (``Parameter(t)`` of a simulated ``t``; a host parameter is of class ``Parameter`` itself)
-_OWN = frozenset({"_data", "_st", "_ops", "_alias", "_sig", "_ipc", "_is_param"})
+_OWN = frozenset({"_data", "_st", "_ops", "_alias", "_sig", "_ipc", "_is_param", "_simdevice_held"})
 #: (the same, for the drop-in: what of a simulated tensor's instance attributes is the simulator's, not the program's)
 SIMULATOR_ATTRIBUTES = _OWN
 
@@ -983,6 +983,38 @@ def _held(t: torch.Tensor) -> Any:
     return node if t._use_count() == n else None  # (a node the lookup made holds nothing of the program's)
 
 
+#: the key under which :func:`move_in_place` keeps, with a tensor moved between the host and the device, the tensor
+#: it was on the other side (by side, True for the device's): (the ``AccumulateGrad`` node holding it or None, the
+#: node's prehook's handle, the tensor)
+_HELD = "_simdevice_held"
+_BASE_GRAD = torch._C.TensorBase.grad
+
+
+def _grad_get(self: torch.Tensor) -> Any:
+    grad = _BASE_GRAD.__get__(self, type(self))
+    if grad is None:
+        for _, _, t in self.__dict__.get(_HELD, {}).values():
+            grad = _BASE_GRAD.__get__(t, type(t))
+            if grad is not None:
+                return grad
+    return grad
+
+
+def _grad_set(self: torch.Tensor, value: Any) -> None:
+    _BASE_GRAD.__set__(self, value)
+    for _, _, t in self.__dict__.get(_HELD, {}).values():  # (one gradient: the one it had on the other side goes)
+        _BASE_GRAD.__set__(t, None)
+
+
+def _grad_del(self: torch.Tensor) -> None:
+    _grad_set(self, None)
+
+
+#: ``Tensor.grad`` of the drop-in's session: a parameter moved between the host and the device in place
+#: (:func:`move_in_place`) shows the gradient it had on the other side, as torch keeps it there
+CROSS_SIDE_GRAD = property(_grad_get, _grad_set, _grad_del, doc=_BASE_GRAD.__doc__)
+
+
 def _stale_accumulator(grad_outputs: Any) -> Any:
     raise NotImplementedError(
         "a backward through a graph made before module.to (or .cuda(), .cpu()) moved its parameter between the "
@@ -995,11 +1027,35 @@ def move_in_place(old: torch.Tensor, new: torch.Tensor) -> None:
     ``set_data`` moves a parameter between CPU and CUDA on a GPU: its identity (an optimizer's and a hook's
     references to it), the attributes the program gave it, its tensor hooks and ``requires_grad``; its class
     becomes ``new``'s (:class:`SimTensor` on the device). ``new`` is left holding what ``old`` held (drop it).
-    An ``AccumulateGrad`` node that held ``old``'s tensor (the graph of a forward before the move) keeps what it
-    held, as ``set_data`` gives the parameter a new one where the device changes; a backward through it raises
-    ``NotImplementedError``. A graph's saved views of ``old`` keep the bytes they had, as on a GPU. The caller
-    moves ``grad`` (clear both tensors' first)."""
+
+    On a GPU the tensor stays one throughout (``set_data`` changes its storage alone); here each side is a tensor of
+    its own, and what the other side's holds is kept with ``old`` (:data:`_HELD`): its gradient (torch keeps a
+    parameter's ``grad`` where it was: FSDP's ``CPUOffload`` moves the flat parameter to the host shard while its
+    device gradient waits for its reduce-scatter; the session's ``grad`` reads it, :data:`CROSS_SIDE_GRAD`), and the
+    ``AccumulateGrad`` node that holds it (a forward's graph before the move; the node a library keeps to hook it,
+    FSDP's). Moved back to that side, ``old`` takes that tensor again, over ``new``'s bytes where its layout is
+    ``new``'s, so the node accumulates into the parameter as on a GPU; a backward through the node while the
+    parameter is on the other side raises ``NotImplementedError``. A graph's saved views of ``old`` keep the bytes
+    they had, as on a GPU. The caller moves a gradient the program moves with it (``module.to``)."""
+    records = old.__dict__.pop(_HELD, None) or {}
+    back = records.pop(type(new) is SimTensor, None)
+    if back is not None and type(back[2]) is type(new):
+        node, handle, t = back
+        if handle is not None:
+            handle.remove()
+        # (torch's set_data across devices: a new forward's graph gets a new AccumulateGrad node, which a change of
+        # dtype makes it reset here; then new's shape, strides, dtype, and a host tensor's bytes)
+        other = torch.float32 if t.dtype is not torch.float32 else torch.float64
+        _TENSOR_DATA.__set__(t, torch.Tensor._make_wrapper_subclass(SimTensor, (0,), dtype=other, device=META)
+                             if type(t) is SimTensor else torch.empty(0, dtype=other))
+        _TENSOR_DATA.__set__(t, new)
+        if type(new) is SimTensor:
+            t.__dict__ = {k: v for k, v in new.__dict__.items() if k in _OWN}
+            t._alias = t._sig = None
+        new = t
+    side = type(old) is SimTensor
     node = _held(old)
+    grad = _BASE_GRAD.__get__(old)
     hooks, after = old._backward_hooks, old._post_accumulate_grad_hooks
     kept = {k: v for k, v in new.__dict__.items() if k in _OWN}
     kept.update((k, v) for k, v in old.__dict__.items() if k not in _OWN)
@@ -1007,8 +1063,16 @@ def move_in_place(old: torch.Tensor, new: torch.Tensor) -> None:
     old.__class__, new.__class__ = new.__class__, old.__class__
     old.__dict__, new.__dict__ = kept, left
     torch._C._swap_tensor_impl(old, new)
-    if node is not None:
-        node.register_prehook(_stale_accumulator)
+    if node is not None or grad is not None:
+        # (what the node and the gradient hold is the tensor, not its bytes: freed as on a GPU, where set_data left
+        # them to nothing; taken back, the tensor is given the bytes it is moved to)
+        if side:
+            new.__dict__ = {}
+        else:
+            _TENSOR_DATA.__set__(new, torch.empty(0, dtype=new.dtype))
+        records[side] = (node, None if node is None else node.register_prehook(_stale_accumulator), new)
+    if records:
+        old.__dict__[_HELD] = records
     # torch keeps a tensor's hooks in its C++ record, which went with the tensor it had: put them on its new one
     # (each setter registers the object's table with the record)
     if hooks is not None:
@@ -1022,11 +1086,11 @@ def set_data_across(p: torch.Tensor, value: torch.Tensor) -> None:
     pinned memory and back, as diffusers' group offloading does): ``p`` keeps its Python object and reads and writes
     ``value``'s bytes from now on, as torch's ``set_data`` makes it on a GPU, where a CPU and a CUDA tensor are of
     compatible types. Its class becomes the other side's (a parameter stays one); its ``requires_grad`` stays. A
-    ``grad`` it has would stay on the side it was (torch keeps it so), which the simulated tensors cannot hold:
-    ``NotImplementedError``."""
+    ``grad`` it has stays on the side it was, as torch keeps it, where the drop-in's session shows it
+    (:data:`CROSS_SIDE_GRAD`); elsewhere ``NotImplementedError``."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"Variable data has to be a tensor, but got {type(value).__name__}")
-    if p.grad is not None:
+    if p.grad is not None and torch.Tensor.__dict__.get("grad") is not CROSS_SIDE_GRAD:
         raise NotImplementedError(f"setting .data of a tensor that has a grad, between the host and the simulated "
                                   f"device, is not simulated (torch keeps the grad on {p.grad.device}): clear the "
                                   "grad first, or swap the tensors themselves")

@@ -39,6 +39,7 @@ from reference import contract
 from reference.naming import StreamNames, creation_site, inside
 from simdevice.api import EventHandle, SimDevice, StreamHandle
 from simdevice.dispatch import (
+    CROSS_SIDE_GRAD,
     META,
     SimStorage,
     SimTensor,
@@ -2735,6 +2736,7 @@ def install(p: Patches) -> None:
         p.set(cuda, name, kind)
     p.set(torch.Tensor, "type", _wrapped(torch.Tensor, "type", _tensor_type))
     p.set(torch.Tensor, "data", _HOST_DATA)
+    p.set(torch.Tensor, "grad", CROSS_SIDE_GRAD)
     p.set(torch, "device", _Device)
     pin_utils = sys.modules.get("torch.cuda._pin_memory_utils")  # (imported with torch.distributed.checkpoint)
     if pin_utils is not None:

@@ -74,30 +74,3 @@ def test_check_of_a_ddp_program_says_what_of_ddp_is_not_simulated(
     assert len(err) == 1, err
     assert _REFUSED in err[0], err[0]
     assert "ddp_user.py:8" in err[0], err[0]  # the line that wrapped the model
-
-
-_FSDP_FILE = '''
-import torch
-from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel as FSDP
-
-
-def train() -> None:
-    model = torch.nn.Linear(8, 4).cuda()
-    fsdp = FSDP(model, cpu_offload=CPUOffload(offload_params=True))
-    fsdp(torch.ones(2, 8, device="cuda")).sum().backward()
-'''
-
-
-def test_check_of_an_fsdp1_program_with_cpu_offload_says_what_is_not_simulated(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """FSDP1 runs (tests/property/dropin/test_fsdp1_runs_on_the_simulated_groups.py), but for ``CPUOffload``, which
-    moves the flat parameter between host and device with ``p.data =`` under a graph that still needs it: the run
-    stops at the backward, one line naming what is not simulated (exit 2), never a verdict on the program."""
-    f = tmp_path / "fsdp_user.py"
-    f.write_text(_FSDP_FILE)
-    monkeypatch.chdir(tmp_path)
-    assert main(["check", "fsdp_user.py::train", "--world-size", "2", "-q"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    assert "NotImplementedError: a backward through a graph made before module.to" in err[0], err[0]
-    assert "fsdp_user.py:9" in err[0], err[0]  # the backward

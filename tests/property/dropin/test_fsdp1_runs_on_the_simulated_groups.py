@@ -2,8 +2,10 @@
 freed through the simulated storage, its streams recorded (``record_stream`` inside ``no_dispatch()``, the
 simulator's now), its all-gathers and reduce-scatters on its own streams. Training with the flat parameter or the
 original ones, ``SHARD_GRAD_OP``, an auto-wrap policy gives a plain model's numbers; a side stream of the program's
-that reads the unsharded weight without waiting races. Before, wrapping a model was refused (no verdict).
-(``CPUOffload`` still gives none: ``test_distributed_data_parallel_gives_no_verdict.py``.)"""
+that reads the unsharded weight without waiting races. Before, wrapping a model was refused (no verdict). With
+``CPUOffload(offload_params=True)`` too (before, no verdict: ``test_a_parameter_moved_and_back_keeps_its_graph_and_
+gradient.py``), and its post-backward callback's wait for the gradients' D2H copies left out, the CPU optimizer's
+read of the pinned gradient before they land is found."""
 
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ def _wrap_policy() -> Any:
 
 @pytest.mark.parametrize("options", [
     {}, {"use_orig_params": True}, {"sharding_strategy": "SHARD_GRAD_OP"}, {"auto_wrap_policy": "size"},
-], ids=["flat", "orig-params", "shard-grad-op", "auto-wrap"])
+    {"cpu_offload": True}, {"cpu_offload": True, "use_orig_params": True},
+], ids=["flat", "orig-params", "shard-grad-op", "auto-wrap", "cpu-offload", "cpu-offload-orig-params"])
 def test_fsdp1_training_gives_a_plain_model_s_numbers(options: dict[str, Any]) -> None:
     from torch.distributed.fsdp import ShardingStrategy
 
@@ -47,6 +50,10 @@ def test_fsdp1_training_gives_a_plain_model_s_numbers(options: dict[str, Any]) -
         given["sharding_strategy"] = ShardingStrategy[given["sharding_strategy"]]
     if "auto_wrap_policy" in given:
         given["auto_wrap_policy"] = _wrap_policy()
+    if "cpu_offload" in given:
+        from torch.distributed.fsdp import CPUOffload
+
+        given["cpu_offload"] = CPUOffload(offload_params=True)
     s = simdevice.cuda()
     s.run(_trained, world_size=2, **given)
     assert not s.reports, s.text()
@@ -72,4 +79,34 @@ def test_a_side_stream_reading_fsdp1_s_unsharded_weight_unordered_races() -> Non
     text = found.failure.text()
     assert "which all_gather (receive) on stream" in text, text
     clean = explore(_side(wait=True), max_examples=30, world_size=2)
+    assert clean.failure is None, clean.failure.text()
+
+
+def _offloaded(sync: bool) -> Any:
+    def program() -> None:
+        from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel
+
+        torch.manual_seed(0)
+        model = FullyShardedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                                             torch.nn.Linear(16, 4)),
+                                         cpu_offload=CPUOffload(offload_params=True))
+        if not sync:  # (read after the set-up by the post-backward callback alone: its synchronize() goes)
+            model.cpu_offload = CPUOffload(offload_params=False)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.ones(4, 8, device="cuda")).square().mean().backward()
+            opt.step()  # (on the host: the flat parameter and its gradient are pinned host memory)
+            opt.zero_grad()
+        torch.cuda.synchronize()
+
+    return program
+
+
+def test_fsdp1_cpu_offload_without_its_wait_for_the_gradient_copies_is_found() -> None:
+    found = explore(_offloaded(sync=False), max_examples=30, world_size=2)
+    assert found.failure is not None
+    text = found.failure.text()
+    assert "on host rank" in text, text
+    assert "(D2H) on stream" in text, text
+    clean = explore(_offloaded(sync=True), max_examples=20, world_size=2)
     assert clean.failure is None, clean.failure.text()

@@ -1,0 +1,56 @@
+"""A parameter moved between the host and the device with ``p.data =`` and back, run unchanged on the simulator
+(``tests/property/dropin/test_a_parameter_moved_and_back_keeps_its_graph_and_gradient.py``) and on a GPU
+(``tests/gpu/test_dropin_gpu.py``), where torch's ``set_data`` keeps one tensor throughout:
+
+- ``round_trip``: a graph made on the device, the parameter moved to the host and back, then the graph's backward
+  and a new forward's: both accumulate into the parameter, and the new forward's graph has a new ``AccumulateGrad``
+  node (``set_data`` across devices resets the tensor's accumulator);
+- ``grad_left_behind``: the parameter moved to the host with its gradient on the device, which it keeps showing
+  there (FSDP's ``CPUOffload`` reads it so, after its reshard), until ``grad = None``; a host gradient then given
+  stays on the host when the parameter moves back;
+- ``freed_on_the_host``: the device bytes of a parameter moved to the host with its gradient are freed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def round_trip() -> tuple[bool, list[float], str, str]:
+    p = torch.nn.Parameter(torch.ones(4, device="cuda"))
+    y = (p * 2).sum()
+    before = torch.autograd.graph.get_gradient_edge(p).node
+    kept = p.data
+    p.data = kept.cpu()
+    p.data = kept
+    y.backward()
+    z = (p * 3).sum()
+    after = z.grad_fn.next_functions[0][0].next_functions[0][0]  # (sum <- mul <- AccumulateGrad)
+    z.backward()
+    assert p.grad is not None
+    return after is before, p.grad.tolist(), p.device.type, p.grad.device.type
+
+
+def grad_left_behind() -> list[Any]:
+    p = torch.nn.Parameter(torch.ones(4, device="cuda"))
+    (p * 3).sum().backward()
+    p.data = p.data.cpu()
+    assert p.grad is not None
+    shown = [p.device.type, p.grad.device.type, p.grad.tolist()]
+    p.grad = None
+    cleared = p.grad is None
+    p.grad = torch.full((4,), 7.0)
+    p.data = p.data.cuda()
+    return [shown, cleared, p.device.type, p.grad.device.type, p.grad.tolist()]
+
+
+def freed_on_the_host() -> int:
+    """A 4 MiB parameter with a gradient moved to the host: the device bytes it had are freed (its gradient's are
+    not). Returns the bytes the device's allocated memory fell by."""
+    p = torch.nn.Parameter(torch.ones(1 << 20, device="cuda"))
+    (p * 2).sum().backward()
+    before = torch.cuda.memory_allocated()
+    p.data = p.data.cpu()
+    return before - torch.cuda.memory_allocated()
