@@ -206,6 +206,32 @@ class CountingWork:
         _dev().host_step(poll=True)
         return bool(self.raw.is_completed())
 
+    def get_future(self) -> CountingFuture:
+        return CountingFuture(self.raw.get_future())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+
+class CountingFuture:
+    """A work's future, and those its ``then`` makes: ``wait()``, ``then()`` and ``add_done_callback()`` are a host
+    step each, as on the simulator (``value()`` and ``done()`` none); a callback is given the counting future."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    def wait(self) -> Any:
+        _dev().host_step()
+        return self.raw.wait()
+
+    def then(self, callback: Callable[[Any], Any]) -> CountingFuture:
+        _dev().host_step()
+        return CountingFuture(self.raw.then(lambda f: callback(CountingFuture(f))))
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        _dev().host_step()
+        self.raw.add_done_callback(lambda f: callback(CountingFuture(f)))
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.raw, name)
 

@@ -299,9 +299,9 @@ class SimWorkFuture:
             except Exception as e:  # (the child future holds it, in torch's words)
                 result = None
                 error = RuntimeError(f"Got the following error when running the callback: {type(e).__name__}: {e}")
-            done = dev.Event()
-            done.record()
-        return SimWorkFuture(dev, result, lambda: dev.current_stream().wait_event(done), error)
+            # (recorded within then's host step, as torch records it in then's C++)
+            done = dev.runtime.future_done(dev.runtime.current().current_stream)
+        return SimWorkFuture(dev, result, lambda: dev.runtime.future_wait(done), error)
 
     def add_done_callback(self, callback: Callable[[SimWorkFuture], None]) -> None:
         self.then(callback)

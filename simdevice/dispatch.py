@@ -971,21 +971,19 @@ def crosses_devices(old: torch.Tensor, new: torch.Tensor) -> bool:
             and old.layout is torch.strided and not old.is_quantized and not old.is_mkldnn)
 
 
-def _held(t: torch.Tensor) -> Any:
-    """The ``AccumulateGrad`` node that holds ``t``'s tensor where one does (None where none does), to be told that a
-    backward through it is not simulated. Whatever else in C++ holds the tensor (a graph's saved views of it, its
-    views' bases) keeps holding it: the tensor that had ``t``'s bytes, as a GPU's ``set_data`` leaves a saved view
-    holding the storage it had."""
+def _held(t: torch.Tensor) -> bool:
+    """Whether an ``AccumulateGrad`` node holds ``t``'s tensor (a graph's, or one a library keeps to hook it)."""
     n = t._use_count()
     if n == 1 or not (t.is_leaf and t.requires_grad):
-        return None
-    node = torch.autograd.graph.get_gradient_edge(t).node
-    return node if t._use_count() == n else None  # (a node the lookup made holds nothing of the program's)
+        return False
+    node = torch.autograd.graph.get_gradient_edge(t).node  # (held here: a node the lookup made holds t too)
+    held = bool(t._use_count() == n)
+    del node
+    return held
 
 
 #: the key under which :func:`move_in_place` keeps, with a tensor moved between the host and the device, the tensor
-#: it was on the other side (by side, True for the device's): (the ``AccumulateGrad`` node holding it or None, the
-#: node's prehook's handle, the tensor)
+#: it was on the other side, by side (True: the device's)
 _HELD = "_simdevice_held"
 _BASE_GRAD = torch._C.TensorBase.grad
 
@@ -993,7 +991,7 @@ _BASE_GRAD = torch._C.TensorBase.grad
 def _grad_get(self: torch.Tensor) -> Any:
     grad = _BASE_GRAD.__get__(self, type(self))
     if grad is None:
-        for _, _, t in self.__dict__.get(_HELD, {}).values():
+        for t in self.__dict__.get(_HELD, {}).values():
             grad = _BASE_GRAD.__get__(t, type(t))
             if grad is not None:
                 return grad
@@ -1002,7 +1000,7 @@ def _grad_get(self: torch.Tensor) -> Any:
 
 def _grad_set(self: torch.Tensor, value: Any) -> None:
     _BASE_GRAD.__set__(self, value)
-    for _, _, t in self.__dict__.get(_HELD, {}).values():  # (one gradient: the one it had on the other side goes)
+    for t in self.__dict__.get(_HELD, {}).values():  # (one gradient: the one it had on the other side goes)
         _BASE_GRAD.__set__(t, None)
 
 
@@ -1011,15 +1009,8 @@ def _grad_del(self: torch.Tensor) -> None:
 
 
 #: ``Tensor.grad`` of the drop-in's session: a parameter moved between the host and the device in place
-#: (:func:`move_in_place`) shows the gradient it had on the other side, as torch keeps it there
+#: (:func:`move_in_place`) shows the gradient it has on the other side, as torch keeps it there
 CROSS_SIDE_GRAD = property(_grad_get, _grad_set, _grad_del, doc=_BASE_GRAD.__doc__)
-
-
-def _stale_accumulator(grad_outputs: Any) -> Any:
-    raise NotImplementedError(
-        "a backward through a graph made before module.to (or .cuda(), .cpu()) moved its parameter between the "
-        "host and the simulated device is not simulated (the graph's gradient would go to the tensor the "
-        "parameter had): run the backward before the move")
 
 
 def move_in_place(old: torch.Tensor, new: torch.Tensor) -> None:
@@ -1029,22 +1020,20 @@ def move_in_place(old: torch.Tensor, new: torch.Tensor) -> None:
     becomes ``new``'s (:class:`SimTensor` on the device). ``new`` is left holding what ``old`` held (drop it).
 
     On a GPU the tensor stays one throughout (``set_data`` changes its storage alone); here each side is a tensor of
-    its own, and what the other side's holds is kept with ``old`` (:data:`_HELD`): its gradient (torch keeps a
-    parameter's ``grad`` where it was: FSDP's ``CPUOffload`` moves the flat parameter to the host shard while its
-    device gradient waits for its reduce-scatter; the session's ``grad`` reads it, :data:`CROSS_SIDE_GRAD`), and the
-    ``AccumulateGrad`` node that holds it (a forward's graph before the move; the node a library keeps to hook it,
-    FSDP's). Moved back to that side, ``old`` takes that tensor again, over ``new``'s bytes where its layout is
-    ``new``'s, so the node accumulates into the parameter as on a GPU; a backward through the node while the
-    parameter is on the other side raises ``NotImplementedError``. A graph's saved views of ``old`` keep the bytes
-    they had, as on a GPU. The caller moves a gradient the program moves with it (``module.to``)."""
+    its own, and the one it was on the other side is kept with ``old`` (:data:`_HELD`, its bytes let go, as
+    ``set_data`` lets them go) where a gradient or an ``AccumulateGrad`` node holds it: a backward through a graph
+    made before the move accumulates into it, and ``old.grad`` shows its gradient (the session's ``grad``,
+    :data:`CROSS_SIDE_GRAD`), as torch keeps a gradient on the side it was (FSDP's ``CPUOffload`` reads the device
+    gradient after moving the flat parameter to its host shard). Moved back to that side, ``old`` takes that tensor
+    again over ``new``'s bytes, so the node accumulates into the parameter (FSDP's hook on it fires), and a new
+    forward's graph gets a new node, as ``set_data`` across devices resets the tensor's accumulator. A graph's saved
+    views of ``old`` keep the bytes they had, as on a GPU. The caller moves a gradient the program moves with it
+    (``module.to``)."""
     records = old.__dict__.pop(_HELD, None) or {}
-    back = records.pop(type(new) is SimTensor, None)
-    if back is not None and type(back[2]) is type(new):
-        node, handle, t = back
-        if handle is not None:
-            handle.remove()
-        # (torch's set_data across devices: a new forward's graph gets a new AccumulateGrad node, which a change of
-        # dtype makes it reset here; then new's shape, strides, dtype, and a host tensor's bytes)
+    t = records.pop(type(new) is SimTensor, None)
+    if t is not None and type(t) is type(new):
+        # (a change of dtype resets the accumulator, as torch's set_data across devices does; then new's shape,
+        # strides, dtype, and a host tensor's bytes)
         other = torch.float32 if t.dtype is not torch.float32 else torch.float64
         _TENSOR_DATA.__set__(t, torch.Tensor._make_wrapper_subclass(SimTensor, (0,), dtype=other, device=META)
                              if type(t) is SimTensor else torch.empty(0, dtype=other))
@@ -1054,8 +1043,7 @@ def move_in_place(old: torch.Tensor, new: torch.Tensor) -> None:
             t._alias = t._sig = None
         new = t
     side = type(old) is SimTensor
-    node = _held(old)
-    grad = _BASE_GRAD.__get__(old)
+    keep = _BASE_GRAD.__get__(old) is not None or _held(old)
     hooks, after = old._backward_hooks, old._post_accumulate_grad_hooks
     kept = {k: v for k, v in new.__dict__.items() if k in _OWN}
     kept.update((k, v) for k, v in old.__dict__.items() if k not in _OWN)
@@ -1063,14 +1051,12 @@ def move_in_place(old: torch.Tensor, new: torch.Tensor) -> None:
     old.__class__, new.__class__ = new.__class__, old.__class__
     old.__dict__, new.__dict__ = kept, left
     torch._C._swap_tensor_impl(old, new)
-    if node is not None or grad is not None:
-        # (what the node and the gradient hold is the tensor, not its bytes: freed as on a GPU, where set_data left
-        # them to nothing; taken back, the tensor is given the bytes it is moved to)
-        if side:
+    if keep:
+        if side:  # (its bytes let go: the node and the gradient hold the tensor, not them)
             new.__dict__ = {}
         else:
             _TENSOR_DATA.__set__(new, torch.empty(0, dtype=new.dtype))
-        records[side] = (node, None if node is None else node.register_prehook(_stale_accumulator), new)
+        records[side] = new
     if records:
         old.__dict__[_HELD] = records
     # torch keeps a tensor's hooks in its C++ record, which went with the tensor it had: put them on its new one

@@ -8,7 +8,8 @@
 - ``grad_left_behind``: the parameter moved to the host with its gradient on the device, which it keeps showing
   there (FSDP's ``CPUOffload`` reads it so, after its reshard), until ``grad = None``; a host gradient then given
   stays on the host when the parameter moves back;
-- ``freed_on_the_host``: the device bytes of a parameter moved to the host with its gradient are freed.
+- ``freed_on_the_host``: the device bytes of a parameter moved to the host with its gradient are freed;
+- ``backward_on_the_host``: a graph's backward run while its parameter is on the host gives it the device gradient.
 """
 
 from __future__ import annotations
@@ -54,3 +55,14 @@ def freed_on_the_host() -> int:
     before = torch.cuda.memory_allocated()
     p.data = p.data.cpu()
     return before - torch.cuda.memory_allocated()
+
+
+def backward_on_the_host() -> list[Any]:
+    """A graph made on the device, its backward run while the parameter is on the host: the device gradient goes to
+    the parameter, which shows it there."""
+    p = torch.nn.Parameter(torch.ones(4, device="cuda"))
+    y = (p * 2).sum()
+    p.data = p.data.cpu()
+    y.backward()
+    assert p.grad is not None
+    return [p.device.type, p.grad.device.type, p.grad.tolist()]

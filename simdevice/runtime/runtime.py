@@ -1777,6 +1777,15 @@ class Runtime:
             s = a.current_stream
             self._host_waits(a, [self._record(s)], f"stream(s) {s.name} to finish")
 
+    def future_done(self, s: SimStream) -> EventRecord:
+        """What a future ``then`` made waits for: the callback's work on ``s``, recorded in ``then``'s host step."""
+        return self._record(s)
+
+    def future_wait(self, rec: EventRecord) -> None:
+        """A future's ``wait()`` (one made by ``then``): the caller's current stream waits for what ``rec`` marks."""
+        a = self.host_step("future.wait")
+        self._stream_waits(a.current_stream, rec, "future")
+
     def work_is_completed(self, work: Gather) -> bool:
         a = self.host_step("work.is_completed", poll=True)
         if work.rec.done():

@@ -67,3 +67,16 @@ def test_a_side_stream_s_read_after_the_work_s_own_wait_holds_nothing() -> None:
     out = resolve(s.program, 1).run(s)
     assert out.corrupted, out.verdict()
     assert "race" in [r.kind for r in out.run.reports], out.run.reports
+
+
+def test_a_future_s_wait_and_then_are_a_host_step_each() -> None:
+    """As the GPU run counts them (``reference.cuda_plain.CountingFuture``), so that a schedule's host delays land at
+    the same calls on both: ``then()`` is one step (its callback's ops their own), the future it made waits in one
+    step, ``wait()`` in one. Mutation: ``then``'s event recorded as a step of its own (``event.record``): one more."""
+    steps = {}
+    for via in ("then", "wait"):
+        s = Schedule.parse(f"tests/collective_programs.py::future_value:via={via}")
+        out = resolve(s.program, 1).run(s)
+        steps[via] = [what for _, actor, what in out.run.trace if actor == "rank0"]
+    assert steps["then"][2:7] == ["all_reduce", "work.wait", "copy_", "zeros", "future.wait"], steps["then"]
+    assert steps["wait"][2:6] == ["all_reduce", "work.wait", "mul", "zeros"], steps["wait"]
