@@ -1081,7 +1081,16 @@ def set_data_across(p: torch.Tensor, value: torch.Tensor) -> None:
                                   f"device, is not simulated (torch keeps the grad on {p.grad.device}): clear the "
                                   "grad first, or swap the tensors themselves")
     requires_grad = p.requires_grad
-    alias = value.detach()
+    # (an alias of value's bytes with a version counter of its own, as set_data leaves p's own: value.detach()
+    # would share value's, so an in-place op on value, FSDP's copy into its low-precision shard, would show as one
+    # on the views p's graph holds)
+    if isinstance(value, SimTensor):
+        alias = _view(value._data, value._st, value._ops)
+        if value._ipc is not None:
+            alias = _held_by(alias, value._ipc)
+    else:
+        with no_dispatch(), torch.no_grad():
+            alias = torch.empty(0, dtype=value.dtype).set_(value)
     if isinstance(p, torch.nn.Parameter):
         alias = torch.nn.Parameter(alias, requires_grad=requires_grad)
     move_in_place(p, alias)

@@ -9,7 +9,8 @@
   there (FSDP's ``CPUOffload`` reads it so, after its reshard), until ``grad = None``; a host gradient then given
   stays on the host when the parameter moves back;
 - ``freed_on_the_host``: the device bytes of a parameter moved to the host with its gradient are freed;
-- ``backward_on_the_host``: a graph's backward run while its parameter is on the host gives it the device gradient.
+- ``backward_on_the_host``: a graph's backward run while its parameter is on the host gives it the device gradient;
+- ``version_of_its_own``: a parameter given another tensor's bytes keeps its own version counter.
 """
 
 from __future__ import annotations
@@ -66,3 +67,18 @@ def backward_on_the_host() -> list[Any]:
     y.backward()
     assert p.grad is not None
     return [p.device.type, p.grad.device.type, p.grad.tolist()]
+
+
+def version_of_its_own() -> list[Any]:
+    """A host parameter given a device tensor's bytes, a graph made of a view of it, then the device tensor changed
+    in place: the parameter's version counter is its own (``set_data`` keeps it), so the graph's saved view is not
+    stale and the backward reads the changed bytes. (FSDP's low-precision shard is so changed before a backward.)"""
+    p = torch.nn.Parameter(torch.ones(4))
+    shard = torch.ones(4, device="cuda")
+    p.data = shard
+    w, _ = p.split([2, 2])
+    y = (w * w).sum()
+    shard.add_(1)
+    y.backward()
+    assert p.grad is not None
+    return [p._version, shard._version, p.grad.tolist()]

@@ -48,3 +48,15 @@ def test_a_backward_while_the_parameter_is_on_the_other_side_gives_it_the_gradie
     assert s.result is not None
     assert s.result.reports == (), s.result.reports
     assert s.result.result == ["cpu", "cuda", [2.0] * 4]
+
+
+def test_a_parameter_given_another_tensor_s_bytes_keeps_its_own_version_counter() -> None:
+    """``set_data`` keeps the parameter's version counter: an in-place change of the tensor whose bytes it took does
+    not make its graph's saved views stale (FSDP1's copy into its low-precision shard before a backward, with
+    ``CPUOffload`` and a ``MixedPrecision`` ``param_dtype``, raised "Output 0 of T is a view ... modified inplace"
+    as the program's error). Mutation: the alias ``value.detach()`` (sharing the value's counter): the same error."""
+    s = simdevice.cuda()
+    s.run(moved_parameters.version_of_its_own)
+    assert s.result is not None
+    assert s.result.reports == (), s.result.reports
+    assert s.result.result == [0, 1, [4.0, 4.0, 0.0, 0.0]]

@@ -110,3 +110,36 @@ def test_fsdp1_cpu_offload_without_its_wait_for_the_gradient_copies_is_found() -
     assert "(D2H) on stream" in text, text
     clean = explore(_offloaded(sync=True), max_examples=20, world_size=2)
     assert clean.failure is None, clean.failure.text()
+
+
+def _mixed(offload: bool) -> list[float]:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel, MixedPrecision
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    model = FullyShardedDataParallel(model if offload else model.cuda(),
+                                     cpu_offload=CPUOffload(offload_params=offload),
+                                     mixed_precision=MixedPrecision(param_dtype=torch.float16))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for i in range(2):
+        loss = model(torch.full((4, 8), 0.5 + dist.get_rank() + i, device="cuda")).float().square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_fsdp1_cpu_offload_with_low_precision_parameters_gives_the_numbers_it_gives_without() -> None:
+    """(before: the program's error "Output 0 of T is a view ... modified inplace", as a verdict:
+    ``test_a_parameter_given_another_tensor_s_bytes_keeps_its_own_version_counter``)"""
+    results = []
+    for offload in (True, False):
+        s = simdevice.cuda()
+        s.run(_mixed, offload, world_size=2)
+        assert s.result is not None
+        assert s.result.reports == (), s.result.reports
+        results.append(s.result.result)
+    assert results[0] == results[1], results
