@@ -471,11 +471,13 @@ def test_a_module_computes_on_the_gpu_what_it_computes_on_the_host(name: str) ->
     assert not differ
 
 
-@pytest.mark.parametrize("name", ["round_trip", "grad_left_behind", "freed_on_the_host", "backward_on_the_host"])
+@pytest.mark.parametrize("name", ["round_trip", "grad_left_behind", "freed_on_the_host", "backward_on_the_host",
+                                  "version_of_its_own"])
 def test_a_parameter_moved_and_back_is_one_tensor_as_simulated(name: str) -> None:
     """``tests/moved_parameters.py``: what the program returns on the GPU (plain torch.cuda, ``set_data`` keeping one
     tensor) is what the simulator returns: the graph's accumulations, a new node after the round trip, the
-    gradient left on its side, the device bytes freed by the move, a backward on the host's side."""
+    gradient left on its side, the device bytes freed by the move, a backward on the host's side, its own version
+    counter."""
     import moved_parameters
 
     import simdevice
