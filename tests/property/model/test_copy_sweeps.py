@@ -7,7 +7,8 @@ and the stale-read report follow the bytes. Rules, each with a test a mutation o
 - one that starts first, or overtakes it on some byte (it reads the far end of the range sooner than the writer
   gets there), reads what had landed, as before;
 - a kernel reading the bytes a copy is landing is not a sweep: it reads what had landed;
-- the trailing copy must complete after the writer: a reader done first saw what had landed.
+- the trailing copy must complete after the writer: a reader done first saw what had landed;
+- a copy behind a kernel writing its source is not a sweep (a kernel's writes land at its completion).
 """
 
 from __future__ import annotations
@@ -128,3 +129,26 @@ def test_side_by_side_copies_are_judged_consistently() -> None:
     stale = any(r.kind == "stale-read" for r in run.reports)
     assert right != stale  # wrong values always come with the stale read that explains them
     assert "race" in {r.kind for r in run.reports}
+
+
+def _copied_behind_a_kernel(dev: Any) -> torch.Tensor:
+    src = torch.ones(N, dtype=torch.float32, device=dev.device)
+    pinned = torch.empty(N, dtype=torch.float32, pin_memory=True)
+    k, d2h = dev.Stream(name="k"), dev.Stream(name="d2h")
+    k.wait_stream(dev.current_stream())
+    d2h.wait_stream(dev.current_stream())
+    with dev.stream(k):
+        src.mul_(2.0)  # a kernel writing the source
+    with dev.stream(d2h):
+        pinned.copy_(src, non_blocking=True)  # started while it runs, done after it
+    dev.synchronize()
+    return pinned.clone()
+
+
+def test_a_copy_behind_a_kernel_writing_its_source_is_not_a_sweep() -> None:
+    """A kernel's writes land at its completion, not in order at a rate: a copy that starts while it runs reads what
+    had landed (the ones), a stale read. Mutation: a kernel's write recorded as landing in order as a copy's
+    (``Memory.start``'s landing record kept for every write): the copy read the kernel's twos, no stale read."""
+    run = SimDevice().run(_copied_behind_a_kernel)
+    assert {r.kind for r in run.reports} == {"race", "stale-read"}, run.reports
+    assert torch.equal(run.result, torch.ones(N)), run.result

@@ -98,3 +98,29 @@ def test_the_narrowing_of_an_indexed_write_ends_with_it() -> None:
     assert s.result is not None
     races = [r for r in s.result.reports if r.kind == "race"]
     assert any("mul_" in str(r) for r in races), s.result.reports
+
+
+def _offload_the_row_after_a_long_indexed_write() -> None:
+    dst = torch.zeros(4, 2048, device="cuda")
+    idx = torch.tensor([0, 1, 2], device="cuda")  # rows 0 to 2: 6,144 elements in a row, one run of bytes
+    pinned = torch.empty(2048, pin_memory=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        pinned.copy_(dst[3], non_blocking=True)
+    dst.index_fill_(0, idx, 1.0)
+    side.synchronize()
+    dst.record_stream(side)
+    assert torch.equal(pinned, torch.zeros(2048))
+
+
+def test_consecutive_elements_an_indexed_write_writes_are_one_piece() -> None:
+    """Rule (``memory.footprint``): the elements an indexed write writes are counted as runs of consecutive
+    elements, so 6,144 of them in a row are one piece, not one each (past ``MAX_PIECES`` pieces the op counts its
+    whole destination, and the row it leaves alone, read on another stream, was a race). Mutation: a run's end
+    found where the next offset is not one less (every element a run of its own)."""
+    s = simdevice.cuda("side#0+1")
+    s.run(_offload_the_row_after_a_long_indexed_write)
+    assert s.result is not None
+    assert s.result.reports == (), s.result.reports
+    assert not any("whole destination" in n for n in s.result.notes), s.result.notes
