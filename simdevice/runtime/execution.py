@@ -420,6 +420,7 @@ class Execution:
         for name, m in process_modules():
             _seen(name, m)
         PROCESS_STATE.tracked()  # (the modules imported since the last run: their state as the run finds it)
+        PROCESS_STATE.begin()
 
     def on_threads(self) -> None:
         """The run's actors are threads (before any is made): a program run as a ``with`` block

@@ -20,17 +20,24 @@ What counts, found once per module from its functions' code (nothing is guessed 
   name for it (``_STATE["rank"] = rank``, ``_GROUPS.append(group)``, ``del _CACHE[key]``). The program's own modules
   keep theirs shared, where a test collects its ranks' results.
 
+- a module-level function cached with ``functools.lru_cache`` (or ``functools.cache``), where the module binds it
+  (the one that defines it, and one that imports it from there): each process calls a cache of its own, empty as a
+  fresh process's is, and so does the run's first process at each run (a workspace buffer a cached function makes
+  on the device is each rank's own, and each run's; before, the ranks shared one, a false race, and a second run
+  read the first's tensor).
+
 A container as its module made it (a registry filled at import) is kept as a mark, not copied, at each turn. The
 modules: those that use torch (``import torch`` or a torch module among their globals), not torch's own, the standard
 library's or the simulator's; the :data:`~simdevice.runtime.execution.PROCESS_MODULES` have all their bindings
 swapped already. A value changed in place otherwise (through another name, an attribute of an object) is the same
 object for every process, as before; so is state kept elsewhere (an instance's attributes: each process makes its own
-instances anyway; a ``functools.lru_cache``'s cache).
+instances anyway; the cache of a method, or of a function reached otherwise than through a module's global).
 """
 
 from __future__ import annotations
 
 import dis
+import functools
 import os
 import sys
 import types
@@ -187,7 +194,29 @@ def _uses_torch(module: types.ModuleType) -> bool:
 
 
 #: a module's per-process state, as :func:`_track` finds it
-_State = tuple[tuple[str, ...], tuple[tuple[type, str], ...], tuple[Any, ...]]
+_State = tuple[tuple[str, ...], tuple[tuple[type, str], ...], tuple[Any, ...], tuple[str, ...]]
+#: a function ``functools.lru_cache`` (or ``functools.cache``) made
+_CACHED = functools._lru_cache_wrapper
+
+
+class _Fresh:
+    """A cached function's place where a process that has not run yet starts: a cache of its own, empty (one for
+    each cached function, whichever places bind it)."""
+
+    __slots__ = ("cached",)
+
+    def __init__(self, cached: Any) -> None:
+        self.cached = cached
+
+
+def _fresh(cached: Any, made: dict[int, Any]) -> Any:
+    """A new cache of ``cached``'s function, as ``cached`` was made (``made``: those made for this process so far)."""
+    new = made.get(id(cached))
+    if new is None:
+        params = cached.cache_parameters()
+        new = made[id(cached)] = functools.lru_cache(maxsize=params["maxsize"], typed=params["typed"])(
+            cached.__wrapped__)
+    return new
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -229,9 +258,10 @@ def _track(module: types.ModuleType, skip: frozenset[str]) -> _State | None:
     attrs = tuple(sorted(((d[c], a) for c, a in pairs if isinstance(d.get(c), type) and not a.startswith("__")),
                          key=lambda p: (p[0].__qualname__, p[1])))
     names.discard("__all__")
-    if not names and not attrs and not containers:
+    caches = tuple(sorted(n for n, v in d.items() if isinstance(v, _CACHED) and n not in names))
+    if not names and not attrs and not containers and not caches:
         return None
-    return tuple(sorted(names)), attrs, containers
+    return tuple(sorted(names)), attrs, containers, caches
 
 
 class ProcessState:
@@ -250,6 +280,8 @@ class ProcessState:
         self._first: list[Any] = []
         self._containers: list[Any] = []
         self._first_contents: list[Any] = []
+        #: the places that bind a cached function (their first value a :class:`_Fresh`)
+        self._caches: list[int] = []
 
     def tracked(self) -> bool:
         """Whether any module keeps per-process state (those imported since the last call scanned first)."""
@@ -270,17 +302,31 @@ class ProcessState:
         self._seen[id(module)] = (module, state is not None)
         if state is None:
             return
-        names, attrs, containers = state
+        names, attrs, containers, caches = state
         d = vars(module)
         for name in names:
             self._places.append((d, d, name, False))
             self._first.append(d.get(name, _ABSENT))
+        for name in caches:
+            self._places.append((d, d, name, False))
+            self._first.append(_Fresh(d[name]))
+            self._caches.append(len(self._places) - 1)
         for cls, attr in attrs:
             self._places.append((vars(cls), cls, attr, True))
             self._first.append(vars(cls).get(attr, _ABSENT))
         for container in containers:
             self._containers.append(container)
             self._first_contents.append(_copy(container))
+
+    def begin(self) -> None:
+        """A run begins: its first process calls caches of its own, empty, as a fresh process does (the places of
+        cached functions; the rest of the state is as the run finds it)."""
+        made: dict[int, Any] = {}
+        for i in self._caches:
+            _, owner, name, _ = self._places[i]
+            cached = self._first[i].cached
+            if isinstance(owner.get(name), _CACHED):
+                owner[name] = _fresh(cached, made)
 
     def move(self, out: list[Any], into: list[Any]) -> None:
         """The running process's state goes into ``out`` (its own: the places' values, the containers' contents);
@@ -294,8 +340,11 @@ class ProcessState:
         values, kept = (into[0], into[1]) if into else ((), ())
         first, first_contents = self._first, self._first_contents
         n = len(values)
+        made: dict[int, Any] = {}
         for i, (_, owner, name, is_class) in enumerate(places):
             value = values[i] if i < n else first[i]
+            if type(value) is _Fresh:
+                value = _fresh(value.cached, made)
             if value is now[i]:
                 continue
             if not is_class:
