@@ -953,7 +953,7 @@ def peek(t: torch.Tensor) -> torch.Tensor:
 #: what makes a tensor object simulated or not, kept with its kind when :func:`move_in_place` moves it: the attributes
 #: :class:`SimTensor` gives every device tensor, and torch's mark of a parameter of a tensor subclass
 #: (``Parameter(t)`` of a simulated ``t``; a host parameter is of class ``Parameter`` itself)
-_OWN = frozenset({"_data", "_st", "_ops", "_alias", "_sig", "_ipc", "_is_param", "_simdevice_held"})
+_OWN = frozenset({"_data", "_st", "_ops", "_alias", "_sig", "_ipc", "_is_param"})
 #: (the same, for the drop-in: what of a simulated tensor's instance attributes is the simulator's, not the program's)
 SIMULATOR_ATTRIBUTES = _OWN
 
@@ -982,16 +982,33 @@ def _held(t: torch.Tensor) -> bool:
     return held
 
 
-#: the key under which :func:`move_in_place` keeps, with a tensor moved between the host and the device, the tensor
-#: it was on the other side, by side (True: the device's)
-_HELD = "_simdevice_held"
+#: what :func:`move_in_place` keeps of a tensor moved between the host and the device, by its object's id: (a weak
+#: reference to the object, the tensor it was on the other side by side, True for the device's). Kept here, not on
+#: the object, whose ``__dict__`` a deep copy and a pickle take.
+_HELD: dict[int, tuple[Any, dict[bool, torch.Tensor]]] = {}
+_NONE_HELD: dict[bool, torch.Tensor] = {}
 _BASE_GRAD = torch._C.TensorBase.grad
+
+
+def _held_for(t: torch.Tensor) -> dict[bool, torch.Tensor]:
+    entry = _HELD.get(id(t))
+    return entry[1] if entry is not None and entry[0]() is t else _NONE_HELD
+
+
+def _let_go(key: int) -> Callable[[Any], None]:
+    """The weak reference's callback: the object is gone, and what was kept for it goes."""
+    def gone(ref: Any) -> None:
+        entry = _HELD.get(key)
+        if entry is not None and entry[0] is ref:
+            del _HELD[key]
+
+    return gone
 
 
 def _grad_get(self: torch.Tensor) -> Any:
     grad = _BASE_GRAD.__get__(self, type(self))
     if grad is None:
-        for t in self.__dict__.get(_HELD, {}).values():
+        for t in _held_for(self).values():
             grad = _BASE_GRAD.__get__(t, type(t))
             if grad is not None:
                 return grad
@@ -1000,7 +1017,7 @@ def _grad_get(self: torch.Tensor) -> Any:
 
 def _grad_set(self: torch.Tensor, value: Any) -> None:
     _BASE_GRAD.__set__(self, value)
-    for t in self.__dict__.get(_HELD, {}).values():  # (one gradient: the one it had on the other side goes)
+    for t in _held_for(self).values():  # (one gradient: the one it had on the other side goes)
         _BASE_GRAD.__set__(t, None)
 
 
@@ -1020,7 +1037,7 @@ def move_in_place(old: torch.Tensor, new: torch.Tensor) -> None:
     becomes ``new``'s (:class:`SimTensor` on the device). ``new`` is left holding what ``old`` held (drop it).
 
     On a GPU the tensor stays one throughout (``set_data`` changes its storage alone); here each side is a tensor of
-    its own, and the one it was on the other side is kept with ``old`` (:data:`_HELD`, its bytes let go, as
+    its own, and the one it was on the other side is kept for ``old`` (:data:`_HELD`, its bytes let go, as
     ``set_data`` lets them go) where a gradient or an ``AccumulateGrad`` node holds it: a backward through a graph
     made before the move accumulates into it, and ``old.grad`` shows its gradient (the session's ``grad``,
     :data:`CROSS_SIDE_GRAD`), as torch keeps a gradient on the side it was (FSDP's ``CPUOffload`` reads the device
@@ -1029,7 +1046,7 @@ def move_in_place(old: torch.Tensor, new: torch.Tensor) -> None:
     forward's graph gets a new node, as ``set_data`` across devices resets the tensor's accumulator. A graph's saved
     views of ``old`` keep the bytes they had, as on a GPU. The caller moves a gradient the program moves with it
     (``module.to``)."""
-    records = old.__dict__.pop(_HELD, None) or {}
+    records = dict(_held_for(old))
     t = records.pop(type(new) is SimTensor, None)
     if t is not None and type(t) is type(new):
         # (a change of dtype resets the accumulator, as torch's set_data across devices does; then new's shape,
@@ -1057,8 +1074,14 @@ def move_in_place(old: torch.Tensor, new: torch.Tensor) -> None:
         else:
             _TENSOR_DATA.__set__(new, torch.empty(0, dtype=new.dtype))
         records[side] = new
+    key = id(old)
+    entry = _HELD.get(key)
     if records:
-        old.__dict__[_HELD] = records
+        if entry is None or entry[0]() is not old:
+            entry = (weakref.ref(old, _let_go(key)), records)
+        _HELD[key] = (entry[0], records)
+    elif entry is not None and entry[0]() is old:
+        del _HELD[key]
     # torch keeps a tensor's hooks in its C++ record, which went with the tensor it had: put them on its new one
     # (each setter registers the object's table with the record)
     if hooks is not None:

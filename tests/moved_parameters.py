@@ -10,7 +10,8 @@
   stays on the host when the parameter moves back;
 - ``freed_on_the_host``: the device bytes of a parameter moved to the host with its gradient are freed;
 - ``backward_on_the_host``: a graph's backward run while its parameter is on the host gives it the device gradient;
-- ``version_of_its_own``: a parameter given another tensor's bytes keeps its own version counter.
+- ``version_of_its_own``: a parameter given another tensor's bytes keeps its own version counter;
+- ``copied_and_saved``: a moved parameter deep-copied and saved holds nothing but its own.
 """
 
 from __future__ import annotations
@@ -82,3 +83,21 @@ def version_of_its_own() -> list[Any]:
     y.backward()
     assert p.grad is not None
     return [p._version, shard._version, p.grad.tolist()]
+
+
+def copied_and_saved() -> list[Any]:
+    """A parameter on the host whose gradient is on the device, deep-copied and saved with ``torch.save``: the copies
+    hold its values and attributes, nothing of the simulator's."""
+    import copy
+    import io
+
+    p = torch.nn.Parameter(torch.ones(4, device="cuda"))
+    (p * 2).sum().backward()
+    p.data = p.data.cpu()
+    p.tag = "w"  # type: ignore[attr-defined]
+    q = copy.deepcopy(p)
+    buf = io.BytesIO()
+    torch.save({"p": p}, buf)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)["p"]
+    return [sorted(vars(q)), q.tolist(), sorted(vars(back)), back.tolist()]

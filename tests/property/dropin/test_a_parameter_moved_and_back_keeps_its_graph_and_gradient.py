@@ -60,3 +60,14 @@ def test_a_parameter_given_another_tensor_s_bytes_keeps_its_own_version_counter(
     assert s.result is not None
     assert s.result.reports == (), s.result.reports
     assert s.result.result == [0, 1, [4.0, 4.0, 0.0, 0.0]]
+
+
+def test_a_moved_parameter_s_copies_hold_nothing_of_the_simulator_s() -> None:
+    """(what is kept of the other side is kept beside the object, not in its ``__dict__``: a deep copy of a parameter
+    whose device tensor was kept copied that tensor, bytes let go, and raised)"""
+    s = simdevice.cuda()
+    s.run(moved_parameters.copied_and_saved)
+    assert s.result is not None
+    assert s.result.reports == (), s.result.reports
+    # (torch's Parameter.__deepcopy__ copies the values and requires_grad alone; a pickle its attributes too)
+    assert s.result.result == [[], [1.0] * 4, ["tag"], [1.0] * 4]
