@@ -191,6 +191,36 @@ def test_empty_cache_keeps_a_graph_s_pool_until_the_graph_is_reset() -> None:
     assert run.clean, run.text()
 
 
+def _pool_shared() -> None:
+    big = 3 << 20
+    x = torch.ones(big, device="cuda")
+    g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g1):
+        t = x * 2
+        out1 = t + 1
+        del t
+    with torch.cuda.graph(g2, pool=g1.pool()):  # (the same private pool; a small block, not the temporary's)
+        out2 = x[:1024] * 4
+    held = torch.cuda.memory_reserved()
+    g1.reset()  # g2 holds the pool still
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() == held  # the temporary's free segment kept, the pool's
+    g2.replay()
+    assert torch.equal(out2.cpu(), torch.full((1024,), 4.0))
+    g2.reset()
+    del out1, out2
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() == big * 4  # none holds the pool: its segments go, x's is left
+
+
+def test_a_pool_two_graphs_share_is_kept_until_both_are_reset() -> None:
+    """Rule (``Graphs.let_go``): a private pool is held while any graph holds it. Mutation: a holder's let-go
+    dropping the pool's count whatever holders are left (``empty_cache`` gave the pool's free segment back while
+    ``g2`` held it)."""
+    run = _once(_pool_shared)
+    assert run.clean, run.text()
+
+
 def _paused_everything() -> None:
     from torch_memory_saver import torch_memory_saver as tms
 
