@@ -1076,11 +1076,10 @@ def move_in_place(old: torch.Tensor, new: torch.Tensor) -> None:
         records[side] = new
     key = id(old)
     entry = _HELD.get(key)
+    ref = entry[0] if entry is not None and entry[0]() is old else None
     if records:
-        if entry is None or entry[0]() is not old:
-            entry = (weakref.ref(old, _let_go(key)), records)
-        _HELD[key] = (entry[0], records)
-    elif entry is not None and entry[0]() is old:
+        _HELD[key] = (ref if ref is not None else weakref.ref(old, _let_go(key)), records)
+    elif ref is not None:
         del _HELD[key]
     # torch keeps a tensor's hooks in its C++ record, which went with the tensor it had: put them on its new one
     # (each setter registers the object's table with the record)
