@@ -56,18 +56,24 @@ class Patches:
     def __len__(self) -> int:
         return len(self._saved)
 
-    def rebind(self, modules: Iterable[types.ModuleType]) -> int:
-        """Each global of ``modules`` that holds a module attribute replaced so far (``from torch.cuda import
-        Stream``, ``from threading import Event``, ``from time import sleep`` run before the patches) holds its
-        replacement until :meth:`restore`, which puts the original back where the global still holds the
-        replacement (a module that rebound it meanwhile keeps its own). Replaced functions and classes alone: a
-        patched flag or constant (None, a number) is no name to follow. How many globals it rebound."""
+    def replaced(self) -> dict[int, tuple[Any, Any]]:
+        """The module attributes replaced so far that were functions or classes: ``{id(original): (original,
+        replacement)}`` (the first replacement of each, where several modules held the same object)."""
         instead: dict[int, tuple[Any, Any]] = {}
         for owner, name, old in self._saved:
             if isinstance(owner, types.ModuleType) and old is not _ABSENT and callable(old):
                 new = vars(owner).get(name, _ABSENT)
                 if new is not old and new is not _ABSENT:
                     instead.setdefault(id(old), (old, new))
+        return instead
+
+    def rebind(self, modules: Iterable[types.ModuleType]) -> int:
+        """Each global of ``modules`` that holds a module attribute replaced so far (``from torch.cuda import
+        Stream``, ``from threading import Event``, ``from time import sleep`` run before the patches) holds its
+        replacement until :meth:`restore`, which puts the original back where the global still holds the
+        replacement (a module that rebound it meanwhile keeps its own). Replaced functions and classes alone: a
+        patched flag or constant (None, a number) is no name to follow. How many globals it rebound."""
+        instead = self.replaced()
         rebound: list[tuple[dict[str, Any], str, Any, Any]] = []
         for module in modules:
             space = vars(module)

@@ -147,6 +147,29 @@ def install(p: Patches) -> None:
     imports.install(p)
     memsaver.install(p)
     p.rebind(program_modules())
+    _script_builtins(p)
+
+
+def _script_builtins(p: Patches) -> None:
+    """Each replaced function that TorchScript knows as an aten builtin (``torch.tensor``, ``torch.zeros``) is that
+    builtin to TorchScript too, until ``p.restore()``: a function scripted in a run (``torch.distributed.optim``'s
+    functional optimizers are, as the package is imported) compiles its call as on a GPU, where it found a Python
+    function in its place, tried to compile it and raised (a ``TypeError`` of ``inspect``: no verdict on a
+    program that imported the package, as ZeroRedundancyOptimizer does)."""
+    from torch.jit import _builtins
+
+    table = _builtins._get_builtin_table()  # (built now if it was not: from torch's own functions, not these)
+    added = []
+    for old, new in p.replaced().values():  # (each replacement lives until restore: its id names no other object)
+        if id(old) in table and id(new) not in table:
+            table[id(new)] = table[id(old)]
+            added.append(id(new))
+
+    def back() -> None:
+        for key in added:
+            table.pop(key, None)
+
+    p.on_restore(back)
 
 
 _REFERENCE = os.path.dirname(os.path.abspath(reference.__file__)) + os.sep

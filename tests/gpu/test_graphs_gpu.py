@@ -32,7 +32,7 @@ POOLS = "property.dropin.test_a_mem_pool_keeps_its_blocks"
 #: the programs that run to their end (``module:name``, the graphs' module where none is named), and those CUDA
 #: refuses, with the words of its error
 RUN = ["_replays", "_nothing_runs_at_capture", "_random_replays", "_copied_in_ordered", "_temporaries_kept",
-       "_pool_kept", "_fork_joined", "_graphed_callables",
+       "_pool_kept", "_pool_shared", "_fork_joined", "_graphed_callables",
        *(f"{POOLS}:{name}" for name in ("_routed", "_thread_local", "_kept_while_alive", "_graph_in_the_pool"))]
 REFUSED = {
     "_item_in_capture": "operation not permitted when stream is capturing",
