@@ -2758,6 +2758,28 @@ def install(p: Patches) -> None:
     p.on_restore(kernels.remove)
     _eager_compiled(p)
     p.set(torch, "compile", _compile(torch.compile, p))  # (made for this session's patches, not kept)
+    for name in ("export", "draft_export"):
+        p.set(torch.export, name, _wrapped(torch.export, name, _export_refused))
+
+
+def _export_refused(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.export.export`` (and ``draft_export``) of a module or inputs on the simulated device, in a run: refused
+    (``NotImplementedError``, no verdict). Its tracing makes fake CUDA tensors whose device guard the CPU build does
+    not have: the process aborted in C++ (``getDeviceGuardImpl``), with no report. On the host it is torch's."""
+
+    @functools.wraps(original)
+    def export(mod: Any, args: Any = (), kwargs: Any = None, *rest: Any, **options: Any) -> Any:
+        if in_actor():
+            held = [*torch.utils._pytree.tree_leaves((args, kwargs))]
+            if isinstance(mod, torch.nn.Module):
+                held += [*mod.parameters(), *mod.buffers()]
+            if any(isinstance(t, SimTensor) for t in held):
+                raise NotImplementedError(f"torch.export.{original.__name__} of the simulated device's tensors is "
+                                          "not simulated (its tracing makes CUDA tensors of its own): export the "
+                                          "module on the host, or outside the run")
+        return original(mod, args, kwargs, *rest, **options)
+
+    return export
 
 
 class _DeviceIndex:
@@ -3055,4 +3077,4 @@ def patched_owners() -> list[Any]:
             torch.autograd, torch.autograd.profiler, torch.autograd.profiler.profile, torch._C.PyTorchFileWriter,
             torch.UntypedStorage, np.random, torch._C, torch.nn.functional,
             torch.nn.Module, torch.utils.data.dataloader._MultiProcessingDataLoaderIter, _LAZY, torch._C._nn,
-            torch.version, torch.serialization, torch._utils]
+            torch.version, torch.serialization, torch._utils, torch.export]

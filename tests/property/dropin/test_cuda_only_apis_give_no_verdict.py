@@ -80,6 +80,12 @@ def _from_dlpack() -> None:
     torch.from_dlpack(torch.ones(4, device="cuda"))
 
 
+def _export_device_module() -> None:
+    """(Before: the process aborted in C++, ``getDeviceGuardImpl``, as export traced its fake CUDA tensors.)"""
+    m = torch.nn.Linear(4, 4).cuda()
+    torch.export.export(m, (torch.ones(2, 4, device="cuda"),))
+
+
 _NO_DLPACK = ("BufferError: Cannot pack tensors on meta (DLPack of a simulated device tensor, to_dlpack, __dlpack__ or "
               "from_dlpack of one, is not simulated: its bytes are no device memory another library could read)")
 _NO_CUDA_STORAGE = ("RuntimeError: torch.UntypedStorage(): Storage device not recognized: cuda (a CUDA storage made "
@@ -100,6 +106,8 @@ _NO_CUDA_STORAGE = ("RuntimeError: torch.UntypedStorage(): Storage device not re
     (_comm_broadcast, "AttributeError: module 'torch._C' has no attribute '_broadcast'"),
     (_sparse_to_device, "NotImplementedError: a torch.sparse_coo tensor on the simulated device is not simulated"),
     (_work_exception, "NotImplementedError: Work.exception is not simulated"),
+    (_export_device_module, "NotImplementedError: torch.export.export of the simulated device's tensors is not "
+                            "simulated"),
 ])
 def test_a_cuda_only_api_is_no_verdict(program: Callable[[], None], error: str) -> None:
     found = explore(program, max_examples=1)
@@ -107,6 +115,17 @@ def test_a_cuda_only_api_is_no_verdict(program: Callable[[], None], error: str) 
     unrun = not_run(found.failure)
     assert unrun is not None, found.failure.text()
     assert unrun.error.startswith(error), unrun.error
+
+
+def _export_host_module() -> float:
+    m = torch.nn.Linear(4, 4)
+    exported = torch.export.export(m, (torch.ones(2, 4),))
+    return exported.module()(torch.ones(2, 4)).sum().item()
+
+
+def test_a_host_module_is_exported_in_a_run_as_torch_exports_it() -> None:
+    found = explore(_export_host_module, max_examples=1)
+    assert found.failure is None, found.failure.text()
 
 
 def _host_memory_stats() -> None:
