@@ -28,6 +28,8 @@ read it. ``inference_prefetch``: weights prefetched on a side stream under ``tor
 ``to`` runs whole (counted as the copy it makes on both machines). ``backward_sets_its_stream``: a custom
 Function's backward that leaves a side stream current, which autograd's engine puts back after the node.
 ``emptied_cache_read``: ``torch.cuda.empty_cache()`` that gives a segment back to CUDA waits for the whole device.
+``scripted_side_read``: a function TorchScript compiles in the run, called on a side stream, its result read on the
+default stream with or without a wait.
 ``lazy_model_reload``: a lazy model moved to the device before its first forward. ``accelerator_reload`` and
 ``loader_batch_reused``: device-agnostic code (``torch.accelerator``, the generic
 ``torch.Stream`` and ``torch.Event``) and a ``DataLoader``'s pinned batch, reused by the host while its copy may
@@ -348,6 +350,26 @@ def pooled_layer_streams(reader: int = 32, n: int = 1 << 20) -> None:
         y = buf + 1
     torch.cuda.synchronize()
     assert torch.equal(y, torch.full((n,), 3.0, device="cuda")), "the layer's read came before layer 0's write"
+
+
+def scripted_side_read(wait: int = 1, n: int = 1 << 20) -> None:
+    """A function TorchScript compiles in the run (its ``torch.zeros`` and ``torch.tensor`` are aten builtins to it)
+    writes ``out`` on ``side``; the default stream reads ``out`` after waiting for ``side`` (``wait``) or without:
+    then it reads the -1 ``out`` was filled with."""
+
+    @torch.jit.script
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        return x * 3 + torch.zeros(x.shape, device=x.device) + torch.tensor(1.0, device=x.device)
+
+    x = torch.ones(n, device="cuda")
+    out = torch.full((n,), -1.0, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out.copy_(scaled(x))
+    if wait:
+        torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(out + 1, torch.full((n,), 5.0, device="cuda")), "read before the side stream wrote it"
 
 
 def emptied_cache_read(release: int = 1, n: int = 1 << 20) -> None:

@@ -123,6 +123,18 @@ def test_a_stream_a_custom_backward_sets_is_put_back_after_its_node() -> None:
     assert rate(f"{line}::default#2+20") == 0
 
 
+@pytest.mark.parametrize(("wait", "corrupts"), [(1, False), (0, True)])
+def test_a_function_scripted_in_the_run_counts_and_corrupts_as_simulated(wait: int, corrupts: bool) -> None:
+    """``tests/hazards.py::scripted_side_read``: a function TorchScript compiles in the run, called on ``side``, its
+    output copied into ``out`` (``side``'s sixth operation, stalled: the host waited for ``side`` at its
+    ``torch.tensor``, a blocking copy), read on the default stream with or without a wait. The same counts on both
+    machines."""
+    line = f"tests/hazards.py::scripted_side_read:wait={wait}:side#5+20"
+    _counts_match(line)
+    bad = rate(line)
+    assert bad >= TRIALS - 1 if corrupts else bad == 0
+
+
 @pytest.mark.parametrize(("release", "corrupts"), [(1, False), (0, True)])
 def test_empty_cache_that_gives_a_segment_back_waits_for_the_device(release: int, corrupts: bool) -> None:
     """``tests/hazards.py::emptied_cache_read``: ``empty_cache`` that calls ``cudaFree`` (a segment entirely free)

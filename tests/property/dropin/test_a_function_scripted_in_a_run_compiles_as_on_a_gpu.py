@@ -14,6 +14,10 @@ import torch.distributed as dist
 from torch.jit import _builtins
 
 import simdevice
+from reference.schedule import Schedule
+from simdevice.search.targets import resolve
+
+HAZARD = "tests/hazards.py::scripted_side_read"
 
 
 def _scripted(wait: bool) -> list[float]:
@@ -54,6 +58,16 @@ def test_its_output_read_unordered_on_another_stream_races() -> None:
     kinds = {type(r).__name__ for r in s.reports}
     assert "Race" in kinds, s.text()
     assert "HostError" not in kinds, s.text()
+
+
+def test_the_hazard_program_s_unwaited_read_is_found_and_its_waited_one_is_clean() -> None:
+    """``tests/hazards.py::scripted_side_read`` (also run on a GPU, tests/gpu/test_dropin_gpu.py)."""
+    target = resolve(HAZARD)
+    waited = target.run(Schedule.parse(HAZARD + "::side#5+20"))
+    assert waited.clean, waited.text()
+    unwaited = target.run(Schedule.parse(HAZARD + ":wait=0:side#5+20"))
+    assert unwaited.corrupted, unwaited.text()
+    assert unwaited.races, unwaited.text()
 
 
 def _zero_optimizer() -> list[float]:
