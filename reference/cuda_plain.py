@@ -236,6 +236,20 @@ class CountingFuture:
         return getattr(self.raw, name)
 
 
+def collect_all(futures: list[Any]) -> CountingFuture:
+    """``torch.futures.collect_all`` of counting futures: one host step, as on the simulator; its future's value is
+    the futures, counting (its ``wait()`` a step, and each of theirs)."""
+    _dev().host_step()
+    raw = _ORIGINAL["collect_all"]([f.raw if isinstance(f, CountingFuture) else f for f in futures])
+    # (a future of no device, collect_all's: its then takes no stream and makes none wait)
+    return CountingFuture(raw.then(lambda done: [CountingFuture(f) for f in done.value()]))
+
+
+def wait_all(futures: list[Any]) -> list[Any]:
+    """``torch.futures.wait_all``, as torch's: each future's ``wait()``, of the futures ``collect_all`` collected."""
+    return [f.wait() for f in collect_all(futures).wait()]
+
+
 def current_stream(device: Any = None) -> CountingStream:
     return CountingStream.view(_ORIGINAL["current_stream"](device))
 
@@ -459,6 +473,9 @@ def counting_torch_cuda(dev: CudaDevice) -> Iterator[None]:
         put(torch.cuda, "default_stream", default_stream)
         put(torch.cuda, "synchronize", synchronize)
         put(torch.cuda, "empty_cache", empty_cache)
+        _ORIGINAL["collect_all"] = torch.futures.collect_all
+        put(torch.futures, "collect_all", collect_all)
+        put(torch.futures, "wait_all", wait_all)
         # device-agnostic code's spellings of the same (``torch.Stream()``, ``torch.accelerator.synchronize()``)
         put(torch, "Stream", GenericStream)
         put(torch, "Event", GenericEvent)

@@ -220,7 +220,8 @@ class SimWork(_WORK):  # type: ignore[misc, valid-type]
     def get_future(self) -> SimWorkFuture:
         """NCCL's ``Work.get_future()``: a future completed as the collective was issued (ProcessGroupNCCL marks it
         so at once, its CUDA events on the collective's stream), whose value is the collective's output tensors."""
-        return SimWorkFuture(self._dev, self._outputs, lambda: self._dev.runtime.work_wait(self._gather))
+        return SimWorkFuture(self._dev, self._outputs, lambda: self._dev.runtime.work_wait(self._gather),
+                             marks=self._gather.record)
 
 
 def _not_simulated(kind: str, name: str, instead: str) -> Callable[..., Any]:
@@ -255,12 +256,30 @@ class SimWorkFuture:
     the current stream wait for that stream (the host does not block) and gives the value; ``value()`` gives it with
     no wait; ``then(fn)`` calls ``fn(future)`` at once on the host, with a new stream current that waits for the
     writing stream first (torch takes one from its pool), and gives a future of what ``fn`` returned, written on
-    that stream (what ``fn`` raised is raised by its ``wait()`` and ``value()``). Its other methods are not
-    simulated."""
+    that stream (what ``fn`` raised is raised by its ``wait()`` and ``value()``). ``torch.futures.collect_all`` and
+    ``wait_all`` of such futures: :meth:`collected`. Its other methods are not simulated. ``marks``: what the
+    future's waiters wait for (None: a future of no device, whose ``wait()`` makes no stream wait)."""
 
     def __init__(self, dev: SimDevice, value: Any, waits: Callable[[], None],
-                 error: BaseException | None = None) -> None:
-        self._dev, self._value, self._waits, self._error = dev, value, waits, error
+                 error: BaseException | None = None, marks: Callable[[], EventRecord] | None = None) -> None:
+        self._dev, self._value, self._waits, self._error, self._marks = dev, value, waits, error, marks
+
+    @staticmethod
+    def collected(futures: list[SimWorkFuture]) -> SimWorkFuture:
+        """``torch.futures.collect_all(futures)``: one host step. Each future is done, so torch runs its callback at
+        once (``invokeCallback``), on a stream it takes from its pool for the future's device, made to wait for the
+        future's work and to hold its tensors: no stream of the program's waits, nor the host. The collected future
+        is one of no device, done, whose value is ``futures``: its ``wait()`` (a host step) makes no stream wait
+        (``wait_all`` then waits on each), and raises the first error of theirs."""
+        dev = futures[0]._dev
+        rt = dev.runtime
+        pooled = [(f, dev.stream_of(dev._pooled_stream()), f._marks) for f in futures if f._marks is not None]
+        rt.futures_collected([(s, marks()) for _, s, marks in pooled])
+        for f, s, _ in pooled:
+            with rt.on_stream(s):
+                f._held_by_current()
+        error = next((f._error for f in futures if f._error is not None), None)
+        return SimWorkFuture(dev, list(futures), lambda: rt.future_wait(None), error)
 
     def done(self) -> bool:
         return True
@@ -290,18 +309,25 @@ class SimWorkFuture:
 
     def then(self, callback: Callable[[SimWorkFuture], Any]) -> SimWorkFuture:
         dev = self._dev
+        if self._marks is None:  # (a future of no device: its callback takes no stream, and its child has none)
+            self._waits()
+            result, error = self._called(callback)
+            return SimWorkFuture(dev, result, lambda: dev.runtime.future_wait(None), error)
         s = dev._pooled_stream()
         with dev.stream(s):
             self._waits()  # (the callback's stream after what fills the value)
             self._held_by_current()
-            try:
-                result, error = callback(self), None
-            except Exception as e:  # (the child future holds it, in torch's words)
-                result = None
-                error = RuntimeError(f"Got the following error when running the callback: {type(e).__name__}: {e}")
+            result, error = self._called(callback)
             # (recorded within then's host step, as torch records it in then's C++)
             done = dev.runtime.future_done(dev.runtime.current().current_stream)
-        return SimWorkFuture(dev, result, lambda: dev.runtime.future_wait(done), error)
+        return SimWorkFuture(dev, result, lambda: dev.runtime.future_wait(done), error, marks=lambda: done)
+
+    def _called(self, callback: Callable[[SimWorkFuture], Any]) -> tuple[Any, BaseException | None]:
+        """What ``callback(self)`` returned, or what it raised as the child future holds it (in torch's words)."""
+        try:
+            return callback(self), None
+        except Exception as e:
+            return None, RuntimeError(f"Got the following error when running the callback: {type(e).__name__}: {e}")
 
     def add_done_callback(self, callback: Callable[[SimWorkFuture], None]) -> None:
         self.then(callback)

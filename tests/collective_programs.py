@@ -108,6 +108,24 @@ def future_value(via: str = "then", n: int = 1 << 18) -> None:
     assert total == 2.0 * n * dist.get_world_size(), f"read {total}: the block was zeroed under the future's read"
 
 
+def collected_futures(via: str = "wait_all", n: int = 1 << 18) -> None:
+    """An all-gather's output read on the default stream after ``torch.futures``' collection of its future:
+    ``wait_all`` (each future's ``wait()``: the stream waits for the gather), ``collect_all(...).wait()`` alone (a
+    future of no device: nothing waits, and the read may come first) or that, then each future's ``wait()``."""
+    t = torch.full((n,), 2.0, device="cuda")
+    out = torch.zeros(n * dist.get_world_size(), device="cuda")
+    fut = dist.all_gather_into_tensor(out, t, async_op=True).get_future()
+    if via == "wait_all":
+        torch.futures.wait_all([fut])
+    else:
+        collected = torch.futures.collect_all([fut]).wait()
+        if via == "each":
+            for f in collected:
+                f.wait()
+    total = out.sum().item()
+    assert total == 2.0 * out.numel(), f"read {total}: the gather had not landed"
+
+
 def _spawned_rank(rank: int, world: int, wait: bool, n: int) -> None:
     os.environ.setdefault("MASTER_ADDR", "localhost")
     os.environ.setdefault("MASTER_PORT", "29533")

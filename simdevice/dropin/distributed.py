@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from reference.contract import torchrun_variables
-from simdevice.api import SimWork, refuse_the_rest
+from simdevice.api import SimWork, SimWorkFuture, refuse_the_rest
 from simdevice.dispatch import SIMULATOR_ATTRIBUTES, SimTensor, handle_namespace, ref_of, storage_of
 from simdevice.dropin import ddp
 from simdevice.dropin.facade import in_actor, session_device
@@ -1575,6 +1575,32 @@ def install(p: Patches) -> None:
             p.set(dist, name, _not_simulated(name))
         if hasattr(c10d, name):
             p.set(c10d, name, _not_simulated(name))
+    p.set(torch.futures, "collect_all", _collect_all)
+    p.set(torch.futures, "wait_all", _wait_all)
+
+
+_COLLECT_ALL, _WAIT_ALL = torch.futures.collect_all, torch.futures.wait_all
+
+
+def _collect_all(futures: list[Any]) -> Any:
+    """``torch.futures.collect_all`` of a collective's futures (``Work.get_future()``, what their ``then`` made):
+    :meth:`SimWorkFuture.collected`; of torch's own, torch's."""
+    futures = list(futures)
+    ours = [isinstance(f, SimWorkFuture) for f in futures]
+    if not any(ours):
+        return _COLLECT_ALL(futures)
+    if not all(ours):
+        raise NotImplementedError("torch.futures.collect_all of a collective's futures together with other futures "
+                                  "is not simulated")
+    return SimWorkFuture.collected(futures)
+
+
+def _wait_all(futures: list[Any]) -> list[Any]:
+    """``torch.futures.wait_all``, as torch's: each future's ``wait()``, of the futures ``collect_all`` collected."""
+    futures = list(futures)
+    if not any(isinstance(f, SimWorkFuture) for f in futures):
+        return _WAIT_ALL(futures)  # type: ignore[no-any-return]
+    return [f.wait() for f in _collect_all(futures).wait()]
 
 
 def _bound_by_name() -> list[tuple[Any, str]]:
@@ -1659,7 +1685,7 @@ def _meshes(p: Patches) -> None:
 def patched_owners() -> list[Any]:
     dtensor, mesh = _dtensor_class(), _device_mesh()
     c10d = dist.distributed_c10d
-    return [dist, c10d, c10d._World, c10d._WorldMeta, _ddp_class(), os,
+    return [dist, c10d, c10d._World, c10d._WorldMeta, _ddp_class(), os, torch.futures,
             *(c for c in (dtensor, mesh) if c is not None),
             *{id(m): m for m, _ in _bound_by_name()}.values()]
 

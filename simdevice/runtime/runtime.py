@@ -335,6 +335,9 @@ class Runtime:
         self._edge_sites_seen: set[sync.Site] = set()
         #: what the program used that the simulator runs otherwise than a GPU, said once each in the run's notes
         self._said: list[str] = []
+        #: the streams torch took from its pool for its own work alone (``collect_all``'s callbacks): no note where
+        #: they got no operation, as the program made none of them
+        self._torch_streams: set[str] = set()
         #: actors that let go of a received storage (a CUDA IPC mapping) since their last step: what their host
         #: waits for at the next one, or as the process ends (``ipc_unmapped``)
         self._closing: dict[str, list[EventRecord]] = {}
@@ -546,7 +549,8 @@ class Runtime:
             where = f" (made at {site})" if site is not None else ""
             if s.ops == 0:
                 # (one that ordered a collective was used; one that captured a CUDA graph issued the graph's work)
-                if s.name not in self.collectives.called_under and s.name not in self.graphs.captured_on:
+                if (s.name not in self.collectives.called_under and s.name not in self.graphs.captured_on
+                        and s.name not in self._torch_streams):
                     if site not in idle:
                         notes.append((site, idle.setdefault(site, [])))
                     idle[site].append(s.name)
@@ -1781,10 +1785,20 @@ class Runtime:
         """What a future ``then`` made waits for: the callback's work on ``s``, recorded in ``then``'s host step."""
         return self._record(s)
 
-    def future_wait(self, rec: EventRecord) -> None:
-        """A future's ``wait()`` (one made by ``then``): the caller's current stream waits for what ``rec`` marks."""
+    def future_wait(self, rec: EventRecord | None) -> None:
+        """A future's ``wait()`` (one made by ``then``): the caller's current stream waits for what ``rec`` marks
+        (None: a future of no device, ``collect_all``'s, where it waits for nothing)."""
         a = self.host_step("future.wait")
-        self._stream_waits(a.current_stream, rec, "future")
+        if rec is not None:
+            self._stream_waits(a.current_stream, rec, "future")
+
+    def futures_collected(self, waits: list[tuple[SimStream, EventRecord]]) -> None:
+        """``torch.futures.collect_all`` of done futures, one host step: each ``(s, rec)``, a stream torch took from
+        its pool for one future's callback, waits for what ``rec`` marks (the host does not)."""
+        self.host_step("futures.collect_all")
+        for s, rec in waits:
+            self._stream_waits(s, rec, "future")
+            self._torch_streams.add(s.name)
 
     def work_is_completed(self, work: Gather) -> bool:
         a = self.host_step("work.is_completed", poll=True)

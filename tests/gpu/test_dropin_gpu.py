@@ -363,6 +363,23 @@ def test_a_future_holds_its_value_for_the_stream_that_reads_it_as_simulated(tail
     assert bad >= TRIALS - 1 if FUTURES[tail] else bad == 0
 
 
+COLLECTED = {"wait_all": False, "each": False, "collected": True}
+
+
+@pytest.mark.parametrize("via", list(COLLECTED))
+def test_a_collected_future_orders_its_reader_as_simulated(via: str) -> None:
+    """``torch.futures.collect_all`` of a work's future: its ``wait()`` alone orders no stream, so the default
+    stream's read of the stalled gather's output comes first; ``wait_all`` and each future's ``wait()`` order it.
+    The same counts on both machines (``collect_all`` a host step, each ``wait()`` one)."""
+    line = f"tests/collective_programs.py::collected_futures:via={via}:rank0.nccl#0+20"
+    _counts_match(line, world_size=1)
+    s = Schedule.parse(line)
+    t = resolve(s.program, 1)
+    bad = sum(t.run(s, "cuda").corrupted for _ in range(TRIALS))
+    print(f"RATE {line} corrupted {bad}/{TRIALS}")
+    assert bad >= TRIALS - 1 if COLLECTED[via] else bad == 0
+
+
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_a_script_written_for_mp_spawn_counts_and_corrupts_as_simulated(nprocs: int) -> None:
     """``tests/collective_programs.py::spawned``: a ``main`` that starts its ranks with ``torch.multiprocessing.spawn``

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+import simdevice
 from reference.schedule import Schedule
 from simdevice.search.targets import resolve
 
@@ -80,3 +82,58 @@ def test_a_future_s_wait_and_then_are_a_host_step_each() -> None:
         steps[via] = [what for _, actor, what in out.run.trace if actor == "rank0"]
     assert steps["then"][2:7] == ["all_reduce", "work.wait", "copy_", "zeros", "future.wait"], steps["then"]
     assert steps["wait"][2:6] == ["all_reduce", "work.wait", "mul", "zeros"], steps["wait"]
+
+
+@pytest.mark.parametrize(("via", "waits"), [("wait_all", True), ("each", True), ("collected", False)])
+def test_a_collected_future_s_wait_orders_nothing_and_each_future_s_wait_orders_its_reader(via: str,
+                                                                                         waits: bool) -> None:
+    """``torch.futures.collect_all`` of a work's future gives a future of no device, done: its ``wait()`` makes no
+    stream wait, so the default stream's read of the gather's output races it; ``wait_all`` (and each collected
+    future's ``wait()``) makes the default stream wait for the gather. The GPU's line (``tests/gpu``). Before, either
+    call raised ``TypeError`` (torch's C++ took no simulated future): a finding on a correct program. Mutations: the
+    collected future's ``wait()`` ordering the reader (the race gone), ``wait_all`` skipping the futures' waits."""
+    s = Schedule.parse(f"tests/collective_programs.py::collected_futures:via={via}:rank0.nccl#0+20")
+    out = resolve(s.program, 1).run(s)
+    assert out.corrupted != waits, out.verdict()
+    assert ("race" in [r.kind for r in out.run.reports]) != waits, out.run.reports
+
+
+def test_collect_all_is_a_host_step_and_a_collected_future_s_wait_one_more() -> None:
+    """As the GPU run counts them (``reference.cuda_plain.collect_all``): ``wait_all`` of one future is three steps,
+    ``collect_all``, its future's ``wait()``, the future's own ``wait()``; torch's callback streams (one a future)
+    get no note."""
+    s = Schedule.parse("tests/collective_programs.py::collected_futures:via=wait_all")
+    out = resolve(s.program, 1).run(s)
+    steps = [what for _, actor, what in out.run.trace if actor == "rank0"]
+    assert steps[steps.index("all_gather_into_tensor") + 1:][:3] == ["futures.collect_all", "future.wait",
+                                                                    "work.wait"], steps
+    assert not any("got no operation" in n for n in out.run.notes), out.run.notes
+
+
+def _torch_futures() -> list[int]:
+    a, b = torch.futures.Future(), torch.futures.Future()
+    a.set_result(1)
+    b.set_result(2)
+    return torch.futures.wait_all([a, b])
+
+
+def _mixed() -> None:
+    import torch.distributed as dist
+
+    plain = torch.futures.Future()
+    plain.set_result(0)
+    work = dist.all_reduce(torch.ones(4, device="cuda"), async_op=True)
+    torch.futures.wait_all([plain, work.get_future()])
+
+
+def test_torch_s_own_futures_are_collected_by_torch_and_mixed_with_a_work_s_give_no_verdict() -> None:
+    s = simdevice.cuda()
+    s.run(_torch_futures)
+    assert s.clean, s.text()
+    assert s.result is not None
+    assert s.result.result == [1, 2]
+    s = simdevice.cuda()
+    s.run(_mixed, world_size=1)
+    errors = [str(r) for r in s.reports]
+    assert any("collect_all of a collective's futures together with other futures is not simulated" in e
+               for e in errors), errors
