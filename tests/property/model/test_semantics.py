@@ -115,6 +115,29 @@ def test_event_query_is_false_in_flight_and_orders_once_true() -> None:
     assert reports == ()
 
 
+def test_stream_query_is_false_while_its_work_runs_and_orders_once_true() -> None:
+    """Rule (``SimStream.idle``, read by ``Runtime.stream_query``): a stream's ``query()`` is True once it has done
+    all it was given, and the host that saw it so is ordered after that work. Mutation: ``idle`` never true (the
+    loop never ends: a step limit)."""
+
+    def program(dev: Any) -> tuple[bool, list[float]]:
+        side = dev.Stream(name="side")
+        x = torch.ones(N, device=dev.device)
+        pinned = torch.empty(N, pin_memory=True)
+        side.wait_stream(dev.current_stream())
+        with dev.stream(side):
+            pinned.copy_(x, non_blocking=True)
+        first = side.query()
+        while not side.query():
+            dev.sleep(0.1)
+        return first, pinned[:2].tolist()
+
+    (first, values), reports, _ = run(program, delays=(Delay("side", 0, 5),))
+    assert first is False
+    assert values == [1.0, 1.0]
+    assert reports == ()
+
+
 # -- copies to and from host memory ---------------------------------------------------------------
 
 
