@@ -42,9 +42,6 @@ class VectorClock:
         """Whether the event ``epoch`` of ``actor`` is ordered before this clock."""
         return epoch <= self._c.get(actor, 0)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, VectorClock) and self._c == other._c
-
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}:{v}" for k, v in sorted(self._c.items()))
         return f"VC({inner})"
