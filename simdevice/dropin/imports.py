@@ -101,9 +101,28 @@ def _wait_for_another(rt: Any, table: _Imports, name: str) -> Any:
     return a
 
 
+#: the session's patches, while they are in place (:func:`install`)
+_ACTIVE: list[Patches] = []
+#: torch's packages imported with the session's patches lifted (:func:`_imported_as_outside`)
+AS_OUTSIDE = ("torch._dynamo",)
+
+
+def _imported_as_outside(name: str, import_: Any) -> Any:
+    """``name``'s first import during a session, made with torch as it is outside the session (the patches lifted for
+    its duration), as if it had been imported before: ``torch._dynamo``, which an op's meta kernel (a Python
+    reference behind ``torch._disable_dynamo``) or the program's ``torch.compile`` may import first in a run, keeps
+    at import what it finds of torch (``all_tensor_attrs``: ``torch.Tensor``'s attributes), and kept the session's
+    (a property where ``Tensor.grad`` is torch's descriptor) after the session: a GPU run in the same process (``replay
+    --gpu``) raised ``AttributeError`` in torch at its first device op."""
+    with _ACTIVE[-1].lifted():  # (this hook among them: the import's own imports are Python's)
+        return _FIND_AND_LOAD(name, import_)
+
+
 def _find_and_load(name: str, import_: Any) -> Any:
     """Python's ``_find_and_load``: in a run, after any other actor's import of ``name``, and marked as this
-    actor's while it runs."""
+    actor's while it runs. A first import of one of :data:`AS_OUTSIDE`: :func:`_imported_as_outside`."""
+    if _ACTIVE and name in AS_OUTSIDE and name not in sys.modules:
+        return _imported_as_outside(name, import_)
     rt = _runtime()
     if rt is None:
         return _FIND_AND_LOAD(name, import_)
@@ -136,6 +155,8 @@ def _lock_unlock_module(name: str) -> None:
 def install(p: Patches) -> None:
     p.set(_BOOTSTRAP, "_find_and_load", _find_and_load)
     p.set(_BOOTSTRAP, "_lock_unlock_module", _lock_unlock_module)
+    _ACTIVE.append(p)
+    p.on_restore(lambda: _ACTIVE.remove(p))
 
 
 def patched_owners() -> list[Any]:

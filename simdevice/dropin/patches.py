@@ -8,9 +8,10 @@ that raised.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 _ABSENT = object()
@@ -46,15 +47,26 @@ class Patches:
     def restore(self) -> None:
         while self._saved:
             owner, name, old = self._saved.pop()
-            if old is _ABSENT:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, old)
+            _put(owner, name, old)
         while self._after:
             self._after.pop()()
 
     def __len__(self) -> int:
         return len(self._saved)
+
+    @contextlib.contextmanager
+    def lifted(self) -> Iterator[None]:
+        """For the block, each attribute set so far holds what it held before (or is absent again); after it, what
+        it held at the block's start. (What :meth:`on_restore` undoes stays: ``sys.modules`` entries, rebound
+        globals.)"""
+        now = [(owner, name, vars(owner).get(name, _ABSENT)) for owner, name, _ in self._saved]
+        for owner, name, old in reversed(self._saved):
+            _put(owner, name, old)
+        try:
+            yield
+        finally:
+            for owner, name, value in now:
+                _put(owner, name, value)
 
     def replaced(self) -> dict[int, tuple[Any, Any]]:
         """The module attributes replaced so far that were functions or classes: ``{id(original): (original,
@@ -90,6 +102,14 @@ class Patches:
 
         self.on_restore(back)
         return len(rebound)
+
+
+def _put(owner: Any, name: str, value: Any) -> None:
+    """``owner.name = value``, or no ``name`` of its own where ``value`` is :data:`_ABSENT`."""
+    if value is not _ABSENT:
+        setattr(owner, name, value)
+    elif name in vars(owner):
+        delattr(owner, name)
 
 
 def namespaces(owners: list[Any]) -> list[dict[str, Any]]:

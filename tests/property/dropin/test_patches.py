@@ -123,6 +123,46 @@ def test_patches_delete_what_was_absent_and_put_back_what_was_there() -> None:
     assert len(p) == 0
 
 
+def test_lifted_patches_are_what_was_there_for_the_block_and_the_patches_again_after() -> None:
+    class Owner:
+        present = 1
+
+    p = Patches()
+    p.set(Owner, "present", 2)
+    p.set(Owner, "absent", 3)
+    p.set(Owner, "present", 4)
+    with p.lifted():
+        assert Owner.present == 1
+        assert "absent" not in vars(Owner)
+    assert (Owner.present, Owner.absent) == (4, 3)  # type: ignore[attr-defined]
+    p.restore()
+    assert Owner.present == 1
+
+
+def test_dynamo_first_imported_in_a_run_keeps_torch_s_own_tensor_attributes() -> None:
+    """Rule (``simdevice.dropin.imports._imported_as_outside``): ``torch._dynamo`` imported first during a session
+    (here by ``mul.Scalar``'s meta kernel, a Python reference behind ``torch._disable_dynamo``) is imported with the
+    patches lifted, as before the session. It keeps ``torch.Tensor``'s attributes as it finds them at import
+    (``all_tensor_attrs``): it kept the session's ``Tensor.grad`` and ``Tensor.data`` properties, and a GPU run in the
+    same process (``replay --gpu``, the GPU tests) raised ``AttributeError: 'property' object has no attribute
+    '__objclass__'`` at its first device op (seventy-second run). A new process: this one has dynamo loaded.
+    Mutation: no lift (the properties)."""
+    code = (
+        "import sys, torch, simdevice\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+        "def prog():\n"
+        "    return torch.ops.aten.mul.Scalar(torch.ones(4, device='cuda'), 3).sum().item()\n"
+        "s = simdevice.cuda()\n"
+        "s.run(prog)\n"
+        "assert s.clean and s.result.result == 12.0, s.text()\n"
+        "assert 'torch._dynamo' in sys.modules\n"
+        "from torch._dynamo.variables.tensor import all_tensor_attrs\n"
+        "print(type(all_tensor_attrs['grad']).__name__, type(all_tensor_attrs['data']).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.split() == ["getset_descriptor", "getset_descriptor"], out.stdout
+
+
 def test_nothing_is_patched_at_import() -> None:
     code = (
         "import torch, torch.distributed as dist\n"
