@@ -70,3 +70,29 @@ def test_a_run_of_two_backwards_at_once_starts_again_on_threads(program: Any) ->
     assert s.device.config.actors == "thread"  # (the default schedule takes the ranks into their backwards at once)
     assert not s.reports, s.text()
     assert s.result.result == [8.0, 8.0]
+
+
+def _hooks_disabled_on_one_rank() -> float:
+    w = torch.ones(4, device="cuda", requires_grad=True)
+    if dist.get_rank() == 0:
+        with torch.autograd.graph.disable_saved_tensors_hooks("rank 0 saves as it is"):
+            y = (w * 2).sum()  # (host steps inside the block: the other rank runs)
+            torch.ones(1, device="cuda")
+    else:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+            y = (w * w).sum()
+    y.backward()
+    assert w.grad is not None
+    return float(w.grad.sum())
+
+
+def test_saved_tensor_hooks_disabled_on_one_rank_are_that_rank_s_alone() -> None:
+    """Rule (``tls.movable``): disabled saved-tensor hooks are a thread's state that no greenlet switch can move, so
+    the run starts again on threads, where each rank has its own: rank 1 registers its hooks while rank 0 is inside
+    its block. Mutation: the disabled hooks not named (the run stays on greenlets, and rank 1's registration raises
+    rank 0's message)."""
+    s = simdevice.cuda()
+    s.run(_hooks_disabled_on_one_rank, world_size=2)
+    assert not s.reports, s.text()
+    assert s.device.config.actors == "thread"
+    assert s.result.result == [8.0, 8.0]
