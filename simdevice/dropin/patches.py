@@ -21,6 +21,7 @@ class Patches:
     def __init__(self) -> None:
         self._saved: list[tuple[Any, str, Any]] = []
         self._after: list[Callable[[], None]] = []
+        self._first: list[Callable[[], None]] = []
 
     def set(self, owner: Any, name: str, value: Any) -> None:
         """``owner.name = value`` until :meth:`restore` (``owner``: a module or a class)."""
@@ -44,7 +45,13 @@ class Patches:
         """Call ``fn()`` once :meth:`restore` has put everything back (a cache of what was patched, forgotten)."""
         self._after.append(fn)
 
+    def before_restore(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once :meth:`restore` starts, the patches still in place."""
+        self._first.append(fn)
+
     def restore(self) -> None:
+        while self._first:
+            self._first.pop()()
         while self._saved:
             owner, name, old = self._saved.pop()
             _put(owner, name, old)
@@ -78,6 +85,21 @@ class Patches:
                 if new is not old and new is not _ABSENT:
                     instead.setdefault(id(old), (old, new))
         return instead
+
+    def unbind(self, modules: Iterable[types.ModuleType]) -> int:
+        """Each global of ``modules`` that holds a replacement made so far holds its original instead (modules first
+        imported while the patches were in place: what they bound by name then, ``from torch.distributed.
+        distributed_c10d import _get_default_group``, is what they bind outside). How many globals it changed."""
+        back = {id(new): (new, old) for old, new in self.replaced().values()}
+        changed = 0
+        for module in modules:
+            space = vars(module)
+            for name, value in list(space.items()):
+                got = back.get(id(value))
+                if got is not None and got[0] is value:
+                    space[name] = got[1]
+                    changed += 1
+        return changed
 
     def rebind(self, modules: Iterable[types.ModuleType]) -> int:
         """Each global of ``modules`` that holds a module attribute replaced so far (``from torch.cuda import

@@ -148,6 +148,10 @@ def install(p: Patches) -> None:
     memsaver.install(p)
     p.rebind(program_modules())
     _script_builtins(p)
+    present = set(sys.modules)
+    # (the modules first imported while the patches are in place hold torch's and Python's objects again after)
+    p.before_restore(lambda: p.unbind([m for name, m in sys.modules.copy().items()
+                                       if name not in present and isinstance(m, types.ModuleType)]))
 
 
 def _script_builtins(p: Patches) -> None:

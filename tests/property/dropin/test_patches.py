@@ -163,6 +163,31 @@ def test_dynamo_first_imported_in_a_run_keeps_torch_s_own_tensor_attributes() ->
     assert out.stdout.split() == ["getset_descriptor", "getset_descriptor"], out.stdout
 
 
+def test_a_module_first_imported_in_a_session_holds_torch_s_functions_after_it() -> None:
+    """Rule (``Patches.unbind``, at a session's end): a module first imported while the session's patches are in
+    place binds their replacements by name (FSDP's ``from torch.distributed.distributed_c10d import
+    _get_default_group``), and holds torch's own again after the session, as a module imported before it does; the
+    next session binds them again. Before, 25 of torch's globals (FSDP's, the checkpoint's, DTensor's) kept the
+    simulator's functions after a session that imported them: a GPU run in the same process (``replay --gpu``), or
+    the program's own code after the session, called them. A new process: this one has imported FSDP. Mutation: no
+    unbind at the end (the simulator's function)."""
+    code = (
+        "import sys, torch, torch.distributed as dist, simdevice\n"
+        "assert 'torch.distributed.fsdp' not in sys.modules\n"
+        "def prog():\n"
+        "    from torch.distributed.fsdp import _init_utils\n"
+        "    return _init_utils._get_default_group().size()\n"
+        "for _ in range(2):\n"
+        "    s = simdevice.cuda()\n"
+        "    s.run(prog, world_size=2)\n"
+        "    assert s.clean and s.result.result == [2, 2], s.text()\n"
+        "    from torch.distributed.fsdp import _init_utils\n"
+        "    print(_init_utils._get_default_group is dist.distributed_c10d._get_default_group)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.split() == ["True", "True"], out.stdout
+
+
 def test_nothing_is_patched_at_import() -> None:
     code = (
         "import torch, torch.distributed as dist\n"
