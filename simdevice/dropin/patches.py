@@ -75,6 +75,11 @@ class Patches:
             for owner, name, value in now:
                 _put(owner, name, value)
 
+    def saved_callables(self) -> list[tuple[Any, str, Any]]:
+        """``(module, name, original)`` of each module attribute set so far that held a function or class."""
+        return [(owner, name, old) for owner, name, old in self._saved
+                if isinstance(owner, types.ModuleType) and old is not _ABSENT and callable(old)]
+
     def replaced(self) -> dict[int, tuple[Any, Any]]:
         """The module attributes replaced so far that were functions or classes: ``{id(original): (original,
         replacement)}`` (the first replacement of each, where several modules held the same object)."""

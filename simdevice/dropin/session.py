@@ -149,9 +149,13 @@ def install(p: Patches) -> None:
     p.rebind(program_modules())
     _script_builtins(p)
     present = set(sys.modules)
-    # (the modules first imported while the patches are in place hold torch's and Python's objects again after)
-    p.before_restore(lambda: p.unbind([m for name, m in sys.modules.copy().items()
-                                       if name not in present and isinstance(m, types.ModuleType)]))
+
+    def unbind() -> None:  # (the modules first imported while the patches are in place: torch's objects again after)
+        new = [m for name, m in sys.modules.copy().items() if name not in present and isinstance(m, types.ModuleType)]
+        if new:
+            p.unbind(new)
+
+    p.before_restore(unbind)
 
 
 def _script_builtins(p: Patches) -> None:
@@ -162,11 +166,15 @@ def _script_builtins(p: Patches) -> None:
     program that imported the package, as ZeroRedundancyOptimizer does)."""
     from torch.jit import _builtins
 
-    table = _builtins._get_builtin_table()  # (built now if it was not: from torch's own functions, not these)
+    table = _builtins._get_builtin_table()  # (built as torch is imported, of torch's own functions)
+    if _SCRIPTED[0] != len(p):  # (the same patches at each install: where they are, found once)
+        _SCRIPTED[:] = [len(p), [(owner, name, table[id(old)]) for owner, name, old in p.saved_callables()
+                                 if id(old) in table]]
     added = []
-    for old, new in p.replaced().values():  # (each replacement lives until restore: its id names no other object)
-        if id(old) in table and id(new) not in table:
-            table[id(new)] = table[id(old)]
+    for owner, name, op in _SCRIPTED[1]:
+        new = vars(owner).get(name)  # (each replacement lives until restore: its id names no other object)
+        if new is not None and id(new) not in table:
+            table[id(new)] = op
             added.append(id(new))
 
     def back() -> None:
@@ -175,6 +183,10 @@ def _script_builtins(p: Patches) -> None:
 
     p.on_restore(back)
 
+
+#: for :func:`_script_builtins`: the patches' count when found, and each (module, name, op) whose original TorchScript
+#: knows as a builtin
+_SCRIPTED: list[Any] = [-1, []]
 
 _REFERENCE = os.path.dirname(os.path.abspath(reference.__file__)) + os.sep
 #: each module seen, by id: (the module, whether it is the program's)
