@@ -84,10 +84,12 @@ class NeedsThreads(BaseException):
 
 
 #: torch's Python methods that call an op through its pybind11 binding (``torch.ops.ns.op(...)``, an
-#: ``OpOverload``'s call or redispatch), which may call back into Python (the simulator's dispatch)
+#: ``OpOverload``'s call or redispatch), and TorchScript's pybind11 calls (a scripted or traced function, a scripted
+#: module's method), which may call back into Python (the simulator's dispatch)
 _OP_CALL_SITES = tuple((cls, name) for cls, name in (
     (torch._ops.OpOverload, "__call__"), (torch._ops.OpOverload, "redispatch"),
     (torch._ops.OpOverloadPacket, "__call__"), (getattr(torch._ops, "TorchBindOpOverload", None), "__call__"),
+    (torch._C.ScriptFunction, "__call__"), (torch._C.ScriptMethod, "__call__"),
 ) if cls is not None and callable(vars(cls).get(name)))
 
 #: greenlet -> how many such calls it is inside (counted while a greenlet run has them patched)
@@ -133,7 +135,8 @@ def in_op_call() -> str | None:
     that is not the last begun: two greenlets of one thread that each stop inside one close them out of order
     (``torch.ops.aten.mul.Tensor(x, 2)`` on two ranks did)."""
     if _INSIDE and _INSIDE.get(_getcurrent()):
-        return "an actor stopped inside an op called through torch.ops (a pybind11 call of its thread)"
+        return ("an actor stopped inside an op called through torch.ops or a TorchScript function (a pybind11 call "
+                "of its thread)")
     return None
 
 

@@ -1,5 +1,5 @@
 """An op called through ``torch.ops`` (``torch.ops.aten.mul.Tensor(x, 2)``, a ``torch.library`` custom op, FSDP2's
-``torch.ops.fsdp.*``) on two ranks runs and gets its verdict. Such a call is a pybind11 function, which keeps a
+``torch.ops.fsdp.*``), or through a TorchScript function or module, on two ranks runs and gets its verdict. Such a call is a pybind11 function, which keeps a
 per-thread stack of its calls; the ranks are greenlets of one thread, so a rank that stopped inside one while the
 other stopped inside another closed them out of order, and pybind11 aborted the whole process ("loader_life_support:
 internal error", no verdict, no report). An actor that would stop inside one now starts the run again on threads."""
@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import torch
 
@@ -51,8 +52,26 @@ _PROGRAM = textwrap.dedent('''
         assert torch.equal(out.cpu(), torch.full((4,), 3.0))
 
 
+    def through_torchscript(wait: bool):
+        # (a scripted function and a scripted module: each of their ops a host step inside TorchScript's call)
+        @torch.jit.script
+        def scaled(t: torch.Tensor) -> torch.Tensor:
+            return t * 3 + torch.zeros(t.shape, device=t.device)
+
+        lin = torch.jit.script(torch.nn.Linear(4, 4).cuda())
+        side = torch.cuda.Stream()
+        x = torch.ones(4, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = scaled(lin(x))
+        if wait:
+            torch.cuda.current_stream().wait_stream(side)
+        assert torch.equal(y * 1, scaled(lin(x)))
+
+
     for fn, args, clean in ((through_aten, (True,), True), (through_aten, (False,), False),
-                            (through_a_custom_op, (), True)):
+                            (through_a_custom_op, (), True), (through_torchscript, (True,), True),
+                            (through_torchscript, (False,), False)):
         s = simdevice.cuda()
         s.run(fn, *args, world_size=2)
         assert s.clean is clean, s.text()
@@ -61,9 +80,11 @@ _PROGRAM = textwrap.dedent('''
 ''')
 
 
-def test_ops_called_through_torch_ops_on_two_ranks_get_verdicts() -> None:
-    # in a process of its own: before the fix, pybind11 aborted the process
-    done = subprocess.run([sys.executable, "-c", _PROGRAM], capture_output=True, text=True, timeout=300)
+def test_ops_called_through_torch_ops_on_two_ranks_get_verdicts(tmp_path: Path) -> None:
+    # in a process of its own: before the fix, pybind11 aborted the process (a file: TorchScript reads its source)
+    program = tmp_path / "program.py"
+    program.write_text(_PROGRAM)
+    done = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "verdicts as expected" in done.stdout, done.stdout + done.stderr
 
