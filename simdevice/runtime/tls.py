@@ -85,11 +85,13 @@ class NeedsThreads(BaseException):
 
 #: torch's Python methods that call an op through its pybind11 binding (``torch.ops.ns.op(...)``, an
 #: ``OpOverload``'s call or redispatch), and TorchScript's pybind11 calls (a scripted or traced function, a scripted
-#: module's method), which may call back into Python (the simulator's dispatch)
+#: module's method; ``torch.jit.trace``, whose pybind11 call runs the traced code), which may call back into Python
+#: (the simulator's dispatch): (class or module, name)
 _OP_CALL_SITES = tuple((cls, name) for cls, name in (
     (torch._ops.OpOverload, "__call__"), (torch._ops.OpOverload, "redispatch"),
     (torch._ops.OpOverloadPacket, "__call__"), (getattr(torch._ops, "TorchBindOpOverload", None), "__call__"),
     (torch._C.ScriptFunction, "__call__"), (torch._C.ScriptMethod, "__call__"),
+    (torch.jit, "trace"), (torch.jit, "trace_module"),
 ) if cls is not None and callable(vars(cls).get(name)))
 
 #: greenlet -> how many such calls it is inside (counted while a greenlet run has them patched)
@@ -98,11 +100,11 @@ _INSIDE: dict[Any, int] = {}
 
 def _counting(original: Any) -> Any:
     @functools.wraps(original)
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:  # (a method's ``self`` among ``args``)
         g = _getcurrent()
         _INSIDE[g] = _INSIDE.get(g, 0) + 1
         try:
-            return original(self, *args, **kwargs)
+            return original(*args, **kwargs)
         finally:
             n = _INSIDE.pop(g, 1) - 1  # (a run unwinding after its end cleared the counts: none left)
             if n:
