@@ -1,6 +1,6 @@
 """An op called through ``torch.ops`` (``torch.ops.aten.mul.Tensor(x, 2)``, a ``torch.library`` custom op, FSDP2's
 ``torch.ops.fsdp.*``), or through a TorchScript function or module (scripted, or traced by ``torch.jit.trace``, whose
-call runs it), on two ranks runs and gets its verdict. Such a call is a pybind11 function, which keeps a
+call runs it), or in a torch future's callback, on two ranks runs and gets its verdict. Such a call is a pybind11 function, which keeps a
 per-thread stack of its calls; the ranks are greenlets of one thread, so a rank that stopped inside one while the
 other stopped inside another closed them out of order, and pybind11 aborted the whole process ("loader_life_support:
 internal error", no verdict, no report). An actor that would stop inside one now starts the run again on threads."""
@@ -76,9 +76,19 @@ _PROGRAM = textwrap.dedent('''
         assert traced(torch.ones(4, device="cuda")).shape == (4,)
 
 
+    def through_a_future():
+        # (the callback runs inside set_result's pybind11 call: its ops host steps there)
+        x = torch.ones(4, device="cuda")
+        f = torch.futures.Future()
+        g = f.then(lambda done: done.value() * 2 + x)
+        f.set_result(torch.ones(4, device="cuda"))
+        assert torch.equal(g.wait().cpu(), torch.full((4,), 3.0))
+
+
     for fn, args, clean in ((through_aten, (True,), True), (through_aten, (False,), False),
                             (through_a_custom_op, (), True), (through_torchscript, (True,), True),
-                            (through_torchscript, (False,), False), (through_a_trace, (), True)):
+                            (through_torchscript, (False,), False), (through_a_trace, (), True),
+                            (through_a_future, (), True)):
         s = simdevice.cuda()
         s.run(fn, *args, world_size=2)
         assert s.clean is clean, s.text()
