@@ -1,9 +1,10 @@
 """An op called through ``torch.ops`` (``torch.ops.aten.mul.Tensor(x, 2)``, a ``torch.library`` custom op, FSDP2's
 ``torch.ops.fsdp.*``), or through a TorchScript function or module (scripted, or traced by ``torch.jit.trace``, whose
-call runs it), or in a torch future's callback, on two ranks runs and gets its verdict. Such a call is a pybind11 function, which keeps a
-per-thread stack of its calls; the ranks are greenlets of one thread, so a rank that stopped inside one while the
-other stopped inside another closed them out of order, and pybind11 aborted the whole process ("loader_life_support:
-internal error", no verdict, no report). An actor that would stop inside one now starts the run again on threads."""
+call runs it), or in a torch future's callback, on two ranks runs and gets its verdict. Such a call is a pybind11
+function, which keeps a per-thread stack of its calls; the ranks are greenlets of one thread, so a rank that stopped
+inside one while the other stopped inside another closed them out of order, and pybind11 aborted the whole process
+("loader_life_support: internal error", no verdict, no report). An actor that would stop inside one now starts the
+run again on threads."""
 
 from __future__ import annotations
 
