@@ -85,13 +85,13 @@ class NeedsThreads(BaseException):
 
 #: torch's Python methods that call an op through its pybind11 binding (``torch.ops.ns.op(...)``, an
 #: ``OpOverload``'s call or redispatch), and TorchScript's pybind11 calls (a scripted or traced function, a scripted
-#: module's method; ``torch.jit.trace``, whose pybind11 call runs the traced code; a future's that run its
-#: callbacks), which may call back into Python (the simulator's dispatch): (class or module, name)
+#: module's method; ``torch.jit.trace`` and ``fork``, whose pybind11 calls run the program's code; a future's that
+#: run its callbacks), which may call back into Python (the simulator's dispatch): (class or module, name)
 _OP_CALL_SITES = tuple((cls, name) for cls, name in (
     (torch._ops.OpOverload, "__call__"), (torch._ops.OpOverload, "redispatch"),
     (torch._ops.OpOverloadPacket, "__call__"), (getattr(torch._ops, "TorchBindOpOverload", None), "__call__"),
     (torch._C.ScriptFunction, "__call__"), (torch._C.ScriptMethod, "__call__"),
-    (torch.jit, "trace"), (torch.jit, "trace_module"),
+    (torch.jit, "trace"), (torch.jit, "trace_module"), (torch.jit, "fork"),
     # (a torch future's callbacks, run inside its pybind11 call where it is done: ``then``, ``set_result``)
     (torch._C.Future, "then"), (torch._C.Future, "add_done_callback"), (torch._C.Future, "set_result"),
     (torch._C.Future, "set_exception"),

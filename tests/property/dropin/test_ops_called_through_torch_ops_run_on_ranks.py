@@ -86,10 +86,17 @@ _PROGRAM = textwrap.dedent('''
         assert torch.equal(g.wait().cpu(), torch.full((4,), 3.0))
 
 
+    def through_a_fork():
+        # (``torch.jit.fork`` runs the function inside its pybind11 call, outside TorchScript)
+        x = torch.ones(4, device="cuda")
+        y = torch.jit.wait(torch.jit.fork(lambda t: t * 2 + 1, x))
+        assert torch.equal(y.cpu(), torch.full((4,), 3.0))
+
+
     for fn, args, clean in ((through_aten, (True,), True), (through_aten, (False,), False),
                             (through_a_custom_op, (), True), (through_torchscript, (True,), True),
                             (through_torchscript, (False,), False), (through_a_trace, (), True),
-                            (through_a_future, (), True)):
+                            (through_a_future, (), True), (through_a_fork, (), True)):
         s = simdevice.cuda()
         s.run(fn, *args, world_size=2)
         assert s.clean is clean, s.text()
