@@ -95,16 +95,7 @@ class Patches:
         """Each global of ``modules`` that holds a replacement made so far holds its original instead (modules first
         imported while the patches were in place: what they bound by name then, ``from torch.distributed.
         distributed_c10d import _get_default_group``, is what they bind outside). How many globals it changed."""
-        back = {id(new): (new, old) for old, new in self.replaced().values()}
-        changed = 0
-        for module in modules:
-            space = vars(module)
-            for name, value in list(space.items()):
-                got = back.get(id(value))
-                if got is not None and got[0] is value:
-                    space[name] = got[1]
-                    changed += 1
-        return changed
+        return len(_swapped(modules, {id(new): (new, old) for old, new in self.replaced().values()}))
 
     def rebind(self, modules: Iterable[types.ModuleType]) -> int:
         """Each global of ``modules`` that holds a module attribute replaced so far (``from torch.cuda import
@@ -112,15 +103,7 @@ class Patches:
         replacement until :meth:`restore`, which puts the original back where the global still holds the
         replacement (a module that rebound it meanwhile keeps its own). Replaced functions and classes alone: a
         patched flag or constant (None, a number) is no name to follow. How many globals it rebound."""
-        instead = self.replaced()
-        rebound: list[tuple[dict[str, Any], str, Any, Any]] = []
-        for module in modules:
-            space = vars(module)
-            for name, value in list(space.items()):
-                got = instead.get(id(value))
-                if got is not None and got[0] is value:
-                    space[name] = got[1]
-                    rebound.append((space, name, value, got[1]))
+        rebound = _swapped(modules, self.replaced())
 
         def back() -> None:
             for space, name, old, new in reversed(rebound):
@@ -129,6 +112,21 @@ class Patches:
 
         self.on_restore(back)
         return len(rebound)
+
+
+def _swapped(modules: Iterable[types.ModuleType],
+             table: dict[int, tuple[Any, Any]]) -> list[tuple[dict[str, Any], str, Any, Any]]:
+    """Each global of ``modules`` holding a key of ``table`` (``{id(x): (x, y)}``) holds its ``y`` instead: each
+    (namespace, name, x, y) changed."""
+    changed = []
+    for module in modules:
+        space = vars(module)
+        for name, value in list(space.items()):
+            got = table.get(id(value))
+            if got is not None and got[0] is value:
+                space[name] = got[1]
+                changed.append((space, name, value, got[1]))
+    return changed
 
 
 def _put(owner: Any, name: str, value: Any) -> None:
