@@ -27,6 +27,7 @@ the lists, tuples, dicts and sets on the way to a device tensor, which are copie
 
 from __future__ import annotations
 
+import _thread
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.process
@@ -949,12 +950,26 @@ class SimEvent:
 
 
 class SimLock:
-    """``multiprocessing.Lock`` in a run."""
+    """``multiprocessing.Lock`` in a run. Outside any run (one a module made at its import in a run, used after the
+    session by the program, a library or a GPU run in the same process: transformers' logging lock), a real lock of
+    its own (:meth:`_outside`)."""
+
+    #: what makes its real lock outside a run (Python's own, never the session's)
+    _REAL: Callable[[], Any] = _thread.allocate_lock
 
     def __init__(self) -> None:
         self._dev = _session()
         self._run = self._dev.runtime
         self._cell = SharedCell(False)
+        self._real: Any = None
+
+    def _outside(self) -> Any:
+        """Its real lock where no run is going on, else None."""
+        if _in_run():
+            return None
+        if self._real is None:
+            self._real = type(self)._REAL()
+        return self._real
 
     def _here(self) -> None:
         """A lock an earlier run made, kept where a process keeps it for its lifetime (a library's class attribute:
@@ -965,6 +980,9 @@ class SimLock:
             self._dev, self._run, self._cell = dev, dev.runtime, SharedCell(False)
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        real = self._outside()
+        if real is not None:
+            return bool(real.acquire(block, -1 if timeout is None or not block else timeout))
         self._here()
         rt = self._dev.runtime
         if block and timeout is None:
@@ -978,10 +996,17 @@ class SimLock:
 
     def held(self, step: str) -> bool:
         """Whether some actor holds it (a polling host step ``step``)."""
+        real = self._outside()
+        if real is not None:
+            return bool(real.locked())
         self._here()
         return bool(self._dev.runtime.value_get(self._cell, step))
 
     def release(self) -> None:
+        real = self._outside()
+        if real is not None:
+            real.release()
+            return
         self._here()
         if not self._cell.value:
             raise ValueError("semaphore or lock released too many times")
@@ -999,6 +1024,8 @@ class SimRLock(SimLock):
     ``release`` (tqdm makes one for its bars' output: every program with a progress bar). Taken again by its holder
     it is no step (Python's does not block there); its first ``acquire`` and last ``release`` are a ``Lock``'s."""
 
+    _REAL = _thread.RLock
+
     def __init__(self) -> None:
         super().__init__()
         self._owner: Any = None
@@ -1010,6 +1037,8 @@ class SimRLock(SimLock):
         super()._here()
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        if not _in_run():
+            return super().acquire(block, timeout)  # (its real lock, taken again by its holder as Python's)
         self._here()
         me = self._dev.runtime.current()
         if self._owner is me:
@@ -1021,6 +1050,9 @@ class SimRLock(SimLock):
         return True
 
     def release(self) -> None:
+        if not _in_run():
+            super().release()
+            return
         self._here()
         if self._owner is not self._dev.runtime.current():
             raise AssertionError("attempt to release recursive lock not owned by thread")

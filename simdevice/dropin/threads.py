@@ -33,6 +33,7 @@ A replay on a GPU is not offered for a run with threads (their steps are not cou
 
 from __future__ import annotations
 
+import _thread
 import concurrent.futures
 import concurrent.futures._base
 import concurrent.futures.thread
@@ -175,8 +176,20 @@ class SimRLock:
         self._lock = processes.SimLock()
         self._owner: str | None = None
         self._count = 0
+        self._real: Any = None
+
+    def _outside(self) -> Any:
+        """Outside any run, a real ``RLock`` of its own (see :class:`processes.SimLock`), else None."""
+        if _in_run():
+            return None
+        if self._real is None:
+            self._real = _thread.RLock()
+        return self._real
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        real = self._outside()
+        if real is not None:
+            return bool(real.acquire(blocking, -1 if timeout is None else timeout))
         me = _session().runtime.current().name
         if self._owner == me:
             self._count += 1
@@ -187,6 +200,10 @@ class SimRLock:
         return True
 
     def release(self) -> None:
+        real = self._outside()
+        if real is not None:
+            real.release()
+            return
         if self._owner != _session().runtime.current().name:
             raise RuntimeError("cannot release un-acquired lock")
         self._count -= 1

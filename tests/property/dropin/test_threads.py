@@ -629,3 +629,39 @@ def test_a_daemon_thread_still_running_ends_with_the_run() -> None:
     run = _run(_a_daemon_left_running)
     assert not run.reports, run.reports
     assert run.op_counts["spin"] >= 1
+
+
+_MADE: list[Any] = []
+
+
+def _locks_made_in_the_run() -> None:
+    import multiprocessing
+
+    _MADE[:] = [threading.Lock(), threading.RLock(), multiprocessing.Lock(), multiprocessing.RLock()]
+    with _MADE[0]:
+        pass
+
+
+def test_a_lock_made_in_a_run_is_a_real_lock_after_it() -> None:
+    """Rule (``processes.SimLock._outside``, ``threads.SimRLock._outside``): a lock a module made in a run (a library
+    imported in the program's function: transformers' logging lock) is, used after the session, a real lock of its
+    own: held against another thread, taken again by its holder where it is an ``RLock``. Before, any use of it
+    outside a run raised "torch.cuda is simulated only inside a simdevice.cuda() session" (transformers' logging,
+    after the session). Mutation: no real lock outside (that error)."""
+    s = simdevice.cuda()
+    s.run(_locks_made_in_the_run)
+    assert s.clean, s.text()
+    lock, rlock, mp_lock, mp_rlock = _MADE
+    for each in (lock, mp_lock):
+        assert each.acquire()
+        assert not each.acquire(False)  # (held)
+        got: list[bool] = []
+        other = threading.Thread(target=lambda lk=each, out=got: out.append(lk.acquire(True, 0.01)))
+        other.start()
+        other.join()
+        assert got == [False]
+        each.release()
+    assert not lock.locked()
+    for each in (rlock, mp_rlock):
+        with each, each:  # (its holder takes it again)
+            pass
