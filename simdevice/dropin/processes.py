@@ -60,6 +60,10 @@ _OPAQUE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType
 _POLL_UNITS = 1.0
 
 
+#: Python's own semaphores, as imported (a primitive made in a run is one of these outside any run)
+_SEMAPHORE, _BOUNDED_SEMAPHORE = threading.Semaphore, threading.BoundedSemaphore
+
+
 def _session() -> Any:
     from simdevice.dropin import facade  # (facade imports this module's installer)
 
@@ -1080,6 +1084,15 @@ class SimSemaphore:
         self._first = value
         self._count = SharedCell(value)
         self._bound = value if bounded else None
+        self._real: Any = None
+
+    def _outside(self) -> Any:
+        """Outside any run, a real semaphore of its own at its first count (see :class:`SimLock`), else None."""
+        if _in_run():
+            return None
+        if self._real is None:
+            self._real = (_BOUNDED_SEMAPHORE if self._bound is not None else _SEMAPHORE)(self._first)
+        return self._real
 
     def _here(self) -> None:
         dev = _session()
@@ -1087,6 +1100,9 @@ class SimSemaphore:
             self._dev, self._run, self._count = dev, dev.runtime, SharedCell(self._first)
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        real = self._outside()
+        if real is not None:
+            return bool(real.acquire(block, timeout if block else None))
         self._here()
         rt = self._dev.runtime
         if block and timeout is None:
@@ -1103,12 +1119,19 @@ class SimSemaphore:
 
     def give_back(self, n: int) -> None:
         """``n`` back to the count, in one release step (``threading``'s ``release(n)``)."""
+        real = self._outside()
+        if real is not None:
+            real.release(n)
+            return
         self._here()
         if self._bound is not None and self._count.value + n > self._bound:
             raise ValueError(self._TOO_MANY)
         self._dev.runtime.value_set(self._count, self._count.value + n, "Semaphore.release")
 
     def get_value(self) -> int:
+        real = self._outside()
+        if real is not None:
+            return int(real._value)
         self._here()
         return int(self._dev.runtime.value_get(self._count, "Semaphore.get_value"))
 

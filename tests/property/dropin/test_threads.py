@@ -637,21 +637,23 @@ _MADE: list[Any] = []
 def _locks_made_in_the_run() -> None:
     import multiprocessing
 
-    _MADE[:] = [threading.Lock(), threading.RLock(), multiprocessing.Lock(), multiprocessing.RLock()]
+    _MADE[:] = [threading.Lock(), threading.RLock(), multiprocessing.Lock(), multiprocessing.RLock(),
+                threading.Semaphore(2), threading.BoundedSemaphore(1)]
     with _MADE[0]:
         pass
 
 
 def test_a_lock_made_in_a_run_is_a_real_lock_after_it() -> None:
-    """Rule (``processes.SimLock._outside``, ``threads.SimRLock._outside``): a lock a module made in a run (a library
-    imported in the program's function: transformers' logging lock) is, used after the session, a real lock of its
-    own: held against another thread, taken again by its holder where it is an ``RLock``. Before, any use of it
-    outside a run raised "torch.cuda is simulated only inside a simdevice.cuda() session" (transformers' logging,
-    after the session). Mutation: no real lock outside (that error)."""
+    """Rule (``processes.SimLock._outside``, ``threads.SimRLock._outside``, ``SimSemaphore._outside``): a lock or a
+    semaphore a module made in a run (a library imported in the program's function: transformers' logging lock) is,
+    used after the session, a real one of its own: held against another thread, taken again by its holder where it is
+    an ``RLock``, at its first count where it is a semaphore. Before, any use of it outside a run raised "torch.cuda is
+    simulated only inside a simdevice.cuda() session" (transformers' logging, after the session). Mutation: no real
+    lock outside (that error). (A queue, a pool or a barrier made in a run still refuses outside it.)"""
     s = simdevice.cuda()
     s.run(_locks_made_in_the_run)
     assert s.clean, s.text()
-    lock, rlock, mp_lock, mp_rlock = _MADE
+    lock, rlock, mp_lock, mp_rlock, semaphore, bounded = _MADE
     for each in (lock, mp_lock):
         assert each.acquire()
         assert not each.acquire(False)  # (held)
@@ -665,3 +667,11 @@ def test_a_lock_made_in_a_run_is_a_real_lock_after_it() -> None:
     for each in (rlock, mp_rlock):
         with each, each:  # (its holder takes it again)
             pass
+    assert semaphore.acquire()
+    assert semaphore.acquire()
+    assert not semaphore.acquire(False)  # (its first count, 2, taken)
+    semaphore.release(2)
+    with bounded:
+        pass
+    with pytest.raises(ValueError, match="released too many times"):
+        bounded.release()
