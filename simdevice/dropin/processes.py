@@ -1085,6 +1085,8 @@ class SimSemaphore:
         self._count = SharedCell(value)
         self._bound = value if bounded else None
         self._real: Any = None
+        #: outside any run, what its real one's acquires took and its releases gave back (its count: first - this)
+        self._outside_taken = 0
 
     def _outside(self) -> Any:
         """Outside any run, a real semaphore of its own at its first count (see :class:`SimLock`), else None."""
@@ -1102,7 +1104,9 @@ class SimSemaphore:
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
         real = self._outside()
         if real is not None:
-            return bool(real.acquire(block, timeout if block else None))
+            took = bool(real.acquire(block, timeout if block else None))
+            self._outside_taken += took
+            return took
         self._here()
         rt = self._dev.runtime
         if block and timeout is None:
@@ -1122,6 +1126,7 @@ class SimSemaphore:
         real = self._outside()
         if real is not None:
             real.release(n)
+            self._outside_taken -= n
             return
         self._here()
         if self._bound is not None and self._count.value + n > self._bound:
@@ -1129,9 +1134,8 @@ class SimSemaphore:
         self._dev.runtime.value_set(self._count, self._count.value + n, "Semaphore.release")
 
     def get_value(self) -> int:
-        real = self._outside()
-        if real is not None:
-            return int(real._value)
+        if self._outside() is not None:
+            return self._first - self._outside_taken
         self._here()
         return int(self._dev.runtime.value_get(self._count, "Semaphore.get_value"))
 

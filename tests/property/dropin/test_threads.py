@@ -638,7 +638,7 @@ def _locks_made_in_the_run() -> None:
     import multiprocessing
 
     _MADE[:] = [threading.Lock(), threading.RLock(), multiprocessing.Lock(), multiprocessing.RLock(),
-                threading.Semaphore(2), threading.BoundedSemaphore(1)]
+                threading.Semaphore(2), threading.BoundedSemaphore(1), multiprocessing.Semaphore(2)]
     with _MADE[0]:
         pass
 
@@ -653,7 +653,7 @@ def test_a_lock_made_in_a_run_is_a_real_lock_after_it() -> None:
     s = simdevice.cuda()
     s.run(_locks_made_in_the_run)
     assert s.clean, s.text()
-    lock, rlock, mp_lock, mp_rlock, semaphore, bounded = _MADE
+    lock, rlock, mp_lock, mp_rlock, semaphore, bounded, mp_semaphore = _MADE
     for each in (lock, mp_lock):
         assert each.acquire()
         assert not each.acquire(False)  # (held)
@@ -675,3 +675,7 @@ def test_a_lock_made_in_a_run_is_a_real_lock_after_it() -> None:
         pass
     with pytest.raises(ValueError, match="released too many times"):
         bounded.release()
+    assert mp_semaphore.acquire()
+    assert mp_semaphore.get_value() == 1
+    mp_semaphore.release()
+    assert mp_semaphore.get_value() == 2
