@@ -84,11 +84,10 @@ class Patches:
         """The module attributes replaced so far that were functions or classes: ``{id(original): (original,
         replacement)}`` (the first replacement of each, where several modules held the same object)."""
         instead: dict[int, tuple[Any, Any]] = {}
-        for owner, name, old in self._saved:
-            if isinstance(owner, types.ModuleType) and old is not _ABSENT and callable(old):
-                new = vars(owner).get(name, _ABSENT)
-                if new is not old and new is not _ABSENT:
-                    instead.setdefault(id(old), (old, new))
+        for owner, name, old in self.saved_callables():
+            new = vars(owner).get(name, _ABSENT)
+            if new is not old and new is not _ABSENT:
+                instead.setdefault(id(old), (old, new))
         return instead
 
     def unbind(self, modules: Iterable[types.ModuleType]) -> int:
