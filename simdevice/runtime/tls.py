@@ -10,11 +10,14 @@ Python's own per-thread values, each ``threading.local``'s (the program's, a lib
 (:func:`take_locals`, :func:`put_locals`): each actor of a greenlet run but its first, which has the starting
 thread's, sees its own, as a thread of its own does.
 
+The infra dispatch modes (fake, proxy, functional tensors) are on the dispatch-mode stack, popped after the program's
+own modes, and move with it.
+
 What cannot be moved from Python is refused with :class:`NeedsThreads` before anything is changed: inference mode
-(its flag is set only by a guard object), autocast, the infra dispatch modes (fake, proxy, functional), disabled
-saved-tensor hooks, and autograd's engine, whose state (the graph task, the ready queue) is the thread's own: an
-actor that starts a backward while another actor's backward is suspended would share that state
-(:class:`EngineWatch`). The run then starts again on threads (``simdevice.runtime.execution``).
+(its flag is set only by a guard object), autocast, disabled saved-tensor hooks, and autograd's engine, whose state
+(the graph task, the ready queue) is the thread's own: an actor that starts a backward while another actor's
+backward is suspended would share that state (:class:`EngineWatch`). The run then starts again on threads
+(``simdevice.runtime.execution``).
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ except ImportError:  # pragma: no cover - greenlet is a dependency; without it e
 
 _C = torch._C
 _AG = torch._C._autograd
-_INFRA = tuple(_C._TorchDispatchModeKey.__members__.values())
 
 
 #: CPython keeps each ``threading.local``'s values for a thread in that thread's state dict, under this prefix and
@@ -168,9 +170,6 @@ def movable() -> str | None:
         return "inference mode"
     if _C._is_any_autocast_enabled():
         return "autocast"
-    for k in _INFRA:  # (a loop, not any() over a generator: this is asked at every switch of actors)
-        if _C._get_dispatch_mode(k) is not None:
-            return "an infra dispatch mode (fake, proxy or functional tensors)"
     if not _AG._saved_tensors_hooks_is_enabled():
         return "saved-tensor hooks disabled"
     return None
@@ -251,14 +250,15 @@ def put(state: State) -> Hold:
     # Python keys in, and a hold taken after that would put them back with no mode left (an op with no tensor
     # argument run then, as a collective's start did, fails in torch's Python fallback)
     held = _hold(include, exclude)
+    # grad modes before the torch-function modes: a mode pushed first would see the simulator set them
+    _C._set_grad_enabled(grad)
+    _C._set_fwd_grad_enabled(fwd)
     for m in reversed(modes):
         _C._push_on_torch_dispatch_stack(m)
     for f in reversed(functions):
         _C._push_on_torch_function_stack(f)
     for pack, unpack in reversed(hooks):
         _AG._push_saved_tensors_default_hooks(pack, unpack)
-    _C._set_grad_enabled(grad)
-    _C._set_fwd_grad_enabled(fwd)
     _C._set_torch_function_state(function_state)
     return held
 
@@ -287,9 +287,7 @@ class EngineWatch:
         if self.owner is None or self.owner is actor:
             if task == -1:
                 self.owner, self.tasks = None, set()
-            else:
-                if self.owner is None:
-                    self.tasks = set()
+            else:  # (no owner: no tasks either)
                 self.owner = actor
                 self.tasks.add(task)
             return

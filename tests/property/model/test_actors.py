@@ -19,6 +19,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from reference.schedule import Delay
@@ -139,6 +140,145 @@ def test_a_dispatch_mode_an_actor_entered_sees_its_ops_alone(actors: str) -> Non
     assert set(alone.ops) == {"aten.mul_.Tensor"}
     assert run.result == alone.ops, run.result
     assert stacks == [True] * 10  # each actor's own modes, after every switch
+
+
+class _Spy(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.calls.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+@BOTH
+def test_a_torch_function_mode_an_actor_entered_sees_its_calls_alone(actors: str) -> None:
+    """Rule (``tls.take``/``put``): a torch-function mode is the actor's that entered it, across every switch, and
+    sees the program's calls alone. Mutations: the function modes not pushed back where an actor goes on (the
+    worker's mode saw its first call only); grad mode set after they are pushed back (the mode saw the
+    simulator's ``_set_grad_enabled`` at each switch, on greenlets alone)."""
+
+    def worker(dev: Any, spy: _Spy) -> None:
+        x = torch.zeros(16, device=dev.device)
+        with spy:
+            for _ in range(3):
+                x.mul_(2.0)
+                dev.sleep(1)
+
+    def host(dev: Any) -> list[str]:
+        spy = _Spy()
+        y = torch.zeros(16, device=dev.device)
+        p = dev.Process(worker, (spy,))
+        p.start()
+        for _ in range(4):
+            y.add_(1.0)
+            dev.sleep(1)
+        p.join()
+        return spy.calls
+
+    alone = _Spy()
+    SimDevice(config=SimConfig(actors=actors)).run(worker, alone)  # no other actor: no switch
+    run = SimDevice(config=SimConfig(actors=actors)).run(host)
+    assert run.reports == ()
+    assert alone.calls.count("mul_") == 3
+    assert run.result == alone.calls
+
+
+def test_an_infra_mode_an_actor_entered_moves_with_it() -> None:
+    """Rule (``tls.take``/``put``): torch's infra dispatch modes (here the fake tensor mode, which DTensor's sharding
+    propagation enters) are on the dispatch-mode stack and move with the actor that entered one: the run stays on
+    greenlets and gives the thread run's outcome, the worker's factories making fake tensors and the host's plain
+    ones. Mutation: the dispatch modes not put back where an actor goes on (the worker's second tensor a plain
+    one)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def program(log: list[tuple[str, str]]) -> Any:
+        def worker(dev: Any) -> None:
+            with FakeTensorMode():
+                for _ in range(3):
+                    torch.ones(4).add_(1)
+                    dev.sleep(1)
+                    log.append(("worker", type(torch.empty(2)).__name__))
+
+        def host(dev: Any) -> float:
+            y = torch.zeros(16, device=dev.device)
+            p = dev.Process(worker)
+            p.start()
+            for _ in range(4):
+                y.add_(1.0)
+                dev.sleep(1)
+                log.append(("host", type(torch.empty(2)).__name__))
+            p.join()
+            return float(y.sum().item())
+
+        return host
+
+    runs, logs = {}, {}
+    for actors in ("greenlet", "thread"):
+        logs[actors] = []
+        dev = SimDevice(config=SimConfig(actors=actors))
+        runs[actors] = dev.run(program(logs[actors]))
+        assert dev.config.actors == actors
+    assert runs["greenlet"].reports == ()
+    assert _key(runs["greenlet"]) == _key(runs["thread"])
+    assert logs["greenlet"] == logs["thread"]
+    assert {name for who, name in logs["greenlet"] if who == "worker"} == {"FakeTensor"}
+    assert {name for who, name in logs["greenlet"] if who == "host"} == {"Tensor"}
+    assert _interleaved(logs["greenlet"])
+
+
+def test_a_greenlet_run_gives_torch_its_op_call_methods_back() -> None:
+    """Rule (``tls.uncount_op_calls``): the counting wrappers a greenlet run of two actors sets on torch's pybind11
+    entry points (``OpOverload.__call__``, a TorchScript function's, a future's ``then``) are torch's methods again
+    after it. Mutation: the wrappers left in place."""
+    from simdevice.runtime import tls
+
+    before = {(cls, name): vars(cls)[name] for cls, name in tls._OP_CALL_SITES}
+
+    def worker(dev: Any) -> None:
+        dev.sleep(1)
+
+    def host(dev: Any) -> None:
+        p = dev.Process(worker)
+        p.start()
+        dev.sleep(1)
+        p.join()
+
+    dev = SimDevice(config=SimConfig(actors="greenlet"))
+    assert dev.run(host).reports == ()
+    assert dev.config.actors == "greenlet"
+    assert {(cls, name): vars(cls)[name] for cls, name in tls._OP_CALL_SITES} == before
+
+
+def test_a_run_called_inside_a_dispatch_mode_leaves_the_caller_its_keys_and_mode() -> None:
+    """Rule (``tls.leave_caller``/``back_to_caller``): a greenlet run of two actors, called inside the caller's own
+    dispatch mode, gives the caller back its dispatch keys and its mode, which sees the caller's ops after it and
+    none of the run's. Mutation: the caller's state not put back after the run (its mode gone, its next ops
+    unseen)."""
+
+    def worker(dev: Any) -> None:
+        dev.sleep(1)
+
+    def host(dev: Any) -> None:
+        x = torch.zeros(4, device=dev.device)
+        p = dev.Process(worker)
+        p.start()
+        x.add_(1.0)
+        dev.sleep(1)
+        p.join()
+
+    mode = _Counting()
+    with mode:
+        include, exclude = torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()
+        dev = SimDevice(config=SimConfig(actors="greenlet"))
+        assert dev.run(host).reports == ()
+        assert dev.config.actors == "greenlet"
+        assert torch._C._dispatch_tls_local_include_set() == include
+        assert torch._C._dispatch_tls_local_exclude_set() == exclude
+        assert mode.ops == []
+        torch.ones(2).add_(1)
+    assert mode.ops == ["aten.ones.default", "aten.add_.Tensor"]
 
 
 def test_a_state_put_back_and_released_leaves_the_threads_keys_as_it_found_them() -> None:
