@@ -45,7 +45,7 @@ def collective(call: str = "all_reduce", wait: bool = True) -> float:
     total = out.sum().item()
     for work in works:
         work.wait()
-    return total
+    return float(total)
 
 
 def _reports(call: str, wait: bool, values: bool) -> list[str]:
