@@ -53,3 +53,17 @@ def test_a_kernel_in_flight_keeps_what_it_started_on_where_a_part_lands_early(mo
                                                                  "copy_ on stream rank0.a #0"}
     stale = [r for r in out.run.reports if r.kind == "stale-read"]
     assert [r.read.where().split(" (")[0] for r in stale] == ["cat on stream rank0.b #0"]  # (the copy read it landed)
+
+
+def test_a_part_landed_early_is_found_without_values_as_with_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Race-only (``--no-values``): the same program finds without values the races and stale reads it finds with
+    them (without values no part lands early: no bytes move, and the reads are judged by the versions alone)."""
+    import attrs
+
+    monkeypatch.chdir(ROOT)
+    s = Schedule.parse(f"{Path(__file__).relative_to(ROOT)}::early_landing")
+    target = resolve(s.program, 1)
+    with_values = sorted(str(r) for r in target.run(s).run.reports)
+    without = attrs.evolve(target, values=False).run(s)
+    assert sorted(str(r) for r in without.run.reports) == with_values
+    assert any(r.startswith("race:") for r in with_values)
