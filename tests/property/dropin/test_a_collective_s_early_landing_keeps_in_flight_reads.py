@@ -39,6 +39,35 @@ def early_landing(n: int = N, big: int = 1 << 24) -> tuple[float, float]:
     return y[: n // 4].sum().item(), quarter.sum().item()
 
 
+def no_early_landing(n: int = N) -> float:
+    """Between ranks: a copy of a quarter of an all-reduce's output to pinned memory trails the all-reduce and
+    completes first."""
+    out = torch.ones(n, device="cuda")
+    quarter = torch.zeros(n // 4, pin_memory=True)
+    a = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    work = dist.all_reduce(out, async_op=True)
+    with torch.cuda.stream(a):
+        quarter.copy_(out[: n // 4], non_blocking=True)
+    work.wait()
+    torch.cuda.synchronize()
+    return quarter.sum().item()
+
+
+def test_between_ranks_no_part_of_a_collective_lands_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule (``recv.sweeps``): the early landing is the one-rank copy's alone; between ranks a collective's receive
+    lands in ring order, whole at its end, so a copy trailing it that completes first reads the bytes from before it
+    (its input's ones, not the sum) and is a stale read. Mutation: every one-input receive sweeping (``or`` for
+    ``and``): the copy read the sum."""
+    monkeypatch.chdir(ROOT)
+    s = Schedule.parse(f"{Path(__file__).relative_to(ROOT)}::no_early_landing")
+    out = resolve(s.program, 2).run(s)
+    q = N // 4
+    assert out.run.result == [float(q), float(q)], out.run.result
+    stale = [r for r in out.run.reports if r.kind == "stale-read"]
+    assert {(r.read.actor, r.read.op) for r in stale} == {("rank0.a", "copy_ (D2H)"), ("rank1.a", "copy_ (D2H)")}
+
+
 def test_a_kernel_in_flight_keeps_what_it_started_on_where_a_part_lands_early(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
     s = Schedule.parse(f"{Path(__file__).relative_to(ROOT)}::early_landing")
