@@ -51,7 +51,7 @@ def no_early_landing(n: int = N) -> float:
         quarter.copy_(out[: n // 4], non_blocking=True)
     work.wait()
     torch.cuda.synchronize()
-    return quarter.sum().item()
+    return float(quarter.sum().item())
 
 
 def test_between_ranks_no_part_of_a_collective_lands_early(monkeypatch: pytest.MonkeyPatch) -> None:
