@@ -143,3 +143,40 @@ def test_the_threads_of_one_process_share_its_state(library: Any) -> None:
     s.run(rank, world_size=2)
     assert not s.reports, s.text()
     assert s.result.result == [[1, 2]] * 2
+
+
+GLOBAL_ONLY = """
+import torch
+
+_group = None
+
+
+def init():
+    global _group
+    if _group is not None:
+        return "skipped"
+    torch.ones(4, device="cuda")  # (a host step: the other rank may run here)
+    _group = "made"
+    return _group
+"""
+
+
+def test_a_module_whose_only_state_is_a_global_keeps_one_per_process(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module whose functions rebind a global and keep nothing else per process (Megatron's ``parallel_state``
+    shape: ``_TENSOR_MODEL_PARALLEL_GROUP = None`` set in ``initialize_model_parallel``) is tracked too. Mutation:
+    a module with rebound globals alone taken for one without state (a ``not`` dropped in ``_track``'s test):
+    rank 1 skipped its initialization."""
+    (tmp_path / "global_only_lib.py").write_text(textwrap.dedent(GLOBAL_ONLY))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("global_only_lib", None)
+    try:
+        lib = importlib.import_module("global_only_lib")
+        for schedule in SCHEDULES:
+            s = simdevice.cuda(schedule)
+            s.run(lib.init, world_size=2)
+            assert not s.reports, s.text()
+            assert s.result.result == ["made", "made"], schedule
+            assert lib._group is None
+    finally:
+        sys.modules.pop("global_only_lib", None)
