@@ -180,3 +180,55 @@ def test_a_module_whose_only_state_is_a_global_keeps_one_per_process(tmp_path: P
             assert lib._group is None
     finally:
         sys.modules.pop("global_only_lib", None)
+
+
+NESTED = """
+import torch
+import torch.distributed as dist
+
+
+class Config:
+    pass
+
+
+def setup():
+    def mark():
+        global _ready  # (rebound in a nested function: a code object among the outer one's constants)
+        _ready = True
+
+    if globals().get("_ready"):
+        return "skipped"
+    torch.ones(4, device="cuda")
+    mark()
+    return "made"
+
+
+def configure():
+    if hasattr(Config, "rank"):  # (an attribute the class did not have as it was made)
+        return "seen"
+    torch.ones(1, device="cuda")
+    Config.rank = dist.get_rank()
+    return Config.rank
+"""
+
+
+def test_a_global_a_nested_function_rebinds_and_a_class_attribute_made_in_a_run_are_each_process_s(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The globals a function nested in a module's function rebinds are tracked as its own, and a class attribute
+    one process assigns (``Cls.attr = value``) where the class had none is absent in another process and after
+    the run. Mutations: nested code objects not scanned (rank 1 skipped its setup); a plain ``Cls.attr = value``
+    not tracked, or an attribute absent in the next process left in place (rank 1 saw rank 0's)."""
+    (tmp_path / "nested_lib.py").write_text(textwrap.dedent(NESTED))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("nested_lib", None)
+    try:
+        lib = importlib.import_module("nested_lib")
+        for schedule in SCHEDULES:
+            s = simdevice.cuda(schedule)
+            s.run(lambda: [lib.setup(), lib.configure()], world_size=2)
+            assert not s.reports, s.text()
+            assert s.result.result == [["made", 0], ["made", 1]], schedule
+            assert not hasattr(lib, "_ready")
+            assert not hasattr(lib.Config, "rank")
+    finally:
+        sys.modules.pop("nested_lib", None)
