@@ -232,3 +232,34 @@ def test_a_global_a_nested_function_rebinds_and_a_class_attribute_made_in_a_run_
             assert not hasattr(lib.Config, "rank")
     finally:
         sys.modules.pop("nested_lib", None)
+
+
+def test_a_module_imported_in_a_run_leaves_the_state_others_tracked_as_it_was_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module seen once is not taken again for a new one where the run imports another (each import asks which
+    modules keep state): the state a process gave it is not what the next process starts from. Mutation: a module
+    seen before scanned again as made (rank 1 started from rank 0's ``_group`` and skipped its initialization)."""
+    (tmp_path / "global_only_lib.py").write_text(textwrap.dedent(GLOBAL_ONLY))
+    for rank in (0, 1):
+        (tmp_path / f"imported_late_{rank}.py").write_text("import torch\n\nVALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = ("global_only_lib", "imported_late_0", "imported_late_1")
+    for name in names:
+        sys.modules.pop(name, None)
+    try:
+        lib = importlib.import_module("global_only_lib")
+
+        def rank() -> list[Any]:
+            first = lib.init()
+            importlib.import_module(f"imported_late_{dist.get_rank()}")
+            torch.ones(1, device="cuda")
+            return [first, lib.init()]
+
+        for schedule in (*SCHEDULES, "rank1#0+50"):  # (the last: rank 0 imports before rank 1 begins)
+            s = simdevice.cuda(schedule)
+            s.run(rank, world_size=2)
+            assert not s.reports, s.text()
+            assert s.result.result == [["made", "skipped"], ["made", "skipped"]], schedule
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)
