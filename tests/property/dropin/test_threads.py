@@ -610,6 +610,61 @@ def test_a_conditions_wait_needs_its_lock_and_times_out() -> None:
     assert not run.reports, run.reports
 
 
+def _wait_for_two_notifies() -> list[Any]:
+    """A consumer waits, with a timeout, for a predicate a first notify leaves false and a second makes true."""
+    cond = threading.Condition()
+    items: list[int] = []
+    seen: list[Any] = []
+
+    def consumer() -> None:
+        with cond:
+            seen.append(cond.wait_for(lambda: len(items) == 2 and list(items), timeout=5.0))
+
+    t = threading.Thread(target=consumer)
+    t.start()
+    for k in range(2):
+        torch.ones(4, device="cuda")  # (a host step: the consumer waits meanwhile)
+        with cond:
+            items.append(k)
+            cond.notify_all()
+    t.join()
+    with cond:
+        seen.append(cond.wait_for(lambda: False, timeout=0.01))  # (nobody notifies: the predicate's last answer)
+    return seen
+
+
+def test_a_conditions_wait_for_waits_again_until_its_predicate_holds() -> None:
+    """As Python's ``Condition.wait_for``: a notify that leaves the predicate false is waited past (within the
+    timeout), and the predicate's value is returned. Mutations: ``wait_for`` returning at the first notify where a
+    timeout is given (``or`` for ``and``: ``False``), or not returning the predicate's value (``None``)."""
+    for schedule in (None, "consumer#0+3", "host#1+2"):
+        run = _run(_wait_for_two_notifies, schedule)
+        assert not run.reports, (schedule, run.reports)
+        assert run.result == [[0, 1], False], schedule
+
+
+def _pool_edges() -> list[Any]:
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    with pytest.raises(ValueError, match="max_workers must be greater than 0"):
+        ThreadPoolExecutor(max_workers=0)
+    with ThreadPoolExecutor(1) as pool:
+        f = pool.submit(lambda: torch.ones(4, device="cuda").sum().item())
+        first = f.result()
+        done, not_done = wait([f], timeout=1.0)  # (already done: it returns at once, the future among the done)
+        return [first, done == {f}, not_done == set(), f.done()]
+
+
+def test_a_pool_refuses_no_workers_and_wait_takes_a_finished_future_as_done() -> None:
+    """As Python's pool: ``max_workers=0`` is a ``ValueError``, and ``concurrent.futures.wait`` of a future already
+    finished returns it among the done at once (Python's ``wait`` reads the future's state). Mutations: ``0``
+    workers taken (``<`` for ``<=``); the finished future's state not set (``wait`` waited its timeout out and
+    gave it as not done)."""
+    run = _run(_pool_edges)
+    assert not run.reports, run.reports
+    assert run.result == [4.0, True, True, True]
+
+
 def _a_daemon_left_running() -> None:
     x = torch.ones(4, device="cuda")
     stop = threading.Event()
