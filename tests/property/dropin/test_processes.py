@@ -392,6 +392,35 @@ def test_a_delay_on_a_named_process_applies() -> None:
 # -- queues, events, values, locks ----------------------------------------------------------------------------------
 
 
+def test_a_lock_s_and_a_value_s_acquire_answer_as_python_s() -> None:
+    """In a run, a ``multiprocessing.Lock`` answers ``acquire`` as Python's: ``True`` where it took the lock,
+    ``False`` for a non-blocking or timed try at a lock held (by its holder too: it is not re-entrant); a ``Value``'s
+    own ``acquire`` and ``release`` take and let go of its lock. Mutations: a blocking ``acquire`` answering
+    ``None``; a try that takes a free lock answering ``False`` (its test inverted); a ``Value``'s ``release`` not
+    letting its lock go (the next ``with`` waited for ever: a deadlock)."""
+    got: list[Any] = []
+
+    def program() -> None:
+        lock = mp.Lock()
+        got.append(lock.acquire())
+        got.append(lock.acquire(False))
+        got.append(lock.acquire(True, 0.01))
+        lock.release()
+        got.append(lock.acquire(False))
+        lock.release()
+        v = mp.Value("i", 0)
+        v.acquire()
+        v.value += 1
+        v.release()
+        with v.get_lock():
+            v.value += 1
+        got.append(v.value)
+
+    r = _run(program)
+    assert r.reports == (), r.reports
+    assert got == [True, False, False, True, 2]
+
+
 def test_a_value_made_without_a_lock_has_none() -> None:
     """``Value(..., lock=False)`` is a raw shared value, as ``multiprocessing``'s: asking it for its lock raises
     (``AttributeError``), where one made with a lock gives it. Mutation caught: ``get_lock`` answering None."""

@@ -702,9 +702,10 @@ def test_a_lock_made_in_a_run_is_a_real_lock_after_it() -> None:
     """Rule (``processes.SimLock._outside``, ``threads.SimRLock._outside``, ``SimSemaphore._outside``): a lock or a
     semaphore a module made in a run (a library imported in the program's function: transformers' logging lock) is,
     used after the session, a real one of its own: held against another thread, taken again by its holder where it is
-    an ``RLock``, at its first count where it is a semaphore. Before, any use of it outside a run raised "torch.cuda is
-    simulated only inside a simdevice.cuda() session" (transformers' logging, after the session). Mutation: no real
-    lock outside (that error). (A queue, a pool or a barrier made in a run still refuses outside it.)"""
+    an ``RLock`` (and free once let go as often), at its first count where it is a semaphore. Before, any use of it
+    outside a run raised "torch.cuda is simulated only inside a simdevice.cuda() session" (transformers' logging,
+    after the session). Mutations: no real lock outside (that error); an ``RLock``'s release outside a run not
+    letting its real lock go (another thread could not take it). (A queue, a pool or a barrier made in a run still refuses outside it.)"""
     s = simdevice.cuda()
     s.run(_locks_made_in_the_run)
     assert s.clean, s.text()
@@ -722,6 +723,11 @@ def test_a_lock_made_in_a_run_is_a_real_lock_after_it() -> None:
     for each in (rlock, mp_rlock):
         with each, each:  # (its holder takes it again)
             pass
+        freed: list[bool] = []  # (let go as often as taken: another thread takes it)
+        other = threading.Thread(target=lambda lk=each, out=freed: out.append(lk.acquire(True, 0.01)))
+        other.start()
+        other.join()
+        assert freed == [True]
     assert semaphore.acquire()
     assert semaphore.acquire()
     assert not semaphore.acquire(False)  # (its first count, 2, taken)
