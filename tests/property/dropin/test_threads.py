@@ -705,7 +705,8 @@ def test_a_lock_made_in_a_run_is_a_real_lock_after_it() -> None:
     an ``RLock`` (and free once let go as often), at its first count where it is a semaphore. Before, any use of it
     outside a run raised "torch.cuda is simulated only inside a simdevice.cuda() session" (transformers' logging,
     after the session). Mutations: no real lock outside (that error); an ``RLock``'s release outside a run not
-    letting its real lock go (another thread could not take it). (A queue, a pool or a barrier made in a run still refuses outside it.)"""
+    letting its real lock go (another thread could not take it). (A queue, a pool or a barrier made in a run still
+    refuses outside it.)"""
     s = simdevice.cuda()
     s.run(_locks_made_in_the_run)
     assert s.clean, s.text()
