@@ -2956,6 +2956,10 @@ _TORCH_RECORD_STREAM = torch.Tensor.record_stream
 
 #: the fake tensor mode torch has on, or None (``torch._C._get_dispatch_mode`` of its key)
 _FAKE_MODE = functools.partial(torch._C._get_dispatch_mode, torch._C._TorchDispatchModeKey.FAKE)
+#: the functional tensor mode torch has on, or None; and its tensors' class (an op on them, which that mode alone
+#: runs, comes to the simulator's mode first: the infra modes are below it)
+_FUNCTIONAL_MODE = functools.partial(torch._C._get_dispatch_mode, torch._C._TorchDispatchModeKey.FUNCTIONAL)
+_FUNCTIONAL_TENSOR = torch._subclasses.functional_tensor.FunctionalTensor
 
 
 class SimMode(TorchDispatchMode):
@@ -2974,6 +2978,10 @@ class SimMode(TorchDispatchMode):
             return func(*args, **(kwargs or {}))
         for t in types:
             if t is not SimTensor and dispatches_itself(t):
+                if t is _FUNCTIONAL_TENSOR and _FUNCTIONAL_MODE() is not None:
+                    raise NotImplementedError(
+                        "torch's functional tensor mode (FunctionalTensorMode, as AOTAutograd's tracing enters it) "
+                        "in a run is not simulated: its infra mode sits below the simulator's")
                 # a tensor subclass of the program's or a library's (a wrapper over device tensors, as DTensor,
                 # torchao's quantized tensors or a user's own): its __torch_dispatch__ takes the op first, with
                 # this mode still current, and the ops it makes on the tensors it wraps come back here

@@ -80,6 +80,14 @@ def _from_dlpack() -> None:
     torch.from_dlpack(torch.ones(4, device="cuda"))
 
 
+def _functional_mode() -> None:
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    torch.ones(4, device="cuda")
+    with FunctionalTensorMode():  # (AOTAutograd's tracing enters it: the simulator's mode sits above it)
+        torch.ones(4).add_(1)
+
+
 def _export_device_module() -> None:
     """(Before: the process aborted in C++, ``getDeviceGuardImpl``, as export traced its fake CUDA tensors.)"""
     m = torch.nn.Linear(4, 4).cuda()
@@ -108,6 +116,7 @@ _NO_CUDA_STORAGE = ("RuntimeError: torch.UntypedStorage(): Storage device not re
     (_work_exception, "NotImplementedError: Work.exception is not simulated"),
     (_export_device_module, "NotImplementedError: torch.export.export of the simulated device's tensors is not "
                             "simulated"),
+    (_functional_mode, "NotImplementedError: torch's functional tensor mode (FunctionalTensorMode"),
 ])
 def test_a_cuda_only_api_is_no_verdict(program: Callable[[], None], error: str) -> None:
     found = explore(program, max_examples=1)
