@@ -2960,6 +2960,8 @@ _FAKE_MODE = functools.partial(torch._C._get_dispatch_mode, torch._C._TorchDispa
 #: runs, comes to the simulator's mode first: the infra modes are below it)
 _FUNCTIONAL_MODE = functools.partial(torch._C._get_dispatch_mode, torch._C._TorchDispatchModeKey.FUNCTIONAL)
 _FUNCTIONAL_TENSOR = torch._subclasses.functional_tensor.FunctionalTensor
+#: the proxy tensor mode torch has on (``make_fx``'s tracing), or None
+_PROXY_MODE = functools.partial(torch._C._get_dispatch_mode, torch._C._TorchDispatchModeKey.PROXY)
 
 
 class SimMode(TorchDispatchMode):
@@ -2976,6 +2978,10 @@ class SimMode(TorchDispatchMode):
             # torch.compile's tracing does): an infrastructure mode, below this one on the stack, whose tensors have
             # no bytes; the op is its, as on a GPU, where no kernel runs (with this mode off, the call goes to it)
             return func(*args, **(kwargs or {}))
+        if _PROXY_MODE() is not None:
+            raise NotImplementedError(
+                "torch's proxy tensor mode (make_fx, as torch.compile's and export's tracing enter it) in a run is not "
+                "simulated: its infra mode sits below the simulator's")
         for t in types:
             if t is not SimTensor and dispatches_itself(t):
                 if t is _FUNCTIONAL_TENSOR and _FUNCTIONAL_MODE() is not None:

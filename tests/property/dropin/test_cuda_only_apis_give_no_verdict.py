@@ -88,6 +88,13 @@ def _functional_mode() -> None:
         torch.ones(4).add_(1)
 
 
+def _make_fx() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.ones(4, device="cuda")
+    make_fx(lambda t: t * 2 + 1)(x)  # (its proxy mode is an infra mode, below the simulator's)
+
+
 def _export_device_module() -> None:
     """(Before: the process aborted in C++, ``getDeviceGuardImpl``, as export traced its fake CUDA tensors.)"""
     m = torch.nn.Linear(4, 4).cuda()
@@ -117,6 +124,7 @@ _NO_CUDA_STORAGE = ("RuntimeError: torch.UntypedStorage(): Storage device not re
     (_export_device_module, "NotImplementedError: torch.export.export of the simulated device's tensors is not "
                             "simulated"),
     (_functional_mode, "NotImplementedError: torch's functional tensor mode (FunctionalTensorMode"),
+    (_make_fx, "NotImplementedError: torch's proxy tensor mode (make_fx"),
 ])
 def test_a_cuda_only_api_is_no_verdict(program: Callable[[], None], error: str) -> None:
     found = explore(program, max_examples=1)
