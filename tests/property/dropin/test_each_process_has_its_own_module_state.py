@@ -15,6 +15,7 @@ five kinds, unswapped, fails one test here, and so do containers compared with `
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 import textwrap
@@ -145,6 +146,18 @@ def test_the_threads_of_one_process_share_its_state(library: Any) -> None:
     assert s.result.result == [[1, 2]] * 2
 
 
+@contextlib.contextmanager
+def _module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str) -> Iterator[Any]:
+    """A library module of ``text``, imported afresh from ``tmp_path``, and forgotten at the end."""
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop(name, None)
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.modules.pop(name, None)
+
+
 GLOBAL_ONLY = """
 import torch
 
@@ -167,19 +180,13 @@ def test_a_module_whose_only_state_is_a_global_keeps_one_per_process(tmp_path: P
     shape: ``_TENSOR_MODEL_PARALLEL_GROUP = None`` set in ``initialize_model_parallel``) is tracked too. Mutation:
     a module with rebound globals alone taken for one without state (a ``not`` dropped in ``_track``'s test):
     rank 1 skipped its initialization."""
-    (tmp_path / "global_only_lib.py").write_text(textwrap.dedent(GLOBAL_ONLY))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("global_only_lib", None)
-    try:
-        lib = importlib.import_module("global_only_lib")
+    with _module(tmp_path, monkeypatch, "global_only_lib", GLOBAL_ONLY) as lib:
         for schedule in SCHEDULES:
             s = simdevice.cuda(schedule)
             s.run(lib.init, world_size=2)
             assert not s.reports, s.text()
             assert s.result.result == ["made", "made"], schedule
             assert lib._group is None
-    finally:
-        sys.modules.pop("global_only_lib", None)
 
 
 NESTED = """
@@ -218,11 +225,7 @@ def test_a_global_a_nested_function_rebinds_and_a_class_attribute_made_in_a_run_
     one process assigns (``Cls.attr = value``) where the class had none is absent in another process and after
     the run. Mutations: nested code objects not scanned (rank 1 skipped its setup); a plain ``Cls.attr = value``
     not tracked, or an attribute absent in the next process left in place (rank 1 saw rank 0's)."""
-    (tmp_path / "nested_lib.py").write_text(textwrap.dedent(NESTED))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("nested_lib", None)
-    try:
-        lib = importlib.import_module("nested_lib")
+    with _module(tmp_path, monkeypatch, "nested_lib", NESTED) as lib:
         for schedule in SCHEDULES:
             s = simdevice.cuda(schedule)
             s.run(lambda: [lib.setup(), lib.configure()], world_size=2)
@@ -230,24 +233,19 @@ def test_a_global_a_nested_function_rebinds_and_a_class_attribute_made_in_a_run_
             assert s.result.result == [["made", 0], ["made", 1]], schedule
             assert not hasattr(lib, "_ready")
             assert not hasattr(lib.Config, "rank")
-    finally:
-        sys.modules.pop("nested_lib", None)
 
 
 def test_a_module_imported_in_a_run_leaves_the_state_others_tracked_as_it_was_made(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A module seen once is not taken again for a new one where the run imports another (each import asks which
     modules keep state): the state a process gave it is not what the next process starts from. Mutation: a module
-    seen before scanned again as made (rank 1 started from rank 0's ``_group`` and skipped its initialization)."""
-    (tmp_path / "global_only_lib.py").write_text(textwrap.dedent(GLOBAL_ONLY))
+    seen before scanned again as made (a rank started from the other's ``_group`` and skipped its initialization)."""
     for rank in (0, 1):
         (tmp_path / f"imported_late_{rank}.py").write_text("import torch\n\nVALUE = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    names = ("global_only_lib", "imported_late_0", "imported_late_1")
-    for name in names:
+    late = ("imported_late_0", "imported_late_1")
+    for name in late:
         sys.modules.pop(name, None)
-    try:
-        lib = importlib.import_module("global_only_lib")
+    with _module(tmp_path, monkeypatch, "global_only_lib", GLOBAL_ONLY) as lib:
 
         def rank() -> list[Any]:
             first = lib.init()
@@ -260,6 +258,5 @@ def test_a_module_imported_in_a_run_leaves_the_state_others_tracked_as_it_was_ma
             s.run(rank, world_size=2)
             assert not s.reports, s.text()
             assert s.result.result == [["made", "skipped"], ["made", "skipped"]], schedule
-    finally:
-        for name in names:
-            sys.modules.pop(name, None)
+    for name in late:
+        sys.modules.pop(name, None)
