@@ -76,6 +76,17 @@ def _in_run() -> bool:
     return facade.in_actor()
 
 
+def real_outside(primitive: Any, make: Callable[[], Any]) -> Any:
+    """Where no run is going on, ``primitive``'s real one (its ``_real``, made by ``make()`` at the first such use: a
+    lock or a semaphore a module made at its import in a run, used after the session by the program, a library or a
+    GPU run in the same process); else None."""
+    if _in_run():
+        return None
+    if primitive._real is None:
+        primitive._real = make()
+    return primitive._real
+
+
 # -- CUDA IPC -------------------------------------------------------------------------------------------------------
 
 
@@ -969,11 +980,7 @@ class SimLock:
 
     def _outside(self) -> Any:
         """Its real lock where no run is going on, else None."""
-        if _in_run():
-            return None
-        if self._real is None:
-            self._real = type(self)._REAL()
-        return self._real
+        return real_outside(self, type(self)._REAL)
 
     def _here(self) -> None:
         """A lock an earlier run made, kept where a process keeps it for its lifetime (a library's class attribute:
@@ -1090,11 +1097,7 @@ class SimSemaphore:
 
     def _outside(self) -> Any:
         """Outside any run, a real semaphore of its own at its first count (see :class:`SimLock`), else None."""
-        if _in_run():
-            return None
-        if self._real is None:
-            self._real = (_BOUNDED_SEMAPHORE if self._bound is not None else _SEMAPHORE)(self._first)
-        return self._real
+        return real_outside(self, lambda: (_BOUNDED_SEMAPHORE if self._bound is not None else _SEMAPHORE)(self._first))
 
     def _here(self) -> None:
         dev = _session()

@@ -180,11 +180,7 @@ class SimRLock:
 
     def _outside(self) -> Any:
         """Outside any run, a real ``RLock`` of its own (see :class:`processes.SimLock`), else None."""
-        if _in_run():
-            return None
-        if self._real is None:
-            self._real = _thread.RLock()
-        return self._real
+        return processes.real_outside(self, _thread.RLock)
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         real = self._outside()
